@@ -1,0 +1,201 @@
+# patd — one non-recursive Makefile (STYLE.md rule 14).
+#
+#   make            build libraries, programs, tests and benchmarks into build/
+#   make test       build and run every CPU test (what CI runs)
+#   make help       list every target and knob
+#
+# Knobs: V=1 (echo commands), CUDA=0 (never call nvcc), DEBUG=1 (-O0, sanitizers),
+#        PREFIX=/usr/local, DESTDIR= (staged install), NVCC=..., CUDA_ARCHS="80 90".
+
+.DEFAULT_GOAL := all
+SHELL         := /bin/bash
+
+B       := build
+PREFIX  ?= /usr/local
+DESTDIR ?=
+CC      ?= cc
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA_ARCHS ?= 80 90
+
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
+
+# CUDA=auto (default): build the CUDA objects whenever nvcc is found.
+ifeq ($(CUDA),0)
+HAVE_CUDA := 0
+else ifneq ($(NVCC),)
+HAVE_CUDA := 1
+else ifeq ($(CUDA),1)
+$(error CUDA=1 but no nvcc found; set NVCC=/path/to/nvcc)
+else
+HAVE_CUDA := 0
+endif
+
+PKGS     := libxxhash
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lxxhash)
+TEST_CFLAGS := $(shell pkg-config --cflags cmocka 2>/dev/null)
+TEST_LIBS   := $(shell pkg-config --libs cmocka 2>/dev/null || echo -lcmocka)
+
+ifeq ($(DEBUG),1)
+OPT := -O0 -g3 -fsanitize=address,undefined -fno-omit-frame-pointer
+else
+OPT := -O2 -g
+endif
+
+INCS    := -I. -Idaemon/base -Ikvcache -Ischeduler -Ikernels
+CFLAGS  ?=
+CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
+           -Wmissing-prototypes -Wno-unused-parameter -pthread -MMD -MP $(INCS) $(PKG_CFLAGS)
+LDFLAGS ?=
+LDFLAGS += -pthread $(filter -fsanitize=%,$(OPT))
+LDLIBS  := $(PKG_LIBS) -lm
+
+# nvcc gets the same strictness: every host warning is an error, every device warning too.
+NVCC_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a))
+NVCCFLAGS := -std=c++17 -O3 -g -lineinfo $(NVCC_GENCODE) -Werror all-warnings \
+             -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter -MMD -MP $(INCS)
+
+# ---------------------------------------------------------------- sources
+KV_SRCS    := kvcache/kv_pool.c kvcache/kv_seq.c
+SCHED_SRCS := scheduler/sched_forest.c scheduler/sched_pack.c scheduler/sched_plan.c
+KERN_SRCS  := kernels/kern_backend.c kernels/kern_ref.c kernels/cpu/kern_cpu.c
+CUDA_SRCS  := kernels/cuda/kern_cuda_merge.cu
+
+CORE_SRCS := $(KV_SRCS) $(SCHED_SRCS) $(KERN_SRCS)
+CORE_OBJS := $(CORE_SRCS:%.c=$(B)/%.o)
+ifeq ($(HAVE_CUDA),1)
+CUDA_OBJS := $(CUDA_SRCS:%.cu=$(B)/%.o)
+endif
+
+TESTLIB_SRCS := tests/lib/tl_rng.c tests/lib/tl_world.c
+TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(B)/%.o)
+
+# Unit tests: one program per module (cmocka); tests/run.sh runs them with a time limit.
+UNIT_TESTS := test_kv test_forest test_pack test_cpu
+UNIT_BINS  := $(UNIT_TESTS:%=$(B)/tests/%)
+BENCH_BINS := $(B)/bench/bench_sched
+DEMO_BIN   := $(B)/bin/patd-demo
+
+ALL_OBJS := $(CORE_OBJS) $(TESTLIB_OBJS) $(UNIT_TESTS:%=$(B)/tests/unit/%.o) \
+            $(B)/tests/bench/bench_sched.o $(B)/tests/demo/pat_demo.o $(CUDA_OBJS)
+
+# ---------------------------------------------------------------- flags stamp
+# Any change of compiler or flags rewrites the stamp, and every object depends on it.
+FLAGS_NOW := $(CC) $(CFLAGS) $(LDFLAGS) $(LDLIBS) | $(HAVE_CUDA) $(NVCC) $(NVCCFLAGS)
+$(B)/.flags: FORCE
+	@mkdir -p $(B)
+	@if [ "$$(cat $@ 2>/dev/null)" != '$(FLAGS_NOW)' ]; then echo '$(FLAGS_NOW)' > $@; fi
+
+# ---------------------------------------------------------------- rules
+$(B)/%.o: %.c $(B)/.flags
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+
+$(B)/tests/%.o: tests/%.c $(B)/.flags
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) -Itests/lib $(TEST_CFLAGS) -c $< -o $@
+
+$(B)/%.o: %.cu $(B)/.flags
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  NVCC    $<")
+	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(B)/libpatcore.a: $(CORE_OBJS)
+	@$(if $(Q),echo "  AR      $@")
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(B)/libpatcuda.a: $(CUDA_OBJS)
+	@$(if $(Q),echo "  AR      $@")
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(B)/libpattest.a: $(TESTLIB_OBJS)
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(B)/tests/test_%: $(B)/tests/unit/test_%.o $(B)/libpattest.a $(B)/libpatcore.a
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(TEST_LIBS) $(LDLIBS)
+
+$(B)/bench/bench_%: $(B)/tests/bench/bench_%.o $(B)/libpattest.a $(B)/libpatcore.a
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+$(DEMO_BIN): $(B)/tests/demo/pat_demo.o $(B)/libpattest.a $(B)/libpatcore.a
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+# ---------------------------------------------------------------- targets
+ALL_TARGETS := $(B)/libpatcore.a $(UNIT_BINS) $(BENCH_BINS) $(DEMO_BIN)
+ifeq ($(HAVE_CUDA),1)
+ALL_TARGETS += $(B)/libpatcuda.a
+endif
+
+.PHONY: all test demo bench deps install uninstall format format-check clean help FORCE
+all: $(ALL_TARGETS)
+	@echo "built (cuda objects: $(if $(filter 1,$(HAVE_CUDA)),yes via $(NVCC),no))"
+
+test: all
+	$(Q)tests/run.sh $(UNIT_BINS)
+
+demo: $(DEMO_BIN)
+	$(Q)$(DEMO_BIN)
+
+bench: $(BENCH_BINS)
+	$(Q)$(B)/bench/bench_sched
+
+# Installs the Debian packages the build and the tests need, only when some are missing.
+DEB_PKGS := build-essential pkg-config libxxhash-dev libcmocka-dev clang-format
+deps:
+	$(Q)missing=$$(for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:" $$missing; \
+	  if [ "$$(id -u)" -ne 0 ]; then SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	else echo "deps: all present"; fi
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/patd
+	install -m 0755 $(DEMO_BIN) $(DESTDIR)$(PREFIX)/bin/patd-demo
+	install -m 0755 $(B)/bench/bench_sched $(DESTDIR)$(PREFIX)/bin/patd-bench-sched
+	install -m 0644 $(B)/libpatcore.a $(DESTDIR)$(PREFIX)/lib/libpatcore.a
+	install -m 0644 kernels/kern.h kernels/kern_types.h scheduler/sched_plan.h \
+	  $(DESTDIR)$(PREFIX)/include/patd/
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/patd-demo $(DESTDIR)$(PREFIX)/bin/patd-bench-sched \
+	  $(DESTDIR)$(PREFIX)/lib/libpatcore.a
+	rm -rf $(DESTDIR)$(PREFIX)/include/patd
+
+FMT_FILES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)
+format:
+	$(Q)clang-format -i $(FMT_FILES)
+
+format-check:
+	$(Q)clang-format --dry-run --Werror $(FMT_FILES) && echo "format: clean"
+
+clean:
+	rm -rf $(B)
+
+help:
+	@echo "patd build targets:"
+	@echo "  all           libraries, tests, benchmarks, demo (default)"
+	@echo "  test          build and run the CPU test suite (CI runs this via .ci/run)"
+	@echo "  demo          run the in-process demo: shared prompts, prefill + decode, checked in fp64"
+	@echo "  bench         scheduler CPU-time benchmark (results go to tests/bench/RESULTS.md by hand)"
+	@echo "  deps          apt-get install the Debian packages the build/tests need, if missing"
+	@echo "  install       install into DESTDIR/PREFIX (PREFIX=$(PREFIX))"
+	@echo "  uninstall     remove what install put there"
+	@echo "  format        clang-format every tracked C/CUDA file in place"
+	@echo "  format-check  fail if any tracked file is not clang-formatted"
+	@echo "  clean         remove build/"
+	@echo "knobs: V=1 verbose, CUDA=0 skip nvcc, DEBUG=1 sanitizers, CUDA_ARCHS='80 90'"
+	@echo "cuda objects this run: $(if $(filter 1,$(HAVE_CUDA)),yes ($(NVCC)),no)"
+
+-include $(ALL_OBJS:.o=.d)

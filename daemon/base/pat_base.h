@@ -1,0 +1,76 @@
+/*
+ * pat_base.h — the few helpers every module of patd shares: the host-OOM policy and a clock.
+ *
+ * Host bookkeeping (block tables, forest nodes, plan arenas) may abort on host out-of-memory
+ * through the one wrapper below (STYLE.md rule 5): such an allocation failing means the machine
+ * is already lost. KV blocks and device memory are different: they run out as a matter of course
+ * and are reported as -ENOSPC / -ENOMEM to a caller that handles it; they never come through here.
+ *
+ * Lives under daemon/base because the top-level layout is fixed; it knows nothing of the daemon.
+ */
+#ifndef PAT_BASE_H
+#define PAT_BASE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#define PAT_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define PAT_MIN(a, b)     ((a) < (b) ? (a) : (b))
+#define PAT_MAX(a, b)     ((a) > (b) ? (a) : (b))
+#define PAT_DIV_UP(a, b)  (((a) + (b)-1) / (b))
+
+static inline void pat_oom(size_t n)
+{
+    fprintf(stderr, "<2>patd: host out of memory allocating %zu bytes\n", n);
+    abort();
+}
+
+/* Allocates or aborts; n == 0 yields a valid unique pointer. */
+static inline void *pat_xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p)
+        pat_oom(n);
+    return p;
+}
+
+static inline void *pat_xcalloc(size_t count, size_t size)
+{
+    void *p = calloc(count ? count : 1, size ? size : 1);
+    if (!p)
+        pat_oom(count * size);
+    return p;
+}
+
+static inline void *pat_xrealloc(void *old, size_t n)
+{
+    void *p = realloc(old, n ? n : 1);
+    if (!p)
+        pat_oom(n);
+    return p;
+}
+
+/* Grows *arr (of elements of size elt) so that it holds at least need elements; doubles. */
+static inline void pat_grow(void **arr, uint32_t *cap, uint32_t need, size_t elt)
+{
+    if (need <= *cap)
+        return;
+    uint32_t c = *cap ? *cap : 8;
+    while (c < need)
+        c *= 2;
+    *arr = pat_xrealloc(*arr, (size_t)c * elt);
+    *cap = c;
+}
+
+/* Monotonic nanoseconds. */
+static inline uint64_t pat_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+#endif

@@ -1,0 +1,429 @@
+/*
+ * kv_pool.c — the block pool of patd's KV cache: free list, refcounts, the prefix cache (chained
+ * xxh3 hash of full blocks -> block id) and LRU eviction of unreferenced cached blocks, leaves
+ * first. Sequences live in kv_seq.c.
+ *
+ * Workload: one daemon, tens of thousands to millions of blocks of 16 tokens, a few hundred
+ * block operations per step. Every operation here is O(1) or O(log n) (the LRU heap); the map is
+ * sized at twice the block count so probes stay short. kv_pool_check() is O(n) and meant for
+ * tests and for an operator's consistency check, not for the step path.
+ */
+#include "kv_pool_int.h"
+
+#include "pat_base.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <xxhash.h>
+
+/* ------------------------------------------------------------------ hash map */
+
+static uint32_t map_slot(uint64_t key, uint32_t mask)
+{
+    /* keys are already xxh3 outputs: their low bits are uniform */
+    return (uint32_t)key & mask;
+}
+
+uint32_t kv__map_find(const kv_pool_t *p, uint64_t key)
+{
+    for (uint32_t i = map_slot(key, p->map_mask);; i = (i + 1) & p->map_mask) {
+        if (p->map_key[i] == key)
+            return p->map_val[i];
+        if (p->map_key[i] == 0)
+            return KV_NONE;
+    }
+}
+
+static void map_insert(kv_pool_t *p, uint64_t key, uint32_t val)
+{
+    uint32_t i = map_slot(key, p->map_mask);
+    while (p->map_key[i] != 0)
+        i = (i + 1) & p->map_mask;
+    p->map_key[i] = key;
+    p->map_val[i] = val;
+    p->map_count++;
+}
+
+/* Linear-probing delete by backward shift: no tombstones, probes never lengthen. */
+static void map_erase(kv_pool_t *p, uint64_t key)
+{
+    uint32_t i = map_slot(key, p->map_mask);
+    while (p->map_key[i] != key)
+        i = (i + 1) & p->map_mask;
+    for (uint32_t j = (i + 1) & p->map_mask; p->map_key[j] != 0; j = (j + 1) & p->map_mask) {
+        uint32_t home = map_slot(p->map_key[j], p->map_mask);
+        /* move j into the hole at i if its home is not in (i, j] cyclically */
+        int in_range = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
+        if (!in_range) {
+            p->map_key[i] = p->map_key[j];
+            p->map_val[i] = p->map_val[j];
+            i = j;
+        }
+    }
+    p->map_key[i] = 0;
+    p->map_count--;
+}
+
+uint64_t kv__chain_hash(const kv_pool_t *p, uint64_t parent, const uint32_t *tokens)
+{
+    /* input: parent hash, then the block's token ids; model id as the seed */
+    uint64_t buf[1 + KV_MAX_BLOCK_SIZE / 2];
+    uint32_t bs = p->cfg.block_size;
+    buf[0] = parent;
+    memcpy(&buf[1], tokens, (size_t)bs * sizeof(uint32_t));
+    uint64_t h = XXH3_64bits_withSeed(buf, 8 + (size_t)bs * 4, p->cfg.model_id);
+    return h ? h : 1; /* 0 marks an empty map slot */
+}
+
+/* ------------------------------------------------------------------ LRU heap */
+
+static int heap_less(const kv_pool_t *p, uint32_t a, uint32_t b)
+{
+    return p->blk[a].last_use < p->blk[b].last_use;
+}
+
+static void heap_set(kv_pool_t *p, uint32_t i, uint32_t b)
+{
+    p->heap[i] = b;
+    p->blk[b].heap_pos = i;
+}
+
+static void heap_sift_up(kv_pool_t *p, uint32_t i)
+{
+    uint32_t b = p->heap[i];
+    while (i > 0) {
+        uint32_t up = (i - 1) / 2;
+        if (!heap_less(p, b, p->heap[up]))
+            break;
+        heap_set(p, i, p->heap[up]);
+        i = up;
+    }
+    heap_set(p, i, b);
+}
+
+static void heap_sift_down(kv_pool_t *p, uint32_t i)
+{
+    uint32_t b = p->heap[i];
+    for (;;) {
+        uint32_t l = 2 * i + 1, r = l + 1, m = i;
+        uint32_t mb = b;
+        if (l < p->heap_len && heap_less(p, p->heap[l], mb))
+            m = l, mb = p->heap[l];
+        if (r < p->heap_len && heap_less(p, p->heap[r], mb))
+            m = r, mb = p->heap[r];
+        if (m == i)
+            break;
+        heap_set(p, i, mb);
+        i = m;
+    }
+    heap_set(p, i, b);
+}
+
+static void heap_push(kv_pool_t *p, uint32_t b)
+{
+    heap_set(p, p->heap_len++, b);
+    heap_sift_up(p, p->heap_len - 1);
+}
+
+static void heap_remove(kv_pool_t *p, uint32_t b)
+{
+    uint32_t i = p->blk[b].heap_pos;
+    p->blk[b].heap_pos = KV_NONE;
+    uint32_t last = p->heap[--p->heap_len];
+    if (i == p->heap_len)
+        return;
+    heap_set(p, i, last);
+    heap_sift_up(p, i);
+    heap_sift_down(p, p->blk[last].heap_pos);
+}
+
+/* ------------------------------------------------------------------ block states */
+
+static void emit(kv_pool_t *p, kv_event_type_t t, uint32_t b, uint64_t h)
+{
+    if (p->cfg.on_event)
+        p->cfg.on_event(p->cfg.event_ud, t, b, h);
+}
+
+/* Removes a CACHED leaf from the prefix cache and puts it on the free list. */
+static void evict_one(kv_pool_t *p)
+{
+    uint32_t b = p->heap[0];
+    kv__block_t *k = &p->blk[b];
+    heap_remove(p, b);
+    map_erase(p, k->hash);
+    uint64_t h = k->hash;
+    if (k->parent != KV_NONE) {
+        kv__block_t *par = &p->blk[k->parent];
+        if (--par->nchild == 0 && par->state == KV__CACHED)
+            heap_push(p, k->parent); /* the parent is a leaf now */
+    }
+    k->hash = 0;
+    k->published = 0;
+    k->parent = KV_NONE;
+    k->state = KV__FREE;
+    p->n_cached--;
+    p->free_stack[p->n_free++] = b;
+    p->st.evictions++;
+    emit(p, KV_EVENT_EVICTED, b, h);
+}
+
+uint32_t kv__block_take(kv_pool_t *p)
+{
+    if (p->n_free == 0)
+        evict_one(p); /* caller checked kv_pool_available(): a leaf exists */
+    uint32_t b = p->free_stack[--p->n_free];
+    kv__block_t *k = &p->blk[b];
+    k->state = KV__USED;
+    k->refcnt = 1;
+    p->n_used++;
+    return b;
+}
+
+void kv__block_ref(kv_pool_t *p, uint32_t b)
+{
+    kv__block_t *k = &p->blk[b];
+    if (k->state == KV__CACHED) {
+        if (k->heap_pos != KV_NONE)
+            heap_remove(p, b);
+        k->state = KV__USED;
+        p->n_cached--;
+        p->n_used++;
+    }
+    k->refcnt++;
+}
+
+void kv__block_unref(kv_pool_t *p, uint32_t b)
+{
+    kv__block_t *k = &p->blk[b];
+    if (--k->refcnt > 0)
+        return;
+    p->n_used--;
+    if (k->published) {
+        k->state = KV__CACHED;
+        k->last_use = ++p->tick;
+        p->n_cached++;
+        if (k->nchild == 0)
+            heap_push(p, b);
+    } else {
+        k->state = KV__FREE;
+        p->free_stack[p->n_free++] = b;
+    }
+}
+
+int kv__publish(kv_pool_t *p, uint32_t b, uint64_t h, uint32_t parent)
+{
+    if (kv__map_find(p, h) != KV_NONE) {
+        p->st.duplicates++;
+        return 0;
+    }
+    kv__block_t *k = &p->blk[b];
+    map_insert(p, h, b);
+    k->hash = h;
+    k->published = 1;
+    k->parent = parent;
+    if (parent != KV_NONE)
+        p->blk[parent].nchild++; /* the parent is USED by the same sequence: not in the heap */
+    p->st.published++;
+    emit(p, KV_EVENT_STORED, b, h);
+    return 1;
+}
+
+/* ------------------------------------------------------------------ pool */
+
+int kv_pool_create(const kv_pool_config_t *cfg, kv_pool_t **ret_pool)
+{
+    if (!cfg || !ret_pool || cfg->n_blocks == 0 || cfg->n_blocks > KV_MAX_BLOCKS ||
+        cfg->block_size == 0 || cfg->block_size > KV_MAX_BLOCK_SIZE || cfg->max_seqs == 0 ||
+        cfg->max_seqs > KV_MAX_SEQS || cfg->max_seq_len == 0)
+        return -EINVAL;
+
+    kv_pool_t *p = pat_xcalloc(1, sizeof(*p));
+    p->cfg = *cfg;
+    uint32_t n = cfg->n_blocks;
+    p->blk = pat_xcalloc(n, sizeof(*p->blk));
+    p->free_stack = pat_xmalloc((size_t)n * sizeof(uint32_t));
+    for (uint32_t i = 0; i < n; i++) {
+        p->blk[i].parent = KV_NONE;
+        p->blk[i].heap_pos = KV_NONE;
+        p->free_stack[i] = n - 1 - i; /* pop order 0, 1, 2, ... */
+    }
+    p->n_free = n;
+
+    uint64_t mcap = 16;
+    while (mcap < 2ull * n)
+        mcap *= 2;
+    p->map_key = pat_xcalloc(mcap, sizeof(uint64_t));
+    p->map_val = pat_xmalloc(mcap * sizeof(uint32_t));
+    p->map_mask = (uint32_t)(mcap - 1);
+    p->heap = pat_xmalloc((size_t)n * sizeof(uint32_t));
+
+    p->seq = pat_xcalloc(cfg->max_seqs, sizeof(kv__seq_t));
+    p->seq_free = pat_xmalloc((size_t)cfg->max_seqs * sizeof(uint32_t));
+    for (uint32_t i = 0; i < cfg->max_seqs; i++)
+        p->seq_free[i] = cfg->max_seqs - 1 - i;
+    p->n_seq_free = cfg->max_seqs;
+    *ret_pool = p;
+    return 0;
+}
+
+void kv_pool_free(kv_pool_t *p)
+{
+    if (!p)
+        return;
+    if (p->seq) {
+        for (uint32_t i = 0; i < p->cfg.max_seqs; i++) {
+            free(p->seq[i].blocks);
+            free(p->seq[i].hashes);
+            free(p->seq[i].tokens);
+        }
+    }
+    free(p->seq);
+    free(p->seq_free);
+    free(p->heap);
+    free(p->map_val);
+    free(p->map_key);
+    free(p->free_stack);
+    free(p->blk);
+    free(p);
+}
+
+uint32_t kv_pool_block_size(const kv_pool_t *p)
+{
+    return p->cfg.block_size;
+}
+
+uint32_t kv_pool_available(const kv_pool_t *p)
+{
+    return p->n_free + p->n_cached;
+}
+
+uint64_t kv_block_offset(const kv_pool_t *p, uint32_t block)
+{
+    return (uint64_t)block * p->cfg.block_bytes;
+}
+
+uint32_t kv_pool_evict(kv_pool_t *p, uint32_t n)
+{
+    uint32_t done = 0;
+    while (done < n && p->heap_len > 0) {
+        evict_one(p);
+        done++;
+    }
+    return done;
+}
+
+void kv_pool_stats(const kv_pool_t *p, kv_stats_t *ret)
+{
+    *ret = p->st;
+    ret->n_blocks = p->cfg.n_blocks;
+    ret->n_free = p->n_free;
+    ret->n_used = p->n_used;
+    ret->n_cached = p->n_cached;
+    ret->n_evictable = p->heap_len;
+    ret->n_seqs = p->cfg.max_seqs - p->n_seq_free;
+}
+
+/* ------------------------------------------------------------------ invariants */
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "kv_pool_check: " __VA_ARGS__);                                        \
+            fputc('\n', stderr);                                                                   \
+            r = -EUCLEAN;                                                                          \
+            goto out;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+int kv_pool_check(const kv_pool_t *p)
+{
+    int r = 0;
+    uint32_t n = p->cfg.n_blocks, bs = p->cfg.block_size;
+    uint32_t *refs = pat_xcalloc(n, sizeof(uint32_t));
+    uint32_t *nchild = pat_xcalloc(n, sizeof(uint32_t));
+    uint8_t *on_free = pat_xcalloc(n, 1);
+    uint32_t cnt[3] = {0, 0, 0}, npub = 0, open = 0;
+
+    /* references from block tables; chains published as prefixes */
+    for (uint32_t s = 0; s < p->cfg.max_seqs; s++) {
+        const kv__seq_t *q = &p->seq[s];
+        if (!q->open)
+            continue;
+        open++;
+        CHECK(q->len <= q->n_blocks * bs, "seq slot %u: len %u beyond capacity %u", s, q->len,
+              q->n_blocks * bs);
+        CHECK(q->len <= p->cfg.max_seq_len, "seq slot %u: len %u over max_seq_len", s, q->len);
+        int prev_pub = 1;
+        for (uint32_t i = 0; i < q->n_blocks; i++) {
+            uint32_t b = q->blocks[i];
+            CHECK(b < n, "seq slot %u: block id %u out of range", s, b);
+            refs[b]++;
+            const kv__block_t *k = &p->blk[b];
+            int full = (i + 1) * bs <= q->len;
+            CHECK(!k->published || full, "seq slot %u: published block %u is not full", s, b);
+            CHECK(!k->published || prev_pub, "seq slot %u: block %u published after a private one",
+                  s, b);
+            CHECK(!k->published || k->hash == q->hashes[i],
+                  "seq slot %u: block %u hash differs from the chain", s, b);
+            CHECK(!k->published || k->parent == (i ? q->blocks[i - 1] : KV_NONE),
+                  "seq slot %u: block %u parent %u is not its predecessor", s, b, k->parent);
+            prev_pub = k->published;
+        }
+    }
+    CHECK(open + p->n_seq_free == p->cfg.max_seqs, "open seqs %u + free slots %u != max_seqs %u",
+          open, p->n_seq_free, p->cfg.max_seqs);
+
+    for (uint32_t i = 0; i < p->n_free; i++) {
+        uint32_t b = p->free_stack[i];
+        CHECK(b < n && !on_free[b], "free list holds %u twice or out of range", b);
+        on_free[b] = 1;
+    }
+    for (uint32_t b = 0; b < n; b++) {
+        const kv__block_t *k = &p->blk[b];
+        CHECK(k->state <= KV__CACHED, "block %u: bad state %u", b, k->state);
+        cnt[k->state]++;
+        CHECK(k->refcnt == refs[b], "block %u: refcount %u but %u references", b, k->refcnt,
+              refs[b]);
+        CHECK((k->state == KV__FREE) == on_free[b], "block %u: state %u but on free list %u", b,
+              k->state, on_free[b]);
+        CHECK((k->state == KV__USED) == (k->refcnt > 0), "block %u: state %u with refcount %u", b,
+              k->state, k->refcnt);
+        CHECK(k->state != KV__CACHED || k->published, "block %u: cached but not published", b);
+        CHECK(k->state != KV__FREE || !k->published, "block %u: free but published", b);
+        if (k->published) {
+            npub++;
+            CHECK(kv__map_find(p, k->hash) == b, "block %u: not found under its hash", b);
+            if (k->parent != KV_NONE) {
+                CHECK(k->parent < n && p->blk[k->parent].published,
+                      "block %u: parent %u not published", b, k->parent);
+                nchild[k->parent]++;
+                CHECK(k->state != KV__USED || p->blk[k->parent].state == KV__USED,
+                      "block %u: used but its parent %u is not", b, k->parent);
+            }
+        }
+        int leaf = k->state == KV__CACHED && k->nchild == 0;
+        CHECK((k->heap_pos != KV_NONE) == leaf, "block %u: heap membership %d, evictable leaf %d",
+              b, k->heap_pos != KV_NONE, leaf);
+        if (k->heap_pos != KV_NONE)
+            CHECK(k->heap_pos < p->heap_len && p->heap[k->heap_pos] == b,
+                  "block %u: heap position %u wrong", b, k->heap_pos);
+    }
+    for (uint32_t b = 0; b < n; b++)
+        CHECK(p->blk[b].nchild == nchild[b], "block %u: nchild %u but %u children", b,
+              p->blk[b].nchild, nchild[b]);
+    CHECK(cnt[KV__FREE] == p->n_free && cnt[KV__USED] == p->n_used &&
+              cnt[KV__CACHED] == p->n_cached,
+          "state counts free %u used %u cached %u vs counters %u %u %u", cnt[0], cnt[1], cnt[2],
+          p->n_free, p->n_used, p->n_cached);
+    CHECK(p->n_free + p->n_used + p->n_cached == n, "free + used + cached != capacity");
+    CHECK(npub == p->map_count, "published %u but map holds %u", npub, p->map_count);
+    for (uint32_t i = 1; i < p->heap_len; i++)
+        CHECK(!heap_less(p, p->heap[i], p->heap[(i - 1) / 2]), "heap order broken at %u", i);
+out:
+    free(refs);
+    free(nchild);
+    free(on_free);
+    return r;
+}

@@ -1,0 +1,534 @@
+/*
+ * test_kv.c — kvcache: unit tests of each operation and its error codes, and a randomized test of
+ * long operation sequences checked against a simple model after every step.
+ *
+ * The model tracks, per physical block, the token each slot was written with (as a backend
+ * would hold KV); after every operation each open sequence's logical view through its block
+ * table must equal the tokens the model says it committed. A wrongly shared, leaked or reused
+ * block shows up as a changed view or as a kv_pool_check() violation.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_pool.h"
+#include "tl_rng.h"
+
+#define BS 16u
+
+static kv_pool_t *mk_pool(uint32_t n_blocks, uint32_t max_seqs)
+{
+    kv_pool_config_t c = {.n_blocks = n_blocks,
+                          .block_size = BS,
+                          .max_seqs = max_seqs,
+                          .max_seq_len = 1u << 16,
+                          .model_id = 42,
+                          .block_bytes = 1u << 20};
+    kv_pool_t *p = NULL;
+    assert_int_equal(kv_pool_create(&c, &p), 0);
+    return p;
+}
+
+static void fill_tokens(uint32_t *t, uint32_t n, uint32_t base)
+{
+    for (uint32_t i = 0; i < n; i++)
+        t[i] = base * 100003u + i;
+}
+
+/* open + reserve + commit the whole prompt; returns the seq id */
+static uint32_t prefill(kv_pool_t *p, const uint32_t *tok, uint32_t n, uint32_t *ret_cached)
+{
+    uint32_t s, cached;
+    assert_int_equal(kv_seq_open(p, tok, n, &s, &cached), 0);
+    assert_int_equal(kv_seq_reserve(p, s, n - cached), 0);
+    assert_int_equal(kv_seq_commit(p, s, tok + cached, n - cached), 0);
+    if (ret_cached)
+        *ret_cached = cached;
+    return s;
+}
+
+static void test_create_rejects_bad_config(void **state)
+{
+    kv_pool_config_t c = {.n_blocks = 8, .block_size = 0, .max_seqs = 4, .max_seq_len = 64};
+    kv_pool_t *p = NULL;
+    assert_int_equal(kv_pool_create(&c, &p), -EINVAL);
+    c.block_size = KV_MAX_BLOCK_SIZE + 1;
+    assert_int_equal(kv_pool_create(&c, &p), -EINVAL);
+    c.block_size = 16;
+    c.n_blocks = 0;
+    assert_int_equal(kv_pool_create(&c, &p), -EINVAL);
+    c.n_blocks = 8;
+    c.max_seqs = 0;
+    assert_int_equal(kv_pool_create(&c, &p), -EINVAL);
+    assert_null(p);
+    kv_pool_free(NULL);
+}
+
+static void test_prefix_reuse_and_counters(void **state)
+{
+    kv_pool_t *p = mk_pool(64, 8);
+    uint32_t tok[80], cached;
+    fill_tokens(tok, 80, 1);
+    uint32_t a = prefill(p, tok, 80, &cached);
+    assert_int_equal(cached, 0);
+    kv_stats_t st;
+    kv_pool_stats(p, &st);
+    assert_int_equal(st.published, 5);
+    assert_int_equal(st.n_used, 5);
+
+    /* same prompt: 4 blocks reused (the 5th is capped so one token is left to compute) */
+    uint32_t b = prefill(p, tok, 80, &cached);
+    assert_int_equal(cached, 64);
+    kv_pool_stats(p, &st);
+    assert_int_equal(st.hit_blocks, 4);
+    assert_int_equal(st.miss_blocks, 5 + 1);
+    assert_int_equal(st.duplicates, 1); /* b's own 5th block has the same content as a's */
+    kv_seq_info_t ia, ib;
+    kv_seq_info(p, a, &ia);
+    kv_seq_info(p, b, &ib);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(ia.blocks[i], ib.blocks[i]);
+    assert_int_not_equal(ia.blocks[4], ib.blocks[4]);
+
+    /* a different 3rd block: only two blocks match */
+    tok[40] ^= 7;
+    uint32_t c = prefill(p, tok, 80, &cached);
+    assert_int_equal(cached, 32);
+    assert_int_equal(kv_pool_check(p), 0);
+
+    /* close all: published blocks stay cached, reusable after */
+    kv_seq_close(p, a);
+    kv_seq_close(p, b);
+    kv_seq_close(p, c);
+    kv_pool_stats(p, &st);
+    assert_int_equal(st.n_used, 0);
+    assert_int_equal(st.n_free + st.n_cached, 64);
+    assert_true(st.n_cached > 0);
+    tok[40] ^= 7;
+    uint32_t d = prefill(p, tok, 80, &cached);
+    assert_int_equal(cached, 64);
+    kv_seq_close(p, d);
+    assert_int_equal(kv_pool_check(p), 0);
+    kv_pool_free(p);
+}
+
+static void test_model_id_separates_caches(void **state)
+{
+    uint32_t tok[40];
+    fill_tokens(tok, 40, 3);
+    kv_pool_config_t c = {.n_blocks = 32, .block_size = BS, .max_seqs = 4, .max_seq_len = 512};
+    c.model_id = 1;
+    kv_pool_t *p1 = NULL, *p2 = NULL;
+    kv_pool_create(&c, &p1);
+    c.model_id = 2;
+    kv_pool_create(&c, &p2);
+    uint32_t s1 = prefill(p1, tok, 40, NULL);
+    kv_seq_close(p1, s1);
+    uint32_t cached;
+    assert_int_equal(kv_seq_open(p1, tok, 40, &s1, &cached), 0);
+    assert_int_equal(cached, 32);
+    prefill(p2, tok, 40, NULL);
+    /* the hash includes the model id: a block published under model 1 is not found in model 2 */
+    kv_stats_t st;
+    kv_pool_stats(p2, &st);
+    assert_int_equal(st.hit_blocks, 0);
+    kv_pool_free(p1);
+    kv_pool_free(p2);
+}
+
+static void test_enospc_changes_nothing(void **state)
+{
+    kv_pool_t *p = mk_pool(4, 4);
+    uint32_t tok[64], s, cached;
+    fill_tokens(tok, 64, 9);
+    assert_int_equal(kv_seq_open(p, tok, 64, &s, &cached), 0);
+    assert_int_equal(kv_seq_reserve(p, s, 48), 0); /* 3 blocks */
+    kv_stats_t before, after;
+    kv_pool_stats(p, &before);
+    assert_int_equal(kv_seq_reserve(p, s, 80), -ENOSPC); /* 5 blocks > 4 */
+    kv_pool_stats(p, &after);
+    assert_memory_equal(&before, &after, sizeof(before));
+    kv_seq_info_t info;
+    kv_seq_info(p, s, &info);
+    assert_int_equal(info.n_blocks, 3);
+    assert_int_equal(kv_seq_reserve(p, s, 64), 0); /* exactly 4 fits */
+    /* idempotent */
+    assert_int_equal(kv_seq_reserve(p, s, 64), 0);
+    kv_pool_stats(p, &after);
+    assert_int_equal(after.n_free, 0);
+    assert_int_equal(kv_pool_check(p), 0);
+    kv_pool_free(p);
+}
+
+static void test_bad_ids_and_limits(void **state)
+{
+    kv_pool_t *p = mk_pool(16, 2);
+    uint32_t tok[20], a, b, c, cached;
+    kv_copy_t cp;
+    fill_tokens(tok, 20, 5);
+    assert_int_equal(kv_seq_open(p, tok, 0, &a, &cached), -EINVAL);
+    assert_int_equal(kv_seq_open(p, NULL, 3, &a, &cached), -EINVAL);
+    assert_int_equal(kv_seq_open(p, tok, 20, &a, &cached), 0);
+    assert_int_equal(kv_seq_open(p, tok, 20, &b, &cached), 0);
+    assert_int_equal(kv_seq_open(p, tok, 20, &c, &cached), -EMFILE);
+    assert_int_equal(kv_seq_fork(p, a, &c, &cp), -EMFILE);
+    assert_int_equal(kv_seq_close(p, a), 0);
+    /* a stale id must not name the slot's next occupant */
+    assert_int_equal(kv_seq_open(p, tok, 20, &c, &cached), 0);
+    assert_int_equal(kv_seq_close(p, a), -ENOENT);
+    assert_int_equal(kv_seq_reserve(p, a, 1), -ENOENT);
+    assert_int_equal(kv_seq_commit(p, a, tok, 1), -ENOENT);
+    assert_int_equal(kv_seq_truncate(p, a, 0, &cp), -ENOENT);
+    assert_int_equal(kv_seq_reserve(p, 0xdeadbeef, 1), -ENOENT);
+    /* commit beyond the reservation */
+    assert_int_equal(kv_seq_commit(p, c, tok, 1), -EINVAL);
+    assert_int_equal(kv_seq_reserve(p, c, 4), 0);
+    assert_int_equal(kv_seq_commit(p, c, tok, 17), -EINVAL);
+    assert_int_equal(kv_seq_commit(p, c, tok, 4), 0);
+    assert_int_equal(kv_seq_truncate(p, c, 5, &cp), -EINVAL);
+    assert_int_equal(kv_pool_check(p), 0);
+    kv_pool_free(p);
+}
+
+static void test_fork_copies_partial_block(void **state)
+{
+    kv_pool_t *p = mk_pool(16, 4);
+    uint32_t tok[40], child;
+    kv_copy_t cp;
+    fill_tokens(tok, 40, 11);
+    uint32_t a = prefill(p, tok, 40, NULL); /* 2 full + 8 tokens */
+    assert_int_equal(kv_seq_fork(p, a, &child, &cp), 0);
+    kv_seq_info_t ia, ic;
+    kv_seq_info(p, a, &ia);
+    kv_seq_info(p, child, &ic);
+    assert_int_equal(ic.len, 40);
+    assert_int_equal(ic.blocks[0], ia.blocks[0]);
+    assert_int_equal(ic.blocks[1], ia.blocks[1]);
+    assert_int_equal(cp.src, ia.blocks[2]);
+    assert_int_equal(cp.dst, ic.blocks[2]);
+    assert_int_not_equal(cp.src, cp.dst);
+    /* block-aligned: nothing to copy */
+    uint32_t c2, a2 = prefill(p, tok, 32, NULL);
+    assert_int_equal(kv_seq_fork(p, a2, &c2, &cp), 0);
+    assert_int_equal(cp.src, KV_NONE);
+    assert_int_equal(kv_pool_check(p), 0);
+    kv_pool_free(p);
+}
+
+static void test_truncate_cow(void **state)
+{
+    kv_pool_t *p = mk_pool(16, 4);
+    uint32_t tok[48], child;
+    kv_copy_t cp;
+    fill_tokens(tok, 48, 13);
+    uint32_t a = prefill(p, tok, 48, NULL); /* 3 full published blocks */
+    assert_int_equal(kv_seq_fork(p, a, &child, &cp), 0);
+    kv_seq_info_t ia;
+    kv_seq_info(p, a, &ia);
+    uint32_t shared1 = ia.blocks[1];
+    /* truncate into the middle of shared block 1: must get a private copy */
+    assert_int_equal(kv_seq_truncate(p, a, 20, &cp), 0);
+    kv_seq_info(p, a, &ia);
+    assert_int_equal(cp.src, shared1);
+    assert_int_equal(cp.dst, ia.blocks[1]);
+    assert_int_equal(ia.n_blocks, 2);
+    /* truncate to a block boundary: no copy */
+    assert_int_equal(kv_seq_truncate(p, child, 32, &cp), 0);
+    assert_int_equal(cp.src, KV_NONE);
+    /* an unshared, unpublished partial block is written in place */
+    assert_int_equal(kv_seq_reserve(p, a, 4), 0);
+    assert_int_equal(kv_seq_commit(p, a, tok + 20, 4), 0);
+    assert_int_equal(kv_seq_truncate(p, a, 22, &cp), 0);
+    assert_int_equal(cp.src, KV_NONE);
+    assert_int_equal(kv_pool_check(p), 0);
+    kv_pool_free(p);
+}
+
+/* eviction order: least recently released leaves first; a parent only after its children */
+static void test_lru_leaves_first(void **state)
+{
+    kv_pool_t *p = mk_pool(8, 4);
+    uint32_t ta[49], tb[49];
+    fill_tokens(ta, 49, 21);
+    fill_tokens(tb, 49, 22);
+    uint32_t a = prefill(p, ta, 49, NULL); /* 3 full + 1 partial: 4 blocks */
+    kv_seq_info_t ia;
+    kv_seq_info(p, a, &ia);
+    uint32_t a_blocks[3] = {ia.blocks[0], ia.blocks[1], ia.blocks[2]};
+    kv_seq_close(p, a); /* a's 3 published blocks cached, 1 free */
+    uint32_t b = prefill(p, tb, 49, NULL);
+    kv_seq_close(p, b); /* b's released later: more recent */
+    kv_stats_t st;
+    kv_pool_stats(p, &st);
+    assert_int_equal(st.n_cached, 6);
+    assert_int_equal(st.n_evictable, 2); /* one leaf per chain */
+    assert_int_equal(kv_pool_evict(p, 1), 1);
+    /* a's leaf (block 2 of a) went first; a's first two blocks still match */
+    uint32_t s, cached;
+    assert_int_equal(kv_seq_open(p, ta, 49, &s, &cached), 0);
+    assert_int_equal(cached, 32);
+    kv_seq_info(p, s, &ia);
+    assert_int_equal(ia.blocks[0], a_blocks[0]);
+    assert_int_equal(ia.blocks[1], a_blocks[1]);
+    kv_seq_close(p, s);
+    assert_int_equal(kv_pool_evict(p, 100), 5);
+    kv_pool_stats(p, &st);
+    assert_int_equal(st.n_free, 8);
+    assert_int_equal(kv_pool_check(p), 0);
+    kv_pool_free(p);
+}
+
+/* reserving into a full pool reclaims cached chains, cascading through parents */
+static void test_reserve_reclaims_whole_chains(void **state)
+{
+    kv_pool_t *p = mk_pool(6, 4);
+    uint32_t tok[96], s, cached;
+    fill_tokens(tok, 96, 31);
+    s = prefill(p, tok, 96, NULL); /* 6 blocks, all published */
+    kv_seq_close(p, s);
+    kv_stats_t st;
+    kv_pool_stats(p, &st);
+    assert_int_equal(st.n_cached, 6);
+    assert_int_equal(st.n_evictable, 1);
+    assert_int_equal(kv_pool_available(p), 6);
+    fill_tokens(tok, 96, 32);
+    assert_int_equal(kv_seq_open(p, tok, 96, &s, &cached), 0);
+    assert_int_equal(kv_seq_reserve(p, s, 96), 0);
+    kv_pool_stats(p, &st);
+    assert_int_equal(st.evictions, 6);
+    assert_int_equal(kv_pool_check(p), 0);
+    kv_pool_free(p);
+}
+
+typedef struct ev_log {
+    int stored, evicted;
+} ev_log_t;
+
+static void on_ev(void *ud, kv_event_type_t t, uint32_t block, uint64_t hash)
+{
+    ev_log_t *l = ud;
+    assert_true(hash != 0);
+    if (t == KV_EVENT_STORED)
+        l->stored++;
+    else
+        l->evicted++;
+}
+
+static void test_events(void **state)
+{
+    ev_log_t log = {0, 0};
+    kv_pool_config_t c = {.n_blocks = 8,
+                          .block_size = BS,
+                          .max_seqs = 4,
+                          .max_seq_len = 512,
+                          .on_event = on_ev,
+                          .event_ud = &log};
+    kv_pool_t *p = NULL;
+    kv_pool_create(&c, &p);
+    uint32_t tok[40];
+    fill_tokens(tok, 40, 40);
+    uint32_t s = prefill(p, tok, 40, NULL);
+    assert_int_equal(log.stored, 2);
+    kv_seq_close(p, s);
+    kv_pool_evict(p, 8);
+    assert_int_equal(log.evicted, 2);
+    kv_pool_free(p);
+}
+
+/* ------------------------------------------------------------------ randomized model test */
+
+#define R_BLOCKS 64u
+#define R_SEQS   12u
+#define R_MAXLEN 400u
+
+typedef struct mseq {
+    int open;
+    uint32_t id;
+    uint32_t len;
+    uint32_t tok[R_MAXLEN];
+} mseq_t;
+
+typedef struct model {
+    mseq_t s[R_SEQS];
+    uint32_t content[R_BLOCKS][BS]; /* token written into each physical slot */
+} model_t;
+
+static void do_copy(model_t *m, kv_copy_t cp)
+{
+    if (cp.src != KV_NONE)
+        memcpy(m->content[cp.dst], m->content[cp.src], sizeof(m->content[0]));
+}
+
+static void write_tokens(kv_pool_t *p, model_t *m, mseq_t *q, const uint32_t *t, uint32_t n)
+{
+    kv_seq_info_t info;
+    assert_int_equal(kv_seq_info(p, q->id, &info), 0);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t pos = q->len + i;
+        m->content[info.blocks[pos / BS]][pos % BS] = t[i];
+        q->tok[pos] = t[i];
+    }
+    assert_int_equal(kv_seq_commit(p, q->id, t, n), 0);
+    q->len += n;
+}
+
+static void verify_views(kv_pool_t *p, model_t *m)
+{
+    assert_int_equal(kv_pool_check(p), 0);
+    for (uint32_t i = 0; i < R_SEQS; i++) {
+        mseq_t *q = &m->s[i];
+        if (!q->open)
+            continue;
+        kv_seq_info_t info;
+        assert_int_equal(kv_seq_info(p, q->id, &info), 0);
+        assert_int_equal(info.len, q->len);
+        for (uint32_t pos = 0; pos < q->len; pos++)
+            assert_int_equal(m->content[info.blocks[pos / BS]][pos % BS], q->tok[pos]);
+    }
+}
+
+static void make_prompt(tl_rng_t *r, uint32_t *t, uint32_t n)
+{
+    /* a few families with long common prefixes, so the cache hits often */
+    uint32_t fam = tl_rng_below(r, 3), div = tl_rng_range(r, 0, n);
+    for (uint32_t i = 0; i < n; i++)
+        t[i] = i < div ? fam * 1000 + i : (uint32_t)tl_rng_u64(r);
+}
+
+static void test_random_ops_against_model(void **state)
+{
+    tl_rng_t r;
+    tl_rng_seed(&r, tl_test_seed(0x6b76));
+    for (int round = 0; round < 6; round++) {
+        kv_pool_t *p = mk_pool(R_BLOCKS, R_SEQS);
+        model_t *m = calloc(1, sizeof(*m));
+        uint32_t ops = 4000, enospc = 0, hits = 0, max_used = 0;
+        for (uint32_t op = 0; op < ops; op++) {
+            uint32_t k = tl_rng_below(&r, R_SEQS);
+            mseq_t *q = &m->s[k];
+            uint32_t what = tl_rng_below(&r, 100);
+            kv_stats_t before, after;
+            kv_pool_stats(p, &before);
+            if (!q->open) {
+                uint32_t n = tl_rng_range(&r, 1, 200), t[200], cached;
+                make_prompt(&r, t, n);
+                int rc = kv_seq_open(p, t, n, &q->id, &cached);
+                assert_int_equal(rc, 0);
+                /* a hit must be real: the cached blocks hold exactly these tokens */
+                kv_seq_info_t info;
+                kv_seq_info(p, q->id, &info);
+                for (uint32_t pos = 0; pos < cached; pos++)
+                    assert_int_equal(m->content[info.blocks[pos / BS]][pos % BS], t[pos]);
+                hits += cached > 0;
+                q->open = 1;
+                memcpy(q->tok, t, cached * sizeof(uint32_t));
+                q->len = cached;
+                rc = kv_seq_reserve(p, q->id, n - cached);
+                if (rc == -ENOSPC) {
+                    enospc++;
+                } else {
+                    assert_int_equal(rc, 0);
+                    write_tokens(p, m, q, t + cached, n - cached);
+                }
+            } else if (what < 55) { /* decode / extend */
+                uint32_t n = tl_rng_range(&r, 1, 24), t[24];
+                if (q->len + n > R_MAXLEN)
+                    continue;
+                for (uint32_t i = 0; i < n; i++)
+                    t[i] = (uint32_t)tl_rng_u64(&r);
+                int rc = kv_seq_reserve(p, q->id, n);
+                if (rc == -ENOSPC) {
+                    kv_pool_stats(p, &after);
+                    assert_memory_equal(&before, &after, sizeof(before));
+                    enospc++;
+                    continue;
+                }
+                assert_int_equal(rc, 0);
+                /* sometimes commit only part of the reservation */
+                write_tokens(p, m, q, t, tl_rng_range(&r, 1, n));
+            } else if (what < 65) { /* fork into a free model slot */
+                uint32_t j = 0;
+                while (j < R_SEQS && m->s[j].open)
+                    j++;
+                if (j == R_SEQS)
+                    continue;
+                kv_copy_t cp;
+                int rc = kv_seq_fork(p, q->id, &m->s[j].id, &cp);
+                if (rc == -ENOSPC) {
+                    kv_pool_stats(p, &after);
+                    assert_memory_equal(&before, &after, sizeof(before));
+                    enospc++;
+                    continue;
+                }
+                assert_int_equal(rc, 0);
+                do_copy(m, cp);
+                m->s[j].open = 1;
+                m->s[j].len = q->len;
+                memcpy(m->s[j].tok, q->tok, q->len * sizeof(uint32_t));
+            } else if (what < 75) { /* truncate (speculative decoding rollback) */
+                uint32_t nl = tl_rng_range(&r, 0, q->len);
+                kv_copy_t cp;
+                int rc = kv_seq_truncate(p, q->id, nl, &cp);
+                if (rc == -ENOSPC) {
+                    kv_pool_stats(p, &after);
+                    assert_memory_equal(&before, &after, sizeof(before));
+                    enospc++;
+                    continue;
+                }
+                assert_int_equal(rc, 0);
+                do_copy(m, cp);
+                q->len = nl;
+            } else if (what < 88) {
+                assert_int_equal(kv_seq_close(p, q->id), 0);
+                q->open = 0;
+            } else {
+                kv_pool_evict(p, tl_rng_range(&r, 1, 8));
+            }
+            verify_views(p, m);
+            kv_pool_stats(p, &after);
+            if (after.n_used > max_used)
+                max_used = after.n_used;
+        }
+        for (uint32_t i = 0; i < R_SEQS; i++)
+            if (m->s[i].open)
+                assert_int_equal(kv_seq_close(p, m->s[i].id), 0);
+        kv_stats_t st;
+        kv_pool_stats(p, &st);
+        assert_int_equal(st.n_used, 0);
+        assert_int_equal(st.n_seqs, 0);
+        assert_int_equal(kv_pool_evict(p, R_BLOCKS), st.n_cached);
+        kv_pool_stats(p, &st);
+        assert_int_equal(st.n_free, R_BLOCKS); /* nothing leaked */
+        assert_int_equal(kv_pool_check(p), 0);
+        assert_true(hits > 0);
+        fprintf(stderr, "round %d: hits %u enospc %u max_used %u\n", round, hits, enospc, max_used);
+        assert_true(enospc > 0); /* the pool is small enough that exhaustion was exercised */
+        free(m);
+        kv_pool_free(p);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_create_rejects_bad_config),
+        cmocka_unit_test(test_prefix_reuse_and_counters),
+        cmocka_unit_test(test_model_id_separates_caches),
+        cmocka_unit_test(test_enospc_changes_nothing),
+        cmocka_unit_test(test_bad_ids_and_limits),
+        cmocka_unit_test(test_fork_copies_partial_block),
+        cmocka_unit_test(test_truncate_cow),
+        cmocka_unit_test(test_lru_leaves_first),
+        cmocka_unit_test(test_reserve_reclaims_whole_chains),
+        cmocka_unit_test(test_events),
+        cmocka_unit_test(test_random_ops_against_model),
+    };
+    return cmocka_run_group_tests_name("kvcache", tests, NULL, NULL);
+}
