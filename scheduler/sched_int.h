@@ -1,0 +1,78 @@
+/*
+ * sched_int.h — scheduler internals shared by sched_pack.c and sched_plan.c.
+ */
+#ifndef SCHED_INT_H
+#define SCHED_INT_H
+
+#include "sched_forest_int.h"
+#include "sched_plan.h"
+
+/* A pack: the queries q[q_begin, +q_count) read the KV of the path segment that starts at node
+ * `top` and ends at node `bottom` (bottom a leaf: up to its query's kv_len). */
+typedef struct sched__pack {
+    uint32_t top, bottom;
+    uint32_t q_begin, q_count;
+} sched__pack_t;
+
+typedef struct sched__packset {
+    sched__pack_t *p;
+    uint32_t n, cap;
+    uint32_t *q;
+    uint32_t nq, qcap;
+    uint64_t bytes; /* modelled bytes (sched__packset_bytes) */
+} sched__packset_t;
+
+/* Model constants derived once from the config. */
+typedef struct sched__model {
+    uint32_t bs, group, head_dim, elt;
+    uint32_t m_max;         /* largest tile m */
+    uint32_t tok_per_chunk; /* query tokens per CTA: m_max / group */
+    uint64_t kv_tok;        /* bytes of K+V of one token of one KV head */
+    uint64_t ic_row;        /* bytes of one fp32 partial row written and read back */
+    uint64_t q_row;         /* bytes of one Q row (one q head) */
+} sched__model_t;
+
+struct sched {
+    sched_config_t cfg;
+    sched_tiles_t tiles;
+    sched__model_t mdl;
+    sched_forest_t *forest;
+    sched__packset_t cand[4]; /* per policy; cand[0] unused */
+    int chosen;               /* index into cand of the pack in use, 0 = none yet */
+    uint64_t pack_version;    /* forest version the chosen pack was built for */
+    uint32_t *scratch_q;      /* max_queries: per-query counters of the byte model */
+    /* plan building */
+    void *arena;
+    uint32_t arena_cap;
+    sched_plan_cta_t *pre; /* CTAs before the long-KV split */
+    uint32_t n_pre, pre_cap;
+    sched_plan_cta_t *ctas;
+    uint32_t n_ctas, ctas_cap;
+    sched_plan_row_t *rows;
+    uint32_t n_rows, rows_cap;
+    uint32_t *pages;
+    uint32_t n_pages, pages_cap;
+    uint32_t *tok_parts; /* max_tokens: CTAs per query token, then next slot */
+    uint32_t *tok_owner; /* max_tokens */
+    sched_stats_t st;
+};
+
+/* Packs the forest under a policy (BYTES, PAPER or QUERY) into *out and models its bytes. */
+void sched__pack_run(sched_t *s, sched_policy_t pol, sched__packset_t *out);
+/* Ensures s->cand[s->chosen] is a pack of the current forest (lazy: reused if still valid). */
+void sched__pack_update(sched_t *s);
+void sched__packset_done(sched__packset_t *ps);
+
+/* Token range of a pack's segment: [top start, bottom end) in absolute KV positions. */
+static inline uint32_t sched__seg_begin(const sched_forest_t *f, const sched__pack_t *p)
+{
+    return f->node[p->top].start * f->bs;
+}
+
+static inline uint32_t sched__seg_end(const sched_forest_t *f, const sched__pack_t *p)
+{
+    const sched__node_t *b = &f->node[p->bottom];
+    return sched__is_leaf(b) ? f->q[b->query].kv_len : sched__node_end(b) * f->bs;
+}
+
+#endif

@@ -1,0 +1,234 @@
+/*
+ * sched_pack.c — the pack scheduler: which queries read which stretch of shared KV together.
+ *
+ * Byte model (per KV head; all policies are scored with it):
+ *   KV     a pack reads its segment once per CTA: seg_tokens * 2 * head_dim * elt * chunks, where
+ *          chunks = ceil(tokens / (m_max / group)) — a pack with more rows than the largest tile
+ *          re-reads its segment once per extra CTA;
+ *   Q      each CTA loads its rows: rows * head_dim * elt;
+ *   merge  a query token split over k > 1 CTAs writes k fp32 partials (o[head_dim], lse) per row
+ *          and the merge reads them back: k * rows * (head_dim + 2) * 4 * 2; with k == 1 the CTA
+ *          writes the output directly and pays nothing extra.
+ *
+ * Policies (TreeHeuristic shape: top-down, each child merged into its parent's segment or kept
+ * separate; a separate child's queries join the parent's CTA):
+ *   PAPER  PAT's rule: keep child c separate iff 4 * c.size < A (A = accumulated segment length
+ *          in tokens); rows, GQA and tile overflow are ignored, as in the paper;
+ *   BYTES  ours: merge iff the partial bytes saved exceed the KV bytes re-read, both exact under
+ *          the model: saved = rows(c) * ic_row, doubled for a leaf whose path had no split above
+ *          (merging it leaves the query a single CTA that writes its output directly); re-read =
+ *          A * kv_tok * chunks(c). With GQA, rows are query tokens x group, so intermediates
+ *          cost `group` times more than the paper assumes, and packing a short shared prefix
+ *          can cost more than it saves — the paper's rule packs it anyway;
+ *   QUERY  one pack per query over its whole path (the query-centric baseline);
+ *   AUTO   runs BYTES, PAPER and QUERY and keeps the fewest modelled bytes, so the plan is never
+ *          worse than either the paper's pack or no packing, under the model.
+ * Each run is linear in nodes + edges + the output (every query listed once per pack it is in).
+ */
+#include "sched_int.h"
+
+#include "pat_base.h"
+
+#include <string.h>
+
+void sched__packset_done(sched__packset_t *ps)
+{
+    free(ps->p);
+    free(ps->q);
+    memset(ps, 0, sizeof(*ps));
+}
+
+static sched__pack_t *pack_open(sched__packset_t *ps, uint32_t top, uint32_t bottom)
+{
+    pat_grow((void **)&ps->p, &ps->cap, ps->n + 1, sizeof(sched__pack_t));
+    sched__pack_t *p = &ps->p[ps->n++];
+    p->top = top;
+    p->bottom = bottom;
+    p->q_begin = ps->nq;
+    p->q_count = 0;
+    return p;
+}
+
+static void pack_add_query(sched__packset_t *ps, sched__pack_t *p, uint32_t qid)
+{
+    pat_grow((void **)&ps->q, &ps->qcap, ps->nq + 1, sizeof(uint32_t));
+    ps->q[ps->nq++] = qid;
+    p->q_count++;
+}
+
+/* Appends every query below node id (its leaves) to pack index pi. */
+static void add_subtree(const sched_forest_t *f, sched__packset_t *ps, uint32_t pi, uint32_t id)
+{
+    const sched__node_t *n = &f->node[id];
+    if (sched__is_leaf(n)) {
+        pack_add_query(ps, &ps->p[pi], n->query);
+        return;
+    }
+    for (uint32_t c = n->first_child; c != SCHED_NONE; c = f->node[c].next_sib)
+        add_subtree(f, ps, pi, c);
+}
+
+typedef struct walk {
+    sched_t *s;
+    sched_policy_t pol;
+    sched__packset_t *ps;
+    uint64_t *tok; /* query tokens below each node, filled once per run (BYTES only) */
+} walk_t;
+
+static int merge_child(const walk_t *w, uint32_t c, uint64_t acc_tokens, int split_above)
+{
+    const sched_forest_t *f = w->s->forest;
+    const sched__model_t *m = &w->s->mdl;
+    const sched__node_t *cn = &f->node[c];
+    if (w->pol == SCHED_POLICY_PAPER)
+        return 4ull * cn->size >= acc_tokens;
+    uint64_t tokens = w->tok[c];
+    uint64_t rows = tokens * m->group;
+    uint64_t chunks = PAT_DIV_UP(tokens, m->tok_per_chunk);
+    uint64_t saved = rows * m->ic_row * ((sched__is_leaf(cn) && !split_above) ? 2 : 1);
+    uint64_t reread = acc_tokens * m->kv_tok * chunks;
+    return saved > reread;
+}
+
+/* Packs internal node u whose segment began at node top; acc = tokens of the segment above u. */
+static void walk_node(const walk_t *w, uint32_t u, uint32_t top, uint64_t acc, int split_above)
+{
+    const sched_forest_t *f = w->s->forest;
+    const sched__node_t *un = &f->node[u];
+    uint64_t a = acc + (uint64_t)un->nblocks * f->bs;
+    uint32_t own = SCHED_NONE; /* u's own pack, opened at the first separate child */
+    for (uint32_t c = un->first_child; c != SCHED_NONE; c = f->node[c].next_sib) {
+        const sched__node_t *cn = &f->node[c];
+        if (merge_child(w, c, a, split_above)) {
+            if (sched__is_leaf(cn))
+                pack_add_query(w->ps, pack_open(w->ps, top, c), cn->query);
+            else
+                walk_node(w, c, top, a, split_above);
+            continue;
+        }
+        if (own == SCHED_NONE) {
+            pack_open(w->ps, top, u);
+            own = w->ps->n - 1;
+        }
+        /* c's queries read u's segment in u's pack; c starts a segment of its own. The queries
+         * are appended to u's pack after c's subtree is packed, so keep c's list contiguous by
+         * packing c first into its own packs, then listing its queries for u. */
+        if (sched__is_leaf(cn))
+            pack_add_query(w->ps, pack_open(w->ps, c, c), cn->query);
+        else
+            walk_node(w, c, c, 0, 1);
+    }
+    if (own != SCHED_NONE) {
+        /* u's pack lists the queries of every separate child; it was opened before those
+         * children's packs, so its list is rebuilt here at the end of the array */
+        sched__pack_t *p = &w->ps->p[own];
+        p->q_begin = w->ps->nq;
+        p->q_count = 0;
+        for (uint32_t c = un->first_child; c != SCHED_NONE; c = f->node[c].next_sib)
+            if (!merge_child(w, c, a, split_above))
+                add_subtree(f, w->ps, own, c);
+    }
+}
+
+static void fill_tokens(const sched_forest_t *f, uint32_t id, uint64_t *tok)
+{
+    const sched__node_t *n = &f->node[id];
+    if (sched__is_leaf(n)) {
+        tok[id] = f->q[n->query].n_new;
+        return;
+    }
+    uint64_t t = 0;
+    for (uint32_t c = n->first_child; c != SCHED_NONE; c = f->node[c].next_sib) {
+        fill_tokens(f, c, tok);
+        t += tok[c];
+    }
+    tok[id] = t;
+}
+
+/* Modelled bytes of a pack set (see the top of this file). */
+static uint64_t packset_bytes(sched_t *s, const sched__packset_t *ps)
+{
+    const sched_forest_t *f = s->forest;
+    const sched__model_t *m = &s->mdl;
+    uint32_t *npk = s->scratch_q;
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < f->n_in; i++)
+        npk[f->in_list[i]] = 0;
+    for (uint32_t i = 0; i < ps->n; i++) {
+        const sched__pack_t *p = &ps->p[i];
+        uint64_t tokens = 0;
+        for (uint32_t k = 0; k < p->q_count; k++) {
+            uint32_t qid = ps->q[p->q_begin + k];
+            tokens += f->q[qid].n_new;
+            npk[qid]++;
+        }
+        uint64_t seg = sched__seg_end(f, p) - sched__seg_begin(f, p);
+        bytes += seg * m->kv_tok * PAT_DIV_UP(tokens, m->tok_per_chunk);
+        bytes += tokens * m->group * m->q_row;
+    }
+    for (uint32_t i = 0; i < f->n_in; i++) {
+        uint32_t qid = f->in_list[i];
+        if (npk[qid] > 1)
+            bytes += (uint64_t)npk[qid] * f->q[qid].n_new * m->group * m->ic_row;
+    }
+    return bytes;
+}
+
+void sched__pack_run(sched_t *s, sched_policy_t pol, sched__packset_t *out)
+{
+    const sched_forest_t *f = s->forest;
+    out->n = 0;
+    out->nq = 0;
+    if (pol == SCHED_POLICY_QUERY) {
+        for (uint32_t i = 0; i < f->n_in; i++) {
+            uint32_t qid = f->in_list[i], top = f->q[qid].leaf;
+            while (f->node[top].parent != SCHED__ROOT)
+                top = f->node[top].parent;
+            pack_add_query(out, pack_open(out, top, f->q[qid].leaf), qid);
+        }
+    } else {
+        uint64_t *tok = NULL;
+        if (pol == SCHED_POLICY_BYTES) {
+            tok = pat_xmalloc((size_t)f->n_node_cap * sizeof(uint64_t));
+            fill_tokens(f, SCHED__ROOT, tok);
+        }
+        walk_t w = {.s = s, .pol = pol, .ps = out, .tok = tok};
+        const sched__node_t *root = &f->node[SCHED__ROOT];
+        for (uint32_t c = root->first_child; c != SCHED_NONE; c = f->node[c].next_sib) {
+            if (sched__is_leaf(&f->node[c]))
+                pack_add_query(out, pack_open(out, c, c), f->node[c].query);
+            else
+                walk_node(&w, c, c, 0, 0);
+        }
+        free(tok);
+    }
+    out->bytes = packset_bytes(s, out);
+}
+
+void sched__pack_update(sched_t *s)
+{
+    uint64_t v = sched_forest_version(s->forest);
+    if (s->chosen && s->pack_version == v) {
+        s->st.pack_reuses++;
+        s->st.last_pack_ns = 0;
+        return;
+    }
+    uint64_t t0 = pat_now_ns();
+    if (s->cfg.policy == SCHED_POLICY_AUTO) {
+        static const sched_policy_t order[3] = {SCHED_POLICY_BYTES, SCHED_POLICY_PAPER,
+                                                SCHED_POLICY_QUERY};
+        int best = 0;
+        for (int i = 0; i < 3; i++) {
+            sched__pack_run(s, order[i], &s->cand[order[i]]);
+            if (!best || s->cand[order[i]].bytes < s->cand[best].bytes)
+                best = order[i];
+        }
+        s->chosen = best;
+    } else {
+        sched__pack_run(s, s->cfg.policy, &s->cand[s->cfg.policy]);
+        s->chosen = s->cfg.policy;
+    }
+    s->st.chosen[s->chosen]++;
+    s->pack_version = v;
+    s->st.last_pack_ns = pat_now_ns() - t0;
+}

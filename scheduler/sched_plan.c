@@ -1,0 +1,441 @@
+/*
+ * sched_plan.c — from packs to the plan: CTA chunking by rows, causal clamps, tile selection,
+ * long-KV split, partial slots and the merge list, serialized into one flat buffer
+ * (sched_plan_fmt.h). Also the traffic model every test and benchmark reports.
+ *
+ * Cost: linear in CTAs + rows + pages + query tokens; all vectors are kept across steps, so a
+ * steady-state step allocates nothing.
+ */
+#include "sched_int.h"
+
+#include "pat_base.h"
+
+#include <errno.h>
+#include <string.h>
+
+static const sched_tiles_t default_tiles = {
+    /* m: powers of two >= 16 (MMA shape rule); n: short KV favours small n (a partly filled last
+     * tile is compute bubble), long KV larger n (fewer, longer CTAs shrink the tail). Until a
+     * backend measures its own table (kernels/cuda), these are the PAT paper's shapes. */
+    .n_m = 4,
+    .m = {16, 32, 64, 128},
+    .n_n = 3,
+    .n = {32, 64, 128},
+    .n_upto = {256, 2048, UINT32_MAX},
+};
+
+const sched_tiles_t *sched_tiles_default(void)
+{
+    return &default_tiles;
+}
+
+static int tiles_valid(const sched_tiles_t *t)
+{
+    if (t->n_m == 0 || t->n_m > SCHED_MAX_TILE_M || t->n_n == 0 || t->n_n > SCHED_MAX_TILE_N)
+        return 0;
+    for (uint32_t i = 0; i < t->n_m; i++)
+        if (t->m[i] == 0 || (i && t->m[i] <= t->m[i - 1]))
+            return 0;
+    for (uint32_t i = 0; i < t->n_n; i++)
+        if (t->n[i] == 0 || (i && t->n_upto[i] <= t->n_upto[i - 1]))
+            return 0;
+    return t->n_upto[t->n_n - 1] == UINT32_MAX;
+}
+
+int sched_create(const sched_config_t *cfg, sched_t **ret)
+{
+    if (!cfg || !ret || cfg->max_queries == 0 || cfg->max_tokens == 0 || cfg->block_size == 0 ||
+        cfg->q_heads == 0 || cfg->kv_heads == 0 || cfg->head_dim == 0 ||
+        cfg->q_heads % cfg->kv_heads != 0 || (cfg->kv_elt_bytes != 2 && cfg->kv_elt_bytes != 4) ||
+        (unsigned)cfg->policy > SCHED_POLICY_QUERY)
+        return -EINVAL;
+    const sched_tiles_t *t = cfg->tiles ? cfg->tiles : &default_tiles;
+    uint32_t group = cfg->q_heads / cfg->kv_heads;
+    if (!tiles_valid(t) || group > t->m[t->n_m - 1])
+        return -EINVAL;
+
+    sched_t *s = pat_xcalloc(1, sizeof(*s));
+    s->cfg = *cfg;
+    s->tiles = *t;
+    s->cfg.tiles = &s->tiles;
+    if (s->cfg.split_factor == 0)
+        s->cfg.split_factor = 2;
+    int r = sched_forest_create(cfg->max_queries, cfg->block_size, &s->forest);
+    if (r < 0) {
+        free(s);
+        return r;
+    }
+    sched__model_t *m = &s->mdl;
+    m->bs = cfg->block_size;
+    m->group = group;
+    m->head_dim = cfg->head_dim;
+    m->elt = cfg->kv_elt_bytes;
+    m->m_max = t->m[t->n_m - 1];
+    m->tok_per_chunk = m->m_max / group;
+    m->kv_tok = 2ull * cfg->head_dim * cfg->kv_elt_bytes;
+    m->ic_row = (cfg->head_dim + 2ull) * 4 * 2;
+    m->q_row = (uint64_t)cfg->head_dim * cfg->kv_elt_bytes;
+    s->scratch_q = pat_xcalloc(cfg->max_queries, sizeof(uint32_t));
+    s->tok_parts = pat_xcalloc(cfg->max_tokens, sizeof(uint32_t));
+    s->tok_owner = pat_xcalloc(cfg->max_tokens, sizeof(uint32_t));
+    *ret = s;
+    return 0;
+}
+
+void sched_free(sched_t *s)
+{
+    if (!s)
+        return;
+    for (int i = 0; i < 4; i++)
+        sched__packset_done(&s->cand[i]);
+    sched_forest_free(s->forest);
+    free(s->scratch_q);
+    free(s->tok_parts);
+    free(s->tok_owner);
+    free(s->arena);
+    free(s->pre);
+    free(s->ctas);
+    free(s->rows);
+    free(s->pages);
+    free(s);
+}
+
+sched_forest_t *sched_forest(sched_t *s)
+{
+    return s->forest;
+}
+
+void sched_get_stats(const sched_t *s, sched_stats_t *ret)
+{
+    *ret = s->st;
+}
+
+/* ------------------------------------------------------------------ building */
+
+static sched_plan_row_t *row_push(sched_t *s)
+{
+    pat_grow((void **)&s->rows, &s->rows_cap, s->n_rows + 1, sizeof(sched_plan_row_t));
+    return &s->rows[s->n_rows++];
+}
+
+static sched_plan_cta_t *cta_push(sched_plan_cta_t **v, uint32_t *n, uint32_t *cap)
+{
+    pat_grow((void **)v, cap, *n + 1, sizeof(sched_plan_cta_t));
+    sched_plan_cta_t *c = &(*v)[(*n)++];
+    memset(c, 0, sizeof(*c));
+    return c;
+}
+
+/* Closes the pre-split CTA of rows [row_begin, n_rows) over the segment [seg_b, seg_e) of pages
+ * `blocks`: clamps the range to the rows' largest causal limit and copies its pages. */
+static void chunk_close(sched_t *s, uint32_t pack, uint32_t row_begin, uint32_t seg_b,
+                        uint32_t seg_e, const uint32_t *blocks)
+{
+    if (s->n_rows == row_begin)
+        return;
+    uint32_t hi = 0;
+    for (uint32_t r = row_begin; r < s->n_rows; r++)
+        hi = PAT_MAX(hi, s->rows[r].limit);
+    uint32_t end = PAT_MIN(seg_e, hi);
+    sched_plan_cta_t *c = cta_push(&s->pre, &s->n_pre, &s->pre_cap);
+    c->row_begin = row_begin;
+    c->row_count = s->n_rows - row_begin;
+    c->kv_begin = seg_b;
+    c->kv_end = end;
+    c->pack = pack;
+    c->page_begin = s->n_pages;
+    uint32_t bs = s->mdl.bs, p0 = seg_b / bs, p1 = PAT_DIV_UP(end, bs);
+    pat_grow((void **)&s->pages, &s->pages_cap, s->n_pages + (p1 - p0), sizeof(uint32_t));
+    memcpy(s->pages + s->n_pages, blocks + p0, (size_t)(p1 - p0) * sizeof(uint32_t));
+    s->n_pages += p1 - p0;
+}
+
+/* Pass 1: one pre-split CTA per chunk of at most tok_per_chunk query tokens of each pack. */
+static void build_chunks(sched_t *s, const sched__packset_t *ps)
+{
+    const sched_forest_t *f = s->forest;
+    for (uint32_t pi = 0; pi < ps->n; pi++) {
+        const sched__pack_t *p = &ps->p[pi];
+        uint32_t seg_b = sched__seg_begin(f, p), seg_e = sched__seg_end(f, p);
+        if (seg_e <= seg_b)
+            continue; /* a leaf with no tokens of its own (KV ends on a shared block) */
+        const uint32_t *blocks = f->q[f->node[p->bottom].rep].blocks;
+        uint32_t row_begin = s->n_rows, in_chunk = 0;
+        for (uint32_t k = 0; k < p->q_count; k++) {
+            const sched__query_t *q = &f->q[ps->q[p->q_begin + k]];
+            uint32_t first_limit = q->kv_len - q->n_new + 1;
+            for (uint32_t i = 0; i < q->n_new; i++) {
+                if (first_limit + i <= seg_b)
+                    continue; /* this token sees none of the segment */
+                if (in_chunk == s->mdl.tok_per_chunk) {
+                    chunk_close(s, pi, row_begin, seg_b, seg_e, blocks);
+                    row_begin = s->n_rows;
+                    in_chunk = 0;
+                }
+                sched_plan_row_t *r = row_push(s);
+                r->q_tok = q->tok_off + i;
+                r->limit = first_limit + i;
+                r->dst = 0;
+                r->flags = 0;
+                in_chunk++;
+            }
+        }
+        chunk_close(s, pi, row_begin, seg_b, seg_e, blocks);
+    }
+}
+
+/* Pass 2: copy pre-split CTAs to the final list, cutting the long ones along KV. */
+static void build_split(sched_t *s)
+{
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < s->n_pre; i++)
+        sum += s->pre[i].kv_end - s->pre[i].kv_begin;
+    uint64_t mean = s->n_pre ? sum / s->n_pre : 0;
+    uint64_t target = PAT_MAX(mean, (uint64_t)s->cfg.split_min_kv);
+    uint32_t bs = s->mdl.bs;
+    s->n_ctas = 0;
+    for (uint32_t i = 0; i < s->n_pre; i++) {
+        sched_plan_cta_t c = s->pre[i];
+        uint64_t len = c.kv_end - c.kv_begin;
+        if (s->cfg.split_min_kv == 0 || len <= target * s->cfg.split_factor) {
+            *cta_push(&s->ctas, &s->n_ctas, &s->ctas_cap) = c;
+            continue;
+        }
+        uint32_t parts = (uint32_t)PAT_DIV_UP(len, target);
+        uint32_t part_len = (uint32_t)PAT_DIV_UP(PAT_DIV_UP(len, parts), bs) * bs;
+        for (uint32_t b = c.kv_begin; b < c.kv_end; b += part_len) {
+            uint32_t e = PAT_MIN(c.kv_end, b + part_len), hi = 0;
+            uint32_t row_begin = s->n_rows;
+            for (uint32_t r = c.row_begin; r < c.row_begin + c.row_count; r++) {
+                if (s->rows[r].limit <= b)
+                    continue; /* causal: this row ends before the part starts */
+                sched_plan_row_t row = s->rows[r];
+                *row_push(s) = row;
+                hi = PAT_MAX(hi, row.limit);
+            }
+            if (s->n_rows == row_begin)
+                continue;
+            sched_plan_cta_t *pc = cta_push(&s->ctas, &s->n_ctas, &s->ctas_cap);
+            pc->row_begin = row_begin;
+            pc->row_count = s->n_rows - row_begin;
+            pc->kv_begin = b;
+            pc->kv_end = PAT_MIN(e, hi);
+            pc->page_begin = c.page_begin + (b / bs - c.kv_begin / bs);
+            pc->pack = c.pack;
+        }
+    }
+}
+
+static uint32_t pick_m(const sched_tiles_t *t, uint32_t rows)
+{
+    for (uint32_t i = 0; i < t->n_m; i++)
+        if (t->m[i] >= rows)
+            return i;
+    return t->n_m - 1; /* unreachable: chunks never exceed m_max rows */
+}
+
+static uint32_t pick_n(const sched_tiles_t *t, uint32_t kv)
+{
+    for (uint32_t i = 0; i < t->n_n; i++)
+        if (kv <= t->n_upto[i])
+            return i;
+    return t->n_n - 1;
+}
+
+static uint32_t align16(uint32_t x)
+{
+    return (x + 15u) & ~15u;
+}
+
+int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
+{
+    uint64_t t0 = pat_now_ns();
+    const sched_forest_t *f = s->forest;
+    if (f->n_in == 0)
+        return -ENODATA;
+
+    /* query token rows: inside max_tokens, no two queries on one row */
+    uint32_t n_tokens = 0;
+    for (uint32_t i = 0; i < f->n_in; i++) {
+        const sched__query_t *q = &f->q[f->in_list[i]];
+        if ((uint64_t)q->tok_off + q->n_new > s->cfg.max_tokens)
+            return -EINVAL;
+        n_tokens = PAT_MAX(n_tokens, q->tok_off + q->n_new);
+    }
+    memset(s->tok_owner, 0xff, (size_t)n_tokens * sizeof(uint32_t));
+    for (uint32_t i = 0; i < f->n_in; i++) {
+        uint32_t qid = f->in_list[i];
+        const sched__query_t *q = &f->q[qid];
+        for (uint32_t t = q->tok_off; t < q->tok_off + q->n_new; t++) {
+            if (s->tok_owner[t] != SCHED_NONE)
+                return -EINVAL;
+            s->tok_owner[t] = qid;
+        }
+    }
+
+    sched__pack_update(s);
+    const sched__packset_t *ps = &s->cand[s->chosen];
+    s->n_pre = s->n_rows = s->n_pages = 0;
+    build_chunks(s, ps);
+    build_split(s);
+
+    /* partial slots: a token read by k > 1 CTAs gets k consecutive slots and a merge entry */
+    uint32_t *cnt = s->tok_parts, *next = s->tok_owner;
+    memset(cnt, 0, (size_t)n_tokens * sizeof(uint32_t));
+    for (uint32_t i = 0; i < s->n_ctas; i++)
+        for (uint32_t r = 0; r < s->ctas[i].row_count; r++)
+            cnt[s->rows[s->ctas[i].row_begin + r].q_tok]++;
+    uint32_t n_partials = 0, n_merges = 0;
+    for (uint32_t t = 0; t < n_tokens; t++) {
+        next[t] = n_partials;
+        if (cnt[t] > 1) {
+            n_partials += cnt[t];
+            n_merges++;
+        }
+    }
+
+    /* tile shapes: counting sort of CTAs by (m, n) */
+    const sched_tiles_t *tl = &s->tiles;
+    uint32_t n_shapes = tl->n_m * tl->n_n, shape_cnt[SCHED_MAX_TILE_M * SCHED_MAX_TILE_N] = {0};
+    uint32_t max_rows = 0;
+    for (uint32_t i = 0; i < s->n_ctas; i++) {
+        sched_plan_cta_t *c = &s->ctas[i];
+        uint32_t rows = c->row_count * s->mdl.group;
+        max_rows = PAT_MAX(max_rows, rows);
+        c->group = pick_m(tl, rows) * tl->n_n + pick_n(tl, c->kv_end - c->kv_begin);
+        shape_cnt[c->group]++;
+    }
+    uint32_t n_groups = 0;
+    for (uint32_t k = 0; k < n_shapes; k++)
+        n_groups += shape_cnt[k] != 0;
+
+    /* layout */
+    uint32_t off_groups = align16(sizeof(sched_plan_hdr_t));
+    uint32_t off_ctas = align16(off_groups + n_groups * (uint32_t)sizeof(sched_plan_group_t));
+    uint32_t off_rows = align16(off_ctas + s->n_ctas * (uint32_t)sizeof(sched_plan_cta_t));
+    uint32_t off_pages = align16(off_rows + s->n_rows * (uint32_t)sizeof(sched_plan_row_t));
+    uint32_t off_merges = align16(off_pages + s->n_pages * (uint32_t)sizeof(uint32_t));
+    uint32_t total = off_merges + n_merges * (uint32_t)sizeof(sched_plan_merge_t);
+    if (total > s->arena_cap) {
+        free(s->arena);
+        s->arena_cap = total + total / 2;
+        s->arena = pat_xmalloc(s->arena_cap);
+    }
+    char *base = s->arena;
+    sched_plan_hdr_t *h = (sched_plan_hdr_t *)base;
+    memset(h, 0, sizeof(*h));
+    h->magic = SCHED_PLAN_MAGIC;
+    h->version = SCHED_PLAN_VERSION;
+    h->total_bytes = total;
+    h->block_size = s->mdl.bs;
+    h->group = s->mdl.group;
+    h->n_tokens = n_tokens;
+    h->n_groups = n_groups;
+    h->n_ctas = s->n_ctas;
+    h->n_rows = s->n_rows;
+    h->n_pages = s->n_pages;
+    h->n_merges = n_merges;
+    h->n_partials = n_partials;
+    h->off_groups = off_groups;
+    h->off_ctas = off_ctas;
+    h->off_rows = off_rows;
+    h->off_pages = off_pages;
+    h->off_merges = off_merges;
+    h->max_cta_rows = max_rows;
+
+    sched_plan_group_t *groups = (sched_plan_group_t *)(base + off_groups);
+    uint32_t shape_group[SCHED_MAX_TILE_M * SCHED_MAX_TILE_N], cursor[SCHED_MAX_TILE_M *
+                                                                       SCHED_MAX_TILE_N];
+    for (uint32_t k = 0, g = 0, at = 0; k < n_shapes; k++) {
+        if (!shape_cnt[k])
+            continue;
+        groups[g] = (sched_plan_group_t){.m = tl->m[k / tl->n_n],
+                                         .n = tl->n[k % tl->n_n],
+                                         .cta_begin = at,
+                                         .cta_count = shape_cnt[k]};
+        shape_group[k] = g++;
+        cursor[k] = at;
+        at += shape_cnt[k];
+    }
+    sched_plan_cta_t *ctas = (sched_plan_cta_t *)(base + off_ctas);
+    for (uint32_t i = 0; i < s->n_ctas; i++) {
+        sched_plan_cta_t c = s->ctas[i];
+        uint32_t k = c.group;
+        c.group = shape_group[k];
+        ctas[cursor[k]++] = c;
+    }
+    sched_plan_row_t *rows = (sched_plan_row_t *)(base + off_rows);
+    memcpy(rows, s->rows, (size_t)s->n_rows * sizeof(sched_plan_row_t));
+    for (uint32_t i = 0; i < s->n_ctas; i++) {
+        const sched_plan_cta_t *c = &s->ctas[i];
+        for (uint32_t r = c->row_begin; r < c->row_begin + c->row_count; r++) {
+            uint32_t t = rows[r].q_tok;
+            if (cnt[t] == 1) {
+                rows[r].dst = t;
+                rows[r].flags = SCHED_ROW_DIRECT;
+            } else {
+                rows[r].dst = next[t]++;
+                rows[r].flags = 0;
+            }
+        }
+    }
+    memcpy(base + off_pages, s->pages, (size_t)s->n_pages * sizeof(uint32_t));
+    sched_plan_merge_t *merges = (sched_plan_merge_t *)(base + off_merges);
+    for (uint32_t t = 0, m = 0; t < n_tokens; t++) {
+        if (cnt[t] > 1)
+            merges[m++] = (sched_plan_merge_t){
+                .q_tok = t, .part_begin = next[t] - cnt[t], .part_count = cnt[t]};
+    }
+    s->st.plans++;
+    s->st.last_plan_ns = pat_now_ns() - t0;
+    *ret_plan = h;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ traffic */
+
+void sched_plan_traffic(const sched_plan_hdr_t *h, uint32_t q_heads, uint32_t kv_heads,
+                        uint32_t head_dim, uint32_t elt, sched_traffic_t *ret)
+{
+    const sched_plan_cta_t *ctas = sched_plan_ctas(h);
+    uint64_t kv_tokens = 0, rows = 0;
+    for (uint32_t i = 0; i < h->n_ctas; i++) {
+        kv_tokens += ctas[i].kv_end - ctas[i].kv_begin;
+        rows += ctas[i].row_count;
+    }
+    uint32_t group = q_heads / kv_heads;
+    memset(ret, 0, sizeof(*ret));
+    ret->kv = kv_tokens * kv_heads * 2ull * head_dim * elt;
+    ret->q = rows * q_heads * (uint64_t)head_dim * elt;
+    ret->partial = (uint64_t)h->n_partials * kv_heads * group * (head_dim + 2ull) * 4 * 2;
+    /* every token's output is written once: by its one direct row or by its merge */
+    uint64_t tokens = 0;
+    const sched_plan_row_t *r = sched_plan_rows(h);
+    for (uint32_t i = 0; i < h->n_rows; i++)
+        tokens += (r[i].flags & SCHED_ROW_DIRECT) != 0;
+    tokens += h->n_merges;
+    ret->o = tokens * q_heads * (uint64_t)head_dim * elt;
+    ret->total = ret->kv + ret->q + ret->partial + ret->o;
+}
+
+void sched_query_centric_traffic(const sched_t *s, sched_traffic_t *ret)
+{
+    const sched_forest_t *f = s->forest;
+    const sched__model_t *m = &s->mdl;
+    uint64_t kv_tokens = 0, tokens = 0;
+    for (uint32_t i = 0; i < f->n_in; i++) {
+        const sched__query_t *q = &f->q[f->in_list[i]];
+        /* one CTA per chunk of query tokens, reading [0, its largest causal limit) */
+        for (uint32_t c = 0; c < q->n_new; c += m->tok_per_chunk) {
+            uint32_t last = PAT_MIN(q->n_new, c + m->tok_per_chunk) - 1;
+            kv_tokens += q->kv_len - q->n_new + last + 1;
+        }
+        tokens += q->n_new;
+    }
+    uint32_t kv_heads = s->cfg.kv_heads, q_heads = s->cfg.q_heads;
+    memset(ret, 0, sizeof(*ret));
+    ret->kv = kv_tokens * kv_heads * m->kv_tok;
+    ret->q = tokens * q_heads * m->q_row;
+    ret->o = tokens * q_heads * m->q_row;
+    ret->total = ret->kv + ret->q + ret->o;
+}

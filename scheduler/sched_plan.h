@@ -1,0 +1,97 @@
+/*
+ * sched_plan.h — patd's scheduler: from the prefix forest of a step to a plan (sched_plan_fmt.h).
+ *
+ *   1. pack   (sched_pack.c): group queries by shared prefix into packs with a memory-centric
+ *             byte model; reused while the forest's structure version is unchanged (lazy update);
+ *   2. tiles  (sched_plan.c): rows = query tokens x GQA group; m = smallest compiled m >= rows
+ *             (a pack with more rows than the largest m becomes several CTAs, each re-reading its
+ *             KV); n from a decision table on the KV length;
+ *   3. split: CTAs far longer than the step's mean are cut along KV into near-equal parts;
+ *   4. plan:  CTAs grouped by tile shape, rows, pages and the merge list, in one flat buffer.
+ *
+ * Thread context: one step executor owns a sched_t. Host OOM aborts; everything else returns 0 or
+ * a negative errno and leaves the previous plan valid.
+ */
+#ifndef SCHED_PLAN_H
+#define SCHED_PLAN_H
+
+#include <stdint.h>
+
+#include "sched_forest.h"
+#include "sched_plan_fmt.h"
+
+typedef enum sched_policy {
+    SCHED_POLICY_AUTO = 0,  /* fewest modelled bytes of BYTES, PAPER and QUERY (the default) */
+    SCHED_POLICY_BYTES = 1, /* our rule: exact bytes per decision, GQA rows and tile overflow */
+    SCHED_POLICY_PAPER = 2, /* PAT's TreeHeuristic: merge child iff 4 * child.size >= len */
+    SCHED_POLICY_QUERY = 3, /* query-centric: one pack per query over its whole KV (baseline) */
+} sched_policy_t;
+
+#define SCHED_MAX_TILE_M 8
+#define SCHED_MAX_TILE_N 8
+
+/* The compiled tile shapes of a backend on one GPU and the rule that picks n. */
+typedef struct sched_tiles {
+    uint32_t n_m;
+    uint16_t m[SCHED_MAX_TILE_M]; /* ascending query-row tile sizes */
+    uint32_t n_n;
+    uint16_t n[SCHED_MAX_TILE_N];       /* KV tile sizes */
+    uint32_t n_upto[SCHED_MAX_TILE_N]; /* choose n[i] for the first i with kv_len <= n_upto[i];
+                                          the last entry should be UINT32_MAX */
+} sched_tiles_t;
+
+typedef struct sched_config {
+    uint32_t max_queries; /* sequences per step */
+    uint32_t max_tokens;  /* query tokens per step (rows of Q/O) */
+    uint32_t block_size;  /* tokens per KV block */
+    uint32_t q_heads, kv_heads, head_dim;
+    uint32_t kv_elt_bytes; /* bytes per K/V/Q element: 2 (fp16/bf16) or 4 (fp32) */
+    sched_policy_t policy;
+    const sched_tiles_t *tiles; /* NULL: sched_tiles_default() */
+    uint32_t split_min_kv;      /* CTAs are split only above this many tokens; 0 = never split */
+    uint32_t split_factor;      /* ... and above split_factor x the step's mean CTA length */
+} sched_config_t;
+
+typedef struct sched_stats {
+    uint64_t plans;         /* plans built */
+    uint64_t pack_reuses;   /* plans that reused the previous pack (lazy update) */
+    uint64_t chosen[4];     /* packs built per policy actually used, indexed by sched_policy_t */
+    uint64_t last_pack_ns;  /* CPU time of the last pack (0 when reused) */
+    uint64_t last_plan_ns;  /* CPU time of the last whole plan build, pack included */
+} sched_stats_t;
+
+/* Bytes a plan moves, per kind. */
+typedef struct sched_traffic {
+    uint64_t kv;      /* K and V read from the pool */
+    uint64_t q;       /* Q read (once per CTA that uses a row) */
+    uint64_t partial; /* fp32 partials written by CTAs and read by the merge */
+    uint64_t o;       /* outputs written */
+    uint64_t total;
+} sched_traffic_t;
+
+typedef struct sched sched_t;
+
+const sched_tiles_t *sched_tiles_default(void);
+
+/* Returns 0 or -EINVAL (a zero or inconsistent dimension, q_heads not a multiple of kv_heads,
+ * group > largest tile m, bad tile table). */
+int sched_create(const sched_config_t *cfg, sched_t **ret_sched);
+void sched_free(sched_t *s); /* accepts NULL */
+
+/* The forest of this scheduler: the caller joins, grows and removes queries through it. */
+sched_forest_t *sched_forest(sched_t *s);
+
+/* Builds the plan of the current forest. *ret_plan stays valid until the next build or free.
+ * Returns 0, -ENODATA (no query), -EINVAL (token rows overlap or exceed max_tokens). */
+int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan);
+
+void sched_get_stats(const sched_t *s, sched_stats_t *ret_stats);
+
+/* Traffic of a plan for the given model dimensions. */
+void sched_plan_traffic(const sched_plan_hdr_t *plan, uint32_t q_heads, uint32_t kv_heads,
+                        uint32_t head_dim, uint32_t elt_bytes, sched_traffic_t *ret);
+/* Traffic of the query-centric execution of the current forest (every query reads its whole KV,
+ * no partials): the baseline every plan is measured against. */
+void sched_query_centric_traffic(const sched_t *s, sched_traffic_t *ret);
+
+#endif

@@ -1,0 +1,111 @@
+/*
+ * sched_plan_fmt.h — the plan: the flat, self-describing work list of one step that every backend
+ * executes. Types only; both the scheduler (which writes it) and the kernels (which read it)
+ * include this header, and nothing else of each other.
+ *
+ * Layout: one contiguous buffer, little-endian, position-independent (every reference is an
+ * index or a byte offset from the start of the header), so it can be copied to a device in one
+ * transfer and read there as is. Arrays start at 16-byte aligned offsets.
+ *
+ *   sched_plan_hdr_t                       at offset 0
+ *   sched_plan_group_t  groups[n_groups]   CTAs of one tile shape (m, n), contiguous in ctas[]
+ *   sched_plan_cta_t    ctas[n_ctas]       one pack x KV range; the backend runs it once per KV head
+ *   sched_plan_row_t    rows[n_rows]       query tokens of the CTAs (each = `group` q-head rows)
+ *   uint32_t            pages[n_pages]     physical block ids, per CTA from ctas[].page_begin
+ *   sched_plan_merge_t  merges[n_merges]   query tokens whose output combines several partials
+ *
+ * Semantics of a CTA c for KV head h (rows r in rows[c.row_begin, +c.row_count), heads j < group):
+ *   q   = Q[r.q_tok][h * group + j][:]                      (Q rows of the step, [tok][q_head][d])
+ *   kv  = absolute positions t in [c.kv_begin, min(c.kv_end, r.limit)),
+ *         K/V of t at block pages[c.page_begin + t / bs - c.kv_begin / bs], offset t % bs
+ *   out = softmax(scale * q . K[kv]) . V[kv]  (with optional softcap on the logits)
+ *   if r.flags & SCHED_ROW_DIRECT: written to O[r.q_tok][h * group + j] (this CTA is the only one)
+ *   else: partial (o normalized, lse natural-log) to slot (r.dst * kv_heads + h) * group + j
+ *         (an empty range writes lse = -inf and o = 0).
+ * A merge m combines slots part_begin .. part_begin + part_count - 1 of token m.q_tok into O
+ * (log-sum-exp weights; all -inf gives 0, never NaN).
+ */
+#ifndef SCHED_PLAN_FMT_H
+#define SCHED_PLAN_FMT_H
+
+#include <stdint.h>
+
+#define SCHED_PLAN_MAGIC   0x4e4c5054u /* "TPLN" */
+#define SCHED_PLAN_VERSION 1u
+#define SCHED_ROW_DIRECT   1u /* rows[].flags: write the final output, no partial */
+
+typedef struct sched_plan_hdr {
+    uint32_t magic;
+    uint32_t version;
+    uint32_t total_bytes; /* whole plan, header included */
+    uint32_t block_size;  /* tokens per KV block */
+    uint32_t group;       /* q heads per KV head (rows per query token) */
+    uint32_t n_tokens;    /* query tokens of the step (rows of Q and O) */
+    uint32_t n_groups, n_ctas, n_rows, n_pages, n_merges;
+    uint32_t n_partials; /* partial slots (per KV head and q head of the group) */
+    uint32_t off_groups, off_ctas, off_rows, off_pages, off_merges;
+    uint32_t max_cta_rows; /* largest row_count * group: the biggest m any CTA needs */
+    uint32_t reserved[4];
+} sched_plan_hdr_t;
+_Static_assert(sizeof(sched_plan_hdr_t) == 88, "plan header layout is part of the contract");
+
+typedef struct sched_plan_group {
+    uint16_t m; /* tile rows (query rows per CTA) */
+    uint16_t n; /* tile KV tokens per iteration */
+    uint32_t cta_begin;
+    uint32_t cta_count;
+    uint32_t reserved;
+} sched_plan_group_t;
+_Static_assert(sizeof(sched_plan_group_t) == 16, "group layout");
+
+typedef struct sched_plan_cta {
+    uint32_t row_begin;  /* first row in rows[] */
+    uint32_t row_count;  /* query tokens in this CTA (rows = row_count * group <= m) */
+    uint32_t kv_begin;   /* first absolute KV position read */
+    uint32_t kv_end;     /* one past the last (clamped to the largest row limit) */
+    uint32_t page_begin; /* pages[] index of the block holding kv_begin */
+    uint32_t group;      /* index in groups[] (its tile shape) */
+    uint32_t pack;       /* pack it came from (diagnostics, split parts share it) */
+    uint32_t reserved;
+} sched_plan_cta_t;
+_Static_assert(sizeof(sched_plan_cta_t) == 32, "cta layout");
+
+typedef struct sched_plan_row {
+    uint32_t q_tok; /* row of Q/O in the step */
+    uint32_t limit; /* causal limit: attends to absolute positions < limit */
+    uint32_t dst;   /* partial slot, or q_tok again when SCHED_ROW_DIRECT */
+    uint32_t flags;
+} sched_plan_row_t;
+_Static_assert(sizeof(sched_plan_row_t) == 16, "row layout");
+
+typedef struct sched_plan_merge {
+    uint32_t q_tok;
+    uint32_t part_begin; /* first partial slot */
+    uint32_t part_count; /* >= 2 */
+    uint32_t reserved;
+} sched_plan_merge_t;
+_Static_assert(sizeof(sched_plan_merge_t) == 16, "merge layout");
+
+/* Typed views of a plan buffer (no copies). */
+static inline const sched_plan_group_t *sched_plan_groups(const sched_plan_hdr_t *h)
+{
+    return (const sched_plan_group_t *)((const char *)h + h->off_groups);
+}
+static inline const sched_plan_cta_t *sched_plan_ctas(const sched_plan_hdr_t *h)
+{
+    return (const sched_plan_cta_t *)((const char *)h + h->off_ctas);
+}
+static inline const sched_plan_row_t *sched_plan_rows(const sched_plan_hdr_t *h)
+{
+    return (const sched_plan_row_t *)((const char *)h + h->off_rows);
+}
+static inline const uint32_t *sched_plan_pages(const sched_plan_hdr_t *h)
+{
+    return (const uint32_t *)((const char *)h + h->off_pages);
+}
+static inline const sched_plan_merge_t *sched_plan_merges(const sched_plan_hdr_t *h)
+{
+    return (const sched_plan_merge_t *)((const char *)h + h->off_merges);
+}
+
+#endif
