@@ -40,7 +40,6 @@ struct sched {
     sched__packset_t cand[4]; /* per policy; cand[0] unused */
     int chosen;               /* index into cand of the pack in use, 0 = none yet */
     uint64_t pack_version;    /* forest version the chosen pack was built for */
-    uint32_t *scratch_q;      /* max_queries: per-query counters of the byte model */
     /* plan building */
     void *arena;
     uint32_t arena_cap;

@@ -145,31 +145,52 @@ static void fill_tokens(const sched_forest_t *f, uint32_t id, uint64_t *tok)
     tok[id] = t;
 }
 
-/* Modelled bytes of a pack set (see the top of this file). */
+/* Modelled bytes of a pack set (see the top of this file). Mirrors the plan builder's chunking
+ * and causal clamps exactly, so for a plan without long-KV split the model equals the plan's
+ * traffic (less the outputs, which every policy writes alike). */
 static uint64_t packset_bytes(sched_t *s, const sched__packset_t *ps)
 {
     const sched_forest_t *f = s->forest;
     const sched__model_t *m = &s->mdl;
-    uint32_t *npk = s->scratch_q;
+    uint32_t *cnt = s->tok_parts; /* CTAs per query token */
     uint64_t bytes = 0;
-    for (uint32_t i = 0; i < f->n_in; i++)
-        npk[f->in_list[i]] = 0;
-    for (uint32_t i = 0; i < ps->n; i++) {
-        const sched__pack_t *p = &ps->p[i];
-        uint64_t tokens = 0;
+    for (uint32_t i = 0; i < f->n_in; i++) {
+        const sched__query_t *q = &f->q[f->in_list[i]];
+        memset(cnt + q->tok_off, 0, (size_t)q->n_new * sizeof(uint32_t));
+    }
+    for (uint32_t pi = 0; pi < ps->n; pi++) {
+        const sched__pack_t *p = &ps->p[pi];
+        uint32_t seg_b = sched__seg_begin(f, p), seg_e = sched__seg_end(f, p);
+        if (seg_e <= seg_b)
+            continue;
+        uint32_t in_chunk = 0, hi = 0;
+        uint64_t rows = 0;
         for (uint32_t k = 0; k < p->q_count; k++) {
-            uint32_t qid = ps->q[p->q_begin + k];
-            tokens += f->q[qid].n_new;
-            npk[qid]++;
+            const sched__query_t *q = &f->q[ps->q[p->q_begin + k]];
+            uint32_t first_limit = q->kv_len - q->n_new + 1;
+            for (uint32_t i = 0; i < q->n_new; i++) {
+                if (first_limit + i <= seg_b)
+                    continue;
+                if (in_chunk == m->tok_per_chunk) {
+                    bytes += (uint64_t)(PAT_MIN(seg_e, hi) - seg_b) * m->kv_tok;
+                    in_chunk = 0;
+                    hi = 0;
+                }
+                hi = PAT_MAX(hi, first_limit + i);
+                cnt[q->tok_off + i]++;
+                in_chunk++;
+                rows++;
+            }
         }
-        uint64_t seg = sched__seg_end(f, p) - sched__seg_begin(f, p);
-        bytes += seg * m->kv_tok * PAT_DIV_UP(tokens, m->tok_per_chunk);
-        bytes += tokens * m->group * m->q_row;
+        if (in_chunk)
+            bytes += (uint64_t)(PAT_MIN(seg_e, hi) - seg_b) * m->kv_tok;
+        bytes += rows * m->group * m->q_row;
     }
     for (uint32_t i = 0; i < f->n_in; i++) {
-        uint32_t qid = f->in_list[i];
-        if (npk[qid] > 1)
-            bytes += (uint64_t)npk[qid] * f->q[qid].n_new * m->group * m->ic_row;
+        const sched__query_t *q = &f->q[f->in_list[i]];
+        for (uint32_t t = q->tok_off; t < q->tok_off + q->n_new; t++)
+            if (cnt[t] > 1)
+                bytes += (uint64_t)cnt[t] * m->group * m->ic_row;
     }
     return bytes;
 }

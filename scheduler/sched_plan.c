@@ -75,7 +75,6 @@ int sched_create(const sched_config_t *cfg, sched_t **ret)
     m->kv_tok = 2ull * cfg->head_dim * cfg->kv_elt_bytes;
     m->ic_row = (cfg->head_dim + 2ull) * 4 * 2;
     m->q_row = (uint64_t)cfg->head_dim * cfg->kv_elt_bytes;
-    s->scratch_q = pat_xcalloc(cfg->max_queries, sizeof(uint32_t));
     s->tok_parts = pat_xcalloc(cfg->max_tokens, sizeof(uint32_t));
     s->tok_owner = pat_xcalloc(cfg->max_tokens, sizeof(uint32_t));
     *ret = s;
@@ -89,7 +88,6 @@ void sched_free(sched_t *s)
     for (int i = 0; i < 4; i++)
         sched__packset_done(&s->cand[i]);
     sched_forest_free(s->forest);
-    free(s->scratch_q);
     free(s->tok_parts);
     free(s->tok_owner);
     free(s->arena);
