@@ -62,7 +62,7 @@ NVCCFLAGS := -std=c++17 -O3 -g -lineinfo $(NVCC_GENCODE) -Werror all-warnings \
 # ---------------------------------------------------------------- sources
 KV_SRCS    := kvcache/kv_pool.c kvcache/kv_seq.c
 SCHED_SRCS := scheduler/sched_forest.c scheduler/sched_pack.c scheduler/sched_plan.c
-KERN_SRCS  := kernels/kern_backend.c kernels/kern_ref.c kernels/cpu/kern_cpu.c
+KERN_SRCS  := kernels/kern_backend.c kernels/cpu/kern_cpu.c
 CUDA_SRCS  := kernels/cuda/kern_cuda_merge.cu
 
 CORE_SRCS := $(KV_SRCS) $(SCHED_SRCS) $(KERN_SRCS)
@@ -71,7 +71,7 @@ ifeq ($(HAVE_CUDA),1)
 CUDA_OBJS := $(CUDA_SRCS:%.cu=$(B)/%.o)
 endif
 
-TESTLIB_SRCS := tests/lib/tl_rng.c tests/lib/tl_world.c
+TESTLIB_SRCS := tests/lib/tl_rng.c tests/lib/tl_world.c tests/lib/tl_ref.c
 TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(B)/%.o)
 
 # Unit tests: one program per module (cmocka); tests/run.sh runs them with a time limit.
@@ -138,11 +138,13 @@ ALL_TARGETS += $(B)/libpatcuda.a
 endif
 
 .PHONY: all test demo bench deps install uninstall format format-check clean help FORCE
+# objects of pattern-built programs are kept (no rebuilds after every link)
+.SECONDARY:
 all: $(ALL_TARGETS)
 	@echo "built (cuda objects: $(if $(filter 1,$(HAVE_CUDA)),yes via $(NVCC),no))"
 
 test: all
-	$(Q)tests/run.sh $(UNIT_BINS)
+	$(Q)tests/run.sh $(UNIT_BINS) $(DEMO_BIN)
 
 demo: $(DEMO_BIN)
 	$(Q)$(DEMO_BIN)
@@ -165,7 +167,8 @@ install: all
 	install -m 0755 $(DEMO_BIN) $(DESTDIR)$(PREFIX)/bin/patd-demo
 	install -m 0755 $(B)/bench/bench_sched $(DESTDIR)$(PREFIX)/bin/patd-bench-sched
 	install -m 0644 $(B)/libpatcore.a $(DESTDIR)$(PREFIX)/lib/libpatcore.a
-	install -m 0644 kernels/kern.h kernels/kern_types.h scheduler/sched_plan.h \
+	install -m 0644 kernels/kern.h kernels/kern_dtype.h scheduler/sched_plan_fmt.h \
+	  scheduler/sched_plan.h scheduler/sched_forest.h kvcache/kv_pool.h \
 	  $(DESTDIR)$(PREFIX)/include/patd/
 
 uninstall:

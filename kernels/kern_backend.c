@@ -1,0 +1,158 @@
+/*
+ * kern_backend.c — the backend registry, the supported set, and the checks every backend runs
+ * before touching memory. Backends are chosen by name at create and reached through their ops.
+ */
+#include "kern_int.h"
+
+#include <errno.h>
+#include <string.h>
+
+static const kern_ops_t *const backends[] = {
+    &kern__cpu_ops,
+#ifdef PATD_HAVE_CUDA_BACKEND
+    &kern__cuda_ops,
+#endif
+};
+
+uint32_t kern_dtype_size(kern_dtype_t d)
+{
+    switch (d) {
+    case KERN_F16:
+    case KERN_BF16:
+        return 2;
+    case KERN_F32:
+        return 4;
+    }
+    return 0;
+}
+
+int kern_supported(const kern_model_t *m)
+{
+    /* the closed set of DESIGN.md §5; the cuda backend instantiates exactly these */
+    if (!m || m->n_layers == 0 || m->kv_heads == 0 || m->q_heads % m->kv_heads != 0)
+        return -ENOTSUP;
+    if (m->head_dim != 64 && m->head_dim != 128 && m->head_dim != 256)
+        return -ENOTSUP;
+    uint32_t group = m->q_heads / m->kv_heads;
+    if (group < 1 || group > KERN_MAX_GROUP || m->block_size != KERN_BLOCK_SIZE)
+        return -ENOTSUP;
+    if (kern_dtype_size(m->dtype) == 0)
+        return -ENOTSUP;
+    return 0;
+}
+
+uint64_t kern_block_bytes(const kern_model_t *m)
+{
+    return (uint64_t)m->n_layers * 2 * m->kv_heads * m->block_size * m->head_dim *
+           kern_dtype_size(m->dtype);
+}
+
+int kern_backend_create(const char *name, const kern_config_t *cfg, kern_backend_t **ret)
+{
+    if (!name || !cfg || !ret || cfg->n_blocks == 0 || cfg->max_tokens == 0)
+        return -EINVAL;
+    int r = kern_supported(&cfg->model);
+    if (r < 0)
+        return r;
+    for (size_t i = 0; i < sizeof(backends) / sizeof(backends[0]); i++) {
+        if (strcmp(backends[i]->name, name) != 0)
+            continue;
+        kern_config_t c = *cfg;
+        if (c.max_cta_rows == 0)
+            c.max_cta_rows = KERN_DEFAULT_MAX_CTA_ROWS;
+        kern_backend_t *b = NULL;
+        r = backends[i]->create(&c, &b);
+        if (r < 0)
+            return r;
+        b->ops = backends[i];
+        b->cfg = c;
+        *ret = b;
+        return 0;
+    }
+    return -ENOTSUP; /* unknown, or not built into this binary */
+}
+
+void kern_backend_free(kern_backend_t *b)
+{
+    if (b)
+        b->ops->destroy(b);
+}
+
+const char *kern_backend_name(const kern_backend_t *b)
+{
+    return b->ops->name;
+}
+
+int kern_append_kv(kern_backend_t *b, uint32_t layer, const void *k, const void *v,
+                   const uint32_t *slots, uint32_t n)
+{
+    if (layer >= b->cfg.model.n_layers || (n && (!k || !v || !slots)))
+        return -EINVAL;
+    return b->ops->append_kv(b, layer, k, v, slots, n);
+}
+
+int kern_copy_blocks(kern_backend_t *b, const uint32_t *src, const uint32_t *dst, uint32_t n)
+{
+    if (n && (!src || !dst))
+        return -EINVAL;
+    for (uint32_t i = 0; i < n; i++)
+        if (src[i] >= b->cfg.n_blocks || dst[i] >= b->cfg.n_blocks)
+            return -EINVAL;
+    return b->ops->copy_blocks(b, src, dst, n);
+}
+
+int kern_attend(kern_backend_t *b, uint32_t layer, const sched_plan_hdr_t *plan, const void *q,
+                void *o, const kern_attn_params_t *p)
+{
+    if (layer >= b->cfg.model.n_layers || !plan || !q || !o || !p || !(p->scale > 0.0f) ||
+        !(p->softcap >= 0.0f))
+        return -EINVAL;
+    return b->ops->attend(b, layer, plan, q, o, p);
+}
+
+int kern__plan_check(const kern_config_t *cfg, const sched_plan_hdr_t *h)
+{
+    const kern_model_t *m = &cfg->model;
+    if (h->magic != SCHED_PLAN_MAGIC || h->version != SCHED_PLAN_VERSION ||
+        h->block_size != m->block_size || h->group != m->q_heads / m->kv_heads)
+        return -EINVAL;
+    if (h->n_tokens > cfg->max_tokens || h->max_cta_rows > cfg->max_cta_rows)
+        return -E2BIG;
+    if (h->n_partials > cfg->max_partials)
+        return -ENOSPC;
+    const sched_plan_group_t *g = sched_plan_groups(h);
+    const sched_plan_cta_t *c = sched_plan_ctas(h);
+    const sched_plan_row_t *rows = sched_plan_rows(h);
+    const uint32_t *pages = sched_plan_pages(h);
+    const sched_plan_merge_t *mg = sched_plan_merges(h);
+    for (uint32_t i = 0; i < h->n_groups; i++)
+        if ((uint64_t)g[i].cta_begin + g[i].cta_count > h->n_ctas)
+            return -EINVAL;
+    for (uint32_t i = 0; i < h->n_ctas; i++) {
+        const sched_plan_cta_t *x = &c[i];
+        if ((uint64_t)x->row_begin + x->row_count > h->n_rows || x->kv_begin > x->kv_end ||
+            x->group >= h->n_groups || x->row_count * h->group > cfg->max_cta_rows)
+            return -EINVAL;
+        if (x->kv_end > x->kv_begin) {
+            uint64_t last = (uint64_t)x->page_begin + (x->kv_end - 1) / h->block_size -
+                            x->kv_begin / h->block_size;
+            if (last >= h->n_pages)
+                return -EINVAL;
+        }
+    }
+    for (uint32_t i = 0; i < h->n_rows; i++) {
+        if (rows[i].q_tok >= h->n_tokens)
+            return -EINVAL;
+        if (rows[i].flags & SCHED_ROW_DIRECT ? rows[i].dst != rows[i].q_tok
+                                             : rows[i].dst >= h->n_partials)
+            return -EINVAL;
+    }
+    for (uint32_t i = 0; i < h->n_pages; i++)
+        if (pages[i] >= cfg->n_blocks)
+            return -EINVAL;
+    for (uint32_t i = 0; i < h->n_merges; i++)
+        if (mg[i].q_tok >= h->n_tokens ||
+            (uint64_t)mg[i].part_begin + mg[i].part_count > h->n_partials)
+            return -EINVAL;
+    return 0;
+}

@@ -1,0 +1,35 @@
+/*
+ * kern_int.h — what a backend implements (one ops table each) and the checks they share.
+ */
+#ifndef KERN_INT_H
+#define KERN_INT_H
+
+#include "kern.h"
+
+typedef struct kern_ops {
+    const char *name;
+    int (*create)(const kern_config_t *cfg, kern_backend_t **ret);
+    void (*destroy)(kern_backend_t *b);
+    int (*append_kv)(kern_backend_t *b, uint32_t layer, const void *k, const void *v,
+                     const uint32_t *slots, uint32_t n);
+    int (*copy_blocks)(kern_backend_t *b, const uint32_t *src, const uint32_t *dst, uint32_t n);
+    int (*attend)(kern_backend_t *b, uint32_t layer, const sched_plan_hdr_t *plan, const void *q,
+                  void *o, const kern_attn_params_t *params);
+} kern_ops_t;
+
+/* Every backend's handle starts with this header. */
+struct kern_backend {
+    const kern_ops_t *ops;
+    kern_config_t cfg;
+};
+
+extern const kern_ops_t kern__cpu_ops;
+#ifdef PATD_HAVE_CUDA_BACKEND
+extern const kern_ops_t kern__cuda_ops;
+#endif
+
+/* Host-side plan validation shared by the backends: header, counts against the config, every
+ * row's token and every page id in range, groups and CTAs consistent. 0 or a negative errno. */
+int kern__plan_check(const kern_config_t *cfg, const sched_plan_hdr_t *plan);
+
+#endif

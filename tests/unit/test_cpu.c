@@ -1,0 +1,501 @@
+/*
+ * test_cpu.c — the cpu backend executes plans exactly: attention outputs against a float64 naive
+ * reference over each query's logical KV, on random forests (depth 1-5, fan-out 1-64, KV lengths
+ * up to 4K, partial last blocks), decode and extend (causal) rows, every head_dim, dtypes fp16,
+ * bf16 and fp32, GQA groups 1-16 (non powers of two too), per-layer scale, softcap; outputs
+ * poisoned before each run and checked fully written. Also: the semantics of empty ranges and
+ * fully masked merges (0, never NaN), copy-on-write block copies, thread-count independence,
+ * and every error code of the interface.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kern.h"
+#include "kern_dtype.h"
+#include "sched_plan.h"
+#include "tl_ref.h"
+#include "tl_rng.h"
+#include "tl_world.h"
+
+#define BS     16u
+#define LAYERS 2u
+
+typedef struct mcase {
+    uint32_t q_heads, kv_heads, d;
+    kern_dtype_t dt;
+    float softcap;
+} mcase_t;
+
+static const mcase_t cases[] = {
+    {8, 8, 64, KERN_F16, 0},      /* MHA */
+    {32, 8, 128, KERN_BF16, 0},   /* Llama-3-8B heads */
+    {12, 4, 128, KERN_F16, 30},   /* group 3, softcap */
+    {16, 1, 256, KERN_F32, 0},    /* group 16 */
+    {10, 2, 64, KERN_BF16, 0},    /* group 5 */
+    {14, 2, 256, KERN_F16, 50},   /* group 7, softcap */
+    {6, 6, 128, KERN_F32, 20},    /* fp32, softcap */
+    {32, 4, 64, KERN_F16, 0},     /* group 8 */
+};
+
+static double tol(kern_dtype_t dt)
+{
+    return dt == KERN_F32 ? 1e-5 : 1e-2;
+}
+
+typedef struct rig {
+    tl_world_t w;
+    mcase_t mc;
+    kern_backend_t *b;
+    sched_t *s;
+    uint64_t seed; /* KV contents of layer 1 */
+    void *q, *o;
+    uint64_t q_elems;
+    double scale;
+} rig_t;
+
+static uint32_t esz(kern_dtype_t dt)
+{
+    return kern_dtype_size(dt);
+}
+
+/* rounds through the dtype, as the backend stores it */
+static double rt(kern_dtype_t dt, double v)
+{
+    uint8_t buf[4];
+    kern_store(dt, buf, 0, (float)v);
+    return kern_load(dt, buf, 0);
+}
+
+static void fill_pool(rig_t *g, uint32_t layer, uint64_t seed)
+{
+    const mcase_t *m = &g->mc;
+    for (uint32_t i = 0; i < g->w.n_q; i++) {
+        const tl_query_t *q = &g->w.q[i];
+        uint32_t n = q->kv_len;
+        uint8_t *k = malloc((size_t)n * m->kv_heads * m->d * esz(m->dt));
+        uint8_t *v = malloc((size_t)n * m->kv_heads * m->d * esz(m->dt));
+        uint32_t *slots = malloc(n * sizeof(uint32_t));
+        for (uint32_t t = 0; t < n; t++) {
+            uint32_t blk = q->blocks[t / BS], off = t % BS;
+            slots[t] = blk * BS + off;
+            for (uint32_t h = 0; h < m->kv_heads; h++)
+                for (uint32_t x = 0; x < m->d; x++) {
+                    uint64_t e = ((uint64_t)t * m->kv_heads + h) * m->d + x;
+                    kern_store(m->dt, k, e, (float)tl_kv_value(seed, blk, off, h, x, 0));
+                    kern_store(m->dt, v, e, (float)tl_kv_value(seed, blk, off, h, x, 1));
+                }
+        }
+        assert_int_equal(kern_append_kv(g->b, layer, k, v, slots, n), 0);
+        free(k);
+        free(v);
+        free(slots);
+    }
+}
+
+static void rig_init(rig_t *g, tl_rng_t *r, const mcase_t *mc, sched_policy_t pol,
+                     uint32_t split_min, uint32_t threads)
+{
+    g->mc = *mc;
+    sched_config_t sc = {.max_queries = g->w.n_q,
+                         .max_tokens = g->w.n_tokens,
+                         .block_size = BS,
+                         .q_heads = mc->q_heads,
+                         .kv_heads = mc->kv_heads,
+                         .head_dim = mc->d,
+                         .kv_elt_bytes = esz(mc->dt),
+                         .policy = pol,
+                         .split_min_kv = split_min};
+    assert_int_equal(sched_create(&sc, &g->s), 0);
+    for (uint32_t i = 0; i < g->w.n_q; i++) {
+        const tl_query_t *q = &g->w.q[i];
+        sched_query_t v = {q->blocks, q->n_blocks, q->kv_len, q->n_new, q->tok_off};
+        assert_int_equal(sched_forest_join(sched_forest(g->s), i, &v), 0);
+    }
+    kern_config_t kc = {.model = {.n_layers = LAYERS,
+                                  .q_heads = mc->q_heads,
+                                  .kv_heads = mc->kv_heads,
+                                  .head_dim = mc->d,
+                                  .block_size = BS,
+                                  .dtype = mc->dt},
+                        .n_blocks = g->w.next_block,
+                        .max_tokens = g->w.n_tokens,
+                        .max_partials = 8 * g->w.n_tokens + 64,
+                        .n_threads = threads};
+    assert_int_equal(kern_backend_create("cpu", &kc, &g->b), 0);
+    g->seed = tl_rng_u64(r);
+    fill_pool(g, 0, g->seed ^ 0x5555); /* layer 0 holds different KV: offsets must be right */
+    fill_pool(g, 1, g->seed);
+    g->q_elems = (uint64_t)g->w.n_tokens * mc->q_heads * mc->d;
+    g->q = malloc(g->q_elems * esz(mc->dt));
+    g->o = malloc(g->q_elems * esz(mc->dt));
+    double amp = 1.0 + 7.0 * (tl_rng_unit(r) + 1.0) / 2.0; /* peaky softmax sometimes */
+    for (uint64_t i = 0; i < g->q_elems; i++)
+        kern_store(mc->dt, g->q, i, (float)(amp * tl_rng_unit(r)));
+    g->scale = 1.0 / sqrt((double)mc->d) * (0.5 + (tl_rng_unit(r) + 1.0) / 2.0);
+}
+
+static void rig_done(rig_t *g)
+{
+    kern_backend_free(g->b);
+    sched_free(g->s);
+    free(g->q);
+    free(g->o);
+    tl_world_free(&g->w);
+}
+
+static void run_layer1(rig_t *g)
+{
+    const sched_plan_hdr_t *h;
+    assert_int_equal(sched_build(g->s, &h), 0);
+    memset(g->o, 0xff, g->q_elems * esz(g->mc.dt)); /* poison: NaN in every dtype */
+    kern_attn_params_t p = {.scale = (float)g->scale, .softcap = g->mc.softcap};
+    assert_int_equal(kern_attend(g->b, 1, h, g->q, g->o, &p), 0);
+}
+
+/* Checks every output row of every token against the float64 reference; returns the worst. */
+static double check_outputs(rig_t *g)
+{
+    const mcase_t *m = &g->mc;
+    uint32_t group = m->q_heads / m->kv_heads, d = m->d;
+    double worst = 0.0;
+    double *qd = malloc(d * sizeof(double)), *ref = malloc(m->q_heads * d * sizeof(double));
+    double *got = malloc(m->q_heads * d * sizeof(double)), *out = malloc(d * sizeof(double));
+    for (uint32_t i = 0; i < g->w.n_q; i++) {
+        const tl_query_t *q = &g->w.q[i];
+        double *K = malloc((size_t)q->kv_len * d * sizeof(double));
+        double *V = malloc((size_t)q->kv_len * d * sizeof(double));
+        double **tok_ref = malloc(q->n_new * sizeof(double *));
+        for (uint32_t k = 0; k < q->n_new; k++)
+            tok_ref[k] = malloc(m->q_heads * d * sizeof(double));
+        for (uint32_t h = 0; h < m->kv_heads; h++) {
+            for (uint32_t t = 0; t < q->kv_len; t++)
+                for (uint32_t x = 0; x < d; x++) {
+                    uint32_t blk = q->blocks[t / BS], off = t % BS;
+                    K[(uint64_t)t * d + x] = rt(m->dt, tl_kv_value(g->seed, blk, off, h, x, 0));
+                    V[(uint64_t)t * d + x] = rt(m->dt, tl_kv_value(g->seed, blk, off, h, x, 1));
+                }
+            for (uint32_t k = 0; k < q->n_new; k++) {
+                uint32_t tok = q->tok_off + k, limit = q->kv_len - q->n_new + k + 1;
+                for (uint32_t j = 0; j < group; j++) {
+                    uint32_t qh = h * group + j;
+                    for (uint32_t x = 0; x < d; x++)
+                        qd[x] = kern_load(m->dt, g->q, ((uint64_t)tok * m->q_heads + qh) * d + x);
+                    tl_ref_attend(qd, K, V, limit, d, g->scale, m->softcap, out);
+                    memcpy(tok_ref[k] + (uint64_t)qh * d, out, d * sizeof(double));
+                }
+            }
+        }
+        for (uint32_t k = 0; k < q->n_new; k++) {
+            uint32_t tok = q->tok_off + k;
+            for (uint64_t e = 0; e < (uint64_t)m->q_heads * d; e++) {
+                got[e] = kern_load(m->dt, g->o, (uint64_t)tok * m->q_heads * d + e);
+                assert_true(isfinite(got[e])); /* every element written, none NaN */
+            }
+            double err = tl_rel_err(got, tok_ref[k], (uint64_t)m->q_heads * d);
+            if (err > worst)
+                worst = err;
+            free(tok_ref[k]);
+        }
+        free(tok_ref);
+        free(K);
+        free(V);
+    }
+    free(qd);
+    free(ref);
+    free(got);
+    free(out);
+    return worst;
+}
+
+/* A random forest whose reference cost stays within budget (CI has two cores). */
+static void gen_bounded(tl_world_t *w, tl_rng_t *r, const mcase_t *m, int extend)
+{
+    uint64_t budget = 6e7 / ((uint64_t)m->q_heads * m->d);
+    for (;;) {
+        uint32_t depth = tl_rng_range(r, 1, 5);
+        tl_world_params_t p = {.bs = BS,
+                               .trees = tl_rng_range(r, 1, 3),
+                               .depth_lo = depth,
+                               .depth_hi = depth,
+                               .fanout_lo = 1,
+                               .fanout_hi = tl_rng_range(r, 1, 64),
+                               .level_tok_lo = 1,
+                               .level_tok_hi = tl_rng_range(r, 1, 4096 / depth),
+                               .leaf_tok_lo = 1,
+                               .leaf_tok_hi = tl_rng_range(r, 1, 600),
+                               .new_lo = 1,
+                               .new_hi = extend ? tl_rng_range(r, 2, 48) : 1,
+                               .max_queries = 64,
+                               .spare_blocks = 2};
+        tl_world_gen(w, r, &p);
+        uint64_t work = 0;
+        for (uint32_t i = 0; i < w->n_q; i++)
+            work += (uint64_t)w->q[i].n_new * w->q[i].kv_len;
+        if (work <= budget && w->n_q > 0)
+            return;
+        tl_world_free(w);
+    }
+}
+
+static void test_random_forests_vs_fp64(void **state)
+{
+    tl_rng_t r;
+    tl_rng_seed(&r, tl_test_seed(0xc0de));
+    static const sched_policy_t pols[] = {SCHED_POLICY_AUTO, SCHED_POLICY_PAPER,
+                                          SCHED_POLICY_QUERY, SCHED_POLICY_BYTES};
+    uint32_t merges_seen = 0, direct_seen = 0;
+    for (int round = 0; round < 32; round++) {
+        const mcase_t *mc = &cases[round % (sizeof(cases) / sizeof(cases[0]))];
+        rig_t g;
+        memset(&g, 0, sizeof(g));
+        gen_bounded(&g.w, &r, mc, round % 3 == 2);
+        rig_init(&g, &r, mc, pols[round % 4], round % 2 ? 64 : 0, 2);
+        run_layer1(&g);
+        const sched_plan_hdr_t *h;
+        sched_build(g.s, &h);
+        merges_seen += h->n_merges > 0;
+        direct_seen += h->n_merges < h->n_tokens;
+        double err = check_outputs(&g);
+        if (err >= tol(mc->dt))
+            fprintf(stderr, "round %d: q%u kv%u d%u dt%d: rel err %.3g\n", round, mc->q_heads,
+                    mc->kv_heads, mc->d, mc->dt, err);
+        assert_true(err < tol(mc->dt));
+        rig_done(&g);
+    }
+    assert_true(merges_seen > 4 && direct_seen > 4);
+}
+
+/* Same plan and inputs with 1 and 3 threads: bitwise identical outputs. */
+static void test_threads_do_not_change_results(void **state)
+{
+    tl_rng_t r1, r2;
+    tl_rng_seed(&r1, 99);
+    tl_rng_seed(&r2, 99);
+    rig_t a, b;
+    memset(&a, 0, sizeof(a));
+    memset(&b, 0, sizeof(b));
+    gen_bounded(&a.w, &r1, &cases[1], 1);
+    gen_bounded(&b.w, &r2, &cases[1], 1);
+    rig_init(&a, &r1, &cases[1], SCHED_POLICY_AUTO, 64, 1);
+    rig_init(&b, &r2, &cases[1], SCHED_POLICY_AUTO, 64, 3);
+    run_layer1(&a);
+    run_layer1(&b);
+    assert_memory_equal(a.o, b.o, a.q_elems * esz(cases[1].dt));
+    rig_done(&a);
+    rig_done(&b);
+}
+
+/* A hand-written plan: token 0 has an empty partial (lse -inf) and a real one; token 1 is a
+ * direct row with an empty range; token 2 merges two empty partials. Outputs: token 0 equals
+ * its real part alone, tokens 1 and 2 are exactly 0, nothing is NaN. */
+static void test_empty_ranges_and_masked_merge(void **state)
+{
+    kern_config_t kc = {.model = {1, 4, 4, 64, BS, KERN_F32},
+                        .n_blocks = 4, .max_tokens = 3, .max_partials = 8, .n_threads = 1};
+    kern_backend_t *b;
+    assert_int_equal(kern_backend_create("cpu", &kc, &b), 0);
+    float kv[4 * 64];
+    uint32_t slots[1];
+    for (uint32_t t = 0; t < 32; t++) { /* blocks 0 and 1 */
+        for (uint32_t i = 0; i < 4 * 64; i++)
+            kv[i] = (float)tl_kv_value(5, t, 0, 0, i, 0);
+        slots[0] = t;
+        assert_int_equal(kern_append_kv(b, 0, kv, kv, slots, 1), 0);
+    }
+    struct {
+        sched_plan_hdr_t h;
+        sched_plan_group_t g[1];
+        sched_plan_cta_t c[3];
+        sched_plan_row_t r[6];
+        uint32_t pages[2];
+        sched_plan_merge_t m[2];
+    } pl;
+    memset(&pl, 0, sizeof(pl));
+    pl.h = (sched_plan_hdr_t){.magic = SCHED_PLAN_MAGIC, .version = SCHED_PLAN_VERSION,
+                              .total_bytes = sizeof(pl), .block_size = BS, .group = 1,
+                              .n_tokens = 3, .n_groups = 1, .n_ctas = 3, .n_rows = 6,
+                              .n_pages = 2, .n_merges = 2, .n_partials = 4,
+                              .off_groups = offsetof(__typeof__(pl), g),
+                              .off_ctas = offsetof(__typeof__(pl), c),
+                              .off_rows = offsetof(__typeof__(pl), r),
+                              .off_pages = offsetof(__typeof__(pl), pages),
+                              .off_merges = offsetof(__typeof__(pl), m), .max_cta_rows = 3};
+    pl.g[0] = (sched_plan_group_t){.m = 16, .n = 32, .cta_begin = 0, .cta_count = 3};
+    /* CTA 0: positions [0, 20): token 0 partial slot 0 (real), token 2 partial slot 2 (limit 0
+     * -> empty), token 1 direct (limit 0 -> empty) */
+    pl.c[0] = (sched_plan_cta_t){.row_begin = 0, .row_count = 3, .kv_begin = 0, .kv_end = 20};
+    pl.r[0] = (sched_plan_row_t){.q_tok = 0, .limit = 20, .dst = 0};
+    pl.r[1] = (sched_plan_row_t){.q_tok = 2, .limit = 0, .dst = 2};
+    pl.r[2] = (sched_plan_row_t){.q_tok = 1, .limit = 0, .dst = 1, .flags = SCHED_ROW_DIRECT};
+    /* CTA 1: positions [16, 20), rows with limits at or below 16: both empty */
+    pl.c[1] = (sched_plan_cta_t){.row_begin = 3, .row_count = 2, .kv_begin = 16, .kv_end = 20,
+                                 .page_begin = 1};
+    pl.r[3] = (sched_plan_row_t){.q_tok = 0, .limit = 16, .dst = 1};
+    pl.r[4] = (sched_plan_row_t){.q_tok = 2, .limit = 5, .dst = 3};
+    pl.c[2] = (sched_plan_cta_t){.row_begin = 5, .row_count = 0, .kv_begin = 0, .kv_end = 0};
+    pl.pages[0] = 0;
+    pl.pages[1] = 1;
+    pl.m[0] = (sched_plan_merge_t){.q_tok = 0, .part_begin = 0, .part_count = 2};
+    pl.m[1] = (sched_plan_merge_t){.q_tok = 2, .part_begin = 2, .part_count = 2};
+    float q[3 * 4 * 64], o[3 * 4 * 64];
+    for (uint32_t i = 0; i < 3 * 4 * 64; i++)
+        q[i] = (float)tl_kv_value(6, i, 0, 0, 0, 0);
+    memset(o, 0xff, sizeof(o));
+    kern_attn_params_t p = {.scale = 0.125f, .softcap = 0};
+    assert_int_equal(kern_attend(b, 0, &pl.h, q, o, &p), 0);
+    for (uint32_t i = 4 * 64; i < 3 * 4 * 64; i++)
+        assert_true(o[i] == 0.0f); /* fully masked: exactly zero, not NaN */
+    /* token 0 equals attention over positions [0, 20) */
+    for (uint32_t hd = 0; hd < 4; hd++) {
+        double qd[64], K[20 * 64], V[20 * 64], ref[64], got[64];
+        for (uint32_t x = 0; x < 64; x++)
+            qd[x] = q[hd * 64 + x];
+        for (uint32_t t = 0; t < 20; t++)
+            for (uint32_t x = 0; x < 64; x++)
+                K[t * 64 + x] = V[t * 64 + x] = (float)tl_kv_value(5, t, 0, 0, hd * 64 + x, 0);
+        tl_ref_attend(qd, K, V, 20, 64, 0.125, 0, ref);
+        for (uint32_t x = 0; x < 64; x++)
+            got[x] = o[hd * 64 + x];
+        assert_true(tl_rel_err(got, ref, 64) < 1e-5);
+    }
+    kern_backend_free(b);
+}
+
+static void test_copy_blocks(void **state)
+{
+    kern_config_t kc = {.model = {2, 2, 2, 64, BS, KERN_F16},
+                        .n_blocks = 4, .max_tokens = 1, .max_partials = 4, .n_threads = 1};
+    kern_backend_t *b;
+    assert_int_equal(kern_backend_create("cpu", &kc, &b), 0);
+    uint16_t k[2 * 64], v[2 * 64];
+    for (uint32_t layer = 0; layer < 2; layer++)
+        for (uint32_t t = 0; t < 10; t++) { /* block 1, 10 tokens */
+            for (uint32_t i = 0; i < 128; i++) {
+                k[i] = kern_f32_to_f16((float)tl_kv_value(layer, t, 1, 0, i, 0));
+                v[i] = kern_f32_to_f16((float)tl_kv_value(layer, t, 1, 0, i, 1));
+            }
+            uint32_t slot = BS + t;
+            assert_int_equal(kern_append_kv(b, layer, k, v, &slot, 1), 0);
+        }
+    uint32_t src = 1, dst = 3, bad = 4;
+    assert_int_equal(kern_copy_blocks(b, &src, &bad, 1), -EINVAL);
+    assert_int_equal(kern_copy_blocks(b, &src, &dst, 1), 0);
+    /* attention through block 1 and through block 3 must agree bitwise, on both layers */
+    sched_config_t sc = {.max_queries = 1, .max_tokens = 1, .block_size = BS, .q_heads = 2,
+                         .kv_heads = 2, .head_dim = 64, .kv_elt_bytes = 2};
+    for (uint32_t layer = 0; layer < 2; layer++) {
+        uint16_t q[128], o1[128], o2[128];
+        for (uint32_t i = 0; i < 128; i++)
+            q[i] = kern_f32_to_f16((float)tl_kv_value(9, i, 0, 0, 0, 0));
+        uint16_t *outs[2] = {o1, o2};
+        uint32_t blocks[2] = {1, 3};
+        for (int w = 0; w < 2; w++) {
+            sched_t *s;
+            assert_int_equal(sched_create(&sc, &s), 0);
+            sched_query_t sq = {&blocks[w], 1, 10, 1, 0};
+            sched_forest_join(sched_forest(s), 0, &sq);
+            const sched_plan_hdr_t *h;
+            assert_int_equal(sched_build(s, &h), 0);
+            kern_attn_params_t p = {.scale = 0.125f};
+            assert_int_equal(kern_attend(b, layer, h, q, outs[w], &p), 0);
+            sched_free(s);
+        }
+        assert_memory_equal(o1, o2, sizeof(o1));
+    }
+    kern_backend_free(b);
+}
+
+static void test_errors(void **state)
+{
+    kern_config_t kc = {.model = {2, 8, 2, 128, BS, KERN_BF16},
+                        .n_blocks = 8, .max_tokens = 4, .max_partials = 2, .n_threads = 1};
+    kern_backend_t *b;
+    kern_config_t bad = kc;
+    bad.model.head_dim = 96;
+    assert_int_equal(kern_backend_create("cpu", &bad, &b), -ENOTSUP);
+    bad = kc;
+    bad.model.q_heads = 34;
+    bad.model.kv_heads = 2; /* group 17 */
+    assert_int_equal(kern_backend_create("cpu", &bad, &b), -ENOTSUP);
+    bad = kc;
+    bad.model.block_size = 32;
+    assert_int_equal(kern_backend_create("cpu", &bad, &b), -ENOTSUP);
+    bad = kc;
+    bad.model.dtype = (kern_dtype_t)9;
+    assert_int_equal(kern_backend_create("cpu", &bad, &b), -ENOTSUP);
+    assert_int_equal(kern_backend_create("tpu", &kc, &b), -ENOTSUP);
+    bad = kc;
+    bad.n_blocks = 0;
+    assert_int_equal(kern_backend_create("cpu", &bad, &b), -EINVAL);
+    assert_int_equal(kern_backend_create("cpu", &kc, &b), 0);
+    assert_string_equal(kern_backend_name(b), "cpu");
+
+    uint16_t kv[2 * 128] = {0};
+    uint32_t slot = 8 * BS; /* one past the pool */
+    assert_int_equal(kern_append_kv(b, 0, kv, kv, &slot, 1), -EINVAL);
+    slot = 0;
+    assert_int_equal(kern_append_kv(b, 2, kv, kv, &slot, 1), -EINVAL);
+
+    sched_config_t sc = {.max_queries = 2, .max_tokens = 4, .block_size = BS, .q_heads = 8,
+                         .kv_heads = 2, .head_dim = 128, .kv_elt_bytes = 2,
+                         .policy = SCHED_POLICY_PAPER};
+    sched_t *s;
+    assert_int_equal(sched_create(&sc, &s), 0);
+    uint32_t blocks_a[3] = {0, 1, 2}, blocks_b[3] = {0, 1, 5};
+    sched_query_t qa = {blocks_a, 3, 40, 1, 0}, qb = {blocks_b, 3, 40, 1, 1};
+    sched_forest_join(sched_forest(s), 0, &qa);
+    sched_forest_join(sched_forest(s), 1, &qb);
+    const sched_plan_hdr_t *h;
+    assert_int_equal(sched_build(s, &h), 0);
+    uint16_t q[4 * 8 * 128] = {0}, o[4 * 8 * 128];
+    kern_attn_params_t p = {.scale = 0.1f};
+    assert_true(h->n_partials > 2);
+    assert_int_equal(kern_attend(b, 0, h, q, o, &p), -ENOSPC); /* more partials than set up */
+    p.scale = 0.0f;
+    assert_int_equal(kern_attend(b, 0, h, q, o, &p), -EINVAL);
+    p.scale = 0.1f;
+    assert_int_equal(kern_attend(b, 5, h, q, o, &p), -EINVAL);
+    kern_backend_free(b);
+    /* a corrupted plan is refused, not executed */
+    kc.max_partials = 64;
+    assert_int_equal(kern_backend_create("cpu", &kc, &b), 0);
+    assert_int_equal(kern_attend(b, 0, h, q, o, &p), 0);
+    uint8_t *copy = malloc(h->total_bytes);
+    memcpy(copy, h, h->total_bytes);
+    sched_plan_hdr_t *ch = (sched_plan_hdr_t *)copy;
+    ((uint32_t *)(copy + ch->off_pages))[0] = 1000; /* page beyond the pool */
+    assert_int_equal(kern_attend(b, 0, ch, q, o, &p), -EINVAL);
+    memcpy(copy, h, h->total_bytes);
+    ((sched_plan_row_t *)(copy + ch->off_rows))[0].q_tok = 7; /* row beyond the tokens */
+    assert_int_equal(kern_attend(b, 0, ch, q, o, &p), -EINVAL);
+    memcpy(copy, h, h->total_bytes);
+    ch->magic = 0;
+    assert_int_equal(kern_attend(b, 0, ch, q, o, &p), -EINVAL);
+    memcpy(copy, h, h->total_bytes);
+    ch->n_tokens = 5; /* beyond max_tokens */
+    assert_int_equal(kern_attend(b, 0, ch, q, o, &p), -E2BIG);
+    free(copy);
+    sched_free(s);
+    kern_backend_free(b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_empty_ranges_and_masked_merge),
+        cmocka_unit_test(test_copy_blocks),
+        cmocka_unit_test(test_threads_do_not_change_results),
+        cmocka_unit_test(test_random_forests_vs_fp64),
+    };
+    return cmocka_run_group_tests_name("cpu backend", tests, NULL, NULL);
+}
