@@ -273,10 +273,16 @@ static void insert_path(sched_forest_t *f, uint32_t qid)
         if (c == SCHED_NONE)
             break;
         const sched__node_t *cn = &f->node[c];
-        uint32_t cfull = node_full(f, cn), k = 1;
+        uint32_t cfull = node_full(f, cn), lim = PAT_MIN(cfull, s->nfull - pos), k;
         const uint32_t *cb = f->q[cn->rep].blocks;
-        while (k < cfull && pos + k < s->nfull && cb[pos + k] == s->blocks[pos + k])
-            k++;
+        /* the common case is a whole shared run: compare it at memcmp speed first */
+        if (memcmp(cb + pos, s->blocks + pos, (size_t)lim * sizeof(uint32_t)) == 0) {
+            k = lim;
+        } else {
+            k = 1;
+            while (cb[pos + k] == s->blocks[pos + k])
+                k++;
+        }
         if (!sched__is_leaf(cn) && k == cn->nblocks) {
             u = c;
             continue;

@@ -32,6 +32,13 @@ typedef struct sched__model {
     uint64_t q_row;         /* bytes of one Q row (one q head) */
 } sched__model_t;
 
+/* A run of page ids to copy into the plan: the block table of a pack's representative query. */
+typedef struct sched__psrc {
+    const uint32_t *src;
+    uint32_t n;
+    uint32_t plan_off; /* index in the plan's pages[] once laid out */
+} sched__psrc_t;
+
 struct sched {
     sched_config_t cfg;
     sched_tiles_t tiles;
@@ -40,6 +47,8 @@ struct sched {
     sched__packset_t cand[4]; /* per policy; cand[0] unused */
     int chosen;               /* index into cand of the pack in use, 0 = none yet */
     uint64_t pack_version;    /* forest version the chosen pack was built for */
+    uint64_t *node_tok;       /* per forest node: query tokens below (pack scratch) */
+    uint8_t *node_merged;     /* per forest node: merged into its parent's segment */
     /* plan building */
     void *arena;
     uint32_t arena_cap;
@@ -49,8 +58,9 @@ struct sched {
     uint32_t n_ctas, ctas_cap;
     sched_plan_row_t *rows;
     uint32_t n_rows, rows_cap;
-    uint32_t *pages;
-    uint32_t n_pages, pages_cap;
+    sched__psrc_t *psrc; /* page runs of the pre-split CTAs, copied once into the plan */
+    uint32_t n_psrc, psrc_cap;
+    uint32_t n_pages;
     uint32_t *tok_parts; /* max_tokens: CTAs per query token, then next slot */
     uint32_t *tok_owner; /* max_tokens */
     sched_stats_t st;

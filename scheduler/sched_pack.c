@@ -49,9 +49,10 @@ static sched__pack_t *pack_open(sched__packset_t *ps, uint32_t top, uint32_t bot
     return p;
 }
 
-static void pack_add_query(sched__packset_t *ps, sched__pack_t *p, uint32_t qid)
+static inline void pack_add_query(sched__packset_t *ps, sched__pack_t *p, uint32_t qid)
 {
-    pat_grow((void **)&ps->q, &ps->qcap, ps->nq + 1, sizeof(uint32_t));
+    if (ps->nq == ps->qcap)
+        pat_grow((void **)&ps->q, &ps->qcap, ps->nq + 1, sizeof(uint32_t));
     ps->q[ps->nq++] = qid;
     p->q_count++;
 }
@@ -72,7 +73,8 @@ typedef struct walk {
     sched_t *s;
     sched_policy_t pol;
     sched__packset_t *ps;
-    uint64_t *tok; /* query tokens below each node, filled once per run (BYTES only) */
+    uint64_t *tok;   /* query tokens below each node, filled once per run (BYTES only) */
+    uint8_t *merged; /* per node: the decision taken for it as a child */
 } walk_t;
 
 static int merge_child(const walk_t *w, uint32_t c, uint64_t acc_tokens, int split_above)
@@ -99,7 +101,8 @@ static void walk_node(const walk_t *w, uint32_t u, uint32_t top, uint64_t acc, i
     uint32_t own = SCHED_NONE; /* u's own pack, opened at the first separate child */
     for (uint32_t c = un->first_child; c != SCHED_NONE; c = f->node[c].next_sib) {
         const sched__node_t *cn = &f->node[c];
-        if (merge_child(w, c, a, split_above)) {
+        w->merged[c] = (uint8_t)merge_child(w, c, a, split_above);
+        if (w->merged[c]) {
             if (sched__is_leaf(cn))
                 pack_add_query(w->ps, pack_open(w->ps, top, c), cn->query);
             else
@@ -125,7 +128,7 @@ static void walk_node(const walk_t *w, uint32_t u, uint32_t top, uint64_t acc, i
         p->q_begin = w->ps->nq;
         p->q_count = 0;
         for (uint32_t c = un->first_child; c != SCHED_NONE; c = f->node[c].next_sib)
-            if (!merge_child(w, c, a, split_above))
+            if (!w->merged[c])
                 add_subtree(f, w->ps, own, c);
     }
 }
@@ -208,12 +211,10 @@ void sched__pack_run(sched_t *s, sched_policy_t pol, sched__packset_t *out)
             pack_add_query(out, pack_open(out, top, f->q[qid].leaf), qid);
         }
     } else {
-        uint64_t *tok = NULL;
-        if (pol == SCHED_POLICY_BYTES) {
-            tok = pat_xmalloc((size_t)f->n_node_cap * sizeof(uint64_t));
+        uint64_t *tok = s->node_tok;
+        if (pol == SCHED_POLICY_BYTES)
             fill_tokens(f, SCHED__ROOT, tok);
-        }
-        walk_t w = {.s = s, .pol = pol, .ps = out, .tok = tok};
+        walk_t w = {.s = s, .pol = pol, .ps = out, .tok = tok, .merged = s->node_merged};
         const sched__node_t *root = &f->node[SCHED__ROOT];
         for (uint32_t c = root->first_child; c != SCHED_NONE; c = f->node[c].next_sib) {
             if (sched__is_leaf(&f->node[c]))
@@ -221,7 +222,6 @@ void sched__pack_run(sched_t *s, sched_policy_t pol, sched__packset_t *out)
             else
                 walk_node(&w, c, c, 0, 0);
         }
-        free(tok);
     }
     out->bytes = packset_bytes(s, out);
 }
@@ -236,13 +236,19 @@ void sched__pack_update(sched_t *s)
     }
     uint64_t t0 = pat_now_ns();
     if (s->cfg.policy == SCHED_POLICY_AUTO) {
-        static const sched_policy_t order[3] = {SCHED_POLICY_BYTES, SCHED_POLICY_PAPER,
-                                                SCHED_POLICY_QUERY};
-        int best = 0;
-        for (int i = 0; i < 3; i++) {
-            sched__pack_run(s, order[i], &s->cand[order[i]]);
-            if (!best || s->cand[order[i]].bytes < s->cand[best].bytes)
-                best = order[i];
+        sched__pack_run(s, SCHED_POLICY_BYTES, &s->cand[SCHED_POLICY_BYTES]);
+        sched__pack_run(s, SCHED_POLICY_PAPER, &s->cand[SCHED_POLICY_PAPER]);
+        int best = s->cand[SCHED_POLICY_PAPER].bytes < s->cand[SCHED_POLICY_BYTES].bytes
+                       ? SCHED_POLICY_PAPER
+                       : SCHED_POLICY_BYTES;
+        /* the query-centric pack is only built when it wins: its bytes are known in closed
+         * form (sched_query_centric_traffic, less the outputs, per KV head) */
+        sched_traffic_t qc;
+        sched_query_centric_traffic(s, &qc);
+        uint64_t qc_bytes = (qc.kv + qc.q) / s->cfg.kv_heads;
+        if (qc_bytes < s->cand[best].bytes) {
+            sched__pack_run(s, SCHED_POLICY_QUERY, &s->cand[SCHED_POLICY_QUERY]);
+            best = SCHED_POLICY_QUERY;
         }
         s->chosen = best;
     } else {

@@ -76,6 +76,8 @@ int sched_create(const sched_config_t *cfg, sched_t **ret)
     m->ic_row = (cfg->head_dim + 2ull) * 4 * 2;
     m->q_row = (uint64_t)cfg->head_dim * cfg->kv_elt_bytes;
     s->tok_parts = pat_xcalloc(cfg->max_tokens, sizeof(uint32_t));
+    s->node_tok = pat_xcalloc(2ull * cfg->max_queries + 1, sizeof(uint64_t));
+    s->node_merged = pat_xcalloc(2ull * cfg->max_queries + 1, 1);
     s->tok_owner = pat_xcalloc(cfg->max_tokens, sizeof(uint32_t));
     *ret = s;
     return 0;
@@ -89,12 +91,14 @@ void sched_free(sched_t *s)
         sched__packset_done(&s->cand[i]);
     sched_forest_free(s->forest);
     free(s->tok_parts);
+    free(s->node_tok);
+    free(s->node_merged);
     free(s->tok_owner);
     free(s->arena);
     free(s->pre);
     free(s->ctas);
     free(s->rows);
-    free(s->pages);
+    free(s->psrc);
     free(s);
 }
 
@@ -141,10 +145,13 @@ static void chunk_close(sched_t *s, uint32_t pack, uint32_t row_begin, uint32_t 
     c->kv_begin = seg_b;
     c->kv_end = end;
     c->pack = pack;
-    c->page_begin = s->n_pages;
+    /* pages are copied once, straight into the plan: remember the run (page_begin holds its
+     * index until layout, reserved the offset of the CTA's first page within it) */
     uint32_t bs = s->mdl.bs, p0 = seg_b / bs, p1 = PAT_DIV_UP(end, bs);
-    pat_grow((void **)&s->pages, &s->pages_cap, s->n_pages + (p1 - p0), sizeof(uint32_t));
-    memcpy(s->pages + s->n_pages, blocks + p0, (size_t)(p1 - p0) * sizeof(uint32_t));
+    pat_grow((void **)&s->psrc, &s->psrc_cap, s->n_psrc + 1, sizeof(sched__psrc_t));
+    s->psrc[s->n_psrc] = (sched__psrc_t){.src = blocks + p0, .n = p1 - p0};
+    c->page_begin = s->n_psrc++;
+    c->reserved = 0;
     s->n_pages += p1 - p0;
 }
 
@@ -218,7 +225,8 @@ static void build_split(sched_t *s)
             pc->row_count = s->n_rows - row_begin;
             pc->kv_begin = b;
             pc->kv_end = PAT_MIN(e, hi);
-            pc->page_begin = c.page_begin + (b / bs - c.kv_begin / bs);
+            pc->page_begin = c.page_begin; /* the run; the offset within it: */
+            pc->reserved = b / bs - c.kv_begin / bs;
             pc->pack = c.pack;
         }
     }
@@ -273,7 +281,7 @@ int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
 
     sched__pack_update(s);
     const sched__packset_t *ps = &s->cand[s->chosen];
-    s->n_pre = s->n_rows = s->n_pages = 0;
+    s->n_pre = s->n_rows = s->n_pages = s->n_psrc = 0;
     build_chunks(s, ps);
     build_split(s);
 
@@ -355,11 +363,19 @@ int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
         cursor[k] = at;
         at += shape_cnt[k];
     }
+    uint32_t *pages = (uint32_t *)(base + off_pages);
+    for (uint32_t i = 0, at = 0; i < s->n_psrc; i++) {
+        s->psrc[i].plan_off = at;
+        memcpy(pages + at, s->psrc[i].src, (size_t)s->psrc[i].n * sizeof(uint32_t));
+        at += s->psrc[i].n;
+    }
     sched_plan_cta_t *ctas = (sched_plan_cta_t *)(base + off_ctas);
     for (uint32_t i = 0; i < s->n_ctas; i++) {
         sched_plan_cta_t c = s->ctas[i];
         uint32_t k = c.group;
         c.group = shape_group[k];
+        c.page_begin = s->psrc[c.page_begin].plan_off + c.reserved;
+        c.reserved = 0;
         ctas[cursor[k]++] = c;
     }
     sched_plan_row_t *rows = (sched_plan_row_t *)(base + off_rows);
@@ -377,7 +393,6 @@ int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
             }
         }
     }
-    memcpy(base + off_pages, s->pages, (size_t)s->n_pages * sizeof(uint32_t));
     sched_plan_merge_t *merges = (sched_plan_merge_t *)(base + off_merges);
     for (uint32_t t = 0, m = 0; t < n_tokens; t++) {
         if (cnt[t] > 1)
