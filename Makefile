@@ -57,7 +57,7 @@ LDLIBS  := $(PKG_LIBS) -lm
 # nvcc gets the same strictness: every host warning is an error, every device warning too.
 NVCC_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a))
 NVCCFLAGS := -std=c++17 -O3 -g -lineinfo $(NVCC_GENCODE) -Werror all-warnings \
-             -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter -MMD -MP $(INCS)
+             -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter -MMD -MP $(INCS) -Ikernels/cuda
 
 # ---------------------------------------------------------------- sources
 KV_SRCS    := kvcache/kv_pool.c kvcache/kv_seq.c
@@ -67,6 +67,8 @@ CUDA_SRCS  := kernels/cuda/kern_cuda_merge.cu
 
 CORE_SRCS := $(KV_SRCS) $(SCHED_SRCS) $(KERN_SRCS)
 CORE_OBJS := $(CORE_SRCS:%.c=$(B)/%.o)
+GPU_TESTS := test_cuda_merge
+GPU_BINS  := $(GPU_TESTS:%=$(B)/tests/gpu/%)
 ifeq ($(HAVE_CUDA),1)
 CUDA_OBJS := $(CUDA_SRCS:%.cu=$(B)/%.o)
 endif
@@ -81,7 +83,8 @@ BENCH_BINS := $(B)/bench/bench_sched
 DEMO_BIN   := $(B)/bin/patd-demo
 
 ALL_OBJS := $(CORE_OBJS) $(TESTLIB_OBJS) $(UNIT_TESTS:%=$(B)/tests/unit/%.o) \
-            $(B)/tests/bench/bench_sched.o $(B)/tests/demo/pat_demo.o $(CUDA_OBJS)
+            $(B)/tests/bench/bench_sched.o $(B)/tests/demo/pat_demo.o $(CUDA_OBJS) \
+            $(GPU_TESTS:%=$(B)/tests/gpu/%.o)
 
 # ---------------------------------------------------------------- flags stamp
 # Any change of compiler or flags rewrites the stamp, and every object depends on it.
@@ -126,6 +129,11 @@ $(B)/bench/bench_%: $(B)/tests/bench/bench_%.o $(B)/libpattest.a $(B)/libpatcore
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
+# GPU test programs: compiled wherever nvcc is (CI included), run by tests/gpu/run.sh on a GPU.
+$(B)/tests/gpu/%: $(B)/tests/gpu/%.o $(B)/libpatcuda.a
+	@$(if $(Q),echo "  NVLD    $@")
+	$(Q)$(NVCC) $(NVCC_GENCODE) $^ -o $@
+
 $(DEMO_BIN): $(B)/tests/demo/pat_demo.o $(B)/libpattest.a $(B)/libpatcore.a
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
@@ -134,10 +142,10 @@ $(DEMO_BIN): $(B)/tests/demo/pat_demo.o $(B)/libpattest.a $(B)/libpatcore.a
 # ---------------------------------------------------------------- targets
 ALL_TARGETS := $(B)/libpatcore.a $(UNIT_BINS) $(BENCH_BINS) $(DEMO_BIN)
 ifeq ($(HAVE_CUDA),1)
-ALL_TARGETS += $(B)/libpatcuda.a
+ALL_TARGETS += $(B)/libpatcuda.a $(GPU_BINS)
 endif
 
-.PHONY: all test demo bench deps install uninstall format format-check clean help FORCE
+.PHONY: all test demo bench gpu-tests deps install uninstall format format-check clean help FORCE
 # objects of pattern-built programs are kept (no rebuilds after every link)
 .SECONDARY:
 all: $(ALL_TARGETS)
@@ -148,6 +156,9 @@ test: all
 
 demo: $(DEMO_BIN)
 	$(Q)$(DEMO_BIN)
+
+gpu-tests: $(GPU_BINS)
+	$(Q)tests/run.sh $(GPU_BINS)
 
 bench: $(BENCH_BINS)
 	$(Q)$(B)/bench/bench_sched
@@ -192,6 +203,7 @@ help:
 	@echo "  test          build and run the CPU test suite (CI runs this via .ci/run)"
 	@echo "  demo          run the in-process demo: shared prompts, prefill + decode, checked in fp64"
 	@echo "  bench         scheduler CPU-time benchmark (results go to tests/bench/RESULTS.md by hand)"
+	@echo "  gpu-tests     build and run the GPU tests (needs a GPU; tests/gpu/run.sh wraps it)"
 	@echo "  deps          apt-get install the Debian packages the build/tests need, if missing"
 	@echo "  install       install into DESTDIR/PREFIX (PREFIX=$(PREFIX))"
 	@echo "  uninstall     remove what install put there"

@@ -22,6 +22,10 @@
 
 #include "sched_plan_fmt.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum kern_dtype {
     KERN_F16 = 1,
     KERN_BF16 = 2,
@@ -83,5 +87,9 @@ int kern_copy_blocks(kern_backend_t *b, const uint32_t *src, const uint32_t *dst
  * params), -E2BIG (plan rows/tokens beyond the config), -ENOSPC (more partials than configured). */
 int kern_attend(kern_backend_t *b, uint32_t layer, const sched_plan_hdr_t *plan, const void *q,
                 void *o, const kern_attn_params_t *params);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

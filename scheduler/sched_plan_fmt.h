@@ -30,6 +30,13 @@
 
 #include <stdint.h>
 
+/* the layout checks hold for C and for the CUDA C++ that reads plans */
+#ifdef __cplusplus
+#define SCHED_STATIC_ASSERT static_assert
+#else
+#define SCHED_STATIC_ASSERT _Static_assert
+#endif
+
 #define SCHED_PLAN_MAGIC   0x4e4c5054u /* "TPLN" */
 #define SCHED_PLAN_VERSION 1u
 #define SCHED_ROW_DIRECT   1u /* rows[].flags: write the final output, no partial */
@@ -47,7 +54,7 @@ typedef struct sched_plan_hdr {
     uint32_t max_cta_rows; /* largest row_count * group: the biggest m any CTA needs */
     uint32_t reserved[4];
 } sched_plan_hdr_t;
-_Static_assert(sizeof(sched_plan_hdr_t) == 88, "plan header layout is part of the contract");
+SCHED_STATIC_ASSERT(sizeof(sched_plan_hdr_t) == 88, "plan header layout is part of the contract");
 
 typedef struct sched_plan_group {
     uint16_t m; /* tile rows (query rows per CTA) */
@@ -56,7 +63,7 @@ typedef struct sched_plan_group {
     uint32_t cta_count;
     uint32_t reserved;
 } sched_plan_group_t;
-_Static_assert(sizeof(sched_plan_group_t) == 16, "group layout");
+SCHED_STATIC_ASSERT(sizeof(sched_plan_group_t) == 16, "group layout");
 
 typedef struct sched_plan_cta {
     uint32_t row_begin;  /* first row in rows[] */
@@ -68,7 +75,7 @@ typedef struct sched_plan_cta {
     uint32_t pack;       /* pack it came from (diagnostics, split parts share it) */
     uint32_t reserved;
 } sched_plan_cta_t;
-_Static_assert(sizeof(sched_plan_cta_t) == 32, "cta layout");
+SCHED_STATIC_ASSERT(sizeof(sched_plan_cta_t) == 32, "cta layout");
 
 typedef struct sched_plan_row {
     uint32_t q_tok; /* row of Q/O in the step */
@@ -76,7 +83,7 @@ typedef struct sched_plan_row {
     uint32_t dst;   /* partial slot, or q_tok again when SCHED_ROW_DIRECT */
     uint32_t flags;
 } sched_plan_row_t;
-_Static_assert(sizeof(sched_plan_row_t) == 16, "row layout");
+SCHED_STATIC_ASSERT(sizeof(sched_plan_row_t) == 16, "row layout");
 
 typedef struct sched_plan_merge {
     uint32_t q_tok;
@@ -84,7 +91,7 @@ typedef struct sched_plan_merge {
     uint32_t part_count; /* >= 2 */
     uint32_t reserved;
 } sched_plan_merge_t;
-_Static_assert(sizeof(sched_plan_merge_t) == 16, "merge layout");
+SCHED_STATIC_ASSERT(sizeof(sched_plan_merge_t) == 16, "merge layout");
 
 /* Typed views of a plan buffer (no copies). */
 static inline const sched_plan_group_t *sched_plan_groups(const sched_plan_hdr_t *h)
