@@ -151,10 +151,12 @@ endif
 all: $(ALL_TARGETS)
 	@echo "built (cuda objects: $(if $(filter 1,$(HAVE_CUDA)),yes via $(NVCC),no))"
 
-test: all
+test: | deps
+	$(Q)$(MAKE) --no-print-directory all
 	$(Q)tests/run.sh $(UNIT_BINS) $(DEMO_BIN)
 
-demo: $(DEMO_BIN)
+demo: | deps
+	$(Q)$(MAKE) --no-print-directory $(DEMO_BIN)
 	$(Q)$(DEMO_BIN)
 
 gpu-tests: $(GPU_BINS)
@@ -163,14 +165,19 @@ gpu-tests: $(GPU_BINS)
 bench: $(BENCH_BINS)
 	$(Q)$(B)/bench/bench_sched
 
-# Installs the Debian packages the build and the tests need, only when some are missing.
+# Installs the Debian packages the build and the tests need, only when some are missing (a few
+# dpkg queries otherwise). `make demo` and `make test` run it first, so the README's two commands
+# work on a fresh Debian 12. Elsewhere (no dpkg) it only says what it would need.
 DEB_PKGS := build-essential pkg-config libxxhash-dev libcmocka-dev clang-format
 deps:
-	$(Q)missing=$$(for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	$(Q)if ! command -v dpkg >/dev/null; then \
+	  echo "deps: not a Debian system; install the equivalents of: $(DEB_PKGS)"; exit 0; fi; \
+	missing=$$(for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
-	  echo "installing:" $$missing; \
+	  echo "deps: installing" $$missing; \
 	  if [ "$$(id -u)" -ne 0 ]; then SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
 	else echo "deps: all present"; fi
 
 install: all

@@ -32,8 +32,8 @@ typedef enum kern_dtype {
     KERN_F32 = 3,
 } kern_dtype_t;
 
-#define KERN_MAX_GROUP      16u
-#define KERN_BLOCK_SIZE     16u
+#define KERN_MAX_GROUP            16u
+#define KERN_BLOCK_SIZE           16u
 #define KERN_DEFAULT_MAX_CTA_ROWS 128u
 
 typedef struct kern_model {

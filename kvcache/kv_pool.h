@@ -25,8 +25,8 @@
 #include <stdint.h>
 
 #define KV_NONE           UINT32_MAX
-#define KV_MAX_BLOCK_SIZE 256u      /* tokens per block; bounds the hash input on the stack */
-#define KV_SEQ_SLOT_BITS  20u       /* sequence id = generation << 20 | slot */
+#define KV_MAX_BLOCK_SIZE 256u /* tokens per block; bounds the hash input on the stack */
+#define KV_SEQ_SLOT_BITS  20u  /* sequence id = generation << 20 | slot */
 #define KV_MAX_SEQS       (1u << KV_SEQ_SLOT_BITS)
 #define KV_MAX_BLOCKS     (1u << 31) /* ids stay far from KV_NONE */
 
@@ -70,8 +70,8 @@ typedef struct kv_copy {
 
 /* A read-only view of one sequence; pointers valid until the next call that changes it. */
 typedef struct kv_seq_info {
-    uint32_t len;          /* committed tokens (KV written) */
-    uint32_t capacity;     /* tokens the block table can hold (n_blocks * block_size) */
+    uint32_t len;      /* committed tokens (KV written) */
+    uint32_t capacity; /* tokens the block table can hold (n_blocks * block_size) */
     uint32_t n_blocks;
     const uint32_t *blocks; /* block table: logical block i -> physical block id */
 } kv_seq_info_t;

@@ -23,12 +23,12 @@ typedef struct kv__block {
 typedef struct kv__seq {
     uint32_t gen; /* generation of this slot, part of the id */
     uint8_t open;
-    uint32_t len;        /* committed tokens */
-    uint32_t n_blocks;   /* block-table entries (reserved capacity / block_size) */
-    uint32_t blk_cap;    /* allocated entries of blocks[] and hashes[] */
-    uint32_t *blocks;    /* block table */
-    uint64_t *hashes;    /* chain hash of each full block (valid for i < len / block_size) */
-    uint32_t *tokens;    /* token ids of the committed tokens */
+    uint32_t len;      /* committed tokens */
+    uint32_t n_blocks; /* block-table entries (reserved capacity / block_size) */
+    uint32_t blk_cap;  /* allocated entries of blocks[] and hashes[] */
+    uint32_t *blocks;  /* block table */
+    uint64_t *hashes;  /* chain hash of each full block (valid for i < len / block_size) */
+    uint32_t *tokens;  /* token ids of the committed tokens */
     uint32_t tok_cap;
 } kv__seq_t;
 

@@ -534,8 +534,7 @@ int sched_forest_check(const sched_forest_t *f)
             continue;
         if (id != SCHED__ROOT)
             live++;
-        FCHECK(n->size == size[id], "node %u: size %u but %u queries below", id, n->size,
-               size[id]);
+        FCHECK(n->size == size[id], "node %u: size %u but %u queries below", id, n->size, size[id]);
         uint32_t nchild = 0;
         for (uint32_t c = n->first_child; c != SCHED_NONE; c = f->node[c].next_sib) {
             FCHECK(f->node[c].parent == id, "node %u: child %u has parent %u", id, c,

@@ -350,8 +350,8 @@ int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
     h->max_cta_rows = max_rows;
 
     sched_plan_group_t *groups = (sched_plan_group_t *)(base + off_groups);
-    uint32_t shape_group[SCHED_MAX_TILE_M * SCHED_MAX_TILE_N], cursor[SCHED_MAX_TILE_M *
-                                                                       SCHED_MAX_TILE_N];
+    uint32_t shape_group[SCHED_MAX_TILE_M * SCHED_MAX_TILE_N],
+        cursor[SCHED_MAX_TILE_M * SCHED_MAX_TILE_N];
     for (uint32_t k = 0, g = 0, at = 0; k < n_shapes; k++) {
         if (!shape_cnt[k])
             continue;

@@ -35,7 +35,7 @@ typedef struct sched_tiles {
     uint32_t n_m;
     uint16_t m[SCHED_MAX_TILE_M]; /* ascending query-row tile sizes */
     uint32_t n_n;
-    uint16_t n[SCHED_MAX_TILE_N];       /* KV tile sizes */
+    uint16_t n[SCHED_MAX_TILE_N];      /* KV tile sizes */
     uint32_t n_upto[SCHED_MAX_TILE_N]; /* choose n[i] for the first i with kv_len <= n_upto[i];
                                           the last entry should be UINT32_MAX */
 } sched_tiles_t;
@@ -53,11 +53,11 @@ typedef struct sched_config {
 } sched_config_t;
 
 typedef struct sched_stats {
-    uint64_t plans;         /* plans built */
-    uint64_t pack_reuses;   /* plans that reused the previous pack (lazy update) */
-    uint64_t chosen[4];     /* packs built per policy actually used, indexed by sched_policy_t */
-    uint64_t last_pack_ns;  /* CPU time of the last pack (0 when reused) */
-    uint64_t last_plan_ns;  /* CPU time of the last whole plan build, pack included */
+    uint64_t plans;        /* plans built */
+    uint64_t pack_reuses;  /* plans that reused the previous pack (lazy update) */
+    uint64_t chosen[4];    /* packs built per policy actually used, indexed by sched_policy_t */
+    uint64_t last_pack_ns; /* CPU time of the last pack (0 when reused) */
+    uint64_t last_plan_ns; /* CPU time of the last whole plan build, pack included */
 } sched_stats_t;
 
 /* Bytes a plan moves, per kind. */

@@ -9,8 +9,8 @@
  *
  *   sched_plan_hdr_t                       at offset 0
  *   sched_plan_group_t  groups[n_groups]   CTAs of one tile shape (m, n), contiguous in ctas[]
- *   sched_plan_cta_t    ctas[n_ctas]       one pack x KV range; the backend runs it once per KV head
- *   sched_plan_row_t    rows[n_rows]       query tokens of the CTAs (each = `group` q-head rows)
+ *   sched_plan_cta_t    ctas[n_ctas]       one pack x KV range; the backend runs it once per KV
+ * head sched_plan_row_t    rows[n_rows]       query tokens of the CTAs (each = `group` q-head rows)
  *   uint32_t            pages[n_pages]     physical block ids, per CTA from ctas[].page_begin
  *   sched_plan_merge_t  merges[n_merges]   query tokens whose output combines several partials
  *

@@ -27,11 +27,11 @@
 #define KERN_CPU_TILE 64u /* KV tokens per tile: K and V of a tile fit in L1/L2 at d = 256 */
 
 typedef struct cpu_scratch {
-    float *kf, *vf;     /* [TILE][d] */
-    float *q, *acc;     /* [max_cta_rows][d] */
-    float *s;           /* [TILE] */
-    float *mx, *l;      /* [max_cta_rows] */
-    uint32_t *lim;      /* [max_cta_rows] */
+    float *kf, *vf; /* [TILE][d] */
+    float *q, *acc; /* [max_cta_rows][d] */
+    float *s;       /* [TILE] */
+    float *mx, *l;  /* [max_cta_rows] */
+    uint32_t *lim;  /* [max_cta_rows] */
 } cpu_scratch_t;
 
 typedef struct kern_cpu kern_cpu_t;
@@ -138,7 +138,8 @@ static const uint8_t *kv_ptr(const kern_cpu_t *c, uint32_t layer, uint32_t block
     const kern_model_t *m = &c->base.cfg.model;
     uint32_t elt = kern_dtype_size(m->dtype);
     return c->pool + layer * c->layer_bytes + (uint64_t)block * c->block_bytes +
-           ((uint64_t)is_v * m->kv_heads + head) * c->head_bytes + (uint64_t)off * m->head_dim * elt;
+           ((uint64_t)is_v * m->kv_heads + head) * c->head_bytes +
+           (uint64_t)off * m->head_dim * elt;
 }
 
 static void cta_job(kern_cpu_t *c, cpu_scratch_t *w, uint32_t item)
@@ -304,8 +305,7 @@ static int cpu_append_kv(kern_backend_t *b, uint32_t layer, const void *k, const
     return 0;
 }
 
-static int cpu_copy_blocks(kern_backend_t *b, const uint32_t *src, const uint32_t *dst,
-                           uint32_t n)
+static int cpu_copy_blocks(kern_backend_t *b, const uint32_t *src, const uint32_t *dst, uint32_t n)
 {
     kern_cpu_t *c = (kern_cpu_t *)b;
     for (uint32_t i = 0; i < n; i++)

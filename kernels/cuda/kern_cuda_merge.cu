@@ -19,7 +19,8 @@
 
 #include "kern_cuda.h"
 
-namespace {
+namespace
+{
 
 constexpr int kThreads = 128;
 

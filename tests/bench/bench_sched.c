@@ -123,8 +123,9 @@ static void traffic_row(const char *name, const tl_world_t *w, FILE *json)
         sched_query_centric_traffic(s, &qc);
         printf(" %6s %7.1f MB", pn[p], t.total / 1e6);
         if (json)
-            fprintf(json, "  {\"case\": \"%s\", \"policy\": \"%s\", \"plan_bytes\": %llu, "
-                          "\"query_centric_bytes\": %llu},\n",
+            fprintf(json,
+                    "  {\"case\": \"%s\", \"policy\": \"%s\", \"plan_bytes\": %llu, "
+                    "\"query_centric_bytes\": %llu},\n",
                     name, pn[p], (unsigned long long)t.total, (unsigned long long)qc.total);
         sched_free(s);
     }
@@ -245,10 +246,11 @@ int main(int argc, char **argv)
 
     FILE *json = json_path ? fopen(json_path, "w") : NULL;
     if (json)
-        fprintf(json, "{\"cpu\": \"%s\",\n \"incremental_256\": {\"median_us\": %.2f, "
-                      "\"p99_us\": %.2f},\n \"incremental_256_long\": {\"median_us\": %.2f, "
-                      "\"p99_us\": %.2f},\n \"rebuild_1024\": {\"median_us\": %.2f, \"p99_us\": "
-                      "%.2f, \"pack_median_us\": %.2f},\n \"traffic\": [\n",
+        fprintf(json,
+                "{\"cpu\": \"%s\",\n \"incremental_256\": {\"median_us\": %.2f, "
+                "\"p99_us\": %.2f},\n \"incremental_256_long\": {\"median_us\": %.2f, "
+                "\"p99_us\": %.2f},\n \"rebuild_1024\": {\"median_us\": %.2f, \"p99_us\": "
+                "%.2f, \"pack_median_us\": %.2f},\n \"traffic\": [\n",
                 cpu, inc[0].med_us, inc[0].p99_us, inc[1].med_us, inc[1].p99_us, reb.med_us,
                 reb.p99_us, pck.med_us);
     printf("\nplan traffic per layer (all KV heads; KV + Q + partials + O) by pack policy\n");

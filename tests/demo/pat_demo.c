@@ -40,16 +40,16 @@
 #define USER_TOK  40u  /* each request's own question (up to) */
 
 typedef struct req {
-    uint32_t seq;         /* kvcache sequence */
-    uint32_t slot;        /* forest slot */
-    int state;            /* 0 waiting, 1 running, 2 done */
-    uint32_t *tok;        /* all token ids: prompt then generated */
-    uint64_t *hash;       /* hash of tok[0..i] for each i: names the KV of position i */
-    uint32_t n_tok, cap;  /* tokens known */
+    uint32_t seq;        /* kvcache sequence */
+    uint32_t slot;       /* forest slot */
+    int state;           /* 0 waiting, 1 running, 2 done */
+    uint32_t *tok;       /* all token ids: prompt then generated */
+    uint64_t *hash;      /* hash of tok[0..i] for each i: names the KV of position i */
+    uint32_t n_tok, cap; /* tokens known */
     uint32_t prompt_len;
-    uint32_t len;         /* KV tokens written */
-    uint32_t gen_target;  /* tokens to generate */
-    uint32_t n_new;       /* this step */
+    uint32_t len;        /* KV tokens written */
+    uint32_t gen_target; /* tokens to generate */
+    uint32_t n_new;      /* this step */
     uint32_t tok_off;
 } req_t;
 
@@ -92,8 +92,11 @@ int main(int argc, char **argv)
     tl_rng_t rng;
     tl_rng_seed(&rng, 1234);
 
-    kv_pool_config_t pc = {.n_blocks = 4096, .block_size = BS, .max_seqs = N_REQ,
-                           .max_seq_len = 4096, .model_id = 0x70617464};
+    kv_pool_config_t pc = {.n_blocks = 4096,
+                           .block_size = BS,
+                           .max_seqs = N_REQ,
+                           .max_seq_len = 4096,
+                           .model_id = 0x70617464};
     kern_model_t model = {LAYERS, Q_HEADS, KV_HEADS, HEAD_DIM, BS, DTYPE};
     pc.block_bytes = kern_block_bytes(&model);
     kv_pool_t *pool;
@@ -102,10 +105,17 @@ int main(int argc, char **argv)
     uint32_t max_tokens = MAX_BATCH * (SYS_TOK + SUB_TOK + USER_TOK);
     if (kv_pool_create(&pc, &pool) < 0)
         return 1;
-    sched_config_t sc = {.max_queries = N_REQ, .max_tokens = max_tokens, .block_size = BS,
-                         .q_heads = Q_HEADS, .kv_heads = KV_HEADS, .head_dim = HEAD_DIM,
-                         .kv_elt_bytes = 2, .split_min_kv = 256};
-    kern_config_t kc = {.model = model, .n_blocks = pc.n_blocks, .max_tokens = max_tokens,
+    sched_config_t sc = {.max_queries = N_REQ,
+                         .max_tokens = max_tokens,
+                         .block_size = BS,
+                         .q_heads = Q_HEADS,
+                         .kv_heads = KV_HEADS,
+                         .head_dim = HEAD_DIM,
+                         .kv_elt_bytes = 2,
+                         .split_min_kv = 256};
+    kern_config_t kc = {.model = model,
+                        .n_blocks = pc.n_blocks,
+                        .max_tokens = max_tokens,
                         .max_partials = 8 * max_tokens};
     int rc;
     if ((rc = sched_create(&sc, &sched)) < 0 || (rc = kern_backend_create("cpu", &kc, &be)) < 0) {

@@ -82,8 +82,8 @@ static void run_case(const Case &c)
     CK(cudaMemcpy(dpl, plse.data(), plse.size() * sizeof(float), cudaMemcpyHostToDevice));
     CK(cudaMemset(dout, 0xff, out_elems * esz)); /* poison: NaN in every dtype */
 
-    kern_cuda_merge_params_t p = {dm, (uint32_t)merges.size(), dpo, dpl, dout, c.q_heads,
-                                  c.kv_heads, c.d, c.dt, nullptr};
+    kern_cuda_merge_params_t p = {
+        dm, (uint32_t)merges.size(), dpo, dpl, dout, c.q_heads, c.kv_heads, c.d, c.dt, nullptr};
     int rc = kern_cuda_merge_launch(&p);
     CK(cudaDeviceSynchronize());
     std::vector<uint8_t> out(out_elems * esz);
@@ -225,8 +225,8 @@ int main(int argc, char **argv)
 {
     int quick = argc > 1 && !strcmp(argv[1], "--quick"); /* no benchmark (sanitizer runs) */
     const Case cases[] = {
-        {700, 8, 8, 64, KERN_F16},    {500, 32, 8, 128, KERN_BF16}, {300, 16, 1, 256, KERN_F32},
-        {400, 12, 4, 128, KERN_F16},  {200, 14, 2, 256, KERN_BF16}, {600, 6, 6, 64, KERN_F32},
+        {700, 8, 8, 64, KERN_F16},   {500, 32, 8, 128, KERN_BF16}, {300, 16, 1, 256, KERN_F32},
+        {400, 12, 4, 128, KERN_F16}, {200, 14, 2, 256, KERN_BF16}, {600, 6, 6, 64, KERN_F32},
     };
     for (const Case &c : cases)
         run_case(c);
@@ -234,8 +234,8 @@ int main(int argc, char **argv)
     kern_cuda_merge_params_t bad = {};
     int r1 = kern_cuda_merge_launch(&bad);
     float dummy;
-    kern_cuda_merge_params_t bad2 = {nullptr, 0, &dummy, &dummy, &dummy, 8, 8, 96, KERN_F16,
-                                     nullptr};
+    kern_cuda_merge_params_t bad2 = {nullptr, 0, &dummy, &dummy,   &dummy,
+                                     8,       8, 96,     KERN_F16, nullptr};
     sched_plan_merge_t *one;
     CK(cudaMalloc(&one, sizeof(*one)));
     bad2.merges = one;

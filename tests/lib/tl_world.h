@@ -15,13 +15,13 @@
 #include "tl_rng.h"
 
 typedef struct tl_world_params {
-    uint32_t bs;                     /* tokens per block */
-    uint32_t trees;                  /* root subtrees (>= 1) */
-    uint32_t depth_lo, depth_hi;     /* shared levels above the leaves (0 = no sharing) */
-    uint32_t fanout_lo, fanout_hi;   /* children per internal node */
+    uint32_t bs;                         /* tokens per block */
+    uint32_t trees;                      /* root subtrees (>= 1) */
+    uint32_t depth_lo, depth_hi;         /* shared levels above the leaves (0 = no sharing) */
+    uint32_t fanout_lo, fanout_hi;       /* children per internal node */
     uint32_t level_tok_lo, level_tok_hi; /* tokens per shared level (rounded up to blocks) */
     uint32_t leaf_tok_lo, leaf_tok_hi;   /* private tokens per query (>= 1) */
-    uint32_t new_lo, new_hi;         /* query tokens per query (1 = decode) */
+    uint32_t new_lo, new_hi;             /* query tokens per query (1 = decode) */
     uint32_t max_queries;
     uint32_t spare_blocks; /* extra block-table room per query for growth */
 } tl_world_params_t;

@@ -36,14 +36,14 @@ typedef struct mcase {
 } mcase_t;
 
 static const mcase_t cases[] = {
-    {8, 8, 64, KERN_F16, 0},      /* MHA */
-    {32, 8, 128, KERN_BF16, 0},   /* Llama-3-8B heads */
-    {12, 4, 128, KERN_F16, 30},   /* group 3, softcap */
-    {16, 1, 256, KERN_F32, 0},    /* group 16 */
-    {10, 2, 64, KERN_BF16, 0},    /* group 5 */
-    {14, 2, 256, KERN_F16, 50},   /* group 7, softcap */
-    {6, 6, 128, KERN_F32, 20},    /* fp32, softcap */
-    {32, 4, 64, KERN_F16, 0},     /* group 8 */
+    {8, 8, 64, KERN_F16, 0},    /* MHA */
+    {32, 8, 128, KERN_BF16, 0}, /* Llama-3-8B heads */
+    {12, 4, 128, KERN_F16, 30}, /* group 3, softcap */
+    {16, 1, 256, KERN_F32, 0},  /* group 16 */
+    {10, 2, 64, KERN_BF16, 0},  /* group 5 */
+    {14, 2, 256, KERN_F16, 50}, /* group 7, softcap */
+    {6, 6, 128, KERN_F32, 20},  /* fp32, softcap */
+    {32, 4, 64, KERN_F16, 0},   /* group 8 */
 };
 
 static double tol(kern_dtype_t dt)
@@ -250,8 +250,8 @@ static void test_random_forests_vs_fp64(void **state)
 {
     tl_rng_t r;
     tl_rng_seed(&r, tl_test_seed(0xc0de));
-    static const sched_policy_t pols[] = {SCHED_POLICY_AUTO, SCHED_POLICY_PAPER,
-                                          SCHED_POLICY_QUERY, SCHED_POLICY_BYTES};
+    static const sched_policy_t pols[] = {SCHED_POLICY_AUTO, SCHED_POLICY_PAPER, SCHED_POLICY_QUERY,
+                                          SCHED_POLICY_BYTES};
     uint32_t merges_seen = 0, direct_seen = 0;
     for (int round = 0; round < 32; round++) {
         const mcase_t *mc = &cases[round % (sizeof(cases) / sizeof(cases[0]))];
@@ -300,7 +300,10 @@ static void test_threads_do_not_change_results(void **state)
 static void test_empty_ranges_and_masked_merge(void **state)
 {
     kern_config_t kc = {.model = {1, 4, 4, 64, BS, KERN_F32},
-                        .n_blocks = 4, .max_tokens = 3, .max_partials = 8, .n_threads = 1};
+                        .n_blocks = 4,
+                        .max_tokens = 3,
+                        .max_partials = 8,
+                        .n_threads = 1};
     kern_backend_t *b;
     assert_int_equal(kern_backend_create("cpu", &kc, &b), 0);
     float kv[4 * 64];
@@ -320,15 +323,24 @@ static void test_empty_ranges_and_masked_merge(void **state)
         sched_plan_merge_t m[2];
     } pl;
     memset(&pl, 0, sizeof(pl));
-    pl.h = (sched_plan_hdr_t){.magic = SCHED_PLAN_MAGIC, .version = SCHED_PLAN_VERSION,
-                              .total_bytes = sizeof(pl), .block_size = BS, .group = 1,
-                              .n_tokens = 3, .n_groups = 1, .n_ctas = 3, .n_rows = 6,
-                              .n_pages = 2, .n_merges = 2, .n_partials = 4,
+    pl.h = (sched_plan_hdr_t){.magic = SCHED_PLAN_MAGIC,
+                              .version = SCHED_PLAN_VERSION,
+                              .total_bytes = sizeof(pl),
+                              .block_size = BS,
+                              .group = 1,
+                              .n_tokens = 3,
+                              .n_groups = 1,
+                              .n_ctas = 3,
+                              .n_rows = 6,
+                              .n_pages = 2,
+                              .n_merges = 2,
+                              .n_partials = 4,
                               .off_groups = offsetof(__typeof__(pl), g),
                               .off_ctas = offsetof(__typeof__(pl), c),
                               .off_rows = offsetof(__typeof__(pl), r),
                               .off_pages = offsetof(__typeof__(pl), pages),
-                              .off_merges = offsetof(__typeof__(pl), m), .max_cta_rows = 3};
+                              .off_merges = offsetof(__typeof__(pl), m),
+                              .max_cta_rows = 3};
     pl.g[0] = (sched_plan_group_t){.m = 16, .n = 32, .cta_begin = 0, .cta_count = 3};
     /* CTA 0: positions [0, 20): token 0 partial slot 0 (real), token 2 partial slot 2 (limit 0
      * -> empty), token 1 direct (limit 0 -> empty) */
@@ -337,8 +349,8 @@ static void test_empty_ranges_and_masked_merge(void **state)
     pl.r[1] = (sched_plan_row_t){.q_tok = 2, .limit = 0, .dst = 2};
     pl.r[2] = (sched_plan_row_t){.q_tok = 1, .limit = 0, .dst = 1, .flags = SCHED_ROW_DIRECT};
     /* CTA 1: positions [16, 20), rows with limits at or below 16: both empty */
-    pl.c[1] = (sched_plan_cta_t){.row_begin = 3, .row_count = 2, .kv_begin = 16, .kv_end = 20,
-                                 .page_begin = 1};
+    pl.c[1] = (sched_plan_cta_t){
+        .row_begin = 3, .row_count = 2, .kv_begin = 16, .kv_end = 20, .page_begin = 1};
     pl.r[3] = (sched_plan_row_t){.q_tok = 0, .limit = 16, .dst = 1};
     pl.r[4] = (sched_plan_row_t){.q_tok = 2, .limit = 5, .dst = 3};
     pl.c[2] = (sched_plan_cta_t){.row_begin = 5, .row_count = 0, .kv_begin = 0, .kv_end = 0};
@@ -373,7 +385,10 @@ static void test_empty_ranges_and_masked_merge(void **state)
 static void test_copy_blocks(void **state)
 {
     kern_config_t kc = {.model = {2, 2, 2, 64, BS, KERN_F16},
-                        .n_blocks = 4, .max_tokens = 1, .max_partials = 4, .n_threads = 1};
+                        .n_blocks = 4,
+                        .max_tokens = 1,
+                        .max_partials = 4,
+                        .n_threads = 1};
     kern_backend_t *b;
     assert_int_equal(kern_backend_create("cpu", &kc, &b), 0);
     uint16_t k[2 * 64], v[2 * 64];
@@ -390,8 +405,13 @@ static void test_copy_blocks(void **state)
     assert_int_equal(kern_copy_blocks(b, &src, &bad, 1), -EINVAL);
     assert_int_equal(kern_copy_blocks(b, &src, &dst, 1), 0);
     /* attention through block 1 and through block 3 must agree bitwise, on both layers */
-    sched_config_t sc = {.max_queries = 1, .max_tokens = 1, .block_size = BS, .q_heads = 2,
-                         .kv_heads = 2, .head_dim = 64, .kv_elt_bytes = 2};
+    sched_config_t sc = {.max_queries = 1,
+                         .max_tokens = 1,
+                         .block_size = BS,
+                         .q_heads = 2,
+                         .kv_heads = 2,
+                         .head_dim = 64,
+                         .kv_elt_bytes = 2};
     for (uint32_t layer = 0; layer < 2; layer++) {
         uint16_t q[128], o1[128], o2[128];
         for (uint32_t i = 0; i < 128; i++)
@@ -417,7 +437,10 @@ static void test_copy_blocks(void **state)
 static void test_errors(void **state)
 {
     kern_config_t kc = {.model = {2, 8, 2, 128, BS, KERN_BF16},
-                        .n_blocks = 8, .max_tokens = 4, .max_partials = 2, .n_threads = 1};
+                        .n_blocks = 8,
+                        .max_tokens = 4,
+                        .max_partials = 2,
+                        .n_threads = 1};
     kern_backend_t *b;
     kern_config_t bad = kc;
     bad.model.head_dim = 96;
@@ -445,8 +468,13 @@ static void test_errors(void **state)
     slot = 0;
     assert_int_equal(kern_append_kv(b, 2, kv, kv, &slot, 1), -EINVAL);
 
-    sched_config_t sc = {.max_queries = 2, .max_tokens = 4, .block_size = BS, .q_heads = 8,
-                         .kv_heads = 2, .head_dim = 128, .kv_elt_bytes = 2,
+    sched_config_t sc = {.max_queries = 2,
+                         .max_tokens = 4,
+                         .block_size = BS,
+                         .q_heads = 8,
+                         .kv_heads = 2,
+                         .head_dim = 128,
+                         .kv_elt_bytes = 2,
                          .policy = SCHED_POLICY_PAPER};
     sched_t *s;
     assert_int_equal(sched_create(&sc, &s), 0);

@@ -295,10 +295,10 @@ static void test_paper_figure6(void **state)
         {6, {1, 2, 3, 4, 30, 31}, 6 * 16 - 2},
     };
     sched_t *s = fig_sched(c, 4, mha, SCHED_POLICY_PAPER);
-    assert_true(has_pack(s, 0, 64, 0xf));      /* u with all four */
-    assert_true(has_pack(s, 64, 96, 0x7));     /* v with q0..q2 */
-    assert_true(has_pack(s, 96, 109, 0x1));    /* leaves */
-    assert_true(has_pack(s, 64, 94, 0x8));     /* q3's leaf */
+    assert_true(has_pack(s, 0, 64, 0xf));   /* u with all four */
+    assert_true(has_pack(s, 64, 96, 0x7));  /* v with q0..q2 */
+    assert_true(has_pack(s, 96, 109, 0x1)); /* leaves */
+    assert_true(has_pack(s, 64, 94, 0x8));  /* q3's leaf */
     assert_int_equal(n_packs(s), 6);
     sched_free(s);
 
@@ -306,15 +306,13 @@ static void test_paper_figure6(void **state)
      * make u shorter than 4 * |v| with |v| = 3: u = 8 tokens is not block aligned — use 4 * 3
      * against len(u) = 16 with |v| = 4 instead (five queries). */
     fig_q_t dq[5] = {
-        {4, {1, 10, 11, 20}, 4 * 16 - 3},
-        {4, {1, 10, 11, 21}, 4 * 16 - 5},
-        {4, {1, 10, 11, 22}, 4 * 16 - 1},
-        {4, {1, 10, 11, 23}, 4 * 16 - 7},
+        {4, {1, 10, 11, 20}, 4 * 16 - 3}, {4, {1, 10, 11, 21}, 4 * 16 - 5},
+        {4, {1, 10, 11, 22}, 4 * 16 - 1}, {4, {1, 10, 11, 23}, 4 * 16 - 7},
         {3, {1, 30, 31}, 3 * 16 - 2},
     };
     s = fig_sched(dq, 5, mha, SCHED_POLICY_PAPER);
-    assert_true(has_pack(s, 0, 48, 0xf)); /* u merged into v: one CTA reads u+v for q0..q3 */
-    assert_true(has_pack(s, 0, 16, 0x10)); /* u keeps a CTA for the remaining query q4 */
+    assert_true(has_pack(s, 0, 48, 0xf));   /* u merged into v: one CTA reads u+v for q0..q3 */
+    assert_true(has_pack(s, 0, 16, 0x10));  /* u keeps a CTA for the remaining query q4 */
     assert_true(has_pack(s, 16, 46, 0x10)); /* q4's leaf */
     assert_false(has_pack(s, 16, 48, 0xf)); /* no separate CTA for v */
     sched_free(s);
@@ -379,10 +377,20 @@ static void test_long_kv_split(void **state)
 {
     tl_rng_t r;
     tl_rng_seed(&r, 7);
-    tl_world_params_t p = {.bs = BS, .trees = 40, .depth_lo = 0, .depth_hi = 0,
-                           .fanout_lo = 1, .fanout_hi = 1, .level_tok_lo = 1, .level_tok_hi = 1,
-                           .leaf_tok_lo = 150, .leaf_tok_hi = 250, .new_lo = 1, .new_hi = 1,
-                           .max_queries = 40, .spare_blocks = 600};
+    tl_world_params_t p = {.bs = BS,
+                           .trees = 40,
+                           .depth_lo = 0,
+                           .depth_hi = 0,
+                           .fanout_lo = 1,
+                           .fanout_hi = 1,
+                           .level_tok_lo = 1,
+                           .level_tok_hi = 1,
+                           .leaf_tok_lo = 150,
+                           .leaf_tok_hi = 250,
+                           .new_lo = 1,
+                           .new_hi = 1,
+                           .max_queries = 40,
+                           .spare_blocks = 600};
     tl_world_t w;
     tl_world_gen(&w, &r, &p);
     tl_world_grow(&w, 0, 8000);
@@ -394,7 +402,7 @@ static void test_long_kv_split(void **state)
     const sched_plan_hdr_t *h;
     assert_int_equal(sched_build(s, &h), 0);
     check_plan(&w, h, 4);
-    assert_true(h->n_ctas > 40);   /* the long one became several */
+    assert_true(h->n_ctas > 40);      /* the long one became several */
     assert_int_equal(h->n_merges, 1); /* only its token needs a merge */
     const sched_plan_cta_t *c = sched_plan_ctas(h);
     uint32_t longest = 0;
@@ -407,8 +415,13 @@ static void test_long_kv_split(void **state)
 
 static void test_errors(void **state)
 {
-    sched_config_t c = {.max_queries = 4, .max_tokens = 8, .block_size = BS, .q_heads = 32,
-                        .kv_heads = 8, .head_dim = 128, .kv_elt_bytes = 2};
+    sched_config_t c = {.max_queries = 4,
+                        .max_tokens = 8,
+                        .block_size = BS,
+                        .q_heads = 32,
+                        .kv_heads = 8,
+                        .head_dim = 128,
+                        .kv_elt_bytes = 2};
     sched_t *s;
     c.q_heads = 30; /* not a multiple */
     assert_int_equal(sched_create(&c, &s), -EINVAL);
