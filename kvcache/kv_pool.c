@@ -17,54 +17,6 @@
 #include <string.h>
 #include <xxhash.h>
 
-/* ------------------------------------------------------------------ hash map */
-
-static uint32_t map_slot(uint64_t key, uint32_t mask)
-{
-    /* keys are already xxh3 outputs: their low bits are uniform */
-    return (uint32_t)key & mask;
-}
-
-uint32_t kv__map_find(const kv_pool_t *p, uint64_t key)
-{
-    for (uint32_t i = map_slot(key, p->map_mask);; i = (i + 1) & p->map_mask) {
-        if (p->map_key[i] == key)
-            return p->map_val[i];
-        if (p->map_key[i] == 0)
-            return KV_NONE;
-    }
-}
-
-static void map_insert(kv_pool_t *p, uint64_t key, uint32_t val)
-{
-    uint32_t i = map_slot(key, p->map_mask);
-    while (p->map_key[i] != 0)
-        i = (i + 1) & p->map_mask;
-    p->map_key[i] = key;
-    p->map_val[i] = val;
-    p->map_count++;
-}
-
-/* Linear-probing delete by backward shift: no tombstones, probes never lengthen. */
-static void map_erase(kv_pool_t *p, uint64_t key)
-{
-    uint32_t i = map_slot(key, p->map_mask);
-    while (p->map_key[i] != key)
-        i = (i + 1) & p->map_mask;
-    for (uint32_t j = (i + 1) & p->map_mask; p->map_key[j] != 0; j = (j + 1) & p->map_mask) {
-        uint32_t home = map_slot(p->map_key[j], p->map_mask);
-        /* move j into the hole at i if its home is not in (i, j] cyclically */
-        int in_range = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
-        if (!in_range) {
-            p->map_key[i] = p->map_key[j];
-            p->map_val[i] = p->map_val[j];
-            i = j;
-        }
-    }
-    p->map_key[i] = 0;
-    p->map_count--;
-}
-
 uint64_t kv__chain_hash(const kv_pool_t *p, uint64_t parent, const uint32_t *tokens)
 {
     /* input: parent hash, then the block's token ids; model id as the seed */
@@ -73,7 +25,13 @@ uint64_t kv__chain_hash(const kv_pool_t *p, uint64_t parent, const uint32_t *tok
     buf[0] = parent;
     memcpy(&buf[1], tokens, (size_t)bs * sizeof(uint32_t));
     uint64_t h = XXH3_64bits_withSeed(buf, 8 + (size_t)bs * 4, p->cfg.model_id);
-    return h ? h : 1; /* 0 marks an empty map slot */
+    /* 0 means "no parent" in the chain, UINT64_MAX an empty map slot: neither is a block hash */
+    return h == 0 ? 1 : h == PAT_MAP_EMPTY ? h - 1 : h;
+}
+
+uint32_t kv__map_find(const kv_pool_t *p, uint64_t key)
+{
+    return pat_map_get(&p->map, key);
 }
 
 /* ------------------------------------------------------------------ LRU heap */
@@ -152,7 +110,7 @@ static void evict_one(kv_pool_t *p)
     uint32_t b = p->heap[0];
     kv__block_t *k = &p->blk[b];
     heap_remove(p, b);
-    map_erase(p, k->hash);
+    pat_map_del(&p->map, k->hash);
     uint64_t h = k->hash;
     if (k->parent != KV_NONE) {
         kv__block_t *par = &p->blk[k->parent];
@@ -219,7 +177,7 @@ int kv__publish(kv_pool_t *p, uint32_t b, uint64_t h, uint32_t parent)
         return 0;
     }
     kv__block_t *k = &p->blk[b];
-    map_insert(p, h, b);
+    pat_map_put(&p->map, h, b);
     k->hash = h;
     k->published = 1;
     k->parent = parent;
@@ -251,12 +209,7 @@ int kv_pool_create(const kv_pool_config_t *cfg, kv_pool_t **ret_pool)
     }
     p->n_free = n;
 
-    uint64_t mcap = 16;
-    while (mcap < 2ull * n)
-        mcap *= 2;
-    p->map_key = pat_xcalloc(mcap, sizeof(uint64_t));
-    p->map_val = pat_xmalloc(mcap * sizeof(uint32_t));
-    p->map_mask = (uint32_t)(mcap - 1);
+    pat_map_init(&p->map, n);
     p->heap = pat_xmalloc((size_t)n * sizeof(uint32_t));
 
     p->seq = pat_xcalloc(cfg->max_seqs, sizeof(kv__seq_t));
@@ -282,8 +235,7 @@ void kv_pool_free(kv_pool_t *p)
     free(p->seq);
     free(p->seq_free);
     free(p->heap);
-    free(p->map_val);
-    free(p->map_key);
+    pat_map_done(&p->map);
     free(p->free_stack);
     free(p->blk);
     free(p);
@@ -327,15 +279,7 @@ void kv_pool_stats(const kv_pool_t *p, kv_stats_t *ret)
 
 /* ------------------------------------------------------------------ invariants */
 
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "kv_pool_check: " __VA_ARGS__);                                        \
-            fputc('\n', stderr);                                                                   \
-            r = -EUCLEAN;                                                                          \
-            goto out;                                                                              \
-        }                                                                                          \
-    } while (0)
+#define CHECK(...) PAT_CHECK("kv_pool_check", __VA_ARGS__)
 
 int kv_pool_check(const kv_pool_t *p)
 {
@@ -418,7 +362,7 @@ int kv_pool_check(const kv_pool_t *p)
           "state counts free %u used %u cached %u vs counters %u %u %u", cnt[0], cnt[1], cnt[2],
           p->n_free, p->n_used, p->n_cached);
     CHECK(p->n_free + p->n_used + p->n_cached == n, "free + used + cached != capacity");
-    CHECK(npub == p->map_count, "published %u but map holds %u", npub, p->map_count);
+    CHECK(npub == p->map.count, "published %u but map holds %u", npub, p->map.count);
     for (uint32_t i = 1; i < p->heap_len; i++)
         CHECK(!heap_less(p, p->heap[i], p->heap[(i - 1) / 2]), "heap order broken at %u", i);
 out:

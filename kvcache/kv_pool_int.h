@@ -6,6 +6,7 @@
 #define KV_POOL_INT_H
 
 #include "kv_pool.h"
+#include "pat_map.h"
 
 enum { KV__FREE = 0, KV__USED = 1, KV__CACHED = 2 };
 
@@ -39,11 +40,7 @@ struct kv_pool {
     uint32_t *free_stack; /* FREE block ids; top at n_free */
     uint32_t n_free, n_used, n_cached;
 
-    /* prefix cache: open addressing (linear probing), key = chain hash (never 0) */
-    uint64_t *map_key;
-    uint32_t *map_val;
-    uint32_t map_mask;
-    uint32_t map_count;
+    pat_map_t map; /* prefix cache: chain hash -> published block */
 
     /* LRU: binary min-heap on last_use over CACHED blocks with nchild == 0 */
     uint32_t *heap;

@@ -14,61 +14,16 @@
 #include <stdio.h>
 #include <string.h>
 
-#define MAP_EMPTY UINT64_MAX
-
 /* ------------------------------------------------------------------ child map */
 
-static uint64_t map_key(uint32_t parent, uint32_t block)
+static uint64_t child_key(uint32_t parent, uint32_t block)
 {
-    return ((uint64_t)parent << 32) | block;
-}
-
-static uint32_t map_home(uint64_t k, uint32_t mask)
-{
-    k ^= k >> 29;
-    k *= 0xbf58476d1ce4e5b9ull;
-    k ^= k >> 32;
-    return (uint32_t)k & mask;
+    return ((uint64_t)parent << 32) | block; /* parent < 2^25: never PAT_MAP_EMPTY */
 }
 
 static uint32_t map_find(const sched_forest_t *f, uint32_t parent, uint32_t block)
 {
-    uint64_t k = map_key(parent, block);
-    for (uint32_t i = map_home(k, f->map_mask);; i = (i + 1) & f->map_mask) {
-        if (f->map_key[i] == k)
-            return f->map_val[i];
-        if (f->map_key[i] == MAP_EMPTY)
-            return SCHED_NONE;
-    }
-}
-
-static void map_put(sched_forest_t *f, uint32_t parent, uint32_t block, uint32_t child)
-{
-    uint64_t k = map_key(parent, block);
-    uint32_t i = map_home(k, f->map_mask);
-    while (f->map_key[i] != MAP_EMPTY && f->map_key[i] != k)
-        i = (i + 1) & f->map_mask;
-    f->map_key[i] = k;
-    f->map_val[i] = child;
-}
-
-static void map_del(sched_forest_t *f, uint32_t parent, uint32_t block)
-{
-    uint64_t k = map_key(parent, block);
-    uint32_t i = map_home(k, f->map_mask);
-    while (f->map_key[i] != k)
-        i = (i + 1) & f->map_mask;
-    for (uint32_t j = (i + 1) & f->map_mask; f->map_key[j] != MAP_EMPTY;
-         j = (j + 1) & f->map_mask) {
-        uint32_t home = map_home(f->map_key[j], f->map_mask);
-        int in_range = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
-        if (!in_range) {
-            f->map_key[i] = f->map_key[j];
-            f->map_val[i] = f->map_val[j];
-            i = j;
-        }
-    }
-    f->map_key[i] = MAP_EMPTY;
+    return pat_map_get(&f->map, child_key(parent, block));
 }
 
 /* ------------------------------------------------------------------ nodes */
@@ -90,14 +45,14 @@ static void node_key(sched_forest_t *f, uint32_t id)
     sched__node_t *n = &f->node[id];
     n->keyed = node_full(f, n) > 0;
     if (n->keyed)
-        map_put(f, n->parent, node_block(f, n, n->start), id);
+        pat_map_put(&f->map, child_key(n->parent, node_block(f, n, n->start)), id);
 }
 
 static void node_unkey(sched_forest_t *f, uint32_t id)
 {
     sched__node_t *n = &f->node[id];
     if (n->keyed)
-        map_del(f, n->parent, node_block(f, n, n->start));
+        pat_map_del(&f->map, child_key(n->parent, node_block(f, n, n->start)));
     n->keyed = 0;
 }
 
@@ -158,12 +113,7 @@ int sched_forest_create(uint32_t max_queries, uint32_t block_size, sched_forest_
     f->q = pat_xcalloc(max_queries, sizeof(sched__query_t));
     f->in_list = pat_xmalloc((size_t)max_queries * sizeof(uint32_t));
     f->in_pos = pat_xmalloc((size_t)max_queries * sizeof(uint32_t));
-    uint64_t mcap = 16;
-    while (mcap < 2ull * f->n_node_cap)
-        mcap *= 2;
-    f->map_key = pat_xmalloc(mcap * sizeof(uint64_t));
-    f->map_val = pat_xmalloc(mcap * sizeof(uint32_t));
-    f->map_mask = (uint32_t)(mcap - 1);
+    pat_map_init(&f->map, f->n_node_cap);
     sched_forest_clear(f);
     *ret = f;
     return 0;
@@ -180,8 +130,7 @@ void sched_forest_free(sched_forest_t *f)
     free(f->in_pos);
     free(f->node);
     free(f->node_free);
-    free(f->map_key);
-    free(f->map_val);
+    pat_map_done(&f->map);
     free(f);
 }
 
@@ -190,8 +139,7 @@ void sched_forest_clear(sched_forest_t *f)
     for (uint32_t i = 0; i < f->max_q; i++)
         f->q[i].in = 0;
     f->n_in = 0;
-    for (uint32_t i = 0; i <= f->map_mask; i++)
-        f->map_key[i] = MAP_EMPTY;
+    pat_map_clear(&f->map);
     f->n_node_free = 0;
     for (uint32_t i = f->n_node_cap; i-- > 1;) {
         f->node[i].live = 0;
@@ -495,15 +443,7 @@ int sched_forest_equal(const sched_forest_t *a, const sched_forest_t *b)
     return eq;
 }
 
-#define FCHECK(cond, ...)                                                                          \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "sched_forest_check: " __VA_ARGS__);                                   \
-            fputc('\n', stderr);                                                                   \
-            r = -EUCLEAN;                                                                          \
-            goto out;                                                                              \
-        }                                                                                          \
-    } while (0)
+#define FCHECK(...) PAT_CHECK("sched_forest_check", __VA_ARGS__)
 
 int sched_forest_check(const sched_forest_t *f)
 {

@@ -4,6 +4,7 @@
 #ifndef SCHED_FOREST_INT_H
 #define SCHED_FOREST_INT_H
 
+#include "pat_map.h"
 #include "sched_forest.h"
 
 #define SCHED__ROOT 0u
@@ -40,10 +41,7 @@ struct sched_forest {
     uint32_t n_in;
     uint32_t *in_list; /* ids of present queries, unordered; in_pos[] indexes it */
     uint32_t *in_pos;
-    /* child map: (parent << 32 | first block) -> child; linear probing, empty = UINT64_MAX */
-    uint64_t *map_key;
-    uint32_t *map_val;
-    uint32_t map_mask;
+    pat_map_t map; /* child map: (parent << 32 | first block) -> child node */
     uint64_t version;
 };
 

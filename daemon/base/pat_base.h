@@ -65,6 +65,18 @@ static inline void pat_grow(void **arr, uint32_t *cap, uint32_t need, size_t elt
     *cap = c;
 }
 
+/* For invariant checkers: on a false condition print the message, set r = -EUCLEAN and jump to
+ * the checker's `out` label. */
+#define PAT_CHECK(who, cond, ...)                                                                  \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, who ": " __VA_ARGS__);                                                 \
+            fputc('\n', stderr);                                                                   \
+            r = -EUCLEAN;                                                                          \
+            goto out;                                                                              \
+        }                                                                                          \
+    } while (0)
+
 /* Monotonic nanoseconds. */
 static inline uint64_t pat_now_ns(void)
 {
