@@ -300,6 +300,9 @@ int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
         }
     }
 
+    if (s->cfg.max_partials && n_partials > s->cfg.max_partials)
+        return -ENOSPC; /* nothing written to the arena yet: the previous plan stands */
+
     /* tile shapes: counting sort of CTAs by (m, n) */
     const sched_tiles_t *tl = &s->tiles;
     uint32_t n_shapes = tl->n_m * tl->n_n, shape_cnt[SCHED_MAX_TILE_M * SCHED_MAX_TILE_N] = {0};

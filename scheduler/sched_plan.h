@@ -50,6 +50,7 @@ typedef struct sched_config {
     const sched_tiles_t *tiles; /* NULL: sched_tiles_default() */
     uint32_t split_min_kv;      /* CTAs are split only above this many tokens; 0 = never split */
     uint32_t split_factor;      /* ... and above split_factor x the step's mean CTA length */
+    uint32_t max_partials;      /* partial slots the backend's workspace holds; 0 = no bound */
 } sched_config_t;
 
 typedef struct sched_stats {
@@ -81,8 +82,10 @@ void sched_free(sched_t *s); /* accepts NULL */
 /* The forest of this scheduler: the caller joins, grows and removes queries through it. */
 sched_forest_t *sched_forest(sched_t *s);
 
-/* Builds the plan of the current forest. *ret_plan stays valid until the next build or free.
- * Returns 0, -ENODATA (no query), -EINVAL (token rows overlap or exceed max_tokens). */
+/* Builds the plan of the current forest. *ret_plan stays valid until the next successful build
+ * or free; a failed build leaves the previous plan as it was. Returns 0, -ENODATA (no query),
+ * -EINVAL (token rows overlap or exceed max_tokens), -ENOSPC (more partial slots than
+ * max_partials: the caller shrinks the step). */
 int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan);
 
 void sched_get_stats(const sched_t *s, sched_stats_t *ret_stats);

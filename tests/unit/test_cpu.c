@@ -274,8 +274,9 @@ static void test_random_forests_vs_fp64(void **state)
     assert_true(merges_seen > 4 && direct_seen > 4);
 }
 
-/* Same plan and inputs with 1 and 3 threads: bitwise identical outputs. */
-static void test_threads_do_not_change_results(void **state)
+/* Same plan and inputs with 1 and 3 threads, and the plan copied elsewhere: bitwise identical
+ * outputs. */
+static void test_threads_and_plan_copies_do_not_change_results(void **state)
 {
     tl_rng_t r1, r2;
     tl_rng_seed(&r1, 99);
@@ -290,6 +291,19 @@ static void test_threads_do_not_change_results(void **state)
     run_layer1(&a);
     run_layer1(&b);
     assert_memory_equal(a.o, b.o, a.q_elems * esz(cases[1].dt));
+    /* the plan is position-independent: a copy at another address runs the same */
+    const sched_plan_hdr_t *h;
+    assert_int_equal(sched_build(a.s, &h), 0);
+    void *moved = malloc(h->total_bytes + 64);
+    sched_plan_hdr_t *mh = (sched_plan_hdr_t *)((char *)moved + 16);
+    memcpy(mh, h, h->total_bytes);
+    void *o2 = malloc(a.q_elems * esz(cases[1].dt));
+    memset(o2, 0xff, a.q_elems * esz(cases[1].dt));
+    kern_attn_params_t p = {.scale = (float)a.scale, .softcap = a.mc.softcap};
+    assert_int_equal(kern_attend(a.b, 1, mh, a.q, o2, &p), 0);
+    assert_memory_equal(a.o, o2, a.q_elems * esz(cases[1].dt));
+    free(o2);
+    free(moved);
     rig_done(&a);
     rig_done(&b);
 }
@@ -522,7 +536,7 @@ int main(void)
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_empty_ranges_and_masked_merge),
         cmocka_unit_test(test_copy_blocks),
-        cmocka_unit_test(test_threads_do_not_change_results),
+        cmocka_unit_test(test_threads_and_plan_copies_do_not_change_results),
         cmocka_unit_test(test_random_forests_vs_fp64),
     };
     return cmocka_run_group_tests_name("cpu backend", tests, NULL, NULL);

@@ -402,7 +402,19 @@ static void test_long_kv_split(void **state)
     const sched_plan_hdr_t *h;
     assert_int_equal(sched_build(s, &h), 0);
     check_plan(&w, h, 4);
-    assert_true(h->n_ctas > 40);      /* the long one became several */
+    assert_true(h->n_ctas > 40); /* the long one became several */
+    /* a workspace too small for the split's partials: refused, the previous plan untouched */
+    uint32_t need = h->n_partials;
+    uint8_t *before = malloc(h->total_bytes);
+    memcpy(before, h, h->total_bytes);
+    s->cfg.max_partials = need - 1;
+    const sched_plan_hdr_t *h2 = NULL;
+    assert_int_equal(sched_build(s, &h2), -ENOSPC);
+    assert_null(h2);
+    assert_memory_equal(before, h, ((const sched_plan_hdr_t *)before)->total_bytes);
+    s->cfg.max_partials = need;
+    assert_int_equal(sched_build(s, &h2), 0);
+    free(before);
     assert_int_equal(h->n_merges, 1); /* only its token needs a merge */
     const sched_plan_cta_t *c = sched_plan_ctas(h);
     uint32_t longest = 0;
