@@ -112,7 +112,8 @@ int main(int argc, char **argv)
                          .kv_heads = KV_HEADS,
                          .head_dim = HEAD_DIM,
                          .kv_elt_bytes = 2,
-                         .split_min_kv = 256};
+                         .split_min_kv = 256,
+                         .max_partials = 8 * max_tokens};
     kern_config_t kc = {.model = model,
                         .n_blocks = pc.n_blocks,
                         .max_tokens = max_tokens,
