@@ -35,6 +35,8 @@ typedef enum kern_dtype {
 #define KERN_MAX_GROUP            16u
 #define KERN_BLOCK_SIZE           16u
 #define KERN_DEFAULT_MAX_CTA_ROWS 128u
+#define KERN_MAX_CTA_ROWS         1024u /* bounds per-thread scratch: rows x head_dim floats */
+#define KERN_MAX_THREADS          1024u
 
 typedef struct kern_model {
     uint32_t n_layers;
@@ -48,8 +50,9 @@ typedef struct kern_config {
     uint32_t n_blocks;     /* KV pool capacity in blocks */
     uint32_t max_tokens;   /* query tokens per step */
     uint32_t max_partials; /* partial slots a plan may use (the scheduler's bound) */
-    uint32_t max_cta_rows; /* largest tile m the plans use; 0 = KERN_DEFAULT_MAX_CTA_ROWS */
-    uint32_t n_threads;    /* cpu: worker threads, 0 = one per online CPU */
+    uint32_t max_cta_rows; /* largest tile m the plans use, <= KERN_MAX_CTA_ROWS;
+                              0 = KERN_DEFAULT_MAX_CTA_ROWS */
+    uint32_t n_threads;    /* cpu: worker threads <= KERN_MAX_THREADS, 0 = one per online CPU */
     int device;            /* cuda: device ordinal */
 } kern_config_t;
 

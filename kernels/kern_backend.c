@@ -49,7 +49,8 @@ uint64_t kern_block_bytes(const kern_model_t *m)
 
 int kern_backend_create(const char *name, const kern_config_t *cfg, kern_backend_t **ret)
 {
-    if (!name || !cfg || !ret || cfg->n_blocks == 0 || cfg->max_tokens == 0)
+    if (!name || !cfg || !ret || cfg->n_blocks == 0 || cfg->max_tokens == 0 ||
+        cfg->max_cta_rows > KERN_MAX_CTA_ROWS || cfg->n_threads > KERN_MAX_THREADS)
         return -EINVAL;
     int r = kern_supported(&cfg->model);
     if (r < 0)

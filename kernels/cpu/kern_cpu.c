@@ -376,6 +376,7 @@ static int cpu_create(const kern_config_t *cfg, kern_backend_t **ret)
     }
     long online = sysconf(_SC_NPROCESSORS_ONLN);
     uint32_t threads = cfg->n_threads ? cfg->n_threads : (uint32_t)(online > 0 ? online : 1);
+    threads = PAT_MIN(threads, KERN_MAX_THREADS);
     c->n_scr = threads;
     c->scr = pat_xcalloc(c->n_scr, sizeof(cpu_scratch_t));
     uint32_t rows = cfg->max_cta_rows;

@@ -473,6 +473,12 @@ static void test_errors(void **state)
     bad = kc;
     bad.n_blocks = 0;
     assert_int_equal(kern_backend_create("cpu", &bad, &b), -EINVAL);
+    bad = kc;
+    bad.n_threads = KERN_MAX_THREADS + 1;
+    assert_int_equal(kern_backend_create("cpu", &bad, &b), -EINVAL);
+    bad = kc;
+    bad.max_cta_rows = KERN_MAX_CTA_ROWS + 1;
+    assert_int_equal(kern_backend_create("cpu", &bad, &b), -EINVAL);
     assert_int_equal(kern_backend_create("cpu", &kc, &b), 0);
     assert_string_equal(kern_backend_name(b), "cpu");
 
