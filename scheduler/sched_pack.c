@@ -113,17 +113,15 @@ static void walk_node(const walk_t *w, uint32_t u, uint32_t top, uint64_t acc, i
             pack_open(w->ps, top, u);
             own = w->ps->n - 1;
         }
-        /* c's queries read u's segment in u's pack; c starts a segment of its own. The queries
-         * are appended to u's pack after c's subtree is packed, so keep c's list contiguous by
-         * packing c first into its own packs, then listing its queries for u. */
+        /* c starts a segment of its own; its queries also read u's segment (listed below) */
         if (sched__is_leaf(cn))
             pack_add_query(w->ps, pack_open(w->ps, c, c), cn->query);
         else
             walk_node(w, c, c, 0, 1);
     }
     if (own != SCHED_NONE) {
-        /* u's pack lists the queries of every separate child; it was opened before those
-         * children's packs, so its list is rebuilt here at the end of the array */
+        /* u's pack lists the queries of every separate child, after those children's own
+         * packs have appended theirs, so that its list is contiguous */
         sched__pack_t *p = &w->ps->p[own];
         p->q_begin = w->ps->nq;
         p->q_count = 0;

@@ -210,19 +210,30 @@ static void build_split(sched_t *s)
         uint32_t part_len = (uint32_t)PAT_DIV_UP(PAT_DIV_UP(len, parts), bs) * bs;
         for (uint32_t b = c.kv_begin; b < c.kv_end; b += part_len) {
             uint32_t e = PAT_MIN(c.kv_end, b + part_len), hi = 0;
-            uint32_t row_begin = s->n_rows;
-            for (uint32_t r = c.row_begin; r < c.row_begin + c.row_count; r++) {
-                if (s->rows[r].limit <= b)
-                    continue; /* causal: this row ends before the part starts */
-                sched_plan_row_t row = s->rows[r];
-                *row_push(s) = row;
-                hi = PAT_MAX(hi, row.limit);
+            uint32_t row_begin, row_count;
+            if (b == c.kv_begin) {
+                /* the first part keeps the chunk's own rows: chunking already dropped every row
+                 * with limit <= kv_begin, and each row belongs to exactly one CTA */
+                row_begin = c.row_begin;
+                row_count = c.row_count;
+                for (uint32_t r = row_begin; r < row_begin + row_count; r++)
+                    hi = PAT_MAX(hi, s->rows[r].limit);
+            } else {
+                row_begin = s->n_rows;
+                for (uint32_t r = c.row_begin; r < c.row_begin + c.row_count; r++) {
+                    if (s->rows[r].limit <= b)
+                        continue; /* causal: this row ends before the part starts */
+                    sched_plan_row_t row = s->rows[r];
+                    *row_push(s) = row;
+                    hi = PAT_MAX(hi, row.limit);
+                }
+                row_count = s->n_rows - row_begin;
+                if (row_count == 0)
+                    continue;
             }
-            if (s->n_rows == row_begin)
-                continue;
             sched_plan_cta_t *pc = cta_push(&s->ctas, &s->n_ctas, &s->ctas_cap);
             pc->row_begin = row_begin;
-            pc->row_count = s->n_rows - row_begin;
+            pc->row_count = row_count;
             pc->kv_begin = b;
             pc->kv_end = PAT_MIN(e, hi);
             pc->page_begin = c.page_begin; /* the run; the offset within it: */

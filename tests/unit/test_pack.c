@@ -84,6 +84,15 @@ static void check_plan(const tl_world_t *w, const sched_plan_hdr_t *h, uint32_t 
             assert_int_equal(c[ci].group, gi);
     }
     assert_int_equal(at, h->n_ctas);
+    /* every row belongs to exactly one CTA: no orphan or shared rows in the plan */
+    uint8_t *row_used = calloc(h->n_rows + 1, 1);
+    for (uint32_t ci = 0; ci < h->n_ctas; ci++)
+        for (uint32_t r = c[ci].row_begin; r < c[ci].row_begin + c[ci].row_count && r < h->n_rows;
+             r++)
+            assert_int_equal(row_used[r]++, 0);
+    for (uint32_t r = 0; r < h->n_rows; r++)
+        assert_int_equal(row_used[r], 1);
+    free(row_used);
     uint32_t *slot_tok = malloc((h->n_partials + 1) * sizeof(uint32_t));
     memset(slot_tok, 0xff, (h->n_partials + 1) * sizeof(uint32_t));
     for (uint32_t ci = 0; ci < h->n_ctas; ci++) {
