@@ -37,16 +37,25 @@ endif
 PKGS     := libxxhash
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lxxhash)
+# the daemon's own dependencies (DESIGN.md §1); jemalloc is left out of sanitizer builds
+DAEMON_PKGS := libuv nanomsg inih libmicrohttpd libsystemd
+DAEMON_CFLAGS := $(shell pkg-config --cflags $(DAEMON_PKGS) 2>/dev/null)
+DAEMON_LIBS   := $(shell pkg-config --libs $(DAEMON_PKGS) 2>/dev/null || \
+                   echo -luv -lnanomsg -linih -lmicrohttpd -lsystemd)
 TEST_CFLAGS := $(shell pkg-config --cflags cmocka 2>/dev/null)
 TEST_LIBS   := $(shell pkg-config --libs cmocka 2>/dev/null || echo -lcmocka)
 
 ifeq ($(DEBUG),1)
 OPT := -O0 -g3 -fsanitize=address,undefined -fno-omit-frame-pointer
+JEMALLOC_CFLAGS :=
+JEMALLOC_LIBS :=
 else
 OPT := -O2 -g
+JEMALLOC_CFLAGS := -DPATD_HAVE_JEMALLOC
+JEMALLOC_LIBS := $(shell pkg-config --libs jemalloc 2>/dev/null || echo -ljemalloc)
 endif
 
-INCS    := -I. -Idaemon/base -Ikvcache -Ischeduler -Ikernels
+INCS    := -I. -Idaemon/base -Ikvcache -Ischeduler -Ikernels -Iipc -Iclient
 CFLAGS  ?=
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
            -Wmissing-prototypes -Wno-unused-parameter -pthread -MMD -MP $(INCS) $(PKG_CFLAGS)
@@ -64,6 +73,12 @@ KV_SRCS    := kvcache/kv_pool.c kvcache/kv_seq.c
 SCHED_SRCS := scheduler/sched_forest.c scheduler/sched_pack.c scheduler/sched_plan.c
 KERN_SRCS  := kernels/kern_backend.c kernels/cpu/kern_cpu.c
 CUDA_SRCS  := kernels/cuda/kern_cuda_merge.cu
+IPC_SRCS   := ipc/ipc_codec.c ipc/ipc_shm.c
+DAEMON_SRCS := daemon/patd_main.c daemon/patd_config.c daemon/patd_conn.c daemon/patd_exec.c \
+               daemon/patd_metrics.c daemon/patd_log.c
+IPC_OBJS    := $(IPC_SRCS:%.c=$(B)/%.o)
+DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(B)/%.o)
+PATD_BIN    := $(B)/bin/patd
 
 CORE_SRCS := $(KV_SRCS) $(SCHED_SRCS) $(KERN_SRCS)
 CORE_OBJS := $(CORE_SRCS:%.c=$(B)/%.o)
@@ -82,7 +97,7 @@ UNIT_BINS  := $(UNIT_TESTS:%=$(B)/tests/%)
 BENCH_BINS := $(B)/bench/bench_sched
 DEMO_BIN   := $(B)/bin/patd-demo
 
-ALL_OBJS := $(CORE_OBJS) $(TESTLIB_OBJS) $(UNIT_TESTS:%=$(B)/tests/unit/%.o) \
+ALL_OBJS := $(CORE_OBJS) $(IPC_OBJS) $(DAEMON_OBJS) $(TESTLIB_OBJS) $(UNIT_TESTS:%=$(B)/tests/unit/%.o) \
             $(B)/tests/bench/bench_sched.o $(B)/tests/demo/pat_demo.o $(CUDA_OBJS) \
             $(GPU_TESTS:%=$(B)/tests/gpu/%.o)
 
@@ -108,6 +123,20 @@ $(B)/%.o: %.cu $(B)/.flags
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVCC    $<")
 	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(B)/daemon/%.o: daemon/%.c $(B)/.flags
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) $(DAEMON_CFLAGS) $(JEMALLOC_CFLAGS) -c $< -o $@
+
+$(B)/libpatipc.a: $(IPC_OBJS)
+	@$(if $(Q),echo "  AR      $@")
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(PATD_BIN): $(DAEMON_OBJS) $(B)/libpatipc.a $(B)/libpatcore.a
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(DAEMON_LIBS) $(JEMALLOC_LIBS) $(LDLIBS) -lrt
 
 $(B)/libpatcore.a: $(CORE_OBJS)
 	@$(if $(Q),echo "  AR      $@")
@@ -140,7 +169,7 @@ $(DEMO_BIN): $(B)/tests/demo/pat_demo.o $(B)/libpattest.a $(B)/libpatcore.a
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 # ---------------------------------------------------------------- targets
-ALL_TARGETS := $(B)/libpatcore.a $(UNIT_BINS) $(BENCH_BINS) $(DEMO_BIN)
+ALL_TARGETS := $(B)/libpatcore.a $(PATD_BIN) $(UNIT_BINS) $(BENCH_BINS) $(DEMO_BIN)
 ifeq ($(HAVE_CUDA),1)
 ALL_TARGETS += $(B)/libpatcuda.a $(GPU_BINS)
 endif
@@ -168,7 +197,8 @@ bench: $(BENCH_BINS)
 # Installs the Debian packages the build and the tests need, only when some are missing (a few
 # dpkg queries otherwise). `make demo` and `make test` run it first, so the README's two commands
 # work on a fresh Debian 12. Elsewhere (no dpkg) it only says what it would need.
-DEB_PKGS := build-essential pkg-config libxxhash-dev libcmocka-dev clang-format
+DEB_PKGS := build-essential pkg-config libxxhash-dev libcmocka-dev clang-format libuv1-dev \
+            libnanomsg-dev libinih-dev libmicrohttpd-dev libjemalloc-dev libsystemd-dev
 deps:
 	$(Q)if ! command -v dpkg >/dev/null; then \
 	  echo "deps: not a Debian system; install the equivalents of: $(DEB_PKGS)"; exit 0; fi; \

@@ -1,0 +1,479 @@
+/*
+ * patd_config.c — the option table, INI parsing (libinih) and command-line overrides.
+ *
+ * One row per option (STYLE.md rule 9): section, key, type, bounds, default, reloadable, help.
+ * The same key names are INI keys under their section and `--key=value` on the command line
+ * (dashes or underscores). Values are checked against their bounds wherever they come from; a
+ * bad value names the option, the source and the allowed range, and nothing is applied.
+ */
+#include "patd_config.h"
+
+#include <errno.h>
+#include <ini.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kern.h"
+#include "patd_log.h"
+#include "pat_base.h"
+
+#ifndef PATD_VERSION
+#define PATD_VERSION "0.3.0"
+#endif
+
+typedef enum opt_type { T_STR, T_U32, T_U64, T_OCT, T_F32, T_LEVEL, T_DTYPE } opt_type_t;
+
+typedef struct opt {
+    const char *section, *key;
+    opt_type_t type;
+    size_t off, size; /* field in patd_config_t; size for strings */
+    uint64_t min, max;
+    const char *def;
+    int reload;
+    const char *help;
+} opt_t;
+
+#define F(f)  offsetof(patd_config_t, f), sizeof(((patd_config_t *)0)->f)
+#define U32MAX 4294967295ull
+
+static const opt_t opts[] = {
+    {"daemon", "name", T_STR, F(name), 1, 40, "patd", 0,
+     "instance name: sockets are <runtime_dir>/<name>.sock and .events"},
+    {"daemon", "runtime_dir", T_STR, F(runtime_dir), 0, 255, "", 0,
+     "directory of the sockets (default /run/patd as root, else $XDG_RUNTIME_DIR/patd or "
+     "/tmp/patd-<uid>)"},
+    {"daemon", "socket_mode", T_OCT, F(socket_mode), 0600, 0777, "0660", 0,
+     "file mode of the sockets and the staging buffers: who may connect"},
+    {"daemon", "socket_group", T_STR, F(socket_group), 0, 63, "", 0,
+     "group owning the sockets and buffers (empty: the daemon's)"},
+    {"daemon", "backend", T_STR, F(backend), 1, 15, "auto", 0,
+     "auto | cpu | cuda (auto: cuda when this build has the cuda backend, else cpu)"},
+    {"daemon", "threads", T_U32, F(threads), 0, 1024, "0", 0,
+     "cpu backend worker threads (0: one per online CPU)"},
+    {"daemon", "executors", T_U32, F(executors), 1, 64, "2", 0,
+     "step executor threads (steps of different connections run concurrently)"},
+    {"daemon", "log_level", T_LEVEL, F(log_level), 3, 7, "info", 1,
+     "err | warning | notice | info | debug"},
+    {"daemon", "metrics_port", T_U32, F(metrics_port), 0, 65535, "9477", 0,
+     "Prometheus metrics on http://127.0.0.1:<port>/metrics (0: off)"},
+    {"daemon", "drain_timeout_ms", T_U32, F(drain_timeout_ms), 0, 600000, "10000", 1,
+     "on SIGTERM/drain: how long in-flight steps may take before sessions are cut"},
+    {"model", "layers", T_U32, F(layers), 1, 1024, "4", 0, "transformer layers"},
+    {"model", "q_heads", T_U32, F(q_heads), 1, 1024, "8", 0, "query heads"},
+    {"model", "kv_heads", T_U32, F(kv_heads), 1, 1024, "2", 0,
+     "KV heads (q_heads / kv_heads <= 16)"},
+    {"model", "head_dim", T_U32, F(head_dim), 64, 256, "64", 0, "64 | 128 | 256"},
+    {"model", "dtype", T_DTYPE, F(dtype), 1, 3, "f16", 0, "f16 | bf16 | f32"},
+    {"model", "block_size", T_U32, F(block_size), 16, 16, "16", 0, "tokens per KV block"},
+    {"model", "model_id", T_U64, F(model_id), 0, UINT64_MAX, "0", 0,
+     "clients must present the same id; mixed into prefix-cache keys"},
+    {"model", "scale", T_F32, F(scale), 0, 0, "0", 1, "softmax scale (0: 1/sqrt(head_dim))"},
+    {"model", "softcap", T_F32, F(softcap), 0, 0, "0", 1, "logit soft cap (0: off)"},
+    {"pool", "blocks", T_U32, F(blocks), 16, 1u << 31, "4096", 0, "KV pool capacity in blocks"},
+    {"pool", "max_seqs", T_U32, F(max_seqs), 1, 1u << 20, "4096", 0,
+     "open sequences, all connections together"},
+    {"pool", "max_seq_len", T_U32, F(max_seq_len), 1, 1u << 22, "32768", 0,
+     "tokens per sequence"},
+    {"limits", "max_conns", T_U32, F(max_conns), 1, 4096, "64", 1, "connections at once"},
+    {"limits", "conn_max_seqs", T_U32, F(conn_max_seqs), 1, 65536, "256", 1,
+     "open sequences per connection"},
+    {"limits", "conn_max_blocks", T_U32, F(conn_max_blocks), 0, 1u << 31, "0", 1,
+     "KV blocks one connection may hold (0: the whole pool)"},
+    {"limits", "conn_max_batch_tokens", T_U32, F(conn_max_batch_tokens), 1, 1u << 20, "4096", 0,
+     "query tokens per step per connection (sizes staging buffers and the backend workspace)"},
+    {"limits", "conn_max_staging_mb", T_U32, F(conn_max_staging_mb), 1, 1u << 20, "256", 1,
+     "staging buffer MiB per connection"},
+    {"limits", "lease_ms", T_U32, F(lease_ms), 100, 3600000, "10000", 1,
+     "a client whose pid cannot be watched must send a request this often"},
+    {"limits", "step_timeout_ms", T_U32, F(step_timeout_ms), 10, 3600000, "30000", 1,
+     "longest wait for a client's next layer before its step is aborted"},
+};
+_Static_assert(PAT_ARRAY_SIZE(opts) <= 128, "patd_config_t.set holds 128 bits");
+
+static const char *level_names[] = {"", "", "", "err", "warning", "notice", "info", "debug"};
+
+static const opt_t *opt_find(const char *section, const char *key)
+{
+    char k[64];
+    size_t n = strlen(key);
+    if (n >= sizeof(k))
+        return NULL;
+    for (size_t i = 0; i <= n; i++)
+        k[i] = key[i] == '-' ? '_' : key[i];
+    for (size_t i = 0; i < PAT_ARRAY_SIZE(opts); i++)
+        if ((!section || !strcmp(section, opts[i].section)) && !strcmp(k, opts[i].key))
+            return &opts[i];
+    return NULL;
+}
+
+/* Parses and range-checks value into the field; prints why not to stderr. */
+static int opt_set(patd_config_t *c, const opt_t *o, const char *val, const char *src)
+{
+    char *end;
+    uint8_t *field = (uint8_t *)c + o->off;
+    errno = 0;
+    switch (o->type) {
+    case T_STR:
+        if (strlen(val) < o->min || strlen(val) > o->max)
+            goto range;
+        memcpy(field, val, strlen(val) + 1);
+        break;
+    case T_U32:
+    case T_U64:
+    case T_OCT: {
+        if (!*val || *val == '-')
+            goto bad;
+        unsigned long long v = strtoull(val, &end, o->type == T_OCT ? 8 : 0);
+        if (errno || *end)
+            goto bad;
+        if (v < o->min || v > o->max)
+            goto range;
+        if (o->type == T_U64)
+            *(uint64_t *)field = v;
+        else
+            *(uint32_t *)field = (uint32_t)v;
+        break;
+    }
+    case T_F32: {
+        float v = strtof(val, &end);
+        if (errno || *end || !(v >= 0.0f) || v > 1e6f)
+            goto bad;
+        *(float *)field = v;
+        break;
+    }
+    case T_LEVEL:
+        for (uint32_t l = 3; l <= 7; l++)
+            if (!strcmp(val, level_names[l])) {
+                *(uint32_t *)field = l;
+                return 0;
+            }
+        goto bad;
+    case T_DTYPE:
+        if (!strcmp(val, "f16"))
+            *(uint32_t *)field = KERN_F16;
+        else if (!strcmp(val, "bf16"))
+            *(uint32_t *)field = KERN_BF16;
+        else if (!strcmp(val, "f32"))
+            *(uint32_t *)field = KERN_F32;
+        else
+            goto bad;
+        break;
+    }
+    size_t idx = (size_t)(o - opts);
+    c->set[idx / 64] |= 1ull << (idx % 64);
+    return 0;
+bad:
+    fprintf(stderr, "patd: %s: %s.%s: cannot parse '%s' (%s)\n", src, o->section, o->key, val,
+            o->help);
+    return -EINVAL;
+range:
+    if (o->type == T_STR)
+        fprintf(stderr, "patd: %s: %s.%s: length must be %llu..%llu\n", src, o->section, o->key,
+                (unsigned long long)o->min, (unsigned long long)o->max);
+    else if (o->type == T_OCT)
+        fprintf(stderr, "patd: %s: %s.%s = %s out of range 0%llo..0%llo\n", src, o->section,
+                o->key, val, (unsigned long long)o->min, (unsigned long long)o->max);
+    else
+        fprintf(stderr, "patd: %s: %s.%s = %s out of range %llu..%llu\n", src, o->section,
+                o->key, val, (unsigned long long)o->min, (unsigned long long)o->max);
+    return -EINVAL;
+}
+
+static void defaults(patd_config_t *c)
+{
+    memset(c, 0, sizeof(*c));
+    for (size_t i = 0; i < PAT_ARRAY_SIZE(opts); i++)
+        if (opt_set(c, &opts[i], opts[i].def, "built-in default") < 0)
+            abort(); /* the table itself is wrong: a build error in spirit */
+    memset(c->set, 0, sizeof(c->set));
+}
+
+typedef struct ini_ctx {
+    patd_config_t *c;
+    int errors;
+    const char *path;
+} ini_ctx_t;
+
+static int ini_cb(void *ud, const char *section, const char *key, const char *val)
+{
+    ini_ctx_t *x = ud;
+    const opt_t *o = opt_find(section, key);
+    if (!o) {
+        fprintf(stderr, "patd: %s: unknown option [%s] %s\n", x->path, section, key);
+        x->errors++;
+        return 1;
+    }
+    if (opt_set(x->c, o, val, x->path) < 0)
+        x->errors++;
+    return 1;
+}
+
+static int read_file(patd_config_t *c, const char *path)
+{
+    ini_ctx_t x = {c, 0, path};
+    int r = ini_parse(path, ini_cb, &x);
+    if (r == -1) {
+        fprintf(stderr, "patd: cannot open config %s: %s\n", path, strerror(errno));
+        return -ENOENT;
+    }
+    if (r > 0) {
+        fprintf(stderr, "patd: %s:%d: syntax error\n", path, r);
+        return -EINVAL;
+    }
+    return x.errors ? -EINVAL : 0;
+}
+
+/* Cross-option rules the table cannot express. */
+static int validate(const patd_config_t *c)
+{
+    kern_model_t m = {c->layers, c->q_heads, c->kv_heads, c->head_dim, c->block_size, c->dtype};
+    if (kern_supported(&m) < 0) {
+        fprintf(stderr,
+                "patd: model not supported: q_heads %u / kv_heads %u (group <= 16, divisible), "
+                "head_dim %u (64, 128, 256), block_size %u (16)\n",
+                c->q_heads, c->kv_heads, c->head_dim, c->block_size);
+        return -EINVAL;
+    }
+    if (strcmp(c->backend, "auto") && strcmp(c->backend, "cpu") && strcmp(c->backend, "cuda")) {
+        fprintf(stderr, "patd: daemon.backend must be auto, cpu or cuda (got '%s')\n",
+                c->backend);
+        return -EINVAL;
+    }
+    if (strchr(c->name, '/') || c->name[0] == '.') {
+        fprintf(stderr, "patd: daemon.name '%s' must not contain '/' or start with '.'\n",
+                c->name);
+        return -EINVAL;
+    }
+    if (c->conn_max_blocks > c->blocks) {
+        fprintf(stderr, "patd: limits.conn_max_blocks %u exceeds pool.blocks %u\n",
+                c->conn_max_blocks, c->blocks);
+        return -EINVAL;
+    }
+    if (c->conn_max_seqs > c->max_seqs) {
+        fprintf(stderr, "patd: limits.conn_max_seqs %u exceeds pool.max_seqs %u\n",
+                c->conn_max_seqs, c->max_seqs);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static void default_runtime_dir(patd_config_t *c)
+{
+    if (c->runtime_dir[0])
+        return;
+    const char *x = getenv("XDG_RUNTIME_DIR");
+    if (geteuid() == 0)
+        snprintf(c->runtime_dir, sizeof(c->runtime_dir), "/run/patd");
+    else if (x && *x && strlen(x) < sizeof(c->runtime_dir) - 6)
+        snprintf(c->runtime_dir, sizeof(c->runtime_dir), "%s/patd", x);
+    else
+        snprintf(c->runtime_dir, sizeof(c->runtime_dir), "/tmp/patd-%u", (unsigned)geteuid());
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: patd [--config FILE] [--KEY=VALUE ...] [--check-config] [--print-config]\n"
+            "            [--help] [--version]\n\n"
+            "patd serves prefix-aware attention over a paged KV cache to frontends in other\n"
+            "processes (libpat). Control socket: ipc://<runtime_dir>/<name>.sock; events:\n"
+            "ipc://<runtime_dir>/<name>.events. With no config on a machine without a GPU it\n"
+            "runs the cpu backend with a small pool.\n\n"
+            "  --config FILE     INI file ([section] key = value); options below\n"
+            "  --check-config    validate the configuration and exit (0 valid, 1 not)\n"
+            "  --print-config    print the effective configuration as INI and exit\n"
+            "  --version         print the version and exit\n\n"
+            "Options (INI key under [section], or --key=value; * = reloaded by SIGHUP):\n");
+    const char *sec = "";
+    for (size_t i = 0; i < PAT_ARRAY_SIZE(opts); i++) {
+        const opt_t *o = &opts[i];
+        if (strcmp(sec, o->section))
+            fprintf(f, "  [%s]\n", sec = o->section);
+        char range[64] = "";
+        if (o->type == T_U32 || o->type == T_U64)
+            snprintf(range, sizeof(range), " %llu..%llu", (unsigned long long)o->min,
+                     (unsigned long long)o->max);
+        fprintf(f, "    %-22s%s %s (default %s%s)%s\n", o->key, o->reload ? "*" : " ", o->help,
+                o->def[0] ? o->def : "\"\"", range, "");
+    }
+    fprintf(f, "\nSignals: SIGTERM/SIGINT drain in-flight steps and exit; SIGHUP reloads the *\n"
+               "options from the config file. Under systemd (Type=notify) it reports READY=1\n"
+               "once the pool is allocated and the sockets are bound, STATUS= lines, and\n"
+               "WATCHDOG=1 while its executors still move.\n");
+}
+
+/* Applies --key=value overrides (argv) to c. Sets *ret_path from --config. */
+static int parse_args(patd_config_t *c, int argc, char **argv, int *ret_action, int pass)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            *ret_action = 'h';
+            continue;
+        }
+        if (!strcmp(a, "--version")) {
+            *ret_action = 'v';
+            continue;
+        }
+        if (!strcmp(a, "--check-config")) {
+            *ret_action = 'c';
+            continue;
+        }
+        if (!strcmp(a, "--print-config")) {
+            *ret_action = 'p';
+            continue;
+        }
+        if (!strcmp(a, "--config") || !strncmp(a, "--config=", 9)) {
+            const char *v = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!v) {
+                fprintf(stderr, "patd: --config needs a file\n");
+                return -EINVAL;
+            }
+            if (pass == 0)
+                snprintf(c->path, sizeof(c->path), "%s", v);
+            continue;
+        }
+        if (strncmp(a, "--", 2)) {
+            fprintf(stderr, "patd: unexpected argument '%s' (try --help)\n", a);
+            return -EINVAL;
+        }
+        char key[64];
+        const char *eq = strchr(a, '=');
+        const char *val = NULL;
+        size_t kl = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+        if (kl >= sizeof(key)) {
+            fprintf(stderr, "patd: unknown option '%s' (try --help)\n", a);
+            return -EINVAL;
+        }
+        memcpy(key, a + 2, kl);
+        key[kl] = 0;
+        if (eq)
+            val = eq + 1;
+        else if (i + 1 < argc)
+            val = argv[++i];
+        const opt_t *o = opt_find(NULL, key);
+        if (!o) {
+            fprintf(stderr, "patd: unknown option '--%s' (try --help)\n", key);
+            return -EINVAL;
+        }
+        if (!val) {
+            fprintf(stderr, "patd: --%s needs a value\n", key);
+            return -EINVAL;
+        }
+        if (pass == 1 && opt_set(c, o, val, "command line") < 0)
+            return -EINVAL;
+    }
+    return 0;
+}
+
+int patd_config_load(patd_config_t *c, int argc, char **argv)
+{
+    int action = 0;
+    defaults(c);
+    if (parse_args(c, argc, argv, &action, 0) < 0)
+        return -EINVAL;
+    if (action == 'h') {
+        usage(stdout);
+        return 1;
+    }
+    if (action == 'v') {
+        printf("patd %s (wire protocol 1)\n", PATD_VERSION);
+        return 1;
+    }
+    if (c->path[0] && read_file(c, c->path) < 0)
+        return -EINVAL;
+    if (parse_args(c, argc, argv, &action, 1) < 0 || validate(c) < 0)
+        return -EINVAL;
+    default_runtime_dir(c);
+    if (action == 'c') {
+        printf("patd: configuration %s is valid\n", c->path[0] ? c->path : "(built-in)");
+        return 1;
+    }
+    if (action == 'p') {
+        patd_config_print(c, stdout);
+        return 1;
+    }
+    return 0;
+}
+
+int patd_config_reload(patd_config_t *c, int argc, char **argv)
+{
+    if (!c->path[0]) {
+        patd_notice("reload: no config file; nothing to re-read");
+        return 0;
+    }
+    patd_config_t n;
+    int action = 0;
+    defaults(&n);
+    snprintf(n.path, sizeof(n.path), "%s", c->path);
+    if (read_file(&n, n.path) < 0 || parse_args(&n, argc, argv, &action, 1) < 0 ||
+        validate(&n) < 0) {
+        patd_err("reload: %s is invalid; keeping the running configuration", c->path);
+        return -EINVAL;
+    }
+    default_runtime_dir(&n);
+    for (size_t i = 0; i < PAT_ARRAY_SIZE(opts); i++) {
+        const opt_t *o = &opts[i];
+        uint8_t *a = (uint8_t *)c + o->off, *b = (uint8_t *)&n + o->off;
+        if (!memcmp(a, b, o->size))
+            continue;
+        if (o->reload) {
+            memcpy(a, b, o->size);
+            patd_info("reload: %s.%s changed", o->section, o->key);
+        } else {
+            patd_warn("reload: %s.%s changed in the file but needs a restart; kept", o->section,
+                      o->key);
+        }
+    }
+    return 0;
+}
+
+void patd_config_print(const patd_config_t *c, FILE *f)
+{
+    const char *sec = "";
+    fprintf(f, "# patd effective configuration (%s)\n", c->path[0] ? c->path : "built-in");
+    for (size_t i = 0; i < PAT_ARRAY_SIZE(opts); i++) {
+        const opt_t *o = &opts[i];
+        const uint8_t *p = (const uint8_t *)c + o->off;
+        if (strcmp(sec, o->section))
+            fprintf(f, "%s[%s]\n", i ? "\n" : "", sec = o->section);
+        fprintf(f, "%s = ", o->key);
+        switch (o->type) {
+        case T_STR:
+            fprintf(f, "%s\n", (const char *)p);
+            break;
+        case T_U32:
+            fprintf(f, "%u\n", *(const uint32_t *)p);
+            break;
+        case T_U64:
+            fprintf(f, "%llu\n", (unsigned long long)*(const uint64_t *)p);
+            break;
+        case T_OCT:
+            fprintf(f, "0%o\n", *(const uint32_t *)p);
+            break;
+        case T_F32:
+            fprintf(f, "%g\n", (double)*(const float *)p);
+            break;
+        case T_LEVEL:
+            fprintf(f, "%s\n", level_names[*(const uint32_t *)p]);
+            break;
+        case T_DTYPE: {
+            uint32_t d = *(const uint32_t *)p;
+            fprintf(f, "%s\n", d == KERN_F16 ? "f16" : d == KERN_BF16 ? "bf16" : "f32");
+            break;
+        }
+        }
+    }
+}
+
+int patd_config_was_set(const patd_config_t *c, const char *key)
+{
+    const opt_t *o = opt_find(NULL, key);
+    if (!o)
+        return 0;
+    size_t idx = (size_t)(o - opts);
+    return !!(c->set[idx / 64] & (1ull << (idx % 64)));
+}

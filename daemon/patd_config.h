@@ -1,0 +1,46 @@
+/*
+ * patd_config.h — patd's options: one table (patd_config.c) gives each its INI section and key,
+ * type, bounds, default, whether SIGHUP can change it live, and its help line. The INI file is
+ * read first, then command-line overrides (--key=value, same names); --help prints the table.
+ */
+#ifndef PATD_CONFIG_H
+#define PATD_CONFIG_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct patd_config {
+    /* [daemon] */
+    char name[64];
+    char runtime_dir[256];
+    uint32_t socket_mode; /* octal file mode of the sockets and staging buffers */
+    char socket_group[64];
+    char backend[16]; /* auto | cpu | cuda */
+    uint32_t threads, executors;
+    uint32_t log_level; /* syslog priority: 3 err .. 7 debug */
+    uint32_t metrics_port;
+    uint32_t drain_timeout_ms;
+    /* [model] */
+    uint32_t layers, q_heads, kv_heads, head_dim, dtype, block_size;
+    uint64_t model_id;
+    float scale, softcap;
+    /* [pool] */
+    uint32_t blocks, max_seqs, max_seq_len;
+    /* [limits] */
+    uint32_t max_conns, conn_max_seqs, conn_max_blocks, conn_max_batch_tokens;
+    uint32_t conn_max_staging_mb, lease_ms, step_timeout_ms;
+
+    /* bookkeeping */
+    char path[512];  /* config file read ("" when none) */
+    uint64_t set[2]; /* bit i: option i was given (file or command line) */
+} patd_config_t;
+
+/* Outcome of patd_config_load: 0 run, 1 exit 0 (help/version/check/print done), <0 error. */
+int patd_config_load(patd_config_t *c, int argc, char **argv);
+/* Re-reads the file for SIGHUP: applies reloadable options, logs those that would need a
+ * restart. Command-line overrides keep winning. Returns 0 or -EINVAL (nothing applied). */
+int patd_config_reload(patd_config_t *c, int argc, char **argv);
+void patd_config_print(const patd_config_t *c, FILE *f);
+int patd_config_was_set(const patd_config_t *c, const char *key);
+
+#endif

@@ -1,0 +1,332 @@
+/*
+ * patd_conn.c — sessions: HELLO (model signature, quotas, staging buffer, liveness watch), the
+ * session's sequence table, and reclaim when a client says BYE, dies (its pidfd becomes
+ * readable) or lets its lease expire.
+ *
+ * Reclaim is all-or-nothing and never waits on the client: if the session's step is with an
+ * executor, the step is told to abort (its wait on the ready word is woken) and the reclaim
+ * finishes when the executor gives the step back (patd_step_complete), typically within one
+ * wait slice (50 ms). Everything the session held goes: sequences (their block references),
+ * the forest and plan arena, the staging buffer and its shm name, the pidfd watch.
+ *
+ * Thread context: the loop thread, except patd_conn_set_blocks (under pool_mu, any thread).
+ */
+#include <errno.h>
+#include <grp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "patd_int.h"
+#include "patd_log.h"
+#include "pat_base.h"
+
+static int pidfd_open_(pid_t pid)
+{
+#ifdef SYS_pidfd_open
+    int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+    return fd < 0 ? -errno : fd;
+#else
+    return -ENOSYS;
+#endif
+}
+
+patd_conn_t *patd_conn_find(patd_t *d, uint64_t session)
+{
+    for (uint32_t i = 0; i < d->n_conns; i++)
+        if (d->conns[i]->session == session)
+            return d->conns[i];
+    return NULL;
+}
+
+int patd_conn_seq_slot(patd_conn_t *c, uint32_t kv)
+{
+    uint32_t s = pat_map_get(&c->seq_map, kv);
+    return s == PAT_MAP_NONE ? -ENOENT : (int)s;
+}
+
+void patd_conn_set_blocks(patd_conn_t *c, uint32_t slot)
+{
+    patd_seq_t *s = &c->seqs[slot];
+    kv_seq_info_t info;
+    uint32_t now = 0;
+    if (s->kv != KV_NONE && kv_seq_info(c->d->pool, s->kv, &info) == 0)
+        now = info.n_blocks;
+    c->blocks_held = c->blocks_held - s->blocks + now;
+    s->blocks = now;
+}
+
+static void on_pidfd(uv_poll_t *h, int status, int events)
+{
+    patd_conn_t *c = h->data;
+    patd_notice("session %016llx: client pid %d exited", (unsigned long long)c->session,
+                (int)c->pid);
+    atomic_fetch_add(&c->d->m.reclaims_dead, 1);
+    patd_conn_close(c, "client died");
+}
+
+int patd_conn_hello(patd_t *d, const ipc_hdr_t *h, const ipc_hello_req_t *r,
+                    ipc_hello_rep_t *rep, char *why, size_t why_len)
+{
+    const patd_config_t *cfg = &d->cfg;
+    const kern_model_t *m = &d->model;
+#define WHY(...) snprintf(why, why_len, __VA_ARGS__)
+    if (d->draining) {
+        WHY("daemon is draining; no new sessions");
+        return -ESHUTDOWN;
+    }
+    if (d->n_conns >= cfg->max_conns) {
+        WHY("%u connections open (limits.max_conns)", d->n_conns);
+        return -EMFILE;
+    }
+    const ipc_model_sig_t *s = &r->model;
+    if (s->n_layers != m->n_layers || s->q_heads != m->q_heads || s->kv_heads != m->kv_heads ||
+        s->head_dim != m->head_dim || s->dtype != (uint32_t)m->dtype ||
+        s->block_size != m->block_size || s->model_id != cfg->model_id) {
+        WHY("model signature mismatch: client layers=%u q_heads=%u kv_heads=%u head_dim=%u "
+            "dtype=%u block=%u id=%llu; daemon layers=%u q_heads=%u kv_heads=%u head_dim=%u "
+            "dtype=%u block=%u id=%llu",
+            s->n_layers, s->q_heads, s->kv_heads, s->head_dim, s->dtype, s->block_size,
+            (unsigned long long)s->model_id, m->n_layers, m->q_heads, m->kv_heads, m->head_dim,
+            (unsigned)m->dtype, m->block_size, (unsigned long long)cfg->model_id);
+        return -EMEDIUMTYPE;
+    }
+    if (r->buffer_kind == IPC_BUF_CUDA_IPC) {
+        WHY("buffer kind cuda-ipc needs the cuda backend; this daemon runs %s",
+            kern_backend_name(d->be));
+        return -EINVAL;
+    }
+    uint32_t max_seqs = r->max_seqs ? r->max_seqs : cfg->conn_max_seqs;
+    if (max_seqs > cfg->conn_max_seqs) {
+        WHY("max_seqs %u exceeds the per-connection quota %u", r->max_seqs, cfg->conn_max_seqs);
+        return -EDQUOT;
+    }
+    if (r->max_batch_tokens > cfg->conn_max_batch_tokens) {
+        WHY("max_batch_tokens %u exceeds the per-connection quota %u", r->max_batch_tokens,
+            cfg->conn_max_batch_tokens);
+        return -EDQUOT;
+    }
+    ipc_layout_t lay;
+    if (ipc_layout_compute(r->max_batch_tokens, m->q_heads, m->kv_heads, m->head_dim,
+                           kern_dtype_size(m->dtype), &lay) < 0 ||
+        lay.bytes > ((uint64_t)cfg->conn_max_staging_mb << 20)) {
+        WHY("staging buffers of %u tokens need %llu bytes; quota is %u MiB", r->max_batch_tokens,
+            (unsigned long long)lay.bytes, cfg->conn_max_staging_mb);
+        return -EDQUOT;
+    }
+    if (r->pid == 0 || r->pid > (uint32_t)INT32_MAX) {
+        WHY("pid %u is not a process id", r->pid);
+        return -EINVAL;
+    }
+    int pidfd = pidfd_open_((pid_t)r->pid);
+    if (pidfd == -ESRCH) {
+        WHY("pid %u is not running (in the daemon's pid namespace)", r->pid);
+        return -EINVAL;
+    }
+
+    patd_conn_t *c = pat_xcalloc(1, sizeof(*c));
+    c->d = d;
+    c->session = (d->instance & 0xffffffff00000000ull) | (++d->next_session & 0xffffffffu);
+    c->pid = (pid_t)r->pid;
+    c->pidfd = pidfd >= 0 ? pidfd : -1;
+    c->lease_ns = (uint64_t)(r->lease_ms ? PAT_MAX(r->lease_ms, 100u) : cfg->lease_ms) * 1000000;
+    c->last_seen_ns = c->opened_ns = pat_now_ns();
+    memcpy(c->label, r->label, sizeof(c->label));
+    c->max_seqs = max_seqs;
+    c->max_batch_tokens = r->max_batch_tokens;
+    c->max_blocks = cfg->conn_max_blocks ? cfg->conn_max_blocks : cfg->blocks;
+    c->lay = lay;
+    c->seqs = pat_xmalloc(max_seqs * sizeof(patd_seq_t));
+    for (uint32_t i = 0; i < max_seqs; i++)
+        c->seqs[i] = (patd_seq_t){KV_NONE, 0, KV_NONE, 0};
+    pat_map_init(&c->seq_map, max_seqs);
+    c->next_tick = 1;
+
+    int rc;
+    sched_config_t sc = {.max_queries = max_seqs,
+                         .max_tokens = r->max_batch_tokens,
+                         .block_size = m->block_size,
+                         .q_heads = m->q_heads,
+                         .kv_heads = m->kv_heads,
+                         .head_dim = m->head_dim,
+                         .kv_elt_bytes = kern_dtype_size(m->dtype),
+                         .split_min_kv = 256,
+                         .max_partials = 8 * cfg->conn_max_batch_tokens};
+    if ((rc = sched_create(&sc, &c->sched)) < 0) {
+        WHY("scheduler: %s", strerror(-rc));
+        goto fail;
+    }
+    char name[IPC_NAME_LEN];
+    snprintf(name, sizeof(name), "/patd.%.40s.%016llx", cfg->name, (unsigned long long)c->session);
+    if ((rc = ipc_shm_create(&c->shm, name, lay.bytes, cfg->socket_mode, m->n_layers)) < 0) {
+        WHY("staging buffer %s (%llu bytes): %s", name, (unsigned long long)lay.bytes,
+            strerror(-rc));
+        rc = -ENOMEM;
+        goto fail;
+    }
+    if (d->gid != (gid_t)-1) {
+        char path[300];
+        snprintf(path, sizeof(path), "/dev/shm%s", name);
+        if (chown(path, (uid_t)-1, d->gid) < 0)
+            patd_warn("chown %s: %s", path, strerror(errno));
+    }
+    if (c->pidfd >= 0) {
+        uv_poll_init(&d->loop, &c->pid_poll, c->pidfd);
+        c->pid_poll.data = c;
+        uv_poll_start(&c->pid_poll, UV_READABLE, on_pidfd);
+        c->pid_poll_on = 1;
+    } else {
+        patd_notice("session %016llx: cannot watch pid %u (%s); lease of %llu ms applies",
+                    (unsigned long long)c->session, r->pid, strerror(-pidfd),
+                    (unsigned long long)(c->lease_ns / 1000000));
+    }
+
+    pat_grow((void **)&d->conns, &d->cap_conns, d->n_conns + 1, sizeof(*d->conns));
+    c->idx = d->n_conns;
+    d->conns[d->n_conns++] = c;
+    atomic_fetch_add(&d->m.conns_opened, 1);
+
+    memset(rep, 0, sizeof(*rep));
+    rep->session = c->session;
+    rep->daemon_pid = (uint32_t)getpid();
+    rep->lease_ms = (uint32_t)(c->lease_ns / 1000000);
+    rep->max_seqs = max_seqs;
+    rep->max_batch_tokens = r->max_batch_tokens;
+    rep->max_blocks = c->max_blocks;
+    rep->buffer_kind = IPC_BUF_SHM;
+    rep->buf_bytes = lay.bytes;
+    rep->sig_off = lay.sig_off;
+    rep->q_off = lay.q_off;
+    rep->k_off = lay.k_off;
+    rep->v_off = lay.v_off;
+    rep->o_off = lay.o_off;
+    rep->instance = d->instance;
+    snprintf(rep->shm_name, sizeof(rep->shm_name), "%s", name);
+    patd_info("session %016llx: up, pid %u '%s', %u seqs, %u batch tokens, %s liveness",
+              (unsigned long long)c->session, r->pid, c->label, max_seqs, r->max_batch_tokens,
+              c->pidfd >= 0 ? "pidfd" : "lease");
+    patd_publish(d, "conn up %016llx pid=%u label=%s", (unsigned long long)c->session, r->pid,
+                 c->label);
+    (void)h;
+    return 0;
+fail:
+    sched_free(c->sched);
+    pat_map_done(&c->seq_map);
+    free(c->seqs);
+    if (c->pidfd >= 0)
+        close(c->pidfd);
+    free(c);
+    return rc;
+#undef WHY
+}
+
+static void free_conn(patd_conn_t *c)
+{
+    patd_step_t *st = &c->step;
+    free(st->slot);
+    free(st->kv);
+    free(st->n_new);
+    free(st->tokens);
+    free(st->kvslot);
+    free(c->last_reply);
+    free(c);
+}
+
+static void on_poll_closed(uv_handle_t *h)
+{
+    free_conn(h->data);
+}
+
+void patd_conn_reap(patd_conn_t *c)
+{
+    patd_t *d = c->d;
+    uint64_t t0 = pat_now_ns();
+    patd_step_t *st = &c->step;
+    if (st->begin_req.ctl)
+        nn_freemsg(st->begin_req.ctl);
+    if (st->end_req.ctl)
+        nn_freemsg(st->end_req.ctl);
+    st->begin_req.ctl = st->end_req.ctl = NULL;
+    uint32_t closed = 0;
+    pthread_mutex_lock(&d->pool_mu);
+    for (uint32_t i = 0; i < c->max_seqs; i++)
+        if (c->seqs[i].kv != KV_NONE) {
+            kv_seq_close(d->pool, c->seqs[i].kv);
+            closed++;
+        }
+    pthread_mutex_unlock(&d->pool_mu);
+    sched_free(c->sched);
+    pat_map_done(&c->seq_map);
+    free(c->seqs);
+    ipc_shm_close(&c->shm);
+    /* out of the table: swap with the last */
+    d->conns[c->idx] = d->conns[d->n_conns - 1];
+    d->conns[c->idx]->idx = c->idx;
+    d->n_conns--;
+    atomic_fetch_add(&d->m.conns_closed, 1);
+    uint64_t dt = pat_now_ns() - c->opened_ns;
+    patd_info("session %016llx: down (%s) after %.1f s; reclaimed %u sequences",
+              (unsigned long long)c->session, c->close_reason, dt / 1e9, closed);
+    patd_publish(d, "conn down %016llx reason=%s", (unsigned long long)c->session,
+                 c->close_reason);
+    if (c->bye_req.ctl) {
+        ipc_buf_t b;
+        ipc_buf_init(&b);
+        ipc_frame_start(&b, IPC_OP_BYE, IPC_F_REPLY, c->bye_req.hdr.corr, c->session);
+        ipc_frame_finish(&b);
+        patd_send(d, &c->bye_req, b.data, b.len);
+        ipc_buf_done(&b);
+    }
+    uint64_t rt = pat_now_ns() - t0;
+    atomic_store(&d->m.reclaim_ns_last, rt);
+    if (rt > atomic_load(&d->m.reclaim_ns_max))
+        atomic_store(&d->m.reclaim_ns_max, rt);
+    if (c->pid_poll_on) {
+        close(c->pidfd);
+        uv_close((uv_handle_t *)&c->pid_poll, on_poll_closed);
+    } else {
+        free_conn(c);
+    }
+}
+
+void patd_conn_close(patd_conn_t *c, const char *reason)
+{
+    if (c->closing)
+        return;
+    c->closing = 1;
+    c->close_reason = reason;
+    if (c->pid_poll_on)
+        uv_poll_stop(&c->pid_poll);
+    ipc_sig_t *g = ipc_shm_sig(&c->shm);
+    atomic_store(&g->err, -ESHUTDOWN);
+    ipc_sig_post(&g->state, IPC_STATE_CLOSED);
+    ipc_sig_wake(&g->done);
+    int ph = atomic_load(&c->step.phase);
+    if (ph == STEP_QUEUED || ph == STEP_RUNNING) {
+        atomic_store(&c->step.abort, 1);
+        ipc_sig_wake(&g->ready);
+        return; /* patd_step_complete reaps */
+    }
+    patd_conn_reap(c);
+}
+
+void patd_conns_tick(patd_t *d, uint64_t now)
+{
+    for (uint32_t i = 0; i < d->n_conns; i++) {
+        patd_conn_t *c = d->conns[i];
+        if (c->closing || c->pidfd >= 0)
+            continue;
+        /* a step in flight counts as activity: the executor watches it */
+        if (atomic_load(&c->step.phase) != STEP_IDLE)
+            continue;
+        if (now - c->last_seen_ns > c->lease_ns) {
+            patd_notice("session %016llx: lease of %llu ms expired", (unsigned long long)c->session,
+                        (unsigned long long)(c->lease_ns / 1000000));
+            atomic_fetch_add(&d->m.reclaims_lease, 1);
+            patd_conn_close(c, "lease expired");
+            i = (uint32_t)-1; /* the table changed (reap swaps); rescan */
+        }
+    }
+}

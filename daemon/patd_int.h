@@ -1,0 +1,197 @@
+/*
+ * patd_int.h — the daemon's shared state, for its own translation units only.
+ *
+ * Threads and what they own:
+ *   loop thread   libuv: the nanomsg REP/PUB sockets, every request, sessions and their
+ *                 sequence tables, pidfd watches, timers, signals, sd_notify;
+ *   executors     (cfg.executors) run steps: reserve KV, update the session's forest, pack,
+ *                 then per layer wait for the client's ready word, append + attend, post done;
+ *   metrics       libmicrohttpd's own thread renders the metrics text.
+ * Locks (never nested except pool_mu -> nothing, be_mu -> nothing):
+ *   pool_mu  the kv pool and every session's blocks_held
+ *   be_mu    the backend (the cpu backend runs one call at a time)
+ *   q_mu     the executor queue;  done_mu  the completion list back to the loop
+ * A session's step is owned by the executor from dispatch until it posts its completion; the
+ * loop only sets step.abort and wakes the ready word meanwhile.
+ */
+#ifndef PATD_INT_H
+#define PATD_INT_H
+
+#include <nanomsg/nn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "ipc_proto.h"
+#include "ipc_shm.h"
+#include "kern.h"
+#include "kv_pool.h"
+#include "pat_map.h"
+#include "patd_config.h"
+#include "sched_plan.h"
+
+typedef struct patd patd_t;
+typedef struct patd_conn patd_conn_t;
+
+/* A request whose reply comes later (nanomsg raw REP: the routing header travels with it). */
+typedef struct patd_req {
+    void *ctl; /* nn control header (NN_MSG-allocated); NULL when none pending */
+    ipc_hdr_t hdr;
+} patd_req_t;
+
+typedef enum step_phase {
+    STEP_IDLE = 0,
+    STEP_QUEUED,   /* waiting for an executor */
+    STEP_RUNNING,  /* an executor owns it */
+    STEP_FINISHED, /* the executor is done with it (see layers_done / err) */
+} step_phase_t;
+
+typedef struct patd_step {
+    uint64_t id;
+    uint32_t n_seqs, n_tokens;
+    uint32_t *slot;   /* [n_seqs] session sequence slot */
+    uint32_t *kv;     /* [n_seqs] kv sequence id */
+    uint32_t *n_new;  /* [n_seqs] */
+    uint32_t *tokens; /* [n_tokens] token ids, in row order */
+    uint32_t *kvslot; /* [n_tokens] pool slot (block * block_size + offset) of each new token */
+    uint32_t cap_seqs, cap_tokens;
+    uint32_t tick_base;
+    const sched_plan_hdr_t *plan;
+    _Atomic int phase;
+    _Atomic int abort; /* loop -> executor: stop waiting, give the step back */
+    int begun;         /* reservation done and the BEGIN reply owed/sent */
+    int err;           /* first error (negative errno) */
+    uint32_t layers_done;
+    uint64_t t_recv_ns, t_begun_ns, t_done_ns;
+    uint64_t kv_bytes, qc_bytes;
+    int pack_reused;
+    patd_req_t begin_req, end_req;
+    uint32_t end_flags;
+} patd_step_t;
+
+typedef struct patd_seq {
+    uint32_t kv;        /* kv sequence id; KV_NONE when the slot is free */
+    uint32_t in_step;   /* part of the step in flight */
+    uint32_t forest_kv; /* kv id joined in the session's forest at this slot, KV_NONE if none */
+    uint32_t blocks;    /* blocks this sequence's table holds (for the quota) */
+} patd_seq_t;
+
+struct patd_conn {
+    patd_t *d;
+    uint64_t session;
+    uint32_t idx; /* in d->conns */
+    pid_t pid;
+    int pidfd; /* -1: lease mode */
+    uv_poll_t pid_poll;
+    int pid_poll_on;
+    uint64_t lease_ns, last_seen_ns, opened_ns;
+    char label[IPC_NAME_LEN];
+    uint32_t max_seqs, max_batch_tokens, max_blocks;
+    patd_seq_t *seqs;
+    pat_map_t seq_map; /* kv id -> slot */
+    uint32_t n_open;
+    uint32_t blocks_held; /* under pool_mu */
+    ipc_shm_t shm;
+    ipc_layout_t lay;
+    sched_t *sched;
+    uint32_t next_tick;
+    uint64_t next_step;
+    patd_step_t step;
+    int closing;               /* reclaim pending: waiting for the executor to give the step back */
+    const char *close_reason;  /* for the log and the event */
+    patd_req_t bye_req;        /* BYE answered once reclaimed */
+    uint64_t last_corr;        /* idempotent replay of the last reply (REQ resends) */
+    void *last_reply;
+    size_t last_reply_len;
+};
+
+typedef struct patd_metrics {
+    _Atomic uint64_t frames[IPC_OP_MAX];
+    _Atomic uint64_t errors[160]; /* by errno value */
+    _Atomic uint64_t steps, steps_failed, steps_aborted, tokens;
+    _Atomic uint64_t step_ns_sum, step_ns_bucket[12]; /* begin -> last layer */
+    _Atomic uint64_t pack_ns_sum, packs, pack_reuses;
+    _Atomic uint64_t layer_ns_sum, layers; /* append + attend per layer */
+    _Atomic uint64_t kv_bytes, qc_bytes;   /* per layer, summed */
+    _Atomic uint64_t conns_opened, conns_closed, reclaims_dead, reclaims_lease;
+    _Atomic uint64_t reclaim_ns_max, reclaim_ns_last;
+    _Atomic uint64_t exec_beat[64]; /* per executor: bumps while it moves */
+} patd_metrics_t;
+
+struct patd {
+    patd_config_t cfg;
+    int argc;
+    char **argv;
+    uint64_t instance;
+    uint64_t t_start_ns;
+    uv_loop_t loop;
+    int rep, pub; /* nanomsg sockets */
+    uv_poll_t rep_poll;
+    uv_timer_t tick; /* leases, watchdog, drain */
+    uv_signal_t sig_term, sig_int, sig_hup;
+    uv_async_t wake; /* executor completions */
+    char sock_path[400], ev_path[400];
+    gid_t gid;
+
+    kv_pool_t *pool;
+    kern_backend_t *be;
+    kern_model_t model;
+    pthread_mutex_t pool_mu, be_mu;
+
+    patd_conn_t **conns;
+    uint32_t n_conns, cap_conns;
+    uint64_t next_session;
+
+    /* executor queue and completions */
+    pthread_mutex_t q_mu, done_mu;
+    pthread_cond_t q_cv;
+    patd_conn_t **q;
+    uint32_t q_head, q_len, q_cap;
+    patd_conn_t **done;
+    uint32_t n_done, cap_done;
+    pthread_t *exec;
+    uint32_t n_exec;
+    int stopping; /* executors exit */
+
+    int draining;
+    uint64_t drain_deadline_ns;
+    int exit_code;
+    int watchdog;
+    uint64_t watchdog_usec;
+    uint64_t beat_seen[64];
+    void *mhd;
+    patd_metrics_t m;
+};
+
+/* patd_conn.c */
+int patd_conn_hello(patd_t *d, const ipc_hdr_t *h, const ipc_hello_req_t *r,
+                    ipc_hello_rep_t *rep, char *why, size_t why_len);
+patd_conn_t *patd_conn_find(patd_t *d, uint64_t session);
+void patd_conn_close(patd_conn_t *c, const char *reason); /* reclaim now or once the step ends */
+void patd_conn_reap(patd_conn_t *c);                      /* after the step came back */
+int patd_conn_seq_slot(patd_conn_t *c, uint32_t kv);      /* slot or -ENOENT */
+void patd_conn_set_blocks(patd_conn_t *c, uint32_t slot); /* under pool_mu */
+void patd_conns_tick(patd_t *d, uint64_t now);            /* lease expiries */
+
+/* patd_exec.c */
+int patd_exec_start(patd_t *d);
+void patd_exec_stop(patd_t *d);
+void patd_exec_submit(patd_t *d, patd_conn_t *c);
+patd_conn_t *patd_exec_take_done(patd_t *d);
+
+/* patd_metrics.c */
+int patd_metrics_start(patd_t *d);
+void patd_metrics_stop(patd_t *d);
+char *patd_metrics_text(patd_t *d, size_t *ret_len); /* malloc'd */
+void patd_metrics_error(patd_t *d, int code);
+
+/* patd_main.c */
+void patd_send(patd_t *d, patd_req_t *to, const void *frame, size_t len);
+void patd_reply_error(patd_t *d, patd_req_t *to, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void patd_publish(patd_t *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void patd_step_complete(patd_conn_t *c); /* loop: the executor gave the step back */
+
+#endif

@@ -1,0 +1,186 @@
+/*
+ * patd_metrics.c — the numbers of DESIGN.md §7 in Prometheus text format, served on
+ * http://127.0.0.1:<metrics_port>/metrics by libmicrohttpd's own thread and returned by the
+ * STATS admin request (`patctl stats`).
+ *
+ * Counters are atomics bumped where things happen; pool figures are read under pool_mu; the
+ * rendering allocates (open_memstream) and never blocks the loop for long. jemalloc's own
+ * statistics (allocated, active, resident, mapped) come from mallctl when patd is linked with
+ * it (the sanitizer build is not: ASan brings its own allocator).
+ */
+#include <errno.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef PATD_HAVE_JEMALLOC
+#include <jemalloc/jemalloc.h>
+#endif
+
+#include "patd_int.h"
+#include "patd_log.h"
+#include "pat_base.h"
+
+void patd_metrics_error(patd_t *d, int code)
+{
+    uint32_t e = (uint32_t)-code;
+    if (e < PAT_ARRAY_SIZE(d->m.errors))
+        atomic_fetch_add(&d->m.errors[e], 1);
+}
+
+#define LD(x) ((unsigned long long)atomic_load(&(x)))
+
+static void metric(FILE *f, const char *name, const char *type, const char *help,
+                   unsigned long long v)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", name, help, name, type, name, v);
+}
+
+char *patd_metrics_text(patd_t *d, size_t *ret_len)
+{
+    char *out = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&out, &len);
+    patd_metrics_t *m = &d->m;
+    kv_stats_t ks;
+    pthread_mutex_lock(&d->pool_mu);
+    kv_pool_stats(d->pool, &ks);
+    pthread_mutex_unlock(&d->pool_mu);
+
+    metric(f, "patd_up_seconds", "gauge", "seconds since start",
+           (unsigned long long)((pat_now_ns() - d->t_start_ns) / 1000000000ull));
+    metric(f, "patd_steps_total", "counter", "steps committed", LD(m->steps));
+    metric(f, "patd_steps_failed_total", "counter", "steps that failed (timeout, backend)",
+           LD(m->steps_failed));
+    metric(f, "patd_steps_aborted_total", "counter", "steps aborted by their client",
+           LD(m->steps_aborted));
+    metric(f, "patd_step_tokens_total", "counter", "query tokens of committed steps",
+           LD(m->tokens));
+    fprintf(f, "# HELP patd_step_seconds step latency, STEP_BEGIN received to last layer done\n"
+               "# TYPE patd_step_seconds histogram\n");
+    unsigned long long cum = 0;
+    double lim = 100e-6;
+    for (int b = 0; b < 11; b++, lim *= 2) {
+        cum += LD(m->step_ns_bucket[b]);
+        fprintf(f, "patd_step_seconds_bucket{le=\"%g\"} %llu\n", lim, cum);
+    }
+    cum += LD(m->step_ns_bucket[11]);
+    fprintf(f, "patd_step_seconds_bucket{le=\"+Inf\"} %llu\n", cum);
+    fprintf(f, "patd_step_seconds_sum %.9f\npatd_step_seconds_count %llu\n",
+            LD(m->step_ns_sum) / 1e9, cum);
+    metric(f, "patd_pack_total", "counter", "plans built", LD(m->packs));
+    metric(f, "patd_pack_reused_total", "counter", "plans that reused the previous pack (lazy)",
+           LD(m->pack_reuses));
+    metric(f, "patd_pack_nanoseconds_total", "counter", "CPU time building plans",
+           LD(m->pack_ns_sum));
+    metric(f, "patd_layer_nanoseconds_total", "counter", "KV append + attention time, all layers",
+           LD(m->layer_ns_sum));
+    metric(f, "patd_layers_total", "counter", "layers executed", LD(m->layers));
+    metric(f, "patd_kv_read_bytes_total", "counter", "K+V bytes the plans read",
+           LD(m->kv_bytes));
+    metric(f, "patd_kv_query_centric_bytes_total", "counter",
+           "K+V bytes query-centric execution would have read", LD(m->qc_bytes));
+    metric(f, "patd_kv_blocks", "gauge", "KV pool capacity in blocks", ks.n_blocks);
+    metric(f, "patd_kv_blocks_free", "gauge", "blocks on the free list", ks.n_free);
+    metric(f, "patd_kv_blocks_used", "gauge", "blocks referenced by sequences", ks.n_used);
+    metric(f, "patd_kv_blocks_cached", "gauge", "unreferenced blocks kept in the prefix cache",
+           ks.n_cached);
+    metric(f, "patd_sequences", "gauge", "open sequences", ks.n_seqs);
+    metric(f, "patd_prefix_hit_blocks_total", "counter", "prompt blocks found in the cache",
+           ks.hit_blocks);
+    metric(f, "patd_prefix_miss_blocks_total", "counter", "full prompt blocks not cached",
+           ks.miss_blocks);
+    metric(f, "patd_kv_evictions_total", "counter", "cached blocks reclaimed", ks.evictions);
+    metric(f, "patd_connections", "gauge", "sessions open",
+           LD(m->conns_opened) - LD(m->conns_closed));
+    metric(f, "patd_connections_opened_total", "counter", "sessions opened", LD(m->conns_opened));
+    metric(f, "patd_reclaims_total{reason=\"client_died\"}", "counter",
+           "sessions reclaimed after their client died", LD(m->reclaims_dead));
+    fprintf(f, "patd_reclaims_total{reason=\"lease_expired\"} %llu\n", LD(m->reclaims_lease));
+    metric(f, "patd_reclaim_nanoseconds_max", "gauge", "longest reclaim of a session",
+           LD(m->reclaim_ns_max));
+    fprintf(f, "# HELP patd_requests_total requests by opcode\n# TYPE patd_requests_total "
+               "counter\n");
+    for (uint32_t op = 0; op < IPC_OP_MAX; op++)
+        if (ipc_op_is_admin(op) >= 0)
+            fprintf(f, "patd_requests_total{op=\"%s\"} %llu\n", ipc_op_name(op),
+                    LD(m->frames[op]));
+    fprintf(f, "# HELP patd_errors_total refusals by code\n# TYPE patd_errors_total counter\n");
+    for (uint32_t e = 1; e < PAT_ARRAY_SIZE(m->errors); e++)
+        if (ipc_err_name(-(int)e))
+            fprintf(f, "patd_errors_total{code=\"%s\"} %llu\n", ipc_err_name(-(int)e),
+                    LD(m->errors[e]));
+#ifdef PATD_HAVE_JEMALLOC
+    uint64_t epoch = 1;
+    size_t sz = sizeof(epoch);
+    mallctl("epoch", &epoch, &sz, &epoch, sz);
+    const char *names[] = {"stats.allocated", "stats.active", "stats.resident", "stats.mapped"};
+    metric(f, "patd_jemalloc_enabled", "gauge", "1 when jemalloc is the allocator", 1);
+    for (size_t i = 0; i < PAT_ARRAY_SIZE(names); i++) {
+        size_t v = 0;
+        sz = sizeof(v);
+        if (mallctl(names[i], &v, &sz, NULL, 0) == 0)
+            fprintf(f, "patd_jemalloc_bytes{stat=\"%s\"} %zu\n", names[i] + 6, v);
+    }
+#else
+    metric(f, "patd_jemalloc_enabled", "gauge", "1 when jemalloc is the allocator", 0);
+#endif
+    fclose(f);
+    *ret_len = len;
+    return out;
+}
+
+static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const char *url,
+                               const char *method, const char *version, const char *upload,
+                               size_t *upload_len, void **state)
+{
+    patd_t *d = cls;
+    struct MHD_Response *r;
+    unsigned status = MHD_HTTP_OK;
+    if (strcmp(method, "GET") && strcmp(method, "HEAD")) {
+        static const char msg[] = "only GET\n";
+        r = MHD_create_response_from_buffer(sizeof(msg) - 1, (void *)msg, MHD_RESPMEM_PERSISTENT);
+        status = MHD_HTTP_METHOD_NOT_ALLOWED;
+    } else if (strcmp(url, "/metrics")) {
+        static const char msg[] = "patd: metrics are at /metrics\n";
+        r = MHD_create_response_from_buffer(sizeof(msg) - 1, (void *)msg, MHD_RESPMEM_PERSISTENT);
+        status = MHD_HTTP_NOT_FOUND;
+    } else {
+        size_t len;
+        char *text = patd_metrics_text(d, &len);
+        r = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
+        MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4");
+    }
+    enum MHD_Result ret = MHD_queue_response(conn, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+int patd_metrics_start(patd_t *d)
+{
+    if (!d->cfg.metrics_port)
+        return 0;
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)d->cfg.metrics_port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    d->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
+                              (uint16_t)d->cfg.metrics_port, NULL, NULL, on_http, d,
+                              MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_LIMIT, 16u,
+                              MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+    if (!d->mhd) {
+        patd_err("metrics: cannot listen on 127.0.0.1:%u (in use? set metrics_port=0 to "
+                 "disable)",
+                 d->cfg.metrics_port);
+        return -EADDRINUSE;
+    }
+    return 0;
+}
+
+void patd_metrics_stop(patd_t *d)
+{
+    if (d->mhd)
+        MHD_stop_daemon(d->mhd);
+    d->mhd = NULL;
+}

@@ -1,0 +1,235 @@
+/*
+ * ipc_proto.h — the patd wire protocol, version 1: one frame per nanomsg message.
+ *
+ * Every frame is a 40-byte header followed by a fixed-layout little-endian body. Request bodies
+ * are one fixed struct per opcode, optionally followed by arrays whose counts the struct gives;
+ * a body whose length is not exactly what its counts imply is refused (-EMSGSIZE). A reply
+ * carries the request's opcode and correlation id with IPC_F_REPLY set; an error reply has
+ * IPC_F_ERROR set and an ipc_err_body_t (a negative errno from IPC_ERRORS plus a text).
+ *
+ * Who uses it: the daemon (decode requests, encode replies) and libpat (the reverse). Neither
+ * trusts the other's lengths: ipc_frame_check() and the body decoders validate every field.
+ *
+ * Room for the GPU data path: HELLO names the buffer kind (POSIX shm now, CUDA IPC later) and its
+ * reply carries a 64-byte IPC handle next to the shm name; signal words live in that buffer.
+ */
+#ifndef IPC_PROTO_H
+#define IPC_PROTO_H
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the wire format is little-endian and is read in place; port ipc_codec.c first"
+#endif
+
+#define IPC_MAGIC   0x44544150u /* "PATD" read as a little-endian u32 */
+#define IPC_VERSION 1u
+
+/* Upper bounds of the protocol itself (configs may be lower): they bound what a decoder will
+ * even look at before the connection's own limits apply. */
+#define IPC_MAX_FRAME     (64u << 20) /* bytes of one frame, header included */
+#define IPC_MAX_TOKENS    (1u << 22)  /* token ids in one frame */
+#define IPC_MAX_SEQS_STEP 65536u      /* sequences in one step */
+#define IPC_NAME_LEN      64u         /* shm names, client labels (NUL-terminated) */
+#define IPC_HANDLE_LEN    64u         /* a cudaIpcMemHandle_t is 64 bytes */
+#define IPC_ERRMSG_LEN    200u
+
+/* Opcodes: name, value, admin (usable without a session). One table; ipc_codec.c sizes each
+ * body from it. */
+#define IPC_OPCODES(X)                                                                             \
+    X(HELLO, 1, 1)        /* open a session: model signature, pid, sizes -> buffers */          \
+    X(BYE, 2, 0)          /* close the session; everything it holds is reclaimed */             \
+    X(PING, 3, 0)         /* renew the lease */                                                 \
+    X(SEQ_OPEN, 4, 0)     /* prompt token ids -> sequence id, cached_len */                     \
+    X(SEQ_FORK, 5, 0)     /* share all full blocks, copy the partial one */                     \
+    X(SEQ_TRUNCATE, 6, 0) /* roll back to a length */                                          \
+    X(SEQ_CLOSE, 7, 0)                                                                           \
+    X(STEP_BEGIN, 8, 0) /* sequences, new-token counts and ids -> step id */                    \
+    X(STEP_END, 9, 0)   /* commit the step's KV, or abort it */                                 \
+    X(STATUS, 16, 1)    /* admin: text, one "key value" per line */                             \
+    X(STATS, 17, 1)     /* admin: counters, one "name value" per line */                        \
+    X(SEQS, 18, 1)      /* admin: open sequences, one per line */                               \
+    X(DRAIN, 19, 1)     /* admin: refuse new work, finish in-flight steps, exit */              \
+    X(RELOAD, 20, 1)    /* admin: re-read the config file (as SIGHUP) */
+
+typedef enum ipc_op {
+#define IPC_OP_ENUM(name, val, admin) IPC_OP_##name = val,
+    IPC_OPCODES(IPC_OP_ENUM)
+#undef IPC_OP_ENUM
+        IPC_OP_MAX = 21
+} ipc_op_t;
+
+/* Error codes on the wire and from every libpat call: a negative errno with a patd meaning.
+ * name, errno value, text. libpat's pat_strerror() and the daemon's metrics use this table. */
+#define IPC_ERRORS(X)                                                                              \
+    X(BAD_MAGIC, EBADMSG, "malformed frame (bad magic, reserved field or layout)")               \
+    X(VERSION, EPROTONOSUPPORT, "protocol version not supported")                                \
+    X(OPCODE, EOPNOTSUPP, "unknown opcode")                                                      \
+    X(LENGTH, EMSGSIZE, "body length does not match the header or its counts")                   \
+    X(TOO_BIG, E2BIG, "a count exceeds the connection's limits")                                 \
+    X(INVAL, EINVAL, "invalid field value")                                                      \
+    X(NO_SEQ, ENOENT, "unknown sequence id for this session")                                    \
+    X(RANGE, ERANGE, "offset or length outside the buffers this session owns")                   \
+    X(QUOTA, EDQUOT, "per-connection quota exceeded")                                            \
+    X(NOSPC, ENOSPC, "KV pool out of blocks (preempt and retry)")                                \
+    X(MODEL, EMEDIUMTYPE, "model signature does not match the daemon's")                         \
+    X(SESSION, ENOTCONN, "unknown session (expired, closed, or the daemon restarted)")           \
+    X(BUSY, EBUSY, "sequence is part of the step in flight, or a step is already running")     \
+    X(NO_STEP, ESRCH, "no such step in flight")                                                  \
+    X(SHUTDOWN, ESHUTDOWN, "daemon is draining or shutting down")                                \
+    X(TOO_MANY, EMFILE, "too many connections or sequences")                                     \
+    X(TIMEDOUT, ETIMEDOUT, "timed out waiting for the peer")                                     \
+    X(CANCELED, ECANCELED, "step aborted before every layer ran")                                \
+    X(LOST, ECONNRESET, "patd went away (crashed, restarted or stopped); reconnect")             \
+    X(NOMEM, ENOMEM, "daemon could not allocate the session's buffers")                          \
+    X(PERM, EPERM, "operation not permitted")
+
+/* ------------------------------------------------------------------ header */
+#define IPC_F_REPLY 0x1u /* set on every reply */
+#define IPC_F_ERROR 0x2u /* reply body is ipc_err_body_t */
+#define IPC_F_KNOWN (IPC_F_REPLY | IPC_F_ERROR)
+
+typedef struct __attribute__((packed)) ipc_hdr {
+    uint32_t magic;    /* IPC_MAGIC */
+    uint16_t version;  /* IPC_VERSION */
+    uint16_t opcode;   /* ipc_op_t */
+    uint32_t flags;    /* IPC_F_* ; unknown bits refused */
+    uint32_t body_len; /* bytes after the header */
+    uint64_t corr;     /* correlation id chosen by the requester, echoed in the reply */
+    uint64_t session;  /* from the HELLO reply; 0 for HELLO and admin opcodes */
+    uint64_t reserved; /* must be 0 */
+} ipc_hdr_t;
+_Static_assert(sizeof(ipc_hdr_t) == 40, "wire header is 40 bytes");
+
+typedef struct ipc_err_body {
+    int32_t code; /* negative errno from IPC_ERRORS */
+    uint32_t reserved;
+    char msg[IPC_ERRMSG_LEN]; /* NUL-terminated detail for humans */
+} ipc_err_body_t;
+_Static_assert(sizeof(ipc_err_body_t) == 208, "error body layout");
+
+/* ------------------------------------------------------------------ bodies */
+/* The model a client was built for; the daemon refuses any difference (-EMEDIUMTYPE). */
+typedef struct ipc_model_sig {
+    uint32_t n_layers, q_heads, kv_heads, head_dim;
+    uint32_t dtype; /* kern_dtype_t */
+    uint32_t block_size;
+    uint64_t model_id;
+} ipc_model_sig_t;
+_Static_assert(sizeof(ipc_model_sig_t) == 32, "model signature layout");
+
+#define IPC_BUF_SHM      1u /* POSIX shm, host memory (cpu backend) */
+#define IPC_BUF_CUDA_IPC 2u /* device memory exported with a CUDA IPC handle (cuda backend) */
+
+typedef struct ipc_hello_req {
+    ipc_model_sig_t model;
+    uint32_t pid;              /* the client's pid, watched with a pidfd */
+    uint32_t max_batch_tokens; /* staging rows wanted; <= the quota */
+    uint32_t max_seqs;         /* open sequences wanted; 0 = the quota */
+    uint32_t buffer_kind;      /* IPC_BUF_*, 0 = what the backend uses */
+    uint32_t lease_ms;         /* 0 = the daemon's default; bounded by its min/max */
+    uint32_t flags;            /* must be 0 */
+    char label[IPC_NAME_LEN];  /* free text for logs and `patctl seqs` */
+} ipc_hello_req_t;
+_Static_assert(sizeof(ipc_hello_req_t) == 120, "hello layout");
+
+/* Signal words: see ipc_shm.h. Offsets are from the start of the shared buffer. */
+typedef struct ipc_hello_rep {
+    uint64_t session;
+    uint32_t daemon_pid;
+    uint32_t lease_ms;
+    uint32_t max_seqs, max_batch_tokens, max_blocks, buffer_kind;
+    uint64_t buf_bytes;
+    uint64_t sig_off, q_off, k_off, v_off, o_off; /* rows: [max_batch_tokens][heads][head_dim] */
+    uint64_t instance; /* random per daemon start: tells a restart apart */
+    char shm_name[IPC_NAME_LEN];
+    uint8_t ipc_handle[IPC_HANDLE_LEN]; /* IPC_BUF_CUDA_IPC only */
+} ipc_hello_rep_t;
+_Static_assert(sizeof(ipc_hello_rep_t) == 216, "hello reply layout");
+
+typedef struct ipc_seq_open_req {
+    uint32_t n_tokens; /* followed by uint32_t tokens[n_tokens] (the prompt) */
+    uint32_t reserved;
+} ipc_seq_open_req_t;
+
+typedef struct ipc_seq_rep {
+    uint32_t seq;
+    uint32_t len; /* cached_len for open; the length after the op otherwise */
+} ipc_seq_rep_t;
+
+typedef struct ipc_seq_req {
+    uint32_t seq;
+    uint32_t arg; /* new_len for truncate; 0 otherwise */
+} ipc_seq_req_t;
+
+typedef struct ipc_step_seq {
+    uint32_t seq;
+    uint32_t n_new; /* new tokens this step, >= 1 */
+} ipc_step_seq_t;
+
+#define IPC_STEP_F_NONE 0u
+typedef struct ipc_step_begin_req {
+    uint32_t n_seqs;   /* followed by ipc_step_seq_t seqs[n_seqs] */
+    uint32_t n_tokens; /* ... then uint32_t tokens[n_tokens]; n_tokens = sum of n_new */
+    uint32_t flags;    /* must be 0 */
+    uint32_t reserved;
+} ipc_step_begin_req_t;
+
+typedef struct ipc_step_begin_rep {
+    uint64_t step;       /* id for STEP_END */
+    uint32_t tick_base;  /* layer L is handed over with signal value tick_base + L + 1 */
+    uint32_t n_tokens;   /* rows of Q/K/V/O this step, in the order of the request */
+    uint64_t kv_bytes;   /* K+V bytes the plan reads per layer */
+    uint64_t qc_bytes;   /* ... and what query-centric execution would read */
+    uint32_t pack_reused;
+    uint32_t reserved;
+} ipc_step_begin_rep_t;
+
+#define IPC_STEP_END_ABORT 1u
+typedef struct ipc_step_end_req {
+    uint64_t step;
+    uint32_t flags; /* IPC_STEP_END_ABORT: drop the step's KV (commit nothing) */
+    uint32_t reserved;
+} ipc_step_end_req_t;
+
+typedef struct ipc_step_end_rep {
+    uint32_t layers_done; /* layers whose attention ran */
+    uint32_t committed;   /* 1 if the step's tokens are now part of the sequences */
+    uint64_t step_ns;     /* from begin received to the last layer done */
+} ipc_step_end_rep_t;
+
+/* ------------------------------------------------------------------ codec (ipc_codec.c) */
+typedef struct ipc_buf {
+    uint8_t *data;
+    size_t len, cap;
+} ipc_buf_t;
+
+const char *ipc_op_name(uint32_t opcode); /* "?" if unknown */
+int ipc_op_is_admin(uint32_t opcode);     /* 1 admin, 0 session, -1 unknown */
+const char *ipc_err_name(int code);       /* "BAD_MAGIC"...; NULL if not in the table */
+const char *ipc_err_text(int code);       /* table text; NULL if not in the table */
+
+/* Validates a received frame's header against its length. Returns 0 and *ret_hdr (copied), or
+ * -EBADMSG (short, magic, reserved, flags), -EPROTONOSUPPORT, -EOPNOTSUPP, -EMSGSIZE (body
+ * length differs from what arrived). want_reply: 1 to demand IPC_F_REPLY, 0 to refuse it. */
+int ipc_frame_check(const void *frame, size_t len, int want_reply, ipc_hdr_t *ret_hdr);
+
+/* Validates a request body for its opcode: exact length for its counts, counts within the
+ * protocol bounds, reserved fields zero. Returns 0 or -EMSGSIZE / -E2BIG / -EBADMSG / -EINVAL.
+ * Semantic limits (quotas, known ids) are the daemon's. */
+int ipc_body_check(uint32_t opcode, const void *body, size_t len);
+
+/* Frame building into a growable buffer (host OOM aborts). */
+void ipc_buf_init(ipc_buf_t *b);
+void ipc_buf_done(ipc_buf_t *b);
+void ipc_frame_start(ipc_buf_t *b, uint32_t opcode, uint32_t flags, uint64_t corr,
+                     uint64_t session);
+void ipc_frame_put(ipc_buf_t *b, const void *data, size_t len);
+void ipc_frame_finish(ipc_buf_t *b); /* writes body_len */
+/* An error reply frame for a request header (or a zeroed one for an undecodable frame). */
+void ipc_frame_error(ipc_buf_t *b, const ipc_hdr_t *req, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+#endif

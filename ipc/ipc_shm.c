@@ -1,0 +1,174 @@
+/*
+ * ipc_shm.c — POSIX shm staging buffers and futex signal words (ipc_shm.h).
+ *
+ * Futexes are used without FUTEX_PRIVATE_FLAG: the words live in a MAP_SHARED mapping that two
+ * processes see at different addresses, and the kernel keys shared futexes by the page.
+ */
+#include "ipc_shm.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ipc_proto.h"
+
+static uint64_t align_up(uint64_t x)
+{
+    return (x + IPC_ALIGN - 1) / IPC_ALIGN * IPC_ALIGN;
+}
+
+int ipc_layout_compute(uint32_t max_tokens, uint32_t q_heads, uint32_t kv_heads,
+                       uint32_t head_dim, uint32_t elt_bytes, ipc_layout_t *ret)
+{
+    if (max_tokens == 0 || max_tokens > IPC_MAX_TOKENS || q_heads == 0 || q_heads > 4096 ||
+        kv_heads == 0 || kv_heads > 4096 || head_dim == 0 || head_dim > 4096 || elt_bytes == 0 ||
+        elt_bytes > 8)
+        return -E2BIG;
+    ipc_layout_t l;
+    l.q_row = (uint64_t)q_heads * head_dim * elt_bytes;
+    l.kv_row = (uint64_t)kv_heads * head_dim * elt_bytes;
+    l.sig_off = 0;
+    l.q_off = IPC_ALIGN;
+    l.k_off = align_up(l.q_off + l.q_row * max_tokens);
+    l.v_off = align_up(l.k_off + l.kv_row * max_tokens);
+    l.o_off = align_up(l.v_off + l.kv_row * max_tokens);
+    l.bytes = align_up(l.o_off + l.q_row * max_tokens);
+    *ret = l;
+    return 0;
+}
+
+int ipc_shm_create(ipc_shm_t *s, const char *name, size_t bytes, unsigned mode,
+                   uint32_t n_layers)
+{
+    memset(s, 0, sizeof(*s));
+    if (strlen(name) >= sizeof(s->name) || name[0] != '/' || bytes < IPC_ALIGN)
+        return -EINVAL;
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, (mode_t)mode);
+    if (fd < 0)
+        return -errno;
+    int r = 0;
+    /* shm_open applies the umask; the configured mode is what the operator asked for */
+    if (fchmod(fd, (mode_t)mode) < 0 || ftruncate(fd, (off_t)bytes) < 0) {
+        r = -errno;
+        goto fail;
+    }
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        r = -errno;
+        goto fail;
+    }
+    close(fd);
+    s->base = p;
+    s->bytes = bytes;
+    s->owner = 1;
+    snprintf(s->name, sizeof(s->name), "%s", name);
+    ipc_sig_t *g = ipc_shm_sig(s);
+    g->magic = IPC_SIG_MAGIC;
+    g->version = IPC_VERSION;
+    g->n_layers = n_layers;
+    return 0;
+fail:
+    close(fd);
+    shm_unlink(name);
+    return r;
+}
+
+int ipc_shm_open(ipc_shm_t *s, const char *name, size_t bytes)
+{
+    memset(s, 0, sizeof(*s));
+    if (strnlen(name, sizeof(s->name)) >= sizeof(s->name) || name[0] != '/')
+        return -EINVAL;
+    int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    struct stat st;
+    int r = 0;
+    if (fstat(fd, &st) < 0) {
+        r = -errno;
+        goto out;
+    }
+    if ((uint64_t)st.st_size != bytes || bytes < IPC_ALIGN) {
+        r = -EBADMSG;
+        goto out;
+    }
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        r = -errno;
+        goto out;
+    }
+    s->base = p;
+    s->bytes = bytes;
+    snprintf(s->name, sizeof(s->name), "%s", name);
+    if (ipc_shm_sig(s)->magic != IPC_SIG_MAGIC) {
+        ipc_shm_close(s);
+        r = -EBADMSG;
+    }
+out:
+    close(fd);
+    return r;
+}
+
+void ipc_shm_close(ipc_shm_t *s)
+{
+    if (s->base)
+        munmap(s->base, s->bytes);
+    if (s->owner && s->name[0])
+        shm_unlink(s->name);
+    memset(s, 0, sizeof(*s));
+}
+
+int ipc_shm_sweep(const char *prefix)
+{
+    /* shm names are "/x" <-> /dev/shm/x */
+    const char *p = prefix[0] == '/' ? prefix + 1 : prefix;
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, p, strlen(p)) != 0)
+            continue;
+        char name[300];
+        snprintf(name, sizeof(name), "/%s", e->d_name);
+        if (shm_unlink(name) == 0)
+            n++;
+    }
+    closedir(d);
+    return n;
+}
+
+static long futex(_Atomic uint32_t *word, int op, uint32_t val, const struct timespec *ts)
+{
+    return syscall(SYS_futex, (uint32_t *)word, op, val, ts, NULL, 0);
+}
+
+void ipc_sig_post(_Atomic uint32_t *word, uint32_t v)
+{
+    atomic_store_explicit(word, v, memory_order_release);
+    futex(word, FUTEX_WAKE, INT_MAX, NULL);
+}
+
+void ipc_sig_wake(_Atomic uint32_t *word)
+{
+    futex(word, FUTEX_WAKE, INT_MAX, NULL);
+}
+
+int ipc_sig_wait(_Atomic uint32_t *word, uint32_t seen, uint64_t timeout_ns)
+{
+    if (atomic_load_explicit(word, memory_order_acquire) != seen)
+        return 0;
+    struct timespec ts = {(time_t)(timeout_ns / 1000000000ull), (long)(timeout_ns % 1000000000ull)};
+    if (futex(word, FUTEX_WAIT, seen, &ts) < 0 && errno == ETIMEDOUT)
+        return -ETIMEDOUT;
+    return 0;
+}

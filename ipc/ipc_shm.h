@@ -1,0 +1,90 @@
+/*
+ * ipc_shm.h — per-connection staging buffers and the signal words of the per-layer hand-off.
+ *
+ * One shared buffer per session, created by the daemon at HELLO and mapped by the client:
+ *
+ *   [ signal page | Q rows | K rows | V rows | O rows ]     each part 4 KiB aligned
+ *
+ * rows are [max_batch_tokens][heads][head_dim] elements of the model dtype, in the order of the
+ * step's tokens. The cpu backend reads Q/K/V and writes O in place; a GPU build exports device
+ * memory with the same layout through a CUDA IPC handle (ipc_proto.h, IPC_BUF_CUDA_IPC).
+ *
+ * The hand-off of layer L of a step with tick base T:
+ *   client: write Q/K/V of layer L; ready = T+L+1 (release); wake ready
+ *   daemon: wait ready == T+L+1; append K/V, attend; write O; done = T+L+1 (release); wake done
+ *   client: wait done == T+L+1, read O
+ * Words are futexes (shared, not private): waiting costs nothing and either side can wake the
+ * other. `state` carries what is not a layer: the step aborted, the session or daemon closing.
+ * Waits are sliced so a waiter also notices its peer's death (pidfd) and its own cancel flag.
+ */
+#ifndef IPC_SHM_H
+#define IPC_SHM_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define IPC_SIG_MAGIC 0x53474953u /* "SIGS" */
+#define IPC_ALIGN     4096u
+
+/* Values of ipc_sig_t.state (daemon -> client). */
+#define IPC_STATE_OPEN    0u
+#define IPC_STATE_ABORTED 1u /* the step in flight was aborted (error in err) */
+#define IPC_STATE_CLOSED  2u /* the session is gone or the daemon is shutting down */
+
+typedef struct ipc_sig {
+    uint32_t magic, version;
+    uint32_t n_layers, reserved;
+    _Alignas(64) _Atomic uint32_t ready; /* client -> daemon */
+    _Alignas(64) _Atomic uint32_t done;  /* daemon -> client */
+    _Alignas(64) _Atomic uint32_t state; /* daemon -> client: IPC_STATE_* */
+    _Atomic int32_t err;                 /* negative errno behind ABORTED/CLOSED */
+    _Alignas(64) _Atomic uint64_t client_beat; /* client's last activity, CLOCK_MONOTONIC ns */
+} ipc_sig_t;
+_Static_assert(sizeof(ipc_sig_t) <= IPC_ALIGN, "signal page");
+_Static_assert(sizeof(_Atomic uint32_t) == 4, "futex words are 32-bit");
+
+typedef struct ipc_layout {
+    uint64_t sig_off, q_off, k_off, v_off, o_off, bytes;
+    uint64_t q_row, kv_row; /* bytes of one token's Q (or O) and of one token's K (or V) */
+} ipc_layout_t;
+
+/* The layout for a session; 0 or -E2BIG when it would not fit in 64 bits or IPC limits. */
+int ipc_layout_compute(uint32_t max_tokens, uint32_t q_heads, uint32_t kv_heads,
+                       uint32_t head_dim, uint32_t elt_bytes, ipc_layout_t *ret);
+
+/* A mapped shared buffer. */
+typedef struct ipc_shm {
+    void *base;
+    size_t bytes;
+    int owner; /* created here: unlinked by ipc_shm_close */
+    char name[64];
+} ipc_shm_t;
+
+/* Daemon side: creates (O_EXCL) and maps a zeroed buffer of `bytes` with `mode`, initialises
+ * the signal page. Returns 0, or -errno of shm_open/ftruncate/mmap (nothing left behind). */
+int ipc_shm_create(ipc_shm_t *s, const char *name, size_t bytes, unsigned mode,
+                   uint32_t n_layers);
+/* Client side: maps an existing buffer, which must be exactly `bytes` long and carry the signal
+ * magic. Returns 0, -errno, or -EBADMSG (size or magic wrong). */
+int ipc_shm_open(ipc_shm_t *s, const char *name, size_t bytes);
+/* Unmaps; unlinks the name if this side created it. Accepts a zeroed struct. */
+void ipc_shm_close(ipc_shm_t *s);
+/* Unlinks every /dev/shm entry whose name starts with prefix (stale buffers of a crashed
+ * daemon). Returns how many. */
+int ipc_shm_sweep(const char *prefix);
+
+static inline ipc_sig_t *ipc_shm_sig(const ipc_shm_t *s)
+{
+    return (ipc_sig_t *)s->base;
+}
+
+/* Stores v with release order and wakes every waiter of the word. */
+void ipc_sig_post(_Atomic uint32_t *word, uint32_t v);
+/* Wakes every waiter without changing the word (they re-check their conditions). */
+void ipc_sig_wake(_Atomic uint32_t *word);
+/* Waits up to timeout_ns for *word != seen (returns at once if it already differs). Returns 0
+ * on a change or a wake-up (spurious ones included: callers loop), -ETIMEDOUT otherwise. */
+int ipc_sig_wait(_Atomic uint32_t *word, uint32_t seen, uint64_t timeout_ns);
+
+#endif
