@@ -57,7 +57,7 @@ endif
 
 INCS    := -I. -Idaemon/base -Ikvcache -Ischeduler -Ikernels -Iipc -Iclient
 CFLAGS  ?=
-CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
+CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -fPIC -fvisibility=hidden -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
            -Wmissing-prototypes -Wno-unused-parameter -pthread -MMD -MP $(INCS) $(PKG_CFLAGS)
 LDFLAGS ?=
 LDFLAGS += -pthread $(filter -fsanitize=%,$(OPT))
@@ -79,6 +79,14 @@ DAEMON_SRCS := daemon/patd_main.c daemon/patd_config.c daemon/patd_conn.c daemon
 IPC_OBJS    := $(IPC_SRCS:%.c=$(B)/%.o)
 DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(B)/%.o)
 PATD_BIN    := $(B)/bin/patd
+PAT_SO_MAJOR := 1
+PAT_SO_VER   := 1.0.0
+LIBPAT_SRCS := client/pat_client.c
+LIBPAT_OBJS := $(LIBPAT_SRCS:%.c=$(B)/%.o)
+LIBPAT_SO   := $(B)/lib/libpat.so.$(PAT_SO_VER)
+LIBPAT_A    := $(B)/lib/libpat.a
+PATCTL_BIN  := $(B)/bin/patctl
+CLIENT_DEMO := $(B)/bin/patd-client-demo
 
 CORE_SRCS := $(KV_SRCS) $(SCHED_SRCS) $(KERN_SRCS)
 CORE_OBJS := $(CORE_SRCS:%.c=$(B)/%.o)
@@ -88,7 +96,7 @@ ifeq ($(HAVE_CUDA),1)
 CUDA_OBJS := $(CUDA_SRCS:%.cu=$(B)/%.o)
 endif
 
-TESTLIB_SRCS := tests/lib/tl_rng.c tests/lib/tl_world.c tests/lib/tl_ref.c
+TESTLIB_SRCS := tests/lib/tl_rng.c tests/lib/tl_world.c tests/lib/tl_ref.c tests/lib/tl_client.c
 TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(B)/%.o)
 
 # Unit tests: one program per module (cmocka); tests/run.sh runs them with a time limit.
@@ -97,7 +105,8 @@ UNIT_BINS  := $(UNIT_TESTS:%=$(B)/tests/%)
 BENCH_BINS := $(B)/bench/bench_sched
 DEMO_BIN   := $(B)/bin/patd-demo
 
-ALL_OBJS := $(CORE_OBJS) $(IPC_OBJS) $(DAEMON_OBJS) $(TESTLIB_OBJS) $(UNIT_TESTS:%=$(B)/tests/unit/%.o) \
+ALL_OBJS := $(CORE_OBJS) $(IPC_OBJS) $(DAEMON_OBJS) $(LIBPAT_OBJS) $(B)/client/patctl.o \
+            $(B)/tests/demo/pat_client_demo.o $(TESTLIB_OBJS) $(UNIT_TESTS:%=$(B)/tests/unit/%.o) \
             $(B)/tests/bench/bench_sched.o $(B)/tests/demo/pat_demo.o $(CUDA_OBJS) \
             $(GPU_TESTS:%=$(B)/tests/gpu/%.o)
 
@@ -138,6 +147,35 @@ $(PATD_BIN): $(DAEMON_OBJS) $(B)/libpatipc.a $(B)/libpatcore.a
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(DAEMON_LIBS) $(JEMALLOC_LIBS) $(LDLIBS) -lrt
 
+# libpat: the shared library frontends load (soname libpat.so.1) and a static twin for our tests
+$(LIBPAT_SO): $(LIBPAT_OBJS) $(IPC_OBJS)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libpat.so.$(PAT_SO_MAJOR) -Wl,--no-undefined $^ \
+	  -o $@ $(shell pkg-config --libs nanomsg 2>/dev/null || echo -lnanomsg) -lrt
+	$(Q)ln -sf libpat.so.$(PAT_SO_VER) $(B)/lib/libpat.so.$(PAT_SO_MAJOR)
+	$(Q)ln -sf libpat.so.$(PAT_SO_MAJOR) $(B)/lib/libpat.so
+
+$(LIBPAT_A): $(LIBPAT_OBJS) $(IPC_OBJS)
+	@mkdir -p $(@D)
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(B)/lib/pat.pc: client/pat.pc.in
+	@mkdir -p $(@D)
+	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(PAT_SO_VER)|g' $< > $@
+
+NN_LIBS := $(shell pkg-config --libs nanomsg 2>/dev/null || echo -lnanomsg)
+
+$(PATCTL_BIN): $(B)/client/patctl.o $(LIBPAT_A)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(NN_LIBS) -lrt
+
+$(CLIENT_DEMO): $(B)/tests/demo/pat_client_demo.o $(B)/libpattest.a $(LIBPAT_A)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(NN_LIBS) -lrt -lm
+
 $(B)/libpatcore.a: $(CORE_OBJS)
 	@$(if $(Q),echo "  AR      $@")
 	$(Q)rm -f $@ && ar rcs $@ $^
@@ -169,7 +207,8 @@ $(DEMO_BIN): $(B)/tests/demo/pat_demo.o $(B)/libpattest.a $(B)/libpatcore.a
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 # ---------------------------------------------------------------- targets
-ALL_TARGETS := $(B)/libpatcore.a $(PATD_BIN) $(UNIT_BINS) $(BENCH_BINS) $(DEMO_BIN)
+ALL_TARGETS := $(B)/libpatcore.a $(PATD_BIN) $(LIBPAT_SO) $(LIBPAT_A) $(B)/lib/pat.pc \
+               $(PATCTL_BIN) $(CLIENT_DEMO) $(UNIT_BINS) $(BENCH_BINS) $(DEMO_BIN)
 ifeq ($(HAVE_CUDA),1)
 ALL_TARGETS += $(B)/libpatcuda.a $(GPU_BINS)
 endif
@@ -185,8 +224,8 @@ test: | deps
 	$(Q)tests/run.sh $(UNIT_BINS) $(DEMO_BIN)
 
 demo: | deps
-	$(Q)$(MAKE) --no-print-directory $(DEMO_BIN)
-	$(Q)$(DEMO_BIN)
+	$(Q)$(MAKE) --no-print-directory $(PATD_BIN) $(PATCTL_BIN) $(CLIENT_DEMO)
+	$(Q)tests/demo/run_demo.sh $(B) $(DEMO_ARGS)
 
 gpu-tests: $(GPU_BINS)
 	$(Q)tests/run.sh $(GPU_BINS)
@@ -238,7 +277,7 @@ help:
 	@echo "patd build targets:"
 	@echo "  all           libraries, tests, benchmarks, demo (default)"
 	@echo "  test          build and run the CPU test suite (CI runs this via .ci/run)"
-	@echo "  demo          run the in-process demo: shared prompts, prefill + decode, checked in fp64"
+	@echo "  demo          start patd (cpu backend) and the client demo against it, checked in fp64"
 	@echo "  bench         scheduler CPU-time benchmark (results go to tests/bench/RESULTS.md by hand)"
 	@echo "  gpu-tests     build and run the GPU tests (needs a GPU; tests/gpu/run.sh wraps it)"
 	@echo "  deps          apt-get install the Debian packages the build/tests need, if missing"

@@ -36,7 +36,7 @@ typedef struct opt {
     const char *help;
 } opt_t;
 
-#define F(f)  offsetof(patd_config_t, f), sizeof(((patd_config_t *)0)->f)
+#define F(f)   offsetof(patd_config_t, f), sizeof(((patd_config_t *)0)->f)
 #define U32MAX 4294967295ull
 
 static const opt_t opts[] = {
@@ -75,8 +75,7 @@ static const opt_t opts[] = {
     {"pool", "blocks", T_U32, F(blocks), 16, 1u << 31, "4096", 0, "KV pool capacity in blocks"},
     {"pool", "max_seqs", T_U32, F(max_seqs), 1, 1u << 20, "4096", 0,
      "open sequences, all connections together"},
-    {"pool", "max_seq_len", T_U32, F(max_seq_len), 1, 1u << 22, "32768", 0,
-     "tokens per sequence"},
+    {"pool", "max_seq_len", T_U32, F(max_seq_len), 1, 1u << 22, "32768", 0, "tokens per sequence"},
     {"limits", "max_conns", T_U32, F(max_conns), 1, 4096, "64", 1, "connections at once"},
     {"limits", "conn_max_seqs", T_U32, F(conn_max_seqs), 1, 65536, "256", 1,
      "open sequences per connection"},
@@ -174,11 +173,11 @@ range:
         fprintf(stderr, "patd: %s: %s.%s: length must be %llu..%llu\n", src, o->section, o->key,
                 (unsigned long long)o->min, (unsigned long long)o->max);
     else if (o->type == T_OCT)
-        fprintf(stderr, "patd: %s: %s.%s = %s out of range 0%llo..0%llo\n", src, o->section,
-                o->key, val, (unsigned long long)o->min, (unsigned long long)o->max);
+        fprintf(stderr, "patd: %s: %s.%s = %s out of range 0%llo..0%llo\n", src, o->section, o->key,
+                val, (unsigned long long)o->min, (unsigned long long)o->max);
     else
-        fprintf(stderr, "patd: %s: %s.%s = %s out of range %llu..%llu\n", src, o->section,
-                o->key, val, (unsigned long long)o->min, (unsigned long long)o->max);
+        fprintf(stderr, "patd: %s: %s.%s = %s out of range %llu..%llu\n", src, o->section, o->key,
+                val, (unsigned long long)o->min, (unsigned long long)o->max);
     return -EINVAL;
 }
 
@@ -238,13 +237,11 @@ static int validate(const patd_config_t *c)
         return -EINVAL;
     }
     if (strcmp(c->backend, "auto") && strcmp(c->backend, "cpu") && strcmp(c->backend, "cuda")) {
-        fprintf(stderr, "patd: daemon.backend must be auto, cpu or cuda (got '%s')\n",
-                c->backend);
+        fprintf(stderr, "patd: daemon.backend must be auto, cpu or cuda (got '%s')\n", c->backend);
         return -EINVAL;
     }
     if (strchr(c->name, '/') || c->name[0] == '.') {
-        fprintf(stderr, "patd: daemon.name '%s' must not contain '/' or start with '.'\n",
-                c->name);
+        fprintf(stderr, "patd: daemon.name '%s' must not contain '/' or start with '.'\n", c->name);
         return -EINVAL;
     }
     if (c->conn_max_blocks > c->blocks) {
@@ -275,18 +272,17 @@ static void default_runtime_dir(patd_config_t *c)
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: patd [--config FILE] [--KEY=VALUE ...] [--check-config] [--print-config]\n"
-            "            [--help] [--version]\n\n"
-            "patd serves prefix-aware attention over a paged KV cache to frontends in other\n"
-            "processes (libpat). Control socket: ipc://<runtime_dir>/<name>.sock; events:\n"
-            "ipc://<runtime_dir>/<name>.events. With no config on a machine without a GPU it\n"
-            "runs the cpu backend with a small pool.\n\n"
-            "  --config FILE     INI file ([section] key = value); options below\n"
-            "  --check-config    validate the configuration and exit (0 valid, 1 not)\n"
-            "  --print-config    print the effective configuration as INI and exit\n"
-            "  --version         print the version and exit\n\n"
-            "Options (INI key under [section], or --key=value; * = reloaded by SIGHUP):\n");
+    fprintf(f, "usage: patd [--config FILE] [--KEY=VALUE ...] [--check-config] [--print-config]\n"
+               "            [--help] [--version]\n\n"
+               "patd serves prefix-aware attention over a paged KV cache to frontends in other\n"
+               "processes (libpat). Control socket: ipc://<runtime_dir>/<name>.sock; events:\n"
+               "ipc://<runtime_dir>/<name>.events. With no config on a machine without a GPU it\n"
+               "runs the cpu backend with a small pool.\n\n"
+               "  --config FILE     INI file ([section] key = value); options below\n"
+               "  --check-config    validate the configuration and exit (0 valid, 1 not)\n"
+               "  --print-config    print the effective configuration as INI and exit\n"
+               "  --version         print the version and exit\n\n"
+               "Options (INI key under [section], or --key=value; * = reloaded by SIGHUP):\n");
     const char *sec = "";
     for (size_t i = 0; i < PAT_ARRAY_SIZE(opts); i++) {
         const opt_t *o = &opts[i];

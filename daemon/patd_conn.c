@@ -67,8 +67,8 @@ static void on_pidfd(uv_poll_t *h, int status, int events)
     patd_conn_close(c, "client died");
 }
 
-int patd_conn_hello(patd_t *d, const ipc_hdr_t *h, const ipc_hello_req_t *r,
-                    ipc_hello_rep_t *rep, char *why, size_t why_len)
+int patd_conn_hello(patd_t *d, const ipc_hdr_t *h, const ipc_hello_req_t *r, ipc_hello_rep_t *rep,
+                    char *why, size_t why_len)
 {
     const patd_config_t *cfg = &d->cfg;
     const kern_model_t *m = &d->model;
@@ -269,8 +269,7 @@ void patd_conn_reap(patd_conn_t *c)
     uint64_t dt = pat_now_ns() - c->opened_ns;
     patd_info("session %016llx: down (%s) after %.1f s; reclaimed %u sequences",
               (unsigned long long)c->session, c->close_reason, dt / 1e9, closed);
-    patd_publish(d, "conn down %016llx reason=%s", (unsigned long long)c->session,
-                 c->close_reason);
+    patd_publish(d, "conn down %016llx reason=%s", (unsigned long long)c->session, c->close_reason);
     if (c->bye_req.ctl) {
         ipc_buf_t b;
         ipc_buf_init(&b);

@@ -124,8 +124,7 @@ static int step_prepare(patd_conn_t *c)
             uint32_t pos = info.len + k;
             st->kvslot[tok + k] = info.blocks[pos / bs] * bs + pos % bs;
         }
-        sched_query_t q = {info.blocks, info.n_blocks, info.len + st->n_new[i], st->n_new[i],
-                           tok};
+        sched_query_t q = {info.blocks, info.n_blocks, info.len + st->n_new[i], st->n_new[i], tok};
         patd_seq_t *s = &c->seqs[st->slot[i]];
         if (s->forest_kv == st->kv[i]) {
             rc = sched_forest_grow(f, st->slot[i], &q);

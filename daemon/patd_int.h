@@ -99,10 +99,10 @@ struct patd_conn {
     uint32_t next_tick;
     uint64_t next_step;
     patd_step_t step;
-    int closing;               /* reclaim pending: waiting for the executor to give the step back */
-    const char *close_reason;  /* for the log and the event */
-    patd_req_t bye_req;        /* BYE answered once reclaimed */
-    uint64_t last_corr;        /* idempotent replay of the last reply (REQ resends) */
+    int closing;              /* reclaim pending: waiting for the executor to give the step back */
+    const char *close_reason; /* for the log and the event */
+    patd_req_t bye_req;       /* BYE answered once reclaimed */
+    uint64_t last_corr;       /* idempotent replay of the last reply (REQ resends) */
     void *last_reply;
     size_t last_reply_len;
 };
@@ -166,8 +166,8 @@ struct patd {
 };
 
 /* patd_conn.c */
-int patd_conn_hello(patd_t *d, const ipc_hdr_t *h, const ipc_hello_req_t *r,
-                    ipc_hello_rep_t *rep, char *why, size_t why_len);
+int patd_conn_hello(patd_t *d, const ipc_hdr_t *h, const ipc_hello_req_t *r, ipc_hello_rep_t *rep,
+                    char *why, size_t why_len);
 patd_conn_t *patd_conn_find(patd_t *d, uint64_t session);
 void patd_conn_close(patd_conn_t *c, const char *reason); /* reclaim now or once the step ends */
 void patd_conn_reap(patd_conn_t *c);                      /* after the step came back */

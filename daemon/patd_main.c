@@ -195,8 +195,7 @@ static void handle_seq(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t 
     memcpy(&r, body, sizeof(r));
     int slot = patd_conn_seq_slot(c, r.seq);
     if (slot < 0)
-        return patd_reply_error(d, rq, -ENOENT, "sequence %u is not open in this session",
-                                r.seq);
+        return patd_reply_error(d, rq, -ENOENT, "sequence %u is not open in this session", r.seq);
     if (c->seqs[slot].in_step)
         return patd_reply_error(d, rq, -EBUSY, "sequence %u is in the step in flight", r.seq);
     kv_copy_t cp = {KV_NONE, KV_NONE};
@@ -234,8 +233,8 @@ static void handle_seq(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t 
     if (rc == 0)
         rc = copy_blocks(d, &cp);
     if (rc < 0)
-        return patd_reply_error(d, rq, rc, "%s of sequence %u (length %u): %s",
-                                ipc_op_name(op), r.seq, info.len,
+        return patd_reply_error(d, rq, rc, "%s of sequence %u (length %u): %s", ipc_op_name(op),
+                                r.seq, info.len,
                                 rc == -ERANGE ? "beyond its length" : strerror(-rc));
     reply_ok(d, c, rq, &rep, sizeof(rep));
 }
@@ -464,8 +463,7 @@ static void handle_admin(patd_t *d, patd_req_t *rq)
                 d->draining ? "draining" : "serving", kern_backend_name(d->be));
         fprintf(f, "model layers=%u q_heads=%u kv_heads=%u head_dim=%u dtype=%u block=%u id=%llu\n",
                 d->model.n_layers, d->model.q_heads, d->model.kv_heads, d->model.head_dim,
-                (unsigned)d->model.dtype, d->model.block_size,
-                (unsigned long long)d->cfg.model_id);
+                (unsigned)d->model.dtype, d->model.block_size, (unsigned long long)d->cfg.model_id);
         fprintf(f, "socket %s\nevents %s\n", d->sock_path, d->ev_path);
         fprintf(f, "blocks_total %u\nblocks_free %u\nblocks_used %u\nblocks_cached %u\n",
                 ks.n_blocks, ks.n_free, ks.n_used, ks.n_cached);
@@ -555,8 +553,8 @@ static void handle_frame(patd_t *d, const uint8_t *buf, size_t len, patd_req_t *
     }
     patd_conn_t *c = patd_conn_find(d, h.session);
     if (!c || c->closing)
-        return patd_reply_error(d, rq, -ENOTCONN,
-                                "session %016llx unknown%s", (unsigned long long)h.session,
+        return patd_reply_error(d, rq, -ENOTCONN, "session %016llx unknown%s",
+                                (unsigned long long)h.session,
                                 (h.session >> 32) != (d->instance >> 32)
                                     ? " (issued by another daemon instance: patd restarted)"
                                     : " (closed or expired)");
@@ -723,10 +721,9 @@ static int open_sockets(patd_t *d)
         patd_err("nanomsg socket: %s", nn_strerror(nn_errno()));
         return -EIO;
     }
-    int maxsz = (int)PAT_MIN((uint64_t)IPC_MAX_FRAME, sizeof(ipc_hdr_t) + 64 +
-                                                           8ull * cfg->conn_max_seqs +
-                                                           4ull * PAT_MAX(cfg->max_seq_len,
-                                                                          cfg->conn_max_batch_tokens));
+    int maxsz = (int)PAT_MIN((uint64_t)IPC_MAX_FRAME,
+                             sizeof(ipc_hdr_t) + 64 + 8ull * cfg->conn_max_seqs +
+                                 4ull * PAT_MAX(cfg->max_seq_len, cfg->conn_max_batch_tokens));
     nn_setsockopt(d->rep, NN_SOL_SOCKET, NN_RCVMAXSIZE, &maxsz, sizeof(maxsz));
     const char *paths[2] = {d->sock_path, d->ev_path};
     int socks[2] = {d->rep, d->pub};
@@ -762,8 +759,8 @@ static int open_sockets(patd_t *d)
 static int create_pool(patd_t *d)
 {
     const patd_config_t *cfg = &d->cfg;
-    d->model = (kern_model_t){cfg->layers,     cfg->q_heads,           cfg->kv_heads,
-                              cfg->head_dim,   cfg->block_size,        (kern_dtype_t)cfg->dtype};
+    d->model = (kern_model_t){cfg->layers,   cfg->q_heads,    cfg->kv_heads,
+                              cfg->head_dim, cfg->block_size, (kern_dtype_t)cfg->dtype};
     const char *backend = cfg->backend;
     if (!strcmp(backend, "auto")) {
 #ifdef PATD_HAVE_CUDA_BACKEND
@@ -857,8 +854,8 @@ int main(int argc, char **argv)
     d->watchdog = sd_watchdog_enabled(0, &d->watchdog_usec) > 0;
     if (d->watchdog && d->watchdog_usec / 1000 < 2 * TICK_MS)
         patd_warn("WatchdogSec below %u ms is shorter than the check period", 2 * TICK_MS);
-    patd_notice("ready: control ipc://%s, events ipc://%s, %u executors, metrics %s%u", d->sock_path,
-                d->ev_path, d->n_exec, d->cfg.metrics_port ? "127.0.0.1:" : "off ",
+    patd_notice("ready: control ipc://%s, events ipc://%s, %u executors, metrics %s%u",
+                d->sock_path, d->ev_path, d->n_exec, d->cfg.metrics_port ? "127.0.0.1:" : "off ",
                 d->cfg.metrics_port);
     sd_notifyf(0, "READY=1\nSTATUS=serving on %s (%s backend)\nMAINPID=%d", d->sock_path,
                kern_backend_name(d->be), getpid());

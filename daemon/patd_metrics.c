@@ -78,8 +78,7 @@ char *patd_metrics_text(patd_t *d, size_t *ret_len)
     metric(f, "patd_layer_nanoseconds_total", "counter", "KV append + attention time, all layers",
            LD(m->layer_ns_sum));
     metric(f, "patd_layers_total", "counter", "layers executed", LD(m->layers));
-    metric(f, "patd_kv_read_bytes_total", "counter", "K+V bytes the plans read",
-           LD(m->kv_bytes));
+    metric(f, "patd_kv_read_bytes_total", "counter", "K+V bytes the plans read", LD(m->kv_bytes));
     metric(f, "patd_kv_query_centric_bytes_total", "counter",
            "K+V bytes query-centric execution would have read", LD(m->qc_bytes));
     metric(f, "patd_kv_blocks", "gauge", "KV pool capacity in blocks", ks.n_blocks);
@@ -105,8 +104,7 @@ char *patd_metrics_text(patd_t *d, size_t *ret_len)
                "counter\n");
     for (uint32_t op = 0; op < IPC_OP_MAX; op++)
         if (ipc_op_is_admin(op) >= 0)
-            fprintf(f, "patd_requests_total{op=\"%s\"} %llu\n", ipc_op_name(op),
-                    LD(m->frames[op]));
+            fprintf(f, "patd_requests_total{op=\"%s\"} %llu\n", ipc_op_name(op), LD(m->frames[op]));
     fprintf(f, "# HELP patd_errors_total refusals by code\n# TYPE patd_errors_total counter\n");
     for (uint32_t e = 1; e < PAT_ARRAY_SIZE(m->errors); e++)
         if (ipc_err_name(-(int)e))

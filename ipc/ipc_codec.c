@@ -201,8 +201,7 @@ static void buf_reserve(ipc_buf_t *b, size_t need)
     b->cap = c;
 }
 
-void ipc_frame_start(ipc_buf_t *b, uint32_t opcode, uint32_t flags, uint64_t corr,
-                     uint64_t session)
+void ipc_frame_start(ipc_buf_t *b, uint32_t opcode, uint32_t flags, uint64_t corr, uint64_t session)
 {
     ipc_hdr_t h = {.magic = IPC_MAGIC,
                    .version = IPC_VERSION,

@@ -39,19 +39,19 @@
 /* Opcodes: name, value, admin (usable without a session). One table; ipc_codec.c sizes each
  * body from it. */
 #define IPC_OPCODES(X)                                                                             \
-    X(HELLO, 1, 1)        /* open a session: model signature, pid, sizes -> buffers */          \
-    X(BYE, 2, 0)          /* close the session; everything it holds is reclaimed */             \
-    X(PING, 3, 0)         /* renew the lease */                                                 \
-    X(SEQ_OPEN, 4, 0)     /* prompt token ids -> sequence id, cached_len */                     \
-    X(SEQ_FORK, 5, 0)     /* share all full blocks, copy the partial one */                     \
-    X(SEQ_TRUNCATE, 6, 0) /* roll back to a length */                                          \
-    X(SEQ_CLOSE, 7, 0)                                                                           \
-    X(STEP_BEGIN, 8, 0) /* sequences, new-token counts and ids -> step id */                    \
-    X(STEP_END, 9, 0)   /* commit the step's KV, or abort it */                                 \
-    X(STATUS, 16, 1)    /* admin: text, one "key value" per line */                             \
-    X(STATS, 17, 1)     /* admin: counters, one "name value" per line */                        \
-    X(SEQS, 18, 1)      /* admin: open sequences, one per line */                               \
-    X(DRAIN, 19, 1)     /* admin: refuse new work, finish in-flight steps, exit */              \
+    X(HELLO, 1, 1)        /* open a session: model signature, pid, sizes -> buffers */             \
+    X(BYE, 2, 0)          /* close the session; everything it holds is reclaimed */                \
+    X(PING, 3, 0)         /* renew the lease */                                                    \
+    X(SEQ_OPEN, 4, 0)     /* prompt token ids -> sequence id, cached_len */                        \
+    X(SEQ_FORK, 5, 0)     /* share all full blocks, copy the partial one */                        \
+    X(SEQ_TRUNCATE, 6, 0) /* roll back to a length */                                              \
+    X(SEQ_CLOSE, 7, 0)                                                                             \
+    X(STEP_BEGIN, 8, 0) /* sequences, new-token counts and ids -> step id */                       \
+    X(STEP_END, 9, 0)   /* commit the step's KV, or abort it */                                    \
+    X(STATUS, 16, 1)    /* admin: text, one "key value" per line */                                \
+    X(STATS, 17, 1)     /* admin: counters, one "name value" per line */                           \
+    X(SEQS, 18, 1)      /* admin: open sequences, one per line */                                  \
+    X(DRAIN, 19, 1)     /* admin: refuse new work, finish in-flight steps, exit */                 \
     X(RELOAD, 20, 1)    /* admin: re-read the config file (as SIGHUP) */
 
 typedef enum ipc_op {
@@ -64,26 +64,26 @@ typedef enum ipc_op {
 /* Error codes on the wire and from every libpat call: a negative errno with a patd meaning.
  * name, errno value, text. libpat's pat_strerror() and the daemon's metrics use this table. */
 #define IPC_ERRORS(X)                                                                              \
-    X(BAD_MAGIC, EBADMSG, "malformed frame (bad magic, reserved field or layout)")               \
-    X(VERSION, EPROTONOSUPPORT, "protocol version not supported")                                \
-    X(OPCODE, EOPNOTSUPP, "unknown opcode")                                                      \
-    X(LENGTH, EMSGSIZE, "body length does not match the header or its counts")                   \
-    X(TOO_BIG, E2BIG, "a count exceeds the connection's limits")                                 \
-    X(INVAL, EINVAL, "invalid field value")                                                      \
-    X(NO_SEQ, ENOENT, "unknown sequence id for this session")                                    \
-    X(RANGE, ERANGE, "offset or length outside the buffers this session owns")                   \
-    X(QUOTA, EDQUOT, "per-connection quota exceeded")                                            \
-    X(NOSPC, ENOSPC, "KV pool out of blocks (preempt and retry)")                                \
-    X(MODEL, EMEDIUMTYPE, "model signature does not match the daemon's")                         \
-    X(SESSION, ENOTCONN, "unknown session (expired, closed, or the daemon restarted)")           \
-    X(BUSY, EBUSY, "sequence is part of the step in flight, or a step is already running")     \
-    X(NO_STEP, ESRCH, "no such step in flight")                                                  \
-    X(SHUTDOWN, ESHUTDOWN, "daemon is draining or shutting down")                                \
-    X(TOO_MANY, EMFILE, "too many connections or sequences")                                     \
-    X(TIMEDOUT, ETIMEDOUT, "timed out waiting for the peer")                                     \
-    X(CANCELED, ECANCELED, "step aborted before every layer ran")                                \
-    X(LOST, ECONNRESET, "patd went away (crashed, restarted or stopped); reconnect")             \
-    X(NOMEM, ENOMEM, "daemon could not allocate the session's buffers")                          \
+    X(BAD_MAGIC, EBADMSG, "malformed frame (bad magic, reserved field or layout)")                 \
+    X(VERSION, EPROTONOSUPPORT, "protocol version not supported")                                  \
+    X(OPCODE, EOPNOTSUPP, "unknown opcode")                                                        \
+    X(LENGTH, EMSGSIZE, "body length does not match the header or its counts")                     \
+    X(TOO_BIG, E2BIG, "a count exceeds the connection's limits")                                   \
+    X(INVAL, EINVAL, "invalid field value")                                                        \
+    X(NO_SEQ, ENOENT, "unknown sequence id for this session")                                      \
+    X(RANGE, ERANGE, "offset or length outside the buffers this session owns")                     \
+    X(QUOTA, EDQUOT, "per-connection quota exceeded")                                              \
+    X(NOSPC, ENOSPC, "KV pool out of blocks (preempt and retry)")                                  \
+    X(MODEL, EMEDIUMTYPE, "model signature does not match the daemon's")                           \
+    X(SESSION, ENOTCONN, "unknown session (expired, closed, or the daemon restarted)")             \
+    X(BUSY, EBUSY, "sequence is part of the step in flight, or a step is already running")         \
+    X(NO_STEP, ESRCH, "no such step in flight")                                                    \
+    X(SHUTDOWN, ESHUTDOWN, "daemon is draining or shutting down")                                  \
+    X(TOO_MANY, EMFILE, "too many connections or sequences")                                       \
+    X(TIMEDOUT, ETIMEDOUT, "timed out waiting for the peer")                                       \
+    X(CANCELED, ECANCELED, "step aborted before every layer ran")                                  \
+    X(LOST, ECONNRESET, "patd went away (crashed, restarted or stopped); reconnect")               \
+    X(NOMEM, ENOMEM, "daemon could not allocate the session's buffers")                            \
     X(PERM, EPERM, "operation not permitted")
 
 /* ------------------------------------------------------------------ header */
@@ -178,11 +178,11 @@ typedef struct ipc_step_begin_req {
 } ipc_step_begin_req_t;
 
 typedef struct ipc_step_begin_rep {
-    uint64_t step;       /* id for STEP_END */
-    uint32_t tick_base;  /* layer L is handed over with signal value tick_base + L + 1 */
-    uint32_t n_tokens;   /* rows of Q/K/V/O this step, in the order of the request */
-    uint64_t kv_bytes;   /* K+V bytes the plan reads per layer */
-    uint64_t qc_bytes;   /* ... and what query-centric execution would read */
+    uint64_t step;      /* id for STEP_END */
+    uint32_t tick_base; /* layer L is handed over with signal value tick_base + L + 1 */
+    uint32_t n_tokens;  /* rows of Q/K/V/O this step, in the order of the request */
+    uint64_t kv_bytes;  /* K+V bytes the plan reads per layer */
+    uint64_t qc_bytes;  /* ... and what query-centric execution would read */
     uint32_t pack_reused;
     uint32_t reserved;
 } ipc_step_begin_rep_t;

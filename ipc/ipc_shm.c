@@ -26,8 +26,8 @@ static uint64_t align_up(uint64_t x)
     return (x + IPC_ALIGN - 1) / IPC_ALIGN * IPC_ALIGN;
 }
 
-int ipc_layout_compute(uint32_t max_tokens, uint32_t q_heads, uint32_t kv_heads,
-                       uint32_t head_dim, uint32_t elt_bytes, ipc_layout_t *ret)
+int ipc_layout_compute(uint32_t max_tokens, uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim,
+                       uint32_t elt_bytes, ipc_layout_t *ret)
 {
     if (max_tokens == 0 || max_tokens > IPC_MAX_TOKENS || q_heads == 0 || q_heads > 4096 ||
         kv_heads == 0 || kv_heads > 4096 || head_dim == 0 || head_dim > 4096 || elt_bytes == 0 ||
@@ -46,8 +46,7 @@ int ipc_layout_compute(uint32_t max_tokens, uint32_t q_heads, uint32_t kv_heads,
     return 0;
 }
 
-int ipc_shm_create(ipc_shm_t *s, const char *name, size_t bytes, unsigned mode,
-                   uint32_t n_layers)
+int ipc_shm_create(ipc_shm_t *s, const char *name, size_t bytes, unsigned mode, uint32_t n_layers)
 {
     memset(s, 0, sizeof(*s));
     if (strlen(name) >= sizeof(s->name) || name[0] != '/' || bytes < IPC_ALIGN)

@@ -35,10 +35,10 @@
 typedef struct ipc_sig {
     uint32_t magic, version;
     uint32_t n_layers, reserved;
-    _Alignas(64) _Atomic uint32_t ready; /* client -> daemon */
-    _Alignas(64) _Atomic uint32_t done;  /* daemon -> client */
-    _Alignas(64) _Atomic uint32_t state; /* daemon -> client: IPC_STATE_* */
-    _Atomic int32_t err;                 /* negative errno behind ABORTED/CLOSED */
+    _Alignas(64) _Atomic uint32_t ready;       /* client -> daemon */
+    _Alignas(64) _Atomic uint32_t done;        /* daemon -> client */
+    _Alignas(64) _Atomic uint32_t state;       /* daemon -> client: IPC_STATE_* */
+    _Atomic int32_t err;                       /* negative errno behind ABORTED/CLOSED */
     _Alignas(64) _Atomic uint64_t client_beat; /* client's last activity, CLOCK_MONOTONIC ns */
 } ipc_sig_t;
 _Static_assert(sizeof(ipc_sig_t) <= IPC_ALIGN, "signal page");
@@ -50,8 +50,8 @@ typedef struct ipc_layout {
 } ipc_layout_t;
 
 /* The layout for a session; 0 or -E2BIG when it would not fit in 64 bits or IPC limits. */
-int ipc_layout_compute(uint32_t max_tokens, uint32_t q_heads, uint32_t kv_heads,
-                       uint32_t head_dim, uint32_t elt_bytes, ipc_layout_t *ret);
+int ipc_layout_compute(uint32_t max_tokens, uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim,
+                       uint32_t elt_bytes, ipc_layout_t *ret);
 
 /* A mapped shared buffer. */
 typedef struct ipc_shm {
@@ -63,8 +63,7 @@ typedef struct ipc_shm {
 
 /* Daemon side: creates (O_EXCL) and maps a zeroed buffer of `bytes` with `mode`, initialises
  * the signal page. Returns 0, or -errno of shm_open/ftruncate/mmap (nothing left behind). */
-int ipc_shm_create(ipc_shm_t *s, const char *name, size_t bytes, unsigned mode,
-                   uint32_t n_layers);
+int ipc_shm_create(ipc_shm_t *s, const char *name, size_t bytes, unsigned mode, uint32_t n_layers);
 /* Client side: maps an existing buffer, which must be exactly `bytes` long and carry the signal
  * magic. Returns 0, -errno, or -EBADMSG (size or magic wrong). */
 int ipc_shm_open(ipc_shm_t *s, const char *name, size_t bytes);

@@ -1,0 +1,161 @@
+/*
+ * pat.h — libpat, the client library of patd: the public C ABI for serving frontends.
+ *
+ * A frontend connects once with its model signature and batch size, opens sequences with their
+ * prompt token ids (getting back how much of the prompt the prefix cache already holds), and
+ * then runs steps: pat_step_begin() names the sequences and their new tokens, and for every
+ * layer the frontend writes Q, K and V of the new tokens into the staging buffers and calls
+ * pat_attend(layer), which returns once O of that layer is in the O buffer. pat_step_end()
+ * commits the step's KV (or aborts it).
+ *
+ * Contract:
+ *   - every call returns 0 (or a count) on success and a negative errno on failure;
+ *     pat_strerror() names it and pat_last_error() holds the daemon's detail for the last
+ *     failure of a connection;
+ *   - handles are opaque; structs that cross the ABI start with a size field or end with
+ *     reserved fields; integers are fixed-width;
+ *   - a connection is used by one thread at a time (calls are not reentrant per connection);
+ *     different connections are independent;
+ *   - if the daemon goes away, calls return -ECONNRESET from then on: pat_close() the
+ *     connection and pat_connect() again (sequences do not survive; the prefix cache of a
+ *     restarted daemon starts empty).
+ *
+ * Staging rows are [max_batch_tokens][heads][head_dim] elements of the model dtype; the rows
+ * of a step are its sequences' new tokens in the order given to pat_step_begin().
+ */
+#ifndef PAT_H
+#define PAT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PAT_VERSION_MAJOR 1
+#define PAT_VERSION_MINOR 0
+#define PAT_VERSION_PATCH 0
+#define PAT_VERSION       ((PAT_VERSION_MAJOR << 16) | (PAT_VERSION_MINOR << 8) | PAT_VERSION_PATCH)
+
+#if defined(__GNUC__)
+#define PAT_API __attribute__((visibility("default")))
+#else
+#define PAT_API
+#endif
+
+/* Element types of Q, K, V and O (same values as the daemon's model.dtype). */
+#define PAT_F16  1u
+#define PAT_BF16 2u
+#define PAT_F32  3u
+
+typedef struct pat_conn pat_conn_t;
+
+typedef struct pat_model {
+    uint32_t n_layers, q_heads, kv_heads, head_dim;
+    uint32_t dtype;      /* PAT_F16, PAT_BF16, PAT_F32 */
+    uint32_t block_size; /* tokens per KV block (16) */
+    uint64_t model_id;   /* must equal the daemon's model.model_id */
+} pat_model_t;
+
+typedef struct pat_connect_opts {
+    uint32_t size;              /* sizeof(pat_connect_opts_t) */
+    uint32_t max_batch_tokens;  /* staging rows: the most new tokens in one step */
+    uint32_t max_seqs;          /* open sequences wanted; 0 = the daemon's per-connection quota */
+    uint32_t timeout_ms;        /* per request and per layer wait; 0 = 30000 */
+    uint32_t lease_ms;          /* 0 = the daemon's default (used when it cannot watch our pid) */
+    uint32_t reserved0;
+    const char *socket;         /* control socket path; NULL = $PATD_SOCKET, else the default */
+    const char *label;          /* shown by `patctl seqs`; may be NULL */
+    pat_model_t model;
+    uint64_t reserved[8];
+} pat_connect_opts_t;
+
+typedef struct pat_buffers {
+    void *q, *k, *v, *o;      /* staging buffers, valid until pat_close() */
+    uint64_t q_row_bytes;     /* one token's Q (and O): q_heads * head_dim * element size */
+    uint64_t kv_row_bytes;    /* one token's K (and V) */
+    uint32_t max_batch_tokens;
+    uint32_t max_seqs;
+    uint32_t max_blocks;      /* the daemon's block quota for this connection */
+    uint32_t lease_ms;
+    uint64_t reserved[8];
+} pat_buffers_t;
+
+typedef struct pat_step_info {
+    uint64_t step;
+    uint32_t n_tokens;
+    uint32_t pack_reused; /* the daemon reused the previous pack (forest shape unchanged) */
+    uint64_t kv_bytes;    /* K+V bytes the plan reads per layer */
+    uint64_t qc_bytes;    /* ... and what query-centric attention would read */
+    uint32_t layers_done;
+    uint32_t committed;   /* 1: the tokens are now part of their sequences */
+    uint64_t step_ns;     /* daemon: STEP_BEGIN received -> last layer done */
+    uint64_t reserved[4];
+} pat_step_info_t;
+
+typedef struct pat_conn_stats {
+    uint64_t steps, tokens;
+    uint64_t kv_bytes, qc_bytes;   /* summed over steps and layers */
+    uint64_t prompt_tokens;        /* given to pat_seq_open */
+    uint64_t cached_tokens;        /* ... of which the prefix cache already held */
+    uint64_t reserved[8];
+} pat_conn_stats_t;
+
+typedef enum pat_admin_op {
+    PAT_ADMIN_STATUS = 16, /* text: "key value" lines */
+    PAT_ADMIN_STATS = 17,  /* Prometheus text format */
+    PAT_ADMIN_SEQS = 18,   /* one line per open sequence */
+    PAT_ADMIN_DRAIN = 19,  /* refuse new work, finish steps in flight, exit */
+    PAT_ADMIN_RELOAD = 20, /* re-read the config file */
+} pat_admin_op_t;
+
+PAT_API uint32_t pat_version(void); /* PAT_VERSION of the library actually loaded */
+PAT_API const char *pat_strerror(int err);
+/* The default control socket: $PATD_SOCKET, else /run/patd/patd.sock as root, else
+ * $XDG_RUNTIME_DIR/patd/patd.sock, else /tmp/patd-<uid>/patd.sock. */
+PAT_API const char *pat_default_socket(void);
+
+/* Connects and maps the staging buffers. Returns 0 and *ret, or -ENOENT (no daemon at the
+ * socket), -ETIMEDOUT, -EMEDIUMTYPE (model mismatch), -EDQUOT, -EMFILE, -ESHUTDOWN, -EINVAL.
+ * On failure *ret is untouched and why (if not NULL, why_len bytes) holds the detail. */
+PAT_API int pat_connect(const pat_connect_opts_t *opts, pat_conn_t **ret, char *why,
+                        size_t why_len);
+/* Ends the session (the daemon reclaims everything it held) and frees the handle; NULL ok. */
+PAT_API void pat_close(pat_conn_t *c);
+PAT_API int pat_buffers(const pat_conn_t *c, pat_buffers_t *ret);
+PAT_API const char *pat_last_error(const pat_conn_t *c);
+PAT_API int pat_ping(pat_conn_t *c);
+
+PAT_API int pat_seq_open(pat_conn_t *c, const uint32_t *tokens, uint32_t n, uint32_t *ret_seq,
+                         uint32_t *ret_cached_len);
+PAT_API int pat_seq_fork(pat_conn_t *c, uint32_t seq, uint32_t *ret_child);
+PAT_API int pat_seq_truncate(pat_conn_t *c, uint32_t seq, uint32_t new_len);
+PAT_API int pat_seq_close(pat_conn_t *c, uint32_t seq);
+
+/* Starts a step: n_seqs sequences, n_new[i] new tokens each, token ids of all new tokens in
+ * order. Returns at once after sending (the daemon reserves and packs meanwhile); its answer is
+ * collected by the first pat_attend (or pat_step_end). -EINVAL/-E2BIG for what can be checked
+ * locally, -EBUSY if a step is already open. */
+PAT_API int pat_step_begin(pat_conn_t *c, const uint32_t *seqs, const uint32_t *n_new,
+                           uint32_t n_seqs, const uint32_t *tokens);
+/* Hands over layer `layer` (Q, K, V written) and waits for its O. Layers go 0, 1, ... in order.
+ * Errors: the daemon's answer to the step (-ENOSPC, -EDQUOT, -ENOENT, ...), -ETIMEDOUT,
+ * -ECANCELED/-ETIMEDOUT if the daemon aborted the step, -ESHUTDOWN, -ECONNRESET. */
+PAT_API int pat_attend(pat_conn_t *c, uint32_t layer);
+/* Ends the step: commits its KV when every layer ran, or drops it when abort != 0 (a step
+ * whose layers did not all run is always dropped and reported as -ECANCELED unless abort). */
+PAT_API int pat_step_end(pat_conn_t *c, int abort, pat_step_info_t *ret_info);
+PAT_API int pat_stats(const pat_conn_t *c, pat_conn_stats_t *ret);
+
+/* Operator requests (no session): *ret_text is malloc'd, NUL-terminated (the answer, or on a
+ * daemon error its detail); free with pat_free. Returns 0 or a negative errno. */
+PAT_API int pat_admin(const char *socket, pat_admin_op_t op, uint32_t timeout_ms,
+                      char **ret_text);
+PAT_API void pat_free(void *p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

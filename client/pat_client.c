@@ -1,0 +1,652 @@
+/*
+ * pat_client.c — libpat: sessions with patd over nanomsg REQ, staging buffers in shared
+ * memory, and the per-layer hand-off through futex signal words (ipc_shm.h).
+ *
+ * One REQ socket per connection: one request outstanding at a time. pat_step_begin() sends and
+ * returns; the answer is collected before anything else is sent (usually by the first
+ * pat_attend, while the frontend has computed its first layer meanwhile). Every wait is sliced
+ * (receive timeout 50 ms, futex slices 20 ms): between slices the library checks that the
+ * daemon still lives (a pidfd on its pid), so a dead daemon is reported as -ECONNRESET within
+ * a slice instead of after the full timeout.
+ *
+ * Not thread-safe per connection (pat.h). Host OOM aborts, like the rest of patd.
+ */
+#include "pat.h"
+
+#include <errno.h>
+#include <nanomsg/nn.h>
+#include <nanomsg/reqrep.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "ipc_proto.h"
+#include "ipc_shm.h"
+#include "pat_base.h"
+
+#define RECV_SLICE_MS 50
+#define SPIN_ITERS    4000 /* ~20-40 us of polling before sleeping on the futex */
+
+enum { ST_IDLE, ST_SENT, ST_BEGUN, ST_FAILED };
+
+struct pat_conn {
+    int sock;
+    int lost; /* the daemon went away: sticky -ECONNRESET */
+    int daemon_pidfd;
+    pid_t daemon_pid;
+    uint32_t timeout_ms;
+    uint64_t session, instance, corr;
+    ipc_hello_rep_t hello;
+    pat_model_t model;
+    ipc_shm_t shm;
+    ipc_buf_t tx;
+    char err[IPC_ERRMSG_LEN + 64];
+    /* the step */
+    int step_state;
+    int step_err;
+    uint64_t pend_corr; /* the STEP_BEGIN whose answer is still to be received */
+    uint64_t step_id;
+    uint32_t tick_base, next_layer, n_tokens;
+    ipc_step_begin_rep_t begin_rep;
+    pat_conn_stats_t stats;
+};
+
+uint32_t pat_version(void)
+{
+    return PAT_VERSION;
+}
+
+const char *pat_strerror(int err)
+{
+    const char *t = ipc_err_text(err);
+    if (t)
+        return t;
+    if (err == 0)
+        return "success";
+    return strerror(err < 0 ? -err : err);
+}
+
+const char *pat_default_socket(void)
+{
+    static __thread char buf[512];
+    const char *s = getenv("PATD_SOCKET");
+    if (s && *s)
+        return s;
+    const char *x = getenv("XDG_RUNTIME_DIR");
+    if (geteuid() == 0)
+        return "/run/patd/patd.sock";
+    if (x && *x)
+        snprintf(buf, sizeof(buf), "%.480s/patd/patd.sock", x);
+    else
+        snprintf(buf, sizeof(buf), "/tmp/patd-%u/patd.sock", (unsigned)geteuid());
+    return buf;
+}
+
+static void set_err(pat_conn_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_err(pat_conn_t *c, const char *fmt, ...)
+{
+    if (!c)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err, sizeof(c->err), fmt, ap);
+    va_end(ap);
+}
+
+const char *pat_last_error(const pat_conn_t *c)
+{
+    return c ? c->err : "";
+}
+
+/* 1 if the daemon is known gone. */
+static int daemon_gone(pat_conn_t *c)
+{
+    if (c->lost)
+        return 1;
+    if (c->daemon_pidfd >= 0) {
+        struct pollfd p = {c->daemon_pidfd, POLLIN, 0};
+        if (poll(&p, 1, 0) == 1)
+            c->lost = 1;
+    } else if (c->daemon_pid > 0 && kill(c->daemon_pid, 0) < 0 && errno == ESRCH) {
+        c->lost = 1;
+    }
+    if (c->lost)
+        set_err(c, "patd (pid %d) went away; reconnect", (int)c->daemon_pid);
+    return c->lost;
+}
+
+static int open_socket(const char *path, uint32_t timeout_ms, int *ret_sock)
+{
+    struct stat st;
+    if (stat(path, &st) < 0)
+        return -errno;
+    if (!S_ISSOCK(st.st_mode))
+        return -ENOTSOCK;
+    int s = nn_socket(AF_SP, NN_REQ);
+    if (s < 0)
+        return -nn_errno();
+    int slice = RECV_SLICE_MS, snd = (int)timeout_ms, resend = 3600000;
+    nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVTIMEO, &slice, sizeof(slice));
+    nn_setsockopt(s, NN_SOL_SOCKET, NN_SNDTIMEO, &snd, sizeof(snd));
+    /* we time out ourselves; a resend would only race a slow answer */
+    nn_setsockopt(s, NN_REQ, NN_REQ_RESEND_IVL, &resend, sizeof(resend));
+    int maxsz = -1;
+    nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVMAXSIZE, &maxsz, sizeof(maxsz));
+    char url[600];
+    snprintf(url, sizeof(url), "ipc://%.590s", path);
+    if (nn_connect(s, url) < 0) {
+        int e = nn_errno();
+        nn_close(s);
+        return -e;
+    }
+    *ret_sock = s;
+    return 0;
+}
+
+/* Receives the answer to request corr into *ret (malloc'd by nanomsg: nn_freemsg). */
+static int recv_reply(pat_conn_t *c, int sock, uint64_t corr, uint32_t timeout_ms, void **ret,
+                      size_t *ret_len)
+{
+    uint64_t deadline = pat_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    for (;;) {
+        void *msg = NULL;
+        int n = nn_recv(sock, &msg, NN_MSG, 0);
+        if (n >= 0) {
+            ipc_hdr_t h;
+            if (ipc_frame_check(msg, (size_t)n, 1, &h) < 0 || h.corr != corr) {
+                nn_freemsg(msg); /* not ours: a stale or damaged answer */
+                continue;
+            }
+            *ret = msg;
+            *ret_len = (size_t)n;
+            return 0;
+        }
+        int e = nn_errno();
+        if (e != ETIMEDOUT && e != EAGAIN && e != EINTR)
+            return -e;
+        if (c && daemon_gone(c))
+            return -ECONNRESET;
+        if (pat_now_ns() > deadline)
+            return -ETIMEDOUT;
+    }
+}
+
+/* Sends the frame in c->tx (built by the caller). */
+static int send_frame(pat_conn_t *c, int sock, const ipc_buf_t *b)
+{
+    if (nn_send(sock, b->data, b->len, 0) < 0) {
+        int e = nn_errno();
+        return e == ETIMEDOUT || e == EAGAIN ? -ETIMEDOUT : -e;
+    }
+    return 0;
+}
+
+/* Checks an answer: 0 and the body, or the daemon's error code (its text into c->err). */
+static int parse_reply(pat_conn_t *c, const void *msg, size_t len, const void **ret_body,
+                       size_t *ret_body_len)
+{
+    ipc_hdr_t h;
+    memcpy(&h, msg, sizeof(h));
+    const uint8_t *body = (const uint8_t *)msg + sizeof(h);
+    if (h.flags & IPC_F_ERROR) {
+        ipc_err_body_t e;
+        if (h.body_len != sizeof(e))
+            return -EBADMSG;
+        memcpy(&e, body, sizeof(e));
+        e.msg[sizeof(e.msg) - 1] = 0;
+        if (e.code >= 0 || e.code < -4095)
+            return -EBADMSG;
+        set_err(c, "%s", e.msg);
+        return e.code;
+    }
+    *ret_body = body;
+    *ret_body_len = h.body_len;
+    return 0;
+}
+
+static int collect_pending(pat_conn_t *c);
+
+/* One request: collect a pending step answer first, send, receive, check. The answer body is
+ * copied into out (exactly out_len bytes expected, or any length when out_len is SIZE_MAX and
+ * *ret_text receives a malloc'd copy). */
+static int call(pat_conn_t *c, uint32_t op, const void *body, size_t len, const void *body2,
+                size_t len2, void *out, size_t out_len)
+{
+    if (c->lost)
+        return -ECONNRESET;
+    int rc = collect_pending(c);
+    if (rc < 0 && rc == -ECONNRESET)
+        return rc;
+    ipc_frame_start(&c->tx, op, 0, ++c->corr, c->session);
+    ipc_frame_put(&c->tx, body, len);
+    ipc_frame_put(&c->tx, body2, len2);
+    ipc_frame_finish(&c->tx);
+    if ((rc = send_frame(c, c->sock, &c->tx)) < 0) {
+        if (daemon_gone(c))
+            return -ECONNRESET;
+        set_err(c, "sending %s: %s", ipc_op_name(op), strerror(-rc));
+        return rc;
+    }
+    void *msg;
+    size_t n;
+    if ((rc = recv_reply(c, c->sock, c->corr, c->timeout_ms, &msg, &n)) < 0) {
+        if (rc == -ETIMEDOUT)
+            set_err(c, "no answer to %s within %u ms", ipc_op_name(op), c->timeout_ms);
+        return rc;
+    }
+    const void *rb;
+    size_t rl;
+    rc = parse_reply(c, msg, n, &rb, &rl);
+    if (rc == 0 && out_len != rl)
+        rc = -EBADMSG;
+    if (rc == 0 && out_len)
+        memcpy(out, rb, out_len);
+    nn_freemsg(msg);
+    return rc;
+}
+
+/* The answer to an outstanding STEP_BEGIN, if any. */
+static int collect_pending(pat_conn_t *c)
+{
+    if (c->step_state != ST_SENT)
+        return 0;
+    void *msg;
+    size_t n;
+    int rc = recv_reply(c, c->sock, c->pend_corr, c->timeout_ms, &msg, &n);
+    if (rc == 0) {
+        const void *rb;
+        size_t rl;
+        rc = parse_reply(c, msg, n, &rb, &rl);
+        if (rc == 0 && rl != sizeof(c->begin_rep))
+            rc = -EBADMSG;
+        if (rc == 0)
+            memcpy(&c->begin_rep, rb, sizeof(c->begin_rep));
+        nn_freemsg(msg);
+    } else if (rc == -ETIMEDOUT) {
+        set_err(c, "no answer to STEP_BEGIN within %u ms", c->timeout_ms);
+    }
+    if (rc < 0) {
+        c->step_state = ST_FAILED;
+        c->step_err = rc;
+        return rc;
+    }
+    c->step_state = ST_BEGUN;
+    c->step_id = c->begin_rep.step;
+    c->tick_base = c->begin_rep.tick_base;
+    c->next_layer = 0;
+    return 0;
+}
+
+static int pidfd_open_(pid_t pid)
+{
+#ifdef SYS_pidfd_open
+    int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+    return fd < 0 ? -1 : fd;
+#else
+    return -1;
+#endif
+}
+
+int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t why_len)
+{
+    char tmp[8];
+    if (!why) {
+        why = tmp;
+        why_len = sizeof(tmp);
+    }
+    if (why_len)
+        why[0] = 0;
+    if (!o || !ret || o->size < offsetof(pat_connect_opts_t, reserved)) {
+        snprintf(why, why_len, "opts missing or opts.size not set");
+        return -EINVAL;
+    }
+    if (o->max_batch_tokens == 0 || o->max_batch_tokens > IPC_MAX_TOKENS) {
+        snprintf(why, why_len, "max_batch_tokens must be 1..%u", IPC_MAX_TOKENS);
+        return -EINVAL;
+    }
+    const char *path = o->socket ? o->socket : pat_default_socket();
+    pat_conn_t *c = pat_xcalloc(1, sizeof(*c));
+    c->daemon_pidfd = -1;
+    c->timeout_ms = o->timeout_ms ? o->timeout_ms : 30000;
+    c->model = o->model;
+    ipc_buf_init(&c->tx);
+    int rc = open_socket(path, c->timeout_ms, &c->sock);
+    if (rc < 0) {
+        snprintf(why, why_len, "cannot reach patd at %s: %s", path, strerror(-rc));
+        free(c);
+        return rc == -ENOENT || rc == -ECONNREFUSED ? -ENOENT : rc;
+    }
+    ipc_hello_req_t r = {.pid = (uint32_t)getpid(),
+                         .max_batch_tokens = o->max_batch_tokens,
+                         .max_seqs = o->max_seqs,
+                         .buffer_kind = IPC_BUF_SHM,
+                         .lease_ms = o->lease_ms};
+    r.model = (ipc_model_sig_t){o->model.n_layers, o->model.q_heads,  o->model.kv_heads,
+                                o->model.head_dim, o->model.dtype,    o->model.block_size,
+                                o->model.model_id};
+    if (o->label)
+        snprintf(r.label, sizeof(r.label), "%s", o->label);
+    rc = call(c, IPC_OP_HELLO, &r, sizeof(r), NULL, 0, &c->hello, sizeof(c->hello));
+    if (rc < 0) {
+        snprintf(why, why_len, "%s", c->err[0] ? c->err : pat_strerror(rc));
+        goto fail;
+    }
+    c->session = c->hello.session;
+    c->instance = c->hello.instance;
+    c->daemon_pid = (pid_t)c->hello.daemon_pid;
+    c->daemon_pidfd = pidfd_open_(c->daemon_pid);
+    c->hello.shm_name[sizeof(c->hello.shm_name) - 1] = 0;
+    ipc_layout_t lay;
+    uint32_t elt = o->model.dtype == PAT_F32 ? 4 : 2;
+    if (ipc_layout_compute(c->hello.max_batch_tokens, o->model.q_heads, o->model.kv_heads,
+                           o->model.head_dim, elt, &lay) < 0 ||
+        lay.bytes != c->hello.buf_bytes || lay.q_off != c->hello.q_off ||
+        lay.k_off != c->hello.k_off || lay.v_off != c->hello.v_off ||
+        lay.o_off != c->hello.o_off) {
+        snprintf(why, why_len, "daemon's buffer layout does not match this library's");
+        rc = -EPROTO;
+        goto fail_session;
+    }
+    if ((rc = ipc_shm_open(&c->shm, c->hello.shm_name, c->hello.buf_bytes)) < 0) {
+        snprintf(why, why_len, "mapping staging buffer %s: %s", c->hello.shm_name,
+                 strerror(-rc));
+        goto fail_session;
+    }
+    *ret = c;
+    return 0;
+fail_session:
+    call(c, IPC_OP_BYE, NULL, 0, NULL, 0, NULL, 0);
+fail:
+    if (c->daemon_pidfd >= 0)
+        close(c->daemon_pidfd);
+    nn_close(c->sock);
+    ipc_buf_done(&c->tx);
+    free(c);
+    return rc;
+}
+
+void pat_close(pat_conn_t *c)
+{
+    if (!c)
+        return;
+    if (!c->lost && c->session) {
+        uint32_t t = c->timeout_ms;
+        c->timeout_ms = PAT_MIN(t, 5000u);
+        call(c, IPC_OP_BYE, NULL, 0, NULL, 0, NULL, 0);
+    }
+    ipc_shm_close(&c->shm);
+    if (c->daemon_pidfd >= 0)
+        close(c->daemon_pidfd);
+    nn_close(c->sock);
+    ipc_buf_done(&c->tx);
+    free(c);
+}
+
+int pat_buffers(const pat_conn_t *c, pat_buffers_t *ret)
+{
+    if (!c || !ret)
+        return -EINVAL;
+    memset(ret, 0, sizeof(*ret));
+    uint8_t *b = c->shm.base;
+    ret->q = b + c->hello.q_off;
+    ret->k = b + c->hello.k_off;
+    ret->v = b + c->hello.v_off;
+    ret->o = b + c->hello.o_off;
+    uint32_t elt = c->model.dtype == PAT_F32 ? 4 : 2;
+    ret->q_row_bytes = (uint64_t)c->model.q_heads * c->model.head_dim * elt;
+    ret->kv_row_bytes = (uint64_t)c->model.kv_heads * c->model.head_dim * elt;
+    ret->max_batch_tokens = c->hello.max_batch_tokens;
+    ret->max_seqs = c->hello.max_seqs;
+    ret->max_blocks = c->hello.max_blocks;
+    ret->lease_ms = c->hello.lease_ms;
+    return 0;
+}
+
+int pat_ping(pat_conn_t *c)
+{
+    return c ? call(c, IPC_OP_PING, NULL, 0, NULL, 0, NULL, 0) : -EINVAL;
+}
+
+int pat_seq_open(pat_conn_t *c, const uint32_t *tokens, uint32_t n, uint32_t *ret_seq,
+                 uint32_t *ret_cached_len)
+{
+    if (!c || !tokens || !n || !ret_seq)
+        return -EINVAL;
+    ipc_seq_open_req_t r = {.n_tokens = n};
+    ipc_seq_rep_t rep;
+    int rc = call(c, IPC_OP_SEQ_OPEN, &r, sizeof(r), tokens, (size_t)n * 4, &rep, sizeof(rep));
+    if (rc < 0)
+        return rc;
+    *ret_seq = rep.seq;
+    if (ret_cached_len)
+        *ret_cached_len = rep.len;
+    c->stats.prompt_tokens += n;
+    c->stats.cached_tokens += rep.len;
+    return 0;
+}
+
+static int seq_op(pat_conn_t *c, uint32_t op, uint32_t seq, uint32_t arg, uint32_t *ret_seq)
+{
+    if (!c)
+        return -EINVAL;
+    ipc_seq_req_t r = {seq, arg};
+    ipc_seq_rep_t rep;
+    int rc = call(c, op, &r, sizeof(r), NULL, 0, &rep, sizeof(rep));
+    if (rc == 0 && ret_seq)
+        *ret_seq = rep.seq;
+    return rc;
+}
+
+int pat_seq_fork(pat_conn_t *c, uint32_t seq, uint32_t *ret_child)
+{
+    return ret_child ? seq_op(c, IPC_OP_SEQ_FORK, seq, 0, ret_child) : -EINVAL;
+}
+
+int pat_seq_truncate(pat_conn_t *c, uint32_t seq, uint32_t new_len)
+{
+    return seq_op(c, IPC_OP_SEQ_TRUNCATE, seq, new_len, NULL);
+}
+
+int pat_seq_close(pat_conn_t *c, uint32_t seq)
+{
+    return seq_op(c, IPC_OP_SEQ_CLOSE, seq, 0, NULL);
+}
+
+int pat_step_begin(pat_conn_t *c, const uint32_t *seqs, const uint32_t *n_new, uint32_t n_seqs,
+                   const uint32_t *tokens)
+{
+    if (!c || !seqs || !n_new || !tokens || n_seqs == 0)
+        return -EINVAL;
+    if (c->lost)
+        return -ECONNRESET;
+    if (c->step_state != ST_IDLE) {
+        set_err(c, "a step is open; end it first");
+        return -EBUSY;
+    }
+    if (n_seqs > c->hello.max_seqs) {
+        set_err(c, "%u sequences > max_seqs %u", n_seqs, c->hello.max_seqs);
+        return -E2BIG;
+    }
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < n_seqs; i++) {
+        if (n_new[i] == 0) {
+            set_err(c, "sequence #%u has 0 new tokens", i);
+            return -EINVAL;
+        }
+        total += n_new[i];
+    }
+    if (total > c->hello.max_batch_tokens) {
+        set_err(c, "%llu new tokens > max_batch_tokens %u", (unsigned long long)total,
+                c->hello.max_batch_tokens);
+        return -E2BIG;
+    }
+    ipc_step_begin_req_t r = {.n_seqs = n_seqs, .n_tokens = (uint32_t)total};
+    ipc_frame_start(&c->tx, IPC_OP_STEP_BEGIN, 0, ++c->corr, c->session);
+    ipc_frame_put(&c->tx, &r, sizeof(r));
+    for (uint32_t i = 0; i < n_seqs; i++) {
+        ipc_step_seq_t s = {seqs[i], n_new[i]};
+        ipc_frame_put(&c->tx, &s, sizeof(s));
+    }
+    ipc_frame_put(&c->tx, tokens, total * 4);
+    ipc_frame_finish(&c->tx);
+    int rc = send_frame(c, c->sock, &c->tx);
+    if (rc < 0)
+        return daemon_gone(c) ? -ECONNRESET : rc;
+    c->pend_corr = c->corr;
+    c->step_state = ST_SENT;
+    c->n_tokens = (uint32_t)total;
+    return 0;
+}
+
+int pat_attend(pat_conn_t *c, uint32_t layer)
+{
+    if (!c)
+        return -EINVAL;
+    if (c->lost)
+        return -ECONNRESET;
+    int rc = collect_pending(c);
+    if (rc < 0)
+        return rc;
+    if (c->step_state == ST_FAILED)
+        return c->step_err;
+    if (c->step_state != ST_BEGUN) {
+        set_err(c, "no step open");
+        return -ESRCH;
+    }
+    if (layer != c->next_layer || layer >= c->model.n_layers) {
+        set_err(c, "layer %u out of order (next is %u of %u)", layer, c->next_layer,
+                c->model.n_layers);
+        return -EINVAL;
+    }
+    ipc_sig_t *g = ipc_shm_sig(&c->shm);
+    uint32_t tick = c->tick_base + layer + 1;
+    ipc_sig_post(&g->ready, tick); /* release: our Q/K/V stores happen-before */
+    uint64_t deadline = pat_now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+    for (uint32_t spin = 0;; spin++) {
+        uint32_t d = atomic_load_explicit(&g->done, memory_order_acquire);
+        if ((int32_t)(d - tick) >= 0) {
+            c->next_layer++;
+            return 0;
+        }
+        uint32_t st = atomic_load_explicit(&g->state, memory_order_acquire);
+        if (st != IPC_STATE_OPEN) {
+            int e = atomic_load(&g->err);
+            set_err(c, "daemon %s the step at layer %u: %s",
+                    st == IPC_STATE_CLOSED ? "closed the session during" : "aborted", layer,
+                    pat_strerror(e ? e : -ECANCELED));
+            return e ? e : -ECANCELED;
+        }
+        if (spin < SPIN_ITERS) {
+            __builtin_ia32_pause();
+            continue;
+        }
+        if (daemon_gone(c))
+            return -ECONNRESET;
+        if (pat_now_ns() > deadline) {
+            set_err(c, "layer %u: no answer within %u ms", layer, c->timeout_ms);
+            return -ETIMEDOUT;
+        }
+        ipc_sig_wait(&g->done, d, 20000000ull);
+    }
+}
+
+int pat_step_end(pat_conn_t *c, int abort, pat_step_info_t *ret)
+{
+    if (!c)
+        return -EINVAL;
+    if (c->lost)
+        return -ECONNRESET;
+    int rc = collect_pending(c);
+    if (c->step_state == ST_FAILED) { /* the daemon never started it: nothing to end */
+        c->step_state = ST_IDLE;
+        return c->step_err;
+    }
+    if (rc < 0)
+        return rc;
+    if (c->step_state != ST_BEGUN) {
+        set_err(c, "no step open");
+        return -ESRCH;
+    }
+    ipc_step_end_req_t r = {.step = c->step_id, .flags = abort ? IPC_STEP_END_ABORT : 0};
+    ipc_step_end_rep_t rep;
+    rc = call(c, IPC_OP_STEP_END, &r, sizeof(r), NULL, 0, &rep, sizeof(rep));
+    if (rc == -ECONNRESET || rc == -ETIMEDOUT)
+        return rc; /* the step stays open: the caller may retry or reconnect */
+    c->step_state = ST_IDLE;
+    if (rc < 0)
+        return rc;
+    if (rep.committed) {
+        c->stats.steps++;
+        c->stats.tokens += c->n_tokens;
+        c->stats.kv_bytes += c->begin_rep.kv_bytes * c->model.n_layers;
+        c->stats.qc_bytes += c->begin_rep.qc_bytes * c->model.n_layers;
+    }
+    if (ret) {
+        memset(ret, 0, sizeof(*ret));
+        ret->step = c->step_id;
+        ret->n_tokens = c->begin_rep.n_tokens;
+        ret->pack_reused = c->begin_rep.pack_reused;
+        ret->kv_bytes = c->begin_rep.kv_bytes;
+        ret->qc_bytes = c->begin_rep.qc_bytes;
+        ret->layers_done = rep.layers_done;
+        ret->committed = rep.committed;
+        ret->step_ns = rep.step_ns;
+    }
+    return 0;
+}
+
+int pat_stats(const pat_conn_t *c, pat_conn_stats_t *ret)
+{
+    if (!c || !ret)
+        return -EINVAL;
+    *ret = c->stats;
+    return 0;
+}
+
+int pat_admin(const char *socket, pat_admin_op_t op, uint32_t timeout_ms, char **ret_text)
+{
+    if (ipc_op_is_admin((uint32_t)op) != 1 || op == (pat_admin_op_t)IPC_OP_HELLO || !ret_text)
+        return -EINVAL;
+    const char *path = socket ? socket : pat_default_socket();
+    timeout_ms = timeout_ms ? timeout_ms : 10000;
+    int s, rc = open_socket(path, timeout_ms, &s);
+    if (rc < 0)
+        return rc == -ECONNREFUSED ? -ENOENT : rc;
+    ipc_buf_t b;
+    ipc_buf_init(&b);
+    uint64_t corr = (uint64_t)getpid() << 32 | (uint32_t)pat_now_ns();
+    ipc_frame_start(&b, (uint32_t)op, 0, corr, 0);
+    ipc_frame_finish(&b);
+    void *msg = NULL;
+    size_t n;
+    if ((rc = send_frame(NULL, s, &b)) == 0 &&
+        (rc = recv_reply(NULL, s, corr, timeout_ms, &msg, &n)) == 0) {
+        const void *body;
+        size_t len;
+        pat_conn_t tmp = {0};
+        rc = parse_reply(&tmp, msg, n, &body, &len);
+        char *t = pat_xmalloc(rc == 0 ? len + 1 : sizeof(tmp.err));
+        if (rc == 0) {
+            memcpy(t, body, len);
+            t[len] = 0;
+        } else {
+            snprintf(t, sizeof(tmp.err), "%s", tmp.err);
+        }
+        *ret_text = t;
+        nn_freemsg(msg);
+    }
+    ipc_buf_done(&b);
+    nn_close(s);
+    return rc;
+}
+
+void pat_free(void *p)
+{
+    free(p);
+}

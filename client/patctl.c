@@ -1,0 +1,120 @@
+/*
+ * patctl.c — the operator's command line for a running patd: status, stats (table or JSON),
+ * seqs, drain, reload. Talks to the control socket through libpat's pat_admin().
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pat.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: patctl [--socket PATH] [--timeout MS] COMMAND\n\n"
+               "Commands:\n"
+               "  status          daemon state, pool occupancy, pool consistency check\n"
+               "  stats [--json]  counters and gauges (a table, or one JSON object)\n"
+               "  seqs            open sequences: session, pid, label, id, length, blocks\n"
+               "  drain           refuse new work, finish steps in flight, exit\n"
+               "  reload          re-read the config file (as SIGHUP)\n\n"
+               "The socket defaults to $PATD_SOCKET, else the daemon's default path\n"
+               "(/run/patd/patd.sock as root). Exit status: 0 ok, 1 the daemon refused or is\n"
+               "unreachable, 2 usage.\n");
+}
+
+/* Prometheus text -> aligned table or JSON object (comments dropped). */
+static void print_stats(const char *text, int json)
+{
+    const char *p = text;
+    int first = 1;
+    if (json)
+        printf("{");
+    while (*p) {
+        const char *nl = strchr(p, '\n');
+        size_t n = nl ? (size_t)(nl - p) : strlen(p);
+        if (n && p[0] != '#') {
+            const char *sp = memchr(p, ' ', n);
+            if (sp) {
+                int kl = (int)(sp - p), vl = (int)(n - (size_t)(sp - p) - 1);
+                if (json) {
+                    printf("%s\n  \"", first ? "" : ",");
+                    for (int i = 0; i < kl; i++)
+                        if (p[i] == '"' || p[i] == '\\')
+                            printf("\\%c", p[i]);
+                        else
+                            putchar(p[i]);
+                    printf("\": %.*s", vl, sp + 1);
+                } else {
+                    printf("%-58.*s %*.*s\n", kl, p, 16, vl, sp + 1);
+                }
+                first = 0;
+            }
+        }
+        p += n + (nl != NULL);
+    }
+    if (json)
+        printf("\n}\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *sock = NULL;
+    unsigned timeout = 10000;
+    int json = 0;
+    const char *cmd = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--socket") && i + 1 < argc) {
+            sock = argv[++i];
+        } else if (!strcmp(argv[i], "--timeout") && i + 1 < argc) {
+            timeout = (unsigned)strtoul(argv[++i], NULL, 10);
+        } else if (!strcmp(argv[i], "--json")) {
+            json = 1;
+        } else if (!cmd && argv[i][0] != '-') {
+            cmd = argv[i];
+        } else {
+            fprintf(stderr, "patctl: unexpected argument '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    static const struct {
+        const char *name;
+        pat_admin_op_t op;
+    } cmds[] = {{"status", PAT_ADMIN_STATUS},
+                {"stats", PAT_ADMIN_STATS},
+                {"seqs", PAT_ADMIN_SEQS},
+                {"drain", PAT_ADMIN_DRAIN},
+                {"reload", PAT_ADMIN_RELOAD}};
+    int op = -1;
+    for (size_t i = 0; cmd && i < sizeof(cmds) / sizeof(cmds[0]); i++)
+        if (!strcmp(cmd, cmds[i].name))
+            op = (int)cmds[i].op;
+    if (op < 0) {
+        if (cmd)
+            fprintf(stderr, "patctl: unknown command '%s'\n", cmd);
+        usage(stderr);
+        return 2;
+    }
+    if (json && op != PAT_ADMIN_STATS) {
+        fprintf(stderr, "patctl: --json applies to stats only\n");
+        return 2;
+    }
+    char *text = NULL;
+    int rc = pat_admin(sock, (pat_admin_op_t)op, timeout, &text);
+    if (rc < 0) {
+        fprintf(stderr, "patctl: %s: %s%s%s\n", sock ? sock : pat_default_socket(),
+                pat_strerror(rc), text && *text ? ": " : "", text ? text : "");
+        pat_free(text);
+        return 1;
+    }
+    if (op == PAT_ADMIN_STATS)
+        print_stats(text, json);
+    else
+        fputs(text, stdout);
+    pat_free(text);
+    return 0;
+}
