@@ -59,25 +59,25 @@ typedef struct pat_model {
 } pat_model_t;
 
 typedef struct pat_connect_opts {
-    uint32_t size;              /* sizeof(pat_connect_opts_t) */
-    uint32_t max_batch_tokens;  /* staging rows: the most new tokens in one step */
-    uint32_t max_seqs;          /* open sequences wanted; 0 = the daemon's per-connection quota */
-    uint32_t timeout_ms;        /* per request and per layer wait; 0 = 30000 */
-    uint32_t lease_ms;          /* 0 = the daemon's default (used when it cannot watch our pid) */
+    uint32_t size;             /* sizeof(pat_connect_opts_t) */
+    uint32_t max_batch_tokens; /* staging rows: the most new tokens in one step */
+    uint32_t max_seqs;         /* open sequences wanted; 0 = the daemon's per-connection quota */
+    uint32_t timeout_ms;       /* per request and per layer wait; 0 = 30000 */
+    uint32_t lease_ms;         /* 0 = the daemon's default (used when it cannot watch our pid) */
     uint32_t reserved0;
-    const char *socket;         /* control socket path; NULL = $PATD_SOCKET, else the default */
-    const char *label;          /* shown by `patctl seqs`; may be NULL */
+    const char *socket; /* control socket path; NULL = $PATD_SOCKET, else the default */
+    const char *label;  /* shown by `patctl seqs`; may be NULL */
     pat_model_t model;
     uint64_t reserved[8];
 } pat_connect_opts_t;
 
 typedef struct pat_buffers {
-    void *q, *k, *v, *o;      /* staging buffers, valid until pat_close() */
-    uint64_t q_row_bytes;     /* one token's Q (and O): q_heads * head_dim * element size */
-    uint64_t kv_row_bytes;    /* one token's K (and V) */
+    void *q, *k, *v, *o;   /* staging buffers, valid until pat_close() */
+    uint64_t q_row_bytes;  /* one token's Q (and O): q_heads * head_dim * element size */
+    uint64_t kv_row_bytes; /* one token's K (and V) */
     uint32_t max_batch_tokens;
     uint32_t max_seqs;
-    uint32_t max_blocks;      /* the daemon's block quota for this connection */
+    uint32_t max_blocks; /* the daemon's block quota for this connection */
     uint32_t lease_ms;
     uint64_t reserved[8];
 } pat_buffers_t;
@@ -89,16 +89,16 @@ typedef struct pat_step_info {
     uint64_t kv_bytes;    /* K+V bytes the plan reads per layer */
     uint64_t qc_bytes;    /* ... and what query-centric attention would read */
     uint32_t layers_done;
-    uint32_t committed;   /* 1: the tokens are now part of their sequences */
-    uint64_t step_ns;     /* daemon: STEP_BEGIN received -> last layer done */
+    uint32_t committed; /* 1: the tokens are now part of their sequences */
+    uint64_t step_ns;   /* daemon: STEP_BEGIN received -> last layer done */
     uint64_t reserved[4];
 } pat_step_info_t;
 
 typedef struct pat_conn_stats {
     uint64_t steps, tokens;
-    uint64_t kv_bytes, qc_bytes;   /* summed over steps and layers */
-    uint64_t prompt_tokens;        /* given to pat_seq_open */
-    uint64_t cached_tokens;        /* ... of which the prefix cache already held */
+    uint64_t kv_bytes, qc_bytes; /* summed over steps and layers */
+    uint64_t prompt_tokens;      /* given to pat_seq_open */
+    uint64_t cached_tokens;      /* ... of which the prefix cache already held */
     uint64_t reserved[8];
 } pat_conn_stats_t;
 
@@ -150,8 +150,7 @@ PAT_API int pat_stats(const pat_conn_t *c, pat_conn_stats_t *ret);
 
 /* Operator requests (no session): *ret_text is malloc'd, NUL-terminated (the answer, or on a
  * daemon error its detail); free with pat_free. Returns 0 or a negative errno. */
-PAT_API int pat_admin(const char *socket, pat_admin_op_t op, uint32_t timeout_ms,
-                      char **ret_text);
+PAT_API int pat_admin(const char *socket, pat_admin_op_t op, uint32_t timeout_ms, char **ret_text);
 PAT_API void pat_free(void *p);
 
 #ifdef __cplusplus

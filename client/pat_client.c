@@ -327,8 +327,8 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
                          .max_seqs = o->max_seqs,
                          .buffer_kind = IPC_BUF_SHM,
                          .lease_ms = o->lease_ms};
-    r.model = (ipc_model_sig_t){o->model.n_layers, o->model.q_heads,  o->model.kv_heads,
-                                o->model.head_dim, o->model.dtype,    o->model.block_size,
+    r.model = (ipc_model_sig_t){o->model.n_layers, o->model.q_heads, o->model.kv_heads,
+                                o->model.head_dim, o->model.dtype,   o->model.block_size,
                                 o->model.model_id};
     if (o->label)
         snprintf(r.label, sizeof(r.label), "%s", o->label);
@@ -347,15 +347,13 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
     if (ipc_layout_compute(c->hello.max_batch_tokens, o->model.q_heads, o->model.kv_heads,
                            o->model.head_dim, elt, &lay) < 0 ||
         lay.bytes != c->hello.buf_bytes || lay.q_off != c->hello.q_off ||
-        lay.k_off != c->hello.k_off || lay.v_off != c->hello.v_off ||
-        lay.o_off != c->hello.o_off) {
+        lay.k_off != c->hello.k_off || lay.v_off != c->hello.v_off || lay.o_off != c->hello.o_off) {
         snprintf(why, why_len, "daemon's buffer layout does not match this library's");
         rc = -EPROTO;
         goto fail_session;
     }
     if ((rc = ipc_shm_open(&c->shm, c->hello.shm_name, c->hello.buf_bytes)) < 0) {
-        snprintf(why, why_len, "mapping staging buffer %s: %s", c->hello.shm_name,
-                 strerror(-rc));
+        snprintf(why, why_len, "mapping staging buffer %s: %s", c->hello.shm_name, strerror(-rc));
         goto fail_session;
     }
     *ret = c;

@@ -51,6 +51,9 @@ static const opt_t opts[] = {
      "group owning the sockets and buffers (empty: the daemon's)"},
     {"daemon", "backend", T_STR, F(backend), 1, 15, "auto", 0,
      "auto | cpu | cuda (auto: cuda when this build has the cuda backend, else cpu)"},
+    {"daemon", "liveness", T_STR, F(liveness), 1, 15, "auto", 1,
+     "auto: watch each client's pid with a pidfd, a lease when it cannot be watched; lease: "
+     "always the lease (clients must send a request every lease_ms)"},
     {"daemon", "threads", T_U32, F(threads), 0, 1024, "0", 0,
      "cpu backend worker threads (0: one per online CPU)"},
     {"daemon", "executors", T_U32, F(executors), 1, 64, "2", 0,
@@ -238,6 +241,10 @@ static int validate(const patd_config_t *c)
     }
     if (strcmp(c->backend, "auto") && strcmp(c->backend, "cpu") && strcmp(c->backend, "cuda")) {
         fprintf(stderr, "patd: daemon.backend must be auto, cpu or cuda (got '%s')\n", c->backend);
+        return -EINVAL;
+    }
+    if (strcmp(c->liveness, "auto") && strcmp(c->liveness, "lease")) {
+        fprintf(stderr, "patd: daemon.liveness must be auto or lease (got '%s')\n", c->liveness);
         return -EINVAL;
     }
     if (strchr(c->name, '/') || c->name[0] == '.') {

@@ -125,6 +125,10 @@ int patd_conn_hello(patd_t *d, const ipc_hdr_t *h, const ipc_hello_req_t *r, ipc
         WHY("pid %u is not running (in the daemon's pid namespace)", r->pid);
         return -EINVAL;
     }
+    if (pidfd >= 0 && !strcmp(cfg->liveness, "lease")) {
+        close(pidfd);
+        pidfd = -EPERM; /* the operator asked for leases only */
+    }
 
     patd_conn_t *c = pat_xcalloc(1, sizeof(*c));
     c->d = d;

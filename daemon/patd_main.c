@@ -721,9 +721,13 @@ static int open_sockets(patd_t *d)
         patd_err("nanomsg socket: %s", nn_strerror(nn_errno()));
         return -EIO;
     }
-    int maxsz = (int)PAT_MIN((uint64_t)IPC_MAX_FRAME,
-                             sizeof(ipc_hdr_t) + 64 + 8ull * cfg->conn_max_seqs +
-                                 4ull * PAT_MAX(cfg->max_seq_len, cfg->conn_max_batch_tokens));
+    /* The largest valid request (a max_seq_len prompt, or a full step) plus 64 KiB, so that a
+     * frame announcing too much is still read and answered -E2BIG; anything beyond this bound
+     * is dropped by nanomsg unread (libpat never sends such frames). */
+    uint64_t biggest = sizeof(ipc_hdr_t) + sizeof(ipc_step_begin_req_t) +
+                       8ull * cfg->conn_max_seqs +
+                       4ull * PAT_MAX(cfg->max_seq_len, cfg->conn_max_batch_tokens);
+    int maxsz = (int)PAT_MIN((uint64_t)IPC_MAX_FRAME, biggest + 65536);
     nn_setsockopt(d->rep, NN_SOL_SOCKET, NN_RCVMAXSIZE, &maxsz, sizeof(maxsz));
     const char *paths[2] = {d->sock_path, d->ev_path};
     int socks[2] = {d->rep, d->pub};

@@ -73,7 +73,8 @@ int ipc_frame_check(const void *frame, size_t len, int want_reply, ipc_hdr_t *re
         return -EBADMSG;
     if (h.version != IPC_VERSION)
         return -EPROTONOSUPPORT;
-    if (ipc_op_is_admin(h.opcode) < 0)
+    /* an error reply echoes whatever opcode the refused request carried */
+    if (ipc_op_is_admin(h.opcode) < 0 && !(want_reply && (h.flags & IPC_F_ERROR)))
         return -EOPNOTSUPP;
     if (len > IPC_MAX_FRAME || (size_t)h.body_len != len - sizeof(h))
         return -EMSGSIZE;

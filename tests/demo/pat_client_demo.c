@@ -123,8 +123,12 @@ static int run_client(const opts_t *o, uint32_t id, result_t *r)
 int main(int argc, char **argv)
 {
     opts_t o = {.socket = NULL, .clients = 3, .requests = 12, .batch = 6, .decode = 8};
-    o.model = (pat_model_t){.n_layers = 4, .q_heads = 8, .kv_heads = 2, .head_dim = 64,
-                            .dtype = PAT_F16, .block_size = 16};
+    o.model = (pat_model_t){.n_layers = 4,
+                            .q_heads = 8,
+                            .kv_heads = 2,
+                            .head_dim = 64,
+                            .dtype = PAT_F16,
+                            .block_size = 16};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;

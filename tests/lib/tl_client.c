@@ -62,8 +62,8 @@ static double stored(kern_dtype_t dt, float v)
     return kern_load(dt, b, 0);
 }
 
-int tl_client_step(pat_conn_t *c, const pat_model_t *m, tl_seq_t **seqs, uint32_t n,
-                   tl_rng_t *rng, int check, tl_step_result_t *res)
+int tl_client_step(pat_conn_t *c, const pat_model_t *m, tl_seq_t **seqs, uint32_t n, tl_rng_t *rng,
+                   int check, tl_step_result_t *res)
 {
     pat_buffers_t buf;
     pat_buffers(c, &buf);

@@ -13,12 +13,12 @@
 #include "tl_rng.h"
 
 typedef struct tl_seq {
-    uint32_t seq;        /* patd sequence id */
-    uint32_t *tok;       /* every token id known: prompt, then generated */
-    uint64_t *hash;      /* hash of tok[0..i]: names the KV of position i */
+    uint32_t seq;   /* patd sequence id */
+    uint32_t *tok;  /* every token id known: prompt, then generated */
+    uint64_t *hash; /* hash of tok[0..i]: names the KV of position i */
     uint32_t n_tok, cap;
-    uint32_t len;        /* KV tokens written (committed) */
-    uint32_t cached;     /* cached_len at open */
+    uint32_t len;    /* KV tokens written (committed) */
+    uint32_t cached; /* cached_len at open */
 } tl_seq_t;
 
 void tl_seq_init(tl_seq_t *s);
@@ -28,8 +28,8 @@ void tl_seq_done(tl_seq_t *s);
 int tl_seq_open(pat_conn_t *c, tl_seq_t *s);
 
 typedef struct tl_step_result {
-    double worst;     /* largest relative error of a row vs float64 */
-    uint64_t rows;    /* rows checked (tokens x q heads x layers) */
+    double worst;  /* largest relative error of a row vs float64 */
+    uint64_t rows; /* rows checked (tokens x q heads x layers) */
     pat_step_info_t info;
 } tl_step_result_t;
 
@@ -37,7 +37,7 @@ typedef struct tl_step_result {
  * K, V, Q into the staging buffers, pat_attend()s and checks every row; then pat_step_end and
  * advances len. Returns 0 or the first libpat error (the step is aborted on a check failure:
  * -EIO). Checks are skipped when check == 0 (load, fault tests). */
-int tl_client_step(pat_conn_t *c, const pat_model_t *m, tl_seq_t **seqs, uint32_t n,
-                   tl_rng_t *rng, int check, tl_step_result_t *res);
+int tl_client_step(pat_conn_t *c, const pat_model_t *m, tl_seq_t **seqs, uint32_t n, tl_rng_t *rng,
+                   int check, tl_step_result_t *res);
 
 #endif

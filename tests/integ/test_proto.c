@@ -1,0 +1,612 @@
+/*
+ * test_proto.c — the wire protocol against a real patd: a table of malformed and refused
+ * frames, each answered with its specific error code, the daemon still serving afterwards and
+ * its pool consistent; plus the session operations (open/fork/truncate/close, quotas) through
+ * libpat.
+ */
+#include <errno.h>
+#include <nanomsg/nn.h>
+#include <nanomsg/reqrep.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "ipc_proto.h"
+#include "pat.h"
+#include "tl_client.h"
+#include "tl_daemon.h"
+
+static tl_daemon_t D;
+static const pat_model_t MODEL = {4, 8, 2, 64, PAT_F16, 16, 0};
+
+static int setup(void **state)
+{
+    static const char *const args[] = {"--max-seq-len=512",       "--conn-max-seqs=8",
+                                       "--conn-max-batch-tokens=256", "--blocks=256",
+                                       "--conn-max-blocks=64",    NULL};
+    return tl_daemon_start(&D, args);
+}
+
+static int teardown(void **state)
+{
+    int rc = tl_daemon_signal_wait(&D, SIGTERM, 5000);
+    tl_daemon_stop(&D);
+    return rc == 0 ? 0 : -1;
+}
+
+/* ---------------------------------------------------------------- raw frames */
+static int raw_socket(void)
+{
+    int s = nn_socket(AF_SP, NN_REQ);
+    assert_true(s >= 0);
+    int t = 3000;
+    nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVTIMEO, &t, sizeof(t));
+    nn_setsockopt(s, NN_SOL_SOCKET, NN_SNDTIMEO, &t, sizeof(t));
+    char url[256];
+    snprintf(url, sizeof(url), "ipc://%s", D.sock);
+    assert_true(nn_connect(s, url) >= 0);
+    return s;
+}
+
+/* Sends bytes, returns the error code of the answer (0 for a success reply); body out. */
+static int raw_call(int s, const void *frame, size_t len, void *body, size_t body_len)
+{
+    assert_int_equal(nn_send(s, frame, len, 0), (int)len);
+    void *msg = NULL;
+    int n = nn_recv(s, &msg, NN_MSG, 0);
+    assert_true(n >= (int)sizeof(ipc_hdr_t));
+    ipc_hdr_t h;
+    assert_int_equal(ipc_frame_check(msg, (size_t)n, 1, &h), 0);
+    int code = 0;
+    if (h.flags & IPC_F_ERROR) {
+        ipc_err_body_t e;
+        assert_int_equal(h.body_len, sizeof(e));
+        memcpy(&e, (uint8_t *)msg + sizeof(h), sizeof(e));
+        code = e.code;
+        assert_non_null(memchr(e.msg, 0, sizeof(e.msg)));
+    } else if (body) {
+        assert_int_equal(h.body_len, body_len);
+        memcpy(body, (uint8_t *)msg + sizeof(h), body_len);
+    }
+    nn_freemsg(msg);
+    return code;
+}
+
+typedef struct frame {
+    uint8_t b[4096];
+    size_t len;
+} frame_t;
+
+static void frame_make(frame_t *f, uint32_t op, uint64_t session, const void *body, size_t len)
+{
+    static uint64_t corr = 100; /* a fresh id per frame: a repeated one means "resend" */
+    ipc_hdr_t h = {.magic = IPC_MAGIC,
+                   .version = IPC_VERSION,
+                   .opcode = (uint16_t)op,
+                   .body_len = (uint32_t)len,
+                   .corr = ++corr,
+                   .session = session};
+    memcpy(f->b, &h, sizeof(h));
+    if (len)
+        memcpy(f->b + sizeof(h), body, len);
+    f->len = sizeof(h) + len;
+}
+
+static ipc_hello_req_t good_hello(void)
+{
+    ipc_hello_req_t r = {.model = {4, 8, 2, 64, PAT_F16, 16, 0},
+                         .pid = (uint32_t)getpid(),
+                         .max_batch_tokens = 64,
+                         .buffer_kind = IPC_BUF_SHM};
+    snprintf(r.label, sizeof(r.label), "raw");
+    return r;
+}
+
+static uint64_t raw_hello(int s)
+{
+    frame_t f;
+    ipc_hello_req_t r = good_hello();
+    ipc_hello_rep_t rep;
+    frame_make(&f, IPC_OP_HELLO, 0, &r, sizeof(r));
+    assert_int_equal(raw_call(s, f.b, f.len, &rep, sizeof(rep)), 0);
+    assert_int_not_equal(rep.session, 0);
+    return rep.session;
+}
+
+typedef void (*mutate_fn)(frame_t *f, uint64_t session, uint32_t seq, uint64_t other_sess);
+
+#define HDR(f) ((ipc_hdr_t *)(f)->b)
+static void m_short(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    frame_make(f, IPC_OP_PING, s, NULL, 0);
+    f->len = 10;
+}
+static void m_magic(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    frame_make(f, IPC_OP_PING, s, NULL, 0);
+    HDR(f)->magic ^= 1;
+}
+static void m_reserved(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    frame_make(f, IPC_OP_PING, s, NULL, 0);
+    HDR(f)->reserved = 1;
+}
+static void m_flags(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    frame_make(f, IPC_OP_PING, s, NULL, 0);
+    HDR(f)->flags = 0x80;
+}
+static void m_replyflag(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    frame_make(f, IPC_OP_PING, s, NULL, 0);
+    HDR(f)->flags = IPC_F_REPLY;
+}
+static void m_version(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    frame_make(f, IPC_OP_PING, s, NULL, 0);
+    HDR(f)->version = 2;
+}
+static void m_opcode(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    frame_make(f, 99, s, NULL, 0);
+}
+static void m_bodylen(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    uint8_t x[8] = {0};
+    frame_make(f, IPC_OP_SEQ_CLOSE, s, x, 8);
+    HDR(f)->body_len = 100;
+}
+static void m_open_trunc(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    uint32_t b[2 + 5] = {10, 0, 1, 2, 3, 4, 5}; /* announces 10 tokens, carries 5 */
+    frame_make(f, IPC_OP_SEQ_OPEN, s, b, sizeof(b));
+}
+static void m_open_huge(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    uint32_t b[3] = {IPC_MAX_TOKENS + 1, 0, 1};
+    frame_make(f, IPC_OP_SEQ_OPEN, s, b, sizeof(b));
+}
+static void m_open_long(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    static uint32_t b[2 + 600];
+    b[0] = 600; /* max_seq_len is 512 */
+    for (int i = 0; i < 600; i++)
+        b[2 + i] = (uint32_t)i;
+    frame_make(f, IPC_OP_SEQ_OPEN, s, b, sizeof(b));
+}
+static void m_open_zero(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    uint32_t b[2] = {0, 0};
+    frame_make(f, IPC_OP_SEQ_OPEN, s, b, sizeof(b));
+}
+static void step_frame(frame_t *f, uint64_t s, uint32_t n_seqs, uint32_t n_tokens,
+                       const uint32_t *seq_new, uint32_t flags)
+{
+    uint8_t b[4000];
+    ipc_step_begin_req_t r = {.n_seqs = n_seqs, .n_tokens = n_tokens, .flags = flags};
+    memcpy(b, &r, sizeof(r));
+    memcpy(b + sizeof(r), seq_new, 8ull * n_seqs);
+    memset(b + sizeof(r) + 8ull * n_seqs, 7, 4ull * n_tokens);
+    frame_make(f, IPC_OP_STEP_BEGIN, s, b, sizeof(r) + 8ull * n_seqs + 4ull * n_tokens);
+}
+static void m_step_zero(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    step_frame(f, s, 0, 0, NULL, 0);
+}
+static void m_step_sum(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    uint32_t sn[2] = {q, 3};
+    step_frame(f, s, 1, 5, sn, 0);
+}
+static void m_step_flags(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    uint32_t sn[2] = {q, 1};
+    step_frame(f, s, 1, 1, sn, 4);
+}
+static void m_step_nonew(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    uint32_t sn[4] = {q, 0, q, 1};
+    step_frame(f, s, 2, 1, sn, 0);
+}
+static void m_step_toomany(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    uint32_t sn[2] = {q, 300}; /* the session has 64 batch tokens */
+    step_frame(f, s, 1, 300, sn, 0);
+}
+static void m_step_unknown(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    uint32_t sn[2] = {q ^ 0x5a5a5, 1};
+    step_frame(f, s, 1, 1, sn, 0);
+}
+static void m_step_dup(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    uint32_t sn[4] = {q, 1, q, 1};
+    step_frame(f, s, 2, 2, sn, 0);
+}
+static void m_close_unknown(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    ipc_seq_req_t r = {12345678, 0};
+    frame_make(f, IPC_OP_SEQ_CLOSE, s, &r, sizeof(r));
+}
+static void m_close_other(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    ipc_seq_req_t r = {q, 0}; /* a real sequence, of another session */
+    frame_make(f, IPC_OP_SEQ_CLOSE, o, &r, sizeof(r));
+}
+static void m_close_arg(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    ipc_seq_req_t r = {q, 5};
+    frame_make(f, IPC_OP_SEQ_CLOSE, s, &r, sizeof(r));
+}
+static void m_trunc_range(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    ipc_seq_req_t r = {q, 100000}; /* beyond its length */
+    frame_make(f, IPC_OP_SEQ_TRUNCATE, s, &r, sizeof(r));
+}
+static void m_session(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    frame_make(f, IPC_OP_PING, s ^ 0xffff, NULL, 0);
+}
+static void m_session_zero(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    frame_make(f, IPC_OP_PING, 0, NULL, 0);
+}
+static void m_hello_model(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    ipc_hello_req_t r = good_hello();
+    r.model.head_dim = 128;
+    frame_make(f, IPC_OP_HELLO, 0, &r, sizeof(r));
+}
+static void m_hello_id(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    ipc_hello_req_t r = good_hello();
+    r.model.model_id = 42;
+    frame_make(f, IPC_OP_HELLO, 0, &r, sizeof(r));
+}
+static void m_hello_quota(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    ipc_hello_req_t r = good_hello();
+    r.max_batch_tokens = 100000; /* quota 256 */
+    frame_make(f, IPC_OP_HELLO, 0, &r, sizeof(r));
+}
+static void m_hello_seqs(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    ipc_hello_req_t r = good_hello();
+    r.max_seqs = 9; /* quota 8 */
+    frame_make(f, IPC_OP_HELLO, 0, &r, sizeof(r));
+}
+static void m_hello_pid(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    ipc_hello_req_t r = good_hello();
+    r.pid = 0x3ffffff0; /* no such process */
+    frame_make(f, IPC_OP_HELLO, 0, &r, sizeof(r));
+}
+static void m_hello_label(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    ipc_hello_req_t r = good_hello();
+    memset(r.label, 'x', sizeof(r.label));
+    frame_make(f, IPC_OP_HELLO, 0, &r, sizeof(r));
+}
+static void m_hello_short(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    ipc_hello_req_t r = good_hello();
+    frame_make(f, IPC_OP_HELLO, 0, &r, sizeof(r) - 4);
+}
+static void m_hello_session(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    ipc_hello_req_t r = good_hello();
+    frame_make(f, IPC_OP_HELLO, s, &r, sizeof(r));
+}
+static void m_hello_kind(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    ipc_hello_req_t r = good_hello();
+    r.buffer_kind = 7;
+    frame_make(f, IPC_OP_HELLO, 0, &r, sizeof(r));
+}
+static void m_hello_cuda(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    ipc_hello_req_t r = good_hello();
+    r.buffer_kind = IPC_BUF_CUDA_IPC; /* the cpu backend has no device buffers */
+    frame_make(f, IPC_OP_HELLO, 0, &r, sizeof(r));
+}
+static void m_end_unknown(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    ipc_step_end_req_t r = {.step = 999};
+    frame_make(f, IPC_OP_STEP_END, s, &r, sizeof(r));
+}
+static void m_end_flags(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    ipc_step_end_req_t r = {.step = 1, .flags = 6};
+    frame_make(f, IPC_OP_STEP_END, s, &r, sizeof(r));
+}
+static void m_admin_session(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    frame_make(f, IPC_OP_STATUS, s, NULL, 0);
+}
+static void m_admin_body(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    uint32_t x = 1;
+    frame_make(f, IPC_OP_STATS, 0, &x, 4);
+}
+static void m_ping_body(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    uint32_t x = 1;
+    frame_make(f, IPC_OP_PING, s, &x, 4);
+}
+
+static const struct {
+    const char *name;
+    mutate_fn make;
+    int code;
+} bad_frames[] = {
+    {"frame shorter than a header", m_short, -EBADMSG},
+    {"bad magic", m_magic, -EBADMSG},
+    {"reserved header field set", m_reserved, -EBADMSG},
+    {"unknown flag bits", m_flags, -EBADMSG},
+    {"reply flag on a request", m_replyflag, -EBADMSG},
+    {"protocol version 2", m_version, -EPROTONOSUPPORT},
+    {"unknown opcode 99", m_opcode, -EOPNOTSUPP},
+    {"body_len disagrees with the frame", m_bodylen, -EMSGSIZE},
+    {"SEQ_OPEN announces more tokens than carried", m_open_trunc, -EMSGSIZE},
+    {"SEQ_OPEN count beyond protocol bound", m_open_huge, -E2BIG},
+    {"SEQ_OPEN prompt longer than max_seq_len", m_open_long, -E2BIG},
+    {"SEQ_OPEN of zero tokens", m_open_zero, -EINVAL},
+    {"STEP_BEGIN with no sequences", m_step_zero, -EINVAL},
+    {"STEP_BEGIN counts do not add up", m_step_sum, -EINVAL},
+    {"STEP_BEGIN flags set", m_step_flags, -EBADMSG},
+    {"STEP_BEGIN a sequence with 0 new tokens", m_step_nonew, -EINVAL},
+    {"STEP_BEGIN over the session's batch tokens", m_step_toomany, -E2BIG},
+    {"STEP_BEGIN unknown sequence id", m_step_unknown, -ENOENT},
+    {"STEP_BEGIN a sequence twice", m_step_dup, -EINVAL},
+    {"SEQ_CLOSE unknown sequence", m_close_unknown, -ENOENT},
+    {"SEQ_CLOSE another session's sequence", m_close_other, -ENOENT},
+    {"SEQ_CLOSE with a non-zero arg", m_close_arg, -EBADMSG},
+    {"SEQ_TRUNCATE beyond the length", m_trunc_range, -ERANGE},
+    {"unknown session", m_session, -ENOTCONN},
+    {"session request with session 0", m_session_zero, -ENOTCONN},
+    {"HELLO wrong head_dim", m_hello_model, -EMEDIUMTYPE},
+    {"HELLO wrong model id", m_hello_id, -EMEDIUMTYPE},
+    {"HELLO batch tokens over quota", m_hello_quota, -EDQUOT},
+    {"HELLO sequences over quota", m_hello_seqs, -EDQUOT},
+    {"HELLO pid not running", m_hello_pid, -EINVAL},
+    {"HELLO label not terminated", m_hello_label, -EBADMSG},
+    {"HELLO body truncated", m_hello_short, -EMSGSIZE},
+    {"HELLO with a session", m_hello_session, -EINVAL},
+    {"HELLO unknown buffer kind", m_hello_kind, -EINVAL},
+    {"HELLO cuda-ipc buffers on the cpu backend", m_hello_cuda, -EINVAL},
+    {"STEP_END of no step", m_end_unknown, -ESRCH},
+    {"STEP_END unknown flags", m_end_flags, -EBADMSG},
+    {"admin request with a session", m_admin_session, -EINVAL},
+    {"admin request with a body", m_admin_body, -EMSGSIZE},
+    {"PING with a body", m_ping_body, -EMSGSIZE},
+};
+
+static void test_malformed_frames(void **state)
+{
+    int s = raw_socket();
+    uint64_t sess = raw_hello(s), other = raw_hello(s);
+    /* one real sequence in the first session */
+    frame_t f;
+    uint32_t ob[2 + 20] = {20, 0};
+    for (int i = 0; i < 20; i++)
+        ob[2 + i] = 900 + (uint32_t)i;
+    ipc_seq_rep_t orep;
+    frame_make(&f, IPC_OP_SEQ_OPEN, sess, ob, sizeof(ob));
+    assert_int_equal(raw_call(s, f.b, f.len, &orep, sizeof(orep)), 0);
+    int64_t blocks_before = tl_daemon_status(&D, "blocks_used");
+    int64_t seqs_before = tl_daemon_status(&D, "sequences");
+    for (size_t i = 0; i < sizeof(bad_frames) / sizeof(bad_frames[0]); i++) {
+        bad_frames[i].make(&f, sess, orep.seq, other);
+        int code = raw_call(s, f.b, f.len, NULL, 0);
+        if (code != bad_frames[i].code)
+            fail_msg("%s: got %d (%s), want %d (%s)", bad_frames[i].name, code,
+                     ipc_err_name(code) ? ipc_err_name(code) : "?", bad_frames[i].code,
+                     ipc_err_name(bad_frames[i].code));
+        /* still serving, nothing changed */
+        frame_make(&f, IPC_OP_PING, sess, NULL, 0);
+        assert_int_equal(raw_call(s, f.b, f.len, NULL, 0), 0);
+        assert_int_equal(tl_daemon_status(&D, "blocks_used"), blocks_before);
+        assert_int_equal(tl_daemon_status(&D, "sequences"), seqs_before);
+        assert_int_equal(tl_daemon_status(&D, "pool_check"), 0);
+    }
+    /* refusals are counted by code */
+    assert_true(tl_daemon_metric(&D, "patd_errors_total{code=\"BAD_MAGIC\"}") >= 5);
+    /* a resent request (same correlation id) is answered again, applied once */
+    ipc_seq_req_t fr = {orep.seq, 0};
+    ipc_seq_rep_t child1, child2;
+    frame_make(&f, IPC_OP_SEQ_FORK, sess, &fr, sizeof(fr));
+    HDR(&f)->corr = 4242;
+    assert_int_equal(raw_call(s, f.b, f.len, &child1, sizeof(child1)), 0);
+    assert_int_equal(raw_call(s, f.b, f.len, &child2, sizeof(child2)), 0);
+    assert_int_equal(child1.seq, child2.seq);
+    assert_int_equal(tl_daemon_status(&D, "sequences"), seqs_before + 1);
+    frame_make(&f, IPC_OP_BYE, sess, NULL, 0);
+    assert_int_equal(raw_call(s, f.b, f.len, NULL, 0), 0);
+    frame_make(&f, IPC_OP_BYE, other, NULL, 0);
+    assert_int_equal(raw_call(s, f.b, f.len, NULL, 0), 0);
+    assert_int_equal(tl_daemon_status(&D, "sequences"), 0);
+    assert_int_equal(tl_daemon_status(&D, "blocks_used"), 0);
+    assert_int_equal(tl_daemon_status(&D, "connections"), 0);
+    nn_close(s);
+}
+
+/* ---------------------------------------------------------------- through libpat */
+static pat_conn_t *connect_ok(uint32_t max_seqs)
+{
+    pat_connect_opts_t o = {.size = sizeof(o),
+                            .max_batch_tokens = 256,
+                            .max_seqs = max_seqs,
+                            .timeout_ms = 10000,
+                            .socket = D.sock,
+                            .label = "proto",
+                            .model = MODEL};
+    pat_conn_t *c = NULL;
+    char why[256];
+    int rc = pat_connect(&o, &c, why, sizeof(why));
+    if (rc < 0)
+        fail_msg("connect: %s: %s", pat_strerror(rc), why);
+    return c;
+}
+
+static void test_connect_refusals(void **state)
+{
+    pat_connect_opts_t o = {.size = sizeof(o),
+                            .max_batch_tokens = 64,
+                            .socket = D.sock,
+                            .model = MODEL};
+    pat_conn_t *c = NULL;
+    char why[256];
+    o.model.kv_heads = 4;
+    assert_int_equal(pat_connect(&o, &c, why, sizeof(why)), -EMEDIUMTYPE);
+    assert_non_null(strstr(why, "model signature mismatch"));
+    assert_null(c);
+    o.model = MODEL;
+    o.max_batch_tokens = 100000;
+    assert_int_equal(pat_connect(&o, &c, why, sizeof(why)), -EDQUOT);
+    o.max_batch_tokens = 64;
+    o.socket = "/nonexistent/patd.sock";
+    assert_int_equal(pat_connect(&o, &c, why, sizeof(why)), -ENOENT);
+    assert_non_null(strstr(why, "cannot reach patd"));
+    o.size = 0;
+    assert_int_equal(pat_connect(&o, &c, why, sizeof(why)), -EINVAL);
+    assert_string_equal(pat_strerror(-EMEDIUMTYPE), "model signature does not match the daemon's");
+}
+
+static void test_sequences_and_quotas(void **state)
+{
+    pat_conn_t *c = connect_ok(4);
+    tl_rng_t rng;
+    tl_rng_seed(&rng, 5);
+    tl_seq_t s[5];
+    tl_seq_t *ps[4];
+    for (int i = 0; i < 4; i++) {
+        tl_seq_init(&s[i]);
+        for (uint32_t t = 0; t < 40; t++)
+            tl_seq_push(&s[i], 10 + t + (i == 3 ? 1000u : 0u));
+        assert_int_equal(tl_seq_open(c, &s[i]), 0);
+        ps[i] = &s[i];
+    }
+    /* the 5th sequence is over the session's quota of 4 */
+    tl_seq_init(&s[4]);
+    tl_seq_push(&s[4], 1);
+    assert_int_equal(tl_seq_open(c, &s[4]), -EDQUOT);
+    /* prefill one (the others share its prompt only once it is committed) */
+    tl_step_result_t r;
+    assert_int_equal(tl_client_step(c, &MODEL, ps, 1, &rng, 1, &r), 0);
+    assert_true(r.worst < 1e-2);
+    /* a sequence opened now finds the 2 full blocks of the committed prompt */
+    pat_seq_close(c, s[1].seq);
+    tl_seq_t again;
+    tl_seq_init(&again);
+    for (uint32_t t = 0; t < 40; t++)
+        tl_seq_push(&again, 10 + t);
+    assert_int_equal(tl_seq_open(c, &again), 0);
+    assert_int_equal(again.cached, 32);
+    /* and computes only the rest, checked against the full logical KV */
+    ps[1] = &again;
+    assert_int_equal(tl_client_step(c, &MODEL, ps + 1, 2, &rng, 1, &r), 0);
+    assert_true(r.worst < 1e-2);
+    /* decode, fork, truncate (speculative rollback), decode again: all checked */
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; i < 3; i++)
+            tl_seq_push(ps[i], 500 + (uint32_t)k);
+        assert_int_equal(tl_client_step(c, &MODEL, ps, 3, &rng, 1, &r), 0);
+        assert_true(r.worst < 1e-2);
+    }
+    assert_int_equal(pat_seq_fork(c, ps[0]->seq, &s[4].seq), -EDQUOT); /* 4 open */
+    assert_int_equal(pat_seq_close(c, s[3].seq), 0);
+    tl_seq_t child;
+    tl_seq_init(&child);
+    for (uint32_t t = 0; t < ps[0]->n_tok; t++)
+        tl_seq_push(&child, ps[0]->tok[t]);
+    child.len = ps[0]->len;
+    assert_int_equal(pat_seq_fork(c, ps[0]->seq, &child.seq), 0);
+    assert_int_equal(pat_seq_truncate(c, ps[2]->seq, 30), 0);
+    ps[2]->len = 30;
+    ps[2]->n_tok = 31; /* re-decode token 30 */
+    assert_int_equal(pat_seq_truncate(c, ps[2]->seq, 31), -ERANGE);
+    ps[3] = &child;
+    tl_seq_push(&child, 77);
+    tl_seq_push(ps[0], 78);
+    tl_seq_push(ps[1], 79);
+    assert_int_equal(tl_client_step(c, &MODEL, ps, 4, &rng, 1, &r), 0);
+    assert_true(r.worst < 1e-2);
+    /* a sequence in the step in flight cannot be closed; the step cannot start twice */
+    uint32_t sid = ps[0]->seq, one = 1, tk = 5;
+    tl_seq_push(ps[0], 5);
+    assert_int_equal(pat_step_begin(c, &sid, &one, 1, &tk), 0);
+    assert_int_equal(pat_step_begin(c, &sid, &one, 1, &tk), -EBUSY);
+    assert_int_equal(pat_seq_close(c, sid), -EBUSY);
+    assert_int_equal(pat_attend(c, 1), -EINVAL); /* layers go in order */
+    pat_step_info_t info;
+    assert_int_equal(pat_step_end(c, 1, &info), 0); /* abort: nothing committed */
+    assert_int_equal(info.committed, 0);
+    /* the aborted token is not in the sequence: decoding a different one checks clean */
+    ps[0]->n_tok--;
+    tl_seq_push(ps[0], 6);
+    assert_int_equal(tl_client_step(c, &MODEL, ps, 1, &rng, 1, &r), 0);
+    assert_true(r.worst < 1e-2);
+    pat_close(c);
+    for (int i = 0; i < 5; i++)
+        tl_seq_done(&s[i]);
+    tl_seq_done(&again);
+    tl_seq_done(&child);
+    assert_int_equal(tl_daemon_status(&D, "sequences"), 0);
+    assert_int_equal(tl_daemon_status(&D, "pool_check"), 0);
+}
+
+/* Chunked prefill up to the session's block quota (64 blocks = 1024 tokens), then over it. */
+static void test_block_quota(void **state)
+{
+    pat_conn_t *c = connect_ok(4);
+    tl_rng_t rng;
+    tl_rng_seed(&rng, 9);
+    tl_seq_t s[3];
+    tl_seq_t *one[1];
+    tl_step_result_t r;
+    for (int i = 0; i < 3; i++) {
+        tl_seq_init(&s[i]);
+        for (uint32_t t = 0; t < 256; t++)
+            tl_seq_push(&s[i], 7000 * (uint32_t)(i + 1) + t);
+        assert_int_equal(tl_seq_open(c, &s[i]), 0);
+        one[0] = &s[i];
+        int rc = tl_client_step(c, &MODEL, one, 1, &rng, 0, &r); /* 16 blocks */
+        if (i < 2) {
+            assert_int_equal(rc, 0);
+            for (uint32_t t = 0; t < 256; t++) /* second chunk: 32 blocks in all */
+                tl_seq_push(&s[i], 7000 * (uint32_t)(i + 1) + 256 + t);
+            assert_int_equal(tl_client_step(c, &MODEL, one, 1, &rng, 0, &r), 0);
+        } else {
+            assert_int_equal(rc, -EDQUOT); /* 64 held, 16 more asked */
+            assert_non_null(strstr(pat_last_error(c), "quota"));
+        }
+    }
+    /* nothing was half-applied: the refused sequence is still empty and usable later */
+    assert_int_equal(pat_seq_close(c, s[0].seq), 0);
+    one[0] = &s[2];
+    assert_int_equal(tl_client_step(c, &MODEL, one, 1, &rng, 1, &r), 0);
+    assert_true(r.worst < 1e-2);
+    pat_close(c);
+    for (int i = 0; i < 3; i++)
+        tl_seq_done(&s[i]);
+    assert_int_equal(tl_daemon_status(&D, "blocks_used"), 0);
+    assert_int_equal(tl_daemon_status(&D, "pool_check"), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_malformed_frames),
+        cmocka_unit_test(test_connect_refusals),
+        cmocka_unit_test(test_sequences_and_quotas),
+        cmocka_unit_test(test_block_quota),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

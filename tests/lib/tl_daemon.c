@@ -1,0 +1,153 @@
+/*
+ * tl_daemon.c — start, signal and query real patd processes for the integration tests.
+ */
+#include "tl_daemon.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pat.h"
+
+static void sleep_ms(uint32_t ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static int spawn(tl_daemon_t *d, const char *const *args)
+{
+    const char *bin = getenv("PATD_BIN") ? getenv("PATD_BIN") : "build/bin/patd";
+    char rt[160];
+    snprintf(rt, sizeof(rt), "--runtime-dir=%s", d->dir);
+    const char *argv[64] = {bin, rt, "--metrics-port=0", "--log-level=debug"};
+    int n = 4;
+    for (int i = 0; args && args[i] && n < 62; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0)
+            dup2(fd, 2);
+        execv(bin, (char *const *)argv);
+        fprintf(stderr, "exec %s: %s\n", bin, strerror(errno));
+        _exit(127);
+    }
+    d->pid = pid;
+    for (int i = 0; i < 200; i++) {
+        char *t = NULL;
+        if (pat_admin(d->sock, PAT_ADMIN_STATUS, 200, &t) == 0) {
+            pat_free(t);
+            return 0;
+        }
+        pat_free(t);
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            fprintf(stderr, "patd exited at start (status %d); log %s:\n", st, d->log);
+            d->pid = 0;
+            char cmd[256];
+            snprintf(cmd, sizeof(cmd), "cat %s >&2", d->log);
+            if (system(cmd) < 0)
+                perror("system");
+            return -1;
+        }
+        sleep_ms(25);
+    }
+    fprintf(stderr, "patd did not answer within 5 s\n");
+    return -1;
+}
+
+int tl_daemon_start(tl_daemon_t *d, const char *const *args)
+{
+    memset(d, 0, sizeof(*d));
+    snprintf(d->dir, sizeof(d->dir), "/tmp/patd-test.XXXXXX");
+    if (!mkdtemp(d->dir))
+        return -1;
+    snprintf(d->sock, sizeof(d->sock), "%s/patd.sock", d->dir);
+    snprintf(d->log, sizeof(d->log), "%s/patd.log", d->dir);
+    return spawn(d, args);
+}
+
+int tl_daemon_restart(tl_daemon_t *d, const char *const *args)
+{
+    return spawn(d, args);
+}
+
+int tl_daemon_signal_wait(tl_daemon_t *d, int sig, uint32_t timeout_ms)
+{
+    if (d->pid <= 0)
+        return -1;
+    kill(d->pid, sig);
+    for (uint32_t t = 0; t <= timeout_ms; t += 10) {
+        int st;
+        if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
+            d->pid = 0;
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        }
+        sleep_ms(10);
+    }
+    return -1;
+}
+
+void tl_daemon_stop(tl_daemon_t *d)
+{
+    if (d->pid > 0) {
+        kill(d->pid, SIGKILL);
+        waitpid(d->pid, NULL, 0);
+        d->pid = 0;
+    }
+    if (getenv("PATD_TEST_KEEP_LOGS")) {
+        fprintf(stderr, "kept %s\n", d->dir);
+        return;
+    }
+    char cmd[200];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", d->dir);
+    if (system(cmd) < 0)
+        perror("system");
+}
+
+static int64_t find_value(const char *text, const char *key, char sep)
+{
+    size_t kl = strlen(key);
+    for (const char *p = text; p && *p;) {
+        if (!strncmp(p, key, kl) && p[kl] == sep)
+            return strtoll(p + kl + 1, NULL, 10);
+        p = strchr(p, '\n');
+        if (p)
+            p++;
+    }
+    return -1;
+}
+
+int64_t tl_daemon_status(tl_daemon_t *d, const char *key)
+{
+    char *t = NULL;
+    int64_t v = -1;
+    if (pat_admin(d->sock, PAT_ADMIN_STATUS, 2000, &t) == 0) {
+        if (!strcmp(key, "pool_check"))
+            v = strstr(t, "pool_check ok") ? 0 : 1;
+        else
+            v = find_value(t, key, ' ');
+    }
+    pat_free(t);
+    return v;
+}
+
+int64_t tl_daemon_metric(tl_daemon_t *d, const char *name)
+{
+    char *t = NULL;
+    int64_t v = -1;
+    if (pat_admin(d->sock, PAT_ADMIN_STATS, 2000, &t) == 0)
+        v = find_value(t, name, ' ');
+    pat_free(t);
+    return v;
+}

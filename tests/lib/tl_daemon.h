@@ -1,0 +1,32 @@
+/*
+ * tl_daemon.h — integration tests start real patd processes: a private runtime directory, the
+ * built binary (PATD_BIN, default build/bin/patd), extra --key=value options, stderr to a log
+ * file in that directory; start waits until the daemon answers STATUS.
+ */
+#ifndef TL_DAEMON_H
+#define TL_DAEMON_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+typedef struct tl_daemon {
+    pid_t pid;
+    char dir[128];
+    char sock[192];
+    char log[192];
+} tl_daemon_t;
+
+/* Starts patd with the NULL-terminated extra arguments. 0 or -1 (and prints why). */
+int tl_daemon_start(tl_daemon_t *d, const char *const *args);
+/* Starts again in the same directory (a restart). */
+int tl_daemon_restart(tl_daemon_t *d, const char *const *args);
+/* Sends sig and waits up to timeout_ms; returns the exit status, or -1 if it did not exit. */
+int tl_daemon_signal_wait(tl_daemon_t *d, int sig, uint32_t timeout_ms);
+/* Kills it if still running and removes the directory. */
+void tl_daemon_stop(tl_daemon_t *d);
+/* The integer value of a STATUS line ("key value"), or -1. */
+int64_t tl_daemon_status(tl_daemon_t *d, const char *key);
+/* The value of a metric line of STATS (exact name incl. labels), or -1. */
+int64_t tl_daemon_metric(tl_daemon_t *d, const char *name);
+
+#endif
