@@ -104,13 +104,15 @@ TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(B)/%.o)
 UNIT_TESTS := test_kv test_forest test_pack test_cpu
 UNIT_BINS  := $(UNIT_TESTS:%=$(B)/tests/%)
 # Integration tests: real patd processes and real clients (tests/integ), run after the units.
-INTEG_TESTS := test_proto
+INTEG_TESTS := test_proto test_faults test_multi
 INTEG_BINS  := $(INTEG_TESTS:%=$(B)/tests/%)
+TC_CLIENT   := $(B)/tests/tc_client
 BENCH_BINS := $(B)/bench/bench_sched
 DEMO_BIN   := $(B)/bin/patd-demo
 
 ALL_OBJS := $(CORE_OBJS) $(IPC_OBJS) $(DAEMON_OBJS) $(LIBPAT_OBJS) $(B)/client/patctl.o \
-            $(B)/tests/demo/pat_client_demo.o $(INTEG_TESTS:%=$(B)/tests/integ/%.o) $(TESTLIB_OBJS) $(UNIT_TESTS:%=$(B)/tests/unit/%.o) \
+            $(B)/tests/demo/pat_client_demo.o $(INTEG_TESTS:%=$(B)/tests/integ/%.o) \
+            $(B)/tests/integ/tc_client.o $(TESTLIB_OBJS) $(UNIT_TESTS:%=$(B)/tests/unit/%.o) \
             $(B)/tests/bench/bench_sched.o $(B)/tests/demo/pat_demo.o $(CUDA_OBJS) \
             $(GPU_TESTS:%=$(B)/tests/gpu/%.o)
 
@@ -191,6 +193,10 @@ $(B)/libpatcuda.a: $(CUDA_OBJS)
 $(B)/libpattest.a: $(TESTLIB_OBJS)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
+$(TC_CLIENT): $(B)/tests/integ/tc_client.o $(B)/libpattest.a $(LIBPAT_A)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(NN_LIBS) -lrt -lm
+
 $(INTEG_BINS): $(B)/tests/%: $(B)/tests/integ/%.o $(B)/libpattest.a $(LIBPAT_A)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(TEST_LIBS) $(NN_LIBS) -lrt -lm
@@ -216,7 +222,7 @@ $(DEMO_BIN): $(B)/tests/demo/pat_demo.o $(B)/libpattest.a $(B)/libpatcore.a
 
 # ---------------------------------------------------------------- targets
 ALL_TARGETS := $(B)/libpatcore.a $(PATD_BIN) $(LIBPAT_SO) $(LIBPAT_A) $(B)/lib/pat.pc \
-               $(PATCTL_BIN) $(CLIENT_DEMO) $(UNIT_BINS) $(INTEG_BINS) $(BENCH_BINS) $(DEMO_BIN)
+               $(PATCTL_BIN) $(CLIENT_DEMO) $(UNIT_BINS) $(INTEG_BINS) $(TC_CLIENT) $(BENCH_BINS) $(DEMO_BIN)
 ifeq ($(HAVE_CUDA),1)
 ALL_TARGETS += $(B)/libpatcuda.a $(GPU_BINS)
 endif
@@ -229,7 +235,7 @@ all: $(ALL_TARGETS)
 
 test: | deps
 	$(Q)$(MAKE) --no-print-directory all
-	$(Q)PATD_BIN=$(PATD_BIN) tests/run.sh $(UNIT_BINS) $(DEMO_BIN) $(INTEG_BINS)
+	$(Q)PATD_BIN=$(PATD_BIN) TC_CLIENT=$(TC_CLIENT) tests/run.sh $(UNIT_BINS) $(DEMO_BIN) $(INTEG_BINS)
 
 demo: | deps
 	$(Q)$(MAKE) --no-print-directory $(PATD_BIN) $(PATCTL_BIN) $(CLIENT_DEMO)

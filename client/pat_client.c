@@ -37,7 +37,9 @@ enum { ST_IDLE, ST_SENT, ST_BEGUN, ST_FAILED };
 
 struct pat_conn {
     int sock;
-    int lost; /* the daemon went away: sticky -ECONNRESET */
+    int lost;      /* the daemon went away: sticky -ECONNRESET */
+    int gone;      /* the daemon forgot the session (-ENOTCONN): sticky */
+    int transport; /* the last call failed locally (timeout, send), not by the daemon's answer */
     int daemon_pidfd;
     pid_t daemon_pid;
     uint32_t timeout_ms;
@@ -218,10 +220,13 @@ static int collect_pending(pat_conn_t *c);
 static int call(pat_conn_t *c, uint32_t op, const void *body, size_t len, const void *body2,
                 size_t len2, void *out, size_t out_len)
 {
-    if (c->lost)
+    c->transport = 1;
+    if (daemon_gone(c))
         return -ECONNRESET;
+    if (c->gone && op != IPC_OP_HELLO)
+        return -ENOTCONN;
     int rc = collect_pending(c);
-    if (rc < 0 && rc == -ECONNRESET)
+    if (rc == -ECONNRESET)
         return rc;
     ipc_frame_start(&c->tx, op, 0, ++c->corr, c->session);
     ipc_frame_put(&c->tx, body, len);
@@ -242,7 +247,10 @@ static int call(pat_conn_t *c, uint32_t op, const void *body, size_t len, const 
     }
     const void *rb;
     size_t rl;
+    c->transport = 0;
     rc = parse_reply(c, msg, n, &rb, &rl);
+    if (rc == -ENOTCONN && c->session)
+        c->gone = 1;
     if (rc == 0 && out_len != rl)
         rc = -EBADMSG;
     if (rc == 0 && out_len)
@@ -461,8 +469,10 @@ int pat_step_begin(pat_conn_t *c, const uint32_t *seqs, const uint32_t *n_new, u
 {
     if (!c || !seqs || !n_new || !tokens || n_seqs == 0)
         return -EINVAL;
-    if (c->lost)
+    if (daemon_gone(c))
         return -ECONNRESET;
+    if (c->gone)
+        return -ENOTCONN;
     if (c->step_state != ST_IDLE) {
         set_err(c, "a step is open; end it first");
         return -EBUSY;
@@ -506,7 +516,7 @@ int pat_attend(pat_conn_t *c, uint32_t layer)
 {
     if (!c)
         return -EINVAL;
-    if (c->lost)
+    if (daemon_gone(c))
         return -ECONNRESET;
     int rc = collect_pending(c);
     if (rc < 0)
@@ -574,8 +584,8 @@ int pat_step_end(pat_conn_t *c, int abort, pat_step_info_t *ret)
     ipc_step_end_req_t r = {.step = c->step_id, .flags = abort ? IPC_STEP_END_ABORT : 0};
     ipc_step_end_rep_t rep;
     rc = call(c, IPC_OP_STEP_END, &r, sizeof(r), NULL, 0, &rep, sizeof(rep));
-    if (rc == -ECONNRESET || rc == -ETIMEDOUT)
-        return rc; /* the step stays open: the caller may retry or reconnect */
+    if (rc < 0 && c->transport)
+        return rc; /* no answer: the step stays open; the caller may retry or reconnect */
     c->step_state = ST_IDLE;
     if (rc < 0)
         return rc;

@@ -28,9 +28,9 @@ static const pat_model_t MODEL = {4, 8, 2, 64, PAT_F16, 16, 0};
 
 static int setup(void **state)
 {
-    static const char *const args[] = {"--max-seq-len=512",       "--conn-max-seqs=8",
+    static const char *const args[] = {"--max-seq-len=512",           "--conn-max-seqs=8",
                                        "--conn-max-batch-tokens=256", "--blocks=256",
-                                       "--conn-max-blocks=64",    NULL};
+                                       "--conn-max-blocks=64",        NULL};
     return tl_daemon_start(&D, args);
 }
 
@@ -457,10 +457,8 @@ static pat_conn_t *connect_ok(uint32_t max_seqs)
 
 static void test_connect_refusals(void **state)
 {
-    pat_connect_opts_t o = {.size = sizeof(o),
-                            .max_batch_tokens = 64,
-                            .socket = D.sock,
-                            .model = MODEL};
+    pat_connect_opts_t o = {
+        .size = sizeof(o), .max_batch_tokens = 64, .socket = D.sock, .model = MODEL};
     pat_conn_t *c = NULL;
     char why[256];
     o.model.kv_heads = 4;
