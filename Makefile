@@ -235,7 +235,8 @@ all: $(ALL_TARGETS)
 
 test: | deps
 	$(Q)$(MAKE) --no-print-directory all
-	$(Q)PATD_BIN=$(PATD_BIN) TC_CLIENT=$(TC_CLIENT) tests/run.sh $(UNIT_BINS) $(DEMO_BIN) $(INTEG_BINS)
+	$(Q)PATD_BIN=$(PATD_BIN) TC_CLIENT=$(TC_CLIENT) PATD_LIBPAT=$(B)/lib/libpat.so.1 \
+	  tests/run.sh $(UNIT_BINS) $(DEMO_BIN) $(INTEG_BINS) tests/integ/test_python.sh
 
 demo: | deps
 	$(Q)$(MAKE) --no-print-directory $(PATD_BIN) $(PATCTL_BIN) $(CLIENT_DEMO)
@@ -251,7 +252,8 @@ bench: $(BENCH_BINS)
 # dpkg queries otherwise). `make demo` and `make test` run it first, so the README's two commands
 # work on a fresh Debian 12. Elsewhere (no dpkg) it only says what it would need.
 DEB_PKGS := build-essential pkg-config libxxhash-dev libcmocka-dev clang-format libuv1-dev \
-            libnanomsg-dev libinih-dev libmicrohttpd-dev libjemalloc-dev libsystemd-dev
+            libnanomsg-dev libinih-dev libmicrohttpd-dev libjemalloc-dev libsystemd-dev \
+            python3 python3-numpy
 deps:
 	$(Q)if ! command -v dpkg >/dev/null; then \
 	  echo "deps: not a Debian system; install the equivalents of: $(DEB_PKGS)"; exit 0; fi; \

@@ -1,0 +1,267 @@
+"""Python binding of libpat, the client library of patd (ctypes over libpat.so.1).
+
+    import patd
+    conn = patd.Conn(socket="/run/patd/patd.sock", model=patd.Model(4, 8, 2, 64),
+                     max_batch_tokens=512)
+    seq, cached = conn.seq_open(prompt_ids)
+    conn.step_begin([seq], [len(prompt_ids) - cached], prompt_ids[cached:])
+    for layer in range(4):
+        conn.q[:n], conn.k[:n], conn.v[:n] = ...   # numpy views of the staging buffers
+        conn.attend(layer)
+        out = conn.o[:n]
+    info = conn.step_end()
+
+Every libpat error is raised as patd.PatError with .errno (a positive errno value), the
+library's name for it and the daemon's detail. The staging buffers are numpy arrays over the
+shared memory itself: writing them is handing Q/K/V to the daemon (no copies). torch tensors
+come with the GPU data path.
+"""
+
+import ctypes
+import ctypes.util
+import errno as _errno
+import os
+
+import numpy as np
+
+__all__ = ["Model", "Conn", "PatError", "admin", "default_socket", "library_version",
+           "F16", "BF16", "F32"]
+
+F16, BF16, F32 = 1, 2, 3
+_ADMIN = {"status": 16, "stats": 17, "seqs": 18, "drain": 19, "reload": 20}
+
+
+def _load():
+    names = []
+    if os.environ.get("PATD_LIBPAT"):
+        names.append(os.environ["PATD_LIBPAT"])
+    here = os.path.dirname(os.path.abspath(__file__))
+    names.append(os.path.join(here, "..", "..", "..", "build", "lib", "libpat.so.1"))
+    names.append("libpat.so.1")
+    found = ctypes.util.find_library("pat")
+    if found:
+        names.append(found)
+    last = None
+    for n in names:
+        try:
+            return ctypes.CDLL(n)
+        except OSError as e:
+            last = e
+    raise OSError("libpat.so.1 not found (set PATD_LIBPAT): %s" % last)
+
+
+_lib = _load()
+_u32, _u64, _p = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [("n_layers", _u32), ("q_heads", _u32), ("kv_heads", _u32), ("head_dim", _u32),
+                ("dtype", _u32), ("block_size", _u32), ("model_id", _u64)]
+
+
+class _ConnectOpts(ctypes.Structure):
+    _fields_ = [("size", _u32), ("max_batch_tokens", _u32), ("max_seqs", _u32),
+                ("timeout_ms", _u32), ("lease_ms", _u32), ("reserved0", _u32),
+                ("socket", ctypes.c_char_p), ("label", ctypes.c_char_p), ("model", _Model),
+                ("reserved", _u64 * 8)]
+
+
+class _Buffers(ctypes.Structure):
+    _fields_ = [("q", _p), ("k", _p), ("v", _p), ("o", _p), ("q_row_bytes", _u64),
+                ("kv_row_bytes", _u64), ("max_batch_tokens", _u32), ("max_seqs", _u32),
+                ("max_blocks", _u32), ("lease_ms", _u32), ("reserved", _u64 * 8)]
+
+
+class _StepInfo(ctypes.Structure):
+    _fields_ = [("step", _u64), ("n_tokens", _u32), ("pack_reused", _u32), ("kv_bytes", _u64),
+                ("qc_bytes", _u64), ("layers_done", _u32), ("committed", _u32),
+                ("step_ns", _u64), ("reserved", _u64 * 4)]
+
+
+class _ConnStats(ctypes.Structure):
+    _fields_ = [("steps", _u64), ("tokens", _u64), ("kv_bytes", _u64), ("qc_bytes", _u64),
+                ("prompt_tokens", _u64), ("cached_tokens", _u64), ("reserved", _u64 * 8)]
+
+
+def _sig(name, res, *args):
+    f = getattr(_lib, name)
+    f.restype = res
+    f.argtypes = list(args)
+    return f
+
+
+_P32 = ctypes.POINTER(_u32)
+_version = _sig("pat_version", _u32)
+_strerror = _sig("pat_strerror", ctypes.c_char_p, ctypes.c_int)
+_default_socket = _sig("pat_default_socket", ctypes.c_char_p)
+_connect = _sig("pat_connect", ctypes.c_int, ctypes.POINTER(_ConnectOpts), ctypes.POINTER(_p),
+                ctypes.c_char_p, ctypes.c_size_t)
+_close = _sig("pat_close", None, _p)
+_buffers = _sig("pat_buffers", ctypes.c_int, _p, ctypes.POINTER(_Buffers))
+_last_error = _sig("pat_last_error", ctypes.c_char_p, _p)
+_ping = _sig("pat_ping", ctypes.c_int, _p)
+_seq_open = _sig("pat_seq_open", ctypes.c_int, _p, _P32, _u32, _P32, _P32)
+_seq_fork = _sig("pat_seq_fork", ctypes.c_int, _p, _u32, _P32)
+_seq_truncate = _sig("pat_seq_truncate", ctypes.c_int, _p, _u32, _u32)
+_seq_close = _sig("pat_seq_close", ctypes.c_int, _p, _u32)
+_step_begin = _sig("pat_step_begin", ctypes.c_int, _p, _P32, _P32, _u32, _P32)
+_attend = _sig("pat_attend", ctypes.c_int, _p, _u32)
+_step_end = _sig("pat_step_end", ctypes.c_int, _p, ctypes.c_int, ctypes.POINTER(_StepInfo))
+_stats = _sig("pat_stats", ctypes.c_int, _p, ctypes.POINTER(_ConnStats))
+_admin = _sig("pat_admin", ctypes.c_int, ctypes.c_char_p, ctypes.c_int, _u32,
+              ctypes.POINTER(ctypes.c_void_p))
+_free = _sig("pat_free", None, _p)
+
+
+class PatError(OSError):
+    """A libpat call failed: .errno is the positive errno, .name libpat's text, .detail the
+    daemon's explanation when it gave one."""
+
+    def __init__(self, rc, detail=""):
+        self.name = _strerror(rc).decode()
+        self.detail = detail
+        super().__init__(-rc, "%s%s" % (self.name, ": " + detail if detail else ""))
+
+
+def library_version():
+    v = _version()
+    return (v >> 16, (v >> 8) & 0xff, v & 0xff)
+
+
+def default_socket():
+    return _default_socket().decode()
+
+
+class Model:
+    """The model signature the daemon must match."""
+
+    def __init__(self, n_layers, q_heads, kv_heads, head_dim, dtype=F16, block_size=16,
+                 model_id=0):
+        self.n_layers, self.q_heads, self.kv_heads = n_layers, q_heads, kv_heads
+        self.head_dim, self.dtype, self.block_size, self.model_id = (head_dim, dtype,
+                                                                     block_size, model_id)
+
+    def _c(self):
+        return _Model(self.n_layers, self.q_heads, self.kv_heads, self.head_dim, self.dtype,
+                      self.block_size, self.model_id)
+
+    @property
+    def np_dtype(self):
+        # bf16 has no numpy type: its buffers are exposed as raw uint16 words
+        return {F16: np.float16, BF16: np.uint16, F32: np.float32}[self.dtype]
+
+
+def _arr(values):
+    a = (_u32 * len(values))(*[int(v) for v in values])
+    return a
+
+
+class Conn:
+    """One session with patd. Not for concurrent use by several threads."""
+
+    def __init__(self, model, max_batch_tokens, socket=None, max_seqs=0, timeout_ms=0,
+                 label="python"):
+        self.model = model
+        o = _ConnectOpts()
+        o.size = ctypes.sizeof(_ConnectOpts)
+        o.max_batch_tokens = max_batch_tokens
+        o.max_seqs = max_seqs
+        o.timeout_ms = timeout_ms
+        o.socket = socket.encode() if socket else None
+        o.label = label.encode() if label else None
+        o.model = model._c()
+        h = _p()
+        why = ctypes.create_string_buffer(256)
+        rc = _connect(ctypes.byref(o), ctypes.byref(h), why, len(why))
+        if rc < 0:
+            raise PatError(rc, why.value.decode(errors="replace"))
+        self._h = h
+        b = _Buffers()
+        _buffers(h, ctypes.byref(b))
+        self.max_batch_tokens, self.max_seqs, self.max_blocks = (b.max_batch_tokens, b.max_seqs,
+                                                                 b.max_blocks)
+        dt = model.np_dtype
+        qshape = (b.max_batch_tokens, model.q_heads, model.head_dim)
+        kvshape = (b.max_batch_tokens, model.kv_heads, model.head_dim)
+        self.q = self._view(b.q, dt, qshape)
+        self.k = self._view(b.k, dt, kvshape)
+        self.v = self._view(b.v, dt, kvshape)
+        self.o = self._view(b.o, dt, qshape)
+
+    @staticmethod
+    def _view(ptr, dt, shape):
+        n = int(np.prod(shape))
+        raw = (ctypes.c_char * (n * np.dtype(dt).itemsize)).from_address(ptr)
+        return np.frombuffer(raw, dtype=dt, count=n).reshape(shape)
+
+    def _check(self, rc):
+        if rc < 0:
+            raise PatError(rc, _last_error(self._h).decode(errors="replace"))
+        return rc
+
+    def close(self):
+        """Ends the session; the staging arrays must not be used afterwards."""
+        if self._h:
+            self.q = self.k = self.v = self.o = None
+            _close(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            self.close()
+
+    def ping(self):
+        self._check(_ping(self._h))
+
+    def seq_open(self, tokens):
+        """Opens a sequence with its prompt; returns (seq id, cached_len)."""
+        seq, cached = _u32(), _u32()
+        self._check(_seq_open(self._h, _arr(tokens), len(tokens), ctypes.byref(seq),
+                              ctypes.byref(cached)))
+        return seq.value, cached.value
+
+    def seq_fork(self, seq):
+        child = _u32()
+        self._check(_seq_fork(self._h, seq, ctypes.byref(child)))
+        return child.value
+
+    def seq_truncate(self, seq, new_len):
+        self._check(_seq_truncate(self._h, seq, new_len))
+
+    def seq_close(self, seq):
+        self._check(_seq_close(self._h, seq))
+
+    def step_begin(self, seqs, n_new, tokens):
+        if len(seqs) != len(n_new) or sum(n_new) != len(tokens):
+            raise ValueError("seqs and n_new must pair up and n_new must sum to len(tokens)")
+        self._check(_step_begin(self._h, _arr(seqs), _arr(n_new), len(seqs), _arr(tokens)))
+
+    def attend(self, layer):
+        self._check(_attend(self._h, layer))
+
+    def step_end(self, abort=False):
+        info = _StepInfo()
+        self._check(_step_end(self._h, 1 if abort else 0, ctypes.byref(info)))
+        return {f: getattr(info, f) for f, _ in _StepInfo._fields_ if f != "reserved"}
+
+    def stats(self):
+        s = _ConnStats()
+        self._check(_stats(self._h, ctypes.byref(s)))
+        return {f: getattr(s, f) for f, _ in _ConnStats._fields_ if f != "reserved"}
+
+
+def admin(op, socket=None, timeout_ms=10000):
+    """Operator request ('status', 'stats', 'seqs', 'drain', 'reload'); returns its text."""
+    text = ctypes.c_void_p()
+    rc = _admin(socket.encode() if socket else None, _ADMIN[op], timeout_ms, ctypes.byref(text))
+    s = ctypes.cast(text, ctypes.c_char_p).value.decode() if text.value else ""
+    _free(text)
+    if rc < 0:
+        raise PatError(rc, s)
+    return s

@@ -1,0 +1,186 @@
+"""Tests of the Python binding against a real patd (started here, cpu backend).
+
+Run: PATD_BIN=build/bin/patd PATD_LIBPAT=build/lib/libpat.so.1 python3 -m unittest
+     discover -s client/python/tests   (make test does this)
+"""
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import patd  # noqa: E402
+
+BIN = os.environ.get("PATD_BIN", "build/bin/patd")
+MODEL = patd.Model(n_layers=2, q_heads=4, kv_heads=2, head_dim=64, dtype=patd.F16)
+
+
+def reference(q, K, V, n_ctx, scale):
+    """float64 attention of one query row over the first n_ctx positions."""
+    s = (K[:n_ctx].astype(np.float64) @ q.astype(np.float64)) * scale
+    p = np.exp(s - s.max())
+    return (p / p.sum()) @ V[:n_ctx].astype(np.float64)
+
+
+class DaemonCase(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="patd-py.")
+        cls.sock = os.path.join(cls.dir, "patd.sock")
+        cls.log = open(os.path.join(cls.dir, "patd.log"), "w")
+        cls.proc = subprocess.Popen(
+            [BIN, "--runtime-dir=" + cls.dir, "--metrics-port=0", "--layers=2", "--q-heads=4",
+             "--kv-heads=2", "--conn-max-seqs=8"], stderr=cls.log)
+        for _ in range(200):
+            try:
+                patd.admin("status", socket=cls.sock, timeout_ms=200)
+                return
+            except (patd.PatError, OSError):
+                time.sleep(0.025)
+        raise RuntimeError("patd did not start")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.proc.send_signal(signal.SIGTERM)
+        assert cls.proc.wait(timeout=5) == 0
+        cls.log.close()
+        subprocess.run(["rm", "-rf", cls.dir], check=False)
+
+    def conn(self, **kw):
+        return patd.Conn(MODEL, max_batch_tokens=kw.pop("max_batch_tokens", 128),
+                         socket=self.sock, **kw)
+
+    def status(self, key):
+        for line in patd.admin("status", socket=self.sock).splitlines():
+            k, _, v = line.partition(" ")
+            if k == key:
+                return v
+        return None
+
+    def test_version_and_errors(self):
+        self.assertEqual(patd.library_version()[0], 1)
+        bad = patd.Model(2, 4, 2, 128)
+        with self.assertRaises(patd.PatError) as cm:
+            patd.Conn(bad, max_batch_tokens=16, socket=self.sock)
+        self.assertEqual(cm.exception.errno, errno.EMEDIUMTYPE)
+        self.assertIn("model signature mismatch", cm.exception.detail)
+        with self.assertRaises(patd.PatError) as cm:
+            patd.Conn(MODEL, max_batch_tokens=16, socket=self.dir + "/nope.sock")
+        self.assertEqual(cm.exception.errno, errno.ENOENT)
+
+    def test_prefill_decode_checked(self):
+        rng = np.random.default_rng(5)
+        scale = 1.0 / np.sqrt(MODEL.head_dim)
+        with self.conn() as c:
+            self.assertEqual(c.q.shape, (128, 4, 64))
+            self.assertEqual(c.q.dtype, np.float16)
+            prompts = [list(range(100, 140)), list(range(100, 130)) + [7, 8, 9]]
+            seqs = [c.seq_open(p)[0] for p in prompts]
+            # logical KV per sequence, per layer, per KV head: what the daemon must attend over
+            kv = [[{"k": [], "v": []} for _ in range(MODEL.n_layers)] for _ in seqs]
+            lens = [0, 0]
+            new = [list(p) for p in prompts]
+            for step in range(4):
+                n_new = [len(x) for x in new]
+                rows = sum(n_new)
+                c.step_begin(seqs, n_new, [t for x in new for t in x])
+                for layer in range(MODEL.n_layers):
+                    q = rng.uniform(-1, 1, (rows, 4, 64)).astype(np.float16)
+                    k = rng.uniform(-1, 1, (rows, 2, 64)).astype(np.float16)
+                    v = rng.uniform(-1, 1, (rows, 2, 64)).astype(np.float16)
+                    c.q[:rows], c.k[:rows], c.v[:rows] = q, k, v
+                    c.o[:rows] = np.nan
+                    c.attend(layer)
+                    out = c.o[:rows].astype(np.float64)
+                    r0 = 0
+                    for i, n in enumerate(n_new):
+                        kv[i][layer]["k"].extend(k[r0:r0 + n])
+                        kv[i][layer]["v"].extend(v[r0:r0 + n])
+                        K = np.array(kv[i][layer]["k"])
+                        V = np.array(kv[i][layer]["v"])
+                        for t in range(n):
+                            for h in range(4):
+                                ref = reference(q[r0 + t, h], K[:, h // 2], V[:, h // 2],
+                                                lens[i] + t + 1, scale)
+                                got = out[r0 + t, h]
+                                err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+                                self.assertLess(err, 1e-2, (step, layer, i, t, h))
+                        r0 += n
+                info = c.step_end()
+                self.assertEqual(info["committed"], 1)
+                self.assertEqual(info["layers_done"], MODEL.n_layers)
+                lens = [a + b for a, b in zip(lens, n_new)]
+                new = [[500 + step], [600 + step]]
+            st = c.stats()
+            self.assertEqual(st["steps"], 4)
+            # fork shares the committed KV; truncate rolls back
+            child = c.seq_fork(seqs[0])
+            c.seq_truncate(child, 10)
+            with self.assertRaises(patd.PatError) as cm:
+                c.seq_truncate(child, 11)
+            self.assertEqual(cm.exception.errno, errno.ERANGE)
+            for s in seqs + [child]:
+                c.seq_close(s)
+        self.assertEqual(self.status("sequences"), "0")
+        self.assertEqual(self.status("pool_check"), "ok")
+
+    def test_prefix_cache_across_connections(self):
+        prompt = list(range(9000, 9048))  # 3 full blocks
+        with self.conn() as a:
+            s, cached = a.seq_open(prompt)
+            self.assertEqual(cached, 0)
+            a.step_begin([s], [48], prompt)
+            for layer in range(MODEL.n_layers):
+                a.attend(layer)
+            a.step_end()
+        with self.conn() as b:
+            s2, cached = b.seq_open(prompt)
+            self.assertEqual(cached, 47 // 16 * 16)  # at least one token is left to compute
+            b.seq_close(s2)
+
+    def test_unknown_sequence_and_abort(self):
+        with self.conn() as c:
+            with self.assertRaises(patd.PatError) as cm:
+                c.seq_close(123456)
+            self.assertEqual(cm.exception.errno, errno.ENOENT)
+            s, _ = c.seq_open([1, 2, 3])
+            c.step_begin([s], [3], [1, 2, 3])
+            c.attend(0)
+            info = c.step_end(abort=True)
+            self.assertEqual(info["committed"], 0)
+            c.seq_close(s)
+
+    def test_killed_python_client_is_reclaimed(self):
+        code = ("import sys, os, time; sys.path.insert(0, %r); import patd;"
+                "c = patd.Conn(patd.Model(2, 4, 2, 64), 64, socket=%r);"
+                "s, _ = c.seq_open(list(range(50)));"
+                "c.step_begin([s], [50], list(range(50))); c.attend(0);"
+                "print('ready', flush=True); time.sleep(60)"
+                % (os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."), self.sock))
+        p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+        self.assertEqual(p.stdout.readline().strip(), b"ready")
+        before = int(self.status("connections"))
+        p.kill()
+        p.wait()
+        p.stdout.close()
+        t0 = time.monotonic()
+        while int(self.status("connections")) != before - 1:
+            self.assertLess(time.monotonic() - t0, 1.0, "not reclaimed within 1 s")
+            time.sleep(0.005)
+        self.assertEqual(self.status("steps_in_flight"), "0")
+        self.assertEqual(self.status("pool_check"), "ok")
+
+    def test_admin(self):
+        self.assertIn("patd_steps_total", patd.admin("stats", socket=self.sock))
+        self.assertIn("# session", patd.admin("seqs", socket=self.sock))
+
+
+if __name__ == "__main__":
+    unittest.main()
