@@ -101,7 +101,7 @@ TESTLIB_SRCS := tests/lib/tl_rng.c tests/lib/tl_world.c tests/lib/tl_ref.c tests
 TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(B)/%.o)
 
 # Unit tests: one program per module (cmocka); tests/run.sh runs them with a time limit.
-UNIT_TESTS := test_kv test_forest test_pack test_cpu
+UNIT_TESTS := test_kv test_forest test_pack test_cpu test_ipc
 UNIT_BINS  := $(UNIT_TESTS:%=$(B)/tests/%)
 # Integration tests: real patd processes and real clients (tests/integ), run after the units.
 INTEG_TESTS := test_proto test_faults test_multi
@@ -201,9 +201,9 @@ $(INTEG_BINS): $(B)/tests/%: $(B)/tests/integ/%.o $(B)/libpattest.a $(LIBPAT_A)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(TEST_LIBS) $(NN_LIBS) -lrt -lm
 
-$(B)/tests/test_%: $(B)/tests/unit/test_%.o $(B)/libpattest.a $(B)/libpatcore.a
+$(B)/tests/test_%: $(B)/tests/unit/test_%.o $(B)/libpattest.a $(B)/libpatcore.a $(B)/libpatipc.a
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(TEST_LIBS) $(LDLIBS)
+	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(TEST_LIBS) $(LDLIBS) -lrt
 
 $(B)/bench/bench_%: $(B)/tests/bench/bench_%.o $(B)/libpattest.a $(B)/libpatcore.a
 	@mkdir -p $(@D)
@@ -227,16 +227,52 @@ ifeq ($(HAVE_CUDA),1)
 ALL_TARGETS += $(B)/libpatcuda.a $(GPU_BINS)
 endif
 
-.PHONY: all test demo bench gpu-tests deps install uninstall format format-check clean help FORCE
+.PHONY: all test run-tests test-asan fuzz systemd-verify demo bench gpu-tests deps install uninstall format format-check clean help FORCE
 # objects of pattern-built programs are kept (no rebuilds after every link)
 .SECONDARY:
 all: $(ALL_TARGETS)
 	@echo "built (cuda objects: $(if $(filter 1,$(HAVE_CUDA)),yes via $(NVCC),no))"
 
+# The sanitizer build skips the Python tests: CPython cannot load an ASan-built libpat.so.
+TEST_LIST := $(UNIT_BINS) $(DEMO_BIN) $(INTEG_BINS) tests/demo/run_demo.sh \
+             $(if $(filter 1,$(DEBUG)),,tests/integ/test_python.sh)
+SAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
+           UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+
 test: | deps
 	$(Q)$(MAKE) --no-print-directory all
+	$(Q)$(MAKE) --no-print-directory run-tests
+	$(Q)$(MAKE) --no-print-directory systemd-verify
+
+run-tests:
 	$(Q)PATD_BIN=$(PATD_BIN) TC_CLIENT=$(TC_CLIENT) PATD_LIBPAT=$(B)/lib/libpat.so.1 \
-	  tests/run.sh $(UNIT_BINS) $(DEMO_BIN) $(INTEG_BINS) tests/integ/test_python.sh
+	  PATD_DEMO_BUILD=$(B) $(SAN_ENV) tests/run.sh $(TEST_LIST)
+
+# The whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer (build/asan).
+test-asan: | deps
+	$(Q)$(MAKE) --no-print-directory B=$(B)/asan DEBUG=1 CUDA=0 all
+	$(Q)$(MAKE) --no-print-directory B=$(B)/asan DEBUG=1 CUDA=0 run-tests
+
+# libFuzzer on the frame decoder for FUZZ_SECONDS (CI: 20 s), seeded from tests/fuzz/corpus.
+FUZZ_SECONDS ?= 20
+FUZZ_BIN := $(B)/fuzz/fuzz_frame
+$(FUZZ_BIN): tests/fuzz/fuzz_frame.c ipc/ipc_codec.c ipc/ipc_proto.h
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  FUZZ-CC $@")
+	$(Q)clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined \
+	  -fno-sanitize-recover=all $(INCS) tests/fuzz/fuzz_frame.c ipc/ipc_codec.c -o $@
+
+fuzz: | deps
+	$(Q)$(MAKE) --no-print-directory $(FUZZ_BIN)
+	$(Q)rm -rf $(B)/fuzz/corpus && cp -r tests/fuzz/corpus $(B)/fuzz/corpus
+	$(Q)set -o pipefail; $(FUZZ_BIN) -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=1 \
+	  $(B)/fuzz/corpus 2>&1 | tail -n 12
+	$(Q)echo "fuzz: $(FUZZ_SECONDS) s without a crash"
+
+# systemd-analyze verify on the units, with ExecStart pointing at this build (verify checks
+# that the binaries exist).
+systemd-verify: $(PATD_BIN)
+	$(Q)tests/integ/systemd_verify.sh $(B)
 
 demo: | deps
 	$(Q)$(MAKE) --no-print-directory $(PATD_BIN) $(PATCTL_BIN) $(CLIENT_DEMO)
@@ -251,7 +287,8 @@ bench: $(BENCH_BINS)
 # Installs the Debian packages the build and the tests need, only when some are missing (a few
 # dpkg queries otherwise). `make demo` and `make test` run it first, so the README's two commands
 # work on a fresh Debian 12. Elsewhere (no dpkg) it only says what it would need.
-DEB_PKGS := build-essential pkg-config libxxhash-dev libcmocka-dev clang-format libuv1-dev \
+DEB_PKGS := build-essential pkg-config libxxhash-dev libcmocka-dev clang-format clang \
+            libclang-rt-14-dev systemd libuv1-dev \
             libnanomsg-dev libinih-dev libmicrohttpd-dev libjemalloc-dev libsystemd-dev \
             python3 python3-numpy
 deps:
@@ -293,6 +330,9 @@ help:
 	@echo "patd build targets:"
 	@echo "  all           libraries, tests, benchmarks, demo (default)"
 	@echo "  test          build and run the CPU test suite (CI runs this via .ci/run)"
+	@echo "  test-asan     the suite again under ASan + UBSan (build/asan)"
+	@echo "  fuzz          libFuzzer on the frame decoder for FUZZ_SECONDS (20)"
+	@echo "  systemd-verify  systemd-analyze verify the unit files"
 	@echo "  demo          start patd (cpu backend) and the client demo against it, checked in fp64"
 	@echo "  bench         scheduler CPU-time benchmark (results go to tests/bench/RESULTS.md by hand)"
 	@echo "  gpu-tests     build and run the GPU tests (needs a GPU; tests/gpu/run.sh wraps it)"

@@ -139,10 +139,10 @@ int ipc_body_check(uint32_t opcode, const void *body, size_t len)
         memcpy(&r, body, sizeof(r));
         if (r.flags != 0 || r.reserved != 0)
             return -EBADMSG;
-        if (r.n_seqs == 0 || r.n_tokens < r.n_seqs)
-            return -EINVAL;
         if (r.n_seqs > IPC_MAX_SEQS_STEP || r.n_tokens > IPC_MAX_TOKENS)
             return -E2BIG;
+        if (r.n_seqs == 0 || r.n_tokens < r.n_seqs)
+            return -EINVAL;
         int rc = need_len(len, sizeof(r) + 8ull * r.n_seqs + 4ull * r.n_tokens);
         if (rc < 0)
             return rc;

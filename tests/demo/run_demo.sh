@@ -4,7 +4,7 @@
 # output checked in float64), shows `patctl status`, then stops patd with SIGTERM and checks
 # that it drained and exited cleanly. Exit status 0 only if all of that held.
 set -u
-B=${1:-build}
+B=${1:-${PATD_DEMO_BUILD:-build}}
 shift || true
 dir=$(mktemp -d /tmp/patd-demo.XXXXXX)
 log=$dir/patd.log

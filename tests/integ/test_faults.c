@@ -133,8 +133,7 @@ static void test_kill_mid_step(void **state)
         fclose(out);
         while (tl_daemon_status(&d, "connections") != 1) {
             if (pat_now_ns() - t0 > 1000000000ull)
-                fail_msg("kill %d (point %s): session not reclaimed within 1 s", i,
-                         points[i % 3]);
+                fail_msg("kill %d (point %s): session not reclaimed within 1 s", i, points[i % 3]);
             sleep_ms(2);
         }
         uint64_t dt = pat_now_ns() - t0;
@@ -144,8 +143,7 @@ static void test_kill_mid_step(void **state)
         assert_int_equal(tl_daemon_status(&d, "pool_check"), 0);
         by_step(&b); /* unaffected: checked against float64 */
     }
-    printf("reclaim after SIGKILL: worst %.1f ms over 24 kills (limit 1000 ms)\n",
-           worst_ns / 1e6);
+    printf("reclaim after SIGKILL: worst %.1f ms over 24 kills (limit 1000 ms)\n", worst_ns / 1e6);
     by_close(&b);
     assert_int_equal(tl_daemon_status(&d, "blocks_used"), 0);
     assert_int_equal(tl_daemon_status(&d, "sequences"), 0);
@@ -249,8 +247,8 @@ static void test_exhaustion(void **state)
     static const char *const args[] = {"--blocks=64", "--max-conns=2", NULL};
     assert_int_equal(tl_daemon_start(&d, args), 0);
     pat_conn_t *c = connect_to(&d, "big"), *c2 = connect_to(&d, "second");
-    pat_connect_opts_t o = {.size = sizeof(o), .max_batch_tokens = 16, .socket = d.sock,
-                            .model = MODEL};
+    pat_connect_opts_t o = {
+        .size = sizeof(o), .max_batch_tokens = 16, .socket = d.sock, .model = MODEL};
     pat_conn_t *c3 = NULL;
     char why[256];
     assert_int_equal(pat_connect(&o, &c3, why, sizeof(why)), -EMFILE);
@@ -287,10 +285,8 @@ int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_kill_mid_step),
-        cmocka_unit_test(test_sigterm_mid_traffic),
-        cmocka_unit_test(test_restart),
-        cmocka_unit_test(test_lease_and_step_timeout),
+        cmocka_unit_test(test_kill_mid_step), cmocka_unit_test(test_sigterm_mid_traffic),
+        cmocka_unit_test(test_restart),       cmocka_unit_test(test_lease_and_step_timeout),
         cmocka_unit_test(test_exhaustion),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
