@@ -227,7 +227,7 @@ ifeq ($(HAVE_CUDA),1)
 ALL_TARGETS += $(B)/libpatcuda.a $(GPU_BINS)
 endif
 
-.PHONY: all test run-tests test-asan fuzz systemd-verify demo bench gpu-tests deps install uninstall format format-check clean help FORCE
+.PHONY: all check test run-tests test-asan fuzz systemd-verify demo bench gpu-tests deps install uninstall format format-check clean help FORCE
 # objects of pattern-built programs are kept (no rebuilds after every link)
 .SECONDARY:
 all: $(ALL_TARGETS)
@@ -238,6 +238,14 @@ TEST_LIST := $(UNIT_BINS) $(DEMO_BIN) $(INTEG_BINS) tests/demo/run_demo.sh \
              $(if $(filter 1,$(DEBUG)),,tests/integ/test_python.sh)
 SAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
            UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+
+# What CI runs (.ci/run) and the README's test command: everything that can run without a GPU.
+check: | deps
+	$(Q)$(MAKE) --no-print-directory test
+	$(Q)$(MAKE) --no-print-directory test-asan
+	$(Q)$(MAKE) --no-print-directory fuzz
+	$(Q)$(MAKE) --no-print-directory format-check
+	@echo "check: test, test-asan, fuzz and format-check all passed"
 
 test: | deps
 	$(Q)$(MAKE) --no-print-directory all
@@ -329,7 +337,8 @@ clean:
 help:
 	@echo "patd build targets:"
 	@echo "  all           libraries, tests, benchmarks, demo (default)"
-	@echo "  test          build and run the CPU test suite (CI runs this via .ci/run)"
+	@echo "  check         test + test-asan + fuzz + format-check (CI runs this via .ci/run)"
+	@echo "  test          build and run the CPU test suite, Python tests, systemd-verify"
 	@echo "  test-asan     the suite again under ASan + UBSan (build/asan)"
 	@echo "  fuzz          libFuzzer on the frame decoder for FUZZ_SECONDS (20)"
 	@echo "  systemd-verify  systemd-analyze verify the unit files"

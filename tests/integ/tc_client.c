@@ -94,5 +94,7 @@ int main(int argc, char **argv)
     fprintf(stderr, "tc_client: stopped by %s (%s): %s\n", pat_strerror(rc),
             clean ? "clean" : "NOT clean", pat_last_error(c));
     pat_close(c);
+    for (int i = 0; i < 3; i++)
+        tl_seq_done(&s[i]);
     return clean ? 0 : 1;
 }

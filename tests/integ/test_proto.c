@@ -192,7 +192,8 @@ static void step_frame(frame_t *f, uint64_t s, uint32_t n_seqs, uint32_t n_token
     uint8_t b[4000];
     ipc_step_begin_req_t r = {.n_seqs = n_seqs, .n_tokens = n_tokens, .flags = flags};
     memcpy(b, &r, sizeof(r));
-    memcpy(b + sizeof(r), seq_new, 8ull * n_seqs);
+    if (n_seqs)
+        memcpy(b + sizeof(r), seq_new, 8ull * n_seqs);
     memset(b + sizeof(r) + 8ull * n_seqs, 7, 4ull * n_tokens);
     frame_make(f, IPC_OP_STEP_BEGIN, s, b, sizeof(r) + 8ull * n_seqs + 4ull * n_tokens);
 }
