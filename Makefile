@@ -104,7 +104,7 @@ TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(B)/%.o)
 UNIT_TESTS := test_kv test_forest test_pack test_cpu test_ipc
 UNIT_BINS  := $(UNIT_TESTS:%=$(B)/tests/%)
 # Integration tests: real patd processes and real clients (tests/integ), run after the units.
-INTEG_TESTS := test_proto test_faults test_multi
+INTEG_TESTS := test_proto test_faults test_multi test_ops
 INTEG_BINS  := $(INTEG_TESTS:%=$(B)/tests/%)
 TC_CLIENT   := $(B)/tests/tc_client
 BENCH_BINS := $(B)/bench/bench_sched
@@ -310,19 +310,34 @@ deps:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
 	else echo "deps: all present"; fi
 
+SYSTEMD_DIR := $(PREFIX)/lib/systemd/system
 install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/patd
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include \
+	  $(DESTDIR)$(SYSTEMD_DIR) $(DESTDIR)$(PREFIX)/lib/sysusers.d $(DESTDIR)$(PREFIX)/lib/tmpfiles.d \
+	  $(DESTDIR)/etc/patd $(DESTDIR)$(PREFIX)/share/doc/patd
+	install -m 0755 $(PATD_BIN) $(PATCTL_BIN) $(DESTDIR)$(PREFIX)/bin/
 	install -m 0755 $(DEMO_BIN) $(DESTDIR)$(PREFIX)/bin/patd-demo
-	install -m 0755 $(B)/bench/bench_sched $(DESTDIR)$(PREFIX)/bin/patd-bench-sched
-	install -m 0644 $(B)/libpatcore.a $(DESTDIR)$(PREFIX)/lib/libpatcore.a
-	install -m 0644 kernels/kern.h kernels/kern_dtype.h scheduler/sched_plan_fmt.h \
-	  scheduler/sched_plan.h scheduler/sched_forest.h kvcache/kv_pool.h \
-	  $(DESTDIR)$(PREFIX)/include/patd/
+	install -m 0755 $(LIBPAT_SO) $(DESTDIR)$(PREFIX)/lib/
+	ln -sf libpat.so.$(PAT_SO_VER) $(DESTDIR)$(PREFIX)/lib/libpat.so.$(PAT_SO_MAJOR)
+	ln -sf libpat.so.$(PAT_SO_MAJOR) $(DESTDIR)$(PREFIX)/lib/libpat.so
+	install -m 0644 client/pat.h $(DESTDIR)$(PREFIX)/include/
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(PAT_SO_VER)|g' client/pat.pc.in \
+	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/pat.pc
+	for u in systemd/*.service; do \
+	  sed 's|/usr/local/|$(PREFIX)/|g' $$u > $(DESTDIR)$(SYSTEMD_DIR)/$$(basename $$u); done
+	install -m 0644 systemd/patd.sysusers $(DESTDIR)$(PREFIX)/lib/sysusers.d/patd.conf
+	install -m 0644 systemd/patd.tmpfiles $(DESTDIR)$(PREFIX)/lib/tmpfiles.d/patd.conf
+	[ -e $(DESTDIR)/etc/patd/patd.conf ] || install -m 0644 systemd/patd.conf $(DESTDIR)/etc/patd/
+	install -m 0644 README.md $(DESTDIR)$(PREFIX)/share/doc/patd/
 
 uninstall:
-	rm -f $(DESTDIR)$(PREFIX)/bin/patd-demo $(DESTDIR)$(PREFIX)/bin/patd-bench-sched \
-	  $(DESTDIR)$(PREFIX)/lib/libpatcore.a
-	rm -rf $(DESTDIR)$(PREFIX)/include/patd
+	rm -f $(DESTDIR)$(PREFIX)/bin/patd $(DESTDIR)$(PREFIX)/bin/patctl $(DESTDIR)$(PREFIX)/bin/patd-demo \
+	  $(DESTDIR)$(PREFIX)/lib/libpat.so* $(DESTDIR)$(PREFIX)/include/pat.h \
+	  $(DESTDIR)$(PREFIX)/lib/pkgconfig/pat.pc $(DESTDIR)$(SYSTEMD_DIR)/patd.service \
+	  $(DESTDIR)$(SYSTEMD_DIR)/patd@.service $(DESTDIR)$(SYSTEMD_DIR)/patd-mps.service \
+	  $(DESTDIR)$(PREFIX)/lib/sysusers.d/patd.conf $(DESTDIR)$(PREFIX)/lib/tmpfiles.d/patd.conf
+	rm -rf $(DESTDIR)$(PREFIX)/share/doc/patd
+	@echo "uninstall: /etc/patd/patd.conf left in place"
 
 FMT_FILES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)
 format:

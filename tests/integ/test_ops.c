@@ -1,0 +1,282 @@
+/*
+ * test_ops.c — patd as operators and systemd see it: config file validation and overrides,
+ * sd_notify (READY=1, STATUS=, WATCHDOG=1, STOPPING=1) on a notify socket of our own, SIGHUP
+ * and `patctl reload` applying reloadable options, the Prometheus endpoint over HTTP, the
+ * event socket (connections, stored blocks), and `patctl` commands including drain.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <nanomsg/nn.h>
+#include <nanomsg/pubsub.h>
+#include <netinet/in.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "pat.h"
+#include "pat_base.h"
+#include "tl_client.h"
+#include "tl_daemon.h"
+
+static const pat_model_t MODEL = {4, 8, 2, 64, PAT_F16, 16, 0};
+
+static const char *patd_bin(void)
+{
+    return getenv("PATD_BIN") ? getenv("PATD_BIN") : "build/bin/patd";
+}
+
+static const char *patctl_bin(void)
+{
+    static char path[300];
+    snprintf(path, sizeof(path), "%s", patd_bin());
+    char *slash = strrchr(path, '/');
+    snprintf(slash ? slash + 1 : path, 20, "patctl");
+    return path;
+}
+
+/* Runs a command line; returns its exit status and up to cap bytes of its stdout+stderr. */
+static int run(char *out, size_t cap, const char *fmt, ...)
+{
+    char cmd[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    strcat(cmd, " 2>&1");
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void test_config_validation(void **state)
+{
+    char out[8192];
+    char path[] = "/tmp/patd-conf.XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    write_file(path, "[daemon]\nexecutors = 3\n[model]\nlayers = 2\nhead_dim = 128\n");
+    assert_int_equal(run(out, sizeof(out), "%s --config %s --check-config", patd_bin(), path), 0);
+    assert_int_equal(run(out, sizeof(out), "%s --config %s --layers=6 --print-config", patd_bin(),
+                         path),
+                     0);
+    assert_non_null(strstr(out, "layers = 6"));   /* the command line wins */
+    assert_non_null(strstr(out, "head_dim = 128")); /* the file */
+    assert_non_null(strstr(out, "executors = 3"));
+    static const struct {
+        const char *text, *why;
+    } bad[] = {
+        {"[model]\nhead_dim = 96\n", "model not supported"},
+        {"[model]\nlayers = 0\n", "out of range"},
+        {"[pool]\nblocks = lots\n", "cannot parse"},
+        {"[daemon]\nbogus = 1\n", "unknown option"},
+        {"[limits]\nconn_max_seqs = 9000\n", "exceeds pool.max_seqs"},
+        {"[daemon\n", "syntax error"},
+        {"[daemon]\nliveness = sometimes\n", "liveness"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        write_file(path, bad[i].text);
+        int rc = run(out, sizeof(out), "%s --config %s --check-config", patd_bin(), path);
+        if (rc != 1 || !strstr(out, bad[i].why))
+            fail_msg("config '%s': status %d, output '%s'", bad[i].text, rc, out);
+    }
+    assert_int_equal(run(out, sizeof(out), "%s --config /nonexistent.conf", patd_bin()), 1);
+    assert_non_null(strstr(out, "cannot open config"));
+    assert_int_equal(run(out, sizeof(out), "%s --no-such-option=1", patd_bin()), 1);
+    assert_int_equal(run(out, sizeof(out), "%s --help", patd_bin()), 0);
+    assert_non_null(strstr(out, "step_timeout_ms"));
+    assert_int_equal(run(out, sizeof(out), "%s --version", patd_bin()), 0);
+    assert_non_null(strstr(out, "wire protocol 1"));
+    unlink(path);
+}
+
+/* A notify socket like systemd's: patd must report READY=1, STATUS=, WATCHDOG=1, STOPPING=1. */
+static void test_sd_notify_reload_metrics_events(void **state)
+{
+    char sockpath[108];
+    snprintf(sockpath, sizeof(sockpath), "/tmp/patd-notify.%d", (int)getpid());
+    unlink(sockpath);
+    int ns = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sockpath);
+    assert_int_equal(bind(ns, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    struct timeval tv = {0, 200000};
+    setsockopt(ns, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setenv("NOTIFY_SOCKET", sockpath, 1);
+    setenv("WATCHDOG_USEC", "1000000", 1);
+
+    char conf[] = "/tmp/patd-conf.XXXXXX";
+    int fd = mkstemp(conf);
+    close(fd);
+    write_file(conf, "[limits]\nmax_conns = 8\n");
+    int port = 20000 + (int)(getpid() % 20000);
+    char a_conf[64], a_port[64];
+    snprintf(a_conf, sizeof(a_conf), "--config=%s", conf);
+    snprintf(a_port, sizeof(a_port), "--metrics-port=%d", port);
+    const char *args[] = {a_conf, a_port, NULL};
+    tl_daemon_t d;
+    unsetenv("WATCHDOG_PID"); /* it would have to be patd's pid */
+    assert_int_equal(tl_daemon_start(&d, args), 0);
+    unsetenv("NOTIFY_SOCKET");
+    unsetenv("WATCHDOG_USEC");
+
+    int ready = 0, watchdog = 0, status = 0;
+    uint64_t t0 = pat_now_ns();
+    while ((!ready || !watchdog || !status) && pat_now_ns() - t0 < 3000000000ull) {
+        char msg[512];
+        ssize_t n = recv(ns, msg, sizeof(msg) - 1, 0);
+        if (n <= 0)
+            continue;
+        msg[n] = 0;
+        ready |= strstr(msg, "READY=1") != NULL;
+        watchdog |= strstr(msg, "WATCHDOG=1") != NULL;
+        status |= strstr(msg, "STATUS=") != NULL;
+    }
+    assert_true(ready);
+    assert_true(status);
+    assert_true(watchdog); /* the executors move */
+
+    /* events: a subscriber sees a connection come up and blocks being stored */
+    int sub = nn_socket(AF_SP, NN_SUB);
+    nn_setsockopt(sub, NN_SUB, NN_SUB_SUBSCRIBE, "", 0);
+    int rt = 200;
+    nn_setsockopt(sub, NN_SOL_SOCKET, NN_RCVTIMEO, &rt, sizeof(rt));
+    char url[256];
+    snprintf(url, sizeof(url), "ipc://%s/patd.events", d.dir);
+    assert_true(nn_connect(sub, url) >= 0);
+    usleep(100000); /* subscriptions are asynchronous */
+    pat_connect_opts_t o = {.size = sizeof(o), .max_batch_tokens = 64, .socket = d.sock,
+                            .model = MODEL};
+    pat_conn_t *c;
+    assert_int_equal(pat_connect(&o, &c, NULL, 0), 0);
+    tl_seq_t s, *ps[1] = {&s};
+    tl_seq_init(&s);
+    for (uint32_t t = 0; t < 33; t++)
+        tl_seq_push(&s, t);
+    assert_int_equal(tl_seq_open(c, &s), 0);
+    tl_rng_t rng;
+    tl_rng_seed(&rng, 1);
+    tl_step_result_t r;
+    assert_int_equal(tl_client_step(c, &MODEL, ps, 1, &rng, 1, &r), 0);
+    int up = 0, stored = 0;
+    for (int i = 0; i < 20 && !(up && stored >= 2); i++) {
+        char *m = NULL;
+        int n = nn_recv(sub, &m, NN_MSG, 0);
+        if (n < 0)
+            continue;
+        up |= n >= 7 && !strncmp(m, "conn up", 7);
+        stored += n >= 6 && !strncmp(m, "stored", 6);
+        nn_freemsg(m);
+    }
+    nn_close(sub);
+    assert_true(up);
+    assert_int_equal(stored, 2); /* 33 tokens: two full blocks published */
+
+    /* metrics over HTTP on loopback */
+    int hs = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in ha = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    ha.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(hs, (struct sockaddr *)&ha, sizeof(ha)), 0);
+    const char *get = "GET /metrics HTTP/1.0\r\n\r\n";
+    assert_int_equal(write(hs, get, strlen(get)), (ssize_t)strlen(get));
+    static char resp[65536];
+    size_t got = 0;
+    ssize_t n;
+    while ((n = read(hs, resp + got, sizeof(resp) - 1 - got)) > 0)
+        got += (size_t)n;
+    resp[got] = 0;
+    close(hs);
+    assert_non_null(strstr(resp, "200 OK"));
+    assert_non_null(strstr(resp, "patd_steps_total 1\n"));
+    assert_non_null(strstr(resp, "patd_kv_blocks_used"));
+    assert_non_null(strstr(resp, "patd_jemalloc_enabled"));
+    assert_non_null(strstr(resp, "patd_prefix_hit_blocks_total"));
+
+    /* SIGHUP applies a reloadable option: max_conns 8 -> 1 refuses a second session */
+    write_file(conf, "[limits]\nmax_conns = 1\n[pool]\nblocks = 99\n");
+    kill(d.pid, SIGHUP);
+    usleep(300000);
+    pat_conn_t *c2 = NULL;
+    char why[256];
+    assert_int_equal(pat_connect(&o, &c2, why, sizeof(why)), -EMFILE);
+    /* patctl reload back to 8 */
+    write_file(conf, "[limits]\nmax_conns = 8\n");
+    char out[8192];
+    assert_int_equal(run(out, sizeof(out), "%s --socket %s reload", patctl_bin(), d.sock), 0);
+    assert_int_equal(pat_connect(&o, &c2, why, sizeof(why)), 0);
+    pat_close(c2);
+    /* an invalid file is refused as a whole */
+    write_file(conf, "[limits]\nmax_conns = 0\n");
+    assert_int_equal(run(out, sizeof(out), "%s --socket %s reload", patctl_bin(), d.sock), 1);
+    assert_non_null(strstr(out, "invalid"));
+    char logtext[65536];
+    assert_int_equal(run(logtext, sizeof(logtext), "cat %s", d.log), 0);
+    assert_non_null(strstr(logtext, "pool.blocks changed in the file but needs a restart"));
+
+    /* patctl: status, stats as a table and as JSON (parsed by python), seqs */
+    assert_int_equal(run(out, sizeof(out), "%s --socket %s status", patctl_bin(), d.sock), 0);
+    assert_non_null(strstr(out, "pool_check ok"));
+    assert_int_equal(run(out, sizeof(out),
+                         "%s --socket %s stats --json | /usr/bin/python3 -c 'import json,sys; "
+                         "d=json.load(sys.stdin); print(d[\"patd_steps_total\"])'",
+                         patctl_bin(), d.sock),
+                     0);
+    assert_string_equal(out, "1\n");
+    assert_int_equal(run(out, sizeof(out), "%s --socket %s seqs", patctl_bin(), d.sock), 0);
+    assert_non_null(strstr(out, " 33 3 0")); /* one sequence: 33 tokens, 3 blocks */
+    assert_int_equal(run(out, sizeof(out), "%s --socket /nonexistent/x.sock status", patctl_bin()),
+                     1);
+    assert_int_equal(run(out, sizeof(out), "%s frobnicate", patctl_bin()), 2);
+
+    /* patctl drain: the open session is closed, patd exits 0 and says STOPPING=1 */
+    assert_int_equal(run(out, sizeof(out), "%s --socket %s drain", patctl_bin(), d.sock), 0);
+    int stopping = 0;
+    t0 = pat_now_ns();
+    while (!stopping && pat_now_ns() - t0 < 3000000000ull) {
+        char msg[512];
+        ssize_t m = recv(ns, msg, sizeof(msg) - 1, 0);
+        if (m > 0) {
+            msg[m] = 0;
+            stopping |= strstr(msg, "STOPPING=1") != NULL;
+        }
+    }
+    assert_true(stopping);
+    assert_int_equal(tl_daemon_signal_wait(&d, 0, 5000), 0);
+    assert_int_equal(pat_ping(c), -ECONNRESET);
+    pat_close(c);
+    tl_seq_done(&s);
+    tl_daemon_stop(&d);
+    close(ns);
+    unlink(sockpath);
+    unlink(conf);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_config_validation),
+        cmocka_unit_test(test_sd_notify_reload_metrics_events),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
