@@ -107,12 +107,12 @@ UNIT_BINS  := $(UNIT_TESTS:%=$(B)/tests/%)
 INTEG_TESTS := test_proto test_faults test_multi test_ops
 INTEG_BINS  := $(INTEG_TESTS:%=$(B)/tests/%)
 TC_CLIENT   := $(B)/tests/tc_client
-BENCH_BINS := $(B)/bench/bench_sched
+BENCH_BINS := $(B)/bench/bench_sched $(B)/bench/bench_daemon
 DEMO_BIN   := $(B)/bin/patd-demo
 
 ALL_OBJS := $(CORE_OBJS) $(IPC_OBJS) $(DAEMON_OBJS) $(LIBPAT_OBJS) $(B)/client/patctl.o \
             $(B)/tests/demo/pat_client_demo.o $(INTEG_TESTS:%=$(B)/tests/integ/%.o) \
-            $(B)/tests/integ/tc_client.o $(TESTLIB_OBJS) $(UNIT_TESTS:%=$(B)/tests/unit/%.o) \
+            $(B)/tests/integ/tc_client.o $(B)/tests/bench/bench_daemon.o $(TESTLIB_OBJS) $(UNIT_TESTS:%=$(B)/tests/unit/%.o) \
             $(B)/tests/bench/bench_sched.o $(B)/tests/demo/pat_demo.o $(CUDA_OBJS) \
             $(GPU_TESTS:%=$(B)/tests/gpu/%.o)
 
@@ -205,6 +205,11 @@ $(B)/tests/test_%: $(B)/tests/unit/test_%.o $(B)/libpattest.a $(B)/libpatcore.a 
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(TEST_LIBS) $(LDLIBS) -lrt
 
+$(B)/bench/bench_daemon: $(B)/tests/bench/bench_daemon.o $(B)/libpattest.a $(LIBPAT_A)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(NN_LIBS) -lrt -lm
+
 $(B)/bench/bench_%: $(B)/tests/bench/bench_%.o $(B)/libpattest.a $(B)/libpatcore.a
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
@@ -289,8 +294,9 @@ demo: | deps
 gpu-tests: $(GPU_BINS)
 	$(Q)tests/run.sh $(GPU_BINS)
 
-bench: $(BENCH_BINS)
+bench: $(BENCH_BINS) $(PATD_BIN)
 	$(Q)$(B)/bench/bench_sched
+	$(Q)PATD_BIN=$(PATD_BIN) $(B)/bench/bench_daemon
 
 # Installs the Debian packages the build and the tests need, only when some are missing (a few
 # dpkg queries otherwise). `make demo` and `make test` run it first, so the README's two commands

@@ -248,6 +248,7 @@ void patd_conn_reap(patd_conn_t *c)
     patd_t *d = c->d;
     uint64_t t0 = pat_now_ns();
     patd_step_t *st = &c->step;
+    patd_exec_forget(d, c); /* the step is back (FINISHED or IDLE): no entry may outlive c */
     if (st->begin_req.ctl)
         nn_freemsg(st->begin_req.ctl);
     if (st->end_req.ctl)

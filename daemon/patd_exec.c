@@ -43,13 +43,29 @@ void patd_exec_submit(patd_t *d, patd_conn_t *c)
     pthread_mutex_unlock(&d->q_mu);
 }
 
-static void post_done(patd_t *d, patd_conn_t *c)
+/* Queues c for the loop. The final post also marks the step FINISHED inside the same critical
+ * section: once the loop sees FINISHED, the last entry naming c is already in the list, so a
+ * reap can purge every entry and no pointer to a freed session is left behind. */
+static void post_done(patd_t *d, patd_conn_t *c, int final)
 {
     pthread_mutex_lock(&d->done_mu);
+    if (final)
+        atomic_store(&c->step.phase, STEP_FINISHED);
     pat_grow((void **)&d->done, &d->cap_done, d->n_done + 1, sizeof(*d->done));
     d->done[d->n_done++] = c;
     pthread_mutex_unlock(&d->done_mu);
     uv_async_send(&d->wake);
+}
+
+void patd_exec_forget(patd_t *d, patd_conn_t *c)
+{
+    pthread_mutex_lock(&d->done_mu);
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < d->n_done; i++)
+        if (d->done[i] != c)
+            d->done[k++] = d->done[i];
+    d->n_done = k;
+    pthread_mutex_unlock(&d->done_mu);
 }
 
 patd_conn_t *patd_exec_take_done(patd_t *d)
@@ -211,7 +227,7 @@ static void step_run(patd_t *d, patd_conn_t *c, uint32_t exec_id)
     st->t_begun_ns = pat_now_ns();
     atomic_store(&g->err, 0);
     atomic_store(&g->state, IPC_STATE_OPEN);
-    post_done(d, c); /* BEGUN: the loop replies to STEP_BEGIN; the step stays ours */
+    post_done(d, c, 0); /* BEGUN: the loop replies to STEP_BEGIN; the step stays ours */
     for (uint32_t l = 0; l < d->model.n_layers; l++) {
         uint32_t tick = st->tick_base + l + 1;
         if ((rc = wait_ready(d, c, tick, exec_id)) < 0)
@@ -275,8 +291,7 @@ static void *exec_main(void *arg)
         pthread_mutex_unlock(&d->q_mu);
         atomic_store(&c->step.phase, STEP_RUNNING);
         step_run(d, c, id);
-        atomic_store(&c->step.phase, STEP_FINISHED);
-        post_done(d, c);
+        post_done(d, c, 1);
         atomic_fetch_add_explicit(&d->m.exec_beat[id], 1, memory_order_relaxed);
     }
 }

@@ -180,6 +180,8 @@ int patd_exec_start(patd_t *d);
 void patd_exec_stop(patd_t *d);
 void patd_exec_submit(patd_t *d, patd_conn_t *c);
 patd_conn_t *patd_exec_take_done(patd_t *d);
+/* Drops every queued completion naming c (loop thread, before c is freed). */
+void patd_exec_forget(patd_t *d, patd_conn_t *c);
 
 /* patd_metrics.c */
 int patd_metrics_start(patd_t *d);
