@@ -147,12 +147,16 @@ int main(int argc, char **argv)
     pct(t, steps, &step_med, &step_p99);
     double bw = memcpy_gbs();
     double floor_us = kvb * m.n_layers / bw / 1e3;
+    /* attention FLOPs of the step: q.k and p.v, 2 flops per multiply-add, every q head */
+    double flops = 0;
+    for (int j = 0; j < B; j++)
+        flops += 4.0 * m.q_heads * m.head_dim * (double)bs[j].n_tok * m.n_layers;
     if (json) {
         printf("{\"ping_us\": [%.1f, %.1f], \"layer_handoff_us\": [%.1f, %.1f], "
                "\"decode_step_us\": [%.1f, %.1f], \"decode_kv_bytes\": %llu, "
-               "\"memcpy_gbs\": %.1f, \"floor_us\": %.1f}\n",
+               "\"memcpy_gbs\": %.1f, \"floor_us\": %.1f, \"gflop\": %.3f}\n",
                ping_med, ping_p99, hand_med, hand_p99, step_med, step_p99,
-               (unsigned long long)(kvb * m.n_layers), bw, floor_us);
+               (unsigned long long)(kvb * m.n_layers), bw, floor_us, flops / 1e9);
     } else {
         printf("patd cpu path (model 4 layers, 32/8 heads, d=128, f16; %d reps, median / p99)\n",
                reps);
@@ -163,8 +167,9 @@ int main(int argc, char **argv)
         printf("  decode step, 64 seqs x (1024 shared + 64..94 own) KV, 4 layers, client included\n"
                "                                          %9.1f / %9.1f us\n",
                step_med, step_p99);
-        printf("  floor of that step: %.1f MB KV read / %.1f GB/s memcpy = %.1f us\n",
-               kvb * m.n_layers / 1e6, bw, floor_us);
+        printf("  floor of that step: %.1f MB KV read / %.1f GB/s memcpy = %.1f us; it is "
+               "compute-bound here: %.2f GFLOP = %.2f GFLOP/s achieved\n",
+               kvb * m.n_layers / 1e6, bw, floor_us, flops / 1e9, flops / (step_med * 1e3));
     }
     for (int i = 0; i < B; i++) {
         pat_seq_close(c, bs[i].seq);
