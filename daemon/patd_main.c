@@ -123,12 +123,11 @@ static int copy_blocks(patd_t *d, const kv_copy_t *cp)
     return rc;
 }
 
+/* A free slot of the session. Its forest entry may still name a closed sequence: the executor
+ * notices (forest_kv != kv) and leaves it before anything joins (patd_exec.c), so the loop never
+ * reads forest_kv, which the executor owns. */
 static int free_slot(patd_conn_t *c)
 {
-    for (uint32_t i = 0; i < c->max_seqs; i++)
-        if (c->seqs[i].kv == KV_NONE && c->seqs[i].forest_kv == KV_NONE)
-            return (int)i;
-    /* slots whose forest entry is stale are reusable too (the executor leaves them) */
     for (uint32_t i = 0; i < c->max_seqs; i++)
         if (c->seqs[i].kv == KV_NONE)
             return (int)i;
@@ -137,9 +136,7 @@ static int free_slot(patd_conn_t *c)
 
 static void seq_attach(patd_conn_t *c, uint32_t slot, uint32_t kv)
 {
-    c->seqs[slot].kv = kv;
-    c->seqs[slot].in_step = 0;
-    c->seqs[slot].blocks = 0;
+    c->seqs[slot].kv = kv; /* in_step is 0 on a free slot; blocks too (set_blocks below) */
     pat_map_put(&c->seq_map, kv, slot);
     c->n_open++;
     patd_conn_set_blocks(c, slot);
@@ -172,7 +169,7 @@ static void handle_seq(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t 
         int slot = free_slot(c);
         if (slot < 0)
             return patd_reply_error(d, rq, -EDQUOT, "no free sequence slot");
-        /* tokens are read in place: the body is 4-byte aligned after the 8-byte struct? copy */
+        /* copied out: nanomsg gives no alignment guarantee for the body */
         uint32_t *tok = pat_xmalloc((size_t)r.n_tokens * 4);
         memcpy(tok, body + sizeof(r), (size_t)r.n_tokens * 4);
         pthread_mutex_lock(&d->pool_mu);

@@ -51,14 +51,14 @@ int main(int argc, char **argv)
 {
     int json = argc > 1 && !strcmp(argv[1], "--json");
     int reps = 200;
-    static const char *const args[] = {"--layers=4", "--q-heads=32", "--kv-heads=8",
+    static const char *const args[] = {"--layers=4",     "--q-heads=32",   "--kv-heads=8",
                                        "--head-dim=128", "--blocks=16384", NULL};
     tl_daemon_t d;
     if (tl_daemon_start(&d, args) < 0)
         return 1;
     pat_model_t m = {4, 32, 8, 128, PAT_F16, 16, 0};
-    pat_connect_opts_t o = {.size = sizeof(o), .max_batch_tokens = 2048, .max_seqs = 256,
-                            .socket = d.sock, .model = m};
+    pat_connect_opts_t o = {
+        .size = sizeof(o), .max_batch_tokens = 2048, .max_seqs = 256, .socket = d.sock, .model = m};
     pat_conn_t *c;
     char why[256];
     int rc = pat_connect(&o, &c, why, sizeof(why));
@@ -160,10 +160,8 @@ int main(int argc, char **argv)
     } else {
         printf("patd cpu path (model 4 layers, 32/8 heads, d=128, f16; %d reps, median / p99)\n",
                reps);
-        printf("  control round trip (PING)               %9.1f / %9.1f us\n", ping_med,
-               ping_p99);
-        printf("  layer hand-off, 1 decode token, 17 KV    %9.1f / %9.1f us\n", hand_med,
-               hand_p99);
+        printf("  control round trip (PING)               %9.1f / %9.1f us\n", ping_med, ping_p99);
+        printf("  layer hand-off, 1 decode token, 17 KV    %9.1f / %9.1f us\n", hand_med, hand_p99);
         printf("  decode step, 64 seqs x (1024 shared + 64..94 own) KV, 4 layers, client included\n"
                "                                          %9.1f / %9.1f us\n",
                step_med, step_p99);

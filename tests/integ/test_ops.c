@@ -78,10 +78,9 @@ static void test_config_validation(void **state)
     close(fd);
     write_file(path, "[daemon]\nexecutors = 3\n[model]\nlayers = 2\nhead_dim = 128\n");
     assert_int_equal(run(out, sizeof(out), "%s --config %s --check-config", patd_bin(), path), 0);
-    assert_int_equal(run(out, sizeof(out), "%s --config %s --layers=6 --print-config", patd_bin(),
-                         path),
-                     0);
-    assert_non_null(strstr(out, "layers = 6"));   /* the command line wins */
+    assert_int_equal(
+        run(out, sizeof(out), "%s --config %s --layers=6 --print-config", patd_bin(), path), 0);
+    assert_non_null(strstr(out, "layers = 6"));     /* the command line wins */
     assert_non_null(strstr(out, "head_dim = 128")); /* the file */
     assert_non_null(strstr(out, "executors = 3"));
     static const struct {
@@ -166,8 +165,8 @@ static void test_sd_notify_reload_metrics_events(void **state)
     snprintf(url, sizeof(url), "ipc://%s/patd.events", d.dir);
     assert_true(nn_connect(sub, url) >= 0);
     usleep(100000); /* subscriptions are asynchronous */
-    pat_connect_opts_t o = {.size = sizeof(o), .max_batch_tokens = 64, .socket = d.sock,
-                            .model = MODEL};
+    pat_connect_opts_t o = {
+        .size = sizeof(o), .max_batch_tokens = 64, .socket = d.sock, .model = MODEL};
     pat_conn_t *c;
     assert_int_equal(pat_connect(&o, &c, NULL, 0), 0);
     tl_seq_t s, *ps[1] = {&s};
