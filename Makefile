@@ -302,7 +302,7 @@ bench: $(BENCH_BINS) $(PATD_BIN)
 # dpkg queries otherwise). `make demo` and `make test` run it first, so the README's two commands
 # work on a fresh Debian 12. Elsewhere (no dpkg) it only says what it would need.
 DEB_PKGS := build-essential pkg-config libxxhash-dev libcmocka-dev clang-format clang \
-            libclang-rt-14-dev systemd libuv1-dev \
+            libclang-rt-14-dev systemd procps libuv1-dev \
             libnanomsg-dev libinih-dev libmicrohttpd-dev libjemalloc-dev libsystemd-dev \
             python3 python3-numpy
 deps:
