@@ -364,7 +364,7 @@ help:
 	@echo "  fuzz          libFuzzer on the frame decoder for FUZZ_SECONDS (20)"
 	@echo "  systemd-verify  systemd-analyze verify the unit files"
 	@echo "  demo          start patd (cpu backend) and the client demo against it, checked in fp64"
-	@echo "  bench         scheduler CPU-time benchmark (results go to tests/bench/RESULTS.md by hand)"
+	@echo "  bench         scheduler CPU-time and daemon cpu-path latency benchmarks (see RESULTS.md)"
 	@echo "  gpu-tests     build and run the GPU tests (needs a GPU; tests/gpu/run.sh wraps it)"
 	@echo "  deps          apt-get install the Debian packages the build/tests need, if missing"
 	@echo "  install       install into DESTDIR/PREFIX (PREFIX=$(PREFIX))"
