@@ -23,7 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "ipc_proto.h"
@@ -45,6 +44,7 @@ struct pat_conn {
     uint32_t timeout_ms;
     uint64_t session, instance, corr;
     ipc_hello_rep_t hello;
+    ipc_layout_t lay; /* of the staging buffer, checked equal to the daemon's at connect */
     pat_model_t model;
     ipc_shm_t shm;
     ipc_buf_t tx;
@@ -291,16 +291,6 @@ static int collect_pending(pat_conn_t *c)
     return 0;
 }
 
-static int pidfd_open_(pid_t pid)
-{
-#ifdef SYS_pidfd_open
-    int fd = (int)syscall(SYS_pidfd_open, pid, 0);
-    return fd < 0 ? -1 : fd;
-#else
-    return -1;
-#endif
-}
-
 int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t why_len)
 {
     char tmp[8];
@@ -348,14 +338,14 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
     c->session = c->hello.session;
     c->instance = c->hello.instance;
     c->daemon_pid = (pid_t)c->hello.daemon_pid;
-    c->daemon_pidfd = pidfd_open_(c->daemon_pid);
+    c->daemon_pidfd = ipc_pidfd_open(c->daemon_pid); /* < 0: kill(pid, 0) is the fallback */
     c->hello.shm_name[sizeof(c->hello.shm_name) - 1] = 0;
-    ipc_layout_t lay;
     uint32_t elt = o->model.dtype == PAT_F32 ? 4 : 2;
+    const ipc_layout_t *l = &c->lay;
     if (ipc_layout_compute(c->hello.max_batch_tokens, o->model.q_heads, o->model.kv_heads,
-                           o->model.head_dim, elt, &lay) < 0 ||
-        lay.bytes != c->hello.buf_bytes || lay.q_off != c->hello.q_off ||
-        lay.k_off != c->hello.k_off || lay.v_off != c->hello.v_off || lay.o_off != c->hello.o_off) {
+                           o->model.head_dim, elt, &c->lay) < 0 ||
+        l->bytes != c->hello.buf_bytes || l->q_off != c->hello.q_off ||
+        l->k_off != c->hello.k_off || l->v_off != c->hello.v_off || l->o_off != c->hello.o_off) {
         snprintf(why, why_len, "daemon's buffer layout does not match this library's");
         rc = -EPROTO;
         goto fail_session;
@@ -400,13 +390,12 @@ int pat_buffers(const pat_conn_t *c, pat_buffers_t *ret)
         return -EINVAL;
     memset(ret, 0, sizeof(*ret));
     uint8_t *b = c->shm.base;
-    ret->q = b + c->hello.q_off;
-    ret->k = b + c->hello.k_off;
-    ret->v = b + c->hello.v_off;
-    ret->o = b + c->hello.o_off;
-    uint32_t elt = c->model.dtype == PAT_F32 ? 4 : 2;
-    ret->q_row_bytes = (uint64_t)c->model.q_heads * c->model.head_dim * elt;
-    ret->kv_row_bytes = (uint64_t)c->model.kv_heads * c->model.head_dim * elt;
+    ret->q = b + c->lay.q_off;
+    ret->k = b + c->lay.k_off;
+    ret->v = b + c->lay.v_off;
+    ret->o = b + c->lay.o_off;
+    ret->q_row_bytes = c->lay.q_row;
+    ret->kv_row_bytes = c->lay.kv_row;
     ret->max_batch_tokens = c->hello.max_batch_tokens;
     ret->max_seqs = c->hello.max_seqs;
     ret->max_blocks = c->hello.max_blocks;

@@ -16,22 +16,11 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "patd_int.h"
 #include "patd_log.h"
 #include "pat_base.h"
-
-static int pidfd_open_(pid_t pid)
-{
-#ifdef SYS_pidfd_open
-    int fd = (int)syscall(SYS_pidfd_open, pid, 0);
-    return fd < 0 ? -errno : fd;
-#else
-    return -ENOSYS;
-#endif
-}
 
 patd_conn_t *patd_conn_find(patd_t *d, uint64_t session)
 {
@@ -120,7 +109,7 @@ int patd_conn_hello(patd_t *d, const ipc_hdr_t *h, const ipc_hello_req_t *r, ipc
         WHY("pid %u is not a process id", r->pid);
         return -EINVAL;
     }
-    int pidfd = pidfd_open_((pid_t)r->pid);
+    int pidfd = ipc_pidfd_open((int)r->pid);
     if (pidfd == -ESRCH) {
         WHY("pid %u is not running (in the daemon's pid namespace)", r->pid);
         return -EINVAL;

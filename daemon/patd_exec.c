@@ -81,8 +81,7 @@ patd_conn_t *patd_exec_take_done(patd_t *d)
     return c;
 }
 
-/* Releases the reservations of the first n sequences of the step (pool_mu held). */
-static void unreserve(patd_conn_t *c, uint32_t n)
+void patd_step_unreserve(patd_conn_t *c, uint32_t n)
 {
     patd_step_t *st = &c->step;
     for (uint32_t i = 0; i < n; i++) {
@@ -122,7 +121,7 @@ static int step_prepare(patd_conn_t *c)
         }
     }
     if (rc < 0) {
-        unreserve(c, i);
+        patd_step_unreserve(c, i);
         pthread_mutex_unlock(&d->pool_mu);
         return rc;
     }
@@ -181,7 +180,7 @@ static int step_prepare(patd_conn_t *c)
         sched_forest_clear(f);
         for (uint32_t s = 0; s < c->max_seqs; s++)
             c->seqs[s].forest_kv = KV_NONE;
-        unreserve(c, st->n_seqs);
+        patd_step_unreserve(c, st->n_seqs);
     }
     pthread_mutex_unlock(&d->pool_mu);
     return rc;

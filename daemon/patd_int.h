@@ -180,6 +180,9 @@ int patd_exec_start(patd_t *d);
 void patd_exec_stop(patd_t *d);
 void patd_exec_submit(patd_t *d, patd_conn_t *c);
 patd_conn_t *patd_exec_take_done(patd_t *d);
+/* Releases the reservations of the step's first n sequences, keeping their committed KV
+ * (pool_mu held): the roll-back of a step that failed to start or did not commit. */
+void patd_step_unreserve(patd_conn_t *c, uint32_t n);
 /* Drops every queued completion naming c (loop thread, before c is freed). */
 void patd_exec_forget(patd_t *d, patd_conn_t *c);
 

@@ -303,10 +303,7 @@ static void handle_step_begin(patd_t *d, patd_conn_t *c, patd_req_t *rq, const u
     st->t_recv_ns = pat_now_ns();
     st->begin_req = *rq;
     rq->ctl = NULL; /* the reply is owed by the step */
-    st->begun = 0;
-    st->err = 0;
-    st->layers_done = 0;
-    atomic_store(&st->abort, 0);
+    /* begun, err, layers_done, abort are clear: phase IDLE means step_reset ran */
     atomic_store(&st->phase, STEP_QUEUED);
     patd_exec_submit(d, c);
 }
@@ -317,17 +314,13 @@ static void step_finalize(patd_t *d, patd_conn_t *c)
     int full = st->err == 0 && st->layers_done == d->model.n_layers;
     int commit = full && !(st->end_flags & IPC_STEP_END_ABORT);
     pthread_mutex_lock(&d->pool_mu);
-    for (uint32_t i = 0, off = 0; i < st->n_seqs; off += st->n_new[i], i++) {
-        kv_seq_info_t info;
-        if (kv_seq_info(d->pool, st->kv[i], &info) < 0)
-            continue;
-        if (commit) {
+    if (commit) {
+        for (uint32_t i = 0, off = 0; i < st->n_seqs; off += st->n_new[i], i++) {
             kv_seq_commit(d->pool, st->kv[i], st->tokens + off, st->n_new[i]);
-        } else {
-            kv_copy_t cp;
-            kv_seq_truncate(d->pool, st->kv[i], info.len, &cp); /* drop the reservation */
+            patd_conn_set_blocks(c, st->slot[i]);
         }
-        patd_conn_set_blocks(c, st->slot[i]);
+    } else {
+        patd_step_unreserve(c, st->n_seqs);
     }
     pthread_mutex_unlock(&d->pool_mu);
     uint64_t ns = st->t_done_ns - st->t_recv_ns;
@@ -429,6 +422,17 @@ static void on_wake(uv_async_t *h)
 /* ------------------------------------------------------------------ admin */
 static void start_drain(patd_t *d, const char *why);
 
+/* SIGHUP and `patctl reload`: re-read the file, apply what is reloadable, tell systemd. */
+static int reload_config(patd_t *d, const char *who)
+{
+    sd_notify(0, "RELOADING=1");
+    patd_notice("%s: reloading %s", who, d->cfg.path[0] ? d->cfg.path : "(no config file)");
+    int rc = patd_config_reload(&d->cfg, d->argc, d->argv);
+    atomic_store(&patd_log_level, (int)d->cfg.log_level);
+    sd_notify(0, "READY=1");
+    return rc;
+}
+
 static void reply_text(patd_t *d, patd_req_t *rq, const char *text, size_t len)
 {
     reply_ok(d, NULL, rq, text, len);
@@ -493,10 +497,7 @@ static void handle_admin(patd_t *d, patd_req_t *rq)
         start_drain(d, "patctl drain");
         return;
     case IPC_OP_RELOAD: {
-        sd_notify(0, "RELOADING=1");
-        int rc = patd_config_reload(&d->cfg, d->argc, d->argv);
-        atomic_store(&patd_log_level, (int)d->cfg.log_level);
-        sd_notify(0, "READY=1");
+        int rc = reload_config(d, "patctl reload");
         if (rc < 0)
             return patd_reply_error(d, rq, -EINVAL, "%s is invalid; nothing changed (see log)",
                                     d->cfg.path);
@@ -633,11 +634,7 @@ static void on_signal(uv_signal_t *s, int signum)
 {
     patd_t *d = s->data;
     if (signum == SIGHUP) {
-        sd_notify(0, "RELOADING=1");
-        patd_notice("SIGHUP: reloading %s", d->cfg.path[0] ? d->cfg.path : "(no config file)");
-        patd_config_reload(&d->cfg, d->argc, d->argv);
-        atomic_store(&patd_log_level, (int)d->cfg.log_level);
-        sd_notify(0, "READY=1");
+        reload_config(d, "SIGHUP");
         return;
     }
     if (d->draining) {

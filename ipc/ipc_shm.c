@@ -146,6 +146,16 @@ int ipc_shm_sweep(const char *prefix)
     return n;
 }
 
+int ipc_pidfd_open(int pid)
+{
+#ifdef SYS_pidfd_open
+    int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+    return fd < 0 ? -errno : fd;
+#else
+    return -ENOSYS;
+#endif
+}
+
 static long futex(_Atomic uint32_t *word, int op, uint32_t val, const struct timespec *ts)
 {
     return syscall(SYS_futex, (uint32_t *)word, op, val, ts, NULL, 0);

@@ -78,6 +78,10 @@ static inline ipc_sig_t *ipc_shm_sig(const ipc_shm_t *s)
     return (ipc_sig_t *)s->base;
 }
 
+/* A pidfd watching the peer process (readable once it exits): fd, or -errno (-ESRCH: no such
+ * process; -ENOSYS: the kernel has none). Both ends of a session watch each other with it. */
+int ipc_pidfd_open(int pid);
+
 /* Stores v with release order and wakes every waiter of the word. */
 void ipc_sig_post(_Atomic uint32_t *word, uint32_t v);
 /* Wakes every waiter without changing the word (they re-check their conditions). */
