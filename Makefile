@@ -72,7 +72,10 @@ NVCCFLAGS := -std=c++17 -O3 -g -lineinfo $(NVCC_GENCODE) -Werror all-warnings \
 KV_SRCS    := kvcache/kv_pool.c kvcache/kv_seq.c
 SCHED_SRCS := scheduler/sched_forest.c scheduler/sched_pack.c scheduler/sched_plan.c
 KERN_SRCS  := kernels/kern_backend.c kernels/cpu/kern_cpu.c
-CUDA_SRCS  := kernels/cuda/kern_cuda_merge.cu
+CUDA_SRCS  := kernels/cuda/kern_cuda_merge.cu kernels/cuda/kern_cuda.cu \
+              kernels/cuda/kern_cuda_fwd_d64.cu kernels/cuda/kern_cuda_fwd_d128.cu \
+              kernels/cuda/kern_cuda_fwd_d256.cu
+CUDA_CSRCS := kernels/cuda/kern_cuda_tiles.c
 IPC_SRCS   := ipc/ipc_codec.c ipc/ipc_shm.c
 DAEMON_SRCS := daemon/patd_main.c daemon/patd_config.c daemon/patd_conn.c daemon/patd_exec.c \
                daemon/patd_metrics.c daemon/patd_log.c
@@ -90,11 +93,15 @@ CLIENT_DEMO := $(B)/bin/patd-client-demo
 
 CORE_SRCS := $(KV_SRCS) $(SCHED_SRCS) $(KERN_SRCS)
 CORE_OBJS := $(CORE_SRCS:%.c=$(B)/%.o)
-GPU_TESTS := test_cuda_merge
+GPU_TESTS := test_cuda_merge test_cuda_attn
+GPU_TOOLS := $(B)/bin/patd-tile-solver $(B)/bench/bench_attn
 GPU_BINS  := $(GPU_TESTS:%=$(B)/tests/gpu/%)
 ifeq ($(HAVE_CUDA),1)
-CUDA_OBJS := $(CUDA_SRCS:%.cu=$(B)/%.o)
+CUDA_OBJS := $(CUDA_SRCS:%.cu=$(B)/%.o) $(CUDA_CSRCS:%.c=$(B)/%.o)
 endif
+# The core with the cuda backend registered (GPU tests, tools, benchmarks). The daemon links the
+# cpu-only core until it has the GPU data path.
+CUDA_CORE_OBJS := $(B)/cudacore/kern_backend.o $(filter-out $(B)/kernels/kern_backend.o,$(CORE_OBJS))
 
 TESTLIB_SRCS := tests/lib/tl_rng.c tests/lib/tl_world.c tests/lib/tl_ref.c tests/lib/tl_client.c \
                 tests/lib/tl_daemon.c
@@ -114,7 +121,8 @@ ALL_OBJS := $(CORE_OBJS) $(IPC_OBJS) $(DAEMON_OBJS) $(LIBPAT_OBJS) $(B)/client/p
             $(B)/tests/demo/pat_client_demo.o $(INTEG_TESTS:%=$(B)/tests/integ/%.o) \
             $(B)/tests/integ/tc_client.o $(B)/tests/bench/bench_daemon.o $(TESTLIB_OBJS) $(UNIT_TESTS:%=$(B)/tests/unit/%.o) \
             $(B)/tests/bench/bench_sched.o $(B)/tests/demo/pat_demo.o $(CUDA_OBJS) \
-            $(GPU_TESTS:%=$(B)/tests/gpu/%.o)
+            $(GPU_TESTS:%=$(B)/tests/gpu/%.o) $(B)/kernels/cuda/tile_solver.o \
+            $(B)/tests/bench/bench_attn.o $(B)/cudacore/kern_backend.o
 
 # ---------------------------------------------------------------- flags stamp
 # Any change of compiler or flags rewrites the stamp, and every object depends on it.
@@ -216,9 +224,36 @@ $(B)/bench/bench_%: $(B)/tests/bench/bench_%.o $(B)/libpattest.a $(B)/libpatcore
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 # GPU test programs: compiled wherever nvcc is (CI included), run by tests/gpu/run.sh on a GPU.
-$(B)/tests/gpu/%: $(B)/tests/gpu/%.o $(B)/libpatcuda.a
+$(B)/kernels/cuda/kern_cuda_tiles.o: CFLAGS += -Ikernels/cuda
+
+$(B)/cudacore/kern_backend.o: kernels/kern_backend.c $(B)/.flags
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CC      $< (cuda registered)")
+	$(Q)$(CC) $(CFLAGS) -DPATD_HAVE_CUDA_BACKEND -c $< -o $@
+
+$(B)/tests/gpu/%.o: tests/gpu/%.cu $(B)/.flags
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  NVCC    $<")
+	$(Q)$(NVCC) $(NVCCFLAGS) -Itests/lib -c $< -o $@
+
+$(B)/tests/bench/%.o: tests/bench/%.cu $(B)/.flags
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  NVCC    $<")
+	$(Q)$(NVCC) $(NVCCFLAGS) -Itests/lib -c $< -o $@
+
+$(B)/tests/gpu/%: $(B)/tests/gpu/%.o $(B)/libpatcuda.a $(CUDA_CORE_OBJS) $(B)/libpattest.a
 	@$(if $(Q),echo "  NVLD    $@")
-	$(Q)$(NVCC) $(NVCC_GENCODE) $^ -o $@
+	$(Q)$(NVCC) $(NVCC_GENCODE) $^ -o $@ -lxxhash -lm
+
+$(B)/bin/patd-tile-solver: $(B)/kernels/cuda/tile_solver.o $(B)/libpatcuda.a $(CUDA_CORE_OBJS)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  NVLD    $@")
+	$(Q)$(NVCC) $(NVCC_GENCODE) $^ -o $@ -lxxhash -lm
+
+$(B)/bench/bench_attn: $(B)/tests/bench/bench_attn.o $(B)/libpatcuda.a $(CUDA_CORE_OBJS) $(B)/libpattest.a
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  NVLD    $@")
+	$(Q)$(NVCC) $(NVCC_GENCODE) $^ -o $@ -lcublas -lxxhash -lm
 
 $(DEMO_BIN): $(B)/tests/demo/pat_demo.o $(B)/libpattest.a $(B)/libpatcore.a
 	@mkdir -p $(@D)
@@ -229,7 +264,7 @@ $(DEMO_BIN): $(B)/tests/demo/pat_demo.o $(B)/libpattest.a $(B)/libpatcore.a
 ALL_TARGETS := $(B)/libpatcore.a $(PATD_BIN) $(LIBPAT_SO) $(LIBPAT_A) $(B)/lib/pat.pc \
                $(PATCTL_BIN) $(CLIENT_DEMO) $(UNIT_BINS) $(INTEG_BINS) $(TC_CLIENT) $(BENCH_BINS) $(DEMO_BIN)
 ifeq ($(HAVE_CUDA),1)
-ALL_TARGETS += $(B)/libpatcuda.a $(GPU_BINS)
+ALL_TARGETS += $(B)/libpatcuda.a $(GPU_BINS) $(GPU_TOOLS)
 endif
 
 .PHONY: all check test run-tests test-asan fuzz systemd-verify demo bench gpu-tests deps install uninstall format format-check clean help FORCE

@@ -37,6 +37,9 @@ typedef enum kern_dtype {
 #define KERN_DEFAULT_MAX_CTA_ROWS 128u
 #define KERN_MAX_CTA_ROWS         1024u /* bounds per-thread scratch: rows x head_dim floats */
 #define KERN_MAX_THREADS          1024u
+#define KERN_MAX_STREAMS          8u
+#define KERN_DEFAULT_STREAMS      4u
+#define KERN_DEFAULT_PLAN_BYTES   (8u << 20)
 
 typedef struct kern_model {
     uint32_t n_layers;
@@ -54,6 +57,10 @@ typedef struct kern_config {
                               0 = KERN_DEFAULT_MAX_CTA_ROWS */
     uint32_t n_threads;    /* cpu: worker threads <= KERN_MAX_THREADS, 0 = one per online CPU */
     int device;            /* cuda: device ordinal */
+    uint32_t streams;      /* cuda: concurrent streams for a plan's tile-shape groups, <= 8;
+                              0 = KERN_DEFAULT_STREAMS, 1 = serial (one stream) */
+    uint32_t max_plan_bytes; /* cuda: largest plan accepted (pinned staging, device copy);
+                                0 = KERN_DEFAULT_PLAN_BYTES */
 } kern_config_t;
 
 typedef struct kern_attn_params {
@@ -86,10 +93,20 @@ int kern_append_kv(kern_backend_t *b, uint32_t layer, const void *k, const void 
 int kern_copy_blocks(kern_backend_t *b, const uint32_t *src, const uint32_t *dst, uint32_t n);
 
 /* Runs one layer of a plan: every CTA for every KV head, then the merge. Writes O rows of every
- * token the plan covers. Returns 0, -EINVAL (layer, bad plan, page or row out of range, bad
+ * token the plan covers. cpu: done on return. cuda: enqueued on the backend's stream (tile-shape
+ * groups fanned out over its side streams and joined before the merge); kern_sync waits. The
+ * plan may be freed or rebuilt on return (the backend keeps its own copy). Returns 0, -EINVAL (layer, bad plan, page or row out of range, bad
  * params), -E2BIG (plan rows/tokens beyond the config), -ENOSPC (more partials than configured). */
 int kern_attend(kern_backend_t *b, uint32_t layer, const sched_plan_hdr_t *plan, const void *q,
                 void *o, const kern_attn_params_t *params);
+
+/* Waits until everything the backend enqueued has finished (cuda: its streams; cpu: nothing to
+ * wait for). Returns 0 or -EIO (a CUDA error, printed). */
+int kern_sync(kern_backend_t *b);
+
+/* The tile shapes this backend compiled for its device and the rule that picks n: what the
+ * scheduler must plan with (sched_config_t.tiles). Returns 0. */
+int kern_tiles(const kern_backend_t *b, sched_tiles_t *ret_tiles);
 
 #ifdef __cplusplus
 }

@@ -50,7 +50,8 @@ uint64_t kern_block_bytes(const kern_model_t *m)
 int kern_backend_create(const char *name, const kern_config_t *cfg, kern_backend_t **ret)
 {
     if (!name || !cfg || !ret || cfg->n_blocks == 0 || cfg->max_tokens == 0 ||
-        cfg->max_cta_rows > KERN_MAX_CTA_ROWS || cfg->n_threads > KERN_MAX_THREADS)
+        cfg->max_cta_rows > KERN_MAX_CTA_ROWS || cfg->n_threads > KERN_MAX_THREADS ||
+        cfg->streams > KERN_MAX_STREAMS)
         return -EINVAL;
     int r = kern_supported(&cfg->model);
     if (r < 0)
@@ -61,6 +62,10 @@ int kern_backend_create(const char *name, const kern_config_t *cfg, kern_backend
         kern_config_t c = *cfg;
         if (c.max_cta_rows == 0)
             c.max_cta_rows = KERN_DEFAULT_MAX_CTA_ROWS;
+        if (c.streams == 0)
+            c.streams = KERN_DEFAULT_STREAMS;
+        if (c.max_plan_bytes == 0)
+            c.max_plan_bytes = KERN_DEFAULT_PLAN_BYTES;
         kern_backend_t *b = NULL;
         r = backends[i]->create(&c, &b);
         if (r < 0)
@@ -109,6 +114,30 @@ int kern_attend(kern_backend_t *b, uint32_t layer, const sched_plan_hdr_t *plan,
         !(p->softcap >= 0.0f))
         return -EINVAL;
     return b->ops->attend(b, layer, plan, q, o, p);
+}
+
+int kern_sync(kern_backend_t *b)
+{
+    return b->ops->sync ? b->ops->sync(b) : 0;
+}
+
+/* The shapes a backend without its own table plans with: m powers of two >= 16 (the MMA row
+ * rule), n by KV length (a partly filled last tile is wasted work; long KV wants long tiles). */
+static const sched_tiles_t generic_tiles = {
+    .n_m = 4,
+    .m = {16, 32, 64, 128},
+    .n_n = 3,
+    .n = {32, 64, 128},
+    .n_upto = {256, 2048, UINT32_MAX},
+};
+
+int kern_tiles(const kern_backend_t *b, sched_tiles_t *ret)
+{
+    if (b->ops->tiles)
+        b->ops->tiles(b, ret);
+    else
+        *ret = generic_tiles;
+    return 0;
 }
 
 int kern__plan_check(const kern_config_t *cfg, const sched_plan_hdr_t *h)

@@ -27,19 +27,6 @@ typedef enum sched_policy {
     SCHED_POLICY_QUERY = 3, /* query-centric: one pack per query over its whole KV (baseline) */
 } sched_policy_t;
 
-#define SCHED_MAX_TILE_M 8
-#define SCHED_MAX_TILE_N 8
-
-/* The compiled tile shapes of a backend on one GPU and the rule that picks n. */
-typedef struct sched_tiles {
-    uint32_t n_m;
-    uint16_t m[SCHED_MAX_TILE_M]; /* ascending query-row tile sizes */
-    uint32_t n_n;
-    uint16_t n[SCHED_MAX_TILE_N];      /* KV tile sizes */
-    uint32_t n_upto[SCHED_MAX_TILE_N]; /* choose n[i] for the first i with kv_len <= n_upto[i];
-                                          the last entry should be UINT32_MAX */
-} sched_tiles_t;
-
 typedef struct sched_config {
     uint32_t max_queries; /* sequences per step */
     uint32_t max_tokens;  /* query tokens per step (rows of Q/O) */

@@ -93,6 +93,20 @@ typedef struct sched_plan_merge {
 } sched_plan_merge_t;
 SCHED_STATIC_ASSERT(sizeof(sched_plan_merge_t) == 16, "merge layout");
 
+#define SCHED_MAX_TILE_M 8
+#define SCHED_MAX_TILE_N 8
+
+/* The compiled tile shapes of a backend on one GPU and the rule that picks n: the backend
+ * publishes it (kern_tiles), the scheduler plans with it. */
+typedef struct sched_tiles {
+    uint32_t n_m;
+    uint16_t m[SCHED_MAX_TILE_M]; /* ascending query-row tile sizes */
+    uint32_t n_n;
+    uint16_t n[SCHED_MAX_TILE_N];      /* KV tile sizes */
+    uint32_t n_upto[SCHED_MAX_TILE_N]; /* choose n[i] for the first i with kv_len <= n_upto[i];
+                                          the last entry should be UINT32_MAX */
+} sched_tiles_t;
+
 /* Typed views of a plan buffer (no copies). */
 static inline const sched_plan_group_t *sched_plan_groups(const sched_plan_hdr_t *h)
 {

@@ -2,8 +2,10 @@
  * kern_cuda.h — plain-C entry points of the CUDA kernels in kernels/cuda. No CUDA types
  * cross this header: streams are passed as void *, errors come back as negative errno.
  *
- * This release has the merge stage of a plan (sched_plan_fmt.h) on the GPU; the forward
- * kernels and the cuda backend behind kern.h are the cuda-kernels issue's work.
+ * The cuda backend itself is reached through kern.h (kern_backend_create("cuda", ...)); this
+ * header adds what only a CUDA caller needs: the backend's stream (to order or time work with
+ * events), the compiled variants (for the offline tile solver) and the per-GPU tile tables, and
+ * the merge launcher.
  */
 #ifndef KERN_CUDA_H
 #define KERN_CUDA_H
@@ -32,6 +34,35 @@ typedef struct kern_cuda_merge_params {
  * dimensions), -ENOTSUP (head_dim or dtype outside the supported set), -EIO (the launch failed:
  * the CUDA error is printed to stderr). Does not synchronize. */
 int kern_cuda_merge_launch(const kern_cuda_merge_params_t *p);
+
+/* The backend's stream (cudaStream_t): every call enqueues on it, side streams join it. */
+void *kern_cuda_stream(kern_backend_t *b);
+
+/* Uses at most n (>= 1, <= the streams it was created with) streams from now on: 1 = serial
+ * (the multi-stream ablation of the benchmarks). Returns 0 or -EINVAL. */
+int kern_cuda_set_streams(kern_backend_t *b, uint32_t n);
+
+/* One compiled forward variant as the device sees it. */
+typedef struct kern_cuda_variant_info {
+    uint32_t head_dim, m, n;
+    kern_dtype_t dtype;
+    int threads;           /* per CTA */
+    int smem;              /* dynamic shared memory bytes per CTA */
+    int regs;              /* registers per thread (cudaFuncGetAttributes) */
+    int local_bytes;       /* spills (local memory per thread) */
+    int blocks_per_sm;     /* occupancy API: resident CTAs per SM */
+    int stage_bytes;       /* K+V bytes one pipeline stage loads */
+    int stages;            /* pipeline depth */
+} kern_cuda_variant_info_t;
+
+/* Fills up to cap records of the variants compiled for head_dim on the current device and
+ * returns how many exist (may exceed cap), or -EIO / -ENOTSUP. */
+int kern_cuda_variants(uint32_t head_dim, kern_cuda_variant_info_t *out, uint32_t cap);
+
+/* The committed tile table (tile_solver output) for a device name as CUDA reports it
+ * ("NVIDIA H100 80GB HBM3", ...). Returns 1 when the name has a measured table, 0 when the
+ * generic one was used. */
+int kern_cuda_tiles_for(const char *device_name, sched_tiles_t *ret_tiles);
 
 #ifdef __cplusplus
 }

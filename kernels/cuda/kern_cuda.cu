@@ -1,0 +1,531 @@
+/*
+ * kern_cuda.cu — the cuda backend behind kern.h: the device KV pool, KV append, copy-on-write
+ * block copies, and the execution of a plan (forward per tile-shape group, fanned out over side
+ * streams and joined with events, then the merge on the backend's stream).
+ *
+ * Everything is allocated at create: the pool (one allocation, [layer][block][K|V][kv_head]
+ * [block_size][head_dim]), the fp32 partials, two pinned + device plan buffers (double-buffered:
+ * a new plan is copied while the previous one may still be read by queued kernels; an event per
+ * buffer says when its pinned side may be rewritten), the slot buffers of append, the streams and
+ * events. Each forward variant is launched once at create on an empty CTA, so no module loads
+ * lazily behind a queued GPU-side wait (DESIGN.md §2). Calls enqueue and return; kern_sync waits.
+ *
+ * A plan is uploaded only when it differs from the last one (memcmp of its bytes: the daemon calls
+ * attend once per layer with the same plan). Launches are checked with cudaGetLastError; a CUDA
+ * error returns -EIO with the error printed, never aborts.
+ */
+#include "kern_cuda_int.h"
+
+extern "C" {
+#include "kern_int.h"
+}
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+namespace kcuda
+{
+
+int kern_cuda_fail(const char *what, cudaError_t e)
+{
+    fprintf(stderr, "<3>kern_cuda: %s: %s\n", what, cudaGetErrorString(e));
+    return -EIO;
+}
+
+} // namespace kcuda
+
+using namespace kcuda;
+
+#define CK(call, what)                                                                             \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess)                                                                     \
+            return kern_cuda_fail(what, e_);                                                       \
+    } while (0)
+
+namespace
+{
+
+constexpr int kShapeM[kNumShapes] = {16, 16, 32, 32, 64, 64, 128, 128};
+constexpr int kShapeN[kNumShapes] = {64, 128, 64, 128, 64, 128, 64, 128};
+constexpr int kTileMs[4] = {16, 32, 64, 128};
+
+struct PlanBuf {
+    uint8_t *host; /* pinned */
+    uint8_t *dev;
+    cudaEvent_t copied; /* the H2D copy from host has completed */
+    bool used;
+};
+
+struct Cuda {
+    kern_backend_t base;
+    int device;
+    void *pool;
+    uint64_t block_elems; /* one block of one layer: K and V of every head */
+    uint64_t layer_elems;
+    uint32_t elt;
+    float *part_o, *part_lse;
+    FwdVariant var[2][kNumShapes]; /* [fp16 | bf16][shape] for the model's head_dim */
+    int dt;                        /* 0 fp16, 1 bf16 */
+
+    PlanBuf plan[2];
+    int cur;           /* plan[cur] holds the last uploaded plan */
+    uint8_t *last;     /* host copy of it, for the unchanged test */
+    uint32_t last_len; /* 0: none */
+    uint32_t *slot_host, *slot_dev;
+    cudaEvent_t slot_copied;
+    bool slot_used;
+
+    cudaStream_t main;
+    cudaStream_t side[KERN_MAX_STREAMS];
+    cudaEvent_t fork, join[KERN_MAX_STREAMS];
+    uint32_t n_side;
+};
+
+Cuda *as_cuda(kern_backend_t *b)
+{
+    return reinterpret_cast<Cuda *>(b);
+}
+
+/* shape index of the variant that runs a group of tile (m, n): the smallest compiled m >= m, the
+ * requested n when compiled for that m, else the n = 64 variant (compiled for every head_dim) */
+int variant_for(const Cuda *c, uint32_t m, uint32_t n)
+{
+    for (int mi = 0; mi < 4; mi++) {
+        if ((uint32_t)kTileMs[mi] < m)
+            continue;
+        int fallback = -1;
+        for (int s = 0; s < kNumShapes; s++) {
+            if (kShapeM[s] != kTileMs[mi] || !c->var[c->dt][s].fn)
+                continue;
+            if ((uint32_t)kShapeN[s] == n)
+                return s;
+            if (kShapeN[s] == 64)
+                fallback = s;
+        }
+        return fallback;
+    }
+    return -1;
+}
+
+/* ------------------------------------------------------------------ KV append */
+
+template <typename T, int D>
+__global__ void append_kernel(const T *__restrict__ k, const T *__restrict__ v,
+                              const uint32_t *__restrict__ slots, uint32_t n, T *__restrict__ kv,
+                              uint32_t kv_heads, uint64_t block_elems)
+{
+    constexpr uint32_t CPR = D / 8;
+    const uint64_t total = (uint64_t)n * kv_heads * CPR;
+    for (uint64_t e = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; e < total;
+         e += (uint64_t)gridDim.x * blockDim.x) {
+        const uint32_t ch = e % CPR, h = (e / CPR) % kv_heads, i = e / ((uint64_t)CPR * kv_heads);
+        const uint32_t slot = slots[i], blk = slot / KERN_BLOCK_SIZE, off = slot % KERN_BLOCK_SIZE;
+        T *dk = kv + blk * block_elems + ((uint64_t)h * KERN_BLOCK_SIZE + off) * D + ch * 8;
+        T *dv = dk + (uint64_t)kv_heads * KERN_BLOCK_SIZE * D;
+        const uint64_t src = ((uint64_t)i * kv_heads + h) * D + ch * 8;
+        *reinterpret_cast<uint4 *>(dk) = *reinterpret_cast<const uint4 *>(k + src);
+        *reinterpret_cast<uint4 *>(dv) = *reinterpret_cast<const uint4 *>(v + src);
+    }
+}
+
+template <typename T> int append_launch(Cuda *c, uint32_t layer, const void *k, const void *v,
+                                        uint32_t n)
+{
+    const kern_model_t &m = c->base.cfg.model;
+    T *kv = static_cast<T *>(c->pool) + layer * c->layer_elems;
+    const uint64_t total = (uint64_t)n * m.kv_heads * (m.head_dim / 8);
+    const uint32_t threads = 256;
+    const uint32_t blocks = (uint32_t)((total + threads - 1) / threads < 4096 ? (total + threads - 1) / threads : 4096);
+    const T *kk = static_cast<const T *>(k), *vv = static_cast<const T *>(v);
+    switch (m.head_dim) {
+    case 64:
+        append_kernel<T, 64><<<blocks, threads, 0, c->main>>>(kk, vv, c->slot_dev, n, kv, m.kv_heads, c->block_elems);
+        break;
+    case 128:
+        append_kernel<T, 128><<<blocks, threads, 0, c->main>>>(kk, vv, c->slot_dev, n, kv, m.kv_heads, c->block_elems);
+        break;
+    case 256:
+        append_kernel<T, 256><<<blocks, threads, 0, c->main>>>(kk, vv, c->slot_dev, n, kv, m.kv_heads, c->block_elems);
+        break;
+    default:
+        return -ENOTSUP;
+    }
+    CK(cudaGetLastError(), "append launch");
+    return 0;
+}
+
+int cuda_append_kv(kern_backend_t *b, uint32_t layer, const void *k, const void *v,
+                   const uint32_t *slots, uint32_t n)
+{
+    Cuda *c = as_cuda(b);
+    const uint64_t limit = (uint64_t)b->cfg.n_blocks * b->cfg.model.block_size;
+    if (n > b->cfg.max_tokens)
+        return -E2BIG;
+    for (uint32_t i = 0; i < n; i++)
+        if (slots[i] >= limit)
+            return -EINVAL; /* checked before anything is enqueued: nothing changes */
+    if (n == 0)
+        return 0;
+    CK(cudaSetDevice(c->device), "cudaSetDevice");
+    if (c->slot_used)
+        CK(cudaEventSynchronize(c->slot_copied), "append: slot buffer");
+    memcpy(c->slot_host, slots, n * sizeof(uint32_t));
+    CK(cudaMemcpyAsync(c->slot_dev, c->slot_host, n * sizeof(uint32_t), cudaMemcpyHostToDevice,
+                       c->main),
+       "append: slot upload");
+    CK(cudaEventRecord(c->slot_copied, c->main), "append: event");
+    c->slot_used = true;
+    return c->dt == 0 ? append_launch<__half>(c, layer, k, v, n)
+                      : append_launch<__nv_bfloat16>(c, layer, k, v, n);
+}
+
+int cuda_copy_blocks(kern_backend_t *b, const uint32_t *src, const uint32_t *dst, uint32_t n)
+{
+    Cuda *c = as_cuda(b);
+    CK(cudaSetDevice(c->device), "cudaSetDevice");
+    const uint64_t bytes = c->block_elems * c->elt;
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t l = 0; l < b->cfg.model.n_layers; l++) {
+            uint8_t *base = static_cast<uint8_t *>(c->pool) + l * c->layer_elems * c->elt;
+            CK(cudaMemcpyAsync(base + dst[i] * bytes, base + src[i] * bytes, bytes,
+                               cudaMemcpyDeviceToDevice, c->main),
+               "copy_blocks");
+        }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ attend */
+
+/* Checks what only this backend needs (every CTA's rows fit its group's tile, every group has a
+ * variant) and uploads the plan when it changed. */
+int plan_upload(Cuda *c, const sched_plan_hdr_t *h)
+{
+    if (c->last_len == h->total_bytes && memcmp(c->last, h, h->total_bytes) == 0)
+        return 0;
+    if (h->total_bytes > c->base.cfg.max_plan_bytes)
+        return -E2BIG;
+    int r = kern__plan_check(&c->base.cfg, h);
+    if (r < 0)
+        return r;
+    const sched_plan_group_t *g = sched_plan_groups(h);
+    const sched_plan_cta_t *ct = sched_plan_ctas(h);
+    for (uint32_t i = 0; i < h->n_groups; i++)
+        if (g[i].m > kTileMs[3] || variant_for(c, g[i].m, g[i].n) < 0)
+            return -EINVAL;
+    for (uint32_t i = 0; i < h->n_ctas; i++)
+        if (ct[i].row_count * h->group > g[ct[i].group].m)
+            return -EINVAL;
+    const int next = c->cur ^ 1;
+    PlanBuf *pb = &c->plan[next];
+    if (pb->used)
+        CK(cudaEventSynchronize(pb->copied), "plan buffer");
+    memcpy(pb->host, h, h->total_bytes);
+    CK(cudaMemcpyAsync(pb->dev, pb->host, h->total_bytes, cudaMemcpyHostToDevice, c->main),
+       "plan upload");
+    CK(cudaEventRecord(pb->copied, c->main), "plan event");
+    pb->used = true;
+    c->cur = next;
+    memcpy(c->last, h, h->total_bytes);
+    c->last_len = h->total_bytes;
+    return 0;
+}
+
+int cuda_attend(kern_backend_t *b, uint32_t layer, const sched_plan_hdr_t *h, const void *q,
+                void *o, const kern_attn_params_t *p)
+{
+    Cuda *c = as_cuda(b);
+    const kern_model_t &m = b->cfg.model;
+    CK(cudaSetDevice(c->device), "cudaSetDevice");
+    int r = plan_upload(c, h);
+    if (r < 0)
+        return r;
+    const uint8_t *dp = c->plan[c->cur].dev;
+    FwdArgs a;
+    a.ctas = reinterpret_cast<const sched_plan_cta_t *>(dp + h->off_ctas);
+    a.rows = reinterpret_cast<const sched_plan_row_t *>(dp + h->off_rows);
+    a.pages = reinterpret_cast<const uint32_t *>(dp + h->off_pages);
+    a.q = q;
+    a.o = o;
+    a.kv = static_cast<const uint8_t *>(c->pool) + layer * c->layer_elems * c->elt;
+    a.block_stride = c->block_elems;
+    a.head_stride = (uint64_t)m.block_size * m.head_dim;
+    a.v_offset = a.head_stride * m.kv_heads;
+    a.part_o = c->part_o;
+    a.part_lse = c->part_lse;
+    a.q_heads = m.q_heads;
+    a.kv_heads = m.kv_heads;
+    a.group = h->group;
+    a.scale = p->scale;
+    a.softcap = p->softcap;
+
+    const sched_plan_group_t *g = sched_plan_groups(h);
+    uint32_t live = 0;
+    for (uint32_t i = 0; i < h->n_groups; i++)
+        live += g[i].cta_count > 0;
+    const bool fan = live > 1 && c->n_side > 1;
+    uint32_t used = 0; /* side streams in use, in order */
+    if (fan)
+        CK(cudaEventRecord(c->fork, c->main), "fork event");
+    for (uint32_t i = 0, k = 0; i < h->n_groups; i++) {
+        if (g[i].cta_count == 0)
+            continue;
+        const FwdVariant &v = c->var[c->dt][variant_for(c, g[i].m, g[i].n)];
+        cudaStream_t s = c->main;
+        if (fan) {
+            const uint32_t si = k++ % c->n_side;
+            s = c->side[si];
+            if (si >= used) {
+                CK(cudaStreamWaitEvent(s, c->fork, 0), "fork wait");
+                used = si + 1;
+            }
+        }
+        a.cta_begin = g[i].cta_begin;
+        void *args[] = {&a};
+        CK(cudaLaunchKernel(v.fn, dim3(g[i].cta_count, m.kv_heads), dim3(v.threads), args,
+                            (size_t)v.smem, s),
+           "forward launch");
+    }
+    for (uint32_t si = 0; si < used; si++) {
+        CK(cudaEventRecord(c->join[si], c->side[si]), "join event");
+        CK(cudaStreamWaitEvent(c->main, c->join[si], 0), "join wait");
+    }
+    if (h->n_merges == 0)
+        return 0;
+    kern_cuda_merge_params_t mp = {};
+    mp.merges = reinterpret_cast<const sched_plan_merge_t *>(dp + h->off_merges);
+    mp.n_merges = h->n_merges;
+    mp.part_o = c->part_o;
+    mp.part_lse = c->part_lse;
+    mp.o = o;
+    mp.q_heads = m.q_heads;
+    mp.kv_heads = m.kv_heads;
+    mp.head_dim = m.head_dim;
+    mp.dtype = m.dtype;
+    mp.stream = c->main;
+    return kern_cuda_merge_launch(&mp);
+}
+
+int cuda_sync(kern_backend_t *b)
+{
+    Cuda *c = as_cuda(b);
+    CK(cudaSetDevice(c->device), "cudaSetDevice");
+    CK(cudaStreamSynchronize(c->main), "sync");
+    return 0;
+}
+
+void cuda_tiles(const kern_backend_t *b, sched_tiles_t *ret)
+{
+    const Cuda *c = reinterpret_cast<const Cuda *>(b);
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, c->device) != cudaSuccess)
+        prop.name[0] = 0;
+    kern_cuda_tiles_for(prop.name, ret);
+}
+
+/* ------------------------------------------------------------------ lifetime */
+
+void cuda_destroy(kern_backend_t *b)
+{
+    Cuda *c = as_cuda(b);
+    cudaSetDevice(c->device);
+    if (c->main)
+        cudaStreamSynchronize(c->main);
+    for (uint32_t i = 0; i < KERN_MAX_STREAMS; i++) {
+        if (c->side[i])
+            cudaStreamDestroy(c->side[i]);
+        if (c->join[i])
+            cudaEventDestroy(c->join[i]);
+    }
+    if (c->fork)
+        cudaEventDestroy(c->fork);
+    if (c->main)
+        cudaStreamDestroy(c->main);
+    for (PlanBuf &pb : c->plan) {
+        cudaFreeHost(pb.host);
+        cudaFree(pb.dev);
+        if (pb.copied)
+            cudaEventDestroy(pb.copied);
+    }
+    if (c->slot_copied)
+        cudaEventDestroy(c->slot_copied);
+    cudaFreeHost(c->slot_host);
+    cudaFree(c->slot_dev);
+    cudaFree(c->part_o);
+    cudaFree(c->part_lse);
+    cudaFree(c->pool);
+    free(c->last);
+    free(c);
+}
+
+int register_variants(Cuda *c)
+{
+    switch (c->base.cfg.model.head_dim) { /* the closed set: 64, 128, 256 */
+    case 64:
+        return fwd_register_d64(c->var);
+    case 128:
+        return fwd_register_d128(c->var);
+    case 256:
+        return fwd_register_d256(c->var);
+    }
+    return -ENOTSUP;
+}
+
+/* One launch of every variant on an empty CTA (no rows, no KV): loads every module now. */
+int warm_variants(Cuda *c)
+{
+    sched_plan_cta_t *dcta;
+    CK(cudaMalloc(&dcta, sizeof(*dcta)), "warm-up alloc");
+    cudaMemsetAsync(dcta, 0, sizeof(*dcta), c->main);
+    FwdArgs a = {};
+    a.ctas = dcta;
+    a.q = a.kv = c->pool;
+    a.o = c->pool;
+    a.q_heads = a.kv_heads = a.group = 1;
+    a.scale = 1.f;
+    int r = 0;
+    for (int dt = 0; dt < 2 && r == 0; dt++)
+        for (int s = 0; s < kNumShapes && r == 0; s++) {
+            const FwdVariant &v = c->var[dt][s];
+            if (!v.fn)
+                continue;
+            void *args[] = {&a};
+            cudaError_t e = cudaLaunchKernel(v.fn, dim3(1, 1), dim3(v.threads), args, v.smem, c->main);
+            if (e != cudaSuccess)
+                r = kern_cuda_fail("warm-up launch", e);
+        }
+    cudaError_t e = cudaStreamSynchronize(c->main);
+    if (r == 0 && e != cudaSuccess)
+        r = kern_cuda_fail("warm-up", e);
+    cudaFree(dcta);
+    return r;
+}
+
+int cuda_create(const kern_config_t *cfg, kern_backend_t **ret)
+{
+    const kern_model_t &m = cfg->model;
+    if (m.dtype != KERN_F16 && m.dtype != KERN_BF16)
+        return -ENOTSUP; /* fp32 KV is the cpu backend's (reference) only */
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || cfg->device < 0 || cfg->device >= n_dev) {
+        cudaGetLastError();
+        return -ENODEV;
+    }
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, cfg->device), "cudaGetDeviceProperties");
+    if (prop.major < 8)
+        return -ENOTSUP; /* mma.sync m16n8k16 bf16 and cp.async need sm_80 */
+    CK(cudaSetDevice(cfg->device), "cudaSetDevice");
+
+    Cuda *c = static_cast<Cuda *>(calloc(1, sizeof(Cuda)));
+    if (!c)
+        return -ENOMEM;
+    c->base.cfg = *cfg;
+    c->device = cfg->device;
+    c->elt = 2;
+    c->dt = m.dtype == KERN_F16 ? 0 : 1;
+    c->block_elems = 2ull * m.kv_heads * m.block_size * m.head_dim;
+    c->layer_elems = c->block_elems * cfg->n_blocks;
+    const uint64_t slots = (uint64_t)(cfg->max_partials ? cfg->max_partials : 1) * m.q_heads;
+    int r = -ENOMEM;
+    if (cudaMalloc(&c->pool, c->layer_elems * m.n_layers * c->elt) != cudaSuccess ||
+        cudaMalloc(&c->part_o, slots * m.head_dim * sizeof(float)) != cudaSuccess ||
+        cudaMalloc(&c->part_lse, slots * sizeof(float)) != cudaSuccess)
+        goto fail; /* device memory may legitimately not suffice: -ENOMEM */
+    for (PlanBuf &pb : c->plan)
+        if (cudaMallocHost(&pb.host, cfg->max_plan_bytes) != cudaSuccess ||
+            cudaMalloc(&pb.dev, cfg->max_plan_bytes) != cudaSuccess)
+            goto fail;
+    if (cudaMallocHost(&c->slot_host, cfg->max_tokens * sizeof(uint32_t)) != cudaSuccess ||
+        cudaMalloc(&c->slot_dev, cfg->max_tokens * sizeof(uint32_t)) != cudaSuccess)
+        goto fail;
+    c->last = static_cast<uint8_t *>(malloc(cfg->max_plan_bytes));
+    if (!c->last)
+        goto fail;
+    r = -EIO;
+    if (cudaStreamCreateWithFlags(&c->main, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&c->slot_copied, cudaEventDisableTiming) != cudaSuccess)
+        goto fail;
+    for (PlanBuf &pb : c->plan)
+        if (cudaEventCreateWithFlags(&pb.copied, cudaEventDisableTiming) != cudaSuccess)
+            goto fail;
+    c->n_side = cfg->streams;
+    for (uint32_t i = 0; i < c->n_side; i++)
+        if (cudaStreamCreateWithFlags(&c->side[i], cudaStreamNonBlocking) != cudaSuccess ||
+            cudaEventCreateWithFlags(&c->join[i], cudaEventDisableTiming) != cudaSuccess)
+            goto fail;
+    if ((r = register_variants(c)) < 0 || (r = warm_variants(c)) < 0)
+        goto fail;
+    *ret = &c->base;
+    return 0;
+fail:
+    cudaGetLastError(); /* clear a non-sticky allocation error */
+    cuda_destroy(&c->base);
+    return r;
+}
+
+} // namespace
+
+/* ------------------------------------------------------------------ C entry points */
+
+extern "C" void *kern_cuda_stream(kern_backend_t *b)
+{
+    return as_cuda(b)->main;
+}
+
+extern "C" int kern_cuda_set_streams(kern_backend_t *b, uint32_t n)
+{
+    if (n < 1 || n > b->cfg.streams)
+        return -EINVAL;
+    as_cuda(b)->n_side = n;
+    return 0;
+}
+
+extern "C" int kern_cuda_variants(uint32_t head_dim, kern_cuda_variant_info_t *out, uint32_t cap)
+{
+    FwdVariant v[2][kNumShapes] = {};
+    int r = head_dim == 64    ? fwd_register_d64(v)
+            : head_dim == 128 ? fwd_register_d128(v)
+            : head_dim == 256 ? fwd_register_d256(v)
+                              : -ENOTSUP;
+    if (r < 0)
+        return r;
+    int dev = 0;
+    CK(cudaGetDevice(&dev), "cudaGetDevice");
+    uint32_t n = 0;
+    for (int dt = 0; dt < 2; dt++)
+        for (int s = 0; s < kNumShapes; s++) {
+            if (!v[dt][s].fn)
+                continue;
+            if (n < cap) {
+                kern_cuda_variant_info_t *x = &out[n];
+                cudaFuncAttributes fa;
+                CK(cudaFuncGetAttributes(&fa, v[dt][s].fn), "cudaFuncGetAttributes");
+                int blocks = 0;
+                CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, v[dt][s].fn,
+                                                                 v[dt][s].threads, v[dt][s].smem),
+                   "occupancy");
+                x->head_dim = head_dim;
+                x->m = kShapeM[s];
+                x->n = kShapeN[s];
+                x->dtype = dt == 0 ? KERN_F16 : KERN_BF16;
+                x->threads = v[dt][s].threads;
+                x->smem = v[dt][s].smem;
+                x->regs = fa.numRegs;
+                x->local_bytes = (int)fa.localSizeBytes;
+                x->blocks_per_sm = blocks;
+                x->stage_bytes = v[dt][s].stage_bytes;
+                x->stages = v[dt][s].stages;
+            }
+            n++;
+        }
+    return (int)n;
+}
+
+extern "C" const kern_ops_t kern__cuda_ops = {
+    "cuda", cuda_create, cuda_destroy, cuda_append_kv, cuda_copy_blocks, cuda_attend, cuda_sync,
+    cuda_tiles,
+};

@@ -1,0 +1,405 @@
+/*
+ * kern_cuda_fwd.cuh — the multi-tile forward kernel: one CTA = one plan CTA (a pack of query
+ * tokens over one KV range) x one KV head. Included by one translation unit per head_dim
+ * (kern_cuda_fwd_d{64,128,256}.cu) that instantiates the closed shape set of kern_cuda_shapes.h.
+ *
+ * Rows: the CTA's query tokens x the GQA group, gathered without padding (row i = token i / group,
+ * q head h * group + i % group); rows >= row_count * group are zero and never written.
+ *
+ * Warps: W = max(4, M / 16). WM = M / 16 warps own 16 rows each; the WN = W / WM warps of a row
+ * band split every KV tile's N columns between them (each keeps its own online softmax state),
+ * so a 16-row tile still has four warps issuing tensor-core work and all threads load. The WN
+ * states are combined once at the end through shared memory.
+ *
+ * Memory path: K and V of a tile (N tokens, possibly spanning N / 16 pages and unaligned to a
+ * page) arrive by 16-byte cp.async into a 2-stage ring, rows XOR-swizzled by 16-byte chunk so
+ * ldmatrix is bank-conflict free; the next tile's loads are in flight while the current one is
+ * computed. Tokens past the CTA's range are zero-filled (src-size 0), never read.
+ *
+ * Math: S = Q.K^T and O += P.V with mma.sync m16n8k16 (fp16 or bf16 in, fp32 accumulate);
+ * softmax online in the log2 domain; fully masked rows keep max = -inf and give o = 0 and
+ * lse = -inf, never NaN. Output: the final row (dtype) when the row is DIRECT, else an fp32
+ * partial (o normalized, natural-log lse) for the merge.
+ */
+#ifndef KERN_CUDA_FWD_CUH
+#define KERN_CUDA_FWD_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <stdint.h>
+
+#include "kern_cuda_int.h"
+
+namespace kcuda
+{
+
+/* ---------------------------------------------------------------- PTX wrappers */
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p)
+{
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/* 16-byte async copy; src_bytes 0 zero-fills the destination without reading src. */
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, uint32_t src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N> __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,
+                                        uint32_t &r3)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,
+                                          uint32_t &r3)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+template <typename T> struct Mma;
+template <> struct Mma<__half> {
+    __device__ __forceinline__ static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1)
+    {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    __device__ __forceinline__ static uint32_t pack(float x, float y)
+    {
+        __half2 h = __floats2half2_rn(x, y);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+};
+template <> struct Mma<__nv_bfloat16> {
+    __device__ __forceinline__ static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1)
+    {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    __device__ __forceinline__ static uint32_t pack(float x, float y)
+    {
+        __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+};
+
+/* ---------------------------------------------------------------- tile geometry */
+
+template <int D, int M, int N> struct Geom {
+    static constexpr int W = M / 16 > 4 ? M / 16 : 4; /* warps */
+    static constexpr int T = W * 32;                  /* threads */
+    static constexpr int WM = M / 16;                 /* row bands */
+    static constexpr int WN = W / WM;                 /* warps per band, splitting N */
+    static constexpr int NW = N / WN;                 /* KV columns per warp per tile */
+    static constexpr int CPR = D / 8;                 /* 16-byte chunks per row */
+    static constexpr int STAGES = 2;
+    static constexpr int Q_BYTES = M * D * 2;
+    static constexpr int KV_BYTES = N * D * 2;               /* K or V of one tile */
+    static constexpr int STAGE_BYTES = 2 * KV_BYTES;         /* K and V */
+    static constexpr int ERS = D + 8;                        /* epilogue row stride (floats) */
+    static constexpr int EPI_BYTES = WN * M * (ERS + 2) * 4; /* acc rows + m + l */
+    static constexpr int RING_BYTES = STAGES * STAGE_BYTES;
+    static constexpr int SMEM = Q_BYTES + (RING_BYTES > EPI_BYTES ? RING_BYTES : EPI_BYTES);
+    /* MMA shape rules: rows in 16-row bands, every warp's column slice a multiple of 16 (one
+     * k-step of P.V), head_dim a multiple of 16 and of the 8-chunk swizzle period. */
+    static_assert(M % 16 == 0 && M <= 128, "tile m");
+    static_assert(W * 16 % M == 0 || M > 64, "warps cover the rows");
+    static_assert(NW % 16 == 0 && NW >= 16, "each warp owns 16-column slices");
+    static_assert(D % 64 == 0, "head_dim: 16-wide k-steps and an 8-chunk swizzle");
+    static_assert((N * CPR) % T == 0 && (M * CPR) % T == 0, "loads divide evenly");
+};
+
+/* byte offset of 16-byte chunk c of row r in a swizzled [rows][D] tile */
+template <int D> __device__ __forceinline__ uint32_t swz(int r, int c)
+{
+    return static_cast<uint32_t>((r * (D / 8) + (c ^ (r & 7))) * 16);
+}
+
+/* ---------------------------------------------------------------- the kernel */
+
+template <typename T, int D, int M, int N>
+__global__ void __launch_bounds__(Geom<D, M, N>::T) fwd_kernel(const FwdArgs a)
+{
+    using G = Geom<D, M, N>;
+    extern __shared__ __align__(128) uint8_t smem[];
+    uint8_t *sq = smem;
+    uint8_t *ring = smem + G::Q_BYTES;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp % G::WM, wn = warp / G::WM;
+    const uint32_t head = blockIdx.y;
+    const sched_plan_cta_t cta = a.ctas[a.cta_begin + blockIdx.x];
+    const sched_plan_row_t *rows = a.rows + cta.row_begin;
+    const uint32_t group = a.group, n_rows = cta.row_count * group;
+    const uint32_t *pages = a.pages + cta.page_begin;
+    const uint32_t page0 = cta.kv_begin / KERN_BLOCK_SIZE;
+    const T *kbase = static_cast<const T *>(a.kv) + (uint64_t)head * a.head_stride;
+    const T *q = static_cast<const T *>(a.q);
+
+    /* Q rows, gathered: row i = token i / group, q head h * group + i % group */
+    for (int c = tid; c < M * G::CPR; c += G::T) {
+        const int r = c / G::CPR, ch = c % G::CPR;
+        const T *src = q;
+        uint32_t bytes = 0;
+        if ((uint32_t)r < n_rows) {
+            const uint32_t tok = rows[r / group].q_tok, qh = head * group + r % group;
+            src = q + ((uint64_t)tok * a.q_heads + qh) * D + ch * 8;
+            bytes = 16;
+        }
+        cp_async16(smem_u32(sq + swz<D>(r, ch)), src, bytes);
+    }
+
+    const uint32_t kv_len = cta.kv_end - cta.kv_begin;
+    const int n_tiles = (int)((kv_len + N - 1) / N);
+
+    auto load_tile = [&](int it) {
+        uint8_t *sk = ring + (it % G::STAGES) * G::STAGE_BYTES, *sv = sk + G::KV_BYTES;
+        const uint32_t t0 = cta.kv_begin + (uint32_t)it * N;
+#pragma unroll
+        for (int c = tid; c < N * G::CPR; c += G::T) {
+            const int r = c / G::CPR, ch = c % G::CPR;
+            const uint32_t t = t0 + r;
+            const T *ks = kbase, *vs = kbase;
+            uint32_t bytes = 0;
+            if (t < cta.kv_end) {
+                const uint64_t blk = pages[t / KERN_BLOCK_SIZE - page0];
+                ks = kbase + blk * a.block_stride + (t % KERN_BLOCK_SIZE) * D + ch * 8;
+                vs = ks + a.v_offset;
+                bytes = 16;
+            }
+            cp_async16(smem_u32(sk + swz<D>(r, ch)), ks, bytes);
+            cp_async16(smem_u32(sv + swz<D>(r, ch)), vs, bytes);
+        }
+    };
+
+    if (n_tiles > 0)
+        load_tile(0);
+    cp_async_commit(); /* group 0: Q and tile 0 */
+
+    /* this thread's two rows of its band and their effective limits */
+    const int g = lane >> 2, tq = lane & 3;
+    const int r0 = wm * 16 + g, r1 = r0 + 8;
+    uint32_t lim0 = 0, lim1 = 0;
+    if ((uint32_t)r0 < n_rows)
+        lim0 = min(rows[r0 / group].limit, cta.kv_end);
+    if ((uint32_t)r1 < n_rows)
+        lim1 = min(rows[r1 / group].limit, cta.kv_end);
+
+    constexpr int NT = G::NW / 8; /* n8 tiles of S per warp */
+    constexpr int DT = D / 8;     /* n8 tiles of O */
+    float o[DT][4];
+#pragma unroll
+    for (int i = 0; i < DT; i++)
+        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    const float sl2 = a.scale * 1.4426950408889634f;
+
+    for (int it = 0; it < n_tiles; it++) {
+        if (it + 1 < n_tiles)
+            load_tile(it + 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+
+        const uint8_t *sk = ring + (it % G::STAGES) * G::STAGE_BYTES, *sv = sk + G::KV_BYTES;
+        const int cb = wn * G::NW; /* first column of this warp in the tile */
+
+        float s[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            uint32_t af[4];
+            ldsm_x4(smem_u32(sq + swz<D>(wm * 16 + (lane & 15), 2 * ks + (lane >> 4))), af[0],
+                    af[1], af[2], af[3]);
+#pragma unroll
+            for (int j = 0; j < NT; j += 2) {
+                uint32_t b0, b1, b2, b3;
+                const int kr = cb + j * 8 + (lane & 7) + ((lane >> 4) << 3);
+                ldsm_x4(smem_u32(sk + swz<D>(kr, 2 * ks + ((lane >> 3) & 1))), b0, b1, b2, b3);
+                Mma<T>::run(s[j], af, b0, b1);
+                Mma<T>::run(s[j + 1], af, b2, b3);
+            }
+        }
+
+        /* scale, softcap, mask; log2 domain */
+        const uint32_t t0 = cta.kv_begin + (uint32_t)it * N + cb;
+        const bool full = t0 + G::NW <= lim0 && t0 + G::NW <= lim1;
+        float tm0 = -INFINITY, tm1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = s[j][e];
+                if (a.softcap > 0.f)
+                    v = a.softcap * 1.4426950408889634f * tanhf(v * a.scale / a.softcap);
+                else
+                    v *= sl2;
+                if (!full) {
+                    const uint32_t t = t0 + j * 8 + 2 * tq + (e & 1);
+                    if (t >= (e < 2 ? lim0 : lim1))
+                        v = -INFINITY;
+                }
+                s[j][e] = v;
+            }
+            tm0 = fmaxf(tm0, fmaxf(s[j][0], s[j][1]));
+            tm1 = fmaxf(tm1, fmaxf(s[j][2], s[j][3]));
+        }
+        tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 1));
+        tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 2));
+        tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 1));
+        tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 2));
+        const float n0 = fmaxf(m0, tm0), n1 = fmaxf(m1, tm1);
+        const float b0 = n0 == -INFINITY ? 0.f : n0, b1 = n1 == -INFINITY ? 0.f : n1;
+        const float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
+        m0 = n0;
+        m1 = n1;
+        l0 *= c0;
+        l1 *= c1;
+#pragma unroll
+        for (int i = 0; i < DT; i++) {
+            o[i][0] *= c0;
+            o[i][1] *= c0;
+            o[i][2] *= c1;
+            o[i][3] *= c1;
+        }
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            s[j][0] = exp2f(s[j][0] - b0);
+            s[j][1] = exp2f(s[j][1] - b0);
+            s[j][2] = exp2f(s[j][2] - b1);
+            s[j][3] = exp2f(s[j][3] - b1);
+            l0 += s[j][0] + s[j][1];
+            l1 += s[j][2] + s[j][3];
+        }
+
+        /* O += P.V: P straight from the S accumulators (the C layout of two n8 tiles is the A
+         * layout of one k16 step) */
+#pragma unroll
+        for (int kk = 0; kk < G::NW / 16; kk++) {
+            uint32_t pf[4];
+            pf[0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+            pf[1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+            pf[2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pf[3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            const int vr = cb + kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+            for (int dn = 0; dn < D / 16; dn++) {
+                uint32_t v0, v1, v2, v3;
+                ldsm_x4_t(smem_u32(sv + swz<D>(vr, 2 * dn + (lane >> 4))), v0, v1, v2, v3);
+                Mma<T>::run(o[2 * dn], pf, v0, v1);
+                Mma<T>::run(o[2 * dn + 1], pf, v2, v3);
+            }
+        }
+        __syncthreads(); /* the stage is refilled by the next iteration's loads */
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    /* epilogue: each warp's (m, l, acc) into shared memory, then combine the WN column slices */
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    float *ea = reinterpret_cast<float *>(ring);
+    float *em = ea + G::WN * M * G::ERS, *el = em + G::WN * M;
+    {
+        const int e0 = wn * M + r0, e1 = wn * M + r1;
+#pragma unroll
+        for (int i = 0; i < DT; i++) {
+            *reinterpret_cast<float2 *>(ea + e0 * G::ERS + i * 8 + 2 * tq) =
+                make_float2(o[i][0], o[i][1]);
+            *reinterpret_cast<float2 *>(ea + e1 * G::ERS + i * 8 + 2 * tq) =
+                make_float2(o[i][2], o[i][3]);
+        }
+        if (tq == 0) {
+            em[e0] = m0;
+            el[e0] = l0;
+            em[e1] = m1;
+            el[e1] = l1;
+        }
+    }
+    __syncthreads();
+
+    constexpr int V4 = D / 4;
+    for (int e = tid; e < (int)n_rows * V4; e += G::T) {
+        const int r = e / V4, v = e % V4;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < G::WN; w++)
+            mx = fmaxf(mx, em[w * M + r]);
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        float lsum = 0.f;
+        if (mx > -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < G::WN; w++) {
+                const float wt = exp2f(em[w * M + r] - mx);
+                const float4 p = *reinterpret_cast<const float4 *>(ea + (w * M + r) * G::ERS + 4 * v);
+                lsum += wt * el[w * M + r];
+                acc.x += wt * p.x;
+                acc.y += wt * p.y;
+                acc.z += wt * p.z;
+                acc.w += wt * p.w;
+            }
+        }
+        const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+        acc.x *= inv;
+        acc.y *= inv;
+        acc.z *= inv;
+        acc.w *= inv;
+        const sched_plan_row_t row = rows[r / group];
+        const uint32_t j = r % group;
+        if (row.flags & SCHED_ROW_DIRECT) {
+            store4(static_cast<T *>(a.o) + ((uint64_t)row.q_tok * a.q_heads + head * group + j) * D +
+                       4 * v,
+                   acc);
+        } else {
+            const uint64_t slot = ((uint64_t)row.dst * a.kv_heads + head) * group + j;
+            reinterpret_cast<float4 *>(a.part_o + slot * D)[v] = acc;
+            if (v == 0)
+                a.part_lse[slot] = lsum > 0.f ? (mx + log2f(lsum)) * 0.6931471805599453f : -INFINITY;
+        }
+    }
+}
+
+/* Sets the kernel's shared-memory opt-in once and fills its variant record. */
+template <typename T, int D, int M, int N> int fwd_prepare(FwdVariant *v)
+{
+    using G = Geom<D, M, N>;
+    auto fn = fwd_kernel<T, D, M, N>;
+    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, G::SMEM);
+    if (e != cudaSuccess)
+        return kern_cuda_fail("cudaFuncSetAttribute(fwd)", e);
+    v->fn = reinterpret_cast<const void *>(fn);
+    v->threads = G::T;
+    v->smem = G::SMEM;
+    v->stage_bytes = G::STAGE_BYTES;
+    v->stages = G::STAGES;
+    return 0;
+}
+
+} // namespace kcuda
+
+#endif

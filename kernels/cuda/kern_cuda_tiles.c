@@ -1,0 +1,38 @@
+/*
+ * kern_cuda_tiles.c — the tile tables the cuda backend hands the scheduler, per GPU. Each
+ * measured table is the output of kernels/cuda/tile_solver.cu on that GPU (its constraint
+ * report and KV-length sweep are in tests/bench/RESULTS.md); a GPU without an entry gets the
+ * generic table: every compiled m, n = 64 (compiled for every head_dim; the variant lookup falls
+ * back to it when an n is not compiled for a head_dim).
+ */
+#include "kern_cuda.h"
+
+#include <string.h>
+
+typedef struct gpu_tiles {
+    const char *name_part; /* matched against the CUDA device name */
+    sched_tiles_t t;
+} gpu_tiles_t;
+
+static const gpu_tiles_t measured[] = {
+    {NULL, {0}},
+};
+
+static const sched_tiles_t generic = {
+    .n_m = 4,
+    .m = {16, 32, 64, 128},
+    .n_n = 1,
+    .n = {64},
+    .n_upto = {UINT32_MAX},
+};
+
+int kern_cuda_tiles_for(const char *device_name, sched_tiles_t *ret)
+{
+    for (size_t i = 0; device_name && i < sizeof(measured) / sizeof(measured[0]); i++)
+        if (measured[i].name_part && strstr(device_name, measured[i].name_part)) {
+            *ret = measured[i].t;
+            return 1;
+        }
+    *ret = generic;
+    return 0;
+}

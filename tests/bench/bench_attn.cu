@@ -1,0 +1,502 @@
+/*
+ * bench_attn.cu — decode attention of the cuda backend on the PAT paper's synthetic trees, beside
+ * the two physical floors measured in the same run.
+ *
+ * Tree notation B_L: nodes per level, then tokens per level; the last level is each query's own
+ * tokens, so queries = its node count (e.g. 1,10_4096,416: one 4096-token prefix shared by 10
+ * queries with 416 private tokens each). Every node owns distinct blocks; a query's block table
+ * is its root-to-leaf path. One decode token per query, one layer, fp16, head_dim 128, block 16.
+ *
+ * Modes (each a plan of the same batch, executed by the same backend):
+ *   pat     memory-centric pack (policy auto), the device's tile table, 4 streams
+ *   qc      query-centric: one query per CTA over its whole KV (policy query), same tiles
+ *   fixed   pack as pat but one fixed tile (m 64, n 64) and one stream (the paper's ablation)
+ *   serial  pat's plan on one stream (multi-stream ablation)
+ * Latency: CUDA events around each call, 50 timed after 5 warm-ups, all queued behind a 20 ms
+ * spin kernel so the GPU never waits for the host; the median is reported. Pack: CPU time of a
+ * full plan build from an empty forest (join + pack + plan), median of 20.
+ * Floors: distinct KV bytes / measured read bandwidth (16-byte loads over 4 GiB) and attention
+ * FLOPs (4 * q_heads * kv_len * head_dim per query) / measured tensor-core rate (cuBLAS fp16 GEMM
+ * 8192^3, fp32 accumulate). Effective bandwidth = distinct bytes / pat latency.
+ *
+ * Output: a table on stdout; --json FILE writes one JSON object per row (tests/bench/bench_sdpa.py
+ * adds PyTorch SDPA on dense per-query KV and renders the RESULTS.md table). --quick: 4 trees,
+ * one head config.
+ */
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <vector>
+
+extern "C" {
+#include "kern.h"
+#include "sched_plan.h"
+#include "tl_world.h"
+}
+#include "kern_cuda.h"
+
+#define BS 16u
+#define D  128u
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(2);                                                                               \
+        }                                                                                          \
+    } while (0)
+#define REQ(x)                                                                                     \
+    do {                                                                                           \
+        int r_ = (x);                                                                              \
+        if (r_ < 0) {                                                                              \
+            fprintf(stderr, "%s:%d: %s = %d\n", __FILE__, __LINE__, #x, r_);                       \
+            exit(2);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static const char *const kTrees[] = {
+    "1,10_4096,416",
+    "1,256_256,32",
+    "1,1024_2048,32",
+    "1,2,64_1024,256,256",
+    "1,4,256_32,256,32",
+    "1,8,512_32,512,256",
+    "1,8,512_32,2048,256",
+    "1,8,512_512,512,256",
+    "1,4,8,256_32,256,256,32",
+    "1,4,16,512_1024,256,128,32",
+    "1,4,16,64,256,1024_256,32,256,64,32,256",
+    "1,16,32,64,128,1024_256,128,64,32,32,32",
+    "1,16,32,64,256,1024_256,128,64,32,32,32",
+    "1,8,16,32,64,128,1024_256,128,64,32,32,32,32",
+    "1,8,16,32,64,256,1024_256,128,64,32,32,32,32",
+    "2,8,16,256_256,256,32,32",
+    "4,16,256,512_512,32,128,32",
+    "8,16,32,256_512,512,256,32",
+    "256_1024",
+    "256_4096",
+};
+static const uint32_t kHeads[][2] = {{32, 32}, {16, 8}, {32, 8}, {64, 8}};
+
+/* ------------------------------------------------------------------ device helpers */
+
+__global__ void fill_kernel(__half *p, uint64_t n, uint64_t seed)
+{
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+        uint64_t x = (i + 1) * 0x9e3779b97f4a7c15ull ^ seed;
+        x ^= x >> 31;
+        x *= 0xbf58476d1ce4e5b9ull;
+        x ^= x >> 29;
+        p[i] = __float2half((float)(x >> 40) / 8388608.0f - 1.0f); /* [-1, 1) */
+    }
+}
+
+__global__ void read_kernel(const uint4 *p, uint64_t n, uint32_t *sink)
+{
+    uint32_t acc = 0;
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+        uint4 v = p[i];
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x12345678u)
+        *sink = acc; /* keeps the loads */
+}
+
+__global__ void spin_kernel(uint64_t ns)
+{
+    uint64_t t0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    for (;;) {
+        uint64_t t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (t - t0 >= ns)
+            break;
+        __nanosleep(1000);
+    }
+}
+
+static double median(std::vector<double> v)
+{
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+/* read bandwidth, bytes/s: 16-byte loads over 4 GiB, median of 10 */
+static double measure_bw()
+{
+    const uint64_t bytes = 4ull << 30;
+    uint4 *p;
+    uint32_t *sink;
+    CK(cudaMalloc(&p, bytes));
+    CK(cudaMalloc(&sink, 4));
+    CK(cudaMemset(p, 1, bytes));
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    int sms;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    std::vector<double> t;
+    for (int i = 0; i < 12; i++) {
+        CK(cudaEventRecord(a));
+        read_kernel<<<sms * 8, 512>>>(p, bytes / 16, sink);
+        CK(cudaGetLastError());
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        if (i >= 2)
+            t.push_back(ms);
+    }
+    CK(cudaFree(p));
+    CK(cudaFree(sink));
+    return bytes / (median(t) * 1e-3);
+}
+
+/* tensor-core rate, FLOP/s: cuBLAS fp16 8192^3 with fp32 accumulation, median of 10 */
+static double measure_tc()
+{
+    const int n = 8192;
+    __half *a, *b, *c;
+    CK(cudaMalloc(&a, (size_t)n * n * 2));
+    CK(cudaMalloc(&b, (size_t)n * n * 2));
+    CK(cudaMalloc(&c, (size_t)n * n * 2));
+    fill_kernel<<<1024, 256>>>(a, (uint64_t)n * n, 1);
+    fill_kernel<<<1024, 256>>>(b, (uint64_t)n * n, 2);
+    CK(cudaGetLastError());
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "cublasCreate failed\n");
+        exit(2);
+    }
+    const float one = 1.f, zero = 0.f;
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<double> t;
+    for (int i = 0; i < 12; i++) {
+        CK(cudaEventRecord(e0));
+        if (cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16F, n, b,
+                         CUDA_R_16F, n, &zero, c, CUDA_R_16F, n, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+            fprintf(stderr, "cublasGemmEx failed\n");
+            exit(2);
+        }
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (i >= 2)
+            t.push_back(ms);
+    }
+    cublasDestroy(h);
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+    CK(cudaFree(c));
+    return 2.0 * n * n * (double)n / (median(t) * 1e-3);
+}
+
+/* ------------------------------------------------------------------ trees */
+
+struct Tree {
+    std::vector<uint32_t> nodes, toks;
+};
+
+static Tree parse(const char *s)
+{
+    Tree t;
+    const char *us = strchr(s, '_');
+    for (const char *p = s; p < us;) {
+        t.nodes.push_back((uint32_t)strtoul(p, (char **)&p, 10));
+        if (*p == ',')
+            p++;
+    }
+    for (const char *p = us + 1; *p;) {
+        t.toks.push_back((uint32_t)strtoul(p, (char **)&p, 10));
+        if (*p == ',')
+            p++;
+    }
+    return t;
+}
+
+/* one query per last-level node; node i of level l hangs under node i / (n_l / n_{l-1}) */
+static void build(tl_world_t *w, const Tree &t)
+{
+    memset(w, 0, sizeof(*w));
+    w->bs = BS;
+    const size_t L = t.nodes.size();
+    std::vector<std::vector<uint32_t>> first(L); /* first block id of each node */
+    for (size_t l = 0; l < L; l++)
+        for (uint32_t i = 0; i < t.nodes[l]; i++) {
+            first[l].push_back(w->next_block);
+            w->next_block += (t.toks[l] + BS - 1) / BS;
+        }
+    const uint32_t nq = t.nodes[L - 1];
+    w->n_q = nq;
+    w->q = (tl_query_t *)calloc(nq, sizeof(tl_query_t));
+    for (uint32_t i = 0; i < nq; i++) {
+        tl_query_t *q = &w->q[i];
+        std::vector<uint32_t> path(L);
+        uint32_t node = i;
+        for (size_t l = L; l-- > 0;) {
+            path[l] = node;
+            if (l)
+                node /= t.nodes[l] / t.nodes[l - 1];
+        }
+        for (size_t l = 0; l < L; l++)
+            q->kv_len += t.toks[l];
+        q->n_blocks = q->cap_blocks = 0;
+        for (size_t l = 0; l < L; l++)
+            q->n_blocks += (t.toks[l] + BS - 1) / BS;
+        q->cap_blocks = q->n_blocks;
+        q->blocks = (uint32_t *)malloc(q->n_blocks * sizeof(uint32_t));
+        uint32_t k = 0;
+        for (size_t l = 0; l < L; l++)
+            for (uint32_t b = 0; b < (t.toks[l] + BS - 1) / BS; b++)
+                q->blocks[k++] = first[l][path[l]] + b;
+        q->n_new = 1;
+    }
+    tl_world_layout(w);
+}
+
+static uint64_t distinct_tokens(const Tree &t)
+{
+    uint64_t s = 0;
+    for (size_t l = 0; l < t.nodes.size(); l++)
+        s += (uint64_t)t.nodes[l] * t.toks[l];
+    return s;
+}
+
+/* ------------------------------------------------------------------ one configuration */
+
+static const sched_tiles_t kFixed = {1, {64}, 1, {64}, {UINT32_MAX}};
+
+static sched_t *make_sched(const tl_world_t *w, uint32_t qh, uint32_t kvh, sched_policy_t pol,
+                           const sched_tiles_t *tiles)
+{
+    sched_config_t sc = {};
+    sc.max_queries = w->n_q;
+    sc.max_tokens = w->n_tokens;
+    sc.block_size = BS;
+    sc.q_heads = qh;
+    sc.kv_heads = kvh;
+    sc.head_dim = D;
+    sc.kv_elt_bytes = 2;
+    sc.policy = pol;
+    sc.tiles = tiles;
+    sc.split_min_kv = 256; /* the daemon's setting */
+    sc.max_partials = 64 * w->n_tokens;
+    sched_t *s;
+    REQ(sched_create(&sc, &s));
+    for (uint32_t i = 0; i < w->n_q; i++) {
+        const tl_query_t *q = &w->q[i];
+        sched_query_t v = {q->blocks, q->n_blocks, q->kv_len, q->n_new, q->tok_off};
+        REQ(sched_forest_join(sched_forest(s), i, &v));
+    }
+    return s;
+}
+
+static double now_us()
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+/* median CPU time of a plan built from an empty forest */
+static double pack_us(const tl_world_t *w, uint32_t qh, uint32_t kvh, const sched_tiles_t *tiles)
+{
+    std::vector<double> t;
+    for (int i = 0; i < 20; i++) {
+        double t0 = now_us();
+        sched_t *s = make_sched(w, qh, kvh, SCHED_POLICY_AUTO, tiles);
+        const sched_plan_hdr_t *h;
+        REQ(sched_build(s, &h));
+        t.push_back(now_us() - t0);
+        sched_free(s);
+    }
+    return median(t);
+}
+
+/* median GPU time of one layer of the plan, us */
+static double time_plan(kern_backend_t *b, const sched_plan_hdr_t *h, const void *q, void *o,
+                        const kern_attn_params_t *p)
+{
+    cudaStream_t st = static_cast<cudaStream_t>(kern_cuda_stream(b));
+    for (int i = 0; i < 5; i++)
+        REQ(kern_attend(b, 0, h, q, o, p));
+    REQ(kern_sync(b));
+    const int reps = 50;
+    std::vector<cudaEvent_t> ev(2 * reps);
+    for (auto &e : ev)
+        CK(cudaEventCreate(&e));
+    spin_kernel<<<1, 1, 0, st>>>(20000000ull);
+    CK(cudaGetLastError());
+    for (int i = 0; i < reps; i++) {
+        CK(cudaEventRecord(ev[2 * i], st));
+        REQ(kern_attend(b, 0, h, q, o, p));
+        CK(cudaEventRecord(ev[2 * i + 1], st));
+    }
+    REQ(kern_sync(b));
+    std::vector<double> t;
+    for (int i = 0; i < reps; i++) {
+        float ms;
+        CK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
+        t.push_back(ms * 1e3);
+    }
+    for (auto &e : ev)
+        CK(cudaEventDestroy(e));
+    return median(t);
+}
+
+static double rel_err_f16(const std::vector<__half> &a, const std::vector<__half> &b)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); i++) {
+        double x = __half2float(a[i]), y = __half2float(b[i]);
+        num += (x - y) * (x - y);
+        den += y * y;
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+struct Floors {
+    double bw, tc;
+};
+
+static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors &f, FILE *js)
+{
+    const Tree t = parse(spec);
+    tl_world_t w;
+    build(&w, t);
+    kern_config_t kc = {};
+    kc.model = {1, qh, kvh, D, BS, KERN_F16};
+    kc.n_blocks = w.next_block;
+    kc.max_tokens = 16384;
+    kc.max_partials = 64 * w.n_tokens;
+    kc.streams = 4;
+    kern_backend_t *b;
+    REQ(kern_backend_create("cuda", &kc, &b));
+    sched_tiles_t tiles;
+    kern_tiles(b, &tiles);
+
+    /* pool: every slot of every block, from one random staging chunk */
+    const uint64_t chunk_elems = (uint64_t)kc.max_tokens * kvh * D;
+    __half *dk, *dv, *dq, *dout;
+    CK(cudaMalloc(&dk, chunk_elems * 2));
+    CK(cudaMalloc(&dv, chunk_elems * 2));
+    fill_kernel<<<1024, 256>>>(dk, chunk_elems, 11);
+    fill_kernel<<<1024, 256>>>(dv, chunk_elems, 12);
+    CK(cudaGetLastError());
+    std::vector<uint32_t> slots(kc.max_tokens);
+    const uint64_t n_slots = (uint64_t)w.next_block * BS;
+    for (uint64_t s0 = 0; s0 < n_slots; s0 += kc.max_tokens) {
+        uint32_t n = (uint32_t)std::min<uint64_t>(kc.max_tokens, n_slots - s0);
+        for (uint32_t i = 0; i < n; i++)
+            slots[i] = (uint32_t)(s0 + i);
+        REQ(kern_append_kv(b, 0, dk, dv, slots.data(), n));
+    }
+    const uint64_t qo_elems = (uint64_t)w.n_tokens * qh * D;
+    CK(cudaMalloc(&dq, qo_elems * 2));
+    CK(cudaMalloc(&dout, qo_elems * 2));
+    fill_kernel<<<1024, 256>>>(dq, qo_elems, 13);
+    CK(cudaGetLastError());
+    REQ(kern_sync(b));
+
+    kern_attn_params_t p = {1.0f / sqrtf((float)D), 0};
+    sched_t *s_pat = make_sched(&w, qh, kvh, SCHED_POLICY_AUTO, &tiles);
+    sched_t *s_qc = make_sched(&w, qh, kvh, SCHED_POLICY_QUERY, &tiles);
+    sched_t *s_fix = make_sched(&w, qh, kvh, SCHED_POLICY_AUTO, &kFixed);
+    const sched_plan_hdr_t *h_pat, *h_qc, *h_fix;
+    REQ(sched_build(s_pat, &h_pat));
+    REQ(sched_build(s_qc, &h_qc));
+    REQ(sched_build(s_fix, &h_fix));
+
+    const double us_pat = time_plan(b, h_pat, dq, dout, &p);
+    std::vector<__half> o_pat(qo_elems), o_qc(qo_elems);
+    CK(cudaMemcpy(o_pat.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
+    const double us_qc = time_plan(b, h_qc, dq, dout, &p);
+    CK(cudaMemcpy(o_qc.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
+    kern_cuda_set_streams(b, 1);
+    const double us_fix = time_plan(b, h_fix, dq, dout, &p);
+    const double us_ser = time_plan(b, h_pat, dq, dout, &p);
+    kern_cuda_set_streams(b, 4);
+    const double pk = pack_us(&w, qh, kvh, &tiles);
+    const double agree = rel_err_f16(o_pat, o_qc);
+
+    const uint64_t dtok = distinct_tokens(t);
+    const double bytes = (double)dtok * kvh * D * 2 * 2;
+    double flops = 0;
+    for (uint32_t i = 0; i < w.n_q; i++)
+        flops += 4.0 * qh * w.q[i].kv_len * D;
+    const double floor_bw = bytes / f.bw * 1e6, floor_tc = flops / f.tc * 1e6;
+    const double eff = bytes / (us_pat * 1e-6);
+    printf("%-46s %2u/%-2u %4u %6u %9.1f %9.1f %9.1f %9.1f %7.1f %7.1f %7.1f %5.1f%% %5.2fx "
+           "%5.2fx %5.2fx %8.1f %d/%d %.1e\n",
+           spec, qh, kvh, w.n_q, w.q[0].kv_len, us_pat, us_qc, us_fix, us_ser, floor_bw, floor_tc,
+           pk, 100.0 * eff / f.bw, us_qc / us_pat, us_fix / us_pat, us_ser / us_pat,
+           bytes / 1e6, h_pat->n_ctas, h_pat->n_groups, agree);
+    if (js)
+        fprintf(js,
+                "{\"tree\":\"%s\",\"q_heads\":%u,\"kv_heads\":%u,\"queries\":%u,\"kv_len\":%u,"
+                "\"pat_us\":%.2f,\"qc_us\":%.2f,\"fixed_us\":%.2f,\"serial_us\":%.2f,"
+                "\"pack_us\":%.1f,\"distinct_bytes\":%.0f,\"flops\":%.0f,\"floor_bw_us\":%.2f,"
+                "\"floor_tc_us\":%.2f,\"eff_bw_frac\":%.4f,\"ctas\":%u,\"groups\":%u,"
+                "\"pat_vs_qc_rel_err\":%.2e}\n",
+                spec, qh, kvh, w.n_q, w.q[0].kv_len, us_pat, us_qc, us_fix, us_ser, pk, bytes,
+                flops, floor_bw, floor_tc, eff / f.bw, h_pat->n_ctas, h_pat->n_groups, agree);
+    sched_free(s_pat);
+    sched_free(s_qc);
+    sched_free(s_fix);
+    CK(cudaFree(dk));
+    CK(cudaFree(dv));
+    CK(cudaFree(dq));
+    CK(cudaFree(dout));
+    kern_backend_free(b);
+    tl_world_free(&w);
+}
+
+int main(int argc, char **argv)
+{
+    bool quick = false;
+    FILE *js = nullptr;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick"))
+            quick = true;
+        else if (!strcmp(argv[i], "--json") && i + 1 < argc)
+            js = fopen(argv[++i], "w");
+        else {
+            fprintf(stderr, "usage: bench_attn [--quick] [--json FILE]\n");
+            return 2;
+        }
+    }
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    Floors f = {measure_bw(), measure_tc()};
+    printf("device: %s, %d SMs; measured read bandwidth %.0f GB/s, fp16 tensor-core rate %.0f "
+           "TFLOP/s\n",
+           prop.name, prop.multiProcessorCount, f.bw / 1e9, f.tc / 1e12);
+    printf("%-46s %-5s %4s %6s %9s %9s %9s %9s %7s %7s %7s %6s %6s %6s %6s %8s %s %s\n", "tree",
+           "heads", "q", "kv", "pat_us", "qc_us", "fixed_us", "serial_us", "bw_flr", "tc_flr",
+           "pack_us", "effbw", "qc/pat", "fix/pat", "ser/pat", "MB", "ctas/groups", "pat~qc");
+    const int n_trees = sizeof(kTrees) / sizeof(kTrees[0]);
+    for (int hc = 0; hc < (quick ? 1 : 4); hc++)
+        for (int i = 0; i < n_trees; i++) {
+            if (quick && i % 5 != 0)
+                continue;
+            run_config(kTrees[i], kHeads[quick ? 2 : hc][0], kHeads[quick ? 2 : hc][1], f, js);
+        }
+    if (js)
+        fclose(js);
+    return 0;
+}
