@@ -197,12 +197,21 @@ static void build_split(sched_t *s)
         sum += s->pre[i].kv_end - s->pre[i].kv_begin;
     uint64_t mean = s->n_pre ? sum / s->n_pre : 0;
     uint64_t target = PAT_MAX(mean, (uint64_t)s->cfg.split_min_kv);
+    uint64_t limit = target * s->cfg.split_factor; /* outliers only */
+    uint64_t items = (uint64_t)s->n_pre * s->cfg.kv_heads;
+    if (s->tiles.min_ctas && items < s->tiles.min_ctas) {
+        /* too few work items to fill the device: every CTA longer than the length that gives
+         * min_ctas items is cut (never below split_min_kv) */
+        uint64_t fill = PAT_DIV_UP(sum * s->cfg.kv_heads, s->tiles.min_ctas);
+        target = PAT_MAX(PAT_MIN(target, fill), (uint64_t)s->cfg.split_min_kv);
+        limit = target;
+    }
     uint32_t bs = s->mdl.bs;
     s->n_ctas = 0;
     for (uint32_t i = 0; i < s->n_pre; i++) {
         sched_plan_cta_t c = s->pre[i];
         uint64_t len = c.kv_end - c.kv_begin;
-        if (s->cfg.split_min_kv == 0 || len <= target * s->cfg.split_factor) {
+        if (s->cfg.split_min_kv == 0 || len <= limit) {
             *cta_push(&s->ctas, &s->n_ctas, &s->ctas_cap) = c;
             continue;
         }

@@ -105,6 +105,9 @@ typedef struct sched_tiles {
     uint16_t n[SCHED_MAX_TILE_N];      /* KV tile sizes */
     uint32_t n_upto[SCHED_MAX_TILE_N]; /* choose n[i] for the first i with kv_len <= n_upto[i];
                                           the last entry should be UINT32_MAX */
+    uint32_t min_ctas; /* when a plan has fewer CTA x KV-head work items than this, its CTAs are
+                          split (down to split_min_kv tokens) until it has about this many: a GPU
+                          with few, long CTAs idles in its last wave; 0 = never */
 } sched_tiles_t;
 
 /* Typed views of a plan buffer (no copies). */

@@ -320,9 +320,20 @@ void cuda_tiles(const kern_backend_t *b, sched_tiles_t *ret)
 {
     const Cuda *c = reinterpret_cast<const Cuda *>(b);
     cudaDeviceProp prop;
-    if (cudaGetDeviceProperties(&prop, c->device) != cudaSuccess)
+    if (cudaGetDeviceProperties(&prop, c->device) != cudaSuccess) {
         prop.name[0] = 0;
+        prop.multiProcessorCount = 0;
+    }
     kern_cuda_tiles_for(prop.name, ret);
+    /* fill the device: about 4 waves of the decode variant (m 16, n 64) when a plan has fewer
+     * work items, so the last, partly filled wave costs little */
+    int resident = 0;
+    const FwdVariant &v = c->var[c->dt][0];
+    if (v.fn && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, v.fn, v.threads,
+                                                             v.smem) != cudaSuccess)
+        resident = 0;
+    if (ret->min_ctas == 0)
+        ret->min_ctas = (uint32_t)(4 * prop.multiProcessorCount * resident);
 }
 
 /* ------------------------------------------------------------------ lifetime */

@@ -12,9 +12,9 @@
  * states are combined once at the end through shared memory.
  *
  * Memory path: K and V of a tile (N tokens, possibly spanning N / 16 pages and unaligned to a
- * page) arrive by 16-byte cp.async into a 2-stage ring, rows XOR-swizzled by 16-byte chunk so
- * ldmatrix is bank-conflict free; the next tile's loads are in flight while the current one is
- * computed. Tokens past the CTA's range are zero-filled (src-size 0), never read.
+ * page) arrive by 16-byte cp.async into a 2- or 3-stage ring, rows XOR-swizzled by 16-byte chunk so
+ * ldmatrix is bank-conflict free; the next tiles' loads are in flight while the current one is
+ * computed, and page ids are read one tile before their loads are issued. Tokens past the CTA's range are zero-filled (src-size 0), never read.
  *
  * Math: S = Q.K^T and O += P.V with mma.sync m16n8k16 (fp16 or bf16 in, fp32 accumulate);
  * softmax online in the log2 domain; fully masked rows keep max = -inf and give o = 0 and
@@ -113,10 +113,12 @@ template <int D, int M, int N> struct Geom {
     static constexpr int WN = W / WM;                 /* warps per band, splitting N */
     static constexpr int NW = N / WN;                 /* KV columns per warp per tile */
     static constexpr int CPR = D / 8;                 /* 16-byte chunks per row */
-    static constexpr int STAGES = 2;
     static constexpr int Q_BYTES = M * D * 2;
-    static constexpr int KV_BYTES = N * D * 2;               /* K or V of one tile */
-    static constexpr int STAGE_BYTES = 2 * KV_BYTES;         /* K and V */
+    static constexpr int KV_BYTES = N * D * 2;       /* K or V of one tile */
+    static constexpr int STAGE_BYTES = 2 * KV_BYTES; /* K and V */
+    /* 3 stages (two tiles in flight while one is computed) when that still leaves room for two
+     * CTAs per SM: a CTA alone on its SM (few, long CTAs) is latency-bound; else 2 */
+    static constexpr int STAGES = Q_BYTES + 3 * STAGE_BYTES <= 116 * 1024 ? 3 : 2;
     static constexpr int ERS = D + 8;                        /* epilogue row stride (floats) */
     static constexpr int EPI_BYTES = WN * M * (ERS + 2) * 4; /* acc rows + m + l */
     static constexpr int RING_BYTES = STAGES * STAGE_BYTES;
@@ -173,18 +175,29 @@ __global__ void __launch_bounds__(Geom<D, M, N>::T) fwd_kernel(const FwdArgs a)
     const uint32_t kv_len = cta.kv_end - cta.kv_begin;
     const int n_tiles = (int)((kv_len + N - 1) / N);
 
+    /* page ids are fetched one tile before the tile's loads are issued, so the dependent
+     * pages[] read never stalls the issue of the copies */
+    constexpr int LPT = N * G::CPR / G::T; /* 16-byte K (and V) loads per thread per tile */
+    uint32_t pg[LPT];
+    auto fetch_pages = [&](int it) {
+        const uint32_t t0 = cta.kv_begin + (uint32_t)it * N;
+#pragma unroll
+        for (int k = 0; k < LPT; k++) {
+            const uint32_t t = t0 + (tid + k * G::T) / G::CPR;
+            pg[k] = t < cta.kv_end ? pages[t / KERN_BLOCK_SIZE - page0] : 0;
+        }
+    };
     auto load_tile = [&](int it) {
         uint8_t *sk = ring + (it % G::STAGES) * G::STAGE_BYTES, *sv = sk + G::KV_BYTES;
         const uint32_t t0 = cta.kv_begin + (uint32_t)it * N;
 #pragma unroll
-        for (int c = tid; c < N * G::CPR; c += G::T) {
-            const int r = c / G::CPR, ch = c % G::CPR;
+        for (int k = 0; k < LPT; k++) {
+            const int c = tid + k * G::T, r = c / G::CPR, ch = c % G::CPR;
             const uint32_t t = t0 + r;
             const T *ks = kbase, *vs = kbase;
             uint32_t bytes = 0;
             if (t < cta.kv_end) {
-                const uint64_t blk = pages[t / KERN_BLOCK_SIZE - page0];
-                ks = kbase + blk * a.block_stride + (t % KERN_BLOCK_SIZE) * D + ch * 8;
+                ks = kbase + (uint64_t)pg[k] * a.block_stride + (t % KERN_BLOCK_SIZE) * D + ch * 8;
                 vs = ks + a.v_offset;
                 bytes = 16;
             }
@@ -193,9 +206,16 @@ __global__ void __launch_bounds__(Geom<D, M, N>::T) fwd_kernel(const FwdArgs a)
         }
     };
 
-    if (n_tiles > 0)
-        load_tile(0);
-    cp_async_commit(); /* group 0: Q and tile 0 */
+#pragma unroll
+    for (int st = 0; st < G::STAGES - 1; st++) {
+        if (st < n_tiles) {
+            fetch_pages(st);
+            load_tile(st);
+        }
+        cp_async_commit(); /* group 0 also holds Q */
+    }
+    if (G::STAGES - 1 < n_tiles)
+        fetch_pages(G::STAGES - 1);
 
     /* this thread's two rows of its band and their effective limits */
     const int g = lane >> 2, tq = lane & 3;
@@ -216,10 +236,12 @@ __global__ void __launch_bounds__(Geom<D, M, N>::T) fwd_kernel(const FwdArgs a)
     const float sl2 = a.scale * 1.4426950408889634f;
 
     for (int it = 0; it < n_tiles; it++) {
-        if (it + 1 < n_tiles)
-            load_tile(it + 1);
+        if (it + G::STAGES - 1 < n_tiles)
+            load_tile(it + G::STAGES - 1); /* into the slot computed in iteration it - 1 */
         cp_async_commit();
-        cp_async_wait<1>();
+        if (it + G::STAGES < n_tiles)
+            fetch_pages(it + G::STAGES);
+        cp_async_wait<G::STAGES - 1>();
         __syncthreads();
 
         const uint8_t *sk = ring + (it % G::STAGES) * G::STAGE_BYTES, *sv = sk + G::KV_BYTES;
