@@ -190,7 +190,8 @@ static void build_chunks(sched_t *s, const sched__packset_t *ps)
 }
 
 /* Pass 2: copy pre-split CTAs to the final list, cutting the long ones along KV. */
-static void build_split(sched_t *s)
+/* fill: apply the tile table's min_ctas rule (see sched_tiles_t) */
+static void build_split(sched_t *s, int fill)
 {
     uint64_t sum = 0;
     for (uint32_t i = 0; i < s->n_pre; i++)
@@ -199,11 +200,11 @@ static void build_split(sched_t *s)
     uint64_t target = PAT_MAX(mean, (uint64_t)s->cfg.split_min_kv);
     uint64_t limit = target * s->cfg.split_factor; /* outliers only */
     uint64_t items = (uint64_t)s->n_pre * s->cfg.kv_heads;
-    if (s->tiles.min_ctas && items < s->tiles.min_ctas) {
+    if (fill && s->tiles.min_ctas && items < s->tiles.min_ctas) {
         /* too few work items to fill the device: every CTA longer than the length that gives
          * min_ctas items is cut (never below split_min_kv) */
-        uint64_t fill = PAT_DIV_UP(sum * s->cfg.kv_heads, s->tiles.min_ctas);
-        target = PAT_MAX(PAT_MIN(target, fill), (uint64_t)s->cfg.split_min_kv);
+        uint64_t fill_len = PAT_DIV_UP(sum * s->cfg.kv_heads, s->tiles.min_ctas);
+        target = PAT_MAX(PAT_MIN(target, fill_len), (uint64_t)s->cfg.split_min_kv);
         limit = target;
     }
     uint32_t bs = s->mdl.bs;
@@ -301,23 +302,30 @@ int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
 
     sched__pack_update(s);
     const sched__packset_t *ps = &s->cand[s->chosen];
-    s->n_pre = s->n_rows = s->n_pages = s->n_psrc = 0;
-    build_chunks(s, ps);
-    build_split(s);
-
-    /* partial slots: a token read by k > 1 CTAs gets k consecutive slots and a merge entry */
-    uint32_t *cnt = s->tok_parts, *next = s->tok_owner;
-    memset(cnt, 0, (size_t)n_tokens * sizeof(uint32_t));
-    for (uint32_t i = 0; i < s->n_ctas; i++)
-        for (uint32_t r = 0; r < s->ctas[i].row_count; r++)
-            cnt[s->rows[s->ctas[i].row_begin + r].q_tok]++;
+    /* the fill split is an optimization: when it needs more partial slots than the backend
+     * holds, the plan is rebuilt with outlier splits only */
     uint32_t n_partials = 0, n_merges = 0;
-    for (uint32_t t = 0; t < n_tokens; t++) {
-        next[t] = n_partials;
-        if (cnt[t] > 1) {
-            n_partials += cnt[t];
-            n_merges++;
+    uint32_t *cnt = s->tok_parts, *next = s->tok_owner;
+    for (int fill = 1; fill >= 0; fill--) {
+        s->n_pre = s->n_rows = s->n_pages = s->n_psrc = 0;
+        build_chunks(s, ps);
+        build_split(s, fill);
+
+        /* partial slots: a token read by k > 1 CTAs gets k consecutive slots and a merge entry */
+        memset(cnt, 0, (size_t)n_tokens * sizeof(uint32_t));
+        for (uint32_t i = 0; i < s->n_ctas; i++)
+            for (uint32_t r = 0; r < s->ctas[i].row_count; r++)
+                cnt[s->rows[s->ctas[i].row_begin + r].q_tok]++;
+        n_partials = n_merges = 0;
+        for (uint32_t t = 0; t < n_tokens; t++) {
+            next[t] = n_partials;
+            if (cnt[t] > 1) {
+                n_partials += cnt[t];
+                n_merges++;
+            }
         }
+        if (!s->cfg.max_partials || n_partials <= s->cfg.max_partials)
+            break;
     }
 
     if (s->cfg.max_partials && n_partials > s->cfg.max_partials)

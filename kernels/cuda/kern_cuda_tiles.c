@@ -15,7 +15,10 @@ typedef struct gpu_tiles {
 } gpu_tiles_t;
 
 static const gpu_tiles_t measured[] = {
-    {NULL, {0}},
+    /* NVIDIA H200, 2026-11-21: every (m, n) passed the fit and bytes-in-flight rules at d 64 and
+     * 128 except (64, 128) at d 128 (spills); n = 64 was the fastest at every KV length 128 .. 32K
+     * of the decode sweep (n = 128: 2-30 % slower). min_ctas: computed at run time. */
+    {"H200", {4, {16, 32, 64, 128}, 1, {64}, {UINT32_MAX}, 0}},
 };
 
 static const sched_tiles_t generic = {

@@ -524,12 +524,23 @@ static void test_tiles()
     snprintf(name, sizeof(name), "tile table for %s (%s)", prop.name,
              measured ? "measured" : "generic");
     verdict(name, ok);
-    kern_cuda_variant_info_t v[64];
-    int n = kern_cuda_variants(128, v, 64);
-    bool vok = n > 0;
-    for (int i = 0; i < n && i < 64; i++)
-        vok = vok && v[i].blocks_per_sm >= 1 && v[i].local_bytes == 0;
-    verdict("every d128 variant resident (>= 1 CTA/SM) without spills", vok, " (%g variants)", n);
+    /* the shapes the table plans with run resident and unspilled at d 64 and 128 (d 256 holds a
+     * 16 x 256 fp32 accumulator per warp: some of its variants spill, see RESULTS.md) */
+    int used = 0;
+    bool vok = true;
+    for (uint32_t d : {64u, 128u}) {
+        kern_cuda_variant_info_t v[64];
+        int n = kern_cuda_variants(d, v, 64);
+        vok = vok && n > 0;
+        for (int i = 0; i < n && i < 64; i++)
+            for (uint32_t k = 0; k < t.n_n; k++)
+                if (v[i].n == t.n[k]) {
+                    used++;
+                    vok = vok && v[i].blocks_per_sm >= 1 && v[i].local_bytes == 0;
+                }
+    }
+    verdict("tiled variants (d 64, 128) resident and without spills", vok && used > 0,
+            " (%g variants)", used);
 }
 
 int main(int argc, char **argv)

@@ -434,6 +434,65 @@ static void test_long_kv_split(void **state)
     tl_world_free(&w);
 }
 
+/* Too few CTAs for the device: with the tile table's min_ctas every long CTA is cut down to
+ * about the length that gives min_ctas work items (never below split_min_kv); a workspace too
+ * small for that falls back to outlier-only splits instead of failing the step. */
+static void test_fill_split(void **state)
+{
+    tl_rng_t r;
+    tl_rng_seed(&r, 9);
+    tl_world_params_t p = {.bs = BS,
+                           .trees = 4,
+                           .depth_lo = 0,
+                           .depth_hi = 0,
+                           .fanout_lo = 1,
+                           .fanout_hi = 1,
+                           .level_tok_lo = 1,
+                           .level_tok_hi = 1,
+                           .leaf_tok_lo = 4000,
+                           .leaf_tok_hi = 4096,
+                           .new_lo = 1,
+                           .new_hi = 1,
+                           .max_queries = 4,
+                           .spare_blocks = 0};
+    tl_world_t w;
+    tl_world_gen(&w, &r, &p);
+    dims_t d = dims_set[0];
+    sched_tiles_t t = *sched_tiles_default();
+    t.min_ctas = 64 * d.kv_heads; /* 64 CTAs wanted, 4 queries given */
+    sched_config_t sc = {.max_queries = w.n_q,
+                         .max_tokens = w.n_tokens,
+                         .block_size = BS,
+                         .q_heads = d.q_heads,
+                         .kv_heads = d.kv_heads,
+                         .head_dim = d.head_dim,
+                         .kv_elt_bytes = 2,
+                         .policy = SCHED_POLICY_QUERY,
+                         .tiles = &t,
+                         .split_min_kv = 128};
+    sched_t *s;
+    assert_int_equal(sched_create(&sc, &s), 0);
+    join_all(s, &w);
+    const sched_plan_hdr_t *h;
+    assert_int_equal(sched_build(s, &h), 0);
+    check_plan(&w, h, d.q_heads / d.kv_heads);
+    assert_true(h->n_ctas >= 56 && h->n_ctas <= 72); /* about 64 */
+    assert_int_equal(h->n_merges, 4);
+    /* room for 8 partials only: the fill split cannot fit, equal lengths have no outlier */
+    s->cfg.max_partials = 8;
+    assert_int_equal(sched_build(s, &h), 0);
+    check_plan(&w, h, d.q_heads / d.kv_heads);
+    assert_int_equal(h->n_ctas, 4);
+    assert_int_equal(h->n_merges, 0);
+    /* split_min_kv bounds the cut: 4 x ~4K tokens at >= 2K per part is at most 8 CTAs */
+    s->cfg.max_partials = 0;
+    s->cfg.split_min_kv = 2048;
+    assert_int_equal(sched_build(s, &h), 0);
+    assert_true(h->n_ctas <= 8 && h->n_ctas > 4);
+    sched_free(s);
+    tl_world_free(&w);
+}
+
 static void test_errors(void **state)
 {
     sched_config_t c = {.max_queries = 4,
@@ -484,6 +543,7 @@ int main(void)
         cmocka_unit_test(test_bytes_never_above_baselines),
         cmocka_unit_test(test_lazy_update_across_decode),
         cmocka_unit_test(test_long_kv_split),
+        cmocka_unit_test(test_fill_split),
     };
     return cmocka_run_group_tests_name("pack", tests, NULL, NULL);
 }
