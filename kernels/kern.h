@@ -50,15 +50,15 @@ typedef struct kern_model {
 
 typedef struct kern_config {
     kern_model_t model;
-    uint32_t n_blocks;     /* KV pool capacity in blocks */
-    uint32_t max_tokens;   /* query tokens per step */
-    uint32_t max_partials; /* partial slots a plan may use (the scheduler's bound) */
-    uint32_t max_cta_rows; /* largest tile m the plans use, <= KERN_MAX_CTA_ROWS;
-                              0 = KERN_DEFAULT_MAX_CTA_ROWS */
-    uint32_t n_threads;    /* cpu: worker threads <= KERN_MAX_THREADS, 0 = one per online CPU */
-    int device;            /* cuda: device ordinal */
-    uint32_t streams;      /* cuda: concurrent streams for a plan's tile-shape groups, <= 8;
-                              0 = KERN_DEFAULT_STREAMS, 1 = serial (one stream) */
+    uint32_t n_blocks;       /* KV pool capacity in blocks */
+    uint32_t max_tokens;     /* query tokens per step */
+    uint32_t max_partials;   /* partial slots a plan may use (the scheduler's bound) */
+    uint32_t max_cta_rows;   /* largest tile m the plans use, <= KERN_MAX_CTA_ROWS;
+                                0 = KERN_DEFAULT_MAX_CTA_ROWS */
+    uint32_t n_threads;      /* cpu: worker threads <= KERN_MAX_THREADS, 0 = one per online CPU */
+    int device;              /* cuda: device ordinal */
+    uint32_t streams;        /* cuda: concurrent streams for a plan's tile-shape groups, <= 8;
+                                0 = KERN_DEFAULT_STREAMS, 1 = serial (one stream) */
     uint32_t max_plan_bytes; /* cuda: largest plan accepted (pinned staging, device copy);
                                 0 = KERN_DEFAULT_PLAN_BYTES */
 } kern_config_t;
@@ -95,8 +95,9 @@ int kern_copy_blocks(kern_backend_t *b, const uint32_t *src, const uint32_t *dst
 /* Runs one layer of a plan: every CTA for every KV head, then the merge. Writes O rows of every
  * token the plan covers. cpu: done on return. cuda: enqueued on the backend's stream (tile-shape
  * groups fanned out over its side streams and joined before the merge); kern_sync waits. The
- * plan may be freed or rebuilt on return (the backend keeps its own copy). Returns 0, -EINVAL (layer, bad plan, page or row out of range, bad
- * params), -E2BIG (plan rows/tokens beyond the config), -ENOSPC (more partials than configured). */
+ * plan may be freed or rebuilt on return (the backend keeps its own copy). Returns 0, -EINVAL
+ * (layer, bad plan, page or row out of range, bad params), -E2BIG (plan rows/tokens beyond the
+ * config), -ENOSPC (more partials than configured). */
 int kern_attend(kern_backend_t *b, uint32_t layer, const sched_plan_hdr_t *plan, const void *q,
                 void *o, const kern_attn_params_t *params);
 

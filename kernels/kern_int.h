@@ -15,7 +15,7 @@ typedef struct kern_ops {
     int (*copy_blocks)(kern_backend_t *b, const uint32_t *src, const uint32_t *dst, uint32_t n);
     int (*attend)(kern_backend_t *b, uint32_t layer, const sched_plan_hdr_t *plan, const void *q,
                   void *o, const kern_attn_params_t *params);
-    int (*sync)(kern_backend_t *b);                      /* NULL: nothing asynchronous */
+    int (*sync)(kern_backend_t *b);                             /* NULL: nothing asynchronous */
     void (*tiles)(const kern_backend_t *b, sched_tiles_t *ret); /* NULL: the scheduler default */
 } kern_ops_t;
 

@@ -131,24 +131,28 @@ __global__ void append_kernel(const T *__restrict__ k, const T *__restrict__ v,
     }
 }
 
-template <typename T> int append_launch(Cuda *c, uint32_t layer, const void *k, const void *v,
-                                        uint32_t n)
+template <typename T>
+int append_launch(Cuda *c, uint32_t layer, const void *k, const void *v, uint32_t n)
 {
     const kern_model_t &m = c->base.cfg.model;
     T *kv = static_cast<T *>(c->pool) + layer * c->layer_elems;
     const uint64_t total = (uint64_t)n * m.kv_heads * (m.head_dim / 8);
     const uint32_t threads = 256;
-    const uint32_t blocks = (uint32_t)((total + threads - 1) / threads < 4096 ? (total + threads - 1) / threads : 4096);
+    const uint32_t blocks =
+        (uint32_t)((total + threads - 1) / threads < 4096 ? (total + threads - 1) / threads : 4096);
     const T *kk = static_cast<const T *>(k), *vv = static_cast<const T *>(v);
     switch (m.head_dim) {
     case 64:
-        append_kernel<T, 64><<<blocks, threads, 0, c->main>>>(kk, vv, c->slot_dev, n, kv, m.kv_heads, c->block_elems);
+        append_kernel<T, 64><<<blocks, threads, 0, c->main>>>(kk, vv, c->slot_dev, n, kv,
+                                                              m.kv_heads, c->block_elems);
         break;
     case 128:
-        append_kernel<T, 128><<<blocks, threads, 0, c->main>>>(kk, vv, c->slot_dev, n, kv, m.kv_heads, c->block_elems);
+        append_kernel<T, 128><<<blocks, threads, 0, c->main>>>(kk, vv, c->slot_dev, n, kv,
+                                                               m.kv_heads, c->block_elems);
         break;
     case 256:
-        append_kernel<T, 256><<<blocks, threads, 0, c->main>>>(kk, vv, c->slot_dev, n, kv, m.kv_heads, c->block_elems);
+        append_kernel<T, 256><<<blocks, threads, 0, c->main>>>(kk, vv, c->slot_dev, n, kv,
+                                                               m.kv_heads, c->block_elems);
         break;
     default:
         return -ENOTSUP;
@@ -329,8 +333,8 @@ void cuda_tiles(const kern_backend_t *b, sched_tiles_t *ret)
      * work items, so the last, partly filled wave costs little */
     int resident = 0;
     const FwdVariant &v = c->var[c->dt][0];
-    if (v.fn && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, v.fn, v.threads,
-                                                             v.smem) != cudaSuccess)
+    if (v.fn && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, v.fn, v.threads, v.smem) !=
+                    cudaSuccess)
         resident = 0;
     if (ret->min_ctas == 0)
         ret->min_ctas = (uint32_t)(4 * prop.multiProcessorCount * resident);
@@ -403,7 +407,8 @@ int warm_variants(Cuda *c)
             if (!v.fn)
                 continue;
             void *args[] = {&a};
-            cudaError_t e = cudaLaunchKernel(v.fn, dim3(1, 1), dim3(v.threads), args, v.smem, c->main);
+            cudaError_t e =
+                cudaLaunchKernel(v.fn, dim3(1, 1), dim3(v.threads), args, v.smem, c->main);
             if (e != cudaSuccess)
                 r = kern_cuda_fail("warm-up launch", e);
         }
@@ -537,6 +542,6 @@ extern "C" int kern_cuda_variants(uint32_t head_dim, kern_cuda_variant_info_t *o
 }
 
 extern "C" const kern_ops_t kern__cuda_ops = {
-    "cuda", cuda_create, cuda_destroy, cuda_append_kv, cuda_copy_blocks, cuda_attend, cuda_sync,
-    cuda_tiles,
+    "cuda",           cuda_create, cuda_destroy, cuda_append_kv,
+    cuda_copy_blocks, cuda_attend, cuda_sync,    cuda_tiles,
 };

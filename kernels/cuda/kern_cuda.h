@@ -46,13 +46,13 @@ int kern_cuda_set_streams(kern_backend_t *b, uint32_t n);
 typedef struct kern_cuda_variant_info {
     uint32_t head_dim, m, n;
     kern_dtype_t dtype;
-    int threads;           /* per CTA */
-    int smem;              /* dynamic shared memory bytes per CTA */
-    int regs;              /* registers per thread (cudaFuncGetAttributes) */
-    int local_bytes;       /* spills (local memory per thread) */
-    int blocks_per_sm;     /* occupancy API: resident CTAs per SM */
-    int stage_bytes;       /* K+V bytes one pipeline stage loads */
-    int stages;            /* pipeline depth */
+    int threads;       /* per CTA */
+    int smem;          /* dynamic shared memory bytes per CTA */
+    int regs;          /* registers per thread (cudaFuncGetAttributes) */
+    int local_bytes;   /* spills (local memory per thread) */
+    int blocks_per_sm; /* occupancy API: resident CTAs per SM */
+    int stage_bytes;   /* K+V bytes one pipeline stage loads */
+    int stages;        /* pipeline depth */
 } kern_cuda_variant_info_t;
 
 /* Fills up to cap records of the variants compiled for head_dim on the current device and

@@ -14,7 +14,8 @@
  * Memory path: K and V of a tile (N tokens, possibly spanning N / 16 pages and unaligned to a
  * page) arrive by 16-byte cp.async into a 2- or 3-stage ring, rows XOR-swizzled by 16-byte chunk so
  * ldmatrix is bank-conflict free; the next tiles' loads are in flight while the current one is
- * computed, and page ids are read one tile before their loads are issued. Tokens past the CTA's range are zero-filled (src-size 0), never read.
+ * computed, and page ids are read one tile before their loads are issued. Tokens past the CTA's
+ * range are zero-filled (src-size 0), never read.
  *
  * Math: S = Q.K^T and O += P.V with mma.sync m16n8k16 (fp16 or bf16 in, fp32 accumulate);
  * softmax online in the log2 domain; fully masked rows keep max = -inf and give o = 0 and
@@ -378,7 +379,8 @@ __global__ void __launch_bounds__(Geom<D, M, N>::T) fwd_kernel(const FwdArgs a)
 #pragma unroll
             for (int w = 0; w < G::WN; w++) {
                 const float wt = exp2f(em[w * M + r] - mx);
-                const float4 p = *reinterpret_cast<const float4 *>(ea + (w * M + r) * G::ERS + 4 * v);
+                const float4 p =
+                    *reinterpret_cast<const float4 *>(ea + (w * M + r) * G::ERS + 4 * v);
                 lsum += wt * el[w * M + r];
                 acc.x += wt * p.x;
                 acc.y += wt * p.y;
@@ -394,14 +396,15 @@ __global__ void __launch_bounds__(Geom<D, M, N>::T) fwd_kernel(const FwdArgs a)
         const sched_plan_row_t row = rows[r / group];
         const uint32_t j = r % group;
         if (row.flags & SCHED_ROW_DIRECT) {
-            store4(static_cast<T *>(a.o) + ((uint64_t)row.q_tok * a.q_heads + head * group + j) * D +
-                       4 * v,
+            store4(static_cast<T *>(a.o) +
+                       ((uint64_t)row.q_tok * a.q_heads + head * group + j) * D + 4 * v,
                    acc);
         } else {
             const uint64_t slot = ((uint64_t)row.dst * a.kv_heads + head) * group + j;
             reinterpret_cast<float4 *>(a.part_o + slot * D)[v] = acc;
             if (v == 0)
-                a.part_lse[slot] = lsum > 0.f ? (mx + log2f(lsum)) * 0.6931471805599453f : -INFINITY;
+                a.part_lse[slot] =
+                    lsum > 0.f ? (mx + log2f(lsum)) * 0.6931471805599453f : -INFINITY;
         }
     }
 }

@@ -22,10 +22,10 @@ struct FwdArgs {
     const sched_plan_cta_t *ctas; /* device copy of the plan */
     const sched_plan_row_t *rows;
     const uint32_t *pages;
-    uint32_t cta_begin; /* first CTA of the group */
-    const void *q;      /* [token][q_head][D] */
-    void *o;            /* [token][q_head][D] */
-    const void *kv;     /* this layer's first block */
+    uint32_t cta_begin;    /* first CTA of the group */
+    const void *q;         /* [token][q_head][D] */
+    void *o;               /* [token][q_head][D] */
+    const void *kv;        /* this layer's first block */
     uint64_t block_stride; /* elements from one block to the next (K and V, every head) */
     uint64_t head_stride;  /* elements from one KV head to the next: block_size * D */
     uint64_t v_offset;     /* elements from K to V of a block: kv_heads * head_stride */

@@ -145,7 +145,7 @@ int main(int argc, char **argv)
             const double flight = (double)a.blocks_per_sm * a.stage_bytes * (a.stages - 1);
             const bool fits = a.blocks_per_sm >= 1 && a.local_bytes == 0;
             const bool enough = flight >= need;
-            const char *why = !fits ? "drop: does not fit (occupancy 0 or spills)"
+            const char *why = !fits     ? "drop: does not fit (occupancy 0 or spills)"
                               : !enough ? "drop: too few bytes in flight"
                                         : "keep";
             printf("%4u %5s %4u %4u %7d %7d %5d %6d %9.1f %10.1f  %s\n", d,
@@ -195,7 +195,8 @@ int main(int argc, char **argv)
         printf("%7u", L);
         double best_t = 1e30;
         for (uint32_t n : ns) {
-            sched_tiles_t tiles = {4, {16, 32, 64, 128}, 1, {(uint16_t)n}, {UINT32_MAX}, dev.min_ctas};
+            sched_tiles_t tiles = {4,           {16, 32, 64, 128}, 1, {(uint16_t)n}, {UINT32_MAX},
+                                   dev.min_ctas};
             sched_config_t sc = {};
             sc.max_queries = nq;
             sc.max_tokens = nq;

@@ -280,7 +280,6 @@ static uint64_t distinct_tokens(const Tree &t)
 
 /* ------------------------------------------------------------------ one configuration */
 
-
 static sched_t *make_sched(const tl_world_t *w, uint32_t qh, uint32_t kvh, sched_policy_t pol,
                            const sched_tiles_t *tiles)
 {
@@ -445,8 +444,8 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     printf("%-46s %2u/%-2u %4u %6u %9.1f %9.1f %9.1f %9.1f %7.1f %7.1f %7.1f %5.1f%% %5.2fx "
            "%5.2fx %5.2fx %8.1f %d/%d %.1e\n",
            spec, qh, kvh, w.n_q, w.q[0].kv_len, us_pat, us_qc, us_fix, us_ser, floor_bw, floor_tc,
-           pk, 100.0 * eff / f.bw, us_qc / us_pat, us_fix / us_pat, us_ser / us_pat,
-           bytes / 1e6, h_pat->n_ctas, h_pat->n_groups, agree);
+           pk, 100.0 * eff / f.bw, us_qc / us_pat, us_fix / us_pat, us_ser / us_pat, bytes / 1e6,
+           h_pat->n_ctas, h_pat->n_groups, agree);
     if (js)
         fprintf(js,
                 "{\"tree\":\"%s\",\"q_heads\":%u,\"kv_heads\":%u,\"queries\":%u,\"kv_len\":%u,"

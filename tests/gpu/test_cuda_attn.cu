@@ -87,7 +87,7 @@ struct Rig {
     void *dq = nullptr, *dout = nullptr;
     uint64_t q_elems;
     double scale;
-    uint32_t max_tokens;   /* of the backends' config: append in chunks of it */
+    uint32_t max_tokens;       /* of the backends' config: append in chunks of it */
     uint32_t split_factor = 0; /* the scheduler's; 0 = its default */
 };
 
@@ -256,7 +256,8 @@ static double vs_fp64(const Rig &g, tl_rng_t *r, uint32_t max_q)
                 for (uint32_t j = 0; j < group; j++) {
                     uint32_t qh = h * group + j;
                     for (uint32_t x = 0; x < d; x++)
-                        qd[x] = kern_load(m.dt, g.q.data(), ((uint64_t)tk * m.q_heads + qh) * d + x);
+                        qd[x] =
+                            kern_load(m.dt, g.q.data(), ((uint64_t)tk * m.q_heads + qh) * d + x);
                     tl_ref_attend(qd.data(), K.data(), V.data(), limit, d, g.scale, m.softcap,
                                   out.data());
                     memcpy(tok[k].data() + (uint64_t)qh * d, out.data(), d * sizeof(double));
@@ -348,7 +349,8 @@ static void test_random(int rounds, uint64_t seed)
         rig_done(g);
     }
     if (rounds >= 20)
-        verdict("random plans covered merges and several tile shapes", merges > 2 && multi_group > 2);
+        verdict("random plans covered merges and several tile shapes",
+                merges > 2 && multi_group > 2);
 }
 
 /* unshared batch mixing 32- and 1024-token queries: several (m, n) groups, split and unsplit */
@@ -380,7 +382,9 @@ static void test_mixed(uint32_t split_min)
     char name[96];
     snprintf(name, sizeof(name), "mixed 32/1024-token queries, split_min %u: %u groups %u merges",
              split_min, h->n_groups, h->n_merges);
-    verdict(name, finite && ec < 1e-2 && ef < 1e-2 && h->n_groups > 1 && (split_min == 0) == (h->n_merges == 0),
+    verdict(name,
+            finite && ec < 1e-2 && ef < 1e-2 && h->n_groups > 1 &&
+                (split_min == 0) == (h->n_merges == 0),
             " fp64 rel err %.2e", ef);
     rig_done(g);
 }
