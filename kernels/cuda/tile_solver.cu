@@ -12,7 +12,8 @@
  *    multiple of 16, each warp's KV slice a multiple of 16) — static_asserts at compile time.
  * 3. n by KV length: decode batches (64 unshared queries, GQA 4, d 128, fp16, split as the daemon
  *    does) for KV lengths 128 .. 32K, timed with each n that passed for m = 16; n_upto takes the
- *    fastest n per length.
+ *    smallest n unless a larger one is faster by more than kMargin (run-to-run noise is ~1 %:
+ *    a near tie must not make the table flip between n at neighbouring lengths).
  */
 #include <cuda_runtime.h>
 
@@ -65,6 +66,8 @@ __global__ void chase_kernel(const uint64_t *next, uint32_t steps, uint64_t *out
         i = next[i];
     *out = i;
 }
+
+constexpr double kMargin = 0.03;
 
 static float time_ms(cudaEvent_t a, cudaEvent_t b)
 {
@@ -232,7 +235,7 @@ int main(int argc, char **argv)
             std::sort(tt.begin(), tt.end());
             const double med = tt[tt.size() / 2];
             printf(" %12.1f", med);
-            if (med < best_t) {
+            if (med < best_t * (1.0 - kMargin) || best_t == 1e30) {
                 best_t = med;
                 best[li] = n;
             }
