@@ -13,6 +13,11 @@
  *   fixed   pack as pat but one fixed tile (m 64, n 64; bigger packs become several CTAs) and
  *           one stream (the paper's ablation)
  *   serial  pat's plan on one stream (multi-stream ablation)
+ *   m64     pack as pat with tiles up to m = 64 only: a pack of more rows becomes twice as many
+ *           CTAs, each re-reading its KV — what a larger m (wgmma, or a cluster multicasting KV
+ *           tiles) would save is bounded by how much slower this is than pat; reread_MB = KV
+ *           bytes pat's plan reads beyond the distinct bytes (L2 hits when CTAs of a pack run
+ *           together)
  * Latency: CUDA events around each call, 50 timed after 5 warm-ups, all queued behind a 20 ms
  * spin kernel so the GPU never waits for the host; the median is reported. Pack: CPU time of a
  * full plan build from an empty forest (join + pack + plan), median of 20.
@@ -417,10 +422,18 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     sched_t *s_qc = make_sched(&w, qh, kvh, SCHED_POLICY_QUERY, &tiles);
     sched_tiles_t fixed = {1, {64}, 1, {64}, {UINT32_MAX}, tiles.min_ctas}; /* one tile shape */
     sched_t *s_fix = make_sched(&w, qh, kvh, SCHED_POLICY_AUTO, &fixed);
+    sched_tiles_t small = tiles; /* m <= 64 */
+    while (small.n_m > 1 && small.m[small.n_m - 1] > 64)
+        small.n_m--;
+    sched_t *s_m64 = make_sched(&w, qh, kvh, SCHED_POLICY_AUTO, &small);
     const sched_plan_hdr_t *h_pat, *h_qc, *h_fix;
     REQ(sched_build(s_pat, &h_pat));
     REQ(sched_build(s_qc, &h_qc));
     REQ(sched_build(s_fix, &h_fix));
+    const sched_plan_hdr_t *h_m64;
+    REQ(sched_build(s_m64, &h_m64));
+    sched_traffic_t tr;
+    sched_plan_traffic(h_pat, qh, kvh, D, 2, &tr);
 
     const double us_pat = time_plan(b, h_pat, dq, dout, &p);
     std::vector<__half> o_pat(qo_elems), o_qc(qo_elems);
@@ -431,6 +444,7 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     const double us_fix = time_plan(b, h_fix, dq, dout, &p);
     const double us_ser = time_plan(b, h_pat, dq, dout, &p);
     kern_cuda_set_streams(b, 4);
+    const double us_m64 = time_plan(b, h_m64, dq, dout, &p);
     const double pk = pack_us(&w, qh, kvh, &tiles);
     const double agree = rel_err_f16(o_pat, o_qc);
 
@@ -452,12 +466,14 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
                 "\"pat_us\":%.2f,\"qc_us\":%.2f,\"fixed_us\":%.2f,\"serial_us\":%.2f,"
                 "\"pack_us\":%.1f,\"distinct_bytes\":%.0f,\"flops\":%.0f,\"floor_bw_us\":%.2f,"
                 "\"floor_tc_us\":%.2f,\"eff_bw_frac\":%.4f,\"ctas\":%u,\"groups\":%u,"
-                "\"pat_vs_qc_rel_err\":%.2e}\n",
+                "\"pat_vs_qc_rel_err\":%.2e,\"m64_us\":%.2f,\"reread_bytes\":%.0f}\n",
                 spec, qh, kvh, w.n_q, w.q[0].kv_len, us_pat, us_qc, us_fix, us_ser, pk, bytes,
-                flops, floor_bw, floor_tc, eff / f.bw, h_pat->n_ctas, h_pat->n_groups, agree);
+                flops, floor_bw, floor_tc, eff / f.bw, h_pat->n_ctas, h_pat->n_groups, agree,
+                us_m64, (double)tr.kv - bytes);
     sched_free(s_pat);
     sched_free(s_qc);
     sched_free(s_fix);
+    sched_free(s_m64);
     CK(cudaFree(dk));
     CK(cudaFree(dv));
     CK(cudaFree(dq));

@@ -89,6 +89,15 @@ def main():
                      geo([r["fixed_us"] / r["pat_us"] for r in shared]),
                      geo([r["serial_us"] / r["pat_us"] for r in shared]),
                      geo([r["sdpa_us"] / r["pat_us"] for r in shared if r["sdpa_us"]])))
+    if all("m64_us" in r for r in rows):
+        lines.append("larger m: m64/pat (tiles up to m = 64 vs up to 128) geometric mean %.2f, "
+                     "range %.2f-%.2f; KV re-read by the CTAs of split packs: median %.0f %% of "
+                     "the distinct bytes" % (
+                         geo([r["m64_us"] / r["pat_us"] for r in shared]),
+                         min(r["m64_us"] / r["pat_us"] for r in shared),
+                         max(r["m64_us"] / r["pat_us"] for r in shared),
+                         100 * sorted(r["reread_bytes"] / r["distinct_bytes"]
+                                      for r in shared)[len(shared) // 2]))
     if unshared:
         lines.append("no-sharing trees: qc/pat " + ", ".join(
             "%s %s/%s %.2f" % (r["tree"], r["q_heads"], r["kv_heads"], r["qc_us"] / r["pat_us"])
