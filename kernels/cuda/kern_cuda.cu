@@ -393,7 +393,11 @@ int warm_variants(Cuda *c)
 {
     sched_plan_cta_t *dcta;
     CK(cudaMalloc(&dcta, sizeof(*dcta)), "warm-up alloc");
-    cudaMemsetAsync(dcta, 0, sizeof(*dcta), c->main);
+    cudaError_t me = cudaMemsetAsync(dcta, 0, sizeof(*dcta), c->main);
+    if (me != cudaSuccess) {
+        cudaFree(dcta);
+        return kern_cuda_fail("warm-up memset", me);
+    }
     FwdArgs a = {};
     a.ctas = dcta;
     a.q = a.kv = c->pool;
