@@ -20,6 +20,7 @@ extern "C" {
 #include "kern_int.h"
 }
 
+#include <algorithm>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -494,6 +495,58 @@ fail:
 extern "C" void *kern_cuda_stream(kern_backend_t *b)
 {
     return as_cuda(b)->main;
+}
+
+__global__ void read_kernel(const uint4 *p, uint64_t n, uint32_t *sink)
+{
+    uint32_t acc = 0;
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+        const uint4 v = p[i];
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x12345678u)
+        *sink = acc; /* keeps the loads */
+}
+
+extern "C" double kern_cuda_read_bandwidth(uint64_t bytes, int reps)
+{
+    if (bytes < 16 || reps < 1 || reps > 64)
+        return -EINVAL;
+    int dev = 0, sms = 0;
+    CK(cudaGetDevice(&dev), "cudaGetDevice");
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "attribute");
+    uint4 *p = nullptr;
+    uint32_t *sink = nullptr;
+    cudaEvent_t a = nullptr, b = nullptr;
+    float t[64 + 2];
+    double r = -EIO;
+    if (cudaMalloc(&p, bytes) != cudaSuccess || cudaMalloc(&sink, 4) != cudaSuccess) {
+        r = -ENOMEM;
+        goto out;
+    }
+    if (cudaMemset(p, 1, bytes) != cudaSuccess || cudaEventCreate(&a) != cudaSuccess ||
+        cudaEventCreate(&b) != cudaSuccess)
+        goto out;
+    for (int i = 0; i < reps + 2; i++) {
+        if (cudaEventRecord(a) != cudaSuccess)
+            goto out;
+        read_kernel<<<sms * 8, 512>>>(p, bytes / 16, sink);
+        if (cudaEventRecord(b) != cudaSuccess || cudaEventSynchronize(b) != cudaSuccess ||
+            cudaEventElapsedTime(&t[i], a, b) != cudaSuccess)
+            goto out;
+    }
+    std::sort(t + 2, t + reps + 2);
+    r = bytes / (t[2 + reps / 2] * 1e-3);
+out:
+    cudaGetLastError();
+    if (a)
+        cudaEventDestroy(a);
+    if (b)
+        cudaEventDestroy(b);
+    cudaFree(p);
+    cudaFree(sink);
+    return r;
 }
 
 extern "C" int kern_cuda_set_streams(kern_backend_t *b, uint32_t n)

@@ -42,6 +42,11 @@ void *kern_cuda_stream(kern_backend_t *b);
  * (the multi-stream ablation of the benchmarks). Returns 0 or -EINVAL. */
 int kern_cuda_set_streams(kern_backend_t *b, uint32_t n);
 
+/* Read bandwidth of the current device in bytes/s: 16-byte loads over `bytes` of device memory,
+ * median of `reps` timed runs after 2 warm-ups (the bandwidth floor of every benchmark).
+ * Returns > 0, or -ENOMEM / -EIO / -EINVAL as a negative value. */
+double kern_cuda_read_bandwidth(uint64_t bytes, int reps);
+
 /* One compiled forward variant as the device sees it. */
 typedef struct kern_cuda_variant_info {
     uint32_t head_dim, m, n;

@@ -30,6 +30,7 @@
 #include <cuda_runtime.h>
 
 #include <stdint.h>
+#include <type_traits>
 
 #include "kern_cuda_int.h"
 
@@ -423,6 +424,29 @@ template <typename T, int D, int M, int N> int fwd_prepare(FwdVariant *v)
     v->stage_bytes = G::STAGE_BYTES;
     v->stages = G::STAGES;
     return 0;
+}
+
+/* Fills v[dtype][shape] for head_dim D: fp16 and bf16 x every shape of KCUDA_SHAPES that fits
+ * in shared memory (fn NULL for the others). Instantiated by one translation unit per D. */
+template <int D> int fwd_register(FwdVariant (*v)[kNumShapes])
+{
+    int r = 0, i = 0;
+    auto one = [&](auto m_tag, auto n_tag) {
+        constexpr int M = decltype(m_tag)::value, N = decltype(n_tag)::value;
+        if constexpr (Geom<D, M, N>::SMEM <= kMaxSmem) {
+            if (r == 0)
+                r = fwd_prepare<__half, D, M, N>(&v[0][i]);
+            if (r == 0)
+                r = fwd_prepare<__nv_bfloat16, D, M, N>(&v[1][i]);
+        } else {
+            v[0][i].fn = v[1][i].fn = nullptr; /* does not fit: not compiled */
+        }
+        i++;
+    };
+#define KCUDA_REG(m, n) one(std::integral_constant<int, m>(), std::integral_constant<int, n>());
+    KCUDA_SHAPES(KCUDA_REG)
+#undef KCUDA_REG
+    return r;
 }
 
 } // namespace kcuda

@@ -29,35 +29,7 @@ extern "C" {
 #include "sched_plan.h"
 }
 #include "kern_cuda.h"
-
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(2);                                                                               \
-        }                                                                                          \
-    } while (0)
-#define REQ(x)                                                                                     \
-    do {                                                                                           \
-        int r_ = (x);                                                                              \
-        if (r_ < 0) {                                                                              \
-            fprintf(stderr, "%s:%d: %s = %d\n", __FILE__, __LINE__, #x, r_);                       \
-            exit(2);                                                                               \
-        }                                                                                          \
-    } while (0)
-
-__global__ void read_kernel(const uint4 *p, uint64_t n, uint32_t *sink)
-{
-    uint32_t acc = 0;
-    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
-         i += (uint64_t)gridDim.x * blockDim.x) {
-        uint4 v = p[i];
-        acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
-    if (acc == 0x12345678u)
-        *sink = acc;
-}
+#include "kern_cuda_tool.h"
 
 __global__ void chase_kernel(const uint64_t *next, uint32_t steps, uint64_t *out)
 {
@@ -91,17 +63,8 @@ int main(int argc, char **argv)
     uint32_t *sink;
     CK(cudaMalloc(&buf, bytes));
     CK(cudaMalloc(&sink, 8));
-    CK(cudaMemset(buf, 1, bytes));
-    std::vector<float> t;
-    for (int i = 0; i < 7; i++) {
-        CK(cudaEventRecord(e0));
-        read_kernel<<<prop.multiProcessorCount * 8, 512>>>((const uint4 *)buf, bytes / 16, sink);
-        CK(cudaGetLastError());
-        CK(cudaEventRecord(e1));
-        t.push_back(time_ms(e0, e1));
-    }
-    std::sort(t.begin(), t.end());
-    const double bw = bytes / (t[t.size() / 2] * 1e-3);
+    const double bw = kern_cuda_read_bandwidth(bytes, 7);
+    REQ((int)(bw > 0 ? 0 : bw));
     /* pointer chase: a random cycle over 1 GiB with a 4 KiB stride granularity (defeats L2) */
     const uint64_t slots = bytes / 4096;
     std::vector<uint64_t> order(slots), host(bytes / 8, 0);

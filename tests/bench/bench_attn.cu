@@ -48,26 +48,10 @@ extern "C" {
 #include "tl_world.h"
 }
 #include "kern_cuda.h"
+#include "kern_cuda_tool.h"
 
 #define BS 16u
 #define D  128u
-
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(2);                                                                               \
-        }                                                                                          \
-    } while (0)
-#define REQ(x)                                                                                     \
-    do {                                                                                           \
-        int r_ = (x);                                                                              \
-        if (r_ < 0) {                                                                              \
-            fprintf(stderr, "%s:%d: %s = %d\n", __FILE__, __LINE__, #x, r_);                       \
-            exit(2);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static const char *const kTrees[] = {
     "1,10_4096,416",
@@ -107,18 +91,6 @@ __global__ void fill_kernel(__half *p, uint64_t n, uint64_t seed)
     }
 }
 
-__global__ void read_kernel(const uint4 *p, uint64_t n, uint32_t *sink)
-{
-    uint32_t acc = 0;
-    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
-         i += (uint64_t)gridDim.x * blockDim.x) {
-        uint4 v = p[i];
-        acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
-    if (acc == 0x12345678u)
-        *sink = acc; /* keeps the loads */
-}
-
 __global__ void spin_kernel(uint64_t ns)
 {
     uint64_t t0;
@@ -141,32 +113,9 @@ static double median(std::vector<double> v)
 /* read bandwidth, bytes/s: 16-byte loads over 4 GiB, median of 10 */
 static double measure_bw()
 {
-    const uint64_t bytes = 4ull << 30;
-    uint4 *p;
-    uint32_t *sink;
-    CK(cudaMalloc(&p, bytes));
-    CK(cudaMalloc(&sink, 4));
-    CK(cudaMemset(p, 1, bytes));
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    int sms;
-    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    std::vector<double> t;
-    for (int i = 0; i < 12; i++) {
-        CK(cudaEventRecord(a));
-        read_kernel<<<sms * 8, 512>>>(p, bytes / 16, sink);
-        CK(cudaGetLastError());
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        if (i >= 2)
-            t.push_back(ms);
-    }
-    CK(cudaFree(p));
-    CK(cudaFree(sink));
-    return bytes / (median(t) * 1e-3);
+    double bw = kern_cuda_read_bandwidth(4ull << 30, 10);
+    REQ((int)(bw > 0 ? 0 : bw));
+    return bw;
 }
 
 /* tensor-core rate, FLOP/s: cuBLAS fp16 8192^3 with fp32 accumulation, median of 10 */

@@ -31,25 +31,9 @@ extern "C" {
 #include "tl_world.h"
 }
 #include "kern_cuda.h"
+#include "kern_cuda_tool.h"
 
 #define BS 16u
-
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(2);                                                                               \
-        }                                                                                          \
-    } while (0)
-#define REQ(x)                                                                                     \
-    do {                                                                                           \
-        int r_ = (x);                                                                              \
-        if (r_ < 0) {                                                                              \
-            fprintf(stderr, "%s:%d: %s = %d\n", __FILE__, __LINE__, #x, r_);                       \
-            exit(2);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static int passed, failed;
 static bool g_quick; /* --quick: small forests (compute-sanitizer is ~100x slower) */
