@@ -17,37 +17,14 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "kern_cuda.h"
+#include "kern_cuda_int.h"
 
 namespace
 {
 
+using kcuda::store4;
+
 constexpr int kThreads = 128;
-
-template <typename T> __device__ inline void store4(T *dst, float4 v);
-
-template <> __device__ inline void store4<float>(float *dst, float4 v)
-{
-    *reinterpret_cast<float4 *>(dst) = v;
-}
-
-template <> __device__ inline void store4<__half>(__half *dst, float4 v)
-{
-    __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
-    uint2 u;
-    u.x = *reinterpret_cast<uint32_t *>(&a);
-    u.y = *reinterpret_cast<uint32_t *>(&b);
-    *reinterpret_cast<uint2 *>(dst) = u;
-}
-
-template <> __device__ inline void store4<__nv_bfloat16>(__nv_bfloat16 *dst, float4 v)
-{
-    __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
-    uint2 u;
-    u.x = *reinterpret_cast<uint32_t *>(&a);
-    u.y = *reinterpret_cast<uint32_t *>(&b);
-    *reinterpret_cast<uint2 *>(dst) = u;
-}
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads)
@@ -95,11 +72,7 @@ template <typename T, int D> int launch(const kern_cuda_merge_params_t *p)
     merge_kernel<T, D><<<p->n_merges, kThreads, 0, s>>>(
         p->merges, p->part_o, p->part_lse, static_cast<T *>(p->o), p->q_heads, p->kv_heads);
     cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) {
-        fprintf(stderr, "<3>kern_cuda_merge: launch failed: %s\n", cudaGetErrorString(e));
-        return -EIO;
-    }
-    return 0;
+    return e == cudaSuccess ? 0 : kcuda::kern_cuda_fail("merge launch", e);
 }
 
 /* One dispatch point over the closed set: dtype {fp16, bf16, fp32} x head_dim {64, 128, 256}. */

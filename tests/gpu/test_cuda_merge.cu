@@ -17,16 +17,8 @@
 #include <vector>
 
 #include "kern_cuda.h"
+#include "kern_cuda_tool.h"
 #include "kern_dtype.h"
-
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(2);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static int passed, failed;
 
@@ -131,18 +123,6 @@ static void run_case(const Case &c)
     CK(cudaFree(dout));
 }
 
-__global__ void read_kernel(const float4 *p, size_t n, float *sink)
-{
-    float acc = 0.f;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float4 v = p[i];
-        acc += v.x + v.y + v.z + v.w;
-    }
-    if (acc == 1234.5f)
-        *sink = acc; /* keeps the loads alive */
-}
-
 static double median_ms(cudaEvent_t, cudaEvent_t, std::vector<float> &v)
 {
     std::sort(v.begin(), v.end());
@@ -157,26 +137,11 @@ static void bench()
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     /* the floor: plain read bandwidth over 4 GiB, 16-byte loads */
-    size_t n = (4ull << 30) / sizeof(float4);
-    float4 *buf;
-    float *sink;
-    CK(cudaMalloc(&buf, n * sizeof(float4)));
-    CK(cudaMalloc(&sink, sizeof(float)));
-    CK(cudaMemset(buf, 0, n * sizeof(float4)));
-    std::vector<float> t;
-    for (int i = 0; i < 25; i++) {
-        CK(cudaEventRecord(e0));
-        read_kernel<<<prop.multiProcessorCount * 8, 512>>>(buf, n, sink);
-        CK(cudaGetLastError());
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (i >= 5)
-            t.push_back(ms);
+    const double bw = kern_cuda_read_bandwidth(4ull << 30, 20);
+    if (!(bw > 0)) {
+        fprintf(stderr, "read bandwidth: %g\n", bw);
+        exit(2);
     }
-    double bw = n * sizeof(float4) / (median_ms(e0, e1, t) * 1e-3);
-    CK(cudaFree(buf));
     printf("device: %s, %d SMs; measured read bandwidth %.0f GB/s (median of 20)\n", prop.name,
            prop.multiProcessorCount, bw / 1e9);
 
@@ -197,7 +162,7 @@ static void bench()
     CK(cudaMemset(po, 0, rows * D * sizeof(float)));
     CK(cudaMemset(pl, 0, rows * sizeof(float)));
     kern_cuda_merge_params_t p = {dm, T, po, pl, o, QH, KVH, D, KERN_BF16, nullptr};
-    t.clear();
+    std::vector<float> t;
     for (int i = 0; i < 60; i++) {
         CK(cudaEventRecord(e0));
         if (kern_cuda_merge_launch(&p) != 0)
@@ -218,7 +183,6 @@ static void bench()
     CK(cudaFree(po));
     CK(cudaFree(pl));
     CK(cudaFree(o));
-    CK(cudaFree(sink));
 }
 
 int main(int argc, char **argv)
