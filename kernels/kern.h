@@ -109,6 +109,74 @@ int kern_sync(kern_backend_t *b);
  * scheduler must plan with (sched_config_t.tiles). Returns 0. */
 int kern_tiles(const kern_backend_t *b, sched_tiles_t *ret_tiles);
 
+/* ------------------------------------------------------------------ GPU data path (cuda only)
+ *
+ * What patd needs to serve clients in other processes without a CPU round trip per layer
+ * (DESIGN.md §2). The cpu backend has none of it: every call returns -ENOTSUP there.
+ *
+ * A lane is one executor's private set of streams, events, plan and slot buffers and partials:
+ * a step enqueued on one lane never queues behind a wait of another lane's client. The handshake
+ * words are 64-bit words in host memory mapped into the device (kern_host_map), so the CPU can
+ * always store to them: a wait enqueued for a dead or stalled client is released from the CPU
+ * without going through any stream. */
+typedef struct kern_lane kern_lane_t;
+
+/* One layer of a step on a lane, enqueued in this order on the lane's stream:
+ *   wait until *wait_word >= wait_value;  *wait_word = 0 (the consumer resets what it consumed);
+ *   if compute: append K/V of the step's tokens, attend (fan-out over side streams), merge;
+ *   *post_word = post_value (after every write of the layer is visible);
+ *   the lane's progress counter += 1 (kern_lane_progress).
+ * Word pointers are device addresses from kern_host_map; NULL skips that wait or post. */
+typedef struct kern_lane_layer {
+    uint32_t layer;
+    int compute;           /* 0: the handshake only (a step that failed still pairs every wait) */
+    const void *q, *k, *v; /* device: this step's rows (staging) */
+    void *o;
+    kern_attn_params_t params;
+    uint64_t *wait_word;
+    uint64_t wait_value;
+    uint64_t *post_word;
+    uint64_t post_value;
+} kern_lane_layer_t;
+
+/* Creates a lane (streams, events, double-buffered plan, slot buffer, partials of
+ * cfg.max_partials). Returns 0, -ENOTSUP (backend without lanes, or a device without 64-bit
+ * stream memory operations), -ENOMEM, -EIO. */
+int kern_lane_create(kern_backend_t *b, kern_lane_t **ret);
+/* Waits for the lane to drain (release its waits first) and frees it; NULL ok. */
+void kern_lane_free(kern_lane_t *l);
+/* Uploads a step's plan (when it changed) and its new tokens' pool slots, once for all layers.
+ * Returns 0, -EINVAL/-E2BIG/-ENOSPC as kern_attend and kern_append_kv, -EIO. */
+int kern_lane_begin(kern_lane_t *l, const sched_plan_hdr_t *plan, const uint32_t *slots,
+                    uint32_t n);
+/* Enqueues one layer (see kern_lane_layer_t) of the step last begun. Never blocks on the GPU.
+ * Returns 0, -EINVAL (layer out of range), -EIO (a CUDA error: see kern_fatal). */
+int kern_lane_layer(kern_lane_t *l, const kern_lane_layer_t *ly);
+/* Layers the lane has finished since it was created (read from host memory the GPU writes; no
+ * CUDA call). The caller bounds its enqueue depth with it. */
+uint64_t kern_lane_progress(const kern_lane_t *l);
+/* Layers enqueued since the lane was created. */
+uint64_t kern_lane_enqueued(const kern_lane_t *l);
+
+/* Maps host memory (page-aligned, e.g. a MAP_SHARED shm mapping) into the device for stream
+ * memory operations and kernels. Returns 0 and *ret_dev, -EINVAL, -ENOTSUP, -EIO. */
+int kern_host_map(kern_backend_t *b, void *host, uint64_t bytes, void **ret_dev);
+void kern_host_unmap(kern_backend_t *b, void *host);
+
+/* Allocates device memory another process can map: *ret_dev and a 64-byte handle
+ * (cudaIpcMemHandle_t) naming the whole allocation. Returns 0, -ENOMEM, -ENOTSUP, -EIO. */
+int kern_ipc_alloc(kern_backend_t *b, uint64_t bytes, void **ret_dev, uint8_t ret_handle[64]);
+void kern_ipc_free(kern_backend_t *b, void *dev);
+
+/* What the device says about sharing: *ret_mps 1 when contexts on it are MPS clients, 0 when
+ * processes are time-sliced; ret_uuid (16 bytes) names the GPU for clients that must open the
+ * same one. Returns 0, -ENOTSUP (cpu), -EIO. */
+int kern_device_info(kern_backend_t *b, int *ret_mps, uint8_t ret_uuid[16]);
+
+/* 0 while the backend can go on; -EIO when its context holds a sticky error (every later call
+ * would fail: the process must exit and be restarted). The text names the error. */
+int kern_fatal(kern_backend_t *b, char *why, uint32_t why_len);
+
 #ifdef __cplusplus
 }
 #endif

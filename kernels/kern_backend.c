@@ -186,3 +186,82 @@ int kern__plan_check(const kern_config_t *cfg, const sched_plan_hdr_t *h)
             return -EINVAL;
     return 0;
 }
+
+/* ------------------------------------------------------------------ GPU data path */
+
+int kern_lane_create(kern_backend_t *b, kern_lane_t **ret)
+{
+    return b->ops->lane_create ? b->ops->lane_create(b, ret) : -ENOTSUP;
+}
+
+void kern_lane_free(kern_lane_t *l)
+{
+    if (l)
+        l->b->ops->lane_free(l);
+}
+
+int kern_lane_begin(kern_lane_t *l, const sched_plan_hdr_t *plan, const uint32_t *slots,
+                    uint32_t n)
+{
+    if (!plan || (n && !slots))
+        return -EINVAL;
+    return l->b->ops->lane_begin(l, plan, slots, n);
+}
+
+int kern_lane_layer(kern_lane_t *l, const kern_lane_layer_t *ly)
+{
+    if (ly->layer >= l->b->cfg.model.n_layers)
+        return -EINVAL;
+    if (ly->compute && (!ly->q || !ly->k || !ly->v || !ly->o || !(ly->params.scale > 0.0f) ||
+                        ly->params.softcap < 0.0f))
+        return -EINVAL;
+    return l->b->ops->lane_layer(l, ly);
+}
+
+uint64_t kern_lane_progress(const kern_lane_t *l)
+{
+    return __atomic_load_n(l->progress, __ATOMIC_ACQUIRE);
+}
+
+uint64_t kern_lane_enqueued(const kern_lane_t *l)
+{
+    return l->enqueued;
+}
+
+int kern_host_map(kern_backend_t *b, void *host, uint64_t bytes, void **ret_dev)
+{
+    if (!host || !bytes)
+        return -EINVAL;
+    return b->ops->host_map ? b->ops->host_map(b, host, bytes, ret_dev) : -ENOTSUP;
+}
+
+void kern_host_unmap(kern_backend_t *b, void *host)
+{
+    if (host && b->ops->host_unmap)
+        b->ops->host_unmap(b, host);
+}
+
+int kern_ipc_alloc(kern_backend_t *b, uint64_t bytes, void **ret_dev, uint8_t ret_handle[64])
+{
+    if (!bytes)
+        return -EINVAL;
+    return b->ops->ipc_alloc ? b->ops->ipc_alloc(b, bytes, ret_dev, ret_handle) : -ENOTSUP;
+}
+
+void kern_ipc_free(kern_backend_t *b, void *dev)
+{
+    if (dev && b->ops->ipc_free)
+        b->ops->ipc_free(b, dev);
+}
+
+int kern_device_info(kern_backend_t *b, int *ret_mps, uint8_t ret_uuid[16])
+{
+    return b->ops->device_info ? b->ops->device_info(b, ret_mps, ret_uuid) : -ENOTSUP;
+}
+
+int kern_fatal(kern_backend_t *b, char *why, uint32_t why_len)
+{
+    if (why_len)
+        why[0] = 0;
+    return b->ops->fatal ? b->ops->fatal(b, why, why_len) : 0;
+}

@@ -17,7 +17,26 @@ typedef struct kern_ops {
                   void *o, const kern_attn_params_t *params);
     int (*sync)(kern_backend_t *b);                             /* NULL: nothing asynchronous */
     void (*tiles)(const kern_backend_t *b, sched_tiles_t *ret); /* NULL: the scheduler default */
+    /* the GPU data path (kern.h); NULL in a backend without it */
+    int (*lane_create)(kern_backend_t *b, kern_lane_t **ret);
+    void (*lane_free)(kern_lane_t *l);
+    int (*lane_begin)(kern_lane_t *l, const sched_plan_hdr_t *plan, const uint32_t *slots,
+                      uint32_t n);
+    int (*lane_layer)(kern_lane_t *l, const kern_lane_layer_t *ly);
+    int (*host_map)(kern_backend_t *b, void *host, uint64_t bytes, void **ret_dev);
+    void (*host_unmap)(kern_backend_t *b, void *host);
+    int (*ipc_alloc)(kern_backend_t *b, uint64_t bytes, void **ret_dev, uint8_t ret_handle[64]);
+    void (*ipc_free)(kern_backend_t *b, void *dev);
+    int (*device_info)(kern_backend_t *b, int *ret_mps, uint8_t ret_uuid[16]);
+    int (*fatal)(kern_backend_t *b, char *why, uint32_t why_len);
 } kern_ops_t;
+
+/* Every lane starts with this header: the progress counters are read without a CUDA call. */
+struct kern_lane {
+    kern_backend_t *b;
+    volatile uint64_t *progress; /* host-mapped; the lane's stream adds 1 per layer */
+    uint64_t enqueued;
+};
 
 /* Every backend's handle starts with this header. */
 struct kern_backend {
