@@ -78,13 +78,14 @@ CUDA_SRCS  := kernels/cuda/kern_cuda_merge.cu kernels/cuda/kern_cuda.cu \
 CUDA_CSRCS := kernels/cuda/kern_cuda_tiles.c
 IPC_SRCS   := ipc/ipc_codec.c ipc/ipc_shm.c
 DAEMON_SRCS := daemon/patd_main.c daemon/patd_config.c daemon/patd_conn.c daemon/patd_exec.c \
+               daemon/patd_gpu.c \
                daemon/patd_metrics.c daemon/patd_log.c
 IPC_OBJS    := $(IPC_SRCS:%.c=$(B)/%.o)
 DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(B)/%.o)
 PATD_BIN    := $(B)/bin/patd
 PAT_SO_MAJOR := 1
 PAT_SO_VER   := 1.0.0
-LIBPAT_SRCS := client/pat_client.c
+LIBPAT_SRCS := client/pat_client.c client/pat_gpu.c
 LIBPAT_OBJS := $(LIBPAT_SRCS:%.c=$(B)/%.o)
 LIBPAT_SO   := $(B)/lib/libpat.so.$(PAT_SO_VER)
 LIBPAT_A    := $(B)/lib/libpat.a
@@ -99,8 +100,7 @@ GPU_BINS  := $(GPU_TESTS:%=$(B)/tests/gpu/%)
 ifeq ($(HAVE_CUDA),1)
 CUDA_OBJS := $(CUDA_SRCS:%.cu=$(B)/%.o) $(CUDA_CSRCS:%.c=$(B)/%.o)
 endif
-# The core with the cuda backend registered (GPU tests, tools, benchmarks). The daemon links the
-# cpu-only core until it has the GPU data path.
+# The core with the cuda backend registered (the daemon, GPU tests, tools, benchmarks).
 CUDA_CORE_OBJS := $(B)/cudacore/kern_backend.o $(filter-out $(B)/kernels/kern_backend.o,$(CORE_OBJS))
 
 TESTLIB_SRCS := tests/lib/tl_rng.c tests/lib/tl_world.c tests/lib/tl_ref.c tests/lib/tl_client.c \
@@ -156,17 +156,28 @@ $(B)/libpatipc.a: $(IPC_OBJS)
 	@$(if $(Q),echo "  AR      $@")
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-$(PATD_BIN): $(DAEMON_OBJS) $(B)/libpatipc.a $(B)/libpatcore.a
+# patd: with nvcc around it carries the cuda backend (static CUDA runtime: it still starts, on
+# the cpu backend, where there is no driver or GPU); CUDA=0 builds the cpu-only daemon.
+ifeq ($(HAVE_CUDA),1)
+CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
+PATD_CORE := $(B)/cudacore/kern_backend.o $(filter-out $(B)/kernels/kern_backend.o,$(CORE_OBJS)) \
+             $(B)/libpatcuda.a
+PATD_CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lstdc++
+else
+PATD_CORE := $(B)/libpatcore.a
+PATD_CUDA_LIBS :=
+endif
+$(PATD_BIN): $(DAEMON_OBJS) $(B)/libpatipc.a $(PATD_CORE)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(DAEMON_LIBS) $(JEMALLOC_LIBS) $(LDLIBS) -lrt
+	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(DAEMON_LIBS) $(JEMALLOC_LIBS) $(LDLIBS) $(PATD_CUDA_LIBS) -lrt
 
 # libpat: the shared library frontends load (soname libpat.so.1) and a static twin for our tests
 $(LIBPAT_SO): $(LIBPAT_OBJS) $(IPC_OBJS)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libpat.so.$(PAT_SO_MAJOR) -Wl,--no-undefined $^ \
-	  -o $@ $(shell pkg-config --libs nanomsg 2>/dev/null || echo -lnanomsg) -lrt
+	  -o $@ $(shell pkg-config --libs nanomsg 2>/dev/null || echo -lnanomsg) -lrt -ldl
 	$(Q)ln -sf libpat.so.$(PAT_SO_VER) $(B)/lib/libpat.so.$(PAT_SO_MAJOR)
 	$(Q)ln -sf libpat.so.$(PAT_SO_MAJOR) $(B)/lib/libpat.so
 
@@ -178,7 +189,7 @@ $(B)/lib/pat.pc: client/pat.pc.in
 	@mkdir -p $(@D)
 	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(PAT_SO_VER)|g' $< > $@
 
-NN_LIBS := $(shell pkg-config --libs nanomsg 2>/dev/null || echo -lnanomsg)
+NN_LIBS := $(shell pkg-config --libs nanomsg 2>/dev/null || echo -lnanomsg) -ldl
 
 $(PATCTL_BIN): $(B)/client/patctl.o $(LIBPAT_A)
 	@mkdir -p $(@D)

@@ -22,6 +22,18 @@
  *
  * Staging rows are [max_batch_tokens][heads][head_dim] elements of the model dtype; the rows
  * of a step are its sequences' new tokens in the order given to pat_step_begin().
+ *
+ * GPU sessions (a daemon on the cuda backend; pat_buffers().on_gpu = 1): the staging buffers are
+ * device memory of the daemon's GPU, mapped into this process (CUDA IPC); the process needs the
+ * CUDA driver and must see that GPU. Per layer the frontend writes Q, K, V on its stream and
+ * calls pat_attend_async(layer, stream): the hand-off is enqueued on the stream and the call
+ * returns at once; work enqueued after it sees O. Nothing waits on the CPU until pat_step_end(),
+ * which returns once the daemon ran every layer. Every layer of a step must be handed over
+ * (pat_step_end() hands over the ones left). The hand-offs can be captured in a CUDA graph
+ * (outside a step): per replay call pat_step_begin(), replay, pat_step_replayed(),
+ * pat_step_end(). A captured graph holds the session's epoch (pat_gpu_epoch()); it changes only
+ * when the daemon had to cut a step (a stall past its step timeout): re-capture then. Run patd and
+ * the frontends under MPS (README), or every hand-off waits for a GPU context switch.
  */
 #ifndef PAT_H
 #define PAT_H
@@ -34,7 +46,7 @@ extern "C" {
 #endif
 
 #define PAT_VERSION_MAJOR 1
-#define PAT_VERSION_MINOR 0
+#define PAT_VERSION_MINOR 1
 #define PAT_VERSION_PATCH 0
 #define PAT_VERSION       ((PAT_VERSION_MAJOR << 16) | (PAT_VERSION_MINOR << 8) | PAT_VERSION_PATCH)
 
@@ -51,6 +63,11 @@ extern "C" {
 
 typedef struct pat_conn pat_conn_t;
 
+/* Where the staging buffers live (pat_connect_opts_t.buffer). */
+#define PAT_BUFFER_AUTO 0u
+#define PAT_BUFFER_HOST 1u /* POSIX shm: a daemon on the cpu backend */
+#define PAT_BUFFER_GPU  2u /* device memory (CUDA IPC): a daemon on the cuda backend */
+
 typedef struct pat_model {
     uint32_t n_layers, q_heads, kv_heads, head_dim;
     uint32_t dtype;      /* PAT_F16, PAT_BF16, PAT_F32 */
@@ -64,9 +81,9 @@ typedef struct pat_connect_opts {
     uint32_t max_seqs;         /* open sequences wanted; 0 = the daemon's per-connection quota */
     uint32_t timeout_ms;       /* per request and per layer wait; 0 = 30000 */
     uint32_t lease_ms;         /* 0 = the daemon's default (used when it cannot watch our pid) */
-    uint32_t reserved0;
-    const char *socket; /* control socket path; NULL = $PATD_SOCKET, else the default */
-    const char *label;  /* shown by `patctl seqs`; may be NULL */
+    uint32_t buffer;           /* PAT_BUFFER_AUTO (what the daemon's backend uses), _HOST, _GPU */
+    const char *socket;        /* control socket path; NULL = $PATD_SOCKET, else the default */
+    const char *label;         /* shown by `patctl seqs`; may be NULL */
     pat_model_t model;
     uint64_t reserved[8];
 } pat_connect_opts_t;
@@ -79,7 +96,9 @@ typedef struct pat_buffers {
     uint32_t max_seqs;
     uint32_t max_blocks; /* the daemon's block quota for this connection */
     uint32_t lease_ms;
-    uint64_t reserved[8];
+    uint32_t on_gpu; /* 1: q/k/v/o are device pointers (a GPU session) */
+    uint32_t mps;    /* GPU sessions: 1 when the daemon's GPU contexts are MPS clients */
+    uint64_t reserved[7];
 } pat_buffers_t;
 
 typedef struct pat_step_info {
@@ -143,6 +162,19 @@ PAT_API int pat_step_begin(pat_conn_t *c, const uint32_t *seqs, const uint32_t *
  * Errors: the daemon's answer to the step (-ENOSPC, -EDQUOT, -ENOENT, ...), -ETIMEDOUT,
  * -ECANCELED/-ETIMEDOUT if the daemon aborted the step, -ESHUTDOWN, -ECONNRESET. */
 PAT_API int pat_attend(pat_conn_t *c, uint32_t layer);
+/* GPU sessions: enqueues the hand-off of `layer` (Q, K, V written by earlier work on the stream)
+ * on `stream` (a cudaStream_t / CUstream of the daemon's GPU; NULL = the legacy default stream)
+ * and returns without waiting; later work on the stream sees O. Layers go 0, 1, ... in order.
+ * On a capturing stream the hand-off is recorded (no step needed). Returns 0, -EINVAL, -ESRCH
+ * (no step open), -ECONNRESET, -EIO (a CUDA error; pat_last_error says which), -ENOTSUP for a
+ * host-memory session. The daemon's answer to the step (-ENOSPC, ...) comes from pat_step_end. */
+PAT_API int pat_attend_async(pat_conn_t *c, uint32_t layer, void *stream);
+/* GPU sessions: a captured graph with every layer's hand-off was replayed on `stream` for this
+ * step. Returns 0, -EINVAL, -ESRCH. */
+PAT_API int pat_step_replayed(pat_conn_t *c, void *stream);
+/* GPU sessions: the value a captured graph's hand-offs carry; 0 for host sessions. */
+PAT_API uint64_t pat_gpu_epoch(const pat_conn_t *c);
+
 /* Ends the step: commits its KV when every layer ran, or drops it when abort != 0 (a step
  * whose layers did not all run is always dropped and reported as -ECANCELED unless abort). */
 PAT_API int pat_step_end(pat_conn_t *c, int abort, pat_step_info_t *ret_info);

@@ -9,6 +9,12 @@
  * daemon still lives (a pidfd on its pid), so a dead daemon is reported as -ECONNRESET within
  * a slice instead of after the full timeout.
  *
+ * GPU sessions (a daemon on the cuda backend): the staging rows are device memory and the
+ * hand-off is enqueued on the caller's CUDA stream (pat_gpu.c); nothing in a step waits on the
+ * CPU until pat_step_end. A watcher thread (poll on the daemon's pidfd) releases every handshake
+ * the caller's stream may wait on when the daemon dies, so the frontend's GPU work never hangs on
+ * a daemon that is gone; libpat calls report -ECONNRESET from then on.
+ *
  * Not thread-safe per connection (pat.h). Host OOM aborts, like the rest of patd.
  */
 #include "pat.h"
@@ -17,7 +23,10 @@
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
+#include <sys/eventfd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +37,7 @@
 #include "ipc_proto.h"
 #include "ipc_shm.h"
 #include "pat_base.h"
+#include "pat_gpu.h"
 
 #define RECV_SLICE_MS 50
 #define SPIN_ITERS    4000 /* ~20-40 us of polling before sleeping on the futex */
@@ -57,6 +67,14 @@ struct pat_conn {
     uint32_t tick_base, next_layer, n_tokens;
     ipc_step_begin_rep_t begin_rep;
     pat_conn_stats_t stats;
+    /* GPU sessions */
+    pat_gpu_t *gpu;           /* NULL: a cpu (shm) session */
+    uint64_t *gready, *gdone; /* host addresses of the handshake words (in shm) */
+    uint64_t epoch;           /* handshake value of the step (read at pat_step_begin) */
+    void *last_stream;        /* where the step's last hand-off went: pat_step_end pads there */
+    pthread_t watcher;
+    int watch_efd;          /* eventfd: tells the watcher to exit; -1 when none runs */
+    _Atomic int lost_async; /* the watcher saw the daemon die */
 };
 
 uint32_t pat_version(void)
@@ -109,8 +127,12 @@ const char *pat_last_error(const pat_conn_t *c)
 /* 1 if the daemon is known gone. */
 static int daemon_gone(pat_conn_t *c)
 {
-    if (c->lost)
+    if (atomic_load(&c->lost_async))
+        c->lost = 1;
+    if (c->lost) {
+        set_err(c, "patd (pid %d) went away; reconnect", (int)c->daemon_pid);
         return 1;
+    }
     if (c->daemon_pidfd >= 0) {
         struct pollfd p = {c->daemon_pidfd, POLLIN, 0};
         if (poll(&p, 1, 0) == 1)
@@ -291,6 +313,66 @@ static int collect_pending(pat_conn_t *c)
     return 0;
 }
 
+/* Releases every handshake word a stream of ours may wait on (the daemon is gone). */
+static void release_waits(pat_conn_t *c)
+{
+    uint64_t e = atomic_load(&ipc_shm_sig(&c->shm)->epoch);
+    uint64_t mine = __atomic_load_n(&c->epoch, __ATOMIC_RELAXED);
+    if ((int64_t)(mine - e) > 0)
+        e = mine;
+    for (uint32_t l = 0; l < c->model.n_layers; l++)
+        __atomic_store_n(&c->gdone[l], e, __ATOMIC_RELEASE);
+}
+
+static void *watch_main(void *arg)
+{
+    pat_conn_t *c = arg;
+    struct pollfd p[2] = {{c->watch_efd, POLLIN, 0}, {c->daemon_pidfd, POLLIN, 0}};
+    const nfds_t n = c->daemon_pidfd >= 0 ? 2 : 1;
+    int dead = 0;
+    for (;;) {
+        /* after the daemon died the words are stored again every 50 ms: a graph replayed later
+         * resets them as it goes */
+        int r = poll(p, n, dead || n == 1 ? 50 : -1);
+        if (r > 0 && (p[0].revents & POLLIN))
+            return NULL;
+        if (!dead && ((n == 2 && (p[1].revents & POLLIN)) ||
+                      (n == 1 && kill(c->daemon_pid, 0) < 0 && errno == ESRCH))) {
+            dead = 1;
+            atomic_store(&c->lost_async, 1);
+        }
+        if (dead)
+            release_waits(c);
+    }
+}
+
+static int watcher_start(pat_conn_t *c)
+{
+    c->watch_efd = eventfd(0, EFD_CLOEXEC);
+    if (c->watch_efd < 0)
+        return -errno;
+    int rc = pthread_create(&c->watcher, NULL, watch_main, c);
+    if (rc) {
+        close(c->watch_efd);
+        c->watch_efd = -1;
+        return -rc;
+    }
+    return 0;
+}
+
+static void watcher_stop(pat_conn_t *c)
+{
+    if (c->watch_efd < 0)
+        return;
+    uint64_t one = 1;
+    if (write(c->watch_efd, &one, sizeof(one)) < 0) {
+        /* an eventfd write cannot fail here; the join below would then block */
+    }
+    pthread_join(c->watcher, NULL);
+    close(c->watch_efd);
+    c->watch_efd = -1;
+}
+
 int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t why_len)
 {
     char tmp[8];
@@ -320,10 +402,18 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
         free(c);
         return rc == -ENOENT || rc == -ECONNREFUSED ? -ENOENT : rc;
     }
+    if (o->buffer > PAT_BUFFER_GPU) {
+        snprintf(why, why_len, "opts.buffer must be PAT_BUFFER_AUTO, _HOST or _GPU");
+        free(c);
+        return -EINVAL;
+    }
+    c->watch_efd = -1;
     ipc_hello_req_t r = {.pid = (uint32_t)getpid(),
                          .max_batch_tokens = o->max_batch_tokens,
                          .max_seqs = o->max_seqs,
-                         .buffer_kind = IPC_BUF_SHM,
+                         .buffer_kind = o->buffer == PAT_BUFFER_HOST  ? IPC_BUF_SHM
+                                        : o->buffer == PAT_BUFFER_GPU ? IPC_BUF_CUDA_IPC
+                                                                      : 0,
                          .lease_ms = o->lease_ms};
     r.model = (ipc_model_sig_t){o->model.n_layers, o->model.q_heads, o->model.kv_heads,
                                 o->model.head_dim, o->model.dtype,   o->model.block_size,
@@ -342,21 +432,43 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
     c->hello.shm_name[sizeof(c->hello.shm_name) - 1] = 0;
     uint32_t elt = o->model.dtype == PAT_F32 ? 4 : 2;
     const ipc_layout_t *l = &c->lay;
+    const int on_gpu = c->hello.buffer_kind == IPC_BUF_CUDA_IPC;
     if (ipc_layout_compute(c->hello.max_batch_tokens, o->model.q_heads, o->model.kv_heads,
                            o->model.head_dim, elt, &c->lay) < 0 ||
-        l->bytes != c->hello.buf_bytes || l->q_off != c->hello.q_off ||
-        l->k_off != c->hello.k_off || l->v_off != c->hello.v_off || l->o_off != c->hello.o_off) {
+        (on_gpu ? l->bytes != c->hello.dev_bytes : l->bytes != c->hello.buf_bytes) ||
+        l->q_off != c->hello.q_off || l->k_off != c->hello.k_off || l->v_off != c->hello.v_off ||
+        l->o_off != c->hello.o_off || (c->hello.buffer_kind != IPC_BUF_SHM && !on_gpu) ||
+        (on_gpu && c->hello.sig_bytes != ipc_gsig_bytes(o->model.n_layers))) {
         snprintf(why, why_len, "daemon's buffer layout does not match this library's");
         rc = -EPROTO;
         goto fail_session;
     }
-    if ((rc = ipc_shm_open(&c->shm, c->hello.shm_name, c->hello.buf_bytes)) < 0) {
+    if (on_gpu) {
+        if ((rc = ipc_shm_open_at(&c->shm, c->hello.shm_name, c->hello.sig_off,
+                                  c->hello.sig_bytes)) < 0) {
+            snprintf(why, why_len, "mapping signal words %s: %s", c->hello.shm_name, strerror(-rc));
+            goto fail_session;
+        }
+        if ((rc = pat__gpu_open(c->hello.dev_uuid, c->hello.ipc_handle, c->hello.dev_off,
+                                c->hello.dev_bytes, c->shm.base, c->hello.sig_bytes, &c->gpu, why,
+                                why_len)) < 0)
+            goto fail_session;
+        c->gready = ipc_gsig_ready(c->shm.base);
+        c->gdone = ipc_gsig_done(c->shm.base, o->model.n_layers);
+        c->epoch = atomic_load(&ipc_shm_sig(&c->shm)->epoch);
+        if ((rc = watcher_start(c)) < 0) {
+            snprintf(why, why_len, "watcher thread: %s", strerror(-rc));
+            goto fail_session;
+        }
+    } else if ((rc = ipc_shm_open(&c->shm, c->hello.shm_name, c->hello.buf_bytes)) < 0) {
         snprintf(why, why_len, "mapping staging buffer %s: %s", c->hello.shm_name, strerror(-rc));
         goto fail_session;
     }
     *ret = c;
     return 0;
 fail_session:
+    pat__gpu_close(c->gpu);
+    ipc_shm_close(&c->shm);
     call(c, IPC_OP_BYE, NULL, 0, NULL, 0, NULL, 0);
 fail:
     if (c->daemon_pidfd >= 0)
@@ -376,6 +488,8 @@ void pat_close(pat_conn_t *c)
         c->timeout_ms = PAT_MIN(t, 5000u);
         call(c, IPC_OP_BYE, NULL, 0, NULL, 0, NULL, 0);
     }
+    watcher_stop(c);
+    pat__gpu_close(c->gpu);
     ipc_shm_close(&c->shm);
     if (c->daemon_pidfd >= 0)
         close(c->daemon_pidfd);
@@ -389,7 +503,9 @@ int pat_buffers(const pat_conn_t *c, pat_buffers_t *ret)
     if (!c || !ret)
         return -EINVAL;
     memset(ret, 0, sizeof(*ret));
-    uint8_t *b = c->shm.base;
+    uint8_t *b = c->gpu ? pat__gpu_staging(c->gpu) : (uint8_t *)c->shm.base;
+    ret->on_gpu = c->gpu != NULL;
+    ret->mps = c->hello.mps;
     ret->q = b + c->lay.q_off;
     ret->k = b + c->lay.k_off;
     ret->v = b + c->lay.v_off;
@@ -498,13 +614,95 @@ int pat_step_begin(pat_conn_t *c, const uint32_t *seqs, const uint32_t *n_new, u
     c->pend_corr = c->corr;
     c->step_state = ST_SENT;
     c->n_tokens = (uint32_t)total;
+    if (c->gpu) { /* the hand-offs do not wait for the answer: it is collected at the end */
+        c->next_layer = 0;
+        c->last_stream = NULL;
+        c->epoch = atomic_load(&ipc_shm_sig(&c->shm)->epoch);
+    }
     return 0;
+}
+
+int pat_attend_async(pat_conn_t *c, uint32_t layer, void *stream)
+{
+    if (!c)
+        return -EINVAL;
+    if (!c->gpu) {
+        set_err(c, "a host-memory (cpu backend) session: use pat_attend");
+        return -ENOTSUP;
+    }
+    if (daemon_gone(c))
+        return -ECONNRESET;
+    if (layer >= c->model.n_layers) {
+        set_err(c, "layer %u of %u", layer, c->model.n_layers);
+        return -EINVAL;
+    }
+    int cap = pat__gpu_capturing(c->gpu, stream);
+    if (cap < 0) {
+        set_err(c, "%s", pat__gpu_error(c->gpu));
+        return cap;
+    }
+    uint64_t e = c->epoch;
+    if (cap) {
+        /* recorded into a graph, not run: no step needed; a replay hands over with these
+         * values for as long as the epoch lasts (pat_gpu_epoch) */
+        e = atomic_load(&ipc_shm_sig(&c->shm)->epoch);
+    } else {
+        if (c->step_state == ST_IDLE) {
+            set_err(c, "no step open");
+            return -ESRCH;
+        }
+        if (layer != c->next_layer) {
+            set_err(c, "layer %u out of order (next is %u of %u)", layer, c->next_layer,
+                    c->model.n_layers);
+            return -EINVAL;
+        }
+    }
+    int rc = pat__gpu_handoff(c->gpu, stream, &c->gready[layer], &c->gdone[layer], e);
+    if (rc < 0) {
+        set_err(c, "%s", pat__gpu_error(c->gpu));
+        return rc;
+    }
+    if (!cap) {
+        c->next_layer++;
+        c->last_stream = stream;
+    }
+    return 0;
+}
+
+int pat_step_replayed(pat_conn_t *c, void *stream)
+{
+    if (!c || !c->gpu)
+        return -EINVAL;
+    if (c->step_state == ST_IDLE) {
+        set_err(c, "no step open");
+        return -ESRCH;
+    }
+    if (c->next_layer != 0) {
+        set_err(c, "layers were already handed over in this step");
+        return -EINVAL;
+    }
+    c->next_layer = c->model.n_layers;
+    c->last_stream = stream;
+    return 0;
+}
+
+uint64_t pat_gpu_epoch(const pat_conn_t *c)
+{
+    return c && c->gpu ? atomic_load(&ipc_shm_sig(&c->shm)->epoch) : 0;
 }
 
 int pat_attend(pat_conn_t *c, uint32_t layer)
 {
     if (!c)
         return -EINVAL;
+    if (c->gpu) { /* on the legacy default stream, and wait for it */
+        int rc = pat_attend_async(c, layer, NULL);
+        if (rc == 0 && (rc = pat__gpu_sync(c->gpu, NULL)) < 0)
+            set_err(c, "%s", pat__gpu_error(c->gpu));
+        if (rc == 0 && daemon_gone(c))
+            rc = -ECONNRESET;
+        return rc;
+    }
     if (daemon_gone(c))
         return -ECONNRESET;
     int rc = collect_pending(c);
@@ -557,25 +755,51 @@ int pat_step_end(pat_conn_t *c, int abort, pat_step_info_t *ret)
 {
     if (!c)
         return -EINVAL;
-    if (c->lost)
+    if (daemon_gone(c))
         return -ECONNRESET;
+    if (c->gpu && c->step_state != ST_IDLE) {
+        /* every layer must be handed over for the daemon's stream to go through: the rest go on
+         * the stream of the last one (their O is not used) */
+        for (uint32_t l = c->next_layer; l < c->model.n_layers; l++) {
+            int hr =
+                pat__gpu_handoff(c->gpu, c->last_stream, &c->gready[l], &c->gdone[l], c->epoch);
+            if (hr < 0) {
+                set_err(c, "%s", pat__gpu_error(c->gpu));
+                return hr;
+            }
+            c->next_layer = l + 1;
+        }
+    }
     int rc = collect_pending(c);
-    if (c->step_state == ST_FAILED) { /* the daemon never started it: nothing to end */
-        c->step_state = ST_IDLE;
-        return c->step_err;
+    int begin_err = 0;
+    if (c->step_state == ST_FAILED) {
+        if (!c->gpu || rc == -ECONNRESET || c->transport) {
+            c->step_state = ST_IDLE; /* the daemon never started it: nothing to end */
+            return c->step_err;
+        }
+        begin_err = c->step_err; /* a GPU session's refused step still ends with STEP_END */
+        rc = 0;
     }
     if (rc < 0)
         return rc;
-    if (c->step_state != ST_BEGUN) {
+    if (c->step_state != ST_BEGUN && !begin_err) {
         set_err(c, "no step open");
         return -ESRCH;
     }
-    ipc_step_end_req_t r = {.step = c->step_id, .flags = abort ? IPC_STEP_END_ABORT : 0};
+    char begin_why[sizeof(c->err)];
+    memcpy(begin_why, c->err, sizeof(begin_why));
+    /* step 0: the step in flight (a refused step's id never reached us) */
+    ipc_step_end_req_t r = {.step = begin_err ? 0 : c->step_id,
+                            .flags = abort ? IPC_STEP_END_ABORT : 0};
     ipc_step_end_rep_t rep;
     rc = call(c, IPC_OP_STEP_END, &r, sizeof(r), NULL, 0, &rep, sizeof(rep));
     if (rc < 0 && c->transport)
         return rc; /* no answer: the step stays open; the caller may retry or reconnect */
     c->step_state = ST_IDLE;
+    if (begin_err) {
+        memcpy(c->err, begin_why, sizeof(begin_why));
+        return begin_err;
+    }
     if (rc < 0)
         return rc;
     if (rep.committed) {

@@ -64,6 +64,13 @@ static const opt_t opts[] = {
      "Prometheus metrics on http://127.0.0.1:<port>/metrics (0: off)"},
     {"daemon", "drain_timeout_ms", T_U32, F(drain_timeout_ms), 0, 600000, "10000", 1,
      "on SIGTERM/drain: how long in-flight steps may take before sessions are cut"},
+    {"gpu", "device", T_U32, F(device), 0, 1023, "0", 0,
+     "cuda backend: CUDA device ordinal (as CUDA_VISIBLE_DEVICES numbers them)"},
+    {"gpu", "staging_mb", T_U32, F(staging_mb), 1, 1u << 20, "1024", 0,
+     "cuda backend: device memory for every session's Q/K/V/O staging rows together (MiB)"},
+    {"gpu", "enqueue_depth", T_U32, F(enqueue_depth), 1, 64, "4", 0,
+     "cuda backend: layers an executor enqueues ahead of the GPU (bounds what a stalled client "
+     "can leave queued)"},
     {"model", "layers", T_U32, F(layers), 1, 1024, "4", 0, "transformer layers"},
     {"model", "q_heads", T_U32, F(q_heads), 1, 1024, "8", 0, "query heads"},
     {"model", "kv_heads", T_U32, F(kv_heads), 1, 1024, "2", 0,

@@ -21,6 +21,10 @@ typedef struct patd_config {
     uint32_t log_level; /* syslog priority: 3 err .. 7 debug */
     uint32_t metrics_port;
     uint32_t drain_timeout_ms;
+    /* [gpu] (cuda backend) */
+    uint32_t device;        /* CUDA device ordinal */
+    uint32_t staging_mb;    /* device staging arena, all sessions together */
+    uint32_t enqueue_depth; /* layers an executor enqueues ahead of its GPU progress */
     /* [model] */
     uint32_t layers, q_heads, kv_heads, head_dim, dtype, block_size;
     uint64_t model_id;

@@ -82,9 +82,18 @@ int patd_conn_hello(patd_t *d, const ipc_hdr_t *h, const ipc_hello_req_t *r, ipc
             (unsigned)m->dtype, m->block_size, (unsigned long long)cfg->model_id);
         return -EMEDIUMTYPE;
     }
-    if (r->buffer_kind == IPC_BUF_CUDA_IPC) {
+    if (r->buffer_kind == IPC_BUF_CUDA_IPC && !d->gpu) {
         WHY("buffer kind cuda-ipc needs the cuda backend; this daemon runs %s",
             kern_backend_name(d->be));
+        return -EINVAL;
+    }
+    if (r->buffer_kind == IPC_BUF_SHM && d->gpu) {
+        WHY("buffer kind shm needs the cpu backend; this daemon serves GPU sessions (cuda-ipc): "
+            "connect from a process with CUDA");
+        return -EINVAL;
+    }
+    if (r->buffer_kind > IPC_BUF_CUDA_IPC) {
+        WHY("unknown buffer kind %u", r->buffer_kind);
         return -EINVAL;
     }
     uint32_t max_seqs = r->max_seqs ? r->max_seqs : cfg->conn_max_seqs;
@@ -146,20 +155,35 @@ int patd_conn_hello(patd_t *d, const ipc_hdr_t *h, const ipc_hello_req_t *r, ipc
                          .head_dim = m->head_dim,
                          .kv_elt_bytes = kern_dtype_size(m->dtype),
                          .split_min_kv = 256,
-                         .max_partials = 8 * cfg->conn_max_batch_tokens};
+                         .max_partials = PATD_MAX_PARTIALS(cfg),
+                         .tiles = &d->tiles};
     if ((rc = sched_create(&sc, &c->sched)) < 0) {
         WHY("scheduler: %s", strerror(-rc));
         goto fail;
     }
     char name[IPC_NAME_LEN];
-    snprintf(name, sizeof(name), "/patd.%.40s.%016llx", cfg->name, (unsigned long long)c->session);
-    if ((rc = ipc_shm_create(&c->shm, name, lay.bytes, cfg->socket_mode, m->n_layers)) < 0) {
-        WHY("staging buffer %s (%llu bytes): %s", name, (unsigned long long)lay.bytes,
-            strerror(-rc));
-        rc = -ENOMEM;
-        goto fail;
+    if (d->gpu) {
+        snprintf(name, sizeof(name), "%s", d->garena.name);
+        if ((rc = patd_gpu_conn_open(d, c, lay.bytes)) < 0) {
+            if (rc == -ENOMEM)
+                WHY("staging rows of %u tokens (%llu bytes) do not fit what is left of the "
+                    "staging arena (gpu.staging_mb %u)",
+                    r->max_batch_tokens, (unsigned long long)lay.bytes, cfg->staging_mb);
+            else
+                WHY("no free signal slice (limits.max_conns %u)", cfg->max_conns);
+            goto fail;
+        }
+    } else {
+        snprintf(name, sizeof(name), "/patd.%.40s.%016llx", cfg->name,
+                 (unsigned long long)c->session);
+        if ((rc = ipc_shm_create(&c->shm, name, lay.bytes, cfg->socket_mode, m->n_layers)) < 0) {
+            WHY("staging buffer %s (%llu bytes): %s", name, (unsigned long long)lay.bytes,
+                strerror(-rc));
+            rc = -ENOMEM;
+            goto fail;
+        }
     }
-    if (d->gid != (gid_t)-1) {
+    if (!d->gpu && d->gid != (gid_t)-1) {
         char path[300];
         snprintf(path, sizeof(path), "/dev/shm%s", name);
         if (chown(path, (uid_t)-1, d->gid) < 0)
@@ -188,9 +212,18 @@ int patd_conn_hello(patd_t *d, const ipc_hdr_t *h, const ipc_hello_req_t *r, ipc
     rep->max_seqs = max_seqs;
     rep->max_batch_tokens = r->max_batch_tokens;
     rep->max_blocks = c->max_blocks;
-    rep->buffer_kind = IPC_BUF_SHM;
+    rep->buffer_kind = d->gpu ? IPC_BUF_CUDA_IPC : IPC_BUF_SHM;
     rep->buf_bytes = lay.bytes;
-    rep->sig_off = lay.sig_off;
+    if (d->gpu) {
+        rep->buf_bytes = d->garena.bytes;
+        memcpy(rep->ipc_handle, d->staging_handle, IPC_HANDLE_LEN);
+        rep->dev_off = c->dev_off;
+        rep->dev_bytes = lay.bytes;
+        rep->sig_bytes = d->gslice;
+        memcpy(rep->dev_uuid, d->dev_uuid, sizeof(rep->dev_uuid));
+        rep->mps = (uint32_t)d->mps;
+    }
+    rep->sig_off = d->gpu ? c->gslot * d->gslice : lay.sig_off;
     rep->q_off = lay.q_off;
     rep->k_off = lay.k_off;
     rep->v_off = lay.v_off;
@@ -255,6 +288,7 @@ void patd_conn_reap(patd_conn_t *c)
     pat_map_done(&c->seq_map);
     free(c->seqs);
     ipc_shm_close(&c->shm);
+    patd_gpu_conn_close(d, c);
     /* out of the table: swap with the last */
     d->conns[c->idx] = d->conns[d->n_conns - 1];
     d->conns[c->idx]->idx = c->idx;
@@ -292,7 +326,7 @@ void patd_conn_close(patd_conn_t *c, const char *reason)
     c->close_reason = reason;
     if (c->pid_poll_on)
         uv_poll_stop(&c->pid_poll);
-    ipc_sig_t *g = ipc_shm_sig(&c->shm);
+    ipc_sig_t *g = patd_conn_sig(c);
     atomic_store(&g->err, -ESHUTDOWN);
     ipc_sig_post(&g->state, IPC_STATE_CLOSED);
     ipc_sig_wake(&g->done);

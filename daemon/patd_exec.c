@@ -12,9 +12,19 @@
  * Waits are sliced (50 ms) so an abort from the loop (client died, STEP_END early, drain) or
  * the step timeout ends a step promptly; every slice also bumps the executor's heartbeat, which
  * the systemd watchdog reads. Completions go back to the loop through a list and a uv_async.
+ *
+ * GPU sessions (cuda backend) run the same phases 1 and 2, then the executor answers STEP_BEGIN
+ * at once and enqueues the step's layers on its own lane, at most gpu.enqueue_depth ahead of the
+ * lane's progress (read from host memory: no CUDA call while it waits). The handshakes are GPU-
+ * side (ipc_shm.h): this thread never sees a layer's ready word, only the lane's progress. A step
+ * that failed to start still runs its n_layers handshakes without compute, so the client's stream
+ * (or its captured graph) goes through and the words stay paired. A client that dies, or makes
+ * no progress for limits.step_timeout_ms, has its waits released from the CPU (gpu_cut).
  */
 #include <errno.h>
 #include <math.h>
+#include <sys/prctl.h>
+#include <time.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -189,7 +199,7 @@ static int step_prepare(patd_conn_t *c)
 /* Waits for the client's layer tick. 0, -ECANCELED (abort), -ETIMEDOUT (step timeout). */
 static int wait_ready(patd_t *d, patd_conn_t *c, uint32_t tick, uint32_t exec_id)
 {
-    ipc_sig_t *g = ipc_shm_sig(&c->shm);
+    ipc_sig_t *g = patd_conn_sig(c);
     uint64_t limit = (uint64_t)d->cfg.step_timeout_ms * 1000000ull;
     uint64_t t0 = pat_now_ns();
     for (;;) {
@@ -208,7 +218,7 @@ static int wait_ready(patd_t *d, patd_conn_t *c, uint32_t tick, uint32_t exec_id
 static void step_run(patd_t *d, patd_conn_t *c, uint32_t exec_id)
 {
     patd_step_t *st = &c->step;
-    ipc_sig_t *g = ipc_shm_sig(&c->shm);
+    ipc_sig_t *g = patd_conn_sig(c);
     uint8_t *base = c->shm.base;
     kern_attn_params_t ap = {.scale = d->cfg.scale > 0 ? d->cfg.scale
                                                        : 1.0f / sqrtf((float)d->model.head_dim),
@@ -260,12 +270,171 @@ static void step_run(patd_t *d, patd_conn_t *c, uint32_t exec_id)
     }
 }
 
+/* ------------------------------------------------------------------ GPU sessions */
+
+static void pause_us(uint32_t us)
+{
+    struct timespec ts = {0, (long)us * 1000};
+    nanosleep(&ts, NULL);
+}
+
+/* Waits until the lane has finished `target` layers. 0, -ECANCELED (abort from the loop),
+ * -ETIMEDOUT (no progress for step_timeout_ms: the client stalled). Polls host memory: 10 us
+ * naps while progress is recent, 100 us after a millisecond without it. */
+static int lane_wait(patd_t *d, patd_conn_t *c, kern_lane_t *lane, uint64_t target,
+                     uint32_t exec_id)
+{
+    const uint64_t limit = (uint64_t)d->cfg.step_timeout_ms * 1000000ull;
+    uint64_t seen = kern_lane_progress(lane), t_moved = pat_now_ns();
+    for (uint32_t spins = 0;; spins++) {
+        uint64_t p = kern_lane_progress(lane);
+        if (p >= target)
+            return 0;
+        uint64_t now = pat_now_ns();
+        if (p != seen) {
+            seen = p;
+            t_moved = now;
+        }
+        if (atomic_load(&c->step.abort))
+            return -ECANCELED;
+        if (now - t_moved > limit)
+            return -ETIMEDOUT;
+        pause_us(now - t_moved < 1000000ull ? 10 : 100);
+        if ((spins & 255) == 0)
+            atomic_fetch_add_explicit(&d->m.exec_beat[exec_id], 1, memory_order_relaxed);
+    }
+}
+
+/* Releases every wait the lane holds for this session from the CPU, drains the lane, releases
+ * whatever of the step the client's stream may still wait for, and starts a new epoch: values of
+ * the cut step satisfy no later wait. The client learns it from the STEP_END reply and the
+ * signal page (state ABORTED, err, epoch). */
+static void gpu_cut(patd_t *d, patd_conn_t *c, kern_lane_t *lane, uint64_t epoch, int why,
+                    uint32_t exec_id)
+{
+    const uint32_t nl = d->model.n_layers;
+    ipc_sig_t *g = patd_conn_sig(c);
+    uint64_t *ready = ipc_gsig_ready(c->gsig), *done = ipc_gsig_done(c->gsig, nl);
+    const uint64_t target = kern_lane_enqueued(lane);
+    uint64_t t0 = pat_now_ns();
+    while (kern_lane_progress(lane) < target) {
+        for (uint32_t l = 0; l < nl; l++)
+            __atomic_store_n(&ready[l], epoch, __ATOMIC_RELEASE);
+        pause_us(50);
+        atomic_fetch_add_explicit(&d->m.exec_beat[exec_id], 1, memory_order_relaxed);
+        if (pat_now_ns() - t0 > 1000000000ull) { /* released words that do not move: the GPU */
+            char why_txt[200];
+            if (kern_fatal(d->be, why_txt, sizeof(why_txt)) < 0)
+                patd_gpu_check_fatal(d, -EIO);
+            t0 = pat_now_ns();
+            patd_warn("session %016llx: lane still draining after its waits were released",
+                      (unsigned long long)c->session);
+        }
+    }
+    for (uint32_t l = 0; l < nl; l++) {
+        __atomic_store_n(&done[l], epoch, __ATOMIC_RELEASE);
+        __atomic_store_n(&ready[l], 0, __ATOMIC_RELEASE);
+    }
+    atomic_store(&g->err, why);
+    atomic_store(&g->epoch, epoch + 1);
+    atomic_store(&g->state, IPC_STATE_ABORTED);
+}
+
+/* Gives back what phase 1 reserved when the lane refused the plan (pool_mu taken here). */
+static void step_unprepare(patd_conn_t *c)
+{
+    pthread_mutex_lock(&c->d->pool_mu);
+    sched_forest_clear(sched_forest(c->sched));
+    for (uint32_t s = 0; s < c->max_seqs; s++)
+        c->seqs[s].forest_kv = KV_NONE;
+    patd_step_unreserve(c, c->step.n_seqs);
+    pthread_mutex_unlock(&c->d->pool_mu);
+}
+
+static void step_run_gpu(patd_t *d, patd_conn_t *c, uint32_t exec_id)
+{
+    patd_step_t *st = &c->step;
+    kern_lane_t *lane = d->lanes[exec_id];
+    ipc_sig_t *g = patd_conn_sig(c);
+    const uint32_t nl = d->model.n_layers, depth = d->cfg.enqueue_depth;
+    const uint64_t epoch = atomic_load(&g->epoch);
+    int rc = st->err; /* set by the loop for a step it refused (a handshake-only step) */
+    if (rc == 0 && atomic_load(&st->abort))
+        rc = -ECANCELED;
+    if (rc == 0 && (rc = step_prepare(c)) == 0 &&
+        (rc = kern_lane_begin(lane, st->plan, st->kvslot, st->n_tokens)) < 0) {
+        patd_gpu_check_fatal(d, rc);
+        patd_err("session %016llx: the lane refused the plan: %s", (unsigned long long)c->session,
+                 strerror(-rc));
+        step_unprepare(c);
+    }
+    st->tick_base = (uint32_t)epoch;
+    st->begun = rc == 0;
+    st->err = rc;
+    st->t_begun_ns = pat_now_ns();
+    atomic_store(&g->err, 0);
+    atomic_store(&g->state, IPC_STATE_OPEN);
+    post_done(d, c, 0); /* the loop answers STEP_BEGIN now (unless it already did) */
+
+    kern_lane_layer_t ly = {
+        .compute = st->begun,
+        .q = c->dev_base + c->lay.q_off,
+        .k = c->dev_base + c->lay.k_off,
+        .v = c->dev_base + c->lay.v_off,
+        .o = c->dev_base + c->lay.o_off,
+        .params = {.scale =
+                       d->cfg.scale > 0 ? d->cfg.scale : 1.0f / sqrtf((float)d->model.head_dim),
+                   .softcap = d->cfg.softcap},
+        .wait_value = epoch,
+        .post_value = epoch,
+    };
+    uint64_t *ready_dev = ipc_gsig_ready(c->gsig_dev), *done_dev = ipc_gsig_done(c->gsig_dev, nl);
+    const uint64_t base = kern_lane_enqueued(lane);
+    int wr = 0;
+    for (uint32_t l = 0; l < nl && wr == 0; l++) {
+        uint64_t enq = kern_lane_enqueued(lane);
+        if (enq - kern_lane_progress(lane) >= depth)
+            wr = lane_wait(d, c, lane, enq - depth + 1, exec_id);
+        if (wr < 0)
+            break;
+        ly.layer = l;
+        ly.wait_word = ready_dev + l;
+        ly.post_word = done_dev + l;
+        if ((wr = kern_lane_layer(lane, &ly)) < 0) {
+            patd_gpu_check_fatal(d, wr);
+            patd_err("session %016llx: enqueueing layer %u failed: %s",
+                     (unsigned long long)c->session, l, strerror(-wr));
+        }
+    }
+    if (wr == 0)
+        wr = lane_wait(d, c, lane, kern_lane_enqueued(lane), exec_id);
+    const uint32_t ran = (uint32_t)(kern_lane_progress(lane) - base);
+    if (wr < 0) {
+        if (wr == -ETIMEDOUT)
+            patd_notice("session %016llx: no layer handed over for %u ms (after %u of %u); "
+                        "releasing the step's waits",
+                        (unsigned long long)c->session, d->cfg.step_timeout_ms, ran, nl);
+        gpu_cut(d, c, lane, epoch, wr, exec_id);
+        if (st->err == 0)
+            st->err = wr;
+    }
+    if (st->begun) {
+        st->layers_done = wr == 0 ? nl : ran;
+        atomic_fetch_add(&d->m.layers, st->layers_done);
+        atomic_fetch_add(&d->m.layer_ns_sum, pat_now_ns() - st->t_begun_ns);
+        atomic_fetch_add(&d->m.kv_bytes, st->kv_bytes * st->layers_done);
+        atomic_fetch_add(&d->m.qc_bytes, st->qc_bytes * st->layers_done);
+    }
+    st->t_done_ns = pat_now_ns();
+}
+
 static void *exec_main(void *arg)
 {
     exec_arg_t *a = arg;
     patd_t *d = a->d;
     uint32_t id = a->id;
     free(a);
+    prctl(PR_SET_TIMERSLACK, 1000UL); /* GPU sessions poll progress with 10 us naps */
     for (;;) {
         pthread_mutex_lock(&d->q_mu);
         while (!d->q_len && !d->stopping) {
@@ -289,7 +458,10 @@ static void *exec_main(void *arg)
             d->q_head = 0;
         pthread_mutex_unlock(&d->q_mu);
         atomic_store(&c->step.phase, STEP_RUNNING);
-        step_run(d, c, id);
+        if (c->gpu)
+            step_run_gpu(d, c, id);
+        else
+            step_run(d, c, id);
         post_done(d, c, 1);
         atomic_fetch_add_explicit(&d->m.exec_beat[id], 1, memory_order_relaxed);
     }

@@ -13,6 +13,10 @@
  *   q_mu     the executor queue;  done_mu  the completion list back to the loop
  * A session's step is owned by the executor from dispatch until it posts its completion; the
  * loop only sets step.abort and wakes the ready word meanwhile.
+ *
+ * With the cuda backend (patd_gpu.c) every session is a GPU session: its staging rows are a range
+ * of one exported device allocation, its signal words a slice of one host arena mapped into the
+ * device, and each executor owns a kern lane on which it enqueues a step's layers.
  */
 #ifndef PATD_INT_H
 #define PATD_INT_H
@@ -33,6 +37,10 @@
 #include "sched_plan.h"
 
 typedef struct patd patd_t;
+
+/* Partial slots of one plan (the backend's workspace per lane and the scheduler's bound): two per
+ * staging row; a plan that would need more falls back to splitting only its outliers. */
+#define PATD_MAX_PARTIALS(cfg) (2u * (cfg)->conn_max_batch_tokens)
 typedef struct patd_conn patd_conn_t;
 
 /* A request whose reply comes later (nanomsg raw REP: the routing header travels with it). */
@@ -93,8 +101,15 @@ struct patd_conn {
     pat_map_t seq_map; /* kv id -> slot */
     uint32_t n_open;
     uint32_t blocks_held; /* under pool_mu */
-    ipc_shm_t shm;
+    ipc_shm_t shm;        /* cpu backend: signal page + staging rows */
     ipc_layout_t lay;
+    /* GPU sessions: the signal slice (host and device addresses) and the staging range */
+    int gpu;
+    uint32_t gslot;    /* index of the signal slice in the arena */
+    void *gsig;        /* host address of the slice */
+    uint8_t *gsig_dev; /* its device address */
+    uint64_t dev_off;  /* offset of the staging range in the arena allocation */
+    uint8_t *dev_base; /* device address of the range: lay offsets apply */
     sched_t *sched;
     uint32_t next_tick;
     uint64_t next_step;
@@ -138,6 +153,7 @@ struct patd {
     kv_pool_t *pool;
     kern_backend_t *be;
     kern_model_t model;
+    sched_tiles_t tiles; /* the backend's tile shapes, for every session's scheduler */
     pthread_mutex_t pool_mu, be_mu;
 
     patd_conn_t **conns;
@@ -163,7 +179,33 @@ struct patd {
     uint64_t beat_seen[64];
     void *mhd;
     patd_metrics_t m;
+
+    /* cuda backend (patd_gpu.c); gpu == 0 with the cpu backend */
+    int gpu;
+    int mps; /* the device's contexts are MPS clients */
+    uint8_t dev_uuid[16];
+    ipc_shm_t garena; /* signal slices, one per possible connection */
+    uint8_t *garena_dev;
+    uint64_t gslice;     /* bytes per slice */
+    uint8_t *gslot_used; /* [cfg.max_conns] */
+    void *staging_dev;   /* the exported allocation */
+    uint64_t staging_bytes;
+    uint8_t staging_handle[IPC_HANDLE_LEN];
+    struct patd_range *ranges; /* free ranges of the allocation, sorted by offset */
+    uint32_t n_ranges, cap_ranges;
+    kern_lane_t **lanes; /* [n_lanes]: lane i belongs to executor i */
+    uint32_t n_lanes;
 };
+
+typedef struct patd_range {
+    uint64_t off, len;
+} patd_range_t;
+
+/* The session's signal page (the shm's first page, or the GPU signal slice's). */
+static inline ipc_sig_t *patd_conn_sig(patd_conn_t *c)
+{
+    return c->gpu ? (ipc_sig_t *)c->gsig : ipc_shm_sig(&c->shm);
+}
 
 /* patd_conn.c */
 int patd_conn_hello(patd_t *d, const ipc_hdr_t *h, const ipc_hello_req_t *r, ipc_hello_rep_t *rep,
@@ -185,6 +227,17 @@ patd_conn_t *patd_exec_take_done(patd_t *d);
 void patd_step_unreserve(patd_conn_t *c, uint32_t n);
 /* Drops every queued completion naming c (loop thread, before c is freed). */
 void patd_exec_forget(patd_t *d, patd_conn_t *c);
+
+/* patd_gpu.c (cuda backend) */
+/* After the backend is up: MPS check and warning, signal arena, staging arena, one lane per
+ * executor (n_exec). 0 or a negative errno (logged). A cpu backend: 0, nothing done. */
+int patd_gpu_start(patd_t *d, uint32_t n_exec);
+void patd_gpu_stop(patd_t *d);
+/* A session's signal slice and staging range: 0, -EMFILE (no slice), -ENOMEM (arena full). */
+int patd_gpu_conn_open(patd_t *d, patd_conn_t *c, uint64_t bytes);
+void patd_gpu_conn_close(patd_t *d, patd_conn_t *c);
+/* Ends the process when the backend reports a sticky CUDA error (after rc == -EIO). */
+void patd_gpu_check_fatal(patd_t *d, int rc);
 
 /* patd_metrics.c */
 int patd_metrics_start(patd_t *d);

@@ -251,23 +251,47 @@ static void step_reset(patd_conn_t *c)
     atomic_store(&st->phase, STEP_IDLE);
 }
 
+/* Refuses a STEP_BEGIN. A GPU session's stream (or captured graph) hands over every layer
+ * without waiting for this answer, so its refused step still runs as a handshake-only step on an
+ * executor (patd_exec.c) and ends with STEP_END like any other; a cpu session's step just ends. */
+static void step_refuse(patd_t *d, patd_conn_t *c, patd_req_t *rq, int code, const char *msg)
+{
+    patd_step_t *st = &c->step; /* IDLE: handle_step_begin answered -EBUSY otherwise */
+    patd_reply_error(d, rq, code, "%s", msg);
+    for (uint32_t j = 0; j < st->n_seqs; j++)
+        c->seqs[st->slot[j]].in_step = 0;
+    st->n_seqs = st->n_tokens = 0;
+    if (!c->gpu)
+        return;
+    st->err = code;
+    st->id = ++c->next_step;
+    st->t_recv_ns = pat_now_ns();
+    atomic_store(&st->phase, STEP_QUEUED);
+    patd_exec_submit(d, c);
+}
+
 static void handle_step_begin(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *body)
 {
     ipc_step_begin_req_t r;
     memcpy(&r, body, sizeof(r));
     patd_step_t *st = &c->step;
-    if (d->draining)
-        return patd_reply_error(d, rq, -ESHUTDOWN, "draining: no new steps");
+    char msg[160];
     if (atomic_load(&st->phase) != STEP_IDLE)
         return patd_reply_error(d, rq, -EBUSY, "step %llu is still in flight",
                                 (unsigned long long)st->id);
-    if (r.n_seqs > c->max_seqs)
-        return patd_reply_error(d, rq, -E2BIG, "%u sequences in a step; session holds at most %u",
-                                r.n_seqs, c->max_seqs);
-    if (r.n_tokens > c->max_batch_tokens)
-        return patd_reply_error(d, rq, -E2BIG,
-                                "%u tokens in a step exceed the session's max_batch_tokens %u",
-                                r.n_tokens, c->max_batch_tokens);
+    st->n_seqs = 0;
+    if (d->draining)
+        return step_refuse(d, c, rq, -ESHUTDOWN, "draining: no new steps");
+    if (r.n_seqs > c->max_seqs) {
+        snprintf(msg, sizeof(msg), "%u sequences in a step; session holds at most %u", r.n_seqs,
+                 c->max_seqs);
+        return step_refuse(d, c, rq, -E2BIG, msg);
+    }
+    if (r.n_tokens > c->max_batch_tokens) {
+        snprintf(msg, sizeof(msg), "%u tokens in a step exceed the session's max_batch_tokens %u",
+                 r.n_tokens, c->max_batch_tokens);
+        return step_refuse(d, c, rq, -E2BIG, msg);
+    }
     const uint8_t *p = body + sizeof(r);
     pat_grow((void **)&st->slot, &st->cap_seqs, r.n_seqs, sizeof(uint32_t));
     st->kv = pat_xrealloc(st->kv, st->cap_seqs * sizeof(uint32_t));
@@ -285,14 +309,14 @@ static void handle_step_begin(patd_t *d, patd_conn_t *c, patd_req_t *rq, const u
         else if (c->seqs[slot].in_step)
             code = -EINVAL, why = "appears twice in the step";
         if (code) {
-            for (uint32_t j = 0; j < i; j++)
-                c->seqs[st->slot[j]].in_step = 0;
-            return patd_reply_error(d, rq, code, "step sequence #%u (id %u) %s", i, s.seq, why);
+            snprintf(msg, sizeof(msg), "step sequence #%u (id %u) %s", i, s.seq, why);
+            return step_refuse(d, c, rq, code, msg);
         }
         c->seqs[slot].in_step = 1;
         st->slot[i] = (uint32_t)slot;
         st->kv[i] = s.seq;
         st->n_new[i] = s.n_new;
+        st->n_seqs = i + 1; /* step_refuse clears in_step of these */
     }
     memcpy(st->tokens, p + 8ull * r.n_seqs, (size_t)r.n_tokens * 4);
     st->n_seqs = r.n_seqs;
@@ -357,7 +381,7 @@ static void handle_step_end(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uin
     memcpy(&r, body, sizeof(r));
     patd_step_t *st = &c->step;
     int ph = atomic_load(&st->phase);
-    if (ph == STEP_IDLE || r.step != st->id)
+    if (ph == STEP_IDLE || (r.step != st->id && !(c->gpu && r.step == 0)))
         return patd_reply_error(d, rq, -ESRCH, "step %llu is not in flight",
                                 (unsigned long long)r.step);
     if (st->end_req.ctl) /* a resend of the same end: answer the newest */
@@ -367,8 +391,10 @@ static void handle_step_end(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uin
     st->end_flags = r.flags;
     if (ph == STEP_FINISHED && (st->begun || st->err))
         return step_finalize(d, c);
-    /* still with an executor: ask it to stop unless every layer already ran */
-    if (st->layers_done < d->model.n_layers) {
+    /* still with an executor: ask it to stop unless every layer already ran. A GPU session's
+     * layers are still queued on its stream when STEP_END arrives: the step finishes by itself
+     * (or by the step timeout), and this answer waits for it. */
+    if (!c->gpu && st->layers_done < d->model.n_layers) {
         atomic_store(&st->abort, 1);
         ipc_sig_wake(&ipc_shm_sig(&c->shm)->ready);
     }
@@ -386,7 +412,7 @@ void patd_step_complete(patd_conn_t *c)
         }
         return;
     }
-    if (st->begin_req.ctl && (st->begun || ph == STEP_FINISHED)) {
+    if (st->begin_req.ctl && (st->begun || (c->gpu && st->err) || ph == STEP_FINISHED)) {
         patd_req_t rq = st->begin_req;
         st->begin_req.ctl = NULL;
         if (st->begun) {
@@ -403,8 +429,10 @@ void patd_step_complete(patd_conn_t *c)
                               : st->err == -E2BIG  ? "a sequence would exceed max_seq_len"
                                                    : strerror(-st->err);
             patd_reply_error(d, &rq, st->err, "step not started: %s", why);
-            step_reset(c); /* nothing was reserved */
-            return;
+            if (!c->gpu) {
+                step_reset(c); /* nothing was reserved */
+                return;
+            } /* a GPU step runs its handshakes and ends with STEP_END */
         }
     }
     if (ph == STEP_FINISHED && st->end_req.ctl)
@@ -784,13 +812,31 @@ static int create_pool(patd_t *d)
     kern_config_t kc = {.model = d->model,
                         .n_blocks = cfg->blocks,
                         .max_tokens = cfg->conn_max_batch_tokens,
-                        .max_partials = 8 * cfg->conn_max_batch_tokens,
-                        .n_threads = cfg->threads};
-    if ((rc = kern_backend_create(backend, &kc, &d->be)) < 0) {
+                        .max_partials = PATD_MAX_PARTIALS(cfg),
+                        .n_threads = cfg->threads,
+                        .device = (int)cfg->device};
+    if (strcmp(backend, "cpu")) {
+        /* before the first CUDA call: lazy module loading can hang a first launch behind a
+         * queued stream wait (DESIGN.md §2), and more hardware queues keep a lane blocked on its
+         * client's word from stalling another lane's stream */
+        const char *ml = getenv("CUDA_MODULE_LOADING");
+        if (ml && strcmp(ml, "EAGER"))
+            patd_notice("CUDA_MODULE_LOADING=%s overridden with EAGER", ml);
+        setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+        setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+    }
+    rc = kern_backend_create(backend, &kc, &d->be);
+    if (rc == -ENODEV && !strcmp(cfg->backend, "auto")) {
+        patd_notice("backend auto: no CUDA device %u here; using the cpu backend", cfg->device);
+        backend = "cpu";
+        rc = kern_backend_create(backend, &kc, &d->be);
+    }
+    if (rc < 0) {
         patd_err("backend %s: %s (pool of %u blocks x %llu bytes)", backend, strerror(-rc),
                  cfg->blocks, (unsigned long long)kern_block_bytes(&d->model));
         return rc;
     }
+    kern_tiles(d->be, &d->tiles);
     patd_notice("backend %s: %u blocks of %u tokens (%.1f MiB KV), model %u layers %u/%u heads "
                 "d=%u%s",
                 kern_backend_name(d->be), cfg->blocks, cfg->block_size,
@@ -829,7 +875,8 @@ int main(int argc, char **argv)
     if (swept)
         patd_notice("removed %d stale staging buffers of a previous run", swept);
 
-    if ((rc = create_pool(d)) < 0 || (rc = open_sockets(d)) < 0)
+    if ((rc = create_pool(d)) < 0 || (rc = open_sockets(d)) < 0 ||
+        (rc = patd_gpu_start(d, PAT_MIN(d->cfg.executors, 64u))) < 0)
         goto out;
     if ((rc = patd_exec_start(d)) < 0) {
         patd_err("executor threads: %s", strerror(-rc));
@@ -868,6 +915,7 @@ out:
     /* sessions still open (only after a start-up failure or a forced stop) */
     for (uint32_t i = 0; i < d->n_conns; i++)
         ipc_shm_close(&d->conns[i]->shm);
+    patd_gpu_stop(d);
     if (d->rep >= 0)
         nn_close(d->rep);
     if (d->pub >= 0)

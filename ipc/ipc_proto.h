@@ -10,8 +10,14 @@
  * Who uses it: the daemon (decode requests, encode replies) and libpat (the reverse). Neither
  * trusts the other's lengths: ipc_frame_check() and the body decoders validate every field.
  *
- * Room for the GPU data path: HELLO names the buffer kind (POSIX shm now, CUDA IPC later) and its
- * reply carries a 64-byte IPC handle next to the shm name; signal words live in that buffer.
+ * Buffers: HELLO names the buffer kind. POSIX shm (cpu backend): one shm per session holds the
+ * signal page and the staging rows. CUDA IPC (cuda backend): the staging rows are a range of one
+ * device allocation (a 64-byte IPC handle naming the whole allocation, plus the range's offset),
+ * and the signal page with the per-layer 64-bit handshake words is a slice of one shm arena
+ * (ipc_shm.h, "GPU sessions").
+ *
+ * Version 2 (2026-11): the HELLO reply grew the device range, the signal slice and the GPU's
+ * UUID. Version 1 peers are refused with -EPROTONOSUPPORT.
  */
 #ifndef IPC_PROTO_H
 #define IPC_PROTO_H
@@ -25,7 +31,7 @@
 #endif
 
 #define IPC_MAGIC   0x44544150u /* "PATD" read as a little-endian u32 */
-#define IPC_VERSION 1u
+#define IPC_VERSION 2u
 
 /* Upper bounds of the protocol itself (configs may be lower): they bound what a decoder will
  * even look at before the connection's own limits apply. */
@@ -135,7 +141,10 @@ typedef struct ipc_hello_req {
 } ipc_hello_req_t;
 _Static_assert(sizeof(ipc_hello_req_t) == 120, "hello layout");
 
-/* Signal words: see ipc_shm.h. Offsets are from the start of the shared buffer. */
+/* Signal words: see ipc_shm.h. IPC_BUF_SHM: offsets are from the start of the shm named
+ * shm_name, whose size is buf_bytes. IPC_BUF_CUDA_IPC: q/k/v/o offsets are from dev_off, the
+ * start of this session's range (dev_bytes) inside the allocation ipc_handle names; the signal
+ * slice is sig_bytes at sig_off of the shm arena named shm_name. */
 typedef struct ipc_hello_rep {
     uint64_t session;
     uint32_t daemon_pid;
@@ -146,8 +155,13 @@ typedef struct ipc_hello_rep {
     uint64_t instance; /* random per daemon start: tells a restart apart */
     char shm_name[IPC_NAME_LEN];
     uint8_t ipc_handle[IPC_HANDLE_LEN]; /* IPC_BUF_CUDA_IPC only */
+    uint64_t dev_off, dev_bytes;        /* IPC_BUF_CUDA_IPC: this session's range */
+    uint64_t sig_bytes;                 /* IPC_BUF_CUDA_IPC: the signal slice */
+    uint8_t dev_uuid[16];               /* IPC_BUF_CUDA_IPC: the GPU (cudaDeviceProp.uuid) */
+    uint32_t mps;                       /* 1: the daemon's GPU contexts are MPS clients */
+    uint32_t reserved;
 } ipc_hello_rep_t;
-_Static_assert(sizeof(ipc_hello_rep_t) == 216, "hello reply layout");
+_Static_assert(sizeof(ipc_hello_rep_t) == 264, "hello reply layout");
 
 typedef struct ipc_seq_open_req {
     uint32_t n_tokens; /* followed by uint32_t tokens[n_tokens] (the prompt) */
@@ -179,7 +193,8 @@ typedef struct ipc_step_begin_req {
 
 typedef struct ipc_step_begin_rep {
     uint64_t step;      /* id for STEP_END */
-    uint32_t tick_base; /* layer L is handed over with signal value tick_base + L + 1 */
+    uint32_t tick_base; /* shm: layer L is handed over with signal value tick_base + L + 1;
+                           cuda-ipc: the session's handshake epoch (ipc_shm.h) */
     uint32_t n_tokens;  /* rows of Q/K/V/O this step, in the order of the request */
     uint64_t kv_bytes;  /* K+V bytes the plan reads per layer */
     uint64_t qc_bytes;  /* ... and what query-centric execution would read */
@@ -189,7 +204,7 @@ typedef struct ipc_step_begin_rep {
 
 #define IPC_STEP_END_ABORT 1u
 typedef struct ipc_step_end_req {
-    uint64_t step;
+    uint64_t step;  /* GPU sessions may send 0: the step in flight (a refused step's id) */
     uint32_t flags; /* IPC_STEP_END_ABORT: drop the step's KV (commit nothing) */
     uint32_t reserved;
 } ipc_step_end_req_t;

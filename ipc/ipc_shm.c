@@ -116,6 +116,59 @@ out:
     return r;
 }
 
+int ipc_shm_open_at(ipc_shm_t *s, const char *name, uint64_t offset, size_t bytes)
+{
+    memset(s, 0, sizeof(*s));
+    if (strnlen(name, sizeof(s->name)) >= sizeof(s->name) || name[0] != '/' || offset % IPC_ALIGN ||
+        bytes < IPC_ALIGN || offset > UINT64_MAX - bytes)
+        return -EINVAL;
+    int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    struct stat st;
+    int r = 0;
+    if (fstat(fd, &st) < 0) {
+        r = -errno;
+        goto out;
+    }
+    if ((uint64_t)st.st_size < offset + bytes) {
+        r = -EBADMSG;
+        goto out;
+    }
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)offset);
+    if (p == MAP_FAILED) {
+        r = -errno;
+        goto out;
+    }
+    s->base = p;
+    s->bytes = bytes;
+    snprintf(s->name, sizeof(s->name), "%s", name);
+    if (ipc_shm_sig(s)->magic != IPC_SIG_MAGIC) {
+        ipc_shm_close(s);
+        r = -EBADMSG;
+    }
+out:
+    close(fd);
+    return r;
+}
+
+uint64_t ipc_gsig_bytes(uint32_t n_layers)
+{
+    if (n_layers == 0 || n_layers > 65536)
+        return 0;
+    return IPC_ALIGN + 2 * align_up((uint64_t)n_layers * 8);
+}
+
+void ipc_gsig_init(void *slice, uint32_t n_layers, uint64_t epoch)
+{
+    memset(slice, 0, ipc_gsig_bytes(n_layers));
+    ipc_sig_t *g = slice;
+    g->magic = IPC_SIG_MAGIC;
+    g->version = IPC_VERSION;
+    g->n_layers = n_layers;
+    atomic_store(&g->epoch, epoch);
+}
+
 void ipc_shm_close(ipc_shm_t *s)
 {
     if (s->base)

@@ -16,6 +16,23 @@
  * Words are futexes (shared, not private): waiting costs nothing and either side can wake the
  * other. `state` carries what is not a layer: the step aborted, the session or daemon closing.
  * Waits are sliced so a waiter also notices its peer's death (pidfd) and its own cancel flag.
+ *
+ * GPU sessions (cuda backend, IPC_BUF_CUDA_IPC): the staging rows are device memory and the
+ * hand-off runs on the two processes' CUDA streams, never through their CPUs. The session's
+ * signal slice (ipc_gsig_bytes) is host memory that both processes map into their device:
+ *
+ *   [ ipc_sig_t page | ready[n_layers] (u64) | done[n_layers] (u64) ]   each part 4 KiB aligned
+ *
+ * Layer L of a step, with the session's epoch E (> 0, from ipc_sig_t.epoch):
+ *   client stream: (Q/K/V of L written) write ready[L] = E; wait done[L] >= E; write done[L] = 0
+ *   daemon stream: wait ready[L] >= E; write ready[L] = 0; append, attend, merge;
+ *                  write done[L] = E (ordered after every write of the layer)
+ * Each side resets the word it consumed, so the same values serve every step: a captured CUDA
+ * graph of the client's forward replays with the handshakes in it. Every STEP_BEGIN, failed or
+ * not, is answered with exactly n_layers handshakes (a failed step runs them without compute), so
+ * the words stay paired. Only when the daemon had to release a wait from its CPU (a client that
+ * stalled past the step timeout or died) can words be left unpaired: it then bumps the epoch, and
+ * old values (< E) satisfy no wait of the new epoch; a client that captured a graph re-captures.
  */
 #ifndef IPC_SHM_H
 #define IPC_SHM_H
@@ -40,6 +57,7 @@ typedef struct ipc_sig {
     _Alignas(64) _Atomic uint32_t state;       /* daemon -> client: IPC_STATE_* */
     _Atomic int32_t err;                       /* negative errno behind ABORTED/CLOSED */
     _Alignas(64) _Atomic uint64_t client_beat; /* client's last activity, CLOCK_MONOTONIC ns */
+    _Alignas(64) _Atomic uint64_t epoch;       /* GPU sessions: the handshake value (see above) */
 } ipc_sig_t;
 _Static_assert(sizeof(ipc_sig_t) <= IPC_ALIGN, "signal page");
 _Static_assert(sizeof(_Atomic uint32_t) == 4, "futex words are 32-bit");
@@ -69,6 +87,26 @@ int ipc_shm_create(ipc_shm_t *s, const char *name, size_t bytes, unsigned mode, 
 int ipc_shm_open(ipc_shm_t *s, const char *name, size_t bytes);
 /* Unmaps; unlinks the name if this side created it. Accepts a zeroed struct. */
 void ipc_shm_close(ipc_shm_t *s);
+/* Client side: maps `bytes` at `offset` (page-aligned) of an existing buffer, which must be at
+ * least offset + bytes long and carry the signal magic there (a GPU session's signal slice).
+ * Returns 0, -errno, -EINVAL, or -EBADMSG. */
+int ipc_shm_open_at(ipc_shm_t *s, const char *name, uint64_t offset, size_t bytes);
+
+/* Bytes of a GPU session's signal slice for n_layers (a multiple of IPC_ALIGN), 0 if too many. */
+uint64_t ipc_gsig_bytes(uint32_t n_layers);
+/* Initialises a slice (zeroes, magic, version, n_layers, the first epoch). Epochs grow across
+ * the sessions that reuse a slice, so a stale writer's values satisfy no later wait. */
+void ipc_gsig_init(void *slice, uint32_t n_layers, uint64_t epoch);
+static inline uint64_t *ipc_gsig_ready(void *slice)
+{
+    return (uint64_t *)((uint8_t *)slice + IPC_ALIGN);
+}
+static inline uint64_t *ipc_gsig_done(void *slice, uint32_t n_layers)
+{
+    return (uint64_t *)((uint8_t *)slice + IPC_ALIGN +
+                        ((uint64_t)n_layers * 8 + IPC_ALIGN - 1) / IPC_ALIGN * IPC_ALIGN);
+}
+
 /* Unlinks every /dev/shm entry whose name starts with prefix (stale buffers of a crashed
  * daemon). Returns how many. */
 int ipc_shm_sweep(const char *prefix);

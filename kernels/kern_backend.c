@@ -200,8 +200,7 @@ void kern_lane_free(kern_lane_t *l)
         l->b->ops->lane_free(l);
 }
 
-int kern_lane_begin(kern_lane_t *l, const sched_plan_hdr_t *plan, const uint32_t *slots,
-                    uint32_t n)
+int kern_lane_begin(kern_lane_t *l, const sched_plan_hdr_t *plan, const uint32_t *slots, uint32_t n)
 {
     if (!plan || (n && !slots))
         return -EINVAL;

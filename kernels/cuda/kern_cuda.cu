@@ -548,9 +548,9 @@ int cuda_lane_layer(kern_lane_t *l, const kern_lane_layer_t *ly)
     }
     if (ly->compute) {
         int r = append_on(L, ly->layer, ly->k, ly->v, L->n_slots);
-        if (r < 0 || (r = attend_on(L, ly->layer, reinterpret_cast<const sched_plan_hdr_t *>(
-                                                        L->last),
-                                    ly->q, ly->o, &ly->params)) < 0)
+        if (r < 0 ||
+            (r = attend_on(L, ly->layer, reinterpret_cast<const sched_plan_hdr_t *>(L->last), ly->q,
+                           ly->o, &ly->params)) < 0)
             return r;
     }
     if (ly->post_word)
@@ -713,8 +713,8 @@ int load_memops(Cuda *c)
 {
     int ok = 0;
     /* the runtime has no name for CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS */
-    CK(cudaDeviceGetAttribute(&ok, (cudaDeviceAttr)CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS,
-                              c->device),
+    CK(cudaDeviceGetAttribute(
+           &ok, (cudaDeviceAttr)CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, c->device),
        "stream memory operations attribute");
     if (!ok)
         return 0;
@@ -888,8 +888,8 @@ extern "C" int kern_cuda_variants(uint32_t head_dim, kern_cuda_variant_info_t *o
 }
 
 extern "C" const kern_ops_t kern__cuda_ops = {
-    "cuda",           cuda_create,      cuda_destroy,    cuda_append_kv,  cuda_copy_blocks,
-    cuda_attend,      cuda_sync,        cuda_tiles,      cuda_lane_create, cuda_lane_free,
-    cuda_lane_begin,  cuda_lane_layer,  cuda_host_map,   cuda_host_unmap, cuda_ipc_alloc,
-    cuda_ipc_free,    cuda_device_info, cuda_fatal,
+    "cuda",          cuda_create,      cuda_destroy,  cuda_append_kv,   cuda_copy_blocks,
+    cuda_attend,     cuda_sync,        cuda_tiles,    cuda_lane_create, cuda_lane_free,
+    cuda_lane_begin, cuda_lane_layer,  cuda_host_map, cuda_host_unmap,  cuda_ipc_alloc,
+    cuda_ipc_free,   cuda_device_info, cuda_fatal,
 };

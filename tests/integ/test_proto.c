@@ -151,7 +151,7 @@ static void m_replyflag(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
 static void m_version(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
 {
     frame_make(f, IPC_OP_PING, s, NULL, 0);
-    HDR(f)->version = 2;
+    HDR(f)->version = IPC_VERSION + 1;
 }
 static void m_opcode(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
 {
@@ -352,7 +352,7 @@ static const struct {
     {"reserved header field set", m_reserved, -EBADMSG},
     {"unknown flag bits", m_flags, -EBADMSG},
     {"reply flag on a request", m_replyflag, -EBADMSG},
-    {"protocol version 2", m_version, -EPROTONOSUPPORT},
+    {"protocol version + 1", m_version, -EPROTONOSUPPORT},
     {"unknown opcode 99", m_opcode, -EOPNOTSUPP},
     {"body_len disagrees with the frame", m_bodylen, -EMSGSIZE},
     {"SEQ_OPEN announces more tokens than carried", m_open_trunc, -EMSGSIZE},

@@ -1,0 +1,36 @@
+/*
+ * pat_gpu.h — libpat's side of a GPU session (pat_gpu.c): the CUDA driver reached through
+ * dlopen("libcuda.so.1"), so libpat loads and serves cpu sessions on machines without CUDA.
+ * Internal to libpat (prefix pat__gpu).
+ */
+#ifndef PAT_GPU_H
+#define PAT_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct pat_gpu pat_gpu_t;
+
+/* Opens the daemon's GPU (by UUID) in its primary context, maps the staging range (IPC handle +
+ * offset) and the signal slice (host memory, mapped into the device). Returns 0 and *ret, or
+ * -ENOSYS (no libcuda), -ENODEV (no device with that UUID), -ENOTSUP (no 64-bit stream memory
+ * operations), -EIO (a CUDA call failed; why says which). */
+int pat__gpu_open(const uint8_t uuid[16], const uint8_t handle[64], uint64_t dev_off,
+                  uint64_t dev_bytes, void *sig_host, uint64_t sig_bytes, pat_gpu_t **ret,
+                  char *why, size_t why_len);
+void pat__gpu_close(pat_gpu_t *g); /* NULL ok */
+
+/* Device address of the session's staging range. */
+uint8_t *pat__gpu_staging(const pat_gpu_t *g);
+
+/* Enqueues on `stream` (CUstream; NULL = the legacy default stream): write *ready = v; wait
+ * *done >= v; write *done = 0 (ready/done are host addresses in the signal slice). 0 or -EIO. */
+int pat__gpu_handoff(pat_gpu_t *g, void *stream, uint64_t *ready, uint64_t *done, uint64_t v);
+/* 1 when the stream is being captured into a graph, 0 when not, -EIO. */
+int pat__gpu_capturing(pat_gpu_t *g, void *stream);
+/* Waits for the stream. 0 or -EIO. */
+int pat__gpu_sync(pat_gpu_t *g, void *stream);
+/* The driver's text for the last failed call. */
+const char *pat__gpu_error(const pat_gpu_t *g);
+
+#endif
