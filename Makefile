@@ -95,7 +95,7 @@ CLIENT_DEMO := $(B)/bin/patd-client-demo
 CORE_SRCS := $(KV_SRCS) $(SCHED_SRCS) $(KERN_SRCS)
 CORE_OBJS := $(CORE_SRCS:%.c=$(B)/%.o)
 GPU_TESTS := test_cuda_merge test_cuda_attn
-GPU_TOOLS := $(B)/bin/patd-tile-solver $(B)/bench/bench_attn
+GPU_TOOLS := $(B)/bin/patd-tile-solver $(B)/bench/bench_attn $(B)/bench/bench_handoff
 GPU_BINS  := $(GPU_TESTS:%=$(B)/tests/gpu/%)
 ifeq ($(HAVE_CUDA),1)
 CUDA_OBJS := $(CUDA_SRCS:%.cu=$(B)/%.o) $(CUDA_CSRCS:%.c=$(B)/%.o)
@@ -122,7 +122,8 @@ ALL_OBJS := $(CORE_OBJS) $(IPC_OBJS) $(DAEMON_OBJS) $(LIBPAT_OBJS) $(B)/client/p
             $(B)/tests/integ/tc_client.o $(B)/tests/bench/bench_daemon.o $(TESTLIB_OBJS) $(UNIT_TESTS:%=$(B)/tests/unit/%.o) \
             $(B)/tests/bench/bench_sched.o $(B)/tests/demo/pat_demo.o $(CUDA_OBJS) \
             $(GPU_TESTS:%=$(B)/tests/gpu/%.o) $(B)/kernels/cuda/tile_solver.o \
-            $(B)/tests/bench/bench_attn.o $(B)/cudacore/kern_backend.o
+            $(B)/tests/bench/bench_attn.o $(B)/cudacore/kern_backend.o \
+            $(B)/tests/bench/bench_handoff.o
 
 # ---------------------------------------------------------------- flags stamp
 # Any change of compiler or flags rewrites the stamp, and every object depends on it.
@@ -265,6 +266,11 @@ $(B)/bench/bench_attn: $(B)/tests/bench/bench_attn.o $(B)/libpatcuda.a $(CUDA_CO
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVLD    $@")
 	$(Q)$(NVCC) $(NVCC_GENCODE) $^ -o $@ -lcublas -lxxhash -lm
+
+$(B)/bench/bench_handoff: $(B)/tests/bench/bench_handoff.o $(LIBPAT_A)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  NVLD    $@")
+	$(Q)$(NVCC) $(NVCC_GENCODE) $^ -o $@ $(NN_LIBS) -lrt
 
 $(DEMO_BIN): $(B)/tests/demo/pat_demo.o $(B)/libpattest.a $(B)/libpatcore.a
 	@mkdir -p $(@D)

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # GPU test and benchmark driver, run on the GPU machine from the repository root:
-#   tests/gpu/run.sh [--no-bench | --quick-bench]
+#   tests/gpu/run.sh [--no-bench | --quick-bench | --frontend]
 # builds the CUDA parts, runs every GPU test, compute-sanitizer memcheck and racecheck on a
 # reduced set, the tile solver, and the attention benchmark (bench_attn + PyTorch SDPA;
-# --quick-bench: a few trees, --no-bench: none).
+# --quick-bench: a few trees, --no-bench: none); then, under MPS, the cross-process tests (a real
+# patd on the cuda backend and PyTorch frontends: tests/gpu/test_frontend.py) and, unless
+# --no-bench, the hand-off and frontend benchmarks. --frontend: only the cross-process part.
 # Results (logs, JSON, tables) go to $OUT when it is set (the device tool), else
 # build/gpu-results. Ends with "N passed, N failed" over the GPU programs and sanitizer runs.
 set -uo pipefail
@@ -16,6 +18,7 @@ bench=1 # --no-bench: tests only; --quick-bench: 4 trees x 1 head config
 case "${1:-}" in
 --no-bench) bench=0 ;;
 --quick-bench) bench=2 ;;
+--frontend) bench=3 ;;
 esac
 
 # C dependencies the GPU host lacks, brought as .deb files (../shared/gpu/README.md)
@@ -23,8 +26,12 @@ if [ -d .devdeps ] && ! [ -e /usr/include/xxhash.h ]; then
     P=/opt/patd-deps
     mkdir -p $P
     for f in .devdeps/*.deb; do dpkg -x "$f" $P; done
-    export CPATH=$P/usr/include LIBRARY_PATH=$P/usr/lib/x86_64-linux-gnu \
-        LD_LIBRARY_PATH=$P/usr/lib/x86_64-linux-gnu
+    L=$P/usr/lib/x86_64-linux-gnu
+    for l in $L/*.so; do # -dev links to runtimes the host already has (libsystemd.so.0)
+        [ -e "$l" ] || ln -sf "/usr/lib/x86_64-linux-gnu/$(basename "$(readlink "$l")")" "$l"
+    done
+    export CPATH=$P/usr/include LIBRARY_PATH=$L LD_LIBRARY_PATH=$L \
+        PKG_CONFIG_SYSROOT_DIR=$P PKG_CONFIG_PATH=$L/pkgconfig:$P/usr/share/pkgconfig
 fi
 
 {
@@ -35,7 +42,8 @@ fi
 } | tee "$out/gpu.log"
 B=build/gpu
 if ! make -j"$(nproc)" B=$B CUDA=1 CUDA_ARCHS=90 $B/tests/gpu/test_cuda_merge \
-    $B/tests/gpu/test_cuda_attn $B/bin/patd-tile-solver $B/bench/bench_attn >>"$out/gpu.log" 2>&1; then
+    $B/tests/gpu/test_cuda_attn $B/bin/patd-tile-solver $B/bench/bench_attn $B/bin/patd \
+    $B/lib/libpat.so.1.0.0 $B/bench/bench_handoff >>"$out/gpu.log" 2>&1; then
     tail -30 "$out/gpu.log"
     echo "0 passed, 1 failed"
     exit 1
@@ -55,6 +63,7 @@ run() { # name, command...
         echo "== $name: FAILED" | tee -a "$out/gpu.log"
     fi
 }
+if [ $bench != 3 ]; then
 run test_cuda_merge $B/tests/gpu/test_cuda_merge
 run test_cuda_attn $B/tests/gpu/test_cuda_attn
 if command -v compute-sanitizer >/dev/null; then
@@ -73,5 +82,25 @@ if [ $bench != 0 ]; then
     run bench_attn $B/bench/bench_attn $([ $bench = 2 ] && echo --quick) --json "$out/bench_attn.jsonl"
     run bench_sdpa python3 tests/bench/bench_sdpa.py "$out/bench_attn.jsonl" --out "$out/bench_table.md"
 fi
+fi
+
+# ---- cross-process: patd on the cuda backend + frontends in other processes, under MPS
+export CUDA_MPS_PIPE_DIRECTORY=/tmp/patd-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/patd-mps-log
+mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+export PATD_LIBPAT=$PWD/$B/lib/libpat.so.1
+mps_stop() { echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; sleep 1; }
+if [ $bench != 0 ]; then # the floor and patd's round trip without MPS first (time-sliced)
+    run handoff_nomps $B/bench/bench_handoff --patd $B/bin/patd --label no-MPS \
+        --json "$out/handoff.jsonl"
+fi
+nvidia-cuda-mps-control -d && sleep 1
+run test_frontend python3 tests/gpu/test_frontend.py --patd $B/bin/patd
+if [ $bench != 0 ]; then
+    run handoff_mps $B/bench/bench_handoff --patd $B/bin/patd --label MPS \
+        --json "$out/handoff.jsonl"
+    run bench_frontend python3 tests/bench/bench_frontend.py --patd $B/bin/patd \
+        --json "$out/frontend.jsonl"
+fi
+mps_stop
 echo "$passed passed, $failed failed" | tee -a "$out/gpu.log"
 [ "$failed" -eq 0 ]

@@ -13,8 +13,23 @@
 
 Every libpat error is raised as patd.PatError with .errno (a positive errno value), the
 library's name for it and the daemon's detail. The staging buffers are numpy arrays over the
-shared memory itself: writing them is handing Q/K/V to the daemon (no copies). torch tensors
-come with the GPU data path.
+shared memory itself: writing them is handing Q/K/V to the daemon (no copies).
+
+GPU sessions (a daemon on the cuda backend): conn.q/k/v/o are torch tensors over the daemon's
+device memory (CUDA IPC, no copies), and attend(layer, stream) enqueues the hand-off on a torch
+stream and returns at once:
+
+    conn = patd.Conn(model=..., max_batch_tokens=4096)      # conn.on_gpu is True
+    conn.step_begin(seqs, n_new, tokens)
+    for layer in range(n_layers):
+        torch.matmul(x, wq, out=conn.q[:n].view(n, -1))       # ... k, v likewise
+        conn.attend(layer)                                    # current torch stream
+        x = conn.o[:n].view(n, -1) @ wo
+    info = conn.step_end()                                    # waits for the daemon
+
+The hand-offs can be captured in a torch.cuda.CUDAGraph (outside a step); per replay:
+step_begin(), graph.replay(), replayed(), step_end(). A graph holds conn.epoch: re-capture
+when it changes (the daemon had to cut a stalled step).
 """
 
 import ctypes
@@ -61,7 +76,7 @@ class _Model(ctypes.Structure):
 
 class _ConnectOpts(ctypes.Structure):
     _fields_ = [("size", _u32), ("max_batch_tokens", _u32), ("max_seqs", _u32),
-                ("timeout_ms", _u32), ("lease_ms", _u32), ("reserved0", _u32),
+                ("timeout_ms", _u32), ("lease_ms", _u32), ("buffer", _u32),
                 ("socket", ctypes.c_char_p), ("label", ctypes.c_char_p), ("model", _Model),
                 ("reserved", _u64 * 8)]
 
@@ -69,7 +84,8 @@ class _ConnectOpts(ctypes.Structure):
 class _Buffers(ctypes.Structure):
     _fields_ = [("q", _p), ("k", _p), ("v", _p), ("o", _p), ("q_row_bytes", _u64),
                 ("kv_row_bytes", _u64), ("max_batch_tokens", _u32), ("max_seqs", _u32),
-                ("max_blocks", _u32), ("lease_ms", _u32), ("reserved", _u64 * 8)]
+                ("max_blocks", _u32), ("lease_ms", _u32), ("on_gpu", _u32), ("mps", _u32),
+                ("reserved", _u64 * 7)]
 
 
 class _StepInfo(ctypes.Structure):
@@ -106,6 +122,9 @@ _seq_truncate = _sig("pat_seq_truncate", ctypes.c_int, _p, _u32, _u32)
 _seq_close = _sig("pat_seq_close", ctypes.c_int, _p, _u32)
 _step_begin = _sig("pat_step_begin", ctypes.c_int, _p, _P32, _P32, _u32, _P32)
 _attend = _sig("pat_attend", ctypes.c_int, _p, _u32)
+_attend_async = _sig("pat_attend_async", ctypes.c_int, _p, _u32, _p)
+_step_replayed = _sig("pat_step_replayed", ctypes.c_int, _p, _p)
+_gpu_epoch = _sig("pat_gpu_epoch", _u64, _p)
 _step_end = _sig("pat_step_end", ctypes.c_int, _p, ctypes.c_int, ctypes.POINTER(_StepInfo))
 _stats = _sig("pat_stats", ctypes.c_int, _p, ctypes.POINTER(_ConnStats))
 _admin = _sig("pat_admin", ctypes.c_int, ctypes.c_char_p, ctypes.c_int, _u32,
@@ -159,9 +178,12 @@ def _arr(values):
 class Conn:
     """One session with patd. Not for concurrent use by several threads."""
 
+    _BUFFERS = {"auto": 0, "host": 1, "gpu": 2}
+
     def __init__(self, model, max_batch_tokens, socket=None, max_seqs=0, timeout_ms=0,
-                 label="python"):
+                 label="python", buffer="auto"):
         self.model = model
+        self._h = None
         o = _ConnectOpts()
         o.size = ctypes.sizeof(_ConnectOpts)
         o.max_batch_tokens = max_batch_tokens
@@ -170,6 +192,7 @@ class Conn:
         o.socket = socket.encode() if socket else None
         o.label = label.encode() if label else None
         o.model = model._c()
+        o.buffer = self._BUFFERS[buffer]
         h = _p()
         why = ctypes.create_string_buffer(256)
         rc = _connect(ctypes.byref(o), ctypes.byref(h), why, len(why))
@@ -180,19 +203,43 @@ class Conn:
         _buffers(h, ctypes.byref(b))
         self.max_batch_tokens, self.max_seqs, self.max_blocks = (b.max_batch_tokens, b.max_seqs,
                                                                  b.max_blocks)
-        dt = model.np_dtype
+        self.on_gpu, self.mps = bool(b.on_gpu), bool(b.mps)
         qshape = (b.max_batch_tokens, model.q_heads, model.head_dim)
         kvshape = (b.max_batch_tokens, model.kv_heads, model.head_dim)
-        self.q = self._view(b.q, dt, qshape)
-        self.k = self._view(b.k, dt, kvshape)
-        self.v = self._view(b.v, dt, kvshape)
-        self.o = self._view(b.o, dt, qshape)
+        view = self._tensor if self.on_gpu else self._view
+        dt = model.dtype if self.on_gpu else model.np_dtype
+        self.q = view(b.q, dt, qshape)
+        self.k = view(b.k, dt, kvshape)
+        self.v = view(b.v, dt, kvshape)
+        self.o = view(b.o, dt, qshape)
 
     @staticmethod
     def _view(ptr, dt, shape):
         n = int(np.prod(shape))
         raw = (ctypes.c_char * (n * np.dtype(dt).itemsize)).from_address(ptr)
         return np.frombuffer(raw, dtype=dt, count=n).reshape(shape)
+
+    @staticmethod
+    def _tensor(ptr, dtype, shape):
+        """A torch tensor over device memory at ptr (no copy): __cuda_array_interface__ in,
+        reinterpreted as bf16 where needed (the interface has no bf16 type string)."""
+        import torch
+
+        class _Dev:
+            pass
+
+        d = _Dev()
+        d.__cuda_array_interface__ = {
+            "shape": tuple(shape), "typestr": {F16: "<f2", BF16: "<i2", F32: "<f4"}[dtype],
+            "data": (int(ptr), False), "version": 3, "strides": None, "stream": None}
+        t = torch.as_tensor(d, device="cuda")
+        return t.view(torch.bfloat16) if dtype == BF16 else t
+
+    @staticmethod
+    def _stream_handle(stream):
+        import torch
+        s = stream if stream is not None else torch.cuda.current_stream()
+        return _p(s.cuda_stream)
 
     def _check(self, rc):
         if rc < 0:
@@ -242,8 +289,23 @@ class Conn:
             raise ValueError("seqs and n_new must pair up and n_new must sum to len(tokens)")
         self._check(_step_begin(self._h, _arr(seqs), _arr(n_new), len(seqs), _arr(tokens)))
 
-    def attend(self, layer):
-        self._check(_attend(self._h, layer))
+    def attend(self, layer, stream=None):
+        """Hands over one layer. Host sessions: returns when O is in conn.o. GPU sessions:
+        enqueues the hand-off on `stream` (default: torch's current stream) and returns at
+        once; later work on the stream sees O."""
+        if self.on_gpu:
+            self._check(_attend_async(self._h, layer, self._stream_handle(stream)))
+        else:
+            self._check(_attend(self._h, layer))
+
+    def replayed(self, stream=None):
+        """GPU sessions: a captured graph handed over every layer of this step."""
+        self._check(_step_replayed(self._h, self._stream_handle(stream)))
+
+    @property
+    def epoch(self):
+        """GPU sessions: the value captured graphs carry (re-capture when it changes)."""
+        return _gpu_epoch(self._h)
 
     def step_end(self, abort=False):
         info = _StepInfo()

@@ -1,0 +1,295 @@
+/*
+ * bench_handoff — the cross-process per-layer hand-off, measured on the GPU (DESIGN.md §8:
+ * <= 10 us median per layer round trip under MPS).
+ *
+ *   floor   two processes, no patd: A writes ready = i and waits done >= i on its stream; B waits
+ *           ready >= i and writes done = i on its own. Words in host memory mapped into the
+ *           device (what patd uses). The interval between events around A's write and wait is
+ *           the bare GPU-side round trip.
+ *   patd    a real patd (cuda backend, 64 layers, one tiny KV head set) and a libpat client:
+ *           events around each pat_attend_async. Two flavours: "handshake" (a step the daemon
+ *           refused: every layer's handshake runs without compute, the pure hand-off cost) and
+ *           "attend" (one decode token: append + attention + merge of the smallest plan).
+ *
+ * Prints median and p99 per round trip for each, with --label (e.g. MPS / no-MPS) and
+ * --json FILE (one line per measurement, appended).
+ *
+ *   bench_handoff --patd build/bin/patd [--iters N] [--label L] [--json F]
+ *   bench_handoff --child SHM_NAME N     (internal: side B of the floor)
+ */
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <vector>
+
+#include "kern_cuda_tool.h"
+#include "pat.h"
+
+typedef CUresult (*WaitFn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+typedef CUresult (*WriteFn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+static WaitFn wait64;
+static WriteFn write64;
+
+static void load_memops(void)
+{
+    void *w = nullptr, *x = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    CK(cudaGetDriverEntryPointByVersion("cuStreamWaitValue64", &w, 12000, cudaEnableDefault, &q));
+    CK(cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &x, 12000, cudaEnableDefault, &q));
+    wait64 = (WaitFn)w;
+    write64 = (WriteFn)x;
+}
+
+#define CU(call)                                                                                   \
+    do {                                                                                           \
+        CUresult r_ = (call);                                                                      \
+        if (r_ != CUDA_SUCCESS) {                                                                  \
+            fprintf(stderr, "%s:%d: %s -> CUresult %d\n", __FILE__, __LINE__, #call, (int)r_);     \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+struct Words {
+    uint64_t *host;
+    CUdeviceptr ready, done;
+};
+
+static Words map_words(const char *name, int create)
+{
+    int fd = shm_open(name, O_RDWR | (create ? O_CREAT | O_EXCL : 0), 0600);
+    REQ(fd >= 0, "shm_open");
+    REQ(!create || ftruncate(fd, 8192) == 0, "ftruncate");
+    void *p = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    REQ(p != MAP_FAILED, "mmap");
+    close(fd);
+    CK(cudaHostRegister(p, 8192, cudaHostRegisterMapped | cudaHostRegisterPortable));
+    void *d = nullptr;
+    CK(cudaHostGetDevicePointer(&d, p, 0));
+    Words w = {(uint64_t *)p, (CUdeviceptr)d, (CUdeviceptr)d + 4096};
+    return w;
+}
+
+static int child_main(const char *name, int n)
+{
+    CK(cudaFree(0));
+    load_memops();
+    Words w = map_words(name, 0);
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    for (int i = 1; i <= n; i++) {
+        CU(wait64((CUstream)s, w.ready, i, CU_STREAM_WAIT_VALUE_GEQ));
+        CU(write64((CUstream)s, w.done, i, CU_STREAM_WRITE_VALUE_DEFAULT));
+        if (i % 32 == 0)
+            CK(cudaStreamSynchronize(s)); /* bounded enqueue depth */
+    }
+    CK(cudaStreamSynchronize(s));
+    return 0;
+}
+
+struct Stat {
+    double med, p99;
+};
+
+static Stat stats(std::vector<float> &v)
+{
+    std::sort(v.begin(), v.end());
+    Stat s = {v[v.size() / 2] * 1e3, v[(size_t)(v.size() * 0.99)] * 1e3};
+    return s;
+}
+
+static void report(FILE *js, const char *label, const char *what, std::vector<float> &v)
+{
+    Stat s = stats(v);
+    printf("%-10s %-34s median %7.2f us   p99 %7.2f us   (%zu round trips)\n", label, what, s.med,
+           s.p99, v.size());
+    if (js)
+        fprintf(js, "{\"label\":\"%s\",\"what\":\"%s\",\"median_us\":%.3f,\"p99_us\":%.3f,"
+                    "\"n\":%zu}\n",
+                label, what, s.med, s.p99, v.size());
+}
+
+static std::vector<float> floor_run(const char *self, int n)
+{
+    char name[64];
+    snprintf(name, sizeof(name), "/patd-bench-handoff-%d", (int)getpid());
+    shm_unlink(name);
+    Words w = map_words(name, 1);
+    memset(w.host, 0, 8192);
+    char nbuf[16];
+    snprintf(nbuf, sizeof(nbuf), "%d", n);
+    pid_t pid = fork();
+    REQ(pid >= 0, "fork");
+    if (pid == 0) {
+        execl(self, self, "--child", name, nbuf, (char *)NULL);
+        _exit(127);
+    }
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    std::vector<cudaEvent_t> ev(2 * 32);
+    for (auto &e : ev)
+        CK(cudaEventCreate(&e));
+    std::vector<float> t;
+    for (int i = 1; i <= n;) {
+        int k = 0;
+        for (; k < 32 && i <= n; k++, i++) {
+            CK(cudaEventRecord(ev[2 * k], s));
+            CU(write64((CUstream)s, w.ready, i, CU_STREAM_WRITE_VALUE_DEFAULT));
+            CU(wait64((CUstream)s, w.done, i, CU_STREAM_WAIT_VALUE_GEQ));
+            CK(cudaEventRecord(ev[2 * k + 1], s));
+        }
+        CK(cudaStreamSynchronize(s));
+        for (int j = 0; j < k; j++) {
+            float ms;
+            CK(cudaEventElapsedTime(&ms, ev[2 * j], ev[2 * j + 1]));
+            t.push_back(ms);
+        }
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    REQ(WIFEXITED(st) && WEXITSTATUS(st) == 0, "floor child failed");
+    shm_unlink(name);
+    t.erase(t.begin(), t.begin() + std::min<size_t>(t.size() / 10, 64)); /* warm-up */
+    return t;
+}
+
+static pid_t start_patd(const char *bin, const char *dir, char *sock, size_t sock_len)
+{
+    snprintf(sock, sock_len, "%s/h.sock", dir);
+    pid_t pid = fork();
+    REQ(pid >= 0, "fork");
+    if (pid == 0) {
+        char rd[300];
+        snprintf(rd, sizeof(rd), "--runtime-dir=%s", dir);
+        execl(bin, bin, "--backend=cuda", rd, "--name=h", "--metrics-port=0", "--layers=64",
+              "--q-heads=8", "--kv-heads=8", "--head-dim=64", "--dtype=f16", "--blocks=1024",
+              "--staging-mb=64", "--conn-max-batch-tokens=256", "--log-level=notice",
+              (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 600; i++) {
+        char *txt = NULL;
+        if (access(sock, F_OK) == 0 && pat_admin(sock, PAT_ADMIN_STATUS, 1000, &txt) == 0) {
+            pat_free(txt);
+            return pid;
+        }
+        pat_free(txt);
+        int st;
+        REQ(waitpid(pid, &st, WNOHANG) == 0, "patd exited during start-up");
+        usleep(100000);
+    }
+    REQ(0, "patd did not come up");
+    return -1;
+}
+
+static void patd_run(const char *bin, int steps, FILE *js, const char *label)
+{
+    char dir[] = "/tmp/patd-handoff-XXXXXX", sock[400];
+    REQ(mkdtemp(dir), "mkdtemp");
+    pid_t pid = start_patd(bin, dir, sock, sizeof(sock));
+    pat_connect_opts_t o = {};
+    o.size = sizeof(o);
+    o.max_batch_tokens = 256;
+    o.socket = sock;
+    o.model = (pat_model_t){64, 8, 8, 64, PAT_F16, 16, 0};
+    pat_conn_t *c = NULL;
+    char why[300];
+    int rc = pat_connect(&o, &c, why, sizeof(why));
+    if (rc < 0) {
+        fprintf(stderr, "pat_connect: %s\n", why);
+        exit(1);
+    }
+    pat_buffers_t b;
+    pat_buffers(c, &b);
+    REQ(b.on_gpu, "the daemon must serve GPU sessions");
+    CK(cudaMemset(b.q, 0, b.q_row_bytes));
+    CK(cudaMemset(b.k, 0, b.kv_row_bytes));
+    CK(cudaMemset(b.v, 0, b.kv_row_bytes));
+    uint32_t prompt[16], seq, cached;
+    for (int i = 0; i < 16; i++)
+        prompt[i] = 100 + i;
+    REQ(pat_seq_open(c, prompt, 16, &seq, &cached) == 0, "seq_open");
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    std::vector<cudaEvent_t> ev(2 * 64);
+    for (auto &e : ev)
+        CK(cudaEventCreate(&e));
+    for (int flavour = 0; flavour < 2; flavour++) {
+        std::vector<float> t;
+        for (int step = 0; step < steps; step++) {
+            uint32_t n1 = 1, tok = 7, bad = 999999; /* an unknown sequence: a refused step */
+            REQ(pat_step_begin(c, flavour == 0 ? &bad : &seq, &n1, 1, &tok) == 0, "step_begin");
+            for (uint32_t l = 0; l < 64; l++) {
+                CK(cudaEventRecord(ev[2 * l], s));
+                REQ(pat_attend_async(c, l, s) == 0, "attend_async");
+                CK(cudaEventRecord(ev[2 * l + 1], s));
+            }
+            pat_step_info_t info;
+            rc = pat_step_end(c, 1, &info); /* abort: the sequence stays 16 tokens */
+            REQ(flavour == 0 ? rc == -ENOENT : rc == 0, "step_end");
+            CK(cudaStreamSynchronize(s));
+            if (step < 3)
+                continue; /* warm-up */
+            for (int l = 0; l < 64; l++) {
+                float ms;
+                CK(cudaEventElapsedTime(&ms, ev[2 * l], ev[2 * l + 1]));
+                t.push_back(ms);
+            }
+        }
+        report(js, label,
+               flavour == 0 ? "patd handshake (refused step)" : "patd 1-token attend per layer",
+               t);
+    }
+    pat_close(c);
+    kill(pid, SIGTERM);
+    int st;
+    waitpid(pid, &st, 0);
+    rmdir(dir);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 4 && !strcmp(argv[1], "--child"))
+        return child_main(argv[2], atoi(argv[3]));
+    const char *bin = NULL, *label = "", *json = NULL;
+    int iters = 2000;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--patd") && i + 1 < argc)
+            bin = argv[++i];
+        else if (!strcmp(argv[i], "--label") && i + 1 < argc)
+            label = argv[++i];
+        else if (!strcmp(argv[i], "--json") && i + 1 < argc)
+            json = argv[++i];
+        else if (!strcmp(argv[i], "--iters") && i + 1 < argc)
+            iters = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: %s --patd PATH [--iters N] [--label L] [--json FILE]\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    REQ(bin && iters >= 100, "--patd and --iters >= 100 needed");
+    CK(cudaFree(0));
+    load_memops();
+    int mps = 0, dev = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&mps, cudaDevAttrMpsEnabled, dev));
+    printf("device MPS client: %s\n", mps ? "yes" : "no");
+    FILE *js = json ? fopen(json, "a") : NULL;
+    std::vector<float> f = floor_run("/proc/self/exe", iters);
+    report(js, label, "floor: bare GPU ping-pong", f);
+    patd_run(bin, mps ? iters / 64 + 3 : 8, js, label);
+    if (js)
+        fclose(js);
+    return 0;
+}
