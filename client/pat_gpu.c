@@ -30,35 +30,34 @@ typedef struct {
     char bytes[16];
 } CUuuid;
 
-#define CU_STREAM_WAIT_VALUE_GEQ                      0x0
-#define CU_STREAM_WRITE_VALUE_DEFAULT                 0x0
-#define CU_MEMHOSTREGISTER_PORTABLE                   0x01
-#define CU_MEMHOSTREGISTER_DEVICEMAP                  0x02
-#define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS            0x1
-#define CU_STREAM_CAPTURE_STATUS_NONE                 0
+#define CU_STREAM_WAIT_VALUE_GEQ                          0x0
+#define CU_STREAM_WRITE_VALUE_DEFAULT                     0x0
+#define CU_MEMHOSTREGISTER_PORTABLE                       0x01
+#define CU_MEMHOSTREGISTER_DEVICEMAP                      0x02
+#define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS                0x1
+#define CU_STREAM_CAPTURE_STATUS_NONE                     0
 #define CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS 122
 
 /* The driver entry points libpat uses: struct field, exported symbol. */
 #define CU_FUNCS(X)                                                                                \
-    X(init, "cuInit", (unsigned))                                                      \
-    X(dev_count, "cuDeviceGetCount", (int *))                                          \
-    X(dev_get, "cuDeviceGet", (CUdevice *, int))                                       \
-    X(dev_uuid, "cuDeviceGetUuid_v2", (CUuuid *, CUdevice))                            \
-    X(dev_attr, "cuDeviceGetAttribute", (int *, int, CUdevice))                        \
-    X(ctx_retain, "cuDevicePrimaryCtxRetain", (CUcontext *, CUdevice))                 \
-    X(ctx_release, "cuDevicePrimaryCtxRelease_v2", (CUdevice))                         \
-    X(ctx_push, "cuCtxPushCurrent_v2", (CUcontext))                                    \
-    X(ctx_pop, "cuCtxPopCurrent_v2", (CUcontext *))                                    \
-    X(ipc_open, "cuIpcOpenMemHandle_v2",                                                           \
-      (CUdeviceptr *, CUipcMemHandle, unsigned))                                       \
-    X(ipc_close, "cuIpcCloseMemHandle", (CUdeviceptr))                                 \
-    X(host_register, "cuMemHostRegister_v2", (void *, size_t, unsigned))               \
-    X(host_unregister, "cuMemHostUnregister", (void *))                                \
-    X(host_devptr, "cuMemHostGetDevicePointer_v2", (CUdeviceptr *, void *, unsigned)) \
-    X(write64, "cuStreamWriteValue64_v2", (CUstream, CUdeviceptr, uint64_t, unsigned)) \
-    X(wait64, "cuStreamWaitValue64_v2", (CUstream, CUdeviceptr, uint64_t, unsigned))   \
-    X(is_capturing, "cuStreamIsCapturing", (CUstream, int *))                          \
-    X(stream_sync, "cuStreamSynchronize", (CUstream))                                  \
+    X(init, "cuInit", (unsigned))                                                                  \
+    X(dev_count, "cuDeviceGetCount", (int *))                                                      \
+    X(dev_get, "cuDeviceGet", (CUdevice *, int))                                                   \
+    X(dev_uuid, "cuDeviceGetUuid_v2", (CUuuid *, CUdevice))                                        \
+    X(dev_attr, "cuDeviceGetAttribute", (int *, int, CUdevice))                                    \
+    X(ctx_retain, "cuDevicePrimaryCtxRetain", (CUcontext *, CUdevice))                             \
+    X(ctx_release, "cuDevicePrimaryCtxRelease_v2", (CUdevice))                                     \
+    X(ctx_push, "cuCtxPushCurrent_v2", (CUcontext))                                                \
+    X(ctx_pop, "cuCtxPopCurrent_v2", (CUcontext *))                                                \
+    X(ipc_open, "cuIpcOpenMemHandle_v2", (CUdeviceptr *, CUipcMemHandle, unsigned))                \
+    X(ipc_close, "cuIpcCloseMemHandle", (CUdeviceptr))                                             \
+    X(host_register, "cuMemHostRegister_v2", (void *, size_t, unsigned))                           \
+    X(host_unregister, "cuMemHostUnregister", (void *))                                            \
+    X(host_devptr, "cuMemHostGetDevicePointer_v2", (CUdeviceptr *, void *, unsigned))              \
+    X(write64, "cuStreamWriteValue64_v2", (CUstream, CUdeviceptr, uint64_t, unsigned))             \
+    X(wait64, "cuStreamWaitValue64_v2", (CUstream, CUdeviceptr, uint64_t, unsigned))               \
+    X(is_capturing, "cuStreamIsCapturing", (CUstream, int *))                                      \
+    X(stream_sync, "cuStreamSynchronize", (CUstream))                                              \
     X(err_string, "cuGetErrorString", (CUresult, const char **))
 
 typedef struct cu_api {
@@ -81,7 +80,7 @@ static void cu_load(void)
         cu_state = -ENOSYS;
         return;
     }
-#define CU_SYM(field, sym, params)                                                                   \
+#define CU_SYM(field, sym, params)                                                                 \
     if (!(*(void **)&cu.field = dlsym(h, sym))) {                                                  \
         snprintf(cu_why, sizeof(cu_why), "the CUDA driver lacks %s (too old?)", sym);              \
         cu_state = -ENOSYS;                                                                        \

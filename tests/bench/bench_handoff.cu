@@ -36,6 +36,14 @@
 #include "kern_cuda_tool.h"
 #include "pat.h"
 
+#define NEED(cond, what)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: %s (%s)\n", __FILE__, __LINE__, what, strerror(errno));        \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
 typedef CUresult (*WaitFn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
 typedef CUresult (*WriteFn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
 static WaitFn wait64;
@@ -68,10 +76,10 @@ struct Words {
 static Words map_words(const char *name, int create)
 {
     int fd = shm_open(name, O_RDWR | (create ? O_CREAT | O_EXCL : 0), 0600);
-    REQ(fd >= 0, "shm_open");
-    REQ(!create || ftruncate(fd, 8192) == 0, "ftruncate");
+    NEED(fd >= 0, "shm_open");
+    NEED(!create || ftruncate(fd, 8192) == 0, "ftruncate");
     void *p = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    REQ(p != MAP_FAILED, "mmap");
+    NEED(p != MAP_FAILED, "mmap");
     close(fd);
     CK(cudaHostRegister(p, 8192, cudaHostRegisterMapped | cudaHostRegisterPortable));
     void *d = nullptr;
@@ -114,8 +122,9 @@ static void report(FILE *js, const char *label, const char *what, std::vector<fl
     printf("%-10s %-34s median %7.2f us   p99 %7.2f us   (%zu round trips)\n", label, what, s.med,
            s.p99, v.size());
     if (js)
-        fprintf(js, "{\"label\":\"%s\",\"what\":\"%s\",\"median_us\":%.3f,\"p99_us\":%.3f,"
-                    "\"n\":%zu}\n",
+        fprintf(js,
+                "{\"label\":\"%s\",\"what\":\"%s\",\"median_us\":%.3f,\"p99_us\":%.3f,"
+                "\"n\":%zu}\n",
                 label, what, s.med, s.p99, v.size());
 }
 
@@ -129,7 +138,7 @@ static std::vector<float> floor_run(const char *self, int n)
     char nbuf[16];
     snprintf(nbuf, sizeof(nbuf), "%d", n);
     pid_t pid = fork();
-    REQ(pid >= 0, "fork");
+    NEED(pid >= 0, "fork");
     if (pid == 0) {
         execl(self, self, "--child", name, nbuf, (char *)NULL);
         _exit(127);
@@ -157,7 +166,7 @@ static std::vector<float> floor_run(const char *self, int n)
     }
     int st = 0;
     waitpid(pid, &st, 0);
-    REQ(WIFEXITED(st) && WEXITSTATUS(st) == 0, "floor child failed");
+    NEED(WIFEXITED(st) && WEXITSTATUS(st) == 0, "floor child failed");
     shm_unlink(name);
     t.erase(t.begin(), t.begin() + std::min<size_t>(t.size() / 10, 64)); /* warm-up */
     return t;
@@ -167,14 +176,13 @@ static pid_t start_patd(const char *bin, const char *dir, char *sock, size_t soc
 {
     snprintf(sock, sock_len, "%s/h.sock", dir);
     pid_t pid = fork();
-    REQ(pid >= 0, "fork");
+    NEED(pid >= 0, "fork");
     if (pid == 0) {
         char rd[300];
         snprintf(rd, sizeof(rd), "--runtime-dir=%s", dir);
         execl(bin, bin, "--backend=cuda", rd, "--name=h", "--metrics-port=0", "--layers=64",
               "--q-heads=8", "--kv-heads=8", "--head-dim=64", "--dtype=f16", "--blocks=1024",
-              "--staging-mb=64", "--conn-max-batch-tokens=256", "--log-level=notice",
-              (char *)NULL);
+              "--staging-mb=64", "--conn-max-batch-tokens=256", "--log-level=notice", (char *)NULL);
         _exit(127);
     }
     for (int i = 0; i < 600; i++) {
@@ -185,17 +193,17 @@ static pid_t start_patd(const char *bin, const char *dir, char *sock, size_t soc
         }
         pat_free(txt);
         int st;
-        REQ(waitpid(pid, &st, WNOHANG) == 0, "patd exited during start-up");
+        NEED(waitpid(pid, &st, WNOHANG) == 0, "patd exited during start-up");
         usleep(100000);
     }
-    REQ(0, "patd did not come up");
+    NEED(0, "patd did not come up");
     return -1;
 }
 
 static void patd_run(const char *bin, int steps, FILE *js, const char *label)
 {
     char dir[] = "/tmp/patd-handoff-XXXXXX", sock[400];
-    REQ(mkdtemp(dir), "mkdtemp");
+    NEED(mkdtemp(dir), "mkdtemp");
     pid_t pid = start_patd(bin, dir, sock, sizeof(sock));
     pat_connect_opts_t o = {};
     o.size = sizeof(o);
@@ -211,14 +219,14 @@ static void patd_run(const char *bin, int steps, FILE *js, const char *label)
     }
     pat_buffers_t b;
     pat_buffers(c, &b);
-    REQ(b.on_gpu, "the daemon must serve GPU sessions");
+    NEED(b.on_gpu, "the daemon must serve GPU sessions");
     CK(cudaMemset(b.q, 0, b.q_row_bytes));
     CK(cudaMemset(b.k, 0, b.kv_row_bytes));
     CK(cudaMemset(b.v, 0, b.kv_row_bytes));
     uint32_t prompt[16], seq, cached;
     for (int i = 0; i < 16; i++)
         prompt[i] = 100 + i;
-    REQ(pat_seq_open(c, prompt, 16, &seq, &cached) == 0, "seq_open");
+    NEED(pat_seq_open(c, prompt, 16, &seq, &cached) == 0, "seq_open");
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     std::vector<cudaEvent_t> ev(2 * 64);
@@ -228,15 +236,15 @@ static void patd_run(const char *bin, int steps, FILE *js, const char *label)
         std::vector<float> t;
         for (int step = 0; step < steps; step++) {
             uint32_t n1 = 1, tok = 7, bad = 999999; /* an unknown sequence: a refused step */
-            REQ(pat_step_begin(c, flavour == 0 ? &bad : &seq, &n1, 1, &tok) == 0, "step_begin");
+            NEED(pat_step_begin(c, flavour == 0 ? &bad : &seq, &n1, 1, &tok) == 0, "step_begin");
             for (uint32_t l = 0; l < 64; l++) {
                 CK(cudaEventRecord(ev[2 * l], s));
-                REQ(pat_attend_async(c, l, s) == 0, "attend_async");
+                NEED(pat_attend_async(c, l, s) == 0, "attend_async");
                 CK(cudaEventRecord(ev[2 * l + 1], s));
             }
             pat_step_info_t info;
             rc = pat_step_end(c, 1, &info); /* abort: the sequence stays 16 tokens */
-            REQ(flavour == 0 ? rc == -ENOENT : rc == 0, "step_end");
+            NEED(flavour == 0 ? rc == -ENOENT : rc == 0, "step_end");
             CK(cudaStreamSynchronize(s));
             if (step < 3)
                 continue; /* warm-up */
@@ -247,8 +255,7 @@ static void patd_run(const char *bin, int steps, FILE *js, const char *label)
             }
         }
         report(js, label,
-               flavour == 0 ? "patd handshake (refused step)" : "patd 1-token attend per layer",
-               t);
+               flavour == 0 ? "patd handshake (refused step)" : "patd 1-token attend per layer", t);
     }
     pat_close(c);
     kill(pid, SIGTERM);
@@ -278,7 +285,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    REQ(bin && iters >= 100, "--patd and --iters >= 100 needed");
+    NEED(bin && iters >= 100, "--patd and --iters >= 100 needed");
     CK(cudaFree(0));
     load_memops();
     int mps = 0, dev = 0;
