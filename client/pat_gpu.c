@@ -32,6 +32,7 @@ typedef struct {
 
 #define CU_STREAM_WAIT_VALUE_GEQ                          0x0
 #define CU_STREAM_WRITE_VALUE_DEFAULT                     0x0
+#define CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER           0x1
 #define CU_MEMHOSTREGISTER_PORTABLE                       0x01
 #define CU_MEMHOSTREGISTER_DEVICEMAP                      0x02
 #define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS                0x1
@@ -242,7 +243,8 @@ int pat__gpu_handoff(pat_gpu_t *g, void *stream, uint64_t *ready, uint64_t *done
         fail(g, "cuStreamWriteValue64 (ready)", r);
     else if ((r = cu.wait64(s, dn, v, CU_STREAM_WAIT_VALUE_GEQ)) != 0)
         fail(g, "cuStreamWaitValue64 (done)", r);
-    else if ((r = cu.write64(s, dn, 0, CU_STREAM_WRITE_VALUE_DEFAULT)) != 0)
+    /* no barrier: the next hand-off's ready write has one */
+    else if ((r = cu.write64(s, dn, 0, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER)) != 0)
         fail(g, "cuStreamWriteValue64 (done reset)", r);
     CUcontext popped;
     cu.ctx_pop(&popped);

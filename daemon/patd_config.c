@@ -68,7 +68,7 @@ static const opt_t opts[] = {
      "cuda backend: CUDA device ordinal (as CUDA_VISIBLE_DEVICES numbers them)"},
     {"gpu", "staging_mb", T_U32, F(staging_mb), 1, 1u << 20, "1024", 0,
      "cuda backend: device memory for every session's Q/K/V/O staging rows together (MiB)"},
-    {"gpu", "enqueue_depth", T_U32, F(enqueue_depth), 1, 64, "4", 0,
+    {"gpu", "enqueue_depth", T_U32, F(enqueue_depth), 1, 64, "16", 0,
      "cuda backend: layers an executor enqueues ahead of the GPU (bounds what a stalled client "
      "can leave queued)"},
     {"model", "layers", T_U32, F(layers), 1, 1024, "4", 0, "transformer layers"},

@@ -38,7 +38,7 @@ CFG = Config(layers=4, q_heads=32, kv_heads=8, head_dim=128, ffn=4096, vocab=819
 
 def start_daemon(bin_path, rundir, extra=()):
     args = [bin_path, "--backend=cuda", "--runtime-dir=" + rundir, "--name=t", "--metrics-port=0",
-            "--blocks=16384", "--conn-max-batch-tokens=4096", "--staging-mb=1024",
+            "--blocks=16384", "--conn-max-batch-tokens=16384", "--staging-mb=2048",
             "--step-timeout-ms=5000", "--executors=4", "--log-level=info"] + CFG.patd_args()
     args += list(extra)
     log = open(os.path.join(rundir, "patd.log"), "w")
@@ -68,7 +68,7 @@ def status(sock):
 class Frontend:
     """One batch of sequences through patd, with the in-process reference beside it."""
 
-    def __init__(self, model, sock, max_batch_tokens=4096, slots=64, max_len=1024):
+    def __init__(self, model, sock, max_batch_tokens=16384, slots=64, max_len=1024):
         self.model = model
         self.conn = patd.Conn(model=CFG.patd_model(), max_batch_tokens=max_batch_tokens,
                               socket=sock, label="test_frontend")
@@ -134,10 +134,13 @@ def run_e2e(model, sock, victim=None):
     rng = random.Random(11)
     prompts = shared_prompts(40, rng, vocab=CFG.vocab)
     fe = Frontend(model, sock)
-    for p in prompts[:24]:
+    for p in prompts[:4]:  # one per (system, task) pair: their blocks enter the prefix cache
+        fe.join(p)
+    fe.step()
+    for p in prompts[4:24]:  # these find their shared prefixes cached
         fe.join(p)
     killed = False
-    for step in range(65):  # the prefill, then 64 decode steps
+    for step in range(65):  # the prefills, then 64 decode steps
         if step in (16, 33):  # joins: prefilled in the same step as the decodes
             for p in prompts[24 + (step // 17) * 8: 32 + (step // 17) * 8]:
                 fe.join(p)
@@ -162,8 +165,10 @@ def victim_main(sock):
     """The frontend that gets killed: steps in a loop until it dies."""
     model = Llama(CFG, seed=5)
     fe = Frontend(model, sock, slots=16)
-    for p in shared_prompts(12, random.Random(5), vocab=CFG.vocab):
+    for i, p in enumerate(shared_prompts(12, random.Random(5), vocab=CFG.vocab)):
         fe.join(p)
+        if i == 3:
+            fe.step(check=False)
     print("stepping", flush=True)
     while True:
         fe.step(check=False)
