@@ -659,6 +659,8 @@ int pat_attend_async(pat_conn_t *c, uint32_t layer, void *stream)
     }
     int rc = pat__gpu_handoff(c->gpu, stream, &c->gready[layer], &c->gdone[layer], e);
     if (rc < 0) {
+        /* the wait may be enqueued already: release it so that our stream never hangs */
+        __atomic_store_n(&c->gdone[layer], e, __ATOMIC_RELEASE);
         set_err(c, "%s", pat__gpu_error(c->gpu));
         return rc;
     }

@@ -243,8 +243,7 @@ int pat__gpu_handoff(pat_gpu_t *g, void *stream, uint64_t *ready, uint64_t *done
         fail(g, "cuStreamWriteValue64 (ready)", r);
     else if ((r = cu.wait64(s, dn, v, CU_STREAM_WAIT_VALUE_GEQ)) != 0)
         fail(g, "cuStreamWaitValue64 (done)", r);
-    /* no barrier: the next hand-off's ready write has one */
-    else if ((r = cu.write64(s, dn, 0, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER)) != 0)
+    else if ((r = cu.write64(s, dn, 0, CU_STREAM_WRITE_VALUE_DEFAULT)) != 0)
         fail(g, "cuStreamWriteValue64 (done reset)", r);
     CUcontext popped;
     cu.ctx_pop(&popped);

@@ -544,8 +544,9 @@ int cuda_lane_layer(kern_lane_t *l, const kern_lane_layer_t *ly)
     if (ly->wait_word) {
         const CUdeviceptr w = reinterpret_cast<CUdeviceptr>(ly->wait_word);
         CU_CK(c->wait64(st, w, ly->wait_value, CU_STREAM_WAIT_VALUE_GEQ), "wait value");
-        /* no barrier: the post below has one, and nothing reads the reset before it */
-        CU_CK(c->write64(st, w, 0, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER), "reset value");
+        /* (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER is refused for host-mapped words: measured
+         * CUDA_ERROR_INVALID_VALUE on an H200, driver 580) */
+        CU_CK(c->write64(st, w, 0, CU_STREAM_WRITE_VALUE_DEFAULT), "reset value");
     }
     if (ly->compute) {
         int r = append_on(L, ly->layer, ly->k, ly->v, L->n_slots);
@@ -559,9 +560,8 @@ int cuda_lane_layer(kern_lane_t *l, const kern_lane_layer_t *ly)
                          CU_STREAM_WRITE_VALUE_DEFAULT),
               "post value");
     L->base.enqueued++;
-    /* no barrier: the CPU reads progress to know the stream passed this point, not data */
     CU_CK(c->write64(st, reinterpret_cast<CUdeviceptr>(L->progress_dev), L->base.enqueued,
-                     CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER),
+                     CU_STREAM_WRITE_VALUE_DEFAULT),
           "progress");
     return 0;
 }
