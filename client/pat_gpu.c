@@ -32,7 +32,6 @@ typedef struct {
 
 #define CU_STREAM_WAIT_VALUE_GEQ                          0x0
 #define CU_STREAM_WRITE_VALUE_DEFAULT                     0x0
-#define CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER           0x1
 #define CU_MEMHOSTREGISTER_PORTABLE                       0x01
 #define CU_MEMHOSTREGISTER_DEVICEMAP                      0x02
 #define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS                0x1
