@@ -39,6 +39,7 @@ CFG = Config(layers=4, q_heads=32, kv_heads=8, head_dim=128, ffn=4096, vocab=819
 def start_daemon(bin_path, rundir, extra=()):
     args = [bin_path, "--backend=cuda", "--runtime-dir=" + rundir, "--name=t", "--metrics-port=0",
             "--blocks=16384", "--conn-max-batch-tokens=16384", "--staging-mb=2048",
+            "--conn-max-staging-mb=512",
             "--step-timeout-ms=5000", "--executors=4", "--log-level=info"] + CFG.patd_args()
     args += list(extra)
     log = open(os.path.join(rundir, "patd.log"), "w")

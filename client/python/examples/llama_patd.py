@@ -168,12 +168,14 @@ class DenseAttention:
             rows = torch.arange(B, device=q.device)
             self.K[rows, layer, self.len_t - 1] = k
             self.V[rows, layer, self.len_t - 1] = v
-            K = self.K[:B, layer, :self.lmax].transpose(1, 2)  # [B, kvh, L, d] (a view)
-            V = self.V[:B, layer, :self.lmax].transpose(1, 2)
-            qq = q.view(B, c.q_heads, 1, c.head_dim)
-            o = torch.nn.functional.scaled_dot_product_attention(
-                qq, K, V, attn_mask=self.mask[:, None, None, :], scale=scale, enable_gqa=True)
-            return o.reshape(B, c.q_heads, c.head_dim)
+            K = self.K[:B, layer, :self.lmax]  # [B, L, kvh, d] (a view)
+            V = self.V[:B, layer, :self.lmax]
+            # GQA without expanding K/V (SDPA with a mask and enable_gqa measured 2.4x slower)
+            qq = q.view(B, c.kv_heads, g, c.head_dim).float()
+            s = torch.einsum("bhgd,blhd->bhgl", qq, K.float()) * scale
+            s = s.masked_fill(~self.mask[:, None, None, :], float("-inf"))
+            o = torch.einsum("bhgl,blhd->bhgd", s.softmax(-1), V.float())
+            return o.reshape(B, c.q_heads, c.head_dim).to(c.dtype)
         out = torch.empty_like(q)
         r = 0
         for s_, c0, m in zip(slots, ctx, n_new):
