@@ -199,7 +199,6 @@ int pat__gpu_open(const uint8_t uuid[16], const uint8_t handle[64], uint64_t dev
         rc = fail(g, "mapping the signal words into the GPU (cuMemHostRegister)", r);
     } else {
         g->sig_registered = 1;
-        g->sig_host = sig_host;
         if ((r = cu.host_devptr(&g->sig_dev, sig_host, 0)) != 0)
             rc = fail(g, "cuMemHostGetDevicePointer", r);
         else

@@ -103,6 +103,16 @@ void patd_step_unreserve(patd_conn_t *c, uint32_t n)
     }
 }
 
+/* Undoes phase 1 (pool_mu held): the forest may hold half of the step, so it starts over next
+ * time, and every reservation of the step is released. */
+static void step_rollback(patd_conn_t *c)
+{
+    sched_forest_clear(sched_forest(c->sched));
+    for (uint32_t s = 0; s < c->max_seqs; s++)
+        c->seqs[s].forest_kv = KV_NONE;
+    patd_step_unreserve(c, c->step.n_seqs);
+}
+
 /* Phase 1 and 2. Returns 0 or a negative errno with nothing reserved. */
 static int step_prepare(patd_conn_t *c)
 {
@@ -185,13 +195,8 @@ static int step_prepare(patd_conn_t *c)
             st->qc_bytes = qt.kv;
         }
     }
-    if (rc < 0) {
-        /* the forest may hold half of this step: start over next time */
-        sched_forest_clear(f);
-        for (uint32_t s = 0; s < c->max_seqs; s++)
-            c->seqs[s].forest_kv = KV_NONE;
-        patd_step_unreserve(c, st->n_seqs);
-    }
+    if (rc < 0)
+        step_rollback(c);
     pthread_mutex_unlock(&d->pool_mu);
     return rc;
 }
@@ -327,9 +332,7 @@ static void gpu_cut(patd_t *d, patd_conn_t *c, kern_lane_t *lane, uint64_t epoch
         pause_us(50);
         atomic_fetch_add_explicit(&d->m.exec_beat[exec_id], 1, memory_order_relaxed);
         if (pat_now_ns() - t0 > 1000000000ull) { /* released words that do not move: the GPU */
-            char why_txt[200];
-            if (kern_fatal(d->be, why_txt, sizeof(why_txt)) < 0)
-                patd_gpu_check_fatal(d, -EIO);
+            patd_gpu_check_fatal(d, -EIO);       /* exits if the context is lost */
             t0 = pat_now_ns();
             patd_warn("session %016llx: lane still draining after its waits were released",
                       (unsigned long long)c->session);
@@ -342,17 +345,6 @@ static void gpu_cut(patd_t *d, patd_conn_t *c, kern_lane_t *lane, uint64_t epoch
     atomic_store(&g->err, why);
     atomic_store(&g->epoch, epoch + 1);
     atomic_store(&g->state, IPC_STATE_ABORTED);
-}
-
-/* Gives back what phase 1 reserved when the lane refused the plan (pool_mu taken here). */
-static void step_unprepare(patd_conn_t *c)
-{
-    pthread_mutex_lock(&c->d->pool_mu);
-    sched_forest_clear(sched_forest(c->sched));
-    for (uint32_t s = 0; s < c->max_seqs; s++)
-        c->seqs[s].forest_kv = KV_NONE;
-    patd_step_unreserve(c, c->step.n_seqs);
-    pthread_mutex_unlock(&c->d->pool_mu);
 }
 
 static void step_run_gpu(patd_t *d, patd_conn_t *c, uint32_t exec_id)
@@ -370,7 +362,9 @@ static void step_run_gpu(patd_t *d, patd_conn_t *c, uint32_t exec_id)
         patd_gpu_check_fatal(d, rc);
         patd_err("session %016llx: the lane refused the plan: %s", (unsigned long long)c->session,
                  strerror(-rc));
-        step_unprepare(c);
+        pthread_mutex_lock(&d->pool_mu); /* the lane refused the plan: undo phase 1 */
+        step_rollback(c);
+        pthread_mutex_unlock(&d->pool_mu);
     }
     st->tick_base = (uint32_t)epoch;
     st->begun = rc == 0;

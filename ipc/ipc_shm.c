@@ -81,11 +81,11 @@ fail:
     return r;
 }
 
-int ipc_shm_open(ipc_shm_t *s, const char *name, size_t bytes)
+/* Maps `bytes` at `offset` of an existing buffer whose size must be exactly `bytes` (exact; at
+ * least one page) or at least offset + bytes, with the signal magic at the start of the mapping.
+ * -EBADMSG for a size or magic that does not fit. The callers have checked name and offset. */
+static int shm_map(ipc_shm_t *s, const char *name, uint64_t offset, size_t bytes, int exact)
 {
-    memset(s, 0, sizeof(*s));
-    if (strnlen(name, sizeof(s->name)) >= sizeof(s->name) || name[0] != '/')
-        return -EINVAL;
     int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
     if (fd < 0)
         return -errno;
@@ -95,43 +95,8 @@ int ipc_shm_open(ipc_shm_t *s, const char *name, size_t bytes)
         r = -errno;
         goto out;
     }
-    if ((uint64_t)st.st_size != bytes || bytes < IPC_ALIGN) {
-        r = -EBADMSG;
-        goto out;
-    }
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-        r = -errno;
-        goto out;
-    }
-    s->base = p;
-    s->bytes = bytes;
-    snprintf(s->name, sizeof(s->name), "%s", name);
-    if (ipc_shm_sig(s)->magic != IPC_SIG_MAGIC) {
-        ipc_shm_close(s);
-        r = -EBADMSG;
-    }
-out:
-    close(fd);
-    return r;
-}
-
-int ipc_shm_open_at(ipc_shm_t *s, const char *name, uint64_t offset, size_t bytes)
-{
-    memset(s, 0, sizeof(*s));
-    if (strnlen(name, sizeof(s->name)) >= sizeof(s->name) || name[0] != '/' || offset % IPC_ALIGN ||
-        bytes < IPC_ALIGN || offset > UINT64_MAX - bytes)
-        return -EINVAL;
-    int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
-    if (fd < 0)
-        return -errno;
-    struct stat st;
-    int r = 0;
-    if (fstat(fd, &st) < 0) {
-        r = -errno;
-        goto out;
-    }
-    if ((uint64_t)st.st_size < offset + bytes) {
+    if (exact ? (uint64_t)st.st_size != bytes || bytes < IPC_ALIGN
+              : (uint64_t)st.st_size < offset + bytes) {
         r = -EBADMSG;
         goto out;
     }
@@ -150,6 +115,23 @@ int ipc_shm_open_at(ipc_shm_t *s, const char *name, uint64_t offset, size_t byte
 out:
     close(fd);
     return r;
+}
+
+int ipc_shm_open(ipc_shm_t *s, const char *name, size_t bytes)
+{
+    memset(s, 0, sizeof(*s));
+    if (strnlen(name, sizeof(s->name)) >= sizeof(s->name) || name[0] != '/')
+        return -EINVAL;
+    return shm_map(s, name, 0, bytes, 1);
+}
+
+int ipc_shm_open_at(ipc_shm_t *s, const char *name, uint64_t offset, size_t bytes)
+{
+    memset(s, 0, sizeof(*s));
+    if (strnlen(name, sizeof(s->name)) >= sizeof(s->name) || name[0] != '/' || offset % IPC_ALIGN ||
+        bytes < IPC_ALIGN || offset > UINT64_MAX - bytes)
+        return -EINVAL;
+    return shm_map(s, name, offset, bytes, 0);
 }
 
 uint64_t ipc_gsig_bytes(uint32_t n_layers)
