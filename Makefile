@@ -90,6 +90,12 @@ LIBPAT_OBJS := $(LIBPAT_SRCS:%.c=$(B)/%.o)
 LIBPAT_SO   := $(B)/lib/libpat.so.$(PAT_SO_VER)
 LIBPAT_A    := $(B)/lib/libpat.a
 PATCTL_BIN  := $(B)/bin/patctl
+# patload: trace replay load generator (client/patload*.c) over libpat
+PATLOAD_SRCS := client/patload.c client/patload_trace.c client/patload_compute.c \
+                client/patload_report.c
+PATLOAD_OBJS := $(PATLOAD_SRCS:%.c=$(B)/%.o)
+PATLOAD_BIN  := $(B)/bin/patload
+PATLOAD_LIBS := $(shell pkg-config --libs json-c liblzma 2>/dev/null || echo -ljson-c -llzma)
 CLIENT_DEMO := $(B)/bin/patd-client-demo
 
 CORE_SRCS := $(KV_SRCS) $(SCHED_SRCS) $(KERN_SRCS)
@@ -117,7 +123,7 @@ TC_CLIENT   := $(B)/tests/tc_client
 BENCH_BINS := $(B)/bench/bench_sched $(B)/bench/bench_daemon
 DEMO_BIN   := $(B)/bin/patd-demo
 
-ALL_OBJS := $(CORE_OBJS) $(IPC_OBJS) $(DAEMON_OBJS) $(LIBPAT_OBJS) $(B)/client/patctl.o \
+ALL_OBJS := $(CORE_OBJS) $(IPC_OBJS) $(DAEMON_OBJS) $(LIBPAT_OBJS) $(B)/client/patctl.o $(PATLOAD_OBJS) \
             $(B)/tests/demo/pat_client_demo.o $(INTEG_TESTS:%=$(B)/tests/integ/%.o) \
             $(B)/tests/integ/tc_client.o $(B)/tests/bench/bench_daemon.o $(TESTLIB_OBJS) $(UNIT_TESTS:%=$(B)/tests/unit/%.o) \
             $(B)/tests/bench/bench_sched.o $(B)/tests/demo/pat_demo.o $(CUDA_OBJS) \
@@ -196,6 +202,11 @@ $(PATCTL_BIN): $(B)/client/patctl.o $(LIBPAT_A)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(NN_LIBS) -lrt
+
+$(PATLOAD_BIN): $(PATLOAD_OBJS) $(LIBPAT_A)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(PATLOAD_LIBS) $(PKG_LIBS) $(NN_LIBS) -lrt -lm
 
 $(CLIENT_DEMO): $(B)/tests/demo/pat_client_demo.o $(B)/libpattest.a $(LIBPAT_A)
 	@mkdir -p $(@D)
@@ -279,7 +290,7 @@ $(DEMO_BIN): $(B)/tests/demo/pat_demo.o $(B)/libpattest.a $(B)/libpatcore.a
 
 # ---------------------------------------------------------------- targets
 ALL_TARGETS := $(B)/libpatcore.a $(PATD_BIN) $(LIBPAT_SO) $(LIBPAT_A) $(B)/lib/pat.pc \
-               $(PATCTL_BIN) $(CLIENT_DEMO) $(UNIT_BINS) $(INTEG_BINS) $(TC_CLIENT) $(BENCH_BINS) $(DEMO_BIN)
+               $(PATCTL_BIN) $(PATLOAD_BIN) $(CLIENT_DEMO) $(UNIT_BINS) $(INTEG_BINS) $(TC_CLIENT) $(BENCH_BINS) $(DEMO_BIN)
 ifeq ($(HAVE_CUDA),1)
 ALL_TARGETS += $(B)/libpatcuda.a $(GPU_BINS) $(GPU_TOOLS)
 endif
@@ -356,7 +367,7 @@ bench: $(BENCH_BINS) $(PATD_BIN)
 DEB_PKGS := build-essential pkg-config libxxhash-dev libcmocka-dev clang-format clang \
             libclang-rt-14-dev systemd procps libuv1-dev \
             libnanomsg-dev libinih-dev libmicrohttpd-dev libjemalloc-dev libsystemd-dev \
-            python3 python3-numpy
+            python3 python3-numpy libjson-c-dev liblzma-dev gnuplot-nox
 deps:
 	$(Q)if ! command -v dpkg >/dev/null; then \
 	  echo "deps: not a Debian system; install the equivalents of: $(DEB_PKGS)"; exit 0; fi; \

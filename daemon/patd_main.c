@@ -493,7 +493,8 @@ static void handle_admin(patd_t *d, patd_req_t *rq)
         fprintf(f, "model layers=%u q_heads=%u kv_heads=%u head_dim=%u dtype=%u block=%u id=%llu\n",
                 d->model.n_layers, d->model.q_heads, d->model.kv_heads, d->model.head_dim,
                 (unsigned)d->model.dtype, d->model.block_size, (unsigned long long)d->cfg.model_id);
-        fprintf(f, "socket %s\nevents %s\n", d->sock_path, d->ev_path);
+        fprintf(f, "max_seq_len %u\nsocket %s\nevents %s\n", d->cfg.max_seq_len, d->sock_path,
+                d->ev_path);
         fprintf(f, "blocks_total %u\nblocks_free %u\nblocks_used %u\nblocks_cached %u\n",
                 ks.n_blocks, ks.n_free, ks.n_used, ks.n_cached);
         fprintf(f, "sequences %u\nconnections %u\nsteps_in_flight %u\npool_check %s\n", ks.n_seqs,

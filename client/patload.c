@@ -1,0 +1,931 @@
+/*
+ * patload.c — replays a request trace against a running patd as a serving frontend would, and
+ * reports how patd held up: latency percentiles, throughput, prefix reuse, KV bytes, errors.
+ * For operators sizing a deployment and developers checking a change under a real request mix.
+ *
+ * One connection, one thread, continuous batching: requests arrive at their recorded times
+ * (scaled by --speed, or all at once), wait in a FIFO, are admitted while fewer than
+ * --concurrency run (pat_seq_open: the prefix cache answers how much of the prompt is already
+ * there), prefill the rest in chunks of --chunk tokens, decode one token per step until the
+ * trace's output length, and retire (pat_seq_close). Every step carries every decoding sequence
+ * plus as many prefill tokens as fit in --max-batch-tokens. A step the daemon refuses for lack
+ * of KV blocks (-ENOSPC, -EDQUOT) preempts the most recently admitted request (its KV is
+ * dropped; it is re-admitted later and recomputes what the prefix cache no longer holds) and is
+ * retried, as vLLM does. Turns of one session (multi-turn traces) run in order: a turn arrives
+ * no earlier than the previous one finished. Around every layer's attention hand-off patload
+ * runs a stand-in for the model's own compute (patload_compute.h).
+ *
+ * Exit status: 0 every request finished; 1 some failed, or the replay was interrupted;
+ * 2 usage or trace error; 3 the daemon is unreachable or went away.
+ */
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pat.h"
+#include "patload_compute.h"
+#include "patload_report.h"
+#include "patload_trace.h"
+
+#define EXIT_FAILED 1
+#define EXIT_USAGE  2
+#define EXIT_DAEMON 3
+
+/* ---------------------------------------------------------------- options (one table) */
+
+typedef enum { O_STR, O_U32, O_F64, O_FLAG } otype_t;
+
+static struct {
+    const char *socket, *json, *csv, *steps_csv, *plot, *compute, *label;
+    double speed, scale, duration, layer_us, tflops, progress;
+    uint32_t skip, limit, concurrency, batch, chunk, max_input, max_output, shared_prefix;
+    uint32_t trace_block, hidden, ffn, seed, timeout_ms;
+    int loop, spread, quiet, dry_run, help;
+} O = {
+    .speed = 1,
+    .scale = 1,
+    .layer_us = 20,
+    .tflops = 400,
+    .progress = -1,
+    .concurrency = 64,
+    .batch = 2048,
+    .chunk = 512,
+    .compute = "auto",
+    .label = "patload",
+    .timeout_ms = 60000,
+};
+
+static const struct opt {
+    const char *name;
+    otype_t type;
+    void *ptr;
+    double lo, hi;
+    const char *meta, *help;
+} OPTS[] = {
+    {"socket", O_STR, &O.socket, 0, 0, "PATH", "patd's control socket (default: $PATD_SOCKET, else patd's default)"},
+    {"speed", O_F64, &O.speed, 0, 1e6, "X", "replay X times faster than recorded; 0 = as fast as possible (default 1)"},
+    {"spread", O_FLAG, &O.spread, 0, 0, NULL, "spread requests with equal timestamps evenly until the next timestamp (Mooncake's are quantised to ~3 s)"},
+    {"skip", O_U32, &O.skip, 0, 4e9, "N", "skip the first N requests of the file"},
+    {"limit", O_U32, &O.limit, 0, 4e9, "N", "replay at most N requests (0 = all)"},
+    {"concurrency", O_U32, &O.concurrency, 1, 65536, "N", "requests running at once, at most (default 64; capped by the batch and the daemon's quota)"},
+    {"max-batch-tokens", O_U32, &O.batch, 1, 1048576, "N", "tokens per step: staging rows asked of the daemon (default 2048)"},
+    {"chunk", O_U32, &O.chunk, 1, 1048576, "N", "prefill chunk per request per step (default 512)"},
+    {"scale", O_F64, &O.scale, 1e-6, 1e3, "F", "scale prompt and output lengths by F: tokens per trace block = round(block x F), so shared prefixes stay shared (default 1)"},
+    {"max-input", O_U32, &O.max_input, 0, 4e9, "N", "cap replayed prompts at N tokens (0 = none)"},
+    {"max-output", O_U32, &O.max_output, 0, 4e9, "N", "cap replayed outputs at N tokens (0 = none)"},
+    {"shared-prefix", O_U32, &O.shared_prefix, 0, 1048576, "N", "traces without prefix hashes (Azure): every prompt starts with the same N tokens"},
+    {"trace-block", O_U32, &O.trace_block, 0, 1048576, "N", "tokens per hash block of the trace (default: detected; Mooncake 512, ours 16)"},
+    {"duration", O_F64, &O.duration, 0, 1e7, "S", "stop admitting new requests after S seconds (0 = when the trace ends)"},
+    {"loop", O_FLAG, &O.loop, 0, 0, NULL, "replay the trace again and again (each pass with fresh tokens) until --duration"},
+    {"seed", O_U32, &O.seed, 0, 4e9, "N", "mixed into every token id (default 0: the same tokens on every run)"},
+    {"compute", O_STR, &O.compute, 0, 0, "KIND", "model compute stand-in: auto (gpu on a GPU session, else cpu) | cpu | gpu | none"},
+    {"layer-us", O_F64, &O.layer_us, 0, 1e7, "US", "cpu stand-in: fixed cost per layer in µs (default 20)"},
+    {"tflops", O_F64, &O.tflops, 1e-3, 1e5, "R", "cpu stand-in: modelled GEMM rate, TFLOP/s, for the per-token cost (default 400)"},
+    {"hidden", O_U32, &O.hidden, 0, 1048576, "N", "model width for the stand-in (default q_heads x head_dim)"},
+    {"ffn", O_U32, &O.ffn, 0, 4194304, "N", "MLP width for the stand-in (default 8/3 x hidden, rounded up to 256)"},
+    {"timeout-ms", O_U32, &O.timeout_ms, 100, 3.6e6, "MS", "per request and per layer wait (default 60000)"},
+    {"json", O_STR, &O.json, 0, 0, "FILE", "write the summary as JSON"},
+    {"csv", O_STR, &O.csv, 0, 0, "FILE", "write one row per request"},
+    {"steps-csv", O_STR, &O.steps_csv, 0, 0, "FILE", "write one row per step"},
+    {"plot", O_STR, &O.plot, 0, 0, "FILE.png", "draw latency and batch size over time (gnuplot); writes FILE.png.requests.csv / .steps.csv unless --csv / --steps-csv name them"},
+    {"progress", O_F64, &O.progress, 0, 3600, "S", "progress line every S seconds (default: 0.5 on a terminal, 10 otherwise; 0 = off)"},
+    {"quiet", O_FLAG, &O.quiet, 0, 0, NULL, "no progress line"},
+    {"label", O_STR, &O.label, 0, 0, "TEXT", "connection label shown by `patctl seqs` (default patload)"},
+    {"dry-run", O_FLAG, &O.dry_run, 0, 0, NULL, "read and shape the trace, print what would be replayed, exit (no daemon)"},
+    {"help", O_FLAG, &O.help, 0, 0, NULL, "this text"},
+};
+#define N_OPTS (sizeof(OPTS) / sizeof(OPTS[0]))
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: patload [OPTIONS] TRACE\n\n"
+               "Replays TRACE (Mooncake / synthetic JSON Lines with prefix block hashes, or Azure\n"
+               "LLM CSV; .xz is read directly) against a running patd with continuous batching,\n"
+               "and prints latency percentiles (TTFT, TPOT, end-to-end), throughput, prefix-cache\n"
+               "hit rate, KV bytes read against query-centric attention, and errors by code.\n\n");
+    for (size_t i = 0; i < N_OPTS; i++) {
+        char left[40];
+        snprintf(left, sizeof(left), "--%s%s%s", OPTS[i].name, OPTS[i].meta ? " " : "",
+                 OPTS[i].meta ? OPTS[i].meta : "");
+        fprintf(f, "  %-24s %s\n", left, OPTS[i].help);
+    }
+    fprintf(f, "\nExit status: 0 every request finished; 1 some failed or the replay was "
+               "interrupted;\n2 usage or trace error; 3 the daemon is unreachable or went away.\n");
+}
+
+static int parse_args(int argc, char **argv, const char **ret_trace)
+{
+    const char *trace = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (a[0] != '-' || a[1] != '-') {
+            if (trace) {
+                fprintf(stderr, "patload: one trace only ('%s' and '%s')\n", trace, a);
+                return -1;
+            }
+            trace = a;
+            continue;
+        }
+        const char *name = a + 2, *eq = strchr(name, '=');
+        size_t nl = eq ? (size_t)(eq - name) : strlen(name);
+        const struct opt *o = NULL;
+        for (size_t k = 0; k < N_OPTS; k++)
+            if (strlen(OPTS[k].name) == nl && !strncmp(OPTS[k].name, name, nl))
+                o = &OPTS[k];
+        if (!o) {
+            fprintf(stderr, "patload: unknown option '%s' (see --help)\n", a);
+            return -1;
+        }
+        if (o->type == O_FLAG) {
+            if (eq) {
+                fprintf(stderr, "patload: --%s takes no value\n", o->name);
+                return -1;
+            }
+            *(int *)o->ptr = 1;
+            continue;
+        }
+        const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (!v) {
+            fprintf(stderr, "patload: --%s needs a value (%s)\n", o->name, o->meta);
+            return -1;
+        }
+        if (o->type == O_STR) {
+            *(const char **)o->ptr = v;
+            continue;
+        }
+        char *end;
+        errno = 0;
+        double x = strtod(v, &end);
+        if (errno || end == v || *end || !(x >= o->lo && x <= o->hi) ||
+            (o->type == O_U32 && x != floor(x))) {
+            fprintf(stderr, "patload: --%s %s: expected %s in [%g, %g]\n", o->name, v,
+                    o->type == O_U32 ? "an integer" : "a number", o->lo, o->hi);
+            return -1;
+        }
+        if (o->type == O_U32)
+            *(uint32_t *)o->ptr = (uint32_t)x;
+        else
+            *(double *)o->ptr = x;
+    }
+    *ret_trace = trace;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- small helpers */
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig)
+{
+    g_stop = sig;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void *xrealloc(void *p, size_t n)
+{
+    void *q = realloc(p, n ? n : 1);
+    if (!q) {
+        fprintf(stderr, "patload: out of memory\n");
+        exit(EXIT_FAILED);
+    }
+    return q;
+}
+
+/* "key value" from patd's STATUS text; -1 if absent */
+static int64_t status_int(const char *text, const char *key)
+{
+    size_t kl = strlen(key);
+    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (!strncmp(p, key, kl) && p[kl] == ' ')
+            return strtoll(p + kl + 1, NULL, 10);
+    return -1;
+}
+
+/* ---------------------------------------------------------------- the replay */
+
+enum { R_UNSEEN = 0, R_DEFERRED, R_ACTIVE, R_FINISHED };
+
+typedef struct running {
+    uint32_t rec;
+    uint32_t seq;
+    uint32_t target;    /* tokens to have in KV before decoding (prompt + generated so far) */
+    uint32_t prefilled; /* tokens in KV */
+} running_t;
+
+typedef struct replay {
+    const pl_trace_t *t;
+    pl_shape_t shape;
+    pat_conn_t *conn;
+    pl_compute_t *pc;
+    pl_report_t rep;
+    pat_buffers_t buf;
+    const char *sock;
+    uint32_t max_seq_len, conc, batch;
+    /* trace pointer and per-pass state */
+    double *t_adj; /* arrival after --spread, seconds */
+    uint8_t *state;
+    uint32_t next_i, deferred, pass;
+    double pass_t0;
+    /* records, queue, running set */
+    uint32_t rec_cap;
+    uint32_t *queue, q_head, q_len, q_cap;
+    running_t *run;
+    uint32_t n_run;
+    /* step scratch */
+    uint32_t *seqs, *n_new, *toks, *prompt;
+    int32_t *slot; /* run[k]'s index in the step's arrays, -1 if not in it */
+    uint32_t prompt_cap;
+    FILE *steps_f;
+    double t0, next_poll, next_progress, progress_every;
+    int64_t blocks_used;
+    int tty;
+    int fatal; /* a negative errno that ended the replay */
+} replay_t;
+
+static double arrival(const replay_t *R, uint32_t i)
+{
+    return R->pass_t0 + (O.speed > 0 ? R->t_adj[i] / O.speed : 0);
+}
+
+static uint32_t new_rec(replay_t *R, uint32_t i, double t_arrive)
+{
+    pl_report_t *rep = &R->rep;
+    if (rep->n_rec == R->rec_cap) {
+        R->rec_cap = R->rec_cap ? R->rec_cap * 2 : 1024;
+        rep->rec = xrealloc(rep->rec, (size_t)R->rec_cap * sizeof(*rep->rec));
+    }
+    pl_rec_t *q = &rep->rec[rep->n_rec];
+    *q = (pl_rec_t){.trace_idx = i,
+                    .pass = R->pass,
+                    .line = R->t->req[i].line,
+                    .in_len = pl_req_input(R->t, &R->shape, i),
+                    .out_len = pl_req_output(R->t, &R->shape, i),
+                    .t_arrive = t_arrive,
+                    .t_admit = -1,
+                    .t_first = -1,
+                    .t_done = -1};
+    R->state[i] = R_ACTIVE;
+    return rep->n_rec++;
+}
+
+static void queue_push(replay_t *R, uint32_t rec, int front)
+{
+    if (R->q_len + 1 > R->q_cap) {
+        uint32_t nc = R->q_cap ? R->q_cap * 2 : 1024;
+        uint32_t *nq = xrealloc(NULL, (size_t)nc * sizeof(*nq));
+        for (uint32_t k = 0; k < R->q_len; k++)
+            nq[k] = R->queue[(R->q_head + k) % R->q_cap];
+        free(R->queue);
+        R->queue = nq;
+        R->q_head = 0;
+        R->q_cap = nc;
+    }
+    if (front) {
+        R->q_head = (R->q_head + R->q_cap - 1) % R->q_cap;
+        R->queue[R->q_head] = rec;
+    } else {
+        R->queue[(R->q_head + R->q_len) % R->q_cap] = rec;
+    }
+    R->q_len++;
+}
+
+static uint32_t queue_pop(replay_t *R)
+{
+    uint32_t rec = R->queue[R->q_head];
+    R->q_head = (R->q_head + 1) % R->q_cap;
+    R->q_len--;
+    return rec;
+}
+
+/* A request finished (done or failed): its session's next turn may now arrive. */
+static void finish(replay_t *R, uint32_t rec, int err, double t)
+{
+    pl_rec_t *q = &R->rep.rec[rec];
+    q->err = err;
+    if (!err)
+        q->t_done = t;
+    uint32_t i = q->trace_idx;
+    R->state[i] = R_FINISHED;
+    int32_t nx = R->t->req[i].next;
+    if (nx >= 0 && R->state[nx] == R_DEFERRED) {
+        R->deferred--;
+        double ta = arrival(R, (uint32_t)nx);
+        queue_push(R, new_rec(R, (uint32_t)nx, t > ta ? t : ta), 0);
+    }
+}
+
+static void arrivals(replay_t *R, double t)
+{
+    const pl_trace_t *tr = R->t;
+    while (R->next_i < tr->n && arrival(R, R->next_i) <= t) {
+        if (O.duration > 0 && t >= O.duration)
+            return;
+        uint32_t i = R->next_i++;
+        int32_t pv = tr->req[i].prev;
+        if (pv >= 0 && R->state[pv] != R_FINISHED) {
+            R->state[i] = R_DEFERRED;
+            R->deferred++;
+            continue;
+        }
+        queue_push(R, new_rec(R, i, arrival(R, i)), 0);
+    }
+}
+
+static uint32_t *prompt_tokens(replay_t *R, uint32_t i, uint32_t n)
+{
+    if (n > R->prompt_cap) {
+        R->prompt_cap = n;
+        R->prompt = xrealloc(R->prompt, (size_t)n * sizeof(uint32_t));
+    }
+    for (uint32_t p = 0; p < n; p++)
+        R->prompt[p] = pl_req_token(R->t, &R->shape, i, p);
+    return R->prompt;
+}
+
+static int is_fatal(int rc)
+{
+    return rc == -ECONNRESET || rc == -ESHUTDOWN || rc == -ETIMEDOUT || rc == -EPROTO ||
+           rc == -EBADMSG || rc == -EIO || rc == -ENOMEM;
+}
+
+/* Opens sequences for queued requests while there is room. */
+static void admit(replay_t *R, double t)
+{
+    while (R->q_len && R->n_run < R->conc) {
+        uint32_t rec = R->queue[R->q_head];
+        pl_rec_t *q = &R->rep.rec[rec];
+        uint32_t target = q->in_len + q->generated;
+        if ((uint64_t)q->in_len + q->out_len - 1 > R->max_seq_len) {
+            queue_pop(R);
+            finish(R, rec, -E2BIG, t);
+            continue;
+        }
+        uint32_t seq, cached;
+        int rc = pat_seq_open(R->conn, prompt_tokens(R, q->trace_idx, target), target, &seq,
+                              &cached);
+        if (rc == -EMFILE || rc == -EDQUOT || rc == -ENOSPC) {
+            pl_report_count_err(R->rep.step_errs, &R->rep.n_step_errs, rc);
+            if (R->n_run == 0) { /* nothing to wait for: it can never be admitted */
+                queue_pop(R);
+                finish(R, rec, rc, t);
+                continue;
+            }
+            return;
+        }
+        if (rc < 0) {
+            if (is_fatal(rc)) {
+                R->fatal = rc;
+                return;
+            }
+            queue_pop(R);
+            finish(R, rec, rc, t);
+            continue;
+        }
+        queue_pop(R);
+        if (q->t_admit < 0) {
+            q->t_admit = t;
+            q->cached = cached;
+        }
+        R->run[R->n_run++] = (running_t){.rec = rec, .seq = seq, .target = target,
+                                         .prefilled = cached};
+    }
+}
+
+/* Drops the KV of the most recently admitted request and queues it again (front). */
+static void preempt(replay_t *R, int err, double t)
+{
+    running_t e = R->run[--R->n_run];
+    pat_seq_close(R->conn, e.seq);
+    if (R->n_run == 0) { /* alone and still no room: it cannot run at all */
+        finish(R, e.rec, err, t);
+        return;
+    }
+    R->rep.rec[e.rec].preempted++;
+    R->rep.preemptions++;
+    queue_push(R, e.rec, 1);
+}
+
+static void poll_status(replay_t *R)
+{
+    char *text = NULL;
+    if (pat_admin(R->sock, PAT_ADMIN_STATUS, 2000, &text) == 0) {
+        int64_t used = status_int(text, "blocks_used"), total = status_int(text, "blocks_total");
+        if (used >= 0) {
+            R->blocks_used = used;
+            if (used > R->rep.kv_blocks_peak)
+                R->rep.kv_blocks_peak = used;
+        }
+        if (total > 0)
+            R->rep.kv_blocks_total = total;
+    }
+    pat_free(text);
+}
+
+static void progress(replay_t *R, double t, int final)
+{
+    pl_report_t *rep = &R->rep;
+    uint32_t done = 0, failed = 0, prefill = 0;
+    uint64_t prompt = 0, cached = 0;
+    for (uint32_t k = 0; k < rep->n_rec; k++) {
+        const pl_rec_t *q = &rep->rec[k];
+        done += q->t_done >= 0;
+        failed += q->err != 0;
+        if (q->t_admit >= 0) {
+            prompt += q->in_len;
+            cached += q->cached;
+        }
+    }
+    for (uint32_t k = 0; k < R->n_run; k++)
+        prefill += R->run[k].prefilled < R->run[k].target;
+    char total[32];
+    if (O.loop)
+        snprintf(total, sizeof(total), "pass %u", R->pass + 1);
+    else
+        snprintf(total, sizeof(total), "%u", R->t->n);
+    fprintf(stderr,
+            "%s[%7.1f s] done %u/%s %.1f req/s | running %u (prefill %u) queued %u | "
+            "KV %lld/%lld blocks | prefix hit %.1f%% | preempt %llu | failed %u%s",
+            R->tty ? "\r" : "", t, done, total, t > 0 ? done / t : 0, R->n_run, prefill,
+            R->q_len, (long long)R->blocks_used, (long long)rep->kv_blocks_total,
+            prompt ? 100.0 * cached / prompt : 0, (unsigned long long)rep->preemptions, failed,
+            R->tty && !final ? "\033[K" : "\n");
+    fflush(stderr);
+}
+
+/* One step: every decoding sequence plus prefill chunks up to the batch budget. */
+static void step(replay_t *R)
+{
+    const pl_trace_t *tr = R->t;
+    uint32_t n = 0, T = 0, prefill_T = 0;
+    for (uint32_t k = 0; k < R->n_run; k++) {
+        running_t *e = &R->run[k];
+        R->slot[k] = -1;
+        if (e->prefilled < e->target)
+            continue;
+        pl_rec_t *q = &R->rep.rec[e->rec];
+        R->slot[k] = (int32_t)n;
+        R->seqs[n] = e->seq;
+        R->n_new[n++] = 1;
+        R->toks[T++] = pl_req_token(tr, &R->shape, q->trace_idx, q->in_len + q->generated - 1);
+    }
+    for (uint32_t k = 0; k < R->n_run && T < R->batch; k++) {
+        running_t *e = &R->run[k];
+        if (e->prefilled >= e->target)
+            continue;
+        uint32_t c = e->target - e->prefilled;
+        c = c < O.chunk ? c : O.chunk;
+        c = c < R->batch - T ? c : R->batch - T;
+        uint32_t i = R->rep.rec[e->rec].trace_idx;
+        R->slot[k] = (int32_t)n;
+        R->seqs[n] = e->seq;
+        R->n_new[n++] = c;
+        for (uint32_t p = 0; p < c; p++)
+            R->toks[T++] = pl_req_token(tr, &R->shape, i, e->prefilled + p);
+        prefill_T += c;
+    }
+    if (n == 0)
+        return;
+
+    double t_begin = now_s() - R->t0;
+    int rc = pat_step_begin(R->conn, R->seqs, R->n_new, n, R->toks);
+    if (rc < 0) {
+        fprintf(stderr, "patload: pat_step_begin: %s (%s)\n", pat_strerror(rc),
+                pat_last_error(R->conn));
+        R->fatal = rc;
+        return;
+    }
+    int crc = pl_compute_step(R->pc, T);
+    pat_step_info_t info;
+    int erc = pat_step_end(R->conn, crc < 0, &info);
+    rc = erc < 0 ? erc : crc;
+    double t_end = now_s() - R->t0;
+    if (rc == -ENOSPC || rc == -EDQUOT) {
+        pl_report_count_err(R->rep.step_errs, &R->rep.n_step_errs, rc);
+        preempt(R, rc, t_end);
+        return;
+    }
+    if (rc < 0) {
+        fprintf(stderr, "patload: step of %u sequences / %u tokens failed: %s (%s)\n", n, T,
+                pat_strerror(rc), pat_last_error(R->conn));
+        R->fatal = rc;
+        return;
+    }
+
+    pl_report_t *rep = &R->rep;
+    rep->steps++;
+    rep->step_tokens += T;
+    rep->prefill_tokens += prefill_T;
+    rep->decode_tokens += T - prefill_T;
+    rep->kv_bytes += info.kv_bytes * rep->n_layers;
+    rep->qc_bytes += info.qc_bytes * rep->n_layers;
+    rep->pack_reused += info.pack_reused != 0;
+    rep->step_wall_ms_sum += (t_end - t_begin) * 1e3;
+    rep->daemon_ms_sum += info.step_ns / 1e6;
+    if (R->steps_f) {
+        pl_step_rec_t s = {.t_s = t_begin,
+                           .seqs = n,
+                           .tokens = T,
+                           .prefill_tokens = prefill_T,
+                           .running = R->n_run,
+                           .queued = R->q_len,
+                           .wall_ms = (t_end - t_begin) * 1e3,
+                           .daemon_ms = info.step_ns / 1e6,
+                           .kv_bytes = info.kv_bytes * rep->n_layers,
+                           .qc_bytes = info.qc_bytes * rep->n_layers,
+                           .pack_reused = info.pack_reused,
+                           .kv_blocks_used = R->blocks_used};
+        pl_step_csv_row(R->steps_f, &s);
+    }
+
+    /* advance: the k-th sequence of the step got n_new[k] tokens */
+    uint32_t keep = 0;
+    for (uint32_t k = 0; k < R->n_run; k++) {
+        running_t *e = &R->run[k];
+        pl_rec_t *q = &rep->rec[e->rec];
+        int32_t j = R->slot[k];
+        if (j >= 0) {
+            if (e->prefilled < e->target) {
+                e->prefilled += R->n_new[j];
+                if (e->prefilled == e->target) { /* prefill done: a token comes out */
+                    if (q->generated == 0)
+                        q->t_first = t_end;
+                    q->generated++;
+                }
+            } else {
+                e->prefilled++;
+                e->target++;
+                q->generated++;
+            }
+        }
+        if (q->generated >= q->out_len) {
+            pat_seq_close(R->conn, e->seq);
+            finish(R, e->rec, 0, t_end);
+            continue;
+        }
+        R->run[keep++] = *e;
+    }
+    R->n_run = keep;
+}
+
+static void shape_report(replay_t *R, const char *trace_path)
+{
+    const char *slash = strrchr(trace_path, '/');
+    R->rep.trace = slash ? slash + 1 : trace_path;
+    R->rep.format = pl_format_name(R->t->format);
+    R->rep.trace_requests = R->t->n;
+    R->rep.speed = O.speed;
+    R->rep.scale = O.scale;
+    R->rep.chunk = O.chunk;
+    double b = floor(R->t->block * O.scale + 0.5);
+    R->rep.block_tokens = b < 1 ? 1 : (uint32_t)b;
+}
+
+static int dry_run(const pl_trace_t *t, const pl_shape_t *s)
+{
+    uint64_t in = 0, out = 0, raw_in = 0, raw_out = 0;
+    uint32_t most = 0, sessions = 0;
+    for (uint32_t i = 0; i < t->n; i++) {
+        uint32_t L = pl_req_input(t, s, i), Ol = pl_req_output(t, s, i);
+        in += L;
+        out += Ol;
+        raw_in += t->req[i].in_len;
+        raw_out += t->req[i].out_len;
+        most = L + Ol > most ? L + Ol : most;
+        sessions += t->req[i].session >= 0 && t->req[i].prev < 0;
+    }
+    printf("format %s\nrequests %u\nblock %u\nhas_hash %d\nsessions %u\n"
+           "span_s %.3f\ntrace_input_tokens %llu\ntrace_output_tokens %llu\n"
+           "input_tokens %llu\noutput_tokens %llu\nlongest_sequence %u\n",
+           pl_format_name(t->format), t->n, t->block, t->has_hash, sessions, t->req[t->n - 1].t_s,
+           (unsigned long long)raw_in, (unsigned long long)raw_out, (unsigned long long)in,
+           (unsigned long long)out, most);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *trace_path = NULL;
+    if (parse_args(argc, argv, &trace_path) < 0)
+        return EXIT_USAGE;
+    if (O.help) {
+        usage(stdout);
+        return 0;
+    }
+    if (!trace_path) {
+        fprintf(stderr, "patload: no trace given\n");
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    pl_compute_kind_t kind;
+    int kind_auto = !strcmp(O.compute, "auto");
+    if (kind_auto || !strcmp(O.compute, "cpu"))
+        kind = PL_COMPUTE_CPU;
+    else if (!strcmp(O.compute, "gpu"))
+        kind = PL_COMPUTE_GPU;
+    else if (!strcmp(O.compute, "none"))
+        kind = PL_COMPUTE_NONE;
+    else {
+        fprintf(stderr, "patload: --compute %s: expected auto, cpu, gpu or none\n", O.compute);
+        return EXIT_USAGE;
+    }
+    if (O.loop && O.duration <= 0)
+        fprintf(stderr, "patload: --loop without --duration runs until interrupted\n");
+
+    char why[512];
+    pl_trace_t trace;
+    int rc = pl_trace_load(&trace, trace_path, O.skip, O.limit, O.trace_block, why, sizeof(why));
+    if (rc < 0) {
+        fprintf(stderr, "patload: %s\n", why);
+        return EXIT_USAGE;
+    }
+    replay_t R_ = {.t = &trace, .blocks_used = -1}, *R = &R_;
+    R->shape = (pl_shape_t){.scale = O.scale,
+                            .max_input = O.max_input,
+                            .max_output = O.max_output,
+                            .shared_prefix = O.shared_prefix,
+                            .salt = O.seed};
+    if (O.dry_run) {
+        rc = dry_run(&trace, &R->shape);
+        pl_trace_done(&trace);
+        return rc;
+    }
+
+    /* the daemon: its model, backend and limits */
+    R->sock = O.socket ? O.socket : pat_default_socket();
+    char *status = NULL;
+    rc = pat_admin(R->sock, PAT_ADMIN_STATUS, O.timeout_ms, &status);
+    if (rc < 0) {
+        fprintf(stderr, "patload: no patd at %s: %s\n", R->sock, pat_strerror(rc));
+        pl_trace_done(&trace);
+        return EXIT_DAEMON;
+    }
+    pat_model_t model = {0};
+    unsigned long long mid = 0;
+    char backend[32] = "?";
+    const char *ml = strstr(status, "model layers=");
+    const char *bl = strstr(status, "backend ");
+    if (bl)
+        sscanf(bl, "backend %31s", backend);
+    if (!ml || sscanf(ml, "model layers=%u q_heads=%u kv_heads=%u head_dim=%u dtype=%u block=%u "
+                          "id=%llu",
+                      &model.n_layers, &model.q_heads, &model.kv_heads, &model.head_dim,
+                      &model.dtype, &model.block_size, &mid) != 7) {
+        fprintf(stderr, "patload: patd's STATUS has no model line (an older daemon?)\n");
+        pat_free(status);
+        pl_trace_done(&trace);
+        return EXIT_DAEMON;
+    }
+    model.model_id = mid;
+    int64_t msl = status_int(status, "max_seq_len");
+    R->max_seq_len = msl > 0 ? (uint32_t)msl : UINT32_MAX;
+    pat_free(status);
+
+    pat_connect_opts_t co = {.size = sizeof(co),
+                             .max_batch_tokens = O.batch,
+                             .max_seqs = O.concurrency,
+                             .timeout_ms = O.timeout_ms,
+                             .socket = R->sock,
+                             .label = O.label,
+                             .model = model};
+    rc = pat_connect(&co, &R->conn, why, sizeof(why));
+    if (rc < 0) {
+        fprintf(stderr, "patload: connecting to %s: %s (%s)\n", R->sock, pat_strerror(rc), why);
+        pl_trace_done(&trace);
+        return rc == -EINVAL || rc == -EDQUOT ? EXIT_USAGE : EXIT_DAEMON;
+    }
+    pat_buffers(R->conn, &R->buf);
+    if (kind_auto && R->buf.on_gpu)
+        kind = PL_COMPUTE_GPU;
+    R->batch = R->buf.max_batch_tokens;
+    R->conc = O.concurrency;
+    if (R->buf.max_seqs && R->conc > R->buf.max_seqs)
+        R->conc = R->buf.max_seqs;
+    if (R->conc > R->batch)
+        R->conc = R->batch; /* every running request decodes in every step */
+
+    pl_compute_cfg_t cc = {.kind = kind,
+                           .n_layers = model.n_layers,
+                           .q_heads = model.q_heads,
+                           .kv_heads = model.kv_heads,
+                           .head_dim = model.head_dim,
+                           .dtype = model.dtype,
+                           .hidden = O.hidden ? O.hidden : model.q_heads * model.head_dim,
+                           .max_tokens = R->batch,
+                           .layer_us = O.layer_us,
+                           .tflops = O.tflops};
+    cc.ffn = O.ffn ? O.ffn : (uint32_t)((cc.hidden * 8 / 3 + 255) / 256 * 256);
+    rc = pl_compute_create(&cc, R->conn, &R->pc, why, sizeof(why));
+    if (rc < 0) {
+        fprintf(stderr, "patload: %s\n", why);
+        pat_close(R->conn);
+        pl_trace_done(&trace);
+        return EXIT_USAGE;
+    }
+
+    /* outputs named up front so that a bad path fails before the replay, not after */
+    char req_csv[1024], steps_csv[1024];
+    const char *req_csv_path = O.csv, *steps_csv_path = O.steps_csv;
+    if (O.plot && !req_csv_path) {
+        snprintf(req_csv, sizeof(req_csv), "%s.requests.csv", O.plot);
+        req_csv_path = req_csv;
+    }
+    if (O.plot && !steps_csv_path) {
+        snprintf(steps_csv, sizeof(steps_csv), "%s.steps.csv", O.plot);
+        steps_csv_path = steps_csv;
+    }
+    if (steps_csv_path) {
+        if (!(R->steps_f = fopen(steps_csv_path, "w"))) {
+            fprintf(stderr, "patload: %s: %s\n", steps_csv_path, strerror(errno));
+            rc = -errno;
+            goto out;
+        }
+        pl_step_csv_header(R->steps_f);
+    }
+
+    shape_report(R, trace_path);
+    R->rep.backend = backend;
+    R->rep.compute = pl_compute_name(kind);
+    R->rep.device = pl_compute_device(R->pc);
+    R->rep.concurrency = R->conc;
+    R->rep.max_batch_tokens = R->batch;
+    R->rep.n_layers = model.n_layers;
+    R->rep.q_heads = model.q_heads;
+    R->rep.kv_heads = model.kv_heads;
+    R->rep.head_dim = model.head_dim;
+
+    uint32_t n = trace.n;
+    R->t_adj = xrealloc(NULL, (size_t)n * sizeof(double));
+    R->state = xrealloc(NULL, n);
+    R->slot = xrealloc(NULL, (size_t)R->conc * sizeof(int32_t));
+    R->run = xrealloc(NULL, (size_t)R->conc * sizeof(running_t));
+    R->seqs = xrealloc(NULL, (size_t)R->conc * sizeof(uint32_t));
+    R->n_new = xrealloc(NULL, (size_t)R->conc * sizeof(uint32_t));
+    R->toks = xrealloc(NULL, (size_t)R->batch * sizeof(uint32_t));
+    for (uint32_t i = 0; i < n; i++)
+        R->t_adj[i] = trace.req[i].t_s;
+    if (O.spread)
+        for (uint32_t i = 0; i < n;) {
+            uint32_t j = i;
+            while (j < n && trace.req[j].t_s == trace.req[i].t_s)
+                j++;
+            if (j < n)
+                for (uint32_t k = i; k < j; k++)
+                    R->t_adj[k] = trace.req[i].t_s +
+                                  (trace.req[j].t_s - trace.req[i].t_s) * (k - i) / (j - i);
+            i = j;
+        }
+    memset(R->state, 0, n);
+
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    R->tty = isatty(STDERR_FILENO);
+    R->progress_every = O.quiet ? 0 : O.progress >= 0 ? O.progress : R->tty ? 0.5 : 10;
+    if (!O.quiet)
+        fprintf(stderr,
+                "patload: %u requests from %s (%s, %u-token blocks -> %u) against %s (%s "
+                "backend), compute %s%s%s\n",
+                n, R->rep.trace, R->rep.format, trace.block, R->rep.block_tokens, R->sock,
+                backend, R->rep.compute, R->rep.device[0] ? " on " : "", R->rep.device);
+
+    R->t0 = now_s();
+    R->pass = 0;
+    R->pass_t0 = 0;
+    poll_status(R);
+    for (;;) {
+        double t = now_s() - R->t0;
+        if (g_stop) {
+            R->rep.interrupted = 1;
+            break;
+        }
+        if (R->fatal)
+            break;
+        arrivals(R, t);
+        if (R->next_i == n && R->n_run == 0 && R->q_len == 0 && R->deferred == 0) {
+            R->rep.passes = R->pass + 1;
+            if (!O.loop || (O.duration > 0 && t >= O.duration))
+                break;
+            R->pass++;
+            R->shape.salt = O.seed + R->pass * 0x9e3779b9ull;
+            R->pass_t0 = t;
+            R->next_i = 0;
+            memset(R->state, 0, n);
+            continue;
+        }
+        if (O.duration > 0 && t >= O.duration && R->n_run == 0)
+            break; /* duration over and nothing in flight: what is queued is not started */
+        if (!(O.duration > 0 && t >= O.duration))
+            admit(R, t);
+        if (R->fatal)
+            break;
+        if (R->n_run) {
+            step(R);
+        } else {
+            double next = R->next_i < n ? arrival(R, R->next_i) - t : 0.05;
+            if (next > 0.05)
+                next = 0.05;
+            if (next > 0)
+                nanosleep(&(struct timespec){0, (long)(next * 1e9)}, NULL);
+        }
+        t = now_s() - R->t0;
+        if (t >= R->next_poll) {
+            poll_status(R);
+            R->next_poll = t + 0.5;
+        }
+        if (R->progress_every > 0 && t >= R->next_progress) {
+            progress(R, t, 0);
+            R->next_progress = t + R->progress_every;
+        }
+    }
+    R->rep.wall_s = now_s() - R->t0;
+    if (R->rep.passes == 0)
+        R->rep.passes = R->pass + 1;
+    if (R->progress_every > 0)
+        progress(R, R->rep.wall_s, 1);
+
+    /* what never finished: running / queued ones end as failed with why (interrupted: ECANCELED,
+     * a lost daemon: its code); ones never admitted are counted as not started */
+    int end_err = R->fatal ? R->fatal : -ECANCELED;
+    for (uint32_t k = 0; k < R->n_run; k++)
+        R->rep.rec[R->run[k].rec].err = end_err;
+    while (R->q_len) {
+        uint32_t rec = queue_pop(R);
+        if (R->rep.rec[rec].t_admit >= 0 || R->fatal)
+            R->rep.rec[rec].err = end_err;
+        else
+            R->rep.not_started++;
+    }
+    /* drop never-admitted records from the table (not started), keep the rest */
+    uint32_t keep = 0;
+    for (uint32_t k = 0; k < R->rep.n_rec; k++) {
+        pl_rec_t *q = &R->rep.rec[k];
+        if (q->t_admit < 0 && q->err == 0 && q->t_done < 0)
+            continue;
+        R->rep.rec[keep++] = *q;
+    }
+    R->rep.n_rec = keep;
+    if (!O.loop)
+        R->rep.not_started += (n - R->next_i) + R->deferred;
+
+    if (R->rep.kv_blocks_total <= 0)
+        poll_status(R);
+    pl_report_print(&R->rep, stdout);
+    rc = 0;
+    if (O.json && pl_report_json(&R->rep, O.json) < 0) {
+        fprintf(stderr, "patload: writing %s failed\n", O.json);
+        rc = -EIO;
+    }
+    if (req_csv_path && (rc = pl_report_csv(&R->rep, req_csv_path)) < 0)
+        fprintf(stderr, "patload: writing %s: %s\n", req_csv_path, strerror(-rc));
+    if (R->steps_f) {
+        if (fclose(R->steps_f) != 0) {
+            fprintf(stderr, "patload: writing %s failed\n", steps_csv_path);
+            rc = -EIO;
+        }
+        R->steps_f = NULL;
+    }
+    if (O.plot && rc == 0) {
+        char title[256];
+        snprintf(title, sizeof(title), "patload: %s against patd (%s backend), compute %s",
+                 R->rep.trace, backend, R->rep.compute);
+        if ((rc = pl_report_plot(O.plot, req_csv_path, steps_csv_path, title, R->rep.wall_s, why,
+                                 sizeof(why))) < 0)
+            fprintf(stderr, "patload: plot: %s\n", why);
+        else if (!O.quiet)
+            fprintf(stderr, "patload: plot written to %s\n", O.plot);
+    }
+out:;
+    int failed = 0;
+    for (uint32_t k = 0; k < R->rep.n_rec; k++)
+        failed += R->rep.rec[k].err != 0;
+    int fatal = R->fatal;
+    if (R->steps_f)
+        fclose(R->steps_f);
+    pl_compute_free(R->pc);
+    pat_close(R->conn);
+    free(R->t_adj);
+    free(R->state);
+    free(R->slot);
+    free(R->run);
+    free(R->seqs);
+    free(R->n_new);
+    free(R->toks);
+    free(R->prompt);
+    free(R->queue);
+    free(R->rep.rec);
+    pl_trace_done(&trace);
+    if (fatal && is_fatal(fatal))
+        return EXIT_DAEMON;
+    return rc < 0 || failed || R->rep.interrupted ? EXIT_FAILED : 0;
+}

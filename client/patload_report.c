@@ -1,0 +1,409 @@
+/*
+ * patload_report.c — patload's summary table, JSON and CSV outputs and plot (patload_report.h).
+ *
+ * Definitions (per request, over the requests that finished):
+ *   TTFT  first token - arrival (arrival: its recorded time scaled by --speed, or when the
+ *         previous turn of its session finished, whichever is later);
+ *   TPOT  (finish - first token) / (output tokens - 1), for outputs of 2 or more tokens;
+ *   e2e   finish - arrival.
+ * Percentiles are nearest-rank. KV bytes are what the daemon's plans read (its prefix-aware
+ * packing) against what query-centric attention reads for the same steps (every query its whole
+ * context), summed over steps and layers.
+ */
+#include "patload_report.h"
+
+#include <errno.h>
+#include <json-c/json.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#define ERRNO_NAMES(X)                                                                             \
+    X(ENOSPC) X(EDQUOT) X(EMFILE) X(E2BIG) X(EINVAL) X(ENOENT) X(ETIMEDOUT) X(ECANCELED)            \
+    X(ECONNRESET) X(ESHUTDOWN) X(EBUSY) X(EIO) X(ENOMEM) X(EBADMSG) X(EPROTO) X(ENOTSUP)          \
+    X(EMEDIUMTYPE) X(ESRCH) X(EAGAIN) X(EINTR)
+
+const char *pl_errname(int err)
+{
+    static __thread char buf[16];
+    switch (-err) {
+#define CASE(e)                                                                                    \
+    case e:                                                                                        \
+        return #e;
+        ERRNO_NAMES(CASE)
+#undef CASE
+    default:
+        snprintf(buf, sizeof(buf), "E%d", -err);
+        return buf;
+    }
+}
+
+void pl_report_count_err(pl_errcount_t *tab, uint32_t *n, int err)
+{
+    for (uint32_t i = 0; i < *n; i++)
+        if (tab[i].err == err) {
+            tab[i].n++;
+            return;
+        }
+    if (*n < PL_MAX_ERR_KINDS)
+        tab[(*n)++] = (pl_errcount_t){err, 1};
+    else
+        tab[PL_MAX_ERR_KINDS - 1].n++; /* the last slot also counts whatever did not fit */
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double pl_percentile(double *v, uint32_t n, double p)
+{
+    if (n == 0)
+        return NAN;
+    qsort(v, n, sizeof(*v), cmp_double);
+    double rank = ceil(p / 100.0 * n);
+    uint32_t i = rank < 1 ? 0 : (uint32_t)rank - 1;
+    return v[i < n ? i : n - 1];
+}
+
+/* ---------------------------------------------------------------- derived numbers */
+
+typedef struct lat {
+    double p50, p90, p99, mean;
+    uint32_t n;
+} lat_t;
+
+enum { L_TTFT, L_TPOT, L_E2E, N_LAT };
+
+typedef struct summary {
+    uint32_t done, failed;
+    uint64_t prompt, cached, out_tokens;
+    lat_t lat[N_LAT];
+    pl_errcount_t req_errs[PL_MAX_ERR_KINDS];
+    uint32_t n_req_errs;
+} summary_t;
+
+static double rec_ms(const pl_rec_t *r, int which)
+{
+    if (r->err || r->t_done < 0)
+        return NAN;
+    switch (which) {
+    case L_TTFT:
+        return (r->t_first - r->t_arrive) * 1e3;
+    case L_TPOT:
+        return r->generated > 1 ? (r->t_done - r->t_first) * 1e3 / (r->generated - 1) : NAN;
+    default:
+        return (r->t_done - r->t_arrive) * 1e3;
+    }
+}
+
+static void summarize(const pl_report_t *r, summary_t *s)
+{
+    memset(s, 0, sizeof(*s));
+    double *v = malloc(((size_t)r->n_rec + 1) * sizeof(*v));
+    for (uint32_t i = 0; i < r->n_rec; i++) {
+        const pl_rec_t *q = &r->rec[i];
+        if (q->err) {
+            s->failed++;
+            pl_report_count_err(s->req_errs, &s->n_req_errs, q->err);
+        } else if (q->t_done >= 0) {
+            s->done++;
+        }
+        if (q->t_admit >= 0) {
+            s->prompt += q->in_len;
+            s->cached += q->cached;
+        }
+        s->out_tokens += q->generated;
+    }
+    for (int k = 0; k < N_LAT && v; k++) {
+        uint32_t n = 0;
+        double sum = 0;
+        for (uint32_t i = 0; i < r->n_rec; i++) {
+            double x = rec_ms(&r->rec[i], k);
+            if (!isnan(x)) {
+                v[n++] = x;
+                sum += x;
+            }
+        }
+        lat_t *l = &s->lat[k];
+        l->n = n;
+        l->mean = n ? sum / n : NAN;
+        l->p50 = pl_percentile(v, n, 50);
+        l->p90 = pl_percentile(v, n, 90);
+        l->p99 = pl_percentile(v, n, 99);
+    }
+    free(v);
+}
+
+static double pct(double a, double b)
+{
+    return b > 0 ? 100.0 * a / b : 0;
+}
+
+/* ---------------------------------------------------------------- table */
+
+void pl_report_print(const pl_report_t *r, FILE *f)
+{
+    summary_t s;
+    summarize(r, &s);
+    double w = r->wall_s > 0 ? r->wall_s : 1e-9;
+    fprintf(f, "\npatload summary: %s (%s, %u requests", r->trace, r->format, r->trace_requests);
+    if (r->passes > 1)
+        fprintf(f, ", %u passes", r->passes);
+    fprintf(f, ")\n");
+    fprintf(f,
+            "  patd %s backend; model %u layers, %u/%u heads x %u; compute stand-in %s%s%s\n"
+            "  concurrency %u, batch %u tokens, prefill chunk %u, speed %s, scale %g (%u tokens "
+            "per trace block)\n",
+            r->backend, r->n_layers, r->q_heads, r->kv_heads, r->head_dim, r->compute,
+            r->device && r->device[0] ? " on " : "", r->device ? r->device : "", r->concurrency,
+            r->max_batch_tokens, r->chunk, r->speed > 0 ? "" : "as fast as possible", r->scale,
+            r->block_tokens);
+    if (r->speed > 0)
+        fprintf(f, "  (speed %gx the recorded arrival times)\n", r->speed);
+    fprintf(f, "\n  requests     %u done, %u failed, %u not started%s; wall %.2f s, %.2f req/s\n",
+            s.done, s.failed, r->not_started, r->interrupted ? " (interrupted)" : "", r->wall_s,
+            s.done / w);
+    fprintf(f,
+            "  tokens       prompt %llu (prefix cache held %llu = %.1f %%), prefill computed "
+            "%llu, output %llu\n",
+            (unsigned long long)s.prompt, (unsigned long long)s.cached, pct(s.cached, s.prompt),
+            (unsigned long long)r->prefill_tokens, (unsigned long long)s.out_tokens);
+    fprintf(f, "  throughput   %.1f output tok/s, %.1f tok/s through attention\n",
+            s.out_tokens / w, r->step_tokens / w);
+    fprintf(f,
+            "  steps        %llu, mean batch %.1f tokens, pack reused %.1f %%, mean step %.2f ms "
+            "(daemon %.2f ms), preemptions %llu\n",
+            (unsigned long long)r->steps, r->steps ? (double)r->step_tokens / r->steps : 0,
+            pct(r->pack_reused, r->steps), r->steps ? r->step_wall_ms_sum / r->steps : 0,
+            r->steps ? r->daemon_ms_sum / r->steps : 0, (unsigned long long)r->preemptions);
+    fprintf(f, "\n  latency (ms)        p50        p90        p99       mean      n\n");
+    static const char *const names[N_LAT] = {"TTFT", "TPOT", "end-to-end"};
+    for (int k = 0; k < N_LAT; k++)
+        fprintf(f, "  %-12s %10.2f %10.2f %10.2f %10.2f %6u\n", names[k], s.lat[k].p50,
+                s.lat[k].p90, s.lat[k].p99, s.lat[k].mean, s.lat[k].n);
+    fprintf(f, "\n  KV read      %.1f MB by patd vs %.1f MB query-centric: %.2fx less, %.1f %% saved\n",
+            r->kv_bytes / 1e6, r->qc_bytes / 1e6,
+            r->kv_bytes ? (double)r->qc_bytes / r->kv_bytes : 0,
+            100.0 - pct(r->kv_bytes, r->qc_bytes));
+    if (r->kv_blocks_total > 0)
+        fprintf(f, "  KV blocks    peak %lld of %lld in use (%.1f %%)\n",
+                (long long)r->kv_blocks_peak, (long long)r->kv_blocks_total,
+                pct(r->kv_blocks_peak, r->kv_blocks_total));
+    fprintf(f, "  errors       ");
+    if (!s.n_req_errs)
+        fprintf(f, "none");
+    for (uint32_t i = 0; i < s.n_req_errs; i++)
+        fprintf(f, "%s%s %llu", i ? ", " : "", pl_errname(s.req_errs[i].err),
+                (unsigned long long)s.req_errs[i].n);
+    fprintf(f, " (failed requests by code)\n  refusals     ");
+    if (!r->n_step_errs)
+        fprintf(f, "none");
+    for (uint32_t i = 0; i < r->n_step_errs; i++)
+        fprintf(f, "%s%s %llu", i ? ", " : "", pl_errname(r->step_errs[i].err),
+                (unsigned long long)r->step_errs[i].n);
+    fprintf(f, " (steps the daemon refused; ENOSPC/EDQUOT preempt and retry)\n");
+}
+
+/* ---------------------------------------------------------------- JSON */
+
+static json_object *jnum(double x)
+{
+    return isnan(x) ? json_object_new_null() : json_object_new_double(x);
+}
+
+static json_object *errs_json(const pl_errcount_t *t, uint32_t n)
+{
+    json_object *o = json_object_new_object();
+    for (uint32_t i = 0; i < n; i++)
+        json_object_object_add(o, pl_errname(t[i].err), json_object_new_int64((int64_t)t[i].n));
+    return o;
+}
+
+int pl_report_json(const pl_report_t *r, const char *path)
+{
+    summary_t s;
+    summarize(r, &s);
+    json_object *o = json_object_new_object(), *cfg = json_object_new_object();
+#define ADD(obj, k, v) json_object_object_add(obj, k, v)
+    ADD(cfg, "trace", json_object_new_string(r->trace));
+    ADD(cfg, "format", json_object_new_string(r->format));
+    ADD(cfg, "trace_requests", json_object_new_int64(r->trace_requests));
+    ADD(cfg, "passes", json_object_new_int64(r->passes));
+    ADD(cfg, "backend", json_object_new_string(r->backend));
+    ADD(cfg, "compute", json_object_new_string(r->compute));
+    ADD(cfg, "device", json_object_new_string(r->device ? r->device : ""));
+    ADD(cfg, "speed", json_object_new_double(r->speed));
+    ADD(cfg, "scale", json_object_new_double(r->scale));
+    ADD(cfg, "block_tokens", json_object_new_int64(r->block_tokens));
+    ADD(cfg, "concurrency", json_object_new_int64(r->concurrency));
+    ADD(cfg, "max_batch_tokens", json_object_new_int64(r->max_batch_tokens));
+    ADD(cfg, "chunk", json_object_new_int64(r->chunk));
+    ADD(cfg, "layers", json_object_new_int64(r->n_layers));
+    ADD(cfg, "q_heads", json_object_new_int64(r->q_heads));
+    ADD(cfg, "kv_heads", json_object_new_int64(r->kv_heads));
+    ADD(cfg, "head_dim", json_object_new_int64(r->head_dim));
+    ADD(o, "config", cfg);
+    double w = r->wall_s > 0 ? r->wall_s : 1e-9;
+    ADD(o, "requests", json_object_new_int64(r->n_rec + r->not_started));
+    ADD(o, "done", json_object_new_int64(s.done));
+    ADD(o, "failed", json_object_new_int64(s.failed));
+    ADD(o, "not_started", json_object_new_int64(r->not_started));
+    ADD(o, "interrupted", json_object_new_boolean(r->interrupted));
+    ADD(o, "wall_s", json_object_new_double(r->wall_s));
+    ADD(o, "req_per_s", json_object_new_double(s.done / w));
+    ADD(o, "prompt_tokens", json_object_new_int64((int64_t)s.prompt));
+    ADD(o, "cached_tokens", json_object_new_int64((int64_t)s.cached));
+    ADD(o, "prefix_hit", json_object_new_double(s.prompt ? (double)s.cached / s.prompt : 0));
+    ADD(o, "prefill_tokens", json_object_new_int64((int64_t)r->prefill_tokens));
+    ADD(o, "output_tokens", json_object_new_int64((int64_t)s.out_tokens));
+    ADD(o, "output_tok_per_s", json_object_new_double(s.out_tokens / w));
+    ADD(o, "tok_per_s", json_object_new_double(r->step_tokens / w));
+    ADD(o, "steps", json_object_new_int64((int64_t)r->steps));
+    ADD(o, "step_tokens", json_object_new_int64((int64_t)r->step_tokens));
+    ADD(o, "pack_reused", json_object_new_int64((int64_t)r->pack_reused));
+    ADD(o, "preemptions", json_object_new_int64((int64_t)r->preemptions));
+    ADD(o, "kv_bytes", json_object_new_int64((int64_t)r->kv_bytes));
+    ADD(o, "qc_bytes", json_object_new_int64((int64_t)r->qc_bytes));
+    ADD(o, "kv_blocks_total", json_object_new_int64(r->kv_blocks_total));
+    ADD(o, "kv_blocks_peak", json_object_new_int64(r->kv_blocks_peak));
+    static const char *const keys[N_LAT] = {"ttft_ms", "tpot_ms", "e2e_ms"};
+    for (int k = 0; k < N_LAT; k++) {
+        json_object *l = json_object_new_object();
+        ADD(l, "p50", jnum(s.lat[k].p50));
+        ADD(l, "p90", jnum(s.lat[k].p90));
+        ADD(l, "p99", jnum(s.lat[k].p99));
+        ADD(l, "mean", jnum(s.lat[k].mean));
+        ADD(l, "n", json_object_new_int64(s.lat[k].n));
+        ADD(o, keys[k], l);
+    }
+    ADD(o, "errors", errs_json(s.req_errs, s.n_req_errs));
+    ADD(o, "step_refusals", errs_json(r->step_errs, r->n_step_errs));
+#undef ADD
+    int rc = json_object_to_file_ext(path, o, JSON_C_TO_STRING_PRETTY) == 0 ? 0 : -EIO;
+    json_object_put(o);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- CSV */
+
+static void csv_num(FILE *f, double x, int last)
+{
+    if (isnan(x))
+        fputs(last ? "\n" : ",", f);
+    else
+        fprintf(f, last ? "%.3f\n" : "%.3f,", x);
+}
+
+int pl_report_csv(const pl_report_t *r, const char *path)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -errno;
+    fprintf(f, "line,pass,arrive_s,admit_s,first_s,done_s,input,output,cached,generated,"
+               "preempted,ttft_ms,tpot_ms,e2e_ms,error\n");
+    for (uint32_t i = 0; i < r->n_rec; i++) {
+        const pl_rec_t *q = &r->rec[i];
+        fprintf(f, "%u,%u,%.6f,", q->line, q->pass, q->t_arrive);
+        csv_num(f, q->t_admit >= 0 ? q->t_admit : NAN, 0);
+        csv_num(f, q->t_first >= 0 ? q->t_first : NAN, 0);
+        csv_num(f, q->t_done >= 0 ? q->t_done : NAN, 0);
+        fprintf(f, "%u,%u,%u,%u,%u,", q->in_len, q->out_len, q->cached, q->generated,
+                q->preempted);
+        for (int k = 0; k < N_LAT; k++)
+            csv_num(f, rec_ms(q, k), 0);
+        fprintf(f, "%s\n", q->err ? pl_errname(q->err) : "");
+    }
+    return fclose(f) == 0 ? 0 : -EIO;
+}
+
+void pl_step_csv_header(FILE *f)
+{
+    fprintf(f, "t_s,seqs,tokens,prefill_tokens,running,queued,wall_ms,daemon_ms,kv_bytes,"
+               "qc_bytes,pack_reused,kv_blocks_used\n");
+}
+
+void pl_step_csv_row(FILE *f, const pl_step_rec_t *s)
+{
+    fprintf(f, "%.6f,%u,%u,%u,%u,%u,%.3f,%.3f,%llu,%llu,%u,", s->t_s, s->seqs, s->tokens,
+            s->prefill_tokens, s->running, s->queued, s->wall_ms, s->daemon_ms,
+            (unsigned long long)s->kv_bytes, (unsigned long long)s->qc_bytes, s->pack_reused);
+    if (s->kv_blocks_used >= 0)
+        fprintf(f, "%lld\n", (long long)s->kv_blocks_used);
+    else
+        fputc('\n', f);
+}
+
+/* ---------------------------------------------------------------- plot */
+
+static int fail(char *why, size_t why_len, int err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, why_len, fmt, ap);
+    va_end(ap);
+    return err;
+}
+
+/* gnuplot single-quoted string: a quote is doubled */
+static void gp_str(FILE *f, const char *s)
+{
+    fputc('\'', f);
+    for (; *s; s++) {
+        if (*s == '\'')
+            fputc('\'', f);
+        if (*s != '\n')
+            fputc(*s, f);
+    }
+    fputc('\'', f);
+}
+
+int pl_report_plot(const char *png, const char *requests_csv, const char *steps_csv,
+                   const char *title, double t_max, char *why, size_t why_len)
+{
+    FILE *g = popen("gnuplot 2>&1", "w");
+    if (!g)
+        return fail(why, why_len, -errno, "cannot run gnuplot: %s", strerror(errno));
+    fprintf(g, "set terminal pngcairo size 1400,1100 font 'sans,10'\nset output ");
+    gp_str(g, png);
+    fprintf(g, "\nset datafile separator ','\nset grid\nset key outside right top\n"
+               "set lmargin 12\nset rmargin 30\nset xrange [0:%g]\n"
+               "set multiplot layout 3,1 title ",
+            t_max > 0 ? t_max : 1);
+    gp_str(g, title);
+    /* 1: per-request latencies, log scale */
+    fprintf(g, "\nset logscale y\nset ylabel 'latency (ms)'\nset format y '%%g'\nplot ");
+    gp_str(g, requests_csv);
+    fprintf(g, " skip 1 using 6:14 with points pt 7 ps 0.5 lc rgb '#999999' title "
+               "'end-to-end (at finish)', '' skip 1 using 5:12 with points pt 7 ps 0.5 lc rgb "
+               "'#d62728' title 'TTFT (at first token)', '' skip 1 using 6:13 with points pt 7 "
+               "ps 0.5 lc rgb '#1f77b4' title 'TPOT (at finish)'\n");
+    /* 2: sequences in the step, running, queued */
+    fprintf(g, "unset logscale y\nset offsets 0, 0, graph 0.1, 0\nset yrange [0:*]\n"
+               "set ylabel 'requests'\nplot ");
+    gp_str(g, steps_csv);
+    fprintf(g, " skip 1 using 1:2 with steps lw 1.5 lc rgb '#2ca02c' title 'sequences per step', "
+               "'' skip 1 using 1:6 with steps lc rgb '#8c564b' title 'queued'\n");
+    /* 3: tokens per step, KV blocks in use */
+    fprintf(g, "set xlabel 'time since the replay started (s)'\nset ylabel 'tokens per step'\n"
+               "set y2label 'KV blocks in use'\nset ytics nomirror\nset y2tics\n"
+               "set y2range [0:*]\nplot ");
+    gp_str(g, steps_csv);
+    fprintf(g, " skip 1 using 1:3 with steps lc rgb '#ff7f0e' title 'tokens per step', '' skip 1 "
+               "using 1:12 axes x1y2 with steps lw 2 lc rgb '#9467bd' title 'KV blocks in use'\n"
+               "unset multiplot\n");
+    int st = pclose(g);
+    if (st == -1)
+        return fail(why, why_len, -errno, "gnuplot: %s", strerror(errno));
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 127)
+        return fail(why, why_len, -ENOENT,
+                    "gnuplot is not installed (Debian: apt-get install gnuplot-nox); the CSV "
+                    "files are written");
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        return fail(why, why_len, -EIO, "gnuplot failed (exit %d) drawing %s", WEXITSTATUS(st),
+                    png);
+    return 0;
+}
