@@ -295,14 +295,14 @@ ifeq ($(HAVE_CUDA),1)
 ALL_TARGETS += $(B)/libpatcuda.a $(GPU_BINS) $(GPU_TOOLS)
 endif
 
-.PHONY: all check test run-tests test-asan fuzz systemd-verify demo bench gpu-tests deps install uninstall format format-check clean help FORCE
+.PHONY: all check test run-tests test-asan fuzz soak replay systemd-verify demo bench gpu-tests deps install uninstall format format-check clean help FORCE
 # objects of pattern-built programs are kept (no rebuilds after every link)
 .SECONDARY:
 all: $(ALL_TARGETS)
 	@echo "built (cuda objects: $(if $(filter 1,$(HAVE_CUDA)),yes via $(NVCC),no))"
 
 # The sanitizer build skips the Python tests: CPython cannot load an ASan-built libpat.so.
-TEST_LIST := $(UNIT_BINS) $(DEMO_BIN) $(INTEG_BINS) tests/demo/run_demo.sh \
+TEST_LIST := $(UNIT_BINS) $(DEMO_BIN) $(INTEG_BINS) tests/demo/run_demo.sh tests/integ/test_patload.py \
              $(if $(filter 1,$(DEBUG)),,tests/integ/test_python.sh)
 SAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
            UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
@@ -312,8 +312,9 @@ check: | deps
 	$(Q)$(MAKE) --no-print-directory test
 	$(Q)$(MAKE) --no-print-directory test-asan
 	$(Q)$(MAKE) --no-print-directory fuzz
+	$(Q)$(MAKE) --no-print-directory soak
 	$(Q)$(MAKE) --no-print-directory format-check
-	@echo "check: test, test-asan, fuzz and format-check all passed"
+	@echo "check: test, test-asan, fuzz, soak and format-check all passed"
 
 test: | deps
 	$(Q)$(MAKE) --no-print-directory all
@@ -322,6 +323,7 @@ test: | deps
 
 run-tests:
 	$(Q)PATD_BIN=$(PATD_BIN) TC_CLIENT=$(TC_CLIENT) PATD_LIBPAT=$(B)/lib/libpat.so.1 \
+	  PATLOAD_BIN=$(PATLOAD_BIN) PATCTL_BIN=$(PATCTL_BIN) \
 	  PATD_DEMO_BUILD=$(B) $(SAN_ENV) tests/run.sh $(TEST_LIST)
 
 # The whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer (build/asan).
@@ -349,6 +351,21 @@ fuzz: | deps
 # that the binaries exist).
 systemd-verify: $(PATD_BIN)
 	$(Q)tests/integ/systemd_verify.sh $(B)
+
+# patload replays a bundled trace sample against a fresh patd and prints its summary; outputs
+# (summary.json, requests.csv, steps.csv, replay.png) land in build/replay. REPLAY_TRACE and
+# REPLAY_ARGS pick another trace / other patload options.
+replay: | deps
+	$(Q)$(MAKE) --no-print-directory $(PATD_BIN) $(PATCTL_BIN) $(PATLOAD_BIN)
+	$(Q)tests/demo/run_replay.sh $(B)
+
+# patload --loop against one patd for SOAK_SECONDS (CI: 120), asserting flat RSS / allocations /
+# blocks in use and no failed request (tests/integ/soak_patload.py states the bounds).
+SOAK_SECONDS ?= 120
+soak: | deps
+	$(Q)$(MAKE) --no-print-directory $(PATD_BIN) $(PATCTL_BIN) $(PATLOAD_BIN)
+	$(Q)PATD_BIN=$(PATD_BIN) PATLOAD_BIN=$(PATLOAD_BIN) PATCTL_BIN=$(PATCTL_BIN) \
+	  SOAK_SECONDS=$(SOAK_SECONDS) timeout $$(( $(SOAK_SECONDS) + 120 )) tests/integ/soak_patload.py
 
 demo: | deps
 	$(Q)$(MAKE) --no-print-directory $(PATD_BIN) $(PATCTL_BIN) $(CLIENT_DEMO)
@@ -384,7 +401,7 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include \
 	  $(DESTDIR)$(SYSTEMD_DIR) $(DESTDIR)$(PREFIX)/lib/sysusers.d $(DESTDIR)$(PREFIX)/lib/tmpfiles.d \
 	  $(DESTDIR)/etc/patd $(DESTDIR)$(PREFIX)/share/doc/patd
-	install -m 0755 $(PATD_BIN) $(PATCTL_BIN) $(DESTDIR)$(PREFIX)/bin/
+	install -m 0755 $(PATD_BIN) $(PATCTL_BIN) $(PATLOAD_BIN) $(DESTDIR)$(PREFIX)/bin/
 	install -m 0755 $(DEMO_BIN) $(DESTDIR)$(PREFIX)/bin/patd-demo
 	install -m 0755 $(LIBPAT_SO) $(DESTDIR)$(PREFIX)/lib/
 	ln -sf libpat.so.$(PAT_SO_VER) $(DESTDIR)$(PREFIX)/lib/libpat.so.$(PAT_SO_MAJOR)
@@ -400,7 +417,7 @@ install: all
 	install -m 0644 README.md $(DESTDIR)$(PREFIX)/share/doc/patd/
 
 uninstall:
-	rm -f $(DESTDIR)$(PREFIX)/bin/patd $(DESTDIR)$(PREFIX)/bin/patctl $(DESTDIR)$(PREFIX)/bin/patd-demo \
+	rm -f $(DESTDIR)$(PREFIX)/bin/patd $(DESTDIR)$(PREFIX)/bin/patctl $(DESTDIR)$(PREFIX)/bin/patload $(DESTDIR)$(PREFIX)/bin/patd-demo \
 	  $(DESTDIR)$(PREFIX)/lib/libpat.so* $(DESTDIR)$(PREFIX)/include/pat.h \
 	  $(DESTDIR)$(PREFIX)/lib/pkgconfig/pat.pc $(DESTDIR)$(SYSTEMD_DIR)/patd.service \
 	  $(DESTDIR)$(SYSTEMD_DIR)/patd@.service $(DESTDIR)$(SYSTEMD_DIR)/patd-mps.service \
@@ -421,11 +438,13 @@ clean:
 help:
 	@echo "patd build targets:"
 	@echo "  all           libraries, tests, benchmarks, demo (default)"
-	@echo "  check         test + test-asan + fuzz + format-check (CI runs this via .ci/run)"
+	@echo "  check         test + test-asan + fuzz + soak + format-check (CI runs this via .ci/run)"
 	@echo "  test          build and run the CPU test suite, Python tests, systemd-verify"
 	@echo "  test-asan     the suite again under ASan + UBSan (build/asan)"
 	@echo "  fuzz          libFuzzer on the frame decoder for FUZZ_SECONDS (20)"
 	@echo "  systemd-verify  systemd-analyze verify the unit files"
+	@echo "  replay        start patd and replay a bundled trace with patload (REPLAY_TRACE, REPLAY_ARGS)"
+	@echo "  soak          patload --loop for SOAK_SECONDS (120): flat RSS, blocks, no failures"
 	@echo "  demo          start patd (cpu backend) and the client demo against it, checked in fp64"
 	@echo "  bench         scheduler CPU-time and daemon cpu-path latency benchmarks (see RESULTS.md)"
 	@echo "  gpu-tests     build and run the GPU tests (needs a GPU; tests/gpu/run.sh wraps it)"
