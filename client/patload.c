@@ -46,7 +46,7 @@ static struct {
     double speed, scale, duration, layer_us, tflops, progress;
     uint32_t skip, limit, concurrency, batch, chunk, max_input, max_output, shared_prefix;
     uint32_t trace_block, hidden, ffn, seed, timeout_ms;
-    int loop, spread, quiet, dry_run, help;
+    int loop, spread, quiet, dry_run, replot, help;
 } O = {
     .speed = 1,
     .scale = 1,
@@ -68,36 +68,64 @@ static const struct opt {
     double lo, hi;
     const char *meta, *help;
 } OPTS[] = {
-    {"socket", O_STR, &O.socket, 0, 0, "PATH", "patd's control socket (default: $PATD_SOCKET, else patd's default)"},
-    {"speed", O_F64, &O.speed, 0, 1e6, "X", "replay X times faster than recorded; 0 = as fast as possible (default 1)"},
-    {"spread", O_FLAG, &O.spread, 0, 0, NULL, "spread requests with equal timestamps evenly until the next timestamp (Mooncake's are quantised to ~3 s)"},
+    {"socket", O_STR, &O.socket, 0, 0, "PATH",
+     "patd's control socket (default: $PATD_SOCKET, else patd's default)"},
+    {"speed", O_F64, &O.speed, 0, 1e6, "X",
+     "replay X times faster than recorded; 0 = as fast as possible (default 1)"},
+    {"spread", O_FLAG, &O.spread, 0, 0, NULL,
+     "spread requests with equal timestamps evenly until the next timestamp (Mooncake's are "
+     "quantised to ~3 s)"},
     {"skip", O_U32, &O.skip, 0, 4e9, "N", "skip the first N requests of the file"},
     {"limit", O_U32, &O.limit, 0, 4e9, "N", "replay at most N requests (0 = all)"},
-    {"concurrency", O_U32, &O.concurrency, 1, 65536, "N", "requests running at once, at most (default 64; capped by the batch and the daemon's quota)"},
-    {"max-batch-tokens", O_U32, &O.batch, 1, 1048576, "N", "tokens per step: staging rows asked of the daemon (default 2048)"},
+    {"concurrency", O_U32, &O.concurrency, 1, 65536, "N",
+     "requests running at once, at most (default 64; capped by the batch and the daemon's quota)"},
+    {"max-batch-tokens", O_U32, &O.batch, 1, 1048576, "N",
+     "tokens per step: staging rows asked of the daemon (default 2048)"},
     {"chunk", O_U32, &O.chunk, 1, 1048576, "N", "prefill chunk per request per step (default 512)"},
-    {"scale", O_F64, &O.scale, 1e-6, 1e3, "F", "scale prompt and output lengths by F: tokens per trace block = round(block x F), so shared prefixes stay shared (default 1)"},
+    {"scale", O_F64, &O.scale, 1e-6, 1e3, "F",
+     "scale prompt and output lengths by F: tokens per trace block = round(block x F), so shared "
+     "prefixes stay shared (default 1)"},
     {"max-input", O_U32, &O.max_input, 0, 4e9, "N", "cap replayed prompts at N tokens (0 = none)"},
-    {"max-output", O_U32, &O.max_output, 0, 4e9, "N", "cap replayed outputs at N tokens (0 = none)"},
-    {"shared-prefix", O_U32, &O.shared_prefix, 0, 1048576, "N", "traces without prefix hashes (Azure): every prompt starts with the same N tokens"},
-    {"trace-block", O_U32, &O.trace_block, 0, 1048576, "N", "tokens per hash block of the trace (default: detected; Mooncake 512, ours 16)"},
-    {"duration", O_F64, &O.duration, 0, 1e7, "S", "stop admitting new requests after S seconds (0 = when the trace ends)"},
-    {"loop", O_FLAG, &O.loop, 0, 0, NULL, "replay the trace again and again (each pass with fresh tokens) until --duration"},
-    {"seed", O_U32, &O.seed, 0, 4e9, "N", "mixed into every token id (default 0: the same tokens on every run)"},
-    {"compute", O_STR, &O.compute, 0, 0, "KIND", "model compute stand-in: auto (gpu on a GPU session, else cpu) | cpu | gpu | none"},
-    {"layer-us", O_F64, &O.layer_us, 0, 1e7, "US", "cpu stand-in: fixed cost per layer in µs (default 20)"},
-    {"tflops", O_F64, &O.tflops, 1e-3, 1e5, "R", "cpu stand-in: modelled GEMM rate, TFLOP/s, for the per-token cost (default 400)"},
-    {"hidden", O_U32, &O.hidden, 0, 1048576, "N", "model width for the stand-in (default q_heads x head_dim)"},
-    {"ffn", O_U32, &O.ffn, 0, 4194304, "N", "MLP width for the stand-in (default 8/3 x hidden, rounded up to 256)"},
-    {"timeout-ms", O_U32, &O.timeout_ms, 100, 3.6e6, "MS", "per request and per layer wait (default 60000)"},
+    {"max-output", O_U32, &O.max_output, 0, 4e9, "N",
+     "cap replayed outputs at N tokens (0 = none)"},
+    {"shared-prefix", O_U32, &O.shared_prefix, 0, 1048576, "N",
+     "traces without prefix hashes (Azure): every prompt starts with the same N tokens"},
+    {"trace-block", O_U32, &O.trace_block, 0, 1048576, "N",
+     "tokens per hash block of the trace (default: detected; Mooncake 512, ours 16)"},
+    {"duration", O_F64, &O.duration, 0, 1e7, "S",
+     "stop admitting new requests after S seconds (0 = when the trace ends)"},
+    {"loop", O_FLAG, &O.loop, 0, 0, NULL,
+     "replay the trace again and again (each pass with fresh tokens) until --duration"},
+    {"seed", O_U32, &O.seed, 0, 4e9, "N",
+     "mixed into every token id (default 0: the same tokens on every run)"},
+    {"compute", O_STR, &O.compute, 0, 0, "KIND",
+     "model compute stand-in: auto (gpu on a GPU session, else cpu) | cpu | gpu | none"},
+    {"layer-us", O_F64, &O.layer_us, 0, 1e7, "US",
+     "cpu stand-in: fixed cost per layer in µs (default 20)"},
+    {"tflops", O_F64, &O.tflops, 1e-3, 1e5, "R",
+     "cpu stand-in: modelled GEMM rate, TFLOP/s, for the per-token cost (default 400)"},
+    {"hidden", O_U32, &O.hidden, 0, 1048576, "N",
+     "model width for the stand-in (default q_heads x head_dim)"},
+    {"ffn", O_U32, &O.ffn, 0, 4194304, "N",
+     "MLP width for the stand-in (default 8/3 x hidden, rounded up to 256)"},
+    {"timeout-ms", O_U32, &O.timeout_ms, 100, 3.6e6, "MS",
+     "per request and per layer wait (default 60000)"},
     {"json", O_STR, &O.json, 0, 0, "FILE", "write the summary as JSON"},
     {"csv", O_STR, &O.csv, 0, 0, "FILE", "write one row per request"},
     {"steps-csv", O_STR, &O.steps_csv, 0, 0, "FILE", "write one row per step"},
-    {"plot", O_STR, &O.plot, 0, 0, "FILE.png", "draw latency and batch size over time (gnuplot); writes FILE.png.requests.csv / .steps.csv unless --csv / --steps-csv name them"},
-    {"progress", O_F64, &O.progress, 0, 3600, "S", "progress line every S seconds (default: 0.5 on a terminal, 10 otherwise; 0 = off)"},
+    {"plot", O_STR, &O.plot, 0, 0, "FILE.png",
+     "draw latency and batch size over time (gnuplot); writes FILE.png.requests.csv / .steps.csv "
+     "unless --csv / --steps-csv name them"},
+    {"progress", O_F64, &O.progress, 0, 3600, "S",
+     "progress line every S seconds (default: 0.5 on a terminal, 10 otherwise; 0 = off)"},
     {"quiet", O_FLAG, &O.quiet, 0, 0, NULL, "no progress line"},
-    {"label", O_STR, &O.label, 0, 0, "TEXT", "connection label shown by `patctl seqs` (default patload)"},
-    {"dry-run", O_FLAG, &O.dry_run, 0, 0, NULL, "read and shape the trace, print what would be replayed, exit (no daemon)"},
+    {"label", O_STR, &O.label, 0, 0, "TEXT",
+     "connection label shown by `patctl seqs` (default patload)"},
+    {"replot", O_FLAG, &O.replot, 0, 0, NULL,
+     "no replay: draw --plot from the files --csv and --steps-csv name (written by an earlier run, "
+     "e.g. on a machine without gnuplot)"},
+    {"dry-run", O_FLAG, &O.dry_run, 0, 0, NULL,
+     "read and shape the trace, print what would be replayed, exit (no daemon)"},
     {"help", O_FLAG, &O.help, 0, 0, NULL, "this text"},
 };
 #define N_OPTS (sizeof(OPTS) / sizeof(OPTS[0]))
@@ -372,8 +400,8 @@ static void admit(replay_t *R, double t)
             continue;
         }
         uint32_t seq, cached;
-        int rc = pat_seq_open(R->conn, prompt_tokens(R, q->trace_idx, target), target, &seq,
-                              &cached);
+        int rc =
+            pat_seq_open(R->conn, prompt_tokens(R, q->trace_idx, target), target, &seq, &cached);
         if (rc == -EMFILE || rc == -EDQUOT || rc == -ENOSPC) {
             pl_report_count_err(R->rep.step_errs, &R->rep.n_step_errs, rc);
             if (R->n_run == 0) { /* nothing to wait for: it can never be admitted */
@@ -397,8 +425,8 @@ static void admit(replay_t *R, double t)
             q->t_admit = t;
             q->cached = cached;
         }
-        R->run[R->n_run++] = (running_t){.rec = rec, .seq = seq, .target = target,
-                                         .prefilled = cached};
+        R->run[R->n_run++] =
+            (running_t){.rec = rec, .seq = seq, .target = target, .prefilled = cached};
     }
 }
 
@@ -456,8 +484,8 @@ static void progress(replay_t *R, double t, int final)
     fprintf(stderr,
             "%s[%7.1f s] done %u/%s %.1f req/s | running %u (prefill %u) queued %u | "
             "KV %lld/%lld blocks | prefix hit %.1f%% | preempt %llu | failed %u%s",
-            R->tty ? "\r" : "", t, done, total, t > 0 ? done / t : 0, R->n_run, prefill,
-            R->q_len, (long long)R->blocks_used, (long long)rep->kv_blocks_total,
+            R->tty ? "\r" : "", t, done, total, t > 0 ? done / t : 0, R->n_run, prefill, R->q_len,
+            (long long)R->blocks_used, (long long)rep->kv_blocks_total,
             prompt ? 100.0 * cached / prompt : 0, (unsigned long long)rep->preemptions, failed,
             R->tty && !final ? "\033[K" : "\n");
     fflush(stderr);
@@ -622,6 +650,22 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
+    if (O.replot) {
+        char w[512];
+        if (!O.plot || !O.csv || !O.steps_csv) {
+            fprintf(stderr, "patload: --replot needs --plot, --csv and --steps-csv\n");
+            return EXIT_USAGE;
+        }
+        const char *tn = trace_path ? trace_path : O.csv;
+        const char *sl = strrchr(tn, '/');
+        char title[256];
+        snprintf(title, sizeof(title), "patload: %s", sl ? sl + 1 : tn);
+        if (pl_report_plot(O.plot, O.csv, O.steps_csv, title, 0, w, sizeof(w)) < 0) {
+            fprintf(stderr, "patload: plot: %s\n", w);
+            return EXIT_FAILED;
+        }
+        return 0;
+    }
     if (!trace_path) {
         fprintf(stderr, "patload: no trace given\n");
         usage(stderr);
@@ -677,8 +721,9 @@ int main(int argc, char **argv)
     const char *bl = strstr(status, "backend ");
     if (bl)
         sscanf(bl, "backend %31s", backend);
-    if (!ml || sscanf(ml, "model layers=%u q_heads=%u kv_heads=%u head_dim=%u dtype=%u block=%u "
-                          "id=%llu",
+    if (!ml || sscanf(ml,
+                      "model layers=%u q_heads=%u kv_heads=%u head_dim=%u dtype=%u block=%u "
+                      "id=%llu",
                       &model.n_layers, &model.q_heads, &model.kv_heads, &model.head_dim,
                       &model.dtype, &model.block_size, &mid) != 7) {
         fprintf(stderr, "patload: patd's STATUS has no model line (an older daemon?)\n");
@@ -796,8 +841,8 @@ int main(int argc, char **argv)
         fprintf(stderr,
                 "patload: %u requests from %s (%s, %u-token blocks -> %u) against %s (%s "
                 "backend), compute %s%s%s\n",
-                n, R->rep.trace, R->rep.format, trace.block, R->rep.block_tokens, R->sock,
-                backend, R->rep.compute, R->rep.device[0] ? " on " : "", R->rep.device);
+                n, R->rep.trace, R->rep.format, trace.block, R->rep.block_tokens, R->sock, backend,
+                R->rep.compute, R->rep.device[0] ? " on " : "", R->rep.device);
 
     R->t0 = now_s();
     R->pass = 0;

@@ -248,10 +248,9 @@ static int gpu_open(pl_compute_t *pc, char *why, size_t why_len)
     const pl_compute_cfg_t *c = &pc->cfg;
     size_t H = c->hidden, F = c->ffn, T = c->max_tokens, qd = (size_t)c->q_heads * c->head_dim,
            kvd = (size_t)c->kv_heads * c->head_dim;
-    size_t elems[N_BUF] = {[W_Q] = H * qd,     [W_K] = H * kvd,   [W_V] = H * kvd,
-                           [W_O] = qd * H,     [W_GATE] = H * F,  [W_UP] = H * F,
-                           [W_DOWN] = F * H,   [A_X] = T * H,     [A_Y] = T * H,
-                           [A_G] = T * F,      [A_U] = T * F,     [A_D] = T * H};
+    size_t elems[N_BUF] = {[W_Q] = H * qd,   [W_K] = H * kvd, [W_V] = H * kvd,  [W_O] = qd * H,
+                           [W_GATE] = H * F, [W_UP] = H * F,  [W_DOWN] = F * H, [A_X] = T * H,
+                           [A_Y] = T * H,    [A_G] = T * F,   [A_U] = T * F,    [A_D] = T * H};
     size_t eb = elem_bytes(c->dtype), most = 0;
     for (int i = 0; i < N_BUF; i++)
         most = elems[i] > most ? elems[i] : most;
@@ -283,12 +282,13 @@ out:;
 }
 
 /* row-major C[T x N] = A[T x K] . W[K x N] (cuBLAS is column-major: C^T = W^T A^T) */
-static int gemm(pl_compute_t *pc, uint32_t T, uint32_t N, uint32_t K, CUdeviceptr A,
-                CUdeviceptr W, CUdeviceptr C)
+static int gemm(pl_compute_t *pc, uint32_t T, uint32_t N, uint32_t K, CUdeviceptr A, CUdeviceptr W,
+                CUdeviceptr C)
 {
     static const float one = 1.0f, zero = 0.0f;
-    int dt = pc->cfg.dtype == PAT_F32 ? CUDA_R_32F : pc->cfg.dtype == PAT_BF16 ? CUDA_R_16BF
-                                                                                : CUDA_R_16F;
+    int dt = pc->cfg.dtype == PAT_F32    ? CUDA_R_32F
+             : pc->cfg.dtype == PAT_BF16 ? CUDA_R_16BF
+                                         : CUDA_R_16F;
     int r = pc->blas.gemm(pc->handle, CUBLAS_OP_N, CUBLAS_OP_N, (int)N, (int)T, (int)K, &one,
                           (const void *)(uintptr_t)W, dt, (int)N, (const void *)(uintptr_t)A, dt,
                           (int)K, &zero, (void *)(uintptr_t)C, dt, (int)N, CUBLAS_COMPUTE_32F,
@@ -330,9 +330,8 @@ static int gpu_step(pl_compute_t *pc, uint32_t T)
 static int host_step(pl_compute_t *pc, uint32_t T)
 {
     const pl_compute_cfg_t *c = &pc->cfg;
-    double us = c->kind == PL_COMPUTE_CPU
-                    ? c->layer_us + (double)T * pc->flops_tok / (c->tflops * 1e6)
-                    : 0;
+    double us =
+        c->kind == PL_COMPUTE_CPU ? c->layer_us + (double)T * pc->flops_tok / (c->tflops * 1e6) : 0;
     for (uint32_t l = 0; l < c->n_layers; l++) {
         busy_wait(us * pc->pre_share);
         copy_rows(pc, pc->buf.q, (size_t)T * pc->buf.q_row_bytes);
@@ -351,8 +350,8 @@ int pl_compute_step(pl_compute_t *pc, uint32_t n_tokens)
     return pc->cfg.kind == PL_COMPUTE_GPU ? gpu_step(pc, n_tokens) : host_step(pc, n_tokens);
 }
 
-int pl_compute_create(const pl_compute_cfg_t *cfg, pat_conn_t *conn, pl_compute_t **ret,
-                      char *why, size_t why_len)
+int pl_compute_create(const pl_compute_cfg_t *cfg, pat_conn_t *conn, pl_compute_t **ret, char *why,
+                      size_t why_len)
 {
     pl_compute_t *pc = calloc(1, sizeof(*pc));
     if (!pc)

@@ -20,7 +20,11 @@
 
 #include "pat.h"
 
-typedef enum pl_compute_kind { PL_COMPUTE_NONE = 0, PL_COMPUTE_CPU = 1, PL_COMPUTE_GPU = 2 } pl_compute_kind_t;
+typedef enum pl_compute_kind {
+    PL_COMPUTE_NONE = 0,
+    PL_COMPUTE_CPU = 1,
+    PL_COMPUTE_GPU = 2
+} pl_compute_kind_t;
 
 typedef struct pl_compute_cfg {
     pl_compute_kind_t kind;
@@ -35,8 +39,8 @@ typedef struct pl_compute pl_compute_t;
 
 /* Sets up the stand-in over the session's staging buffers. gpu needs a GPU session and cuBLAS.
  * Returns 0 and *ret, or a negative errno with why. */
-int pl_compute_create(const pl_compute_cfg_t *cfg, pat_conn_t *conn, pl_compute_t **ret,
-                      char *why, size_t why_len);
+int pl_compute_create(const pl_compute_cfg_t *cfg, pat_conn_t *conn, pl_compute_t **ret, char *why,
+                      size_t why_len);
 void pl_compute_free(pl_compute_t *pc);
 /* One step of n_tokens rows through every layer: compute, hand each layer over, compute.
  * Returns 0, or the first failing hand-off's negative errno (the step must then be ended with

@@ -21,9 +21,10 @@
 #include <sys/wait.h>
 
 #define ERRNO_NAMES(X)                                                                             \
-    X(ENOSPC) X(EDQUOT) X(EMFILE) X(E2BIG) X(EINVAL) X(ENOENT) X(ETIMEDOUT) X(ECANCELED)            \
-    X(ECONNRESET) X(ESHUTDOWN) X(EBUSY) X(EIO) X(ENOMEM) X(EBADMSG) X(EPROTO) X(ENOTSUP)          \
-    X(EMEDIUMTYPE) X(ESRCH) X(EAGAIN) X(EINTR)
+    X(ENOSPC)                                                                                      \
+    X(EDQUOT) X(EMFILE) X(E2BIG) X(EINVAL) X(ENOENT) X(ETIMEDOUT) X(ECANCELED) X(ECONNRESET)       \
+        X(ESHUTDOWN) X(EBUSY) X(EIO) X(ENOMEM) X(EBADMSG) X(EPROTO) X(ENOTSUP) X(EMEDIUMTYPE)      \
+            X(ESRCH) X(EAGAIN) X(EINTR)
 
 const char *pl_errname(int err)
 {
@@ -172,8 +173,8 @@ void pl_report_print(const pl_report_t *r, FILE *f)
             "%llu, output %llu\n",
             (unsigned long long)s.prompt, (unsigned long long)s.cached, pct(s.cached, s.prompt),
             (unsigned long long)r->prefill_tokens, (unsigned long long)s.out_tokens);
-    fprintf(f, "  throughput   %.1f output tok/s, %.1f tok/s through attention\n",
-            s.out_tokens / w, r->step_tokens / w);
+    fprintf(f, "  throughput   %.1f output tok/s, %.1f tok/s through attention\n", s.out_tokens / w,
+            r->step_tokens / w);
     fprintf(f,
             "  steps        %llu, mean batch %.1f tokens, pack reused %.1f %%, mean step %.2f ms "
             "(daemon %.2f ms), preemptions %llu\n",
@@ -185,10 +186,10 @@ void pl_report_print(const pl_report_t *r, FILE *f)
     for (int k = 0; k < N_LAT; k++)
         fprintf(f, "  %-12s %10.2f %10.2f %10.2f %10.2f %6u\n", names[k], s.lat[k].p50,
                 s.lat[k].p90, s.lat[k].p99, s.lat[k].mean, s.lat[k].n);
-    fprintf(f, "\n  KV read      %.1f MB by patd vs %.1f MB query-centric: %.2fx less, %.1f %% saved\n",
-            r->kv_bytes / 1e6, r->qc_bytes / 1e6,
-            r->kv_bytes ? (double)r->qc_bytes / r->kv_bytes : 0,
-            100.0 - pct(r->kv_bytes, r->qc_bytes));
+    fprintf(
+        f, "\n  KV read      %.1f MB by patd vs %.1f MB query-centric: %.2fx less, %.1f %% saved\n",
+        r->kv_bytes / 1e6, r->qc_bytes / 1e6, r->kv_bytes ? (double)r->qc_bytes / r->kv_bytes : 0,
+        100.0 - pct(r->kv_bytes, r->qc_bytes));
     if (r->kv_blocks_total > 0)
         fprintf(f, "  KV blocks    peak %lld of %lld in use (%.1f %%)\n",
                 (long long)r->kv_blocks_peak, (long long)r->kv_blocks_total,
@@ -311,8 +312,7 @@ int pl_report_csv(const pl_report_t *r, const char *path)
         csv_num(f, q->t_admit >= 0 ? q->t_admit : NAN, 0);
         csv_num(f, q->t_first >= 0 ? q->t_first : NAN, 0);
         csv_num(f, q->t_done >= 0 ? q->t_done : NAN, 0);
-        fprintf(f, "%u,%u,%u,%u,%u,", q->in_len, q->out_len, q->cached, q->generated,
-                q->preempted);
+        fprintf(f, "%u,%u,%u,%u,%u,", q->in_len, q->out_len, q->cached, q->generated, q->preempted);
         for (int k = 0; k < N_LAT; k++)
             csv_num(f, rec_ms(q, k), 0);
         fprintf(f, "%s\n", q->err ? pl_errname(q->err) : "");
@@ -370,9 +370,12 @@ int pl_report_plot(const char *png, const char *requests_csv, const char *steps_
     fprintf(g, "set terminal pngcairo size 1400,1100 font 'sans,10'\nset output ");
     gp_str(g, png);
     fprintf(g, "\nset datafile separator ','\nset grid\nset key outside right top\n"
-               "set lmargin 12\nset rmargin 30\nset xrange [0:%g]\n"
-               "set multiplot layout 3,1 title ",
-            t_max > 0 ? t_max : 1);
+               "set lmargin 12\nset rmargin 30\n");
+    if (t_max > 0)
+        fprintf(g, "set xrange [0:%g]\n", t_max);
+    else
+        fprintf(g, "set xrange [0:*]\n");
+    fprintf(g, "set multiplot layout 3,1 title ");
     gp_str(g, title);
     /* 1: per-request latencies, log scale */
     fprintf(g, "\nset logscale y\nset ylabel 'latency (ms)'\nset format y '%%g'\nplot ");

@@ -22,12 +22,12 @@ typedef struct pl_rec {
 
 /* One step, as written to the steps CSV and summed into the report. */
 typedef struct pl_step_rec {
-    double t_s;           /* step start */
+    double t_s; /* step start */
     uint32_t seqs, tokens, prefill_tokens, running, queued;
-    double wall_ms;       /* begin -> end, the stand-in compute included */
-    double daemon_ms;     /* the daemon's STEP_BEGIN -> last layer done */
-    uint64_t kv_bytes;    /* K+V the plan read, all layers */
-    uint64_t qc_bytes;    /* ... and what query-centric attention would have read */
+    double wall_ms;    /* begin -> end, the stand-in compute included */
+    double daemon_ms;  /* the daemon's STEP_BEGIN -> last layer done */
+    uint64_t kv_bytes; /* K+V the plan read, all layers */
+    uint64_t qc_bytes; /* ... and what query-centric attention would have read */
     uint32_t pack_reused;
     int64_t kv_blocks_used; /* daemon-wide, last sampled (-1: not yet) */
 } pl_step_rec_t;

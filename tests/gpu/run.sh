@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # GPU test and benchmark driver, run on the GPU machine from the repository root:
-#   tests/gpu/run.sh [--no-bench | --quick-bench | --frontend]
+#   tests/gpu/run.sh [--no-bench | --quick-bench | --frontend | --replay [quick]]
 # builds the CUDA parts, runs every GPU test, compute-sanitizer memcheck and racecheck on a
 # reduced set, the tile solver, and the attention benchmark (bench_attn + PyTorch SDPA;
 # --quick-bench: a few trees, --no-bench: none); then, under MPS, the cross-process tests (a real
 # patd on the cuda backend and PyTorch frontends: tests/gpu/test_frontend.py) and, unless
 # --no-bench, the hand-off and frontend benchmarks. --frontend: only the cross-process part.
+# --replay: only patload under MPS (tests/gpu/replay.sh: the CI replay tests on the cuda backend,
+# then trace replays with a Llama-3-8B-shaped model; "quick": the tests and one short replay).
 # Results (logs, JSON, tables) go to $OUT when it is set (the device tool), else
 # build/gpu-results. Ends with "N passed, N failed" over the GPU programs and sanitizer runs.
 set -uo pipefail
@@ -19,6 +21,7 @@ case "${1:-}" in
 --no-bench) bench=0 ;;
 --quick-bench) bench=2 ;;
 --frontend) bench=3 ;;
+--replay) bench=4 ;;
 esac
 
 # C dependencies the GPU host lacks, brought as .deb files (../shared/gpu/README.md)
@@ -28,7 +31,10 @@ if [ -d .devdeps ] && ! [ -e /usr/include/xxhash.h ]; then
     for f in .devdeps/*.deb; do dpkg -x "$f" $P; done
     L=$P/usr/lib/x86_64-linux-gnu
     for l in $L/*.so; do # -dev links to runtimes the host already has (libsystemd.so.0)
-        [ -e "$l" ] || ln -sf "/usr/lib/x86_64-linux-gnu/$(basename "$(readlink "$l")")" "$l"
+        [ -e "$l" ] && continue
+        t=/usr/lib/x86_64-linux-gnu/$(basename "$(readlink "$l")")
+        [ -e "$t" ] || t=$(ls /usr/lib/x86_64-linux-gnu/"$(basename "$l")".[0-9]* 2>/dev/null | head -1)
+        [ -n "$t" ] && ln -sf "$t" "$l"
     done
     export CPATH=$P/usr/include LIBRARY_PATH=$L LD_LIBRARY_PATH=$L \
         PKG_CONFIG_SYSROOT_DIR=$P PKG_CONFIG_PATH=$L/pkgconfig:$P/usr/share/pkgconfig
@@ -43,7 +49,8 @@ fi
 B=build/gpu
 if ! make -j"$(nproc)" B=$B CUDA=1 CUDA_ARCHS=90 $B/tests/gpu/test_cuda_merge \
     $B/tests/gpu/test_cuda_attn $B/bin/patd-tile-solver $B/bench/bench_attn $B/bin/patd \
-    $B/lib/libpat.so.1.0.0 $B/bench/bench_handoff >>"$out/gpu.log" 2>&1; then
+    $B/lib/libpat.so.1.0.0 $B/bench/bench_handoff $B/bin/patload $B/bin/patctl \
+    >>"$out/gpu.log" 2>&1; then
     tail -30 "$out/gpu.log"
     echo "0 passed, 1 failed"
     exit 1
@@ -63,7 +70,7 @@ run() { # name, command...
         echo "== $name: FAILED" | tee -a "$out/gpu.log"
     fi
 }
-if [ $bench != 3 ]; then
+if [ $bench -lt 3 ]; then
 run test_cuda_merge $B/tests/gpu/test_cuda_merge
 run test_cuda_attn $B/tests/gpu/test_cuda_attn
 if command -v compute-sanitizer >/dev/null; then
@@ -89,11 +96,21 @@ export CUDA_MPS_PIPE_DIRECTORY=/tmp/patd-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/pa
 mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
 export PATD_LIBPAT=$PWD/$B/lib/libpat.so.1
 mps_stop() { echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; sleep 1; }
-if [ $bench != 0 ]; then # the floor and patd's round trip without MPS first (time-sliced)
+if [ $bench != 0 ] && [ $bench != 4 ]; then # the floor and patd's round trip without MPS first
     run handoff_nomps $B/bench/bench_handoff --patd $B/bin/patd --label no-MPS \
         --json "$out/handoff.jsonl"
 fi
 nvidia-cuda-mps-control -d && sleep 1
+if [ $bench = 4 ]; then
+    export PATD_BIN=$B/bin/patd PATLOAD_BIN=$B/bin/patload PATCTL_BIN=$B/bin/patctl \
+        PATLOAD_NO_GNUPLOT_OK=1
+    run test_patload python3 tests/integ/test_patload.py
+    run replay bash tests/gpu/replay.sh "$out" "${2:-full}"
+    mps_stop
+    echo "$passed passed, $failed failed" | tee -a "$out/gpu.log"
+    [ "$failed" -eq 0 ]
+    exit
+fi
 run test_frontend python3 tests/gpu/test_frontend.py --patd $B/bin/patd
 if [ $bench != 0 ]; then
     run handoff_mps $B/bench/bench_handoff --patd $B/bin/patd --label MPS \
