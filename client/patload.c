@@ -33,6 +33,8 @@
 #include "patload_report.h"
 #include "patload_trace.h"
 
+#define ADMIT_WATERMARK 0.95 /* share of the KV capacity admission may plan to fill */
+
 #define EXIT_FAILED 1
 #define EXIT_USAGE  2
 #define EXIT_DAEMON 3
@@ -260,6 +262,8 @@ typedef struct replay {
     pat_buffers_t buf;
     const char *sock;
     uint32_t max_seq_len, conc, batch;
+    uint32_t block;      /* tokens per KV block */
+    uint64_t cap_blocks; /* blocks this connection may hold: the pool, or its quota */
     /* trace pointer and per-pass state */
     double *t_adj; /* arrival after --spread, seconds */
     uint8_t *state;
@@ -278,7 +282,8 @@ typedef struct replay {
     double t0, next_poll, next_progress, progress_every;
     int64_t blocks_used;
     int tty;
-    int fatal; /* a negative errno that ended the replay */
+    int fatal;      /* a negative errno that ended the replay */
+    int hold_admit; /* after a preemption: admit nothing until a request finishes */
 } replay_t;
 
 static double arrival(const replay_t *R, uint32_t i)
@@ -343,6 +348,7 @@ static void finish(replay_t *R, uint32_t rec, int err, double t)
     q->err = err;
     if (!err)
         q->t_done = t;
+    R->hold_admit = 0;
     uint32_t i = q->trace_idx;
     R->state[i] = R_FINISHED;
     int32_t nx = R->t->req[i].next;
@@ -390,10 +396,24 @@ static int is_fatal(int rc)
 /* Opens sequences for queued requests while there is room. */
 static void admit(replay_t *R, double t)
 {
+    /* Blocks the running requests hold or are about to need (shared prefixes counted once per
+     * request: an over-estimate), so that admission leaves room to grow: a request is admitted
+     * only while its prompt, that and one block of decode headroom per request fit in
+     * ADMIT_WATERMARK of the capacity (as vLLM's can_allocate). Without it a burst of long
+     * prompts fills the pool with half-done prefills that can only preempt one another. */
+    if (R->hold_admit)
+        return;
+    uint64_t held = 0;
+    for (uint32_t k = 0; k < R->n_run; k++)
+        held += (R->run[k].target + 1 + R->block - 1) / R->block;
     while (R->q_len && R->n_run < R->conc) {
         uint32_t rec = R->queue[R->q_head];
         pl_rec_t *q = &R->rep.rec[rec];
         uint32_t target = q->in_len + q->generated;
+        uint64_t need = (target + 1 + R->block - 1) / R->block;
+        if (R->n_run > 0 &&
+            (double)(held + need + R->n_run + 1) > ADMIT_WATERMARK * (double)R->cap_blocks)
+            return; /* wait for room (a finishing request frees some) */
         if ((uint64_t)q->in_len + q->out_len - 1 > R->max_seq_len) {
             queue_pop(R);
             finish(R, rec, -E2BIG, t);
@@ -441,6 +461,7 @@ static void preempt(replay_t *R, int err, double t)
     }
     R->rep.rec[e.rec].preempted++;
     R->rep.preemptions++;
+    R->hold_admit = 1;
     queue_push(R, e.rec, 1);
 }
 
@@ -733,6 +754,7 @@ int main(int argc, char **argv)
     }
     model.model_id = mid;
     int64_t msl = status_int(status, "max_seq_len");
+    int64_t blocks_total = status_int(status, "blocks_total");
     R->max_seq_len = msl > 0 ? (uint32_t)msl : UINT32_MAX;
     pat_free(status);
 
@@ -753,6 +775,10 @@ int main(int argc, char **argv)
     if (kind_auto && R->buf.on_gpu)
         kind = PL_COMPUTE_GPU;
     R->batch = R->buf.max_batch_tokens;
+    R->block = model.block_size ? model.block_size : 16;
+    R->cap_blocks = blocks_total > 0 ? (uint64_t)blocks_total : UINT32_MAX;
+    if (R->buf.max_blocks && R->buf.max_blocks < R->cap_blocks)
+        R->cap_blocks = R->buf.max_blocks;
     R->conc = O.concurrency;
     if (R->buf.max_seqs && R->conc > R->buf.max_seqs)
         R->conc = R->buf.max_seqs;

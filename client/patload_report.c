@@ -22,9 +22,10 @@
 
 #define ERRNO_NAMES(X)                                                                             \
     X(ENOSPC)                                                                                      \
-    X(EDQUOT) X(EMFILE) X(E2BIG) X(EINVAL) X(ENOENT) X(ETIMEDOUT) X(ECANCELED) X(ECONNRESET)       \
-        X(ESHUTDOWN) X(EBUSY) X(EIO) X(ENOMEM) X(EBADMSG) X(EPROTO) X(ENOTSUP) X(EMEDIUMTYPE)      \
-            X(ESRCH) X(EAGAIN) X(EINTR)
+    X(EDQUOT)                                                                                      \
+    X(EMFILE) X(E2BIG) X(EINVAL) X(ENOENT) X(ETIMEDOUT) X(ECANCELED) X(ECONNRESET) X(ESHUTDOWN)    \
+        X(EBUSY) X(EIO) X(ENOMEM) X(EBADMSG) X(EPROTO) X(ENOTSUP) X(EMEDIUMTYPE) X(ESRCH)          \
+            X(EAGAIN) X(EINTR)
 
 const char *pl_errname(int err)
 {

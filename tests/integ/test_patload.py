@@ -234,6 +234,38 @@ class PatloadCase(unittest.TestCase):
         self.assertIn("(interrupted)", out)
         self.assert_clean()
 
+    def test_pool_pressure_preempts_and_finishes(self):
+        # a pool far smaller than the burst's working set: admission waits for room, refused
+        # steps preempt, and every request still finishes (no livelock, nothing leaked)
+        d = tempfile.mkdtemp(prefix="patload-small.")
+        sock = os.path.join(d, "patd.sock")
+        with open(os.path.join(d, "patd.log"), "w") as log:
+            proc = subprocess.Popen([PATD, "--runtime-dir=" + d, "--metrics-port=0",
+                                     "--blocks=600"], stderr=log)
+        try:
+            deadline = time.time() + 20
+            while self.status_of(sock).get("state") != "serving":
+                self.assertLess(time.time(), deadline, "small patd did not start")
+                time.sleep(0.05)
+            out = os.path.join(d, "s.json")
+            p = subprocess.run([PATLOAD, "--socket", sock, "--quiet", "--json", out,
+                                os.path.join(TRACES, "gsp_multiturn_sample.jsonl.xz"), "--scale",
+                                "0.25", "--speed", "0", "--concurrency", "64"],
+                               capture_output=True, text=True, timeout=240, check=False)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            with open(out) as f:
+                s = json.load(f)
+            self.assertEqual((s["done"], s["failed"]), (64, 0))
+            self.assertGreater(s["preemptions"], 0)
+            self.assertLessEqual(s["kv_blocks_peak"], 600)
+            st = self.status_of(sock)
+            self.assertEqual((st.get("sequences"), st.get("blocks_used"), st.get("pool_check")),
+                             ("0", "0", "ok"))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            self.assertEqual(proc.wait(timeout=15), 0)
+            subprocess.run(["rm", "-rf", d], check=False)
+
     def test_bad_traces(self):
         cases = [
             ("bad1.jsonl", '{"timestamp": 0, "input_length": 10, "output_length": 2}\n{"ts": 1}\n',
