@@ -2,9 +2,10 @@
 # patload trace replays on the GPU machine (run by tests/gpu/run.sh --replay, under MPS): patd on
 # the cuda backend with a Llama-3-8B-shaped model (32 layers, 32 query / 8 KV heads of 128, bf16)
 # and patload standing in for the model's GEMMs with cuBLAS on its own stream.
-#   tests/gpu/replay.sh OUT [full|quick]
+#   tests/gpu/replay.sh OUT [full|mooncake|synthetic|quick]
 # full: a 300-request slice of the Mooncake conversation trace at its recorded rate, the whole
-# synthetic multi-turn trace and the whole synthetic default trace as fast as possible; quick:
+# synthetic multi-turn trace and the whole synthetic default trace as fast as possible (mooncake,
+# synthetic: one part; each fits the device tool's 10-minute call); quick:
 # 128 requests of the multi-turn trace. Writes <name>.json / .csv / .steps.csv / .log into OUT
 # (plots: patload --replot elsewhere). Ends with "N passed, N failed".
 set -uo pipefail
@@ -62,17 +63,22 @@ replay() { # name, trace, patload args...
 }
 
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-if [ "$mode" = quick ]; then
+case $mode in
+quick)
     BLOCKS=8000 replay multiturn_quick "$T/synthetic_gsp_multiturn_g16x8x4_b16.jsonl.xz" \
         --limit 128 --speed 0 --concurrency 64
-else
+    ;;
+mooncake | full)
     replay mooncake_conv "$T/mooncake_fast25_conversation_trace.jsonl.xz" --skip 5000 \
         --limit 300 --speed 1 --spread --concurrency 32 --max-batch-tokens 4096 --chunk 2048
+    ;;&
+synthetic | full)
     replay gsp_multiturn "$T/synthetic_gsp_multiturn_g16x8x4_b16.jsonl.xz" --speed 0 \
         --concurrency 128 --max-batch-tokens 4096 --chunk 2048
     replay gsp_default "$T/synthetic_gsp_default_b16.jsonl.xz" --speed 0 --concurrency 128 \
         --max-batch-tokens 4096 --chunk 2048
-fi
+    ;;
+esac
 rm -rf "$dir"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
