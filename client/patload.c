@@ -578,6 +578,11 @@ static void step(replay_t *R)
     rep->decode_tokens += T - prefill_T;
     rep->kv_bytes += info.kv_bytes * rep->n_layers;
     rep->qc_bytes += info.qc_bytes * rep->n_layers;
+    if (prefill_T == 0) {
+        rep->decode_steps++;
+        rep->decode_kv_bytes += info.kv_bytes * rep->n_layers;
+        rep->decode_qc_bytes += info.qc_bytes * rep->n_layers;
+    }
     rep->pack_reused += info.pack_reused != 0;
     rep->step_wall_ms_sum += (t_end - t_begin) * 1e3;
     rep->daemon_ms_sum += info.step_ns / 1e6;

@@ -53,6 +53,7 @@ typedef struct pl_report {
     double wall_s;
     uint64_t steps, step_tokens, prefill_tokens, decode_tokens;
     uint64_t kv_bytes, qc_bytes;
+    uint64_t decode_steps, decode_kv_bytes, decode_qc_bytes; /* steps without prefill tokens */
     uint64_t pack_reused;
     double step_wall_ms_sum, daemon_ms_sum;
     uint64_t preemptions;
