@@ -380,7 +380,7 @@ int pl_report_plot(const char *png, const char *requests_csv, const char *steps_
     FILE *g = popen("gnuplot 2>&1", "w");
     if (!g)
         return fail(why, why_len, -errno, "cannot run gnuplot: %s", strerror(errno));
-    fprintf(g, "set terminal pngcairo size 1400,1100 font 'sans,10'\nset output ");
+    fprintf(g, "set terminal pngcairo noenhanced size 1400,1100 font 'sans,10'\nset output ");
     gp_str(g, png);
     fprintf(g, "\nset datafile separator ','\nset grid\nset key outside right top\n"
                "set lmargin 12\nset rmargin 30\n");
