@@ -329,7 +329,7 @@ run-tests:
 # The whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer (build/asan).
 test-asan: | deps
 	$(Q)$(MAKE) --no-print-directory B=$(B)/asan DEBUG=1 CUDA=0 all
-	$(Q)$(MAKE) --no-print-directory B=$(B)/asan DEBUG=1 CUDA=0 run-tests
+	$(Q)PATLOAD_TEST_LIMIT=24 $(MAKE) --no-print-directory B=$(B)/asan DEBUG=1 CUDA=0 run-tests
 
 # libFuzzer on the frame decoder for FUZZ_SECONDS (CI: 20 s), seeded from tests/fuzz/corpus.
 FUZZ_SECONDS ?= 20
