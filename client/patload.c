@@ -281,6 +281,7 @@ typedef struct replay {
     FILE *steps_f;
     double t0, next_poll, next_progress, progress_every;
     int64_t blocks_used;
+    uint32_t last_seqs, last_tokens; /* the latest committed step's batch */
     int tty;
     int fatal;      /* a negative errno that ended the replay */
     int hold_admit; /* after a preemption: admit nothing until a request finishes */
@@ -504,11 +505,12 @@ static void progress(replay_t *R, double t, int final)
         snprintf(total, sizeof(total), "%u", R->t->n);
     fprintf(stderr,
             "%s[%7.1f s] done %u/%s %.1f req/s | running %u (prefill %u) queued %u | "
-            "KV %lld/%lld blocks | prefix hit %.1f%% | preempt %llu | failed %u%s",
+            "batch %u seq %u tok | KV %lld/%lld blocks | prefix hit %.1f%% | preempt %llu | "
+            "failed %u%s",
             R->tty ? "\r" : "", t, done, total, t > 0 ? done / t : 0, R->n_run, prefill, R->q_len,
-            (long long)R->blocks_used, (long long)rep->kv_blocks_total,
-            prompt ? 100.0 * cached / prompt : 0, (unsigned long long)rep->preemptions, failed,
-            R->tty && !final ? "\033[K" : "\n");
+            R->last_seqs, R->last_tokens, (long long)R->blocks_used,
+            (long long)rep->kv_blocks_total, prompt ? 100.0 * cached / prompt : 0,
+            (unsigned long long)rep->preemptions, failed, R->tty && !final ? "\033[K" : "\n");
     fflush(stderr);
 }
 
@@ -572,6 +574,8 @@ static void step(replay_t *R)
     }
 
     pl_report_t *rep = &R->rep;
+    R->last_seqs = n;
+    R->last_tokens = T;
     rep->steps++;
     rep->step_tokens += T;
     rep->prefill_tokens += prefill_T;

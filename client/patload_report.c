@@ -27,9 +27,9 @@
     X(ENOSPC)                                                                                      \
     X(EDQUOT)                                                                                      \
     X(EMFILE)                                                                                      \
-    X(E2BIG) X(EINVAL) X(ENOENT) X(ETIMEDOUT) X(ECANCELED) X(ECONNRESET) X(ESHUTDOWN) X(EBUSY)     \
-        X(EIO) X(ENOMEM) X(EBADMSG) X(EPROTO) X(ENOTSUP) X(EMEDIUMTYPE) X(ESRCH) X(EAGAIN)         \
-            X(EINTR)
+    X(E2BIG)                                                                                       \
+    X(EINVAL) X(ENOENT) X(ETIMEDOUT) X(ECANCELED) X(ECONNRESET) X(ESHUTDOWN) X(EBUSY) X(EIO)       \
+        X(ENOMEM) X(EBADMSG) X(EPROTO) X(ENOTSUP) X(EMEDIUMTYPE) X(ESRCH) X(EAGAIN) X(EINTR)
 
 const char *pl_errname(int err)
 {
