@@ -10,11 +10,11 @@
  * a 50 MB L2), which is what the real model's layers cost.
  */
 #include "patload_compute.h"
+#include "patload_trace.h" /* pl_fail */
 
 #include <dlfcn.h>
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,15 +113,6 @@ double pl_compute_flops_per_token(const pl_compute_cfg_t *c)
     return 2.0 * h * (qd + 2 * kvd) + 2.0 * qd * h + 3 * 2.0 * h * c->ffn;
 }
 
-static int fail(char *why, size_t why_len, int err, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, why_len, fmt, ap);
-    va_end(ap);
-    return err;
-}
-
 static uint32_t elem_bytes(uint32_t dtype)
 {
     return dtype == PAT_F32 ? 4 : 2;
@@ -205,22 +196,22 @@ static int gpu_open(pl_compute_t *pc, char *why, size_t why_len)
 {
     pc->cu_lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!pc->cu_lib)
-        return fail(why, why_len, -ENOTSUP, "gpu compute: no CUDA driver (%s)", dlerror());
+        return pl_fail(why, why_len, -ENOTSUP, "gpu compute: no CUDA driver (%s)", dlerror());
 #define LOAD(name, sym, args)                                                                      \
     if (!(*(void **)&pc->cu.name = dlsym(pc->cu_lib, sym)))                                        \
-        return fail(why, why_len, -ENOTSUP, "gpu compute: the driver lacks %s", sym);
+        return pl_fail(why, why_len, -ENOTSUP, "gpu compute: the driver lacks %s", sym);
     CU_FUNCS(LOAD)
 #undef LOAD
     static const char *const names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]) && !pc->blas_lib; i++)
         pc->blas_lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
     if (!pc->blas_lib)
-        return fail(why, why_len, -ENOTSUP,
-                    "gpu compute: no cuBLAS (libcublas.so.13/.12 on the library path): %s",
-                    dlerror());
+        return pl_fail(why, why_len, -ENOTSUP,
+                       "gpu compute: no cuBLAS (libcublas.so.13/.12 on the library path): %s",
+                       dlerror());
 #define LOAD(name, sym, args)                                                                      \
     if (!(*(void **)&pc->blas.name = dlsym(pc->blas_lib, sym)))                                    \
-        return fail(why, why_len, -ENOTSUP, "gpu compute: cuBLAS lacks %s", sym);
+        return pl_fail(why, why_len, -ENOTSUP, "gpu compute: cuBLAS lacks %s", sym);
     CUBLAS_FUNCS(LOAD)
 #undef LOAD
     CUresult r;
@@ -229,20 +220,20 @@ static int gpu_open(pl_compute_t *pc, char *why, size_t why_len)
         (r = pc->cu.ptr_attr(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
                              (CUdeviceptr)(uintptr_t)pc->buf.q)) != 0 ||
         (r = pc->cu.dev_get(&pc->dev, ordinal)) != 0)
-        return fail(why, why_len, -EIO, "gpu compute: finding the staging buffers' GPU: %s",
-                    cu_err(pc, r));
+        return pl_fail(why, why_len, -EIO, "gpu compute: finding the staging buffers' GPU: %s",
+                       cu_err(pc, r));
     pc->cu.dev_name(pc->dev_name, sizeof(pc->dev_name), pc->dev);
     if ((r = pc->cu.ctx_retain(&pc->ctx, pc->dev)) != 0)
-        return fail(why, why_len, -EIO, "gpu compute: primary context: %s", cu_err(pc, r));
+        return pl_fail(why, why_len, -EIO, "gpu compute: primary context: %s", cu_err(pc, r));
     if ((r = pc->cu.ctx_push(pc->ctx)) != 0)
-        return fail(why, why_len, -EIO, "gpu compute: cuCtxPushCurrent: %s", cu_err(pc, r));
+        return pl_fail(why, why_len, -EIO, "gpu compute: cuCtxPushCurrent: %s", cu_err(pc, r));
     int rc = 0;
     if ((r = pc->cu.stream_create(&pc->stream, CU_STREAM_NON_BLOCKING)) != 0) {
-        rc = fail(why, why_len, -EIO, "gpu compute: stream: %s", cu_err(pc, r));
+        rc = pl_fail(why, why_len, -EIO, "gpu compute: stream: %s", cu_err(pc, r));
         goto out;
     }
     if (pc->blas.create(&pc->handle) != 0 || pc->blas.set_stream(pc->handle, pc->stream) != 0) {
-        rc = fail(why, why_len, -EIO, "gpu compute: cuBLAS handle");
+        rc = pl_fail(why, why_len, -EIO, "gpu compute: cuBLAS handle");
         goto out;
     }
     const pl_compute_cfg_t *c = &pc->cfg;
@@ -256,13 +247,13 @@ static int gpu_open(pl_compute_t *pc, char *why, size_t why_len)
         most = elems[i] > most ? elems[i] : most;
     void *host = malloc(most * eb);
     if (!host) {
-        rc = fail(why, why_len, -ENOMEM, "gpu compute: out of host memory");
+        rc = pl_fail(why, why_len, -ENOMEM, "gpu compute: out of host memory");
         goto out;
     }
     for (int i = 0; i < N_BUF && rc == 0; i++) {
         if ((r = pc->cu.mem_alloc(&pc->d[i], elems[i] * eb)) != 0) {
-            rc = fail(why, why_len, -ENOMEM, "gpu compute: %zu MiB of weights/activations: %s",
-                      elems[i] * eb >> 20, cu_err(pc, r));
+            rc = pl_fail(why, why_len, -ENOMEM, "gpu compute: %zu MiB of weights/activations: %s",
+                         elems[i] * eb >> 20, cu_err(pc, r));
             break;
         }
         /* weights scaled by 1/sqrt(fan-in) keep every product near unit size */
@@ -272,7 +263,7 @@ static int gpu_open(pl_compute_t *pc, char *why, size_t why_len)
                                                                                      : 1;
         fill_random(host, elems[i], c->dtype, 1.0f / sqrtf((float)fan_in), (uint64_t)i + 1);
         if ((r = pc->cu.htod(pc->d[i], host, elems[i] * eb)) != 0)
-            rc = fail(why, why_len, -EIO, "gpu compute: upload: %s", cu_err(pc, r));
+            rc = pl_fail(why, why_len, -EIO, "gpu compute: upload: %s", cu_err(pc, r));
     }
     free(host);
 out:;
@@ -355,12 +346,12 @@ int pl_compute_create(const pl_compute_cfg_t *cfg, pat_conn_t *conn, pl_compute_
 {
     pl_compute_t *pc = calloc(1, sizeof(*pc));
     if (!pc)
-        return fail(why, why_len, -ENOMEM, "out of memory");
+        return pl_fail(why, why_len, -ENOMEM, "out of memory");
     pc->cfg = *cfg;
     pc->conn = conn;
     int rc = pat_buffers(conn, &pc->buf);
     if (rc < 0) {
-        fail(why, why_len, rc, "pat_buffers: %s", pat_strerror(rc));
+        pl_fail(why, why_len, rc, "pat_buffers: %s", pat_strerror(rc));
         goto fail;
     }
     pc->flops_tok = pl_compute_flops_per_token(cfg);
@@ -368,21 +359,21 @@ int pl_compute_create(const pl_compute_cfg_t *cfg, pat_conn_t *conn, pl_compute_
     pc->pre_share = qkv / pc->flops_tok;
     if (cfg->kind == PL_COMPUTE_GPU) {
         if (!pc->buf.on_gpu) {
-            rc = fail(why, why_len, -ENOTSUP,
-                      "gpu compute needs a GPU session (the daemon runs the cpu backend)");
+            rc = pl_fail(why, why_len, -ENOTSUP,
+                         "gpu compute needs a GPU session (the daemon runs the cpu backend)");
             goto fail;
         }
         if ((rc = gpu_open(pc, why, why_len)) < 0)
             goto fail;
     } else {
         if (pc->buf.on_gpu) {
-            rc = fail(why, why_len, -ENOTSUP,
-                      "a GPU session's Q/K/V are device memory: use --compute gpu");
+            rc = pl_fail(why, why_len, -ENOTSUP,
+                         "a GPU session's Q/K/V are device memory: use --compute gpu");
             goto fail;
         }
         pc->pool_bytes = (size_t)POOL_ELEMS * elem_bytes(cfg->dtype);
         if (!(pc->pool = malloc(pc->pool_bytes))) {
-            rc = fail(why, why_len, -ENOMEM, "out of memory");
+            rc = pl_fail(why, why_len, -ENOMEM, "out of memory");
             goto fail;
         }
         fill_random(pc->pool, POOL_ELEMS, cfg->dtype, 1.0f, 7);

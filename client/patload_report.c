@@ -14,22 +14,22 @@
  * prefill tokens) is the one to set against memory bandwidth.
  */
 #include "patload_report.h"
+#include "patload_trace.h" /* pl_fail */
 
 #include <errno.h>
 #include <json-c/json.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 
-#define ERRNO_NAMES(X)                                                                             \
-    X(ENOSPC)                                                                                      \
-    X(EDQUOT)                                                                                      \
-    X(EMFILE)                                                                                      \
-    X(E2BIG)                                                                                       \
-    X(EINVAL) X(ENOENT) X(ETIMEDOUT) X(ECANCELED) X(ECONNRESET) X(ESHUTDOWN) X(EBUSY) X(EIO)       \
-        X(ENOMEM) X(EBADMSG) X(EPROTO) X(ENOTSUP) X(EMEDIUMTYPE) X(ESRCH) X(EAGAIN) X(EINTR)
+/* the errnos named in reports (clang-format does not settle on one layout for this list) */
+/* clang-format off */
+#define ERRNO_NAMES(X) \
+    X(ENOSPC) X(EDQUOT) X(EMFILE) X(E2BIG) X(EINVAL) X(ENOENT) X(ETIMEDOUT) X(ECANCELED) \
+    X(ECONNRESET) X(ESHUTDOWN) X(EBUSY) X(EIO) X(ENOMEM) X(EBADMSG) X(EPROTO) X(ENOTSUP) \
+    X(EMEDIUMTYPE) X(ESRCH) X(EAGAIN) X(EINTR)
+/* clang-format on */
 
 const char *pl_errname(int err)
 {
@@ -352,15 +352,6 @@ void pl_step_csv_row(FILE *f, const pl_step_rec_t *s)
 
 /* ---------------------------------------------------------------- plot */
 
-static int fail(char *why, size_t why_len, int err, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, why_len, fmt, ap);
-    va_end(ap);
-    return err;
-}
-
 /* gnuplot single-quoted string: a quote is doubled */
 static void gp_str(FILE *f, const char *s)
 {
@@ -379,7 +370,7 @@ int pl_report_plot(const char *png, const char *requests_csv, const char *steps_
 {
     FILE *g = popen("gnuplot 2>&1", "w");
     if (!g)
-        return fail(why, why_len, -errno, "cannot run gnuplot: %s", strerror(errno));
+        return pl_fail(why, why_len, -errno, "cannot run gnuplot: %s", strerror(errno));
     fprintf(g, "set terminal pngcairo noenhanced size 1400,1100 font 'sans,10'\nset output ");
     gp_str(g, png);
     fprintf(g, "\nset datafile separator ','\nset grid\nset key outside right top\n"
@@ -413,13 +404,13 @@ int pl_report_plot(const char *png, const char *requests_csv, const char *steps_
                "unset multiplot\n");
     int st = pclose(g);
     if (st == -1)
-        return fail(why, why_len, -errno, "gnuplot: %s", strerror(errno));
+        return pl_fail(why, why_len, -errno, "gnuplot: %s", strerror(errno));
     if (WIFEXITED(st) && WEXITSTATUS(st) == 127)
-        return fail(why, why_len, -ENOENT,
-                    "gnuplot is not installed (Debian: apt-get install gnuplot-nox); the CSV "
-                    "files are written");
+        return pl_fail(why, why_len, -ENOENT,
+                       "gnuplot is not installed (Debian: apt-get install gnuplot-nox); the CSV "
+                       "files are written");
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-        return fail(why, why_len, -EIO, "gnuplot failed (exit %d) drawing %s", WEXITSTATUS(st),
-                    png);
+        return pl_fail(why, why_len, -EIO, "gnuplot failed (exit %d) drawing %s", WEXITSTATUS(st),
+                       png);
     return 0;
 }

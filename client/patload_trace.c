@@ -24,7 +24,7 @@
 #include <string.h>
 #include <xxhash.h>
 
-static int fail(char *why, size_t why_len, int err, const char *fmt, ...)
+int pl_fail(char *why, size_t why_len, int err, const char *fmt, ...)
 {
     if (why && why_len) {
         va_list ap;
@@ -42,37 +42,48 @@ const char *pl_format_name(pl_format_t f)
 
 /* ---------------------------------------------------------------- reading the bytes */
 
+/* Doubles a buffer of trace text up to PL_TRACE_MAX_BYTES. 0; -EFBIG (the buffer is kept);
+ * -ENOMEM (the buffer is freed and *buf is NULL). */
+static int grow(char **buf, size_t *cap)
+{
+    if (*cap >= PL_TRACE_MAX_BYTES)
+        return -EFBIG;
+    char *nb = realloc(*buf, *cap * 2);
+    if (!nb) {
+        free(*buf);
+        *buf = NULL;
+        return -ENOMEM;
+    }
+    *buf = nb;
+    *cap *= 2;
+    return 0;
+}
+
 static int read_file(const char *path, char **ret, size_t *ret_len, char *why, size_t why_len)
 {
     FILE *f = fopen(path, "rb");
     if (!f)
-        return fail(why, why_len, -errno, "%s: %s", path, strerror(errno));
+        return pl_fail(why, why_len, -errno, "%s: %s", path, strerror(errno));
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap);
     int rc = 0;
     for (;;) {
         if (!buf) {
-            rc = fail(why, why_len, -ENOMEM, "%s: out of memory", path);
+            rc = pl_fail(why, why_len, -ENOMEM, "%s: out of memory", path);
             break;
         }
         size_t n = fread(buf + len, 1, cap - len, f);
         len += n;
         if (n == 0) {
             if (ferror(f))
-                rc = fail(why, why_len, -EIO, "%s: read error", path);
+                rc = pl_fail(why, why_len, -EIO, "%s: read error", path);
             break;
         }
-        if (len == cap) {
-            if (cap >= PL_TRACE_MAX_BYTES) {
-                rc = fail(why, why_len, -EFBIG, "%s: larger than %llu bytes", path,
-                          (unsigned long long)PL_TRACE_MAX_BYTES);
-                break;
-            }
-            char *nb = realloc(buf, cap * 2);
-            if (!nb)
-                free(buf);
-            buf = nb;
-            cap *= 2;
+        if (len == cap && (rc = grow(&buf, &cap)) < 0) {
+            rc = pl_fail(why, why_len, rc, "%s: %s than %llu bytes", path,
+                         rc == -EFBIG ? "larger" : "out of memory reading more",
+                         (unsigned long long)cap);
+            break;
         }
     }
     fclose(f);
@@ -90,7 +101,7 @@ static int unxz(const char *path, const char *in, size_t in_len, char **ret, siz
 {
     lzma_stream s = LZMA_STREAM_INIT;
     if (lzma_stream_decoder(&s, UINT64_MAX, LZMA_CONCATENATED) != LZMA_OK)
-        return fail(why, why_len, -ENOMEM, "%s: cannot start the xz decoder", path);
+        return pl_fail(why, why_len, -ENOMEM, "%s: cannot start the xz decoder", path);
     size_t cap = in_len * 8 + 4096;
     if (cap > PL_TRACE_MAX_BYTES)
         cap = PL_TRACE_MAX_BYTES;
@@ -105,28 +116,25 @@ static int unxz(const char *path, const char *in, size_t in_len, char **ret, siz
         if (r == LZMA_STREAM_END)
             break;
         if (r != LZMA_OK && r != LZMA_BUF_ERROR) {
-            rc = fail(why, why_len, -EBADMSG, "%s: not a valid xz file (liblzma error %d)", path,
-                      (int)r);
+            rc = pl_fail(why, why_len, -EBADMSG, "%s: not a valid xz file (liblzma error %d)", path,
+                         (int)r);
             break;
         }
         if (s.avail_out == 0) {
-            if (cap >= PL_TRACE_MAX_BYTES) {
-                rc = fail(why, why_len, -EFBIG, "%s: decompresses to more than %llu bytes", path,
-                          (unsigned long long)PL_TRACE_MAX_BYTES);
+            if ((rc = grow(&out, &cap)) < 0) {
+                rc = pl_fail(why, why_len, rc, "%s: %s than %llu bytes", path,
+                             rc == -EFBIG ? "decompresses to more"
+                                          : "out of memory decompressing more",
+                             (unsigned long long)cap);
                 break;
             }
-            char *nb = realloc(out, cap * 2);
-            if (!nb)
-                free(out);
-            out = nb;
-            cap *= 2;
         } else if (r == LZMA_BUF_ERROR) {
-            rc = fail(why, why_len, -EBADMSG, "%s: truncated xz file", path);
+            rc = pl_fail(why, why_len, -EBADMSG, "%s: truncated xz file", path);
             break;
         }
     }
     if (!out && rc == 0)
-        rc = fail(why, why_len, -ENOMEM, "%s: out of memory", path);
+        rc = pl_fail(why, why_len, -ENOMEM, "%s: out of memory", path);
     size_t n = s.total_out;
     lzma_end(&s);
     if (rc < 0) {
@@ -205,30 +213,31 @@ static int parse_jsonl_row(builder_t *b, char *line, uint32_t lineno, pl_req_t *
     json_object *o = json_tokener_parse_verbose(line, &jerr);
     int rc = 0;
     if (!o)
-        return fail(why, why_len, -EBADMSG, "line %u: not JSON (%s)", lineno,
-                    json_tokener_error_desc(jerr));
+        return pl_fail(why, why_len, -EBADMSG, "line %u: not JSON (%s)", lineno,
+                       json_tokener_error_desc(jerr));
     if (!json_object_is_type(o, json_type_object)) {
-        rc = fail(why, why_len, -EBADMSG, "line %u: not a JSON object", lineno);
+        rc = pl_fail(why, why_len, -EBADMSG, "line %u: not a JSON object", lineno);
         goto out;
     }
     json_object *ts;
     if (!json_object_object_get_ex(o, "timestamp", &ts) ||
         !(json_object_is_type(ts, json_type_int) || json_object_is_type(ts, json_type_double))) {
-        rc = fail(why, why_len, -EBADMSG, "line %u: \"timestamp\" (ms) missing or not a number",
-                  lineno);
+        rc = pl_fail(why, why_len, -EBADMSG, "line %u: \"timestamp\" (ms) missing or not a number",
+                     lineno);
         goto out;
     }
     double ms = json_object_get_double(ts);
     if (!isfinite(ms) || ms < 0 || ms > 1e12) {
-        rc = fail(why, why_len, -ERANGE, "line %u: \"timestamp\" %g out of range", lineno, ms);
+        rc = pl_fail(why, why_len, -ERANGE, "line %u: \"timestamp\" %g out of range", lineno, ms);
         goto out;
     }
     int64_t in, out_len;
     if (json_int(o, "input_length", 1, INT32_MAX, &in) < 0 ||
         json_int(o, "output_length", 0, INT32_MAX, &out_len) < 0) {
-        rc = fail(why, why_len, -EBADMSG,
-                  "line %u: \"input_length\" (>= 1) and \"output_length\" (>= 0) must be integers",
-                  lineno);
+        rc = pl_fail(
+            why, why_len, -EBADMSG,
+            "line %u: \"input_length\" (>= 1) and \"output_length\" (>= 0) must be integers",
+            lineno);
         goto out;
     }
     r->t_s = ms / 1000.0;
@@ -240,21 +249,22 @@ static int parse_jsonl_row(builder_t *b, char *line, uint32_t lineno, pl_req_t *
     if (json_object_object_get_ex(o, "hash_ids", &h)) {
         if (!json_object_is_type(h, json_type_array) || json_object_array_length(h) == 0 ||
             json_object_array_length(h) > (size_t)in) {
-            rc = fail(why, why_len, -EBADMSG,
-                      "line %u: \"hash_ids\" must be a non-empty array of at most input_length ids",
-                      lineno);
+            rc = pl_fail(
+                why, why_len, -EBADMSG,
+                "line %u: \"hash_ids\" must be a non-empty array of at most input_length ids",
+                lineno);
             goto out;
         }
         size_t n = json_object_array_length(h);
         for (size_t i = 0; i < n; i++) {
             json_object *e = json_object_array_get_idx(h, i);
             if (!json_object_is_type(e, json_type_int)) {
-                rc = fail(why, why_len, -EBADMSG, "line %u: hash_ids[%zu] is not an integer",
-                          lineno, i);
+                rc = pl_fail(why, why_len, -EBADMSG, "line %u: hash_ids[%zu] is not an integer",
+                             lineno, i);
                 goto out;
             }
             if ((rc = push_hash(b, json_object_get_int64(e))) < 0) {
-                rc = fail(why, why_len, rc, "line %u: out of memory", lineno);
+                rc = pl_fail(why, why_len, rc, "line %u: out of memory", lineno);
                 goto out;
             }
         }
@@ -272,13 +282,14 @@ static int parse_jsonl_row(builder_t *b, char *line, uint32_t lineno, pl_req_t *
                                          (size_t)json_object_get_string_len(sid), 0) >>
                                    1);
         } else {
-            rc = fail(why, why_len, -EBADMSG,
-                      "line %u: \"session_id\" must be a non-negative integer or a string", lineno);
+            rc = pl_fail(why, why_len, -EBADMSG,
+                         "line %u: \"session_id\" must be a non-negative integer or a string",
+                         lineno);
             goto out;
         }
         if (json_int(o, "turn", 1, INT32_MAX, &turn) < 0) {
-            rc = fail(why, why_len, -EBADMSG, "line %u: \"session_id\" needs \"turn\" (>= 1)",
-                      lineno);
+            rc = pl_fail(why, why_len, -EBADMSG, "line %u: \"session_id\" needs \"turn\" (>= 1)",
+                         lineno);
             goto out;
         }
         r->turn = (uint32_t)turn;
@@ -307,12 +318,12 @@ static int parse_azure_row(char *line, uint32_t lineno, pl_req_t *r, char *why, 
     if (sscanf(line, "%4d-%2d-%2d %2d:%2d:%lf,%lld,%lld%n", &y, &mo, &d, &h, &mi, &sec, &in, &out,
                &n) != 8 ||
         (line[n] != '\0' && line[n] != '\r'))
-        return fail(why, why_len, -EBADMSG,
-                    "line %u: expected \"YYYY-MM-DD HH:MM:SS.fff,ContextTokens,GeneratedTokens\"",
-                    lineno);
+        return pl_fail(
+            why, why_len, -EBADMSG,
+            "line %u: expected \"YYYY-MM-DD HH:MM:SS.fff,ContextTokens,GeneratedTokens\"", lineno);
     if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || !(sec >= 0 && sec < 61) ||
         in < 1 || in > INT32_MAX || out < 0 || out > INT32_MAX)
-        return fail(why, why_len, -ERANGE, "line %u: a field is out of range", lineno);
+        return pl_fail(why, why_len, -ERANGE, "line %u: a field is out of range", lineno);
     r->t_s = (double)days_from_civil(y, mo, d) * 86400.0 + h * 3600.0 + mi * 60.0 + sec;
     r->in_len = (uint32_t)in;
     r->out_len = (uint32_t)out;
@@ -347,7 +358,7 @@ static int link_sessions(pl_trace_t *t, char *why, size_t why_len)
 {
     uint32_t *ix = malloc((size_t)t->n * sizeof(*ix));
     if (!ix)
-        return fail(why, why_len, -ENOMEM, "out of memory");
+        return pl_fail(why, why_len, -ENOMEM, "out of memory");
     uint32_t m = 0;
     for (uint32_t i = 0; i < t->n; i++)
         if (t->req[i].session >= 0)
@@ -360,8 +371,8 @@ static int link_sessions(pl_trace_t *t, char *why, size_t why_len)
         if (a->session != b->session)
             continue;
         if (a->turn == b->turn) {
-            rc = fail(why, why_len, -EBADMSG, "lines %u and %u: session %lld has turn %u twice",
-                      a->line, b->line, (long long)a->session, a->turn);
+            rc = pl_fail(why, why_len, -EBADMSG, "lines %u and %u: session %lld has turn %u twice",
+                         a->line, b->line, (long long)a->session, a->turn);
             break;
         }
         a->next = (int32_t)ix[k];
@@ -381,18 +392,18 @@ static int detect_block(pl_trace_t *t, uint32_t given, char *why, size_t why_len
         uint64_t n = r->n_hash, L = r->in_len;
         if (given) {
             if ((L + given - 1) / given != n)
-                return fail(why, why_len, -EBADMSG,
-                            "line %u: %u hash ids do not cover %u tokens in %u-token blocks",
-                            r->line, r->n_hash, r->in_len, given);
+                return pl_fail(why, why_len, -EBADMSG,
+                               "line %u: %u hash ids do not cover %u tokens in %u-token blocks",
+                               r->line, r->n_hash, r->in_len, given);
             continue;
         }
         uint64_t l = (L + n - 1) / n, h = n > 1 ? (L - 1) / (n - 1) : UINT32_MAX;
         lo = l > lo ? l : lo;
         hi = h < hi ? h : hi;
         if (lo > hi)
-            return fail(why, why_len, -EBADMSG,
-                        "line %u: no block size fits every row so far (give --trace-block)",
-                        r->line);
+            return pl_fail(why, why_len, -EBADMSG,
+                           "line %u: no block size fits every row so far (give --trace-block)",
+                           r->line);
     }
     if (given) {
         t->block = given;
@@ -427,12 +438,12 @@ int pl_trace_load(pl_trace_t *t, const char *path, uint32_t skip, uint32_t limit
     char *nt = realloc(text, len + 1);
     if (!nt) {
         free(text);
-        return fail(why, why_len, -ENOMEM, "%s: out of memory", path);
+        return pl_fail(why, why_len, -ENOMEM, "%s: out of memory", path);
     }
     text = nt;
     text[len] = '\0';
     if (memchr(text, '\0', len)) {
-        rc = fail(why, why_len, -EBADMSG, "%s: binary data (a NUL byte) in a text trace", path);
+        rc = pl_fail(why, why_len, -EBADMSG, "%s: binary data (a NUL byte) in a text trace", path);
         goto fail;
     }
 
@@ -460,10 +471,10 @@ int pl_trace_load(pl_trace_t *t, const char *path, uint32_t skip, uint32_t limit
                 t->format = PL_FMT_AZURE_CSV;
                 continue;
             } else {
-                rc = fail(why, why_len, -EBADMSG,
-                          "%s: line %u: neither a JSON object nor the Azure CSV header "
-                          "\"TIMESTAMP,ContextTokens,GeneratedTokens\"",
-                          path, lineno);
+                rc = pl_fail(why, why_len, -EBADMSG,
+                             "%s: line %u: neither a JSON object nor the Azure CSV header "
+                             "\"TIMESTAMP,ContextTokens,GeneratedTokens\"",
+                             path, lineno);
                 goto fail;
             }
         }
@@ -472,7 +483,8 @@ int pl_trace_load(pl_trace_t *t, const char *path, uint32_t skip, uint32_t limit
         if (limit && t->n >= limit)
             break;
         if (t->n >= PL_TRACE_MAX_REQS) {
-            rc = fail(why, why_len, -EFBIG, "%s: more than %u requests", path, PL_TRACE_MAX_REQS);
+            rc =
+                pl_fail(why, why_len, -EFBIG, "%s: more than %u requests", path, PL_TRACE_MAX_REQS);
             goto fail;
         }
         pl_req_t r = {.line = lineno, .next = -1, .prev = -1};
@@ -482,12 +494,12 @@ int pl_trace_load(pl_trace_t *t, const char *path, uint32_t skip, uint32_t limit
         if (rc == 0 && (rc = push_req(&b, &r)) < 0)
             snprintf(w, sizeof(w), "line %u: out of memory", lineno);
         if (rc < 0) {
-            rc = fail(why, why_len, rc, "%s: %s", path, w);
+            rc = pl_fail(why, why_len, rc, "%s: %s", path, w);
             goto fail;
         }
     }
     if (t->n == 0) {
-        rc = fail(why, why_len, -ENODATA, "%s: no requests (after skipping %u)", path, skip);
+        rc = pl_fail(why, why_len, -ENODATA, "%s: no requests (after skipping %u)", path, skip);
         goto fail;
     }
     free(text);
@@ -501,8 +513,9 @@ int pl_trace_load(pl_trace_t *t, const char *path, uint32_t skip, uint32_t limit
         t0 = t->req[i].t_s < t0 ? t->req[i].t_s : t0;
     }
     if (with_hash && with_hash != t->n) {
-        rc = fail(why, why_len, -EBADMSG, "%s: %u of %u requests carry hash_ids; all or none must",
-                  path, with_hash, t->n);
+        rc = pl_fail(why, why_len, -EBADMSG,
+                     "%s: %u of %u requests carry hash_ids; all or none must", path, with_hash,
+                     t->n);
         goto fail;
     }
     t->has_hash = with_hash == t->n;

@@ -44,6 +44,11 @@ typedef struct pl_trace {
     int has_session; /* requests carry session_id and turn */
 } pl_trace_t;
 
+/* patload's failure convention: formats the detail into why (why_len bytes; NULL ok) and
+ * returns err (a negative errno). */
+int pl_fail(char *why, size_t why_len, int err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 /* Reads a trace (".xz" names are decompressed). skip/limit select rows in file order (limit 0 =
  * all); block > 0 sets the tokens per hash block, 0 detects it from the rows. Returns 0, or a
  * negative errno with why (why_len bytes) naming the file, line and field at fault. */
