@@ -21,7 +21,6 @@
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +28,7 @@
 #include <unistd.h>
 
 #include "pat.h"
+#include "pat_base.h"
 #include "patload_compute.h"
 #include "patload_report.h"
 #include "patload_trace.h"
@@ -217,19 +217,7 @@ static void on_signal(int sig)
 
 static double now_s(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static void *xrealloc(void *p, size_t n)
-{
-    void *q = realloc(p, n ? n : 1);
-    if (!q) {
-        fprintf(stderr, "patload: out of memory\n");
-        exit(EXIT_FAILED);
-    }
-    return q;
+    return pat_now_ns() / 1e9;
 }
 
 /* "key value" from patd's STATUS text; -1 if absent */
@@ -295,10 +283,7 @@ static double arrival(const replay_t *R, uint32_t i)
 static uint32_t new_rec(replay_t *R, uint32_t i, double t_arrive)
 {
     pl_report_t *rep = &R->rep;
-    if (rep->n_rec == R->rec_cap) {
-        R->rec_cap = R->rec_cap ? R->rec_cap * 2 : 1024;
-        rep->rec = xrealloc(rep->rec, (size_t)R->rec_cap * sizeof(*rep->rec));
-    }
+    pat_grow((void **)&rep->rec, &R->rec_cap, rep->n_rec + 1, sizeof(*rep->rec));
     pl_rec_t *q = &rep->rec[rep->n_rec];
     *q = (pl_rec_t){.trace_idx = i,
                     .pass = R->pass,
@@ -317,7 +302,7 @@ static void queue_push(replay_t *R, uint32_t rec, int front)
 {
     if (R->q_len + 1 > R->q_cap) {
         uint32_t nc = R->q_cap ? R->q_cap * 2 : 1024;
-        uint32_t *nq = xrealloc(NULL, (size_t)nc * sizeof(*nq));
+        uint32_t *nq = pat_xmalloc((size_t)nc * sizeof(*nq));
         for (uint32_t k = 0; k < R->q_len; k++)
             nq[k] = R->queue[(R->q_head + k) % R->q_cap];
         free(R->queue);
@@ -379,10 +364,7 @@ static void arrivals(replay_t *R, double t)
 
 static uint32_t *prompt_tokens(replay_t *R, uint32_t i, uint32_t n)
 {
-    if (n > R->prompt_cap) {
-        R->prompt_cap = n;
-        R->prompt = xrealloc(R->prompt, (size_t)n * sizeof(uint32_t));
-    }
+    pat_grow((void **)&R->prompt, &R->prompt_cap, n, sizeof(uint32_t));
     for (uint32_t p = 0; p < n; p++)
         R->prompt[p] = pl_req_token(R->t, &R->shape, i, p);
     return R->prompt;
@@ -406,12 +388,12 @@ static void admit(replay_t *R, double t)
         return;
     uint64_t held = 0;
     for (uint32_t k = 0; k < R->n_run; k++)
-        held += (R->run[k].target + 1 + R->block - 1) / R->block;
+        held += PAT_DIV_UP(R->run[k].target + 1, R->block);
     while (R->q_len && R->n_run < R->conc) {
         uint32_t rec = R->queue[R->q_head];
         pl_rec_t *q = &R->rep.rec[rec];
         uint32_t target = q->in_len + q->generated;
-        uint64_t need = (target + 1 + R->block - 1) / R->block;
+        uint64_t need = PAT_DIV_UP(target + 1, R->block);
         if (R->n_run > 0 &&
             (double)(held + need + R->n_run + 1) > ADMIT_WATERMARK * (double)R->cap_blocks)
             return; /* wait for room (a finishing request frees some) */
@@ -579,7 +561,6 @@ static void step(replay_t *R)
     rep->steps++;
     rep->step_tokens += T;
     rep->prefill_tokens += prefill_T;
-    rep->decode_tokens += T - prefill_T;
     rep->kv_bytes += info.kv_bytes * rep->n_layers;
     rep->qc_bytes += info.qc_bytes * rep->n_layers;
     if (prefill_T == 0) {
@@ -645,8 +626,7 @@ static void shape_report(replay_t *R, const char *trace_path)
     R->rep.speed = O.speed;
     R->rep.scale = O.scale;
     R->rep.chunk = O.chunk;
-    double b = floor(R->t->block * O.scale + 0.5);
-    R->rep.block_tokens = b < 1 ? 1 : (uint32_t)b;
+    R->rep.block_tokens = pl_block_tokens(R->t, &R->shape);
 }
 
 static int dry_run(const pl_trace_t *t, const pl_shape_t *s)
@@ -845,13 +825,13 @@ int main(int argc, char **argv)
     R->rep.head_dim = model.head_dim;
 
     uint32_t n = trace.n;
-    R->t_adj = xrealloc(NULL, (size_t)n * sizeof(double));
-    R->state = xrealloc(NULL, n);
-    R->slot = xrealloc(NULL, (size_t)R->conc * sizeof(int32_t));
-    R->run = xrealloc(NULL, (size_t)R->conc * sizeof(running_t));
-    R->seqs = xrealloc(NULL, (size_t)R->conc * sizeof(uint32_t));
-    R->n_new = xrealloc(NULL, (size_t)R->conc * sizeof(uint32_t));
-    R->toks = xrealloc(NULL, (size_t)R->batch * sizeof(uint32_t));
+    R->t_adj = pat_xmalloc((size_t)n * sizeof(double));
+    R->state = pat_xmalloc(n);
+    R->slot = pat_xmalloc((size_t)R->conc * sizeof(int32_t));
+    R->run = pat_xmalloc((size_t)R->conc * sizeof(running_t));
+    R->seqs = pat_xmalloc((size_t)R->conc * sizeof(uint32_t));
+    R->n_new = pat_xmalloc((size_t)R->conc * sizeof(uint32_t));
+    R->toks = pat_xmalloc((size_t)R->batch * sizeof(uint32_t));
     for (uint32_t i = 0; i < n; i++)
         R->t_adj[i] = trace.req[i].t_s;
     if (O.spread)

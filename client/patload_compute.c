@@ -10,7 +10,6 @@
  * a 50 MB L2), which is what the real model's layers cost.
  */
 #include "patload_compute.h"
-#include "patload_trace.h" /* pl_fail */
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -18,7 +17,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+#include "kern_dtype.h"
+#include "pat_base.h"
+#include "patload_trace.h" /* pl_fail */
 
 #define POOL_ELEMS (1u << 20) /* random values the cpu stand-in copies Q/K/V rows from */
 
@@ -106,7 +108,8 @@ const char *pl_compute_device(const pl_compute_t *pc)
     return pc ? pc->dev_name : "";
 }
 
-double pl_compute_flops_per_token(const pl_compute_cfg_t *c)
+/* FLOPs of one layer's GEMMs per token (QKV, O, MLP). */
+static double flops_per_token(const pl_compute_cfg_t *c)
 {
     double h = c->hidden, qd = (double)c->q_heads * c->head_dim,
            kvd = (double)c->kv_heads * c->head_dim;
@@ -118,19 +121,6 @@ static uint32_t elem_bytes(uint32_t dtype)
     return dtype == PAT_F32 ? 4 : 2;
 }
 
-static uint16_t f32_to_f16(float f)
-{
-    /* values here are in [-1, 1]: normal or zero halves, round to nearest */
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000, e = (x >> 23) & 0xff, m = x & 0x7fffff;
-    if (e < 103)
-        return (uint16_t)sign;
-    if (e < 113) /* subnormal half */
-        return (uint16_t)(sign | ((m | 0x800000) >> (126 - e)));
-    return (uint16_t)(sign | ((e - 112) << 10) | ((m + 0x1000) >> 13));
-}
-
 /* n random values in [-amp, amp] in the model dtype (xorshift; fixed seed: runs repeat) */
 static void fill_random(void *dst, size_t n, uint32_t dtype, float amp, uint64_t seed)
 {
@@ -139,24 +129,10 @@ static void fill_random(void *dst, size_t n, uint32_t dtype, float amp, uint64_t
         s ^= s << 13;
         s ^= s >> 7;
         s ^= s << 17;
-        float v = amp * ((float)(s >> 40) / (float)(1u << 24) * 2.0f - 1.0f);
-        if (dtype == PAT_F32) {
-            ((float *)dst)[i] = v;
-        } else if (dtype == PAT_BF16) {
-            uint32_t x;
-            memcpy(&x, &v, 4);
-            ((uint16_t *)dst)[i] = (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
-        } else {
-            ((uint16_t *)dst)[i] = f32_to_f16(v);
-        }
+        /* PAT_F16/BF16/F32 have the values of KERN_F16/BF16/F32 (pat.h) */
+        kern_store((kern_dtype_t)dtype, dst, i,
+                   amp * ((float)(s >> 40) / (float)(1u << 24) * 2.0f - 1.0f));
     }
-}
-
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }
 
 /* Spins (the thread stays busy, as a frontend's compute thread would) for us microseconds. */
@@ -164,8 +140,8 @@ static void busy_wait(double us)
 {
     if (us <= 0)
         return;
-    double end = now_us() + us;
-    while (now_us() < end)
+    uint64_t end = pat_now_ns() + (uint64_t)(us * 1e3);
+    while (pat_now_ns() < end)
         __builtin_ia32_pause();
 }
 
@@ -354,7 +330,7 @@ int pl_compute_create(const pl_compute_cfg_t *cfg, pat_conn_t *conn, pl_compute_
         pl_fail(why, why_len, rc, "pat_buffers: %s", pat_strerror(rc));
         goto fail;
     }
-    pc->flops_tok = pl_compute_flops_per_token(cfg);
+    pc->flops_tok = flops_per_token(cfg);
     double qkv = 2.0 * cfg->hidden * (double)(cfg->q_heads + 2 * cfg->kv_heads) * cfg->head_dim;
     pc->pre_share = qkv / pc->flops_tok;
     if (cfg->kind == PL_COMPUTE_GPU) {

@@ -46,8 +46,6 @@ void pl_compute_free(pl_compute_t *pc);
  * Returns 0, or the first failing hand-off's negative errno (the step must then be ended with
  * abort; libpat hands over the layers left). */
 int pl_compute_step(pl_compute_t *pc, uint32_t n_tokens);
-/* FLOPs of one layer's GEMMs per token (QKV, O, MLP). */
-double pl_compute_flops_per_token(const pl_compute_cfg_t *cfg);
 const char *pl_compute_name(pl_compute_kind_t k);
 /* Device name (gpu) or "" */
 const char *pl_compute_device(const pl_compute_t *pc);

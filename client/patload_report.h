@@ -51,7 +51,7 @@ typedef struct pl_report {
     pl_rec_t *rec;
     uint32_t n_rec;
     double wall_s;
-    uint64_t steps, step_tokens, prefill_tokens, decode_tokens;
+    uint64_t steps, step_tokens, prefill_tokens;
     uint64_t kv_bytes, qc_bytes;
     uint64_t decode_steps, decode_kv_bytes, decode_qc_bytes; /* steps without prefill tokens */
     uint64_t pack_reused;

@@ -547,7 +547,7 @@ void pl_trace_done(pl_trace_t *t)
 
 /* ---------------------------------------------------------------- shaping and tokens */
 
-static uint32_t block_tokens(const pl_trace_t *t, const pl_shape_t *s)
+uint32_t pl_block_tokens(const pl_trace_t *t, const pl_shape_t *s)
 {
     double b = floor(t->block * s->scale + 0.5);
     return b < 1 ? 1 : b > 1e6 ? 1000000 : (uint32_t)b;
@@ -558,7 +558,7 @@ uint32_t pl_req_input(const pl_trace_t *t, const pl_shape_t *s, uint32_t i)
     const pl_req_t *r = &t->req[i];
     uint64_t L;
     if (r->n_hash) {
-        uint64_t br = block_tokens(t, s), bt = t->block;
+        uint64_t br = pl_block_tokens(t, s), bt = t->block;
         uint64_t rem = r->in_len - (uint64_t)(r->n_hash - 1) * bt; /* 1..bt (checked at load) */
         uint64_t last = (rem * br + bt - 1) / bt;
         L = (uint64_t)(r->n_hash - 1) * br + (last ? last : 1);
@@ -599,7 +599,7 @@ uint32_t pl_req_token(const pl_trace_t *t, const pl_shape_t *s, uint32_t i, uint
         return tok(TAG_REPLY, r->line, pos, s->salt);
     }
     if (r->n_hash) {
-        uint32_t br = block_tokens(t, s);
+        uint32_t br = pl_block_tokens(t, s);
         return tok(TAG_BLOCK, (uint64_t)t->hash[r->hash_off + pos / br], pos % br, s->salt);
     }
     if (pos < s->shared_prefix)

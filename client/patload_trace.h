@@ -66,6 +66,8 @@ typedef struct pl_shape {
     uint64_t salt;          /* mixed into every token (0: the trace's own tokens) */
 } pl_shape_t;
 
+/* Tokens a hash block of the trace becomes in the replay: round(block x scale), >= 1. */
+uint32_t pl_block_tokens(const pl_trace_t *t, const pl_shape_t *s);
 /* Replayed prompt length of request i (>= 1). */
 uint32_t pl_req_input(const pl_trace_t *t, const pl_shape_t *s, uint32_t i);
 /* Replayed output length of request i (>= 1: a prefill always yields one token). */
