@@ -72,9 +72,12 @@ NVCCFLAGS := -std=c++17 -O3 -g -lineinfo $(NVCC_GENCODE) -Werror all-warnings \
 KV_SRCS    := kvcache/kv_pool.c kvcache/kv_seq.c
 SCHED_SRCS := scheduler/sched_forest.c scheduler/sched_pack.c scheduler/sched_plan.c
 KERN_SRCS  := kernels/kern_backend.c kernels/cpu/kern_cpu.c
-CUDA_SRCS  := kernels/cuda/kern_cuda_merge.cu kernels/cuda/kern_cuda.cu \
+CUDA_SRCS  := kernels/cuda/kern_cuda.cu kernels/cuda/kern_cuda_attn.cu \
+              kernels/cuda/kern_cuda_lane.cu kernels/cuda/kern_cuda_kv.cu \
               kernels/cuda/kern_cuda_fwd_d64.cu kernels/cuda/kern_cuda_fwd_d128.cu \
               kernels/cuda/kern_cuda_fwd_d256.cu
+# what only the tools, GPU tests and benchmarks link (libpatcudatools.a)
+CUDA_TOOL_SRCS := kernels/cuda/kern_cuda_tools.cu
 CUDA_CSRCS := kernels/cuda/kern_cuda_tiles.c
 IPC_SRCS   := ipc/ipc_codec.c ipc/ipc_shm.c
 DAEMON_SRCS := daemon/patd_main.c daemon/patd_config.c daemon/patd_conn.c daemon/patd_exec.c \
@@ -100,11 +103,12 @@ CLIENT_DEMO := $(B)/bin/patd-client-demo
 
 CORE_SRCS := $(KV_SRCS) $(SCHED_SRCS) $(KERN_SRCS)
 CORE_OBJS := $(CORE_SRCS:%.c=$(B)/%.o)
-GPU_TESTS := test_cuda_merge test_cuda_attn
+GPU_TESTS := test_cuda_attn
 GPU_TOOLS := $(B)/bin/patd-tile-solver $(B)/bench/bench_attn $(B)/bench/bench_handoff
 GPU_BINS  := $(GPU_TESTS:%=$(B)/tests/gpu/%)
 ifeq ($(HAVE_CUDA),1)
 CUDA_OBJS := $(CUDA_SRCS:%.cu=$(B)/%.o) $(CUDA_CSRCS:%.c=$(B)/%.o)
+CUDA_TOOL_OBJS := $(CUDA_TOOL_SRCS:%.cu=$(B)/%.o)
 endif
 # The core with the cuda backend registered (the daemon, GPU tests, tools, benchmarks).
 CUDA_CORE_OBJS := $(B)/cudacore/kern_backend.o $(filter-out $(B)/kernels/kern_backend.o,$(CORE_OBJS))
@@ -126,7 +130,7 @@ DEMO_BIN   := $(B)/bin/patd-demo
 ALL_OBJS := $(CORE_OBJS) $(IPC_OBJS) $(DAEMON_OBJS) $(LIBPAT_OBJS) $(B)/client/patctl.o $(PATLOAD_OBJS) \
             $(B)/tests/demo/pat_client_demo.o $(INTEG_TESTS:%=$(B)/tests/integ/%.o) \
             $(B)/tests/integ/tc_client.o $(B)/tests/bench/bench_daemon.o $(TESTLIB_OBJS) $(UNIT_TESTS:%=$(B)/tests/unit/%.o) \
-            $(B)/tests/bench/bench_sched.o $(B)/tests/demo/pat_demo.o $(CUDA_OBJS) \
+            $(B)/tests/bench/bench_sched.o $(B)/tests/demo/pat_demo.o $(CUDA_OBJS) $(CUDA_TOOL_OBJS) \
             $(GPU_TESTS:%=$(B)/tests/gpu/%.o) $(B)/kernels/cuda/tile_solver.o \
             $(B)/tests/bench/bench_attn.o $(B)/cudacore/kern_backend.o \
             $(B)/tests/bench/bench_handoff.o
@@ -221,6 +225,10 @@ $(B)/libpatcuda.a: $(CUDA_OBJS)
 	@$(if $(Q),echo "  AR      $@")
 	$(Q)rm -f $@ && ar rcs $@ $^
 
+$(B)/libpatcudatools.a: $(CUDA_TOOL_OBJS)
+	@$(if $(Q),echo "  AR      $@")
+	$(Q)rm -f $@ && ar rcs $@ $^
+
 $(B)/libpattest.a: $(TESTLIB_OBJS)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
@@ -264,16 +272,16 @@ $(B)/tests/bench/%.o: tests/bench/%.cu $(B)/.flags
 	@$(if $(Q),echo "  NVCC    $<")
 	$(Q)$(NVCC) $(NVCCFLAGS) -Itests/lib -c $< -o $@
 
-$(B)/tests/gpu/%: $(B)/tests/gpu/%.o $(B)/libpatcuda.a $(CUDA_CORE_OBJS) $(B)/libpattest.a
+$(B)/tests/gpu/%: $(B)/tests/gpu/%.o $(B)/libpatcudatools.a $(B)/libpatcuda.a $(CUDA_CORE_OBJS) $(B)/libpattest.a
 	@$(if $(Q),echo "  NVLD    $@")
 	$(Q)$(NVCC) $(NVCC_GENCODE) $^ -o $@ -lxxhash -lm
 
-$(B)/bin/patd-tile-solver: $(B)/kernels/cuda/tile_solver.o $(B)/libpatcuda.a $(CUDA_CORE_OBJS)
+$(B)/bin/patd-tile-solver: $(B)/kernels/cuda/tile_solver.o $(B)/libpatcudatools.a $(B)/libpatcuda.a $(CUDA_CORE_OBJS) $(B)/libpattest.a
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVLD    $@")
 	$(Q)$(NVCC) $(NVCC_GENCODE) $^ -o $@ -lxxhash -lm
 
-$(B)/bench/bench_attn: $(B)/tests/bench/bench_attn.o $(B)/libpatcuda.a $(CUDA_CORE_OBJS) $(B)/libpattest.a
+$(B)/bench/bench_attn: $(B)/tests/bench/bench_attn.o $(B)/libpatcudatools.a $(B)/libpatcuda.a $(CUDA_CORE_OBJS) $(B)/libpattest.a
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVLD    $@")
 	$(Q)$(NVCC) $(NVCC_GENCODE) $^ -o $@ -lcublas -lxxhash -lm

@@ -140,7 +140,12 @@ int kern_tiles(const kern_backend_t *b, sched_tiles_t *ret)
     return 0;
 }
 
-int kern__plan_check(const kern_config_t *cfg, const sched_plan_hdr_t *h)
+uint64_t kern__plan_scratch_bytes(const kern_config_t *cfg)
+{
+    return (uint64_t)cfg->max_partials / 8 + 1;
+}
+
+int kern__plan_check(const kern_config_t *cfg, const sched_plan_hdr_t *h, uint8_t *scratch)
 {
     const kern_model_t *m = &cfg->model;
     if (h->magic != SCHED_PLAN_MAGIC || h->version != SCHED_PLAN_VERSION ||
@@ -155,13 +160,16 @@ int kern__plan_check(const kern_config_t *cfg, const sched_plan_hdr_t *h)
     const sched_plan_row_t *rows = sched_plan_rows(h);
     const uint32_t *pages = sched_plan_pages(h);
     const sched_plan_merge_t *mg = sched_plan_merges(h);
+    uint64_t counted = 0;
     for (uint32_t i = 0; i < h->n_groups; i++)
-        if ((uint64_t)g[i].cta_begin + g[i].cta_count > h->n_ctas)
-            return -EINVAL;
+        counted += g[i].cta_count;
+    if (counted != h->n_ctas)
+        return -EINVAL;
     for (uint32_t i = 0; i < h->n_ctas; i++) {
         const sched_plan_cta_t *x = &c[i];
         if ((uint64_t)x->row_begin + x->row_count > h->n_rows || x->kv_begin > x->kv_end ||
-            x->group >= h->n_groups || x->row_count * h->group > cfg->max_cta_rows)
+            x->group >= h->n_groups || x->row_count * h->group > cfg->max_cta_rows ||
+            x->row_count * h->group > g[x->group].m)
             return -EINVAL;
         if (x->kv_end > x->kv_begin) {
             uint64_t last = (uint64_t)x->page_begin + (x->kv_end - 1) / h->block_size -
@@ -170,19 +178,41 @@ int kern__plan_check(const kern_config_t *cfg, const sched_plan_hdr_t *h)
                 return -EINVAL;
         }
     }
-    for (uint32_t i = 0; i < h->n_rows; i++) {
-        if (rows[i].q_tok >= h->n_tokens)
+    /* merges: disjoint slot ranges covering [0, n_partials) in order */
+    uint64_t slot = 0;
+    for (uint32_t i = 0; i < h->n_merges; i++) {
+        if (mg[i].q_tok >= h->n_tokens || mg[i].part_count < 2 || mg[i].part_begin != slot)
             return -EINVAL;
-        if (rows[i].flags & SCHED_ROW_DIRECT ? rows[i].dst != rows[i].q_tok
-                                             : rows[i].dst >= h->n_partials)
-            return -EINVAL;
+        slot += mg[i].part_count;
     }
+    if (slot != h->n_partials)
+        return -EINVAL;
+    /* rows: a partial row's slot lies in its merge's range and no two rows share a slot; with
+     * the ranges covering every slot, each merge is named by exactly part_count rows (the
+     * arrivals a backend may count before merging) */
+    memset(scratch, 0, (size_t)h->n_partials / 8 + 1);
+    uint64_t partial_rows = 0;
+    for (uint32_t i = 0; i < h->n_rows; i++) {
+        const sched_plan_row_t *r = &rows[i];
+        if (r->q_tok >= h->n_tokens)
+            return -EINVAL;
+        if (r->merge == SCHED_ROW_DIRECT) {
+            if (r->dst != r->q_tok)
+                return -EINVAL;
+            continue;
+        }
+        if (r->merge >= h->n_merges || mg[r->merge].q_tok != r->q_tok ||
+            r->dst < mg[r->merge].part_begin ||
+            r->dst - mg[r->merge].part_begin >= mg[r->merge].part_count ||
+            (scratch[r->dst / 8] >> (r->dst % 8)) & 1)
+            return -EINVAL;
+        scratch[r->dst / 8] |= (uint8_t)(1u << (r->dst % 8));
+        partial_rows++;
+    }
+    if (partial_rows != h->n_partials)
+        return -EINVAL;
     for (uint32_t i = 0; i < h->n_pages; i++)
         if (pages[i] >= cfg->n_blocks)
-            return -EINVAL;
-    for (uint32_t i = 0; i < h->n_merges; i++)
-        if (mg[i].q_tok >= h->n_tokens ||
-            (uint64_t)mg[i].part_begin + mg[i].part_count > h->n_partials)
             return -EINVAL;
     return 0;
 }

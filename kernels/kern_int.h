@@ -50,7 +50,10 @@ extern const kern_ops_t kern__cuda_ops;
 #endif
 
 /* Host-side plan validation shared by the backends: header, counts against the config, every
- * row's token and every page id in range, groups and CTAs consistent. 0 or a negative errno. */
-int kern__plan_check(const kern_config_t *cfg, const sched_plan_hdr_t *plan);
+ * row's token and every page id in range, groups and CTAs consistent, every merge named by
+ * exactly its part_count rows. scratch: kern__plan_scratch_bytes(cfg) bytes the backend
+ * allocated at create (checks never allocate). 0 or a negative errno. */
+uint64_t kern__plan_scratch_bytes(const kern_config_t *cfg);
+int kern__plan_check(const kern_config_t *cfg, const sched_plan_hdr_t *plan, uint8_t *scratch);
 
 #endif

@@ -20,6 +20,7 @@ typedef struct sched__packset {
     uint32_t *q;
     uint32_t nq, qcap;
     uint64_t bytes; /* modelled bytes (sched__packset_bytes) */
+    double ns;      /* modelled time of one layer, before any long-KV split (sched__makespan_ns) */
 } sched__packset_t;
 
 /* Model constants derived once from the config. */
@@ -63,8 +64,20 @@ struct sched {
     uint32_t n_pages;
     uint32_t *tok_parts; /* max_tokens: CTAs per query token, then next slot */
     uint32_t *tok_owner; /* max_tokens */
+    uint32_t *tok_merge; /* max_tokens: merge entry of a split token */
+    double *cta_ns;      /* modelled time per CTA of the plan being built */
+    uint8_t *cta_key;    /* its launch-order key */
+    uint32_t cta_ns_cap;
     sched_stats_t st;
 };
+
+/* The time model (sched_tiles_t.cost; sched_plan.c): modelled ns of one work item (a CTA for one
+ * KV head) reading kv_tokens for `rows` query rows, partial_rows of which write fp32 partials that
+ * a merge reads back; and the makespan of n_items such items of total sum_ns and longest max_ns.
+ * Without a cost model both are bytes (1 byte = 1 ns), so every comparison falls back to bytes. */
+double sched__item_ns(const sched_t *s, uint64_t kv_tokens, uint32_t rows, uint32_t partial_rows);
+double sched__makespan_ns(const sched_t *s, double sum_ns, double max_ns, uint64_t n_items);
+uint32_t sched__pick_m(const sched_tiles_t *t, uint32_t rows);
 
 /* Packs the forest under a policy (BYTES, PAPER or QUERY) into *out and models its bytes. */
 void sched__pack_run(sched_t *s, sched_policy_t pol, sched__packset_t *out);

@@ -21,8 +21,10 @@
  *          cost `group` times more than the paper assumes, and packing a short shared prefix
  *          can cost more than it saves — the paper's rule packs it anyway;
  *   QUERY  one pack per query over its whole path (the query-centric baseline);
- *   AUTO   runs BYTES, PAPER and QUERY and keeps the fewest modelled bytes, so the plan is never
- *          worse than either the paper's pack or no packing, under the model.
+ *   AUTO   runs BYTES, PAPER and QUERY and keeps the least modelled time (sched_plan.h: bytes and
+ *          FLOPs against the device's measured rates, a fixed cost per CTA, a makespan over its
+ *          resident slots), so the plan is never worse than either the paper's pack or no
+ *          packing, under the model. Without a cost model (cpu) the time is the bytes.
  * Each run is linear in nodes + edges + the output (every query listed once per pack it is in).
  */
 #include "sched_int.h"
@@ -146,15 +148,18 @@ static void fill_tokens(const sched_forest_t *f, uint32_t id, uint64_t *tok)
     tok[id] = t;
 }
 
-/* Modelled bytes of a pack set (see the top of this file). Mirrors the plan builder's chunking
- * and causal clamps exactly, so for a plan without long-KV split the model equals the plan's
- * traffic (less the outputs, which every policy writes alike). */
-static uint64_t packset_bytes(sched_t *s, const sched__packset_t *ps)
+/* Modelled bytes and time of a pack set (see the top of this file). Mirrors the plan builder's
+ * chunking and causal clamps exactly, so for a plan without long-KV split the bytes equal the
+ * plan's traffic (less the outputs, which every policy writes alike). The time is the makespan of
+ * the chunks as work items (sched__item_ns); partial rows add their bytes to the sum, not to any
+ * one item (they are known only once every chunk is counted). */
+static void packset_cost(sched_t *s, sched__packset_t *ps)
 {
     const sched_forest_t *f = s->forest;
     const sched__model_t *m = &s->mdl;
     uint32_t *cnt = s->tok_parts; /* CTAs per query token */
-    uint64_t bytes = 0;
+    uint64_t bytes = 0, items = 0;
+    double sum_ns = 0, max_ns = 0;
     for (uint32_t i = 0; i < f->n_in; i++) {
         const sched__query_t *q = &f->q[f->in_list[i]];
         memset(cnt + q->tok_off, 0, (size_t)q->n_new * sizeof(uint32_t));
@@ -166,34 +171,45 @@ static uint64_t packset_bytes(sched_t *s, const sched__packset_t *ps)
             continue;
         uint32_t in_chunk = 0, hi = 0;
         uint64_t rows = 0;
-        for (uint32_t k = 0; k < p->q_count; k++) {
-            const sched__query_t *q = &f->q[ps->q[p->q_begin + k]];
-            uint32_t first_limit = q->kv_len - q->n_new + 1;
-            for (uint32_t i = 0; i < q->n_new; i++) {
-                if (first_limit + i <= seg_b)
+        for (uint32_t k = 0; k <= p->q_count; k++) {
+            const sched__query_t *q = k < p->q_count ? &f->q[ps->q[p->q_begin + k]] : NULL;
+            uint32_t n_new = q ? q->n_new : 1, first_limit = q ? q->kv_len - q->n_new + 1 : 0;
+            for (uint32_t i = 0; i < n_new; i++) {
+                if (q && first_limit + i <= seg_b)
                     continue;
-                if (in_chunk == m->tok_per_chunk) {
-                    bytes += (uint64_t)(PAT_MIN(seg_e, hi) - seg_b) * m->kv_tok;
+                if (in_chunk == m->tok_per_chunk || (!q && in_chunk)) {
+                    uint64_t kv = PAT_MIN(seg_e, hi) - seg_b;
+                    double t = sched__item_ns(s, kv, in_chunk * m->group, 0);
+                    bytes += kv * m->kv_tok;
+                    sum_ns += t;
+                    max_ns = t > max_ns ? t : max_ns;
+                    items++;
                     in_chunk = 0;
                     hi = 0;
                 }
+                if (!q)
+                    break;
                 hi = PAT_MAX(hi, first_limit + i);
                 cnt[q->tok_off + i]++;
                 in_chunk++;
                 rows++;
             }
         }
-        if (in_chunk)
-            bytes += (uint64_t)(PAT_MIN(seg_e, hi) - seg_b) * m->kv_tok;
         bytes += rows * m->group * m->q_row;
     }
+    uint64_t partial_rows = 0;
     for (uint32_t i = 0; i < f->n_in; i++) {
         const sched__query_t *q = &f->q[f->in_list[i]];
         for (uint32_t t = q->tok_off; t < q->tok_off + q->n_new; t++)
             if (cnt[t] > 1)
-                bytes += (uint64_t)cnt[t] * m->group * m->ic_row;
+                partial_rows += (uint64_t)cnt[t] * m->group;
     }
-    return bytes;
+    bytes += partial_rows * m->ic_row;
+    /* the partial bytes, spread over the items: the fixed cost is already counted per item */
+    sum_ns += sched__item_ns(s, 0, 0, (uint32_t)PAT_MIN(partial_rows, UINT32_MAX)) -
+              sched__item_ns(s, 0, 0, 0);
+    ps->bytes = bytes;
+    ps->ns = sched__makespan_ns(s, sum_ns * s->cfg.kv_heads, max_ns, items * s->cfg.kv_heads);
 }
 
 void sched__pack_run(sched_t *s, sched_policy_t pol, sched__packset_t *out)
@@ -221,7 +237,7 @@ void sched__pack_run(sched_t *s, sched_policy_t pol, sched__packset_t *out)
                 walk_node(&w, c, c, 0, 0);
         }
     }
-    out->bytes = packset_bytes(s, out);
+    packset_cost(s, out);
 }
 
 void sched__pack_update(sched_t *s)
@@ -234,19 +250,14 @@ void sched__pack_update(sched_t *s)
     }
     uint64_t t0 = pat_now_ns();
     if (s->cfg.policy == SCHED_POLICY_AUTO) {
-        sched__pack_run(s, SCHED_POLICY_BYTES, &s->cand[SCHED_POLICY_BYTES]);
-        sched__pack_run(s, SCHED_POLICY_PAPER, &s->cand[SCHED_POLICY_PAPER]);
-        int best = s->cand[SCHED_POLICY_PAPER].bytes < s->cand[SCHED_POLICY_BYTES].bytes
-                       ? SCHED_POLICY_PAPER
-                       : SCHED_POLICY_BYTES;
-        /* the query-centric pack is only built when it wins: its bytes are known in closed
-         * form (sched_query_centric_traffic, less the outputs, per KV head) */
-        sched_traffic_t qc;
-        sched_query_centric_traffic(s, &qc);
-        uint64_t qc_bytes = (qc.kv + qc.q) / s->cfg.kv_heads;
-        if (qc_bytes < s->cand[best].bytes) {
-            sched__pack_run(s, SCHED_POLICY_QUERY, &s->cand[SCHED_POLICY_QUERY]);
-            best = SCHED_POLICY_QUERY;
+        /* least modelled time; ties go to the policy listed first */
+        static const sched_policy_t order[] = {SCHED_POLICY_BYTES, SCHED_POLICY_PAPER,
+                                               SCHED_POLICY_QUERY};
+        int best = 0;
+        for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
+            sched__pack_run(s, order[i], &s->cand[order[i]]);
+            if (!best || s->cand[order[i]].ns < s->cand[best].ns)
+                best = order[i];
         }
         s->chosen = best;
     } else {

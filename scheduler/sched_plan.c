@@ -11,6 +11,7 @@
 #include "pat_base.h"
 
 #include <errno.h>
+#include <math.h>
 #include <string.h>
 
 static const sched_tiles_t default_tiles = {
@@ -41,6 +42,46 @@ static int tiles_valid(const sched_tiles_t *t)
             return 0;
     return t->n_upto[t->n_n - 1] == UINT32_MAX;
 }
+
+/* ------------------------------------------------------------------ time model */
+
+uint32_t sched__pick_m(const sched_tiles_t *t, uint32_t rows)
+{
+    for (uint32_t i = 0; i < t->n_m; i++)
+        if (t->m[i] >= rows)
+            return i;
+    return t->n_m - 1; /* unreachable: chunks never exceed m_max rows */
+}
+
+double sched__item_ns(const sched_t *s, uint64_t kv_tokens, uint32_t rows, uint32_t partial_rows)
+{
+    const sched__model_t *md = &s->mdl;
+    const sched_cost_t *c = &s->tiles.cost;
+    double bytes = (double)kv_tokens * md->kv_tok + (double)rows * md->q_row +
+                   (double)partial_rows * md->ic_row;
+    if (!c->slots)
+        return bytes;
+    /* the tensor cores compute the whole tile: rows are padded to the tile's m */
+    double m = rows ? s->tiles.m[sched__pick_m(&s->tiles, rows)] : 0;
+    double flops = 4.0 * m * (double)kv_tokens * md->head_dim;
+    double t_mem = bytes * c->slots / c->read_gbs;          /* GB/s = bytes per ns */
+    double t_mma = flops * c->slots / (c->mma_tflops * 1e3); /* TFLOP/s = 1e3 FLOP per ns */
+    return (t_mem > t_mma ? t_mem : t_mma) + c->cta_us * 1e3;
+}
+
+double sched__makespan_ns(const sched_t *s, double sum_ns, double max_ns, uint64_t n_items)
+{
+    uint32_t slots = s->tiles.cost.slots;
+    if (!slots || !n_items)
+        return sum_ns;
+    /* waves of equal items: ceil(n / slots) x the mean item; never below the longest item,
+     * which one slot must run alone */
+    double waves = (double)PAT_DIV_UP(n_items, slots);
+    double t = sum_ns / (double)n_items * waves;
+    return t > max_ns ? t : max_ns;
+}
+
+/* ------------------------------------------------------------------ life */
 
 int sched_create(const sched_config_t *cfg, sched_t **ret)
 {
@@ -79,6 +120,7 @@ int sched_create(const sched_config_t *cfg, sched_t **ret)
     s->node_tok = pat_xcalloc(2ull * cfg->max_queries + 1, sizeof(uint64_t));
     s->node_merged = pat_xcalloc(2ull * cfg->max_queries + 1, 1);
     s->tok_owner = pat_xcalloc(cfg->max_tokens, sizeof(uint32_t));
+    s->tok_merge = pat_xcalloc(cfg->max_tokens, sizeof(uint32_t));
     *ret = s;
     return 0;
 }
@@ -94,6 +136,9 @@ void sched_free(sched_t *s)
     free(s->node_tok);
     free(s->node_merged);
     free(s->tok_owner);
+    free(s->tok_merge);
+    free(s->cta_ns);
+    free(s->cta_key);
     free(s->arena);
     free(s->pre);
     free(s->ctas);
@@ -181,7 +226,7 @@ static void build_chunks(sched_t *s, const sched__packset_t *ps)
                 r->q_tok = q->tok_off + i;
                 r->limit = first_limit + i;
                 r->dst = 0;
-                r->flags = 0;
+                r->merge = SCHED_ROW_DIRECT;
                 in_chunk++;
             }
         }
@@ -191,8 +236,9 @@ static void build_chunks(sched_t *s, const sched__packset_t *ps)
 
 /* Pass 2: copy pre-split CTAs to the final list, cutting the long ones along KV. */
 /* fill: apply the tile table's min_ctas rule (see sched_tiles_t) */
-static void build_split(sched_t *s, int fill)
+static int build_split(sched_t *s, int fill)
 {
+    int applied = 0;
     uint64_t sum = 0;
     for (uint32_t i = 0; i < s->n_pre; i++)
         sum += s->pre[i].kv_end - s->pre[i].kv_begin;
@@ -204,8 +250,9 @@ static void build_split(sched_t *s, int fill)
         /* too few work items to fill the device: every CTA longer than the length that gives
          * min_ctas items is cut (never below split_min_kv) */
         uint64_t fill_len = PAT_DIV_UP(sum * s->cfg.kv_heads, s->tiles.min_ctas);
-        target = PAT_MAX(PAT_MIN(target, fill_len), (uint64_t)s->cfg.split_min_kv);
-        limit = target;
+        uint64_t t = PAT_MAX(PAT_MIN(target, fill_len), (uint64_t)s->cfg.split_min_kv);
+        applied = t < limit;
+        target = limit = t;
     }
     uint32_t bs = s->mdl.bs;
     s->n_ctas = 0;
@@ -251,14 +298,7 @@ static void build_split(sched_t *s, int fill)
             pc->pack = c.pack;
         }
     }
-}
-
-static uint32_t pick_m(const sched_tiles_t *t, uint32_t rows)
-{
-    for (uint32_t i = 0; i < t->n_m; i++)
-        if (t->m[i] >= rows)
-            return i;
-    return t->n_m - 1; /* unreachable: chunks never exceed m_max rows */
+    return applied;
 }
 
 static uint32_t pick_n(const sched_tiles_t *t, uint32_t kv)
@@ -267,6 +307,64 @@ static uint32_t pick_n(const sched_tiles_t *t, uint32_t kv)
         if (kv <= t->n_upto[i])
             return i;
     return t->n_n - 1;
+}
+
+#define KEYS 127u /* launch-order keys: 4 per octave of modelled ns */
+
+static uint8_t time_key(double ns)
+{
+    int k = ns >= 1.0 ? (int)(log2(ns) * 4.0) : 0;
+    return (uint8_t)(k > (int)KEYS ? (int)KEYS : k);
+}
+
+/* Chunks, splits (fill: see build_split), counts each token's CTAs (tok_parts) and gives each
+ * split token its first partial slot (tok_owner); models each CTA's time (cta_ns) and the plan's
+ * makespan. Returns whether the fill rule cut anything beyond the outlier split. */
+static int ctas_build(sched_t *s, const sched__packset_t *ps, int fill, uint32_t n_tokens,
+                      uint32_t *ret_partials, uint32_t *ret_merges, double *ret_ns)
+{
+    uint32_t *cnt = s->tok_parts, *next = s->tok_owner;
+    s->n_pre = s->n_rows = s->n_pages = s->n_psrc = 0;
+    build_chunks(s, ps);
+    int applied = build_split(s, fill);
+
+    /* partial slots: a token read by k > 1 CTAs gets k consecutive slots and a merge entry */
+    memset(cnt, 0, (size_t)n_tokens * sizeof(uint32_t));
+    for (uint32_t i = 0; i < s->n_ctas; i++)
+        for (uint32_t r = 0; r < s->ctas[i].row_count; r++)
+            cnt[s->rows[s->ctas[i].row_begin + r].q_tok]++;
+    uint32_t n_partials = 0, n_merges = 0;
+    for (uint32_t t = 0; t < n_tokens; t++) {
+        next[t] = n_partials;
+        if (cnt[t] > 1) {
+            n_partials += cnt[t];
+            n_merges++;
+        }
+    }
+    if (s->n_ctas > s->cta_ns_cap) {
+        s->cta_ns_cap = s->n_ctas + s->n_ctas / 2;
+        free(s->cta_ns);
+        free(s->cta_key);
+        s->cta_ns = pat_xmalloc(s->cta_ns_cap * sizeof(double));
+        s->cta_key = pat_xmalloc(s->cta_ns_cap);
+    }
+    double sum = 0, max = 0;
+    for (uint32_t i = 0; i < s->n_ctas; i++) {
+        const sched_plan_cta_t *c = &s->ctas[i];
+        uint32_t partial = 0;
+        for (uint32_t r = c->row_begin; r < c->row_begin + c->row_count; r++)
+            partial += cnt[s->rows[r].q_tok] > 1;
+        double t = sched__item_ns(s, c->kv_end - c->kv_begin, c->row_count * s->mdl.group,
+                                  partial * s->mdl.group);
+        s->cta_ns[i] = t;
+        sum += t;
+        max = t > max ? t : max;
+    }
+    uint32_t kvh = s->cfg.kv_heads;
+    *ret_ns = sched__makespan_ns(s, sum * kvh, max, (uint64_t)s->n_ctas * kvh);
+    *ret_partials = n_partials;
+    *ret_merges = n_merges;
+    return applied;
 }
 
 static uint32_t align16(uint32_t x)
@@ -302,45 +400,51 @@ int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
 
     sched__pack_update(s);
     const sched__packset_t *ps = &s->cand[s->chosen];
-    /* the fill split is an optimization: when it needs more partial slots than the backend
-     * holds, the plan is rebuilt with outlier splits only */
+    /* The fill split is an optimization: it is kept only when it fits the backend's partial
+     * slots and, with a cost model, when the model finds it faster than outlier splits alone
+     * (measured: cutting 64 unshared 1K-token queries into 3 parts each was no faster and paid
+     * for the merges). */
     uint32_t n_partials = 0, n_merges = 0;
-    uint32_t *cnt = s->tok_parts, *next = s->tok_owner;
-    for (int fill = 1; fill >= 0; fill--) {
-        s->n_pre = s->n_rows = s->n_pages = s->n_psrc = 0;
-        build_chunks(s, ps);
-        build_split(s, fill);
-
-        /* partial slots: a token read by k > 1 CTAs gets k consecutive slots and a merge entry */
-        memset(cnt, 0, (size_t)n_tokens * sizeof(uint32_t));
-        for (uint32_t i = 0; i < s->n_ctas; i++)
-            for (uint32_t r = 0; r < s->ctas[i].row_count; r++)
-                cnt[s->rows[s->ctas[i].row_begin + r].q_tok]++;
-        n_partials = n_merges = 0;
-        for (uint32_t t = 0; t < n_tokens; t++) {
-            next[t] = n_partials;
-            if (cnt[t] > 1) {
-                n_partials += cnt[t];
-                n_merges++;
+    double ns = 0;
+    int applied = ctas_build(s, ps, 1, n_tokens, &n_partials, &n_merges, &ns);
+    if (applied) {
+        int fits = !s->cfg.max_partials || n_partials <= s->cfg.max_partials;
+        if (!fits || s->tiles.cost.slots) {
+            double ns_fill = ns;
+            ctas_build(s, ps, 0, n_tokens, &n_partials, &n_merges, &ns);
+            if (fits && ns_fill < ns) {
+                ctas_build(s, ps, 1, n_tokens, &n_partials, &n_merges, &ns);
+                s->st.fill_kept++;
+            } else {
+                s->st.fill_dropped++;
             }
+        } else {
+            s->st.fill_kept++;
         }
-        if (!s->cfg.max_partials || n_partials <= s->cfg.max_partials)
-            break;
     }
-
     if (s->cfg.max_partials && n_partials > s->cfg.max_partials)
         return -ENOSPC; /* nothing written to the arena yet: the previous plan stands */
+    uint32_t *cnt = s->tok_parts, *next = s->tok_owner;
 
-    /* tile shapes: counting sort of CTAs by (m, n) */
+    /* tile shapes and launch order: CTAs sorted by modelled time, longest first (a counting sort
+     * on a log scale: 4 keys per octave), so the long ones do not start in the last wave */
     const sched_tiles_t *tl = &s->tiles;
     uint32_t n_shapes = tl->n_m * tl->n_n, shape_cnt[SCHED_MAX_TILE_M * SCHED_MAX_TILE_N] = {0};
-    uint32_t max_rows = 0;
+    uint32_t max_rows = 0, key_cnt[KEYS + 1] = {0};
+    uint8_t *key = s->cta_key;
     for (uint32_t i = 0; i < s->n_ctas; i++) {
         sched_plan_cta_t *c = &s->ctas[i];
         uint32_t rows = c->row_count * s->mdl.group;
         max_rows = PAT_MAX(max_rows, rows);
-        c->group = pick_m(tl, rows) * tl->n_n + pick_n(tl, c->kv_end - c->kv_begin);
+        c->group = sched__pick_m(tl, rows) * tl->n_n + pick_n(tl, c->kv_end - c->kv_begin);
         shape_cnt[c->group]++;
+        key[i] = time_key(s->cta_ns[i]);
+        key_cnt[KEYS - key[i]]++; /* descending */
+    }
+    for (uint32_t k = 0, at = 0; k <= KEYS; k++) {
+        uint32_t n = key_cnt[k];
+        key_cnt[k] = at;
+        at += n;
     }
     uint32_t n_groups = 0;
     for (uint32_t k = 0; k < n_shapes; k++)
@@ -381,18 +485,13 @@ int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
     h->max_cta_rows = max_rows;
 
     sched_plan_group_t *groups = (sched_plan_group_t *)(base + off_groups);
-    uint32_t shape_group[SCHED_MAX_TILE_M * SCHED_MAX_TILE_N],
-        cursor[SCHED_MAX_TILE_M * SCHED_MAX_TILE_N];
-    for (uint32_t k = 0, g = 0, at = 0; k < n_shapes; k++) {
+    uint32_t shape_group[SCHED_MAX_TILE_M * SCHED_MAX_TILE_N];
+    for (uint32_t k = 0, g = 0; k < n_shapes; k++) {
         if (!shape_cnt[k])
             continue;
-        groups[g] = (sched_plan_group_t){.m = tl->m[k / tl->n_n],
-                                         .n = tl->n[k % tl->n_n],
-                                         .cta_begin = at,
-                                         .cta_count = shape_cnt[k]};
+        groups[g] = (sched_plan_group_t){
+            .m = tl->m[k / tl->n_n], .n = tl->n[k % tl->n_n], .cta_count = shape_cnt[k]};
         shape_group[k] = g++;
-        cursor[k] = at;
-        at += shape_cnt[k];
     }
     uint32_t *pages = (uint32_t *)(base + off_pages);
     for (uint32_t i = 0, at = 0; i < s->n_psrc; i++) {
@@ -403,12 +502,15 @@ int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
     sched_plan_cta_t *ctas = (sched_plan_cta_t *)(base + off_ctas);
     for (uint32_t i = 0; i < s->n_ctas; i++) {
         sched_plan_cta_t c = s->ctas[i];
-        uint32_t k = c.group;
-        c.group = shape_group[k];
+        c.group = shape_group[c.group];
         c.page_begin = s->psrc[c.page_begin].plan_off + c.reserved;
         c.reserved = 0;
-        ctas[cursor[k]++] = c;
+        ctas[key_cnt[KEYS - key[i]]++] = c;
     }
+    /* merge entries in token order; rows name theirs */
+    uint32_t *merge_of = s->tok_merge;
+    for (uint32_t t = 0, m = 0; t < n_tokens; t++)
+        merge_of[t] = cnt[t] > 1 ? m++ : SCHED_ROW_DIRECT;
     sched_plan_row_t *rows = (sched_plan_row_t *)(base + off_rows);
     memcpy(rows, s->rows, (size_t)s->n_rows * sizeof(sched_plan_row_t));
     for (uint32_t i = 0; i < s->n_ctas; i++) {
@@ -417,10 +519,10 @@ int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
             uint32_t t = rows[r].q_tok;
             if (cnt[t] == 1) {
                 rows[r].dst = t;
-                rows[r].flags = SCHED_ROW_DIRECT;
+                rows[r].merge = SCHED_ROW_DIRECT;
             } else {
                 rows[r].dst = next[t]++;
-                rows[r].flags = 0;
+                rows[r].merge = merge_of[t];
             }
         }
     }
@@ -430,6 +532,7 @@ int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
             merges[m++] = (sched_plan_merge_t){
                 .q_tok = t, .part_begin = next[t] - cnt[t], .part_count = cnt[t]};
     }
+    s->st.last_model_ns = ns;
     s->st.plans++;
     s->st.last_plan_ns = pat_now_ns() - t0;
     *ret_plan = h;
@@ -456,7 +559,7 @@ void sched_plan_traffic(const sched_plan_hdr_t *h, uint32_t q_heads, uint32_t kv
     uint64_t tokens = 0;
     const sched_plan_row_t *r = sched_plan_rows(h);
     for (uint32_t i = 0; i < h->n_rows; i++)
-        tokens += (r[i].flags & SCHED_ROW_DIRECT) != 0;
+        tokens += r[i].merge == SCHED_ROW_DIRECT;
     tokens += h->n_merges;
     ret->o = tokens * q_heads * (uint64_t)head_dim * elt;
     ret->total = ret->kv + ret->q + ret->partial + ret->o;

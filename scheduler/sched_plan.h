@@ -6,8 +6,13 @@
  *   2. tiles  (sched_plan.c): rows = query tokens x GQA group; m = smallest compiled m >= rows
  *             (a pack with more rows than the largest m becomes several CTAs, each re-reading its
  *             KV); n from a decision table on the KV length;
- *   3. split: CTAs far longer than the step's mean are cut along KV into near-equal parts;
- *   4. plan:  CTAs grouped by tile shape, rows, pages and the merge list, in one flat buffer.
+ *   3. split: CTAs far longer than the step's mean are cut along KV into near-equal parts, and
+ *             too few CTAs to fill the device are cut further when the time model says it pays;
+ *   4. plan:  CTAs in launch order (longest modelled time first), rows, pages and the merge list,
+ *             in one flat buffer.
+ * Decisions are scored by a time model (sched_tiles_t.cost, measured per GPU): per work item
+ * max(bytes / bandwidth share, FLOPs / tensor-rate share) + a fixed cost, and a makespan over the
+ * device's resident slots; without a model (the cpu backend) by bytes.
  *
  * Thread context: one step executor owns a sched_t. Host OOM aborts; everything else returns 0 or
  * a negative errno and leaves the previous plan valid.
@@ -21,7 +26,7 @@
 #include "sched_plan_fmt.h"
 
 typedef enum sched_policy {
-    SCHED_POLICY_AUTO = 0,  /* fewest modelled bytes of BYTES, PAPER and QUERY (the default) */
+    SCHED_POLICY_AUTO = 0,  /* least modelled time of BYTES, PAPER and QUERY (the default) */
     SCHED_POLICY_BYTES = 1, /* our rule: exact bytes per decision, GQA rows and tile overflow */
     SCHED_POLICY_PAPER = 2, /* PAT's TreeHeuristic: merge child iff 4 * child.size >= len */
     SCHED_POLICY_QUERY = 3, /* query-centric: one pack per query over its whole KV (baseline) */
@@ -46,6 +51,9 @@ typedef struct sched_stats {
     uint64_t chosen[4];    /* packs built per policy actually used, indexed by sched_policy_t */
     uint64_t last_pack_ns; /* CPU time of the last pack (0 when reused) */
     uint64_t last_plan_ns; /* CPU time of the last whole plan build, pack included */
+    double last_model_ns;  /* modelled GPU time of the last plan, one layer (bytes without a model) */
+    uint64_t fill_kept;    /* plans whose fill split the model kept */
+    uint64_t fill_dropped; /* plans whose fill split the model found slower and dropped */
 } sched_stats_t;
 
 /* Bytes a plan moves, per kind. */

@@ -8,9 +8,10 @@
  * transfer and read there as is. Arrays start at 16-byte aligned offsets.
  *
  *   sched_plan_hdr_t                       at offset 0
- *   sched_plan_group_t  groups[n_groups]   CTAs of one tile shape (m, n), contiguous in ctas[]
- *   sched_plan_cta_t    ctas[n_ctas]       one pack x KV range; the backend runs it once per KV
- * head sched_plan_row_t    rows[n_rows]       query tokens of the CTAs (each = `group` q-head rows)
+ *   sched_plan_group_t  groups[n_groups]   the tile shapes (m, n) the plan uses, ascending
+ *   sched_plan_cta_t    ctas[n_ctas]       one pack x KV range, run once per KV head; in launch
+ *                                          order: longest modelled time first
+ *   sched_plan_row_t    rows[n_rows]       query tokens of the CTAs (each = `group` q-head rows)
  *   uint32_t            pages[n_pages]     physical block ids, per CTA from ctas[].page_begin
  *   sched_plan_merge_t  merges[n_merges]   query tokens whose output combines several partials
  *
@@ -19,11 +20,15 @@
  *   kv  = absolute positions t in [c.kv_begin, min(c.kv_end, r.limit)),
  *         K/V of t at block pages[c.page_begin + t / bs - c.kv_begin / bs], offset t % bs
  *   out = softmax(scale * q . K[kv]) . V[kv]  (with optional softcap on the logits)
- *   if r.flags & SCHED_ROW_DIRECT: written to O[r.q_tok][h * group + j] (this CTA is the only one)
+ *   if r.merge == SCHED_ROW_DIRECT: written to O[r.q_tok][h * group + j] (this CTA is the only
+ *         one that reads KV for it)
  *   else: partial (o normalized, lse natural-log) to slot (r.dst * kv_heads + h) * group + j
- *         (an empty range writes lse = -inf and o = 0).
+ *         (an empty range writes lse = -inf and o = 0), and r.merge names the token's entry in
+ *         merges[].
  * A merge m combines slots part_begin .. part_begin + part_count - 1 of token m.q_tok into O
- * (log-sum-exp weights; all -inf gives 0, never NaN).
+ * (log-sum-exp weights; all -inf gives 0, never NaN). Exactly part_count rows name m, each in a
+ * different CTA: a backend may count arrivals per (merge, KV head) and let the last CTA to
+ * finish its partial do the merge (kernels/cuda does), so the count is part of the contract.
  */
 #ifndef SCHED_PLAN_FMT_H
 #define SCHED_PLAN_FMT_H
@@ -38,8 +43,8 @@
 #endif
 
 #define SCHED_PLAN_MAGIC   0x4e4c5054u /* "TPLN" */
-#define SCHED_PLAN_VERSION 1u
-#define SCHED_ROW_DIRECT   1u /* rows[].flags: write the final output, no partial */
+#define SCHED_PLAN_VERSION 2u
+#define SCHED_ROW_DIRECT   0xffffffffu /* rows[].merge: the CTA writes the output, no partial */
 
 typedef struct sched_plan_hdr {
     uint32_t magic;
@@ -57,11 +62,10 @@ typedef struct sched_plan_hdr {
 SCHED_STATIC_ASSERT(sizeof(sched_plan_hdr_t) == 88, "plan header layout is part of the contract");
 
 typedef struct sched_plan_group {
-    uint16_t m; /* tile rows (query rows per CTA) */
-    uint16_t n; /* tile KV tokens per iteration */
-    uint32_t cta_begin;
-    uint32_t cta_count;
-    uint32_t reserved;
+    uint16_t m;         /* tile rows (query rows per CTA) */
+    uint16_t n;         /* tile KV tokens per iteration */
+    uint32_t cta_count; /* CTAs of this shape (anywhere in ctas[]) */
+    uint32_t reserved[2];
 } sched_plan_group_t;
 SCHED_STATIC_ASSERT(sizeof(sched_plan_group_t) == 16, "group layout");
 
@@ -80,8 +84,8 @@ SCHED_STATIC_ASSERT(sizeof(sched_plan_cta_t) == 32, "cta layout");
 typedef struct sched_plan_row {
     uint32_t q_tok; /* row of Q/O in the step */
     uint32_t limit; /* causal limit: attends to absolute positions < limit */
-    uint32_t dst;   /* partial slot, or q_tok again when SCHED_ROW_DIRECT */
-    uint32_t flags;
+    uint32_t dst;   /* partial slot, or q_tok again when merge == SCHED_ROW_DIRECT */
+    uint32_t merge; /* index in merges[] of this token, or SCHED_ROW_DIRECT */
 } sched_plan_row_t;
 SCHED_STATIC_ASSERT(sizeof(sched_plan_row_t) == 16, "row layout");
 
@@ -96,6 +100,17 @@ SCHED_STATIC_ASSERT(sizeof(sched_plan_merge_t) == 16, "merge layout");
 #define SCHED_MAX_TILE_M 8
 #define SCHED_MAX_TILE_N 8
 
+/* What one work item (a CTA for one KV head) costs on the device, for the scheduler's time model
+ * (sched_plan.c): t = max(bytes / bandwidth share, FLOPs / tensor-rate share) + cta_us, where a
+ * share is the device rate divided by `slots`. All zero: no model; plans are scored on bytes
+ * (the cpu backend). Measured per GPU by kernels/cuda/tile_solver.cu. */
+typedef struct sched_cost {
+    float read_gbs;   /* device read bandwidth, GB/s (16-byte loads, measured) */
+    float mma_tflops; /* the forward kernel's sustained rate on compute-bound CTAs, whole device */
+    float cta_us;     /* fixed time of one work item: Q load, pipeline fill, epilogue, scheduling */
+    uint32_t slots;   /* work items resident at once: SMs x CTAs per SM */
+} sched_cost_t;
+
 /* The compiled tile shapes of a backend on one GPU and the rule that picks n: the backend
  * publishes it (kern_tiles), the scheduler plans with it. */
 typedef struct sched_tiles {
@@ -107,7 +122,9 @@ typedef struct sched_tiles {
                                           the last entry should be UINT32_MAX */
     uint32_t min_ctas; /* when a plan has fewer CTA x KV-head work items than this, its CTAs are
                           split (down to split_min_kv tokens) until it has about this many: a GPU
-                          with few, long CTAs idles in its last wave; 0 = never */
+                          with few, long CTAs idles in its last wave; 0 = never. With a cost model
+                          the split is kept only when the model says it is faster */
+    sched_cost_t cost;
 } sched_tiles_t;
 
 /* Typed views of a plan buffer (no copies). */

@@ -15,6 +15,7 @@
 #include "kern_int.h"
 
 #include "kern_dtype.h"
+#include "kern_softmax.h"
 #include "pat_base.h"
 
 #include <errno.h>
@@ -45,6 +46,7 @@ struct kern_cpu {
     uint64_t head_bytes;  /* one KV head of one block: [block_size][d] */
     float *part_o;        /* [slots * kv_heads * group][d] */
     float *part_lse;      /* [slots * kv_heads * group] */
+    uint8_t *check;       /* kern__plan_check's scratch */
 
     uint32_t n_workers; /* threads started (the caller is one more) */
     pthread_t *th;
@@ -196,13 +198,14 @@ static void cta_job(kern_cpu_t *c, cpu_scratch_t *w, uint32_t item)
                 tmax = s > tmax ? s : tmax;
             }
             float mnew = tmax > w->mx[i] ? tmax : w->mx[i];
-            float corr = expf(w->mx[i] - mnew); /* exp(-inf) = 0 on the first tile */
+            float base = kern_sm_base(mnew);
+            float corr = expf(w->mx[i] - base); /* exp(-inf) = 0 on the first tile */
             float *acc = w->acc + (uint64_t)i * d;
             float sum = w->l[i] * corr;
             for (uint32_t x = 0; x < d; x++)
                 acc[x] *= corr;
             for (uint32_t k = 0; k < n; k++) {
-                float p = expf(w->s[k] - mnew);
+                float p = expf(w->s[k] - base);
                 sum += p;
                 const float *vv = w->vf + (uint64_t)k * d;
                 for (uint32_t x = 0; x < d; x++)
@@ -216,8 +219,8 @@ static void cta_job(kern_cpu_t *c, cpu_scratch_t *w, uint32_t item)
         for (uint32_t j = 0; j < group; j++) {
             uint32_t i = r * group + j;
             float *acc = w->acc + (uint64_t)i * d;
-            float inv = w->l[i] > 0.0f ? 1.0f / w->l[i] : 0.0f;
-            if (rows[r].flags & SCHED_ROW_DIRECT) {
+            float inv = kern_sm_inv(w->l[i]);
+            if (rows[r].merge == SCHED_ROW_DIRECT) {
                 uint64_t ooff = ((uint64_t)rows[r].q_tok * m->q_heads + head * group + j) * d;
                 for (uint32_t x = 0; x < d; x++)
                     kern_store(m->dtype, c->o, ooff + x, acc[x] * inv);
@@ -226,7 +229,7 @@ static void cta_job(kern_cpu_t *c, cpu_scratch_t *w, uint32_t item)
                 float *po = c->part_o + slot * d;
                 for (uint32_t x = 0; x < d; x++)
                     po[x] = acc[x] * inv;
-                c->part_lse[slot] = w->l[i] > 0.0f ? w->mx[i] + logf(w->l[i]) : -INFINITY;
+                c->part_lse[slot] = kern_sm_lse(w->mx[i], w->l[i], 1.0f);
             }
         }
     }
@@ -251,14 +254,14 @@ static void merge_job(kern_cpu_t *c, cpu_scratch_t *w, uint32_t item)
         if (mx > -INFINITY) {
             for (uint32_t k = 0; k < mg->part_count; k++) {
                 uint64_t slot = ((uint64_t)(mg->part_begin + k) * kvh + head) * group + j;
-                float wt = expf(c->part_lse[slot] - mx);
+                float wt = kern_sm_weight(c->part_lse[slot], mx);
                 wsum += wt;
                 const float *po = c->part_o + slot * d;
                 for (uint32_t x = 0; x < d; x++)
                     acc[x] += wt * po[x];
             }
         }
-        float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+        float inv = kern_sm_inv(wsum);
         uint64_t ooff = ((uint64_t)mg->q_tok * m->q_heads + qh) * d;
         for (uint32_t x = 0; x < d; x++)
             kern_store(m->dtype, c->o, ooff + x, acc[x] * inv);
@@ -269,7 +272,7 @@ static int cpu_attend(kern_backend_t *b, uint32_t layer, const sched_plan_hdr_t 
                       const void *q, void *o, const kern_attn_params_t *p)
 {
     kern_cpu_t *c = (kern_cpu_t *)b;
-    int r = kern__plan_check(&b->cfg, plan);
+    int r = kern__plan_check(&b->cfg, plan, c->check);
     if (r < 0)
         return r;
     c->plan = plan;
@@ -349,6 +352,7 @@ static void cpu_destroy(kern_backend_t *b)
     pthread_mutex_destroy(&c->mu);
     free(c->part_o);
     free(c->part_lse);
+    free(c->check);
     free(c->pool);
     free(c);
 }
@@ -379,6 +383,7 @@ static int cpu_create(const kern_config_t *cfg, kern_backend_t **ret)
     threads = PAT_MIN(threads, KERN_MAX_THREADS);
     c->n_scr = threads;
     c->scr = pat_xcalloc(c->n_scr, sizeof(cpu_scratch_t));
+    c->check = pat_xmalloc(kern__plan_scratch_bytes(cfg));
     uint32_t rows = cfg->max_cta_rows;
     for (uint32_t i = 0; i < c->n_scr; i++) {
         cpu_scratch_t *w = &c->scr[i];

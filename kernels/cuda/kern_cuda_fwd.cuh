@@ -1,26 +1,36 @@
 /*
- * kern_cuda_fwd.cuh — the multi-tile forward kernel: one CTA = one plan CTA (a pack of query
- * tokens over one KV range) x one KV head. Included by one translation unit per head_dim
- * (kern_cuda_fwd_d{64,128,256}.cu) that instantiates the closed shape set of kern_cuda_shapes.h.
+ * kern_cuda_fwd.cuh — the forward kernel: one launch runs every CTA of a plan for every KV head
+ * (DESIGN.md §4.5), and the merge of split tokens happens inside it. Included by one translation
+ * unit per head_dim (kern_cuda_fwd_d{64,128,256}.cu).
+ *
+ * Work items: block b runs plan CTA b / kv_heads for KV head b % kv_heads; the plan lists its CTAs
+ * longest first, so the long ones start in the first wave. Each CTA picks the smallest m of the
+ * shape set (kern_cuda_shapes.h) that holds its rows; every shape runs with the same 4 warps and
+ * shared memory sized for the largest, so one kernel serves them all.
  *
  * Rows: the CTA's query tokens x the GQA group, gathered without padding (row i = token i / group,
  * q head h * group + i % group); rows >= row_count * group are zero and never written.
  *
- * Warps: W = max(4, M / 16). WM = M / 16 warps own 16 rows each; the WN = W / WM warps of a row
- * band split every KV tile's N columns between them (each keeps its own online softmax state),
- * so a 16-row tile still has four warps issuing tensor-core work and all threads load. The WN
- * states are combined once at the end through shared memory.
+ * Warps: WM = M / 16 warps own 16 rows each; the WN = 4 / WM warps of a row band split every KV
+ * tile's N columns between them (each keeps its own online softmax state), so a 16-row tile still
+ * has four warps issuing tensor-core work and all threads load. The WN states are combined once at
+ * the end through shared memory.
  *
  * Memory path: K and V of a tile (N tokens, possibly spanning N / 16 pages and unaligned to a
- * page) arrive by 16-byte cp.async into a 2- or 3-stage ring, rows XOR-swizzled by 16-byte chunk so
- * ldmatrix is bank-conflict free; the next tiles' loads are in flight while the current one is
+ * page) arrive by 16-byte cp.async into a 2- or 3-stage ring, rows XOR-swizzled by 16-byte chunk
+ * so ldmatrix is bank-conflict free; the next tiles' loads are in flight while the current one is
  * computed, and page ids are read one tile before their loads are issued. Tokens past the CTA's
  * range are zero-filled (src-size 0), never read.
  *
  * Math: S = Q.K^T and O += P.V with mma.sync m16n8k16 (fp16 or bf16 in, fp32 accumulate);
  * softmax online in the log2 domain; fully masked rows keep max = -inf and give o = 0 and
- * lse = -inf, never NaN. Output: the final row (dtype) when the row is DIRECT, else an fp32
- * partial (o normalized, natural-log lse) for the merge.
+ * lse = -inf, never NaN (kern_softmax.h). Output: the final row (dtype) when the row is DIRECT,
+ * else an fp32 partial (o normalized, natural-log lse).
+ *
+ * Merge (TRT-LLM XQA's last-CTA pattern): after writing its partials a CTA fences and adds one
+ * arrival per partial row to a counter per (merge entry, KV head); the CTA that brings a counter
+ * to the entry's part_count merges that token's group of q heads (log-sum-exp weights over the
+ * parts, read through L2) and resets the counter, so counters are 0 again when the launch ends.
  */
 #ifndef KERN_CUDA_FWD_CUH
 #define KERN_CUDA_FWD_CUH
@@ -33,6 +43,7 @@
 #include <type_traits>
 
 #include "kern_cuda_int.h"
+#include "kern_softmax.h"
 
 namespace kcuda
 {
@@ -108,13 +119,14 @@ template <> struct Mma<__nv_bfloat16> {
 
 /* ---------------------------------------------------------------- tile geometry */
 
-template <int D, int M, int N> struct Geom {
-    static constexpr int W = M / 16 > 4 ? M / 16 : 4; /* warps */
-    static constexpr int T = W * 32;                  /* threads */
-    static constexpr int WM = M / 16;                 /* row bands */
-    static constexpr int WN = W / WM;                 /* warps per band, splitting N */
-    static constexpr int NW = N / WN;                 /* KV columns per warp per tile */
-    static constexpr int CPR = D / 8;                 /* 16-byte chunks per row */
+template <int D, int M> struct Geom {
+    static constexpr int N = KCUDA_TILE_N;
+    static constexpr int W = KCUDA_THREADS / 32; /* warps */
+    static constexpr int T = KCUDA_THREADS;
+    static constexpr int WM = M / 16; /* row bands */
+    static constexpr int WN = W / WM; /* warps per band, splitting N */
+    static constexpr int NW = N / WN; /* KV columns per warp per tile */
+    static constexpr int CPR = D / 8; /* 16-byte chunks per row */
     static constexpr int Q_BYTES = M * D * 2;
     static constexpr int KV_BYTES = N * D * 2;       /* K or V of one tile */
     static constexpr int STAGE_BYTES = 2 * KV_BYTES; /* K and V */
@@ -127,12 +139,22 @@ template <int D, int M, int N> struct Geom {
     static constexpr int SMEM = Q_BYTES + (RING_BYTES > EPI_BYTES ? RING_BYTES : EPI_BYTES);
     /* MMA shape rules: rows in 16-row bands, every warp's column slice a multiple of 16 (one
      * k-step of P.V), head_dim a multiple of 16 and of the 8-chunk swizzle period. */
-    static_assert(M % 16 == 0 && M <= 128, "tile m");
-    static_assert(W * 16 % M == 0 || M > 64, "warps cover the rows");
+    static_assert(M % 16 == 0 && WM >= 1 && WM <= W && W % WM == 0, "tile m: 16-row bands");
     static_assert(NW % 16 == 0 && NW >= 16, "each warp owns 16-column slices");
     static_assert(D % 64 == 0, "head_dim: 16-wide k-steps and an 8-chunk swizzle");
     static_assert((N * CPR) % T == 0 && (M * CPR) % T == 0, "loads divide evenly");
+    static_assert(M <= KCUDA_MAX_M, "KCUDA_MAX_M bounds the merge list");
 };
+
+/* the shared memory one launch needs: the largest shape's */
+template <int D> constexpr int fwd_smem()
+{
+    int s = 0;
+#define KCUDA_SMEM(m) s = Geom<D, m>::SMEM > s ? Geom<D, m>::SMEM : s;
+    KCUDA_TILE_MS(KCUDA_SMEM)
+#undef KCUDA_SMEM
+    return s;
+}
 
 /* byte offset of 16-byte chunk c of row r in a swizzled [rows][D] tile */
 template <int D> __device__ __forceinline__ uint32_t swz(int r, int c)
@@ -142,18 +164,19 @@ template <int D> __device__ __forceinline__ uint32_t swz(int r, int c)
 
 /* ---------------------------------------------------------------- the kernel */
 
-template <typename T, int D, int M, int N>
-__global__ void __launch_bounds__(Geom<D, M, N>::T) fwd_kernel(const FwdArgs a)
+/* One plan CTA for one KV head with tile m = M: attention over [kv_begin, kv_end), then the
+ * direct outputs and partials. Every thread of the block calls it (it synchronizes). */
+template <typename T, int D, int M>
+__device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t &cta,
+                                        uint32_t head, uint8_t *smem)
 {
-    using G = Geom<D, M, N>;
-    extern __shared__ __align__(128) uint8_t smem[];
+    using G = Geom<D, M>;
+    constexpr int N = G::N;
     uint8_t *sq = smem;
     uint8_t *ring = smem + G::Q_BYTES;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp % G::WM, wn = warp / G::WM;
-    const uint32_t head = blockIdx.y;
-    const sched_plan_cta_t cta = a.ctas[a.cta_begin + blockIdx.x];
     const sched_plan_row_t *rows = a.rows + cta.row_begin;
     const uint32_t group = a.group, n_rows = cta.row_count * group;
     const uint32_t *pages = a.pages + cta.page_begin;
@@ -296,7 +319,7 @@ __global__ void __launch_bounds__(Geom<D, M, N>::T) fwd_kernel(const FwdArgs a)
         tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 1));
         tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 2));
         const float n0 = fmaxf(m0, tm0), n1 = fmaxf(m1, tm1);
-        const float b0 = n0 == -INFINITY ? 0.f : n0, b1 = n1 == -INFINITY ? 0.f : n1;
+        const float b0 = kern_sm_base(n0), b1 = kern_sm_base(n1);
         const float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
         m0 = n0;
         m1 = n1;
@@ -389,14 +412,14 @@ __global__ void __launch_bounds__(Geom<D, M, N>::T) fwd_kernel(const FwdArgs a)
                 acc.w += wt * p.w;
             }
         }
-        const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+        const float inv = kern_sm_inv(lsum);
         acc.x *= inv;
         acc.y *= inv;
         acc.z *= inv;
         acc.w *= inv;
         const sched_plan_row_t row = rows[r / group];
         const uint32_t j = r % group;
-        if (row.flags & SCHED_ROW_DIRECT) {
+        if (row.merge == SCHED_ROW_DIRECT) {
             store4(static_cast<T *>(a.o) +
                        ((uint64_t)row.q_tok * a.q_heads + head * group + j) * D + 4 * v,
                    acc);
@@ -404,49 +427,110 @@ __global__ void __launch_bounds__(Geom<D, M, N>::T) fwd_kernel(const FwdArgs a)
             const uint64_t slot = ((uint64_t)row.dst * a.kv_heads + head) * group + j;
             reinterpret_cast<float4 *>(a.part_o + slot * D)[v] = acc;
             if (v == 0)
-                a.part_lse[slot] =
-                    lsum > 0.f ? (mx + log2f(lsum)) * 0.6931471805599453f : -INFINITY;
+                a.part_lse[slot] = kern_sm_lse(mx, lsum, KERN_LN2);
         }
     }
 }
 
-/* Sets the kernel's shared-memory opt-in once and fills its variant record. */
-template <typename T, int D, int M, int N> int fwd_prepare(FwdVariant *v)
+/* The arrivals of a CTA's partial rows and, for every token whose last part this CTA wrote, the
+ * merge of that token's group of q heads for this KV head (see the top of the file). */
+template <typename T, int D>
+__device__ __forceinline__ void fwd_arrive_merge(const FwdArgs &a, const sched_plan_cta_t &cta,
+                                                 uint32_t head)
 {
-    using G = Geom<D, M, N>;
-    auto fn = fwd_kernel<T, D, M, N>;
-    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, G::SMEM);
-    if (e != cudaSuccess)
-        return kern_cuda_fail("cudaFuncSetAttribute(fwd)", e);
+    __shared__ uint32_t done[KCUDA_MAX_M]; /* merge entries to run: at most one per token */
+    __shared__ uint32_t n_done;
+    const sched_plan_row_t *rows = a.rows + cta.row_begin;
+    __threadfence(); /* this thread's partials are visible device-wide before any arrival */
+    if (threadIdx.x == 0)
+        n_done = 0;
+    __syncthreads();
+    for (uint32_t r = threadIdx.x; r < cta.row_count; r += blockDim.x) {
+        const uint32_t mi = rows[r].merge;
+        if (mi == SCHED_ROW_DIRECT)
+            continue;
+        uint32_t *ctr = a.arrivals + (uint64_t)mi * a.kv_heads + head;
+        if (atomicAdd(ctr, 1u) + 1 == a.merges[mi].part_count) {
+            *ctr = 0; /* every part is in: ready for the next launch */
+            done[atomicAdd(&n_done, 1u)] = mi;
+        }
+    }
+    __syncthreads();
+    const uint32_t n = n_done;
+    if (n == 0)
+        return;
+    __threadfence(); /* the other CTAs' partials, ordered after their arrivals */
+    constexpr uint32_t V4 = D / 4;
+    const uint32_t group = a.group;
+    for (uint32_t e = threadIdx.x; e < n * group * V4; e += blockDim.x) {
+        const uint32_t v = e % V4, j = (e / V4) % group;
+        const sched_plan_merge_t mg = a.merges[done[e / (V4 * group)]];
+        const uint64_t slot0 = ((uint64_t)mg.part_begin * a.kv_heads + head) * group + j;
+        const uint64_t step = (uint64_t)a.kv_heads * group; /* slot p+1 of the same row */
+        float mx = -INFINITY;
+        for (uint32_t p = 0; p < mg.part_count; p++)
+            mx = fmaxf(mx, __ldcg(a.part_lse + slot0 + p * step));
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        float wsum = 0.f;
+        for (uint32_t p = 0; p < mg.part_count; p++) {
+            const uint64_t slot = slot0 + p * step;
+            const float w = kern_sm_weight(__ldcg(a.part_lse + slot), mx);
+            const float4 x = __ldcg(reinterpret_cast<const float4 *>(a.part_o + slot * D) + v);
+            wsum += w;
+            acc.x += w * x.x;
+            acc.y += w * x.y;
+            acc.z += w * x.z;
+            acc.w += w * x.w;
+        }
+        const float inv = kern_sm_inv(wsum);
+        acc.x *= inv;
+        acc.y *= inv;
+        acc.z *= inv;
+        acc.w *= inv;
+        store4(static_cast<T *>(a.o) + ((uint64_t)mg.q_tok * a.q_heads + head * group + j) * D +
+                   4 * v,
+               acc);
+    }
+}
+
+/* One layer of a plan: grid = n_ctas x kv_heads blocks of KCUDA_THREADS, dynamic shared memory
+ * fwd_smem<D>(). */
+template <typename T, int D>
+__global__ void __launch_bounds__(KCUDA_THREADS) fwd_layer(const FwdArgs a)
+{
+    extern __shared__ __align__(128) uint8_t smem[];
+    const uint32_t head = blockIdx.x % a.kv_heads;
+    const sched_plan_cta_t cta = a.ctas[blockIdx.x / a.kv_heads];
+    const uint32_t rows = cta.row_count * a.group;
+    /* the smallest m that holds the rows (the plan's check bounds rows by KCUDA_MAX_M) */
+#define KCUDA_CASE(m)                                                                              \
+    if (rows <= (m)) {                                                                             \
+        fwd_cta<T, D, m>(a, cta, head, smem);                                                      \
+        fwd_arrive_merge<T, D>(a, cta, head);                                                      \
+        return;                                                                                    \
+    }
+    KCUDA_TILE_MS(KCUDA_CASE)
+#undef KCUDA_CASE
+}
+
+/* Sets the kernel's shared-memory opt-in once and fills its record. */
+template <typename T, int D> int fwd_prepare(FwdVariant *v)
+{
+    constexpr int smem = fwd_smem<D>();
+    static_assert(smem <= 232448, "sm_80/sm_90 opt-in shared memory per block (227 KB)");
+    auto fn = fwd_layer<T, D>;
+    KC_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+           "cudaFuncSetAttribute(fwd)");
     v->fn = reinterpret_cast<const void *>(fn);
-    v->threads = G::T;
-    v->smem = G::SMEM;
-    v->stage_bytes = G::STAGE_BYTES;
-    v->stages = G::STAGES;
+    v->smem = smem;
     return 0;
 }
 
-/* Fills v[dtype][shape] for head_dim D: fp16 and bf16 x every shape of KCUDA_SHAPES that fits
- * in shared memory (fn NULL for the others). Instantiated by one translation unit per D. */
-template <int D> int fwd_register(FwdVariant (*v)[kNumShapes])
+/* Fills v[0] (fp16) and v[1] (bf16) for head_dim D. */
+template <int D> int fwd_register_dim(FwdVariant (&v)[2])
 {
-    int r = 0, i = 0;
-    auto one = [&](auto m_tag, auto n_tag) {
-        constexpr int M = decltype(m_tag)::value, N = decltype(n_tag)::value;
-        if constexpr (Geom<D, M, N>::SMEM <= kMaxSmem) {
-            if (r == 0)
-                r = fwd_prepare<__half, D, M, N>(&v[0][i]);
-            if (r == 0)
-                r = fwd_prepare<__nv_bfloat16, D, M, N>(&v[1][i]);
-        } else {
-            v[0][i].fn = v[1][i].fn = nullptr; /* does not fit: not compiled */
-        }
-        i++;
-    };
-#define KCUDA_REG(m, n) one(std::integral_constant<int, m>(), std::integral_constant<int, n>());
-    KCUDA_SHAPES(KCUDA_REG)
-#undef KCUDA_REG
-    return r;
+    int r = fwd_prepare<__half, D>(&v[0]);
+    return r < 0 ? r : fwd_prepare<__nv_bfloat16, D>(&v[1]);
 }
 
 } // namespace kcuda

@@ -1,10 +1,10 @@
 /*
- * kern_cuda_fwd_d256.cu — the forward variants of head_dim 256 (kern_cuda_fwd.cuh). One translation
+ * kern_cuda_fwd_d256.cu — the forward kernel of head_dim 256 (kern_cuda_fwd.cuh). One translation
  * unit per head_dim so make -j builds them in parallel.
  */
 #include "kern_cuda_fwd.cuh"
 
-int kcuda::fwd_register_d256(FwdVariant (*v)[kNumShapes])
+int kcuda::fwd_register_d256(FwdVariant (&v)[2])
 {
-    return fwd_register<256>(v);
+    return fwd_register_dim<256>(v);
 }

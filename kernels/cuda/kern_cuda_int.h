@@ -1,28 +1,41 @@
 /*
- * kern_cuda_int.h — what the CUDA translation units of kernels/cuda share: the forward kernel's
- * POD argument block, the record of one compiled variant, the closed shape set, and the error
- * helper. CUDA C++ only; nothing here crosses into C.
+ * kern_cuda_int.h — what the translation units of the cuda backend share: the forward kernel's
+ * POD argument block and its compiled variants, the backend and lane structures, and the one
+ * family of error helpers (KC_TRY for runtime calls, KC_TRY_CU for driver calls: both print
+ * "<3>kern_cuda: what: error" and return -EIO). CUDA C++ only; nothing here crosses into C.
+ *
+ * Files: kern_cuda.cu (backend life, device queries, IPC and host mapping), kern_cuda_attn.cu
+ * (plan upload, the per-layer launch), kern_cuda_lane.cu (lanes and their stream handshakes),
+ * kern_cuda_kv.cu (KV append and copy-on-write), kern_cuda_fwd*.cu (the forward kernel).
+ * kern_cuda_tools.cu holds what only the tools link (bandwidth probe, variant report).
  */
 #ifndef KERN_CUDA_INT_H
 #define KERN_CUDA_INT_H
 
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <pthread.h>
 #include <stdint.h>
 
 #include "kern_cuda.h"
+#include "kern_cuda_shapes.h"
+
+extern "C" {
+#include "kern_int.h"
+}
 
 namespace kcuda
 {
 
-/* Arguments of one forward launch (one tile-shape group of a plan, one layer). */
+/* Arguments of one forward launch: every CTA of a plan for every KV head, one layer. */
 struct FwdArgs {
     const sched_plan_cta_t *ctas; /* device copy of the plan */
     const sched_plan_row_t *rows;
     const uint32_t *pages;
-    uint32_t cta_begin;    /* first CTA of the group */
+    const sched_plan_merge_t *merges;
     const void *q;         /* [token][q_head][D] */
     void *o;               /* [token][q_head][D] */
     const void *kv;        /* this layer's first block */
@@ -31,33 +44,118 @@ struct FwdArgs {
     uint64_t v_offset;     /* elements from K to V of a block: kv_heads * head_stride */
     float *part_o;         /* [slot][D] fp32 */
     float *part_lse;       /* [slot] */
+    uint32_t *arrivals;    /* [merge][kv_head]: parts written so far; 0 between launches */
     uint32_t q_heads, kv_heads, group;
     float scale, softcap;
 };
 
-/* One compiled (dtype, D, M, N) forward variant. */
+/* The forward of one (dtype, head_dim): one kernel for every tile shape. */
 struct FwdVariant {
     const void *fn; /* __global__ void (*)(FwdArgs) */
-    int threads, smem, stage_bytes, stages;
+    int smem;       /* dynamic shared memory: the largest shape's */
 };
 
-/* The closed shape set (m rows x n KV tokens per tile), per head_dim. A shape is compiled when it
- * fits an sm_90 CTA's 227 KB of shared memory (checked at compile time) — the offline solver
- * (tile_solver.cu) then keeps the ones that also meet the occupancy and bytes-in-flight rules
- * on the device at hand. */
-#define KCUDA_SHAPES(X)                                                                            \
-    X(16, 64) X(16, 128) X(32, 64) X(32, 128) X(64, 64) X(64, 128) X(128, 64) X(128, 128)
-constexpr int kMaxSmem = 232448; /* sm_90 (and sm_80: 227 KB + 1 KB reserved) opt-in per block */
-constexpr int kNumShapes = 8;
-
-/* registered per head_dim translation unit: fills v[dtype 0|1][shape index] (fn NULL when the
- * shape does not fit); 0 or a negative errno */
-int fwd_register_d64(FwdVariant (*v)[kNumShapes]);
-int fwd_register_d128(FwdVariant (*v)[kNumShapes]);
-int fwd_register_d256(FwdVariant (*v)[kNumShapes]);
+/* registered per head_dim translation unit: v[0] fp16, v[1] bf16; 0 or a negative errno */
+int fwd_register_d64(FwdVariant (&v)[2]);
+int fwd_register_d128(FwdVariant (&v)[2]);
+int fwd_register_d256(FwdVariant (&v)[2]);
+int fwd_register(uint32_t head_dim, FwdVariant (&v)[2]);
 
 /* Prints "<3>kern_cuda: what: error" to stderr and returns -EIO. */
 int kern_cuda_fail(const char *what, cudaError_t e);
+int kern_cuda_fail_cu(const char *what, CUresult e);
+
+#define KC_TRY(call, what)                                                                         \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess)                                                                     \
+            return ::kcuda::kern_cuda_fail(what, e_);                                              \
+    } while (0)
+
+#define KC_TRY_CU(call, what)                                                                      \
+    do {                                                                                           \
+        CUresult e_ = (call);                                                                      \
+        if (e_ != CUDA_SUCCESS)                                                                    \
+            return ::kcuda::kern_cuda_fail_cu(what, e_);                                           \
+    } while (0)
+
+struct PlanBuf {
+    uint8_t *host; /* pinned */
+    uint8_t *dev;
+    cudaEvent_t copied; /* the H2D copy from host has completed */
+    bool used;
+};
+
+typedef CUresult (*WaitValue64Fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+typedef CUresult (*WriteValue64Fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+
+struct Cuda;
+
+/* One step's private execution context (kern.h): a stream, the plan and slot buffers, the
+ * partials and arrival counters, and a host-mapped progress word. */
+struct Lane {
+    kern_lane_t base; /* progress -> progress_host */
+    Cuda *c;
+    uint64_t *progress_host; /* pinned, mapped; written by the stream */
+    uint64_t *progress_dev;
+    float *part_o, *part_lse;
+    uint32_t *arrivals; /* max_tokens x kv_heads, zeroed once; kernels leave them 0 */
+    uint8_t *check;     /* kern__plan_check's scratch */
+    PlanBuf plan[2];
+    int cur;           /* plan[cur] holds the last uploaded plan */
+    uint8_t *last;     /* host copy of it, for the unchanged test */
+    uint32_t last_len; /* 0: none */
+    uint32_t *slot_host, *slot_dev;
+    uint32_t n_slots; /* slots of the step last begun */
+    cudaEvent_t slot_copied;
+    bool slot_used;
+    cudaStream_t main;
+};
+
+struct Cuda {
+    kern_backend_t base;
+    int device;
+    void *pool;
+    uint64_t block_elems; /* one block of one layer: K and V of every head */
+    uint64_t layer_elems;
+    uint32_t elt;
+    FwdVariant fwd; /* the model's dtype and head_dim */
+    int dt;         /* 0 fp16, 1 bf16 */
+    Lane lane0;     /* kern_append_kv, kern_attend, kern_copy_blocks */
+    WaitValue64Fn wait64; /* NULL: the device has no 64-bit stream memory operations */
+    WriteValue64Fn write64;
+    pthread_mutex_t cow_mu; /* orders cow_done's record (lane 0) and the lanes' waits on it */
+    cudaEvent_t cow_done;   /* recorded after each copy-on-write batch */
+};
+
+inline Cuda *as_cuda(kern_backend_t *b)
+{
+    return reinterpret_cast<Cuda *>(b);
+}
+
+/* kern_cuda_kv.cu */
+int slots_upload(Lane *L, const uint32_t *slots, uint32_t n);
+int append_on(Lane *L, uint32_t layer, const void *k, const void *v, uint32_t n);
+int cuda_append_kv(kern_backend_t *b, uint32_t layer, const void *k, const void *v,
+                   const uint32_t *slots, uint32_t n);
+int cuda_copy_blocks(kern_backend_t *b, const uint32_t *src, const uint32_t *dst, uint32_t n);
+
+/* kern_cuda_attn.cu */
+int plan_upload(Lane *L, const sched_plan_hdr_t *h);
+int attend_on(Lane *L, uint32_t layer, const sched_plan_hdr_t *h, const void *q, void *o,
+              const kern_attn_params_t *p);
+int cuda_attend(kern_backend_t *b, uint32_t layer, const sched_plan_hdr_t *h, const void *q,
+                void *o, const kern_attn_params_t *p);
+int cuda_sync(kern_backend_t *b);
+
+/* kern_cuda_lane.cu */
+int lane_init(Cuda *c, Lane *L);
+void lane_done(Lane *L);
+int load_memops(Cuda *c);
+int cuda_lane_create(kern_backend_t *b, kern_lane_t **ret);
+void cuda_lane_free(kern_lane_t *l);
+int cuda_lane_begin(kern_lane_t *l, const sched_plan_hdr_t *h, const uint32_t *slots, uint32_t n);
+int cuda_lane_layer(kern_lane_t *l, const kern_lane_layer_t *ly);
 
 template <typename T> __device__ inline void store4(T *dst, float4 v);
 template <> __device__ inline void store4<float>(float *dst, float4 v)

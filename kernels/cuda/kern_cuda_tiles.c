@@ -1,44 +1,48 @@
 /*
- * kern_cuda_tiles.c — the tile tables the cuda backend hands the scheduler, per GPU. Each
- * measured table is the output of kernels/cuda/tile_solver.cu on that GPU (its constraint
- * report and KV-length sweep are in tests/bench/RESULTS.md); a GPU without an entry gets the
- * generic table: every compiled m, n = 64 (compiled for every head_dim; the variant lookup falls
- * back to it when an n is not compiled for a head_dim).
+ * kern_cuda_tiles.c — the tile table the cuda backend hands the scheduler: the compiled shape set
+ * (kern_cuda_shapes.h, the one place it is written) and, per GPU, the rates of the scheduler's
+ * time model as kernels/cuda/tile_solver.cu measured them on that GPU (its report is in
+ * tests/bench/RESULTS.md). A GPU without an entry gets generic rates: a model of the right
+ * shape, untuned.
  */
 #include "kern_cuda.h"
+#include "kern_cuda_shapes.h"
 
 #include <string.h>
 
-typedef struct gpu_tiles {
+typedef struct gpu_cost {
     const char *name_part; /* matched against the CUDA device name */
-    sched_tiles_t t;
-} gpu_tiles_t;
+    sched_cost_t cost;     /* .slots is filled by the backend (occupancy) */
+} gpu_cost_t;
 
-static const gpu_tiles_t measured[] = {
-    /* NVIDIA H200, 2026-11-21: every (m, n) passed the fit and bytes-in-flight rules at d 64 and
-     * 128 except (64, 128) at d 128 (spills); n = 64 was the fastest at every KV length 128 .. 32K
-     * of the decode sweep (n = 128: 2-30 % slower). min_ctas: computed at run time. */
-    {"H200", {4, {16, 32, 64, 128}, 1, {64}, {UINT32_MAX}, 0}},
-    /* NVIDIA H100 80GB HBM3, 2026-11-21: the same drops as the H200; n = 64 fastest up to 2K, a
-     * tie within 1.1 % from 4K to 32K (below the solver's 3 % margin): n = 64 throughout. */
-    {"H100", {4, {16, 32, 64, 128}, 1, {64}, {UINT32_MAX}, 0}},
+static const gpu_cost_t measured[] = {
+    /* NVIDIA H200, 2026-11-24, patd-tile-solver */
+    {"H200", {4555.0f, 120.0f, 2.0f, 0}},
+    /* NVIDIA H100 80GB HBM3, 2026-11-24, patd-tile-solver */
+    {"H100", {3093.0f, 110.0f, 2.0f, 0}},
 };
 
-static const sched_tiles_t generic = {
-    .n_m = 4,
-    .m = {16, 32, 64, 128},
-    .n_n = 1,
-    .n = {64},
-    .n_upto = {UINT32_MAX},
-};
+/* an sm_80-class part: half an H100's bandwidth, a quarter of its rate */
+static const sched_cost_t generic = {1500.0f, 60.0f, 2.5f, 0};
 
 int kern_cuda_tiles_for(const char *device_name, sched_tiles_t *ret)
 {
+    static const uint16_t ms[] = {
+#define KCUDA_M(m) m,
+        KCUDA_TILE_MS(KCUDA_M)
+#undef KCUDA_M
+    };
+    memset(ret, 0, sizeof(*ret));
+    ret->n_m = sizeof(ms) / sizeof(ms[0]);
+    memcpy(ret->m, ms, sizeof(ms));
+    ret->n_n = 1;
+    ret->n[0] = KCUDA_TILE_N;
+    ret->n_upto[0] = UINT32_MAX;
+    ret->cost = generic;
     for (size_t i = 0; device_name && i < sizeof(measured) / sizeof(measured[0]); i++)
-        if (measured[i].name_part && strstr(device_name, measured[i].name_part)) {
-            *ret = measured[i].t;
+        if (strstr(device_name, measured[i].name_part)) {
+            ret->cost = measured[i].cost;
             return 1;
         }
-    *ret = generic;
     return 0;
 }

@@ -7,27 +7,26 @@
  * queries with 416 private tokens each). Every node owns distinct blocks; a query's block table
  * is its root-to-leaf path. One decode token per query, one layer, fp16, head_dim 128, block 16.
  *
- * Modes (each a plan of the same batch, executed by the same backend):
- *   pat     memory-centric pack (policy auto), the device's tile table, 4 streams
- *   qc      query-centric: one query per CTA over its whole KV (policy query), same tiles
- *   fixed   pack as pat but one fixed tile (m 64, n 64; bigger packs become several CTAs) and
- *           one stream (the paper's ablation)
- *   serial  pat's plan on one stream (multi-stream ablation)
- *   m64     pack as pat with tiles up to m = 64 only: a pack of more rows becomes twice as many
- *           CTAs, each re-reading its KV — what a larger m (wgmma, or a cluster multicasting KV
- *           tiles) would save is bounded by how much slower this is than pat; reread_MB = KV
- *           bytes pat's plan reads beyond the distinct bytes (L2 hits when CTAs of a pack run
- *           together)
- * Latency: CUDA events around each call, 50 timed after 5 warm-ups, all queued behind a 20 ms
- * spin kernel so the GPU never waits for the host; the median is reported. Pack: CPU time of a
- * full plan build from an empty forest (join + pack + plan), median of 20.
+ * Modes (each a plan of the same batch, executed by the same backend, one launch per layer):
+ *   pat      patd's plan: pack policy auto (least modelled time), the device's tile table and
+ *            time-model rates
+ *   qc       query-centric: one query per CTA over its whole KV (policy query), same tiles
+ *   fixed    pack as pat but one fixed tile (m 64; the paper's ablation)
+ *   nomerge  pat's plan with every row made direct and the merge list dropped (outputs wrong,
+ *            timing only): pat - nomerge bounds what the merge costs inside the call
+ * Latency: each call is preceded by an L2 flush (a 256 MiB read) and timed with CUDA events; 30
+ * timed after 5 warm-ups, all queued behind a 20 ms spin kernel so the GPU never waits for the
+ * host; the median is reported (PAT's timing, ../shared/peers/pat). Pack: CPU time of a full
+ * plan build from an empty forest (join + pack + plan), median of 20.
  * Floors: distinct KV bytes / measured read bandwidth (16-byte loads over 4 GiB) and attention
  * FLOPs (4 * q_heads * kv_len * head_dim per query) / measured tensor-core rate (cuBLAS fp16 GEMM
- * 8192^3, fp32 accumulate). Effective bandwidth = distinct bytes / pat latency.
+ * 8192^3, fp32 accumulate); floor = the larger. Achieved TB/s = distinct bytes / pat latency,
+ * TFLOP/s = FLOPs / pat latency; re-read = KV bytes the plan reads / distinct KV bytes; model =
+ * the scheduler's modelled time of the plan.
  *
  * Output: a table on stdout; --json FILE writes one JSON object per row (tests/bench/bench_sdpa.py
- * adds PyTorch SDPA on dense per-query KV and renders the RESULTS.md table). --quick: 4 trees,
- * one head config.
+ * adds PyTorch SDPA on dense per-query KV; tests/bench/compare_pat.py puts PAT's run beside it).
+ * --quick: 4 trees, one head config; --trees / --heads pick cases.
  */
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
@@ -40,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <string>
 #include <vector>
 
 extern "C" {
@@ -281,6 +281,20 @@ static double pack_us(const tl_world_t *w, uint32_t qh, uint32_t kvh, const sche
     return median(t);
 }
 
+__global__ void flush_kernel(const uint4 *p, uint64_t n, uint32_t *sink)
+{
+    uint32_t acc = 0;
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
+         i += (uint64_t)gridDim.x * blockDim.x)
+        acc ^= p[i].x;
+    if (acc == 0x12345678u)
+        *sink = acc;
+}
+
+static uint4 *g_flush; /* 256 MiB, read before every timed call: L2 holds nothing of the batch */
+static uint32_t *g_sink;
+static const uint64_t kFlushBytes = 256ull << 20;
+
 /* median GPU time of one layer of the plan, us */
 static double time_plan(kern_backend_t *b, const sched_plan_hdr_t *h, const void *q, void *o,
                         const kern_attn_params_t *p)
@@ -289,13 +303,15 @@ static double time_plan(kern_backend_t *b, const sched_plan_hdr_t *h, const void
     for (int i = 0; i < 5; i++)
         REQ(kern_attend(b, 0, h, q, o, p));
     REQ(kern_sync(b));
-    const int reps = 50;
+    const int reps = 30;
     std::vector<cudaEvent_t> ev(2 * reps);
     for (auto &e : ev)
         CK(cudaEventCreate(&e));
     spin_kernel<<<1, 1, 0, st>>>(20000000ull);
     CK(cudaGetLastError());
     for (int i = 0; i < reps; i++) {
+        flush_kernel<<<1024, 512, 0, st>>>(g_flush, kFlushBytes / 16, g_sink);
+        CK(cudaGetLastError());
         CK(cudaEventRecord(ev[2 * i], st));
         REQ(kern_attend(b, 0, h, q, o, p));
         CK(cudaEventRecord(ev[2 * i + 1], st));
@@ -310,6 +326,21 @@ static double time_plan(kern_backend_t *b, const sched_plan_hdr_t *h, const void
     for (auto &e : ev)
         CK(cudaEventDestroy(e));
     return median(t);
+}
+
+/* a copy of the plan whose every row writes its output directly and with no merge list */
+static std::vector<uint8_t> without_merges(const sched_plan_hdr_t *h)
+{
+    std::vector<uint8_t> v((const uint8_t *)h, (const uint8_t *)h + h->total_bytes);
+    sched_plan_hdr_t *c = (sched_plan_hdr_t *)v.data();
+    sched_plan_row_t *r = (sched_plan_row_t *)(v.data() + c->off_rows);
+    for (uint32_t i = 0; i < c->n_rows; i++) {
+        r[i].merge = SCHED_ROW_DIRECT;
+        r[i].dst = r[i].q_tok;
+    }
+    c->n_merges = 0;
+    c->n_partials = 0;
+    return v;
 }
 
 static double rel_err_f16(const std::vector<__half> &a, const std::vector<__half> &b)
@@ -337,7 +368,6 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     kc.n_blocks = w.next_block;
     kc.max_tokens = 16384;
     kc.max_partials = 64 * w.n_tokens;
-    kc.streams = 4;
     kern_backend_t *b;
     REQ(kern_backend_create("cuda", &kc, &b));
     sched_tiles_t tiles;
@@ -369,31 +399,29 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     kern_attn_params_t p = {1.0f / sqrtf((float)D), 0};
     sched_t *s_pat = make_sched(&w, qh, kvh, SCHED_POLICY_AUTO, &tiles);
     sched_t *s_qc = make_sched(&w, qh, kvh, SCHED_POLICY_QUERY, &tiles);
-    sched_tiles_t fixed = {1, {64}, 1, {64}, {UINT32_MAX}, tiles.min_ctas}; /* one tile shape */
+    sched_tiles_t fixed = tiles; /* one tile shape: m 64 */
+    fixed.n_m = 1;
+    fixed.m[0] = 64;
     sched_t *s_fix = make_sched(&w, qh, kvh, SCHED_POLICY_AUTO, &fixed);
-    sched_tiles_t small = tiles; /* m <= 64 */
-    while (small.n_m > 1 && small.m[small.n_m - 1] > 64)
-        small.n_m--;
-    sched_t *s_m64 = make_sched(&w, qh, kvh, SCHED_POLICY_AUTO, &small);
     const sched_plan_hdr_t *h_pat, *h_qc, *h_fix;
     REQ(sched_build(s_pat, &h_pat));
     REQ(sched_build(s_qc, &h_qc));
     REQ(sched_build(s_fix, &h_fix));
-    const sched_plan_hdr_t *h_m64;
-    REQ(sched_build(s_m64, &h_m64));
+    sched_stats_t st;
+    sched_get_stats(s_pat, &st);
     sched_traffic_t tr;
     sched_plan_traffic(h_pat, qh, kvh, D, 2, &tr);
+    const std::vector<uint8_t> nomerge = without_merges(h_pat);
 
     const double us_pat = time_plan(b, h_pat, dq, dout, &p);
     std::vector<__half> o_pat(qo_elems), o_qc(qo_elems);
     CK(cudaMemcpy(o_pat.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
     const double us_qc = time_plan(b, h_qc, dq, dout, &p);
     CK(cudaMemcpy(o_qc.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
-    kern_cuda_set_streams(b, 1);
     const double us_fix = time_plan(b, h_fix, dq, dout, &p);
-    const double us_ser = time_plan(b, h_pat, dq, dout, &p);
-    kern_cuda_set_streams(b, 4);
-    const double us_m64 = time_plan(b, h_m64, dq, dout, &p);
+    const double us_nm = h_pat->n_merges
+                             ? time_plan(b, (const sched_plan_hdr_t *)nomerge.data(), dq, dout, &p)
+                             : us_pat;
     const double pk = pack_us(&w, qh, kvh, &tiles);
     const double agree = rel_err_f16(o_pat, o_qc);
 
@@ -403,26 +431,30 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     for (uint32_t i = 0; i < w.n_q; i++)
         flops += 4.0 * qh * w.q[i].kv_len * D;
     const double floor_bw = bytes / f.bw * 1e6, floor_tc = flops / f.tc * 1e6;
-    const double eff = bytes / (us_pat * 1e-6);
-    printf("%-46s %2u/%-2u %4u %6u %9.1f %9.1f %9.1f %9.1f %7.1f %7.1f %7.1f %5.1f%% %5.2fx "
-           "%5.2fx %5.2fx %8.1f %d/%d %.1e\n",
-           spec, qh, kvh, w.n_q, w.q[0].kv_len, us_pat, us_qc, us_fix, us_ser, floor_bw, floor_tc,
-           pk, 100.0 * eff / f.bw, us_qc / us_pat, us_fix / us_pat, us_ser / us_pat, bytes / 1e6,
-           h_pat->n_ctas, h_pat->n_groups, agree);
+    const double floor = std::max(floor_bw, floor_tc);
+    const double reread = (double)tr.kv / bytes;
+    const double merge_frac = std::max(0.0, (us_pat - us_nm) / us_pat);
+    printf("%-46s %2u/%-2u %4u %6u %8.1f %8.1f %8.1f %8.1f %7.1f %5.2f %6.2f %6.1f %5.2f %5.1f%% "
+           "%7.1f %5.2fx %5.2fx %7.1f %d %.1e\n",
+           spec, qh, kvh, w.n_q, w.q[0].kv_len, us_pat, us_qc, us_fix, us_nm, floor,
+           us_pat / floor, bytes / (us_pat * 1e-6) / 1e12, flops / (us_pat * 1e-6) / 1e12, reread,
+           100 * merge_frac, st.last_model_ns / 1e3, us_qc / us_pat, us_fix / us_pat, pk,
+           h_pat->n_ctas, agree);
     if (js)
         fprintf(js,
                 "{\"tree\":\"%s\",\"q_heads\":%u,\"kv_heads\":%u,\"queries\":%u,\"kv_len\":%u,"
-                "\"pat_us\":%.2f,\"qc_us\":%.2f,\"fixed_us\":%.2f,\"serial_us\":%.2f,"
+                "\"pat_us\":%.2f,\"qc_us\":%.2f,\"fixed_us\":%.2f,\"nomerge_us\":%.2f,"
                 "\"pack_us\":%.1f,\"distinct_bytes\":%.0f,\"flops\":%.0f,\"floor_bw_us\":%.2f,"
-                "\"floor_tc_us\":%.2f,\"eff_bw_frac\":%.4f,\"ctas\":%u,\"groups\":%u,"
-                "\"pat_vs_qc_rel_err\":%.2e,\"m64_us\":%.2f,\"reread_bytes\":%.0f}\n",
-                spec, qh, kvh, w.n_q, w.q[0].kv_len, us_pat, us_qc, us_fix, us_ser, pk, bytes,
-                flops, floor_bw, floor_tc, eff / f.bw, h_pat->n_ctas, h_pat->n_groups, agree,
-                us_m64, (double)tr.kv - bytes);
+                "\"floor_tc_us\":%.2f,\"floor_us\":%.2f,\"eff_bw_frac\":%.4f,\"tbs\":%.3f,"
+                "\"tflops\":%.2f,\"reread\":%.3f,\"merge_frac\":%.4f,\"model_us\":%.2f,"
+                "\"ctas\":%u,\"merges\":%u,\"pat_vs_qc_rel_err\":%.2e,\"read_bw\":%.0f}\n",
+                spec, qh, kvh, w.n_q, w.q[0].kv_len, us_pat, us_qc, us_fix, us_nm, pk, bytes, flops,
+                floor_bw, floor_tc, floor, bytes / (us_pat * 1e-6) / f.bw,
+                bytes / (us_pat * 1e-6) / 1e12, flops / (us_pat * 1e-6) / 1e12, reread,
+                merge_frac, st.last_model_ns / 1e3, h_pat->n_ctas, h_pat->n_merges, agree, f.bw);
     sched_free(s_pat);
     sched_free(s_qc);
     sched_free(s_fix);
-    sched_free(s_m64);
     CK(cudaFree(dk));
     CK(cudaFree(dv));
     CK(cudaFree(dq));
@@ -435,32 +467,69 @@ int main(int argc, char **argv)
 {
     bool quick = false;
     FILE *js = nullptr;
+    std::vector<std::string> trees(kTrees, kTrees + sizeof(kTrees) / sizeof(kTrees[0]));
+    std::vector<std::pair<uint32_t, uint32_t>> heads;
+    for (const auto &h : kHeads)
+        heads.push_back({h[0], h[1]});
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--quick"))
+        if (!strcmp(argv[i], "--quick")) {
             quick = true;
-        else if (!strcmp(argv[i], "--json") && i + 1 < argc)
+        } else if (!strcmp(argv[i], "--json") && i + 1 < argc) {
             js = fopen(argv[++i], "w");
-        else {
-            fprintf(stderr, "usage: bench_attn [--quick] [--json FILE]\n");
+            if (!js) {
+                perror(argv[i]);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--trees") && i + 1 < argc) {
+            trees.clear();
+            std::string all = argv[++i];
+            for (size_t at = 0; at <= all.size();) {
+                size_t e = all.find(';', at);
+                if (e == std::string::npos)
+                    e = all.size();
+                if (e > at)
+                    trees.push_back(all.substr(at, e - at));
+                at = e + 1;
+            }
+        } else if (!strcmp(argv[i], "--heads") && i + 1 < argc) {
+            heads.clear();
+            for (char *tok = strtok(argv[++i], ","); tok; tok = strtok(nullptr, ",")) {
+                unsigned a = 0, b = 0;
+                if (sscanf(tok, "%u/%u", &a, &b) != 2 || !a || !b || a % b) {
+                    fprintf(stderr, "bench_attn: bad head config '%s' (want Q/KV)\n", tok);
+                    return 2;
+                }
+                heads.push_back({a, b});
+            }
+        } else {
+            fprintf(stderr, "usage: bench_attn [--quick] [--trees 'B_L;B_L'] [--heads 32/8,...] "
+                            "[--json FILE]\n");
             return 2;
         }
+    }
+    if (quick) {
+        heads = {{32, 8}};
+        std::vector<std::string> some;
+        for (size_t i = 0; i < trees.size(); i += 5)
+            some.push_back(trees[i]);
+        trees = some;
     }
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     Floors f = {measure_bw(), measure_tc()};
+    CK(cudaMalloc(&g_flush, kFlushBytes));
+    CK(cudaMemset(g_flush, 1, kFlushBytes));
+    CK(cudaMalloc(&g_sink, 4));
     printf("device: %s, %d SMs; measured read bandwidth %.0f GB/s, fp16 tensor-core rate %.0f "
            "TFLOP/s\n",
            prop.name, prop.multiProcessorCount, f.bw / 1e9, f.tc / 1e12);
-    printf("%-46s %-5s %4s %6s %9s %9s %9s %9s %7s %7s %7s %6s %6s %6s %6s %8s %s %s\n", "tree",
-           "heads", "q", "kv", "pat_us", "qc_us", "fixed_us", "serial_us", "bw_flr", "tc_flr",
-           "pack_us", "effbw", "qc/pat", "fix/pat", "ser/pat", "MB", "ctas/groups", "pat~qc");
-    const int n_trees = sizeof(kTrees) / sizeof(kTrees[0]);
-    for (int hc = 0; hc < (quick ? 1 : 4); hc++)
-        for (int i = 0; i < n_trees; i++) {
-            if (quick && i % 5 != 0)
-                continue;
-            run_config(kTrees[i], kHeads[quick ? 2 : hc][0], kHeads[quick ? 2 : hc][1], f, js);
-        }
+    printf("%-46s %-5s %4s %6s %8s %8s %8s %8s %7s %5s %6s %6s %5s %6s %7s %6s %6s %7s %s %s\n",
+           "tree", "heads", "q", "kv", "pat_us", "qc_us", "fixed_us", "nomrg_us", "floor", "xflr",
+           "TB/s", "TFLOPs", "rerd", "merge", "model", "qc/pat", "fx/pat", "pack_us", "ctas",
+           "pat~qc");
+    for (const auto &h : heads)
+        for (const auto &t : trees)
+            run_config(t.c_str(), h.first, h.second, f, js);
     if (js)
         fclose(js);
     return 0;

@@ -63,7 +63,7 @@ def main():
     except ImportError:
         have_torch = False
     lines = ["| tree | heads | q | kv | pat µs | bw floor µs | tc floor µs | eff. BW | qc µs | "
-             "fixed µs | serial µs | SDPA µs | qc/pat | fixed/pat | serial/pat | SDPA/pat | "
+             "fixed µs | no-merge µs | SDPA µs | qc/pat | fixed/pat | merge % | SDPA/pat | "
              "pack µs |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -75,29 +75,20 @@ def main():
         lines.append(
             "| `{tree}` | {q_heads}/{kv_heads} | {queries} | {kv_len} | {pat_us:.1f} | "
             "{floor_bw_us:.1f} | {floor_tc_us:.1f} | {eff:.0f} % | {qc_us:.1f} | {fixed_us:.1f} | "
-            "{serial_us:.1f} | {sdpa} | {a:.2f} | {b:.2f} | {c:.2f} | {d} | {pack_us:.0f} |".format(
+            "{nomerge_us:.1f} | {sdpa} | {a:.2f} | {b:.2f} | {c:.2f} | {d} | {pack_us:.0f} |".format(
                 eff=100 * r["eff_bw_frac"], sdpa="-" if s is None else "%.1f" % s,
                 a=r["qc_us"] / r["pat_us"], b=r["fixed_us"] / r["pat_us"],
-                c=r["serial_us"] / r["pat_us"],
+                c=100 * r["merge_frac"],
                 d="-" if s is None else "%.2f" % (s / r["pat_us"]), **r))
     shared = [r for r in rows if not r["tree"].startswith("256_")]
     unshared = [r for r in rows if r["tree"].startswith("256_")]
     lines.append("")
     lines.append("geometric means over the shared-prefix trees: qc/pat %.2f, fixed/pat %.2f, "
-                 "serial/pat %.2f, SDPA/pat %.2f" % (
+                 "largest merge share %.1f %%, SDPA/pat %.2f" % (
                      geo([r["qc_us"] / r["pat_us"] for r in shared]),
                      geo([r["fixed_us"] / r["pat_us"] for r in shared]),
-                     geo([r["serial_us"] / r["pat_us"] for r in shared]),
+                     100 * max(r["merge_frac"] for r in shared),
                      geo([r["sdpa_us"] / r["pat_us"] for r in shared if r["sdpa_us"]])))
-    if all("m64_us" in r for r in rows):
-        lines.append("larger m: m64/pat (tiles up to m = 64 vs up to 128) geometric mean %.2f, "
-                     "range %.2f-%.2f; KV re-read by the CTAs of split packs: median %.0f %% of "
-                     "the distinct bytes" % (
-                         geo([r["m64_us"] / r["pat_us"] for r in shared]),
-                         min(r["m64_us"] / r["pat_us"] for r in shared),
-                         max(r["m64_us"] / r["pat_us"] for r in shared),
-                         100 * sorted(r["reread_bytes"] / r["distinct_bytes"]
-                                      for r in shared)[len(shared) // 2]))
     if unshared:
         lines.append("no-sharing trees: qc/pat " + ", ".join(
             "%s %s/%s %.2f" % (r["tree"], r["q_heads"], r["kv_heads"], r["qc_us"] / r["pat_us"])

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # GPU test and benchmark driver, run on the GPU machine from the repository root:
-#   tests/gpu/run.sh [--no-bench | --quick-bench | --frontend | --replay [quick]]
+#   tests/gpu/run.sh [--no-bench | --quick-bench | --attn | --frontend | --replay [quick]]
 # builds the CUDA parts, runs every GPU test, compute-sanitizer memcheck and racecheck on a
-# reduced set, the tile solver, and the attention benchmark (bench_attn + PyTorch SDPA;
-# --quick-bench: a few trees, --no-bench: none); then, under MPS, the cross-process tests (a real
+# reduced set, the tile solver, and the attention benchmark (bench_attn + PAT's kernel on the same
+# GPU when .peers/ holds it (../shared/peers/pat/README.md), joined by tests/bench/compare_pat.py,
+# + PyTorch SDPA; --quick-bench: a few trees, --no-bench: none; --attn: the GPU tests, sanitizers,
+# solver and the attention benchmark with PAT, nothing cross-process); then, under MPS, the
+# cross-process tests (a real
 # patd on the cuda backend and PyTorch frontends: tests/gpu/test_frontend.py) and, unless
 # --no-bench, the hand-off and frontend benchmarks. --frontend: only the cross-process part.
 # --replay: only patload under MPS (tests/gpu/replay.sh: the CI replay tests on the cuda backend,
@@ -22,7 +25,18 @@ case "${1:-}" in
 --quick-bench) bench=2 ;;
 --frontend) bench=3 ;;
 --replay) bench=4 ;;
+--attn) bench=5 ;;
 esac
+
+# PAT's reference kernel (../shared/peers/pat): built in the background while patd builds and
+# tests, unless a built extension came along (.peers/PAT/prefix_attn/_prefix_attn*.so)
+pat_pid=
+if [ -x .peers/tools/run.sh ] && [ "$bench" != 0 ] && [ "$bench" -lt 3 -o "$bench" = 5 ]; then
+    if ! ls .peers/PAT/prefix_attn/_prefix_attn*.so >/dev/null 2>&1; then
+        (MAX_JOBS=8 .peers/tools/run.sh build >"$out/pat_build.log" 2>&1) &
+        pat_pid=$!
+    fi
+fi
 
 # C dependencies the GPU host lacks, brought as .deb files (../shared/gpu/README.md)
 if [ -d .devdeps ] && ! [ -e /usr/include/xxhash.h ]; then
@@ -47,7 +61,7 @@ fi
     echo "== build"
 } | tee "$out/gpu.log"
 B=build/gpu
-if ! make -j"$(nproc)" B=$B CUDA=1 CUDA_ARCHS=90 $B/tests/gpu/test_cuda_merge \
+if ! make -j"$(nproc)" B=$B CUDA=1 CUDA_ARCHS=90 \
     $B/tests/gpu/test_cuda_attn $B/bin/patd-tile-solver $B/bench/bench_attn $B/bin/patd \
     $B/lib/libpat.so.1.0.0 $B/bench/bench_handoff $B/bin/patload $B/bin/patctl \
     >>"$out/gpu.log" 2>&1; then
@@ -70,12 +84,9 @@ run() { # name, command...
         echo "== $name: FAILED" | tee -a "$out/gpu.log"
     fi
 }
-if [ $bench -lt 3 ]; then
-run test_cuda_merge $B/tests/gpu/test_cuda_merge
+if [ $bench -lt 3 ] || [ $bench = 5 ]; then
 run test_cuda_attn $B/tests/gpu/test_cuda_attn
 if command -v compute-sanitizer >/dev/null; then
-    run memcheck_merge compute-sanitizer --tool memcheck --error-exitcode 3 \
-        $B/tests/gpu/test_cuda_merge --quick
     run memcheck_attn compute-sanitizer --tool memcheck --error-exitcode 3 \
         $B/tests/gpu/test_cuda_attn --quick
     run racecheck_attn compute-sanitizer --tool racecheck --error-exitcode 3 \
@@ -87,8 +98,28 @@ fi
 if [ $bench != 0 ]; then
     run tile_solver $B/bin/patd-tile-solver
     run bench_attn $B/bench/bench_attn $([ $bench = 2 ] && echo --quick) --json "$out/bench_attn.jsonl"
-    run bench_sdpa python3 tests/bench/bench_sdpa.py "$out/bench_attn.jsonl" --out "$out/bench_table.md"
+    if [ -x .peers/tools/run.sh ]; then
+        [ -n "$pat_pid" ] && { wait $pat_pid || tail -20 "$out/pat_build.log"; }
+        bw=$(python3 -c 'import json,sys; print(round(json.loads(open(sys.argv[1]).readline())["read_bw"]/1e9))' "$out/bench_attn.jsonl")
+        trees=$(python3 -c 'import json,sys; print(";".join(dict.fromkeys(json.loads(l)["tree"] for l in open(sys.argv[1]))))' "$out/bench_attn.jsonl")
+        heads=$(python3 -c 'import json,sys; print(",".join(dict.fromkeys("%d/%d" % (json.loads(l)["q_heads"], json.loads(l)["kv_heads"]) for l in open(sys.argv[1]))))' "$out/bench_attn.jsonl")
+        run pat_bench .peers/tools/run.sh bench --read-bw "$bw" --trees "$trees" --heads "$heads" \
+            --json "$out/pat.jsonl"
+        run compare_pat python3 tests/bench/compare_pat.py "$out/bench_attn.jsonl" "$out/pat.jsonl" \
+            --md "$out/compare_pat.md"
+        if [ -n "$pat_pid" ]; then # bring the built extension back for the next session to carry
+            so=$(ls .peers/PAT/prefix_attn/_prefix_attn*.so 2>/dev/null | head -1)
+            [ -n "$so" ] && tar -C .peers/PAT/prefix_attn -cJf "$out/pat_so.tar.xz" "$(basename "$so")"
+        fi
+    fi
+    [ $bench = 5 ] || run bench_sdpa python3 tests/bench/bench_sdpa.py "$out/bench_attn.jsonl" \
+        --out "$out/bench_table.md"
 fi
+fi
+if [ $bench = 5 ]; then
+    echo "$passed passed, $failed failed" | tee -a "$out/gpu.log"
+    [ "$failed" -eq 0 ]
+    exit
 fi
 
 # ---- cross-process: patd on the cuda backend + frontends in other processes, under MPS

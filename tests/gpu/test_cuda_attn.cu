@@ -14,6 +14,7 @@
  */
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -31,6 +32,7 @@ extern "C" {
 #include "tl_world.h"
 }
 #include "kern_cuda.h"
+#include "kern_cuda_shapes.h"
 #include "kern_cuda_tool.h"
 
 #define BS 16u
@@ -121,7 +123,7 @@ static void fill(Rig &g, uint32_t layer, uint64_t seed)
 }
 
 static void rig_init(Rig &g, tl_rng_t *r, const Model &mc, sched_policy_t pol, uint32_t split_min,
-                     uint32_t streams)
+                     const sched_tiles_t *tiles_over = nullptr)
 {
     g.mc = mc;
     kern_config_t kc = {};
@@ -131,11 +133,12 @@ static void rig_init(Rig &g, tl_rng_t *r, const Model &mc, sched_policy_t pol, u
     g.max_tokens = kc.max_tokens;
     kc.max_partials = 16 * g.w.n_tokens + 64;
     kc.n_threads = 0;
-    kc.streams = streams;
     REQ(kern_backend_create("cpu", &kc, &g.cpu));
     REQ(kern_backend_create("cuda", &kc, &g.gpu));
     sched_tiles_t tiles;
     kern_tiles(g.gpu, &tiles);
+    if (tiles_over)
+        tiles = *tiles_over;
     sched_config_t sc = {};
     sc.max_queries = g.w.n_q;
     sc.max_tokens = g.w.n_tokens;
@@ -315,7 +318,7 @@ static void test_random(int rounds, uint64_t seed)
         const Model &mc = models[round % n_models];
         Rig g;
         gen(&g.w, &r, mc, round % 3 == 2, round % 4 == 1);
-        rig_init(g, &r, mc, pols[round % 4], round % 2 ? 64 : 0, round % 5 == 4 ? 1 : 4);
+        rig_init(g, &r, mc, pols[round % 4], round % 2 ? 64 : 0);
         const sched_plan_hdr_t *h = run(g);
         merges += h->n_merges > 0;
         multi_group += h->n_groups > 1;
@@ -359,7 +362,7 @@ static void test_mixed(uint32_t split_min)
     }
     tl_world_layout(&w);
     g.split_factor = 1; /* split every CTA above the mean: the 1024s, not the 32s */
-    rig_init(g, &r, models[1], SCHED_POLICY_QUERY, split_min, 4);
+    rig_init(g, &r, models[1], SCHED_POLICY_QUERY, split_min);
     const sched_plan_hdr_t *h = run(g);
     bool finite;
     double ec = vs_cpu(g, &finite), ef = vs_fp64(g, &r, 48);
@@ -373,26 +376,77 @@ static void test_mixed(uint32_t split_min)
     rig_done(g);
 }
 
-/* serial and fanned-out execution of one plan give bitwise the same outputs */
-static void test_streams_equal()
+/* A plan whose every query token is split into many parts (the fill rule forced, no time model):
+ * every row writes a partial, the last CTA of each (token, KV head) merges, in whatever order the
+ * parts finish. Runs three times: the outputs are bitwise equal (the merge sums the parts in slot
+ * order whichever CTA runs it) and match the float64 reference; the arrival counters are back at 0
+ * after each launch, or the second run would merge early. */
+static void test_all_split()
 {
-    tl_rng_t r1, r2;
-    tl_rng_seed(&r1, 5);
-    tl_rng_seed(&r2, 5);
-    Rig a, b;
-    gen(&a.w, &r1, models[2], true, false);
-    gen(&b.w, &r2, models[2], true, false);
-    rig_init(a, &r1, models[2], SCHED_POLICY_AUTO, 64, 1);
-    rig_init(b, &r2, models[2], SCHED_POLICY_AUTO, 64, 8);
-    const sched_plan_hdr_t *h = run(a);
-    run(b);
-    verdict("serial == 8 streams (bitwise)", a.o_gpu == b.o_gpu && h->n_groups >= 1);
-    /* the same plan again (no re-upload) and a rebuilt one give the same bytes */
-    std::vector<uint8_t> first = b.o_gpu;
-    run(b);
-    verdict("repeat with the cached plan (bitwise)", first == b.o_gpu);
+    tl_rng_t r;
+    tl_rng_seed(&r, 19);
+    for (int mi : {1, 8, 3}) { /* GQA 4, 8 and 16 */
+        Rig g;
+        tl_world_t &w = g.w;
+        memset(&w, 0, sizeof(w));
+        w.bs = BS;
+        w.n_q = 12;
+        w.q = (tl_query_t *)calloc(w.n_q, sizeof(tl_query_t));
+        for (uint32_t i = 0; i < w.n_q; i++) {
+            tl_query_t *q = &w.q[i];
+            q->kv_len = 1500 + 97 * i;
+            q->n_new = i % 4 == 1 ? 3 : 1;
+            q->cap_blocks = q->n_blocks = (q->kv_len + BS - 1) / BS;
+            q->blocks = (uint32_t *)malloc(q->n_blocks * sizeof(uint32_t));
+            for (uint32_t b = 0; b < q->n_blocks; b++)
+                q->blocks[b] = w.next_block++;
+        }
+        tl_world_layout(&w);
+        sched_tiles_t t;
+        kern_cuda_tiles_for("", &t);
+        t.cost = {};         /* no model: the fill split is kept */
+        t.min_ctas = 100000; /* far more items than the plan has: cut every CTA */
+        rig_init(g, &r, models[mi], SCHED_POLICY_QUERY, 128, &t);
+        const sched_plan_hdr_t *h = run(g);
+        std::vector<uint8_t> first = g.o_gpu;
+        uint32_t direct = 0, most = 0;
+        const sched_plan_row_t *rows = sched_plan_rows(h);
+        for (uint32_t i = 0; i < h->n_rows; i++)
+            direct += rows[i].merge == SCHED_ROW_DIRECT;
+        for (uint32_t i = 0; i < h->n_merges; i++)
+            most = std::max(most, sched_plan_merges(h)[i].part_count);
+        bool same = true;
+        for (int rep = 0; rep < 2; rep++) {
+            run(g);
+            same = same && g.o_gpu == first;
+        }
+        bool finite;
+        double ec = vs_cpu(g, &finite), ef = vs_fp64(g, &r, 12);
+        char name[160];
+        snprintf(name, sizeof(name),
+                 "every token split, group %u: %u merges of up to %u parts, x3 bitwise equal",
+                 models[mi].q_heads / models[mi].kv_heads, h->n_merges, most);
+        verdict(name,
+                finite && same && direct == 0 && h->n_merges == w.n_tokens && most >= 10 &&
+                    ec < 1e-2 && ef < 1e-2,
+                " fp64 rel err %.2e", ef);
+        rig_done(g);
+    }
+}
+
+/* the same plan run again (cached upload) gives the same bytes */
+static void test_repeat_equal()
+{
+    tl_rng_t r;
+    tl_rng_seed(&r, 5);
+    Rig a;
+    gen(&a.w, &r, models[2], true, false);
+    rig_init(a, &r, models[2], SCHED_POLICY_AUTO, 64);
+    run(a);
+    std::vector<uint8_t> first = a.o_gpu;
+    run(a);
+    verdict("repeat with the cached plan (bitwise)", first == a.o_gpu);
     rig_done(a);
-    rig_done(b);
 }
 
 static void test_copy_and_errors()
@@ -450,11 +504,12 @@ static void test_copy_and_errors()
     plan.h.off_pages = offsetof(decltype(plan), pages);
     plan.h.off_merges = sizeof(plan);
     plan.h.max_cta_rows = 4;
-    plan.g = {16, 64, 0, 2, 0};
+    plan.g = {16, 64, 2, {0, 0}};
     plan.c[0] = {0, 1, 0, 16, 0, 0, 0, 0};
     plan.c[1] = {1, 1, 0, 16, 1, 0, 1, 0};
     plan.r[0] = {0, 16, 0, SCHED_ROW_DIRECT};
     plan.r[1] = {1, 16, 1, SCHED_ROW_DIRECT};
+    static_assert(sizeof(plan.r[0]) == 16, "row: q_tok, limit, dst, merge");
     plan.pages[0] = 1;
     plan.pages[1] = 5;
     std::vector<uint16_t> q(2 * 8 * 128), o(2 * 8 * 128);
@@ -478,9 +533,15 @@ static void test_copy_and_errors()
     plan.pages[1] = 8; /* out of the pool */
     e = e && kern_attend(b, 1, &plan.h, dq, dout, &p) == -EINVAL;
     plan.pages[1] = 5;
-    plan.g.m = 256; /* no such tile */
+    plan.g.m = 2; /* a tile smaller than the CTA's rows */
     e = e && kern_attend(b, 1, &plan.h, dq, dout, &p) == -EINVAL;
     plan.g.m = 16;
+    plan.h.max_cta_rows = KCUDA_MAX_M + 1; /* beyond the largest compiled tile */
+    e = e && kern_attend(b, 1, &plan.h, dq, dout, &p) == -E2BIG;
+    plan.h.max_cta_rows = 4;
+    plan.r[1].merge = 0; /* a partial row naming a merge the plan does not have */
+    e = e && kern_attend(b, 1, &plan.h, dq, dout, &p) == -EINVAL;
+    plan.r[1].merge = SCHED_ROW_DIRECT;
     plan.c[1].row_count = 5; /* rows beyond the tile (and the row table) */
     e = e && kern_attend(b, 1, &plan.h, dq, dout, &p) == -EINVAL;
     plan.c[1].row_count = 1;
@@ -527,8 +588,8 @@ static void test_tiles()
                     vok = vok && v[i].blocks_per_sm >= 1 && v[i].local_bytes == 0;
                 }
     }
-    verdict("tiled variants (d 64, 128) resident and without spills", vok && used > 0,
-            " (%g variants)", used);
+    verdict("forward kernels (d 64, 128) resident and without spills", vok && used > 0,
+            " (%g kernels)", used);
 }
 
 int main(int argc, char **argv)
@@ -539,13 +600,15 @@ int main(int argc, char **argv)
     if (quick) {
         test_random(4, 11);
         test_mixed(64);
+        test_all_split();
         test_copy_and_errors();
     } else {
         test_tiles();
         test_random(40, tl_test_seed(0xcafe));
         test_mixed(0);
         test_mixed(64);
-        test_streams_equal();
+        test_all_split();
+        test_repeat_equal();
         test_copy_and_errors();
     }
     printf("%d passed, %d failed\n", passed, failed);

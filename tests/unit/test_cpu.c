@@ -345,7 +345,7 @@ static void test_empty_ranges_and_masked_merge(void **state)
                               .n_tokens = 3,
                               .n_groups = 1,
                               .n_ctas = 3,
-                              .n_rows = 6,
+                              .n_rows = 5,
                               .n_pages = 2,
                               .n_merges = 2,
                               .n_partials = 4,
@@ -355,18 +355,18 @@ static void test_empty_ranges_and_masked_merge(void **state)
                               .off_pages = offsetof(__typeof__(pl), pages),
                               .off_merges = offsetof(__typeof__(pl), m),
                               .max_cta_rows = 3};
-    pl.g[0] = (sched_plan_group_t){.m = 16, .n = 32, .cta_begin = 0, .cta_count = 3};
+    pl.g[0] = (sched_plan_group_t){.m = 16, .n = 32, .cta_count = 3};
     /* CTA 0: positions [0, 20): token 0 partial slot 0 (real), token 2 partial slot 2 (limit 0
      * -> empty), token 1 direct (limit 0 -> empty) */
     pl.c[0] = (sched_plan_cta_t){.row_begin = 0, .row_count = 3, .kv_begin = 0, .kv_end = 20};
-    pl.r[0] = (sched_plan_row_t){.q_tok = 0, .limit = 20, .dst = 0};
-    pl.r[1] = (sched_plan_row_t){.q_tok = 2, .limit = 0, .dst = 2};
-    pl.r[2] = (sched_plan_row_t){.q_tok = 1, .limit = 0, .dst = 1, .flags = SCHED_ROW_DIRECT};
+    pl.r[0] = (sched_plan_row_t){.q_tok = 0, .limit = 20, .dst = 0, .merge = 0};
+    pl.r[1] = (sched_plan_row_t){.q_tok = 2, .limit = 0, .dst = 2, .merge = 1};
+    pl.r[2] = (sched_plan_row_t){.q_tok = 1, .limit = 0, .dst = 1, .merge = SCHED_ROW_DIRECT};
     /* CTA 1: positions [16, 20), rows with limits at or below 16: both empty */
     pl.c[1] = (sched_plan_cta_t){
         .row_begin = 3, .row_count = 2, .kv_begin = 16, .kv_end = 20, .page_begin = 1};
-    pl.r[3] = (sched_plan_row_t){.q_tok = 0, .limit = 16, .dst = 1};
-    pl.r[4] = (sched_plan_row_t){.q_tok = 2, .limit = 5, .dst = 3};
+    pl.r[3] = (sched_plan_row_t){.q_tok = 0, .limit = 16, .dst = 1, .merge = 0};
+    pl.r[4] = (sched_plan_row_t){.q_tok = 2, .limit = 5, .dst = 3, .merge = 1};
     pl.c[2] = (sched_plan_cta_t){.row_begin = 5, .row_count = 0, .kv_begin = 0, .kv_end = 0};
     pl.pages[0] = 0;
     pl.pages[1] = 1;

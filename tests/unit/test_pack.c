@@ -75,13 +75,17 @@ static void check_plan(const tl_world_t *w, const sched_plan_hdr_t *h, uint32_t 
             owner[w->q[i].tok_off + k] = i;
             cover[w->q[i].tok_off + k] = calloc(w->q[i].kv_len, 1);
         }
+    /* groups: distinct shapes, ascending, each counting exactly the CTAs that name it */
     uint32_t at = 0;
     for (uint32_t gi = 0; gi < h->n_groups; gi++) {
-        assert_int_equal(g[gi].cta_begin, at);
         assert_true(g[gi].cta_count > 0);
+        if (gi)
+            assert_true(g[gi].m > g[gi - 1].m || (g[gi].m == g[gi - 1].m && g[gi].n > g[gi - 1].n));
+        uint32_t named = 0;
+        for (uint32_t ci = 0; ci < h->n_ctas; ci++)
+            named += c[ci].group == gi;
+        assert_int_equal(named, g[gi].cta_count);
         at += g[gi].cta_count;
-        for (uint32_t ci = g[gi].cta_begin; ci < g[gi].cta_begin + g[gi].cta_count; ci++)
-            assert_int_equal(c[ci].group, gi);
     }
     assert_int_equal(at, h->n_ctas);
     /* every row belongs to exactly one CTA: no orphan or shared rows in the plan */
@@ -114,9 +118,13 @@ static void check_plan(const tl_world_t *w, const sched_plan_hdr_t *h, uint32_t 
                 assert_int_equal(pages[pg], q->blocks[p / BS]); /* the right physical block */
                 cover[row->q_tok][p]++;
             }
-            if (row->flags & SCHED_ROW_DIRECT) {
+            if (row->merge == SCHED_ROW_DIRECT) {
                 assert_int_equal(row->dst, row->q_tok);
             } else {
+                assert_true(row->merge < h->n_merges);
+                assert_int_equal(mg[row->merge].q_tok, row->q_tok);
+                assert_true(row->dst >= mg[row->merge].part_begin &&
+                            row->dst < mg[row->merge].part_begin + mg[row->merge].part_count);
                 assert_true(row->dst < h->n_partials);
                 assert_int_equal(slot_tok[row->dst], UINT32_MAX); /* a slot is written once */
                 slot_tok[row->dst] = row->q_tok;

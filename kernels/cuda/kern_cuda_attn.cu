@@ -1,0 +1,103 @@
+/*
+ * kern_cuda_attn.cu — a plan on the GPU: its upload (checked, double-buffered, skipped when the
+ * plan is unchanged) and one launch per layer of the forward kernel over every CTA and KV head,
+ * the merge inside (kern_cuda_fwd.cuh). No side streams, no separate merge launch: measured, a
+ * fork/join over tile-shape streams and the merge launch cost more than they saved (the merge
+ * alone was a quarter of a call), and a single launch is what a CUDA graph captures best.
+ */
+#include "kern_cuda_int.h"
+
+#include <errno.h>
+#include <string.h>
+
+namespace kcuda
+{
+
+/* Checks the plan (kern__plan_check, then what only this backend needs: rows per CTA within the
+ * largest compiled m) and uploads it when it changed. Called by the lane's owner only. */
+int plan_upload(Lane *L, const sched_plan_hdr_t *h)
+{
+    Cuda *c = L->c;
+    if (L->last_len == h->total_bytes && memcmp(L->last, h, h->total_bytes) == 0)
+        return 0;
+    if (h->total_bytes > c->base.cfg.max_plan_bytes)
+        return -E2BIG;
+    if (h->max_cta_rows > KCUDA_MAX_M)
+        return -E2BIG;
+    int r = kern__plan_check(&c->base.cfg, h, L->check);
+    if (r < 0)
+        return r;
+    const sched_plan_cta_t *ct = sched_plan_ctas(h);
+    for (uint32_t i = 0; i < h->n_ctas; i++)
+        if (ct[i].row_count * h->group > KCUDA_MAX_M)
+            return -E2BIG;
+    if ((uint64_t)h->n_ctas * c->base.cfg.model.kv_heads > INT32_MAX)
+        return -E2BIG; /* grid.x */
+    const int next = L->cur ^ 1;
+    PlanBuf *pb = &L->plan[next];
+    if (pb->used)
+        KC_TRY(cudaEventSynchronize(pb->copied), "plan buffer");
+    memcpy(pb->host, h, h->total_bytes);
+    KC_TRY(cudaMemcpyAsync(pb->dev, pb->host, h->total_bytes, cudaMemcpyHostToDevice, L->main),
+           "plan upload");
+    KC_TRY(cudaEventRecord(pb->copied, L->main), "plan event");
+    pb->used = true;
+    L->cur = next;
+    memcpy(L->last, h, h->total_bytes);
+    L->last_len = h->total_bytes;
+    return 0;
+}
+
+/* Enqueues one layer of the plan last uploaded to L: one launch. */
+int attend_on(Lane *L, uint32_t layer, const sched_plan_hdr_t *h, const void *q, void *o,
+              const kern_attn_params_t *p)
+{
+    Cuda *c = L->c;
+    const kern_model_t &m = c->base.cfg.model;
+    if (h->n_ctas == 0)
+        return 0;
+    const uint8_t *dp = L->plan[L->cur].dev;
+    FwdArgs a;
+    a.ctas = reinterpret_cast<const sched_plan_cta_t *>(dp + h->off_ctas);
+    a.rows = reinterpret_cast<const sched_plan_row_t *>(dp + h->off_rows);
+    a.pages = reinterpret_cast<const uint32_t *>(dp + h->off_pages);
+    a.merges = reinterpret_cast<const sched_plan_merge_t *>(dp + h->off_merges);
+    a.q = q;
+    a.o = o;
+    a.kv = static_cast<const uint8_t *>(c->pool) + layer * c->layer_elems * c->elt;
+    a.block_stride = c->block_elems;
+    a.head_stride = (uint64_t)m.block_size * m.head_dim;
+    a.v_offset = a.head_stride * m.kv_heads;
+    a.part_o = L->part_o;
+    a.part_lse = L->part_lse;
+    a.arrivals = L->arrivals;
+    a.q_heads = m.q_heads;
+    a.kv_heads = m.kv_heads;
+    a.group = h->group;
+    a.scale = p->scale;
+    a.softcap = p->softcap;
+    void *args[] = {&a};
+    KC_TRY(cudaLaunchKernel(c->fwd.fn, dim3(h->n_ctas * m.kv_heads), dim3(KCUDA_THREADS), args,
+                            (size_t)c->fwd.smem, L->main),
+           "forward launch");
+    return 0;
+}
+
+int cuda_attend(kern_backend_t *b, uint32_t layer, const sched_plan_hdr_t *h, const void *q,
+                void *o, const kern_attn_params_t *p)
+{
+    Cuda *c = as_cuda(b);
+    KC_TRY(cudaSetDevice(c->device), "cudaSetDevice");
+    int r = plan_upload(&c->lane0, h);
+    return r < 0 ? r : attend_on(&c->lane0, layer, h, q, o, p);
+}
+
+int cuda_sync(kern_backend_t *b)
+{
+    Cuda *c = as_cuda(b);
+    KC_TRY(cudaSetDevice(c->device), "cudaSetDevice");
+    KC_TRY(cudaStreamSynchronize(c->lane0.main), "sync");
+    return 0;
+}
+
+} // namespace kcuda

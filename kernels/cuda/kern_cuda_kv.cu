@@ -1,0 +1,129 @@
+/*
+ * kern_cuda_kv.cu — KV memory of the cuda backend: the append of a step's new K and V into their
+ * pool slots (one kernel per layer, 16-byte copies) and the copy-on-write block copies. The slot
+ * list of a step is checked against the pool and uploaded once per step (slots_upload), then
+ * every layer's append reads it.
+ */
+#include "kern_cuda_int.h"
+
+#include <errno.h>
+#include <string.h>
+
+namespace kcuda
+{
+
+template <typename T, int D>
+__global__ void append_kernel(const T *__restrict__ k, const T *__restrict__ v,
+                              const uint32_t *__restrict__ slots, uint32_t n, T *__restrict__ kv,
+                              uint32_t kv_heads, uint64_t block_elems)
+{
+    constexpr uint32_t CPR = D / 8;
+    const uint64_t total = (uint64_t)n * kv_heads * CPR;
+    for (uint64_t e = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; e < total;
+         e += (uint64_t)gridDim.x * blockDim.x) {
+        const uint32_t ch = e % CPR, h = (e / CPR) % kv_heads, i = e / ((uint64_t)CPR * kv_heads);
+        const uint32_t slot = slots[i], blk = slot / KERN_BLOCK_SIZE, off = slot % KERN_BLOCK_SIZE;
+        T *dk = kv + blk * block_elems + ((uint64_t)h * KERN_BLOCK_SIZE + off) * D + ch * 8;
+        T *dv = dk + (uint64_t)kv_heads * KERN_BLOCK_SIZE * D;
+        const uint64_t src = ((uint64_t)i * kv_heads + h) * D + ch * 8;
+        *reinterpret_cast<uint4 *>(dk) = *reinterpret_cast<const uint4 *>(k + src);
+        *reinterpret_cast<uint4 *>(dv) = *reinterpret_cast<const uint4 *>(v + src);
+    }
+}
+
+template <typename T, int D>
+int append_launch(Cuda *c, cudaStream_t st, const uint32_t *slot_dev, uint32_t layer, const void *k,
+                  const void *v, uint32_t n)
+{
+    const kern_model_t &m = c->base.cfg.model;
+    T *kv = static_cast<T *>(c->pool) + layer * c->layer_elems;
+    const uint64_t total = (uint64_t)n * m.kv_heads * (D / 8);
+    const uint32_t threads = 256;
+    const uint64_t want = (total + threads - 1) / threads;
+    const uint32_t blocks = (uint32_t)(want < 4096 ? want : 4096);
+    append_kernel<T, D><<<blocks, threads, 0, st>>>(static_cast<const T *>(k),
+                                                    static_cast<const T *>(v), slot_dev, n, kv,
+                                                    m.kv_heads, c->block_elems);
+    KC_TRY(cudaGetLastError(), "append launch");
+    return 0;
+}
+
+/* One dispatch point over the closed set: dtype {fp16, bf16} x head_dim {64, 128, 256}. */
+template <typename T>
+int append_dim(Cuda *c, cudaStream_t st, const uint32_t *slot_dev, uint32_t layer, const void *k,
+               const void *v, uint32_t n)
+{
+    switch (c->base.cfg.model.head_dim) {
+    case 64:
+        return append_launch<T, 64>(c, st, slot_dev, layer, k, v, n);
+    case 128:
+        return append_launch<T, 128>(c, st, slot_dev, layer, k, v, n);
+    case 256:
+        return append_launch<T, 256>(c, st, slot_dev, layer, k, v, n);
+    }
+    return -ENOTSUP;
+}
+
+int append_on(Lane *L, uint32_t layer, const void *k, const void *v, uint32_t n)
+{
+    if (n == 0)
+        return 0;
+    return L->c->dt == 0 ? append_dim<__half>(L->c, L->main, L->slot_dev, layer, k, v, n)
+                         : append_dim<__nv_bfloat16>(L->c, L->main, L->slot_dev, layer, k, v, n);
+}
+
+/* Checks the slots against the pool and copies them to the lane's device buffer (on its
+ * stream). */
+int slots_upload(Lane *L, const uint32_t *slots, uint32_t n)
+{
+    const kern_config_t &cfg = L->c->base.cfg;
+    const uint64_t limit = (uint64_t)cfg.n_blocks * cfg.model.block_size;
+    if (n > cfg.max_tokens)
+        return -E2BIG;
+    for (uint32_t i = 0; i < n; i++)
+        if (slots[i] >= limit)
+            return -EINVAL; /* checked before anything is enqueued: nothing changes */
+    L->n_slots = n;
+    if (n == 0)
+        return 0;
+    if (L->slot_used)
+        KC_TRY(cudaEventSynchronize(L->slot_copied), "append: slot buffer");
+    memcpy(L->slot_host, slots, n * sizeof(uint32_t));
+    KC_TRY(cudaMemcpyAsync(L->slot_dev, L->slot_host, n * sizeof(uint32_t),
+                           cudaMemcpyHostToDevice, L->main),
+           "append: slot upload");
+    KC_TRY(cudaEventRecord(L->slot_copied, L->main), "append: event");
+    L->slot_used = true;
+    return 0;
+}
+
+int cuda_append_kv(kern_backend_t *b, uint32_t layer, const void *k, const void *v,
+                   const uint32_t *slots, uint32_t n)
+{
+    Cuda *c = as_cuda(b);
+    KC_TRY(cudaSetDevice(c->device), "cudaSetDevice");
+    int r = slots_upload(&c->lane0, slots, n);
+    return r < 0 ? r : append_on(&c->lane0, layer, k, v, n);
+}
+
+int cuda_copy_blocks(kern_backend_t *b, const uint32_t *src, const uint32_t *dst, uint32_t n)
+{
+    Cuda *c = as_cuda(b);
+    KC_TRY(cudaSetDevice(c->device), "cudaSetDevice");
+    const uint64_t bytes = c->block_elems * c->elt;
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t l = 0; l < b->cfg.model.n_layers; l++) {
+            uint8_t *base = static_cast<uint8_t *>(c->pool) + l * c->layer_elems * c->elt;
+            KC_TRY(cudaMemcpyAsync(base + dst[i] * bytes, base + src[i] * bytes, bytes,
+                                   cudaMemcpyDeviceToDevice, c->lane0.main),
+                   "copy_blocks");
+        }
+    /* steps begun on other lanes from now on start after these copies */
+    pthread_mutex_lock(&c->cow_mu);
+    cudaError_t e = cudaEventRecord(c->cow_done, c->lane0.main);
+    pthread_mutex_unlock(&c->cow_mu);
+    KC_TRY(e, "copy_blocks event");
+    return 0;
+}
+
+} // namespace kcuda

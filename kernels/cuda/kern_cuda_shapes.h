@@ -1,0 +1,22 @@
+/*
+ * kern_cuda_shapes.h — the closed tile-shape set of the cuda forward kernel, written once. Plain
+ * C: the kernel's dispatch (kern_cuda_fwd.cuh), the tile table it hands the scheduler
+ * (kern_cuda_tiles.c) and the tools derive everything from these lines.
+ *
+ * Every shape runs with KCUDA_THREADS threads (4 warps) and KCUDA_TILE_N KV tokens per tile, so
+ * one launch can run a plan's CTAs of every shape: each CTA picks the smallest m that holds its
+ * rows. m is a multiple of 16 (mma.sync m16n8k16 row bands); with 4 warps and n = 64 every
+ * warp's KV slice is a multiple of 16 (one k-step of P.V). m = 128 and n = 128 were measured and
+ * dropped (tests/bench/RESULTS.md): m = 128 CTAs were neither byte- nor compute-bound and capping
+ * packs at m = 64 was 6-21 % faster on deep GQA-8 trees; n = 64 won or tied every KV length.
+ * Larger packs are step 2's wgmma path.
+ */
+#ifndef KERN_CUDA_SHAPES_H
+#define KERN_CUDA_SHAPES_H
+
+#define KCUDA_TILE_MS(X) X(16) X(32) X(64)
+#define KCUDA_TILE_N     64
+#define KCUDA_THREADS    128
+#define KCUDA_MAX_M      64 /* the largest m of KCUDA_TILE_MS */
+
+#endif
