@@ -432,6 +432,14 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
     }
 }
 
+/* atomically adds 1 with release and acquire semantics at GPU scope; returns the old value */
+__device__ __forceinline__ uint32_t arrive(uint32_t *p)
+{
+    uint32_t old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
+    return old;
+}
+
 /* The arrivals of a CTA's partial rows and, for every token whose last part this CTA wrote, the
  * merge of that token's group of q heads for this KV head (see the top of the file). */
 template <typename T, int D>
@@ -441,16 +449,19 @@ __device__ __forceinline__ void fwd_arrive_merge(const FwdArgs &a, const sched_p
     __shared__ uint32_t done[KCUDA_MAX_M]; /* merge entries to run: at most one per token */
     __shared__ uint32_t n_done;
     const sched_plan_row_t *rows = a.rows + cta.row_begin;
-    __threadfence(); /* this thread's partials are visible device-wide before any arrival */
     if (threadIdx.x == 0)
         n_done = 0;
+    /* every thread's partials are written (CTA scope); the arrival below is a release at GPU
+     * scope, which by cumulativity publishes them all, and its acquire half orders the merge's
+     * reads after the other CTAs' arrivals: one acq_rel atomic per arriving row instead of a
+     * sequentially-consistent __threadfence in every thread */
     __syncthreads();
     for (uint32_t r = threadIdx.x; r < cta.row_count; r += blockDim.x) {
         const uint32_t mi = rows[r].merge;
         if (mi == SCHED_ROW_DIRECT)
             continue;
         uint32_t *ctr = a.arrivals + (uint64_t)mi * a.kv_heads + head;
-        if (atomicAdd(ctr, 1u) + 1 == a.merges[mi].part_count) {
+        if (arrive(ctr) + 1 == a.merges[mi].part_count) {
             *ctr = 0; /* every part is in: ready for the next launch */
             done[atomicAdd(&n_done, 1u)] = mi;
         }
@@ -459,7 +470,6 @@ __device__ __forceinline__ void fwd_arrive_merge(const FwdArgs &a, const sched_p
     const uint32_t n = n_done;
     if (n == 0)
         return;
-    __threadfence(); /* the other CTAs' partials, ordered after their arrivals */
     constexpr uint32_t V4 = D / 4;
     const uint32_t group = a.group;
     for (uint32_t e = threadIdx.x; e < n * group * V4; e += blockDim.x) {

@@ -118,6 +118,8 @@ fi
 fi
 if [ $bench = 5 ]; then
     echo "$passed passed, $failed failed" | tee -a "$out/gpu.log"
+    # the device tool brings back at most 8 files: the per-program logs travel as one archive
+    (cd "$out" && tar -cJf logs.tar.xz --remove-files $(ls *.log | grep -v '^gpu.log$') 2>/dev/null)
     [ "$failed" -eq 0 ]
     exit
 fi
