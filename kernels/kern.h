@@ -48,6 +48,13 @@ typedef struct kern_model {
     kern_dtype_t dtype;  /* of Q, K, V and O */
 } kern_model_t;
 
+/* Where the cuda backend merges split tokens (kern_config_t.merge). */
+typedef enum kern_merge {
+    KERN_MERGE_LAUNCH = 0, /* a merge launch of its own after the forward (one block per token and
+                              KV head): measured faster on an H100 (tests/bench/RESULTS.md) */
+    KERN_MERGE_INSIDE = 1, /* the last CTA of a split token merges inside the forward launch */
+} kern_merge_t;
+
 typedef struct kern_config {
     kern_model_t model;
     uint32_t n_blocks;       /* KV pool capacity in blocks */
@@ -61,6 +68,7 @@ typedef struct kern_config {
                                 0 = KERN_DEFAULT_STREAMS, 1 = serial (one stream) */
     uint32_t max_plan_bytes; /* cuda: largest plan accepted (pinned staging, device copy);
                                 0 = KERN_DEFAULT_PLAN_BYTES */
+    kern_merge_t merge;      /* cuda: where split tokens are merged */
 } kern_config_t;
 
 typedef struct kern_attn_params {

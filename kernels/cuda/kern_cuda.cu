@@ -196,6 +196,12 @@ int warm_kernels(Cuda *c)
                                      (size_t)c->fwd.smem, st);
     if (e != cudaSuccess)
         r = kern_cuda_fail("warm-up launch", e);
+    /* the merge kernel, on a zero-part merge entry: writes one zero row into the still unused
+     * pool */
+    a.merges = reinterpret_cast<const sched_plan_merge_t *>(dcta); /* 32 zero bytes */
+    e = r == 0 ? cudaLaunchKernel(c->fwd.merge_fn, dim3(1), dim3(128), args, 0, st) : cudaSuccess;
+    if (e != cudaSuccess)
+        r = kern_cuda_fail("warm-up merge launch", e);
     /* the append kernel: one token into slot 0 of the still unused pool */
     if (r == 0) {
         uint32_t slot0 = 0;

@@ -1,9 +1,8 @@
 /*
  * kern_cuda_attn.cu — a plan on the GPU: its upload (checked, double-buffered, skipped when the
  * plan is unchanged) and one launch per layer of the forward kernel over every CTA and KV head,
- * the merge inside (kern_cuda_fwd.cuh). No side streams, no separate merge launch: measured, a
- * fork/join over tile-shape streams and the merge launch cost more than they saved (the merge
- * alone was a quarter of a call), and a single launch is what a CUDA graph captures best.
+ * followed by a merge launch when the plan splits tokens (or, KERN_MERGE_INSIDE, the merge inside
+ * the forward: kern_cuda_fwd.cuh). No side streams: every tile shape runs in the one launch.
  */
 #include "kern_cuda_int.h"
 
@@ -76,10 +75,15 @@ int attend_on(Lane *L, uint32_t layer, const sched_plan_hdr_t *h, const void *q,
     a.group = h->group;
     a.scale = p->scale;
     a.softcap = p->softcap;
+    a.merge_inside = c->base.cfg.merge == KERN_MERGE_INSIDE;
     void *args[] = {&a};
     KC_TRY(cudaLaunchKernel(c->fwd.fn, dim3(h->n_ctas * m.kv_heads), dim3(KCUDA_THREADS), args,
                             (size_t)c->fwd.smem, L->main),
            "forward launch");
+    if (!a.merge_inside && h->n_merges)
+        KC_TRY(cudaLaunchKernel(c->fwd.merge_fn, dim3(h->n_merges * m.kv_heads), dim3(128), args, 0,
+                                L->main),
+               "merge launch");
     return 0;
 }
 

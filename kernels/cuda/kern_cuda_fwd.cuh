@@ -27,10 +27,12 @@
  * lse = -inf, never NaN (kern_softmax.h). Output: the final row (dtype) when the row is DIRECT,
  * else an fp32 partial (o normalized, natural-log lse).
  *
- * Merge (TRT-LLM XQA's last-CTA pattern): after writing its partials a CTA fences and adds one
- * arrival per partial row to a counter per (merge entry, KV head); the CTA that brings a counter
- * to the entry's part_count merges that token's group of q heads (log-sum-exp weights over the
- * parts, read through L2) and resets the counter, so counters are 0 again when the launch ends.
+ * Merge, two ways (kern_config_t.merge). Inside (TRT-LLM XQA's last-CTA pattern): after writing
+ * its partials a CTA adds one arrival per partial row to a counter per (merge entry, KV head),
+ * with release/acquire semantics; the CTA that brings a counter to the entry's part_count merges
+ * that token's group of q heads (log-sum-exp weights over the parts, read through L2) and resets
+ * the counter, so counters are 0 again when the launch ends. Launch: merge_layer, one block per
+ * (merge entry, KV head), after the forward. Both run the same merge_elem.
  */
 #ifndef KERN_CUDA_FWD_CUH
 #define KERN_CUDA_FWD_CUH
@@ -432,6 +434,40 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
     }
 }
 
+/* One float4 of one merged row: element e < group x D/4 of token mg for KV head `head`
+ * (log-sum-exp weights over the parts, read through L2: other CTAs wrote them). */
+template <typename T, int D>
+__device__ __forceinline__ void merge_elem(const FwdArgs &a, const sched_plan_merge_t &mg,
+                                           uint32_t head, uint32_t e)
+{
+    constexpr uint32_t V4 = D / 4;
+    const uint32_t group = a.group, v = e % V4, j = e / V4;
+    const uint64_t slot0 = ((uint64_t)mg.part_begin * a.kv_heads + head) * group + j;
+    const uint64_t step = (uint64_t)a.kv_heads * group; /* slot p+1 of the same row */
+    float mx = -INFINITY;
+    for (uint32_t p = 0; p < mg.part_count; p++)
+        mx = fmaxf(mx, __ldcg(a.part_lse + slot0 + p * step));
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    float wsum = 0.f;
+    for (uint32_t p = 0; p < mg.part_count; p++) {
+        const uint64_t slot = slot0 + p * step;
+        const float w = kern_sm_weight(__ldcg(a.part_lse + slot), mx);
+        const float4 x = __ldcg(reinterpret_cast<const float4 *>(a.part_o + slot * D) + v);
+        wsum += w;
+        acc.x += w * x.x;
+        acc.y += w * x.y;
+        acc.z += w * x.z;
+        acc.w += w * x.w;
+    }
+    const float inv = kern_sm_inv(wsum);
+    acc.x *= inv;
+    acc.y *= inv;
+    acc.z *= inv;
+    acc.w *= inv;
+    store4(static_cast<T *>(a.o) + ((uint64_t)mg.q_tok * a.q_heads + head * group + j) * D + 4 * v,
+           acc);
+}
+
 /* atomically adds 1 with release and acquire semantics at GPU scope; returns the old value */
 __device__ __forceinline__ uint32_t arrive(uint32_t *p)
 {
@@ -471,36 +507,8 @@ __device__ __forceinline__ void fwd_arrive_merge(const FwdArgs &a, const sched_p
     if (n == 0)
         return;
     constexpr uint32_t V4 = D / 4;
-    const uint32_t group = a.group;
-    for (uint32_t e = threadIdx.x; e < n * group * V4; e += blockDim.x) {
-        const uint32_t v = e % V4, j = (e / V4) % group;
-        const sched_plan_merge_t mg = a.merges[done[e / (V4 * group)]];
-        const uint64_t slot0 = ((uint64_t)mg.part_begin * a.kv_heads + head) * group + j;
-        const uint64_t step = (uint64_t)a.kv_heads * group; /* slot p+1 of the same row */
-        float mx = -INFINITY;
-        for (uint32_t p = 0; p < mg.part_count; p++)
-            mx = fmaxf(mx, __ldcg(a.part_lse + slot0 + p * step));
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        float wsum = 0.f;
-        for (uint32_t p = 0; p < mg.part_count; p++) {
-            const uint64_t slot = slot0 + p * step;
-            const float w = kern_sm_weight(__ldcg(a.part_lse + slot), mx);
-            const float4 x = __ldcg(reinterpret_cast<const float4 *>(a.part_o + slot * D) + v);
-            wsum += w;
-            acc.x += w * x.x;
-            acc.y += w * x.y;
-            acc.z += w * x.z;
-            acc.w += w * x.w;
-        }
-        const float inv = kern_sm_inv(wsum);
-        acc.x *= inv;
-        acc.y *= inv;
-        acc.z *= inv;
-        acc.w *= inv;
-        store4(static_cast<T *>(a.o) + ((uint64_t)mg.q_tok * a.q_heads + head * group + j) * D +
-                   4 * v,
-               acc);
-    }
+    for (uint32_t e = threadIdx.x; e < n * a.group * V4; e += blockDim.x)
+        merge_elem<T, D>(a, a.merges[done[e / (V4 * a.group)]], head, e % (V4 * a.group));
 }
 
 /* One layer of a plan: grid = n_ctas x kv_heads blocks of KCUDA_THREADS, dynamic shared memory
@@ -516,11 +524,22 @@ __global__ void __launch_bounds__(KCUDA_THREADS) fwd_layer(const FwdArgs a)
 #define KCUDA_CASE(m)                                                                              \
     if (rows <= (m)) {                                                                             \
         fwd_cta<T, D, m>(a, cta, head, smem);                                                      \
-        fwd_arrive_merge<T, D>(a, cta, head);                                                      \
+        if (a.merge_inside)                                                                        \
+            fwd_arrive_merge<T, D>(a, cta, head);                                                  \
         return;                                                                                    \
     }
     KCUDA_TILE_MS(KCUDA_CASE)
 #undef KCUDA_CASE
+}
+
+/* The merge as a launch of its own (KERN_MERGE_LAUNCH): grid = n_merges x kv_heads blocks, each
+ * one token's group of q heads for one KV head, after the forward on the same stream. */
+template <typename T, int D> __global__ void __launch_bounds__(128) merge_layer(const FwdArgs a)
+{
+    const sched_plan_merge_t mg = a.merges[blockIdx.x / a.kv_heads];
+    const uint32_t head = blockIdx.x % a.kv_heads;
+    for (uint32_t e = threadIdx.x; e < a.group * (D / 4); e += blockDim.x)
+        merge_elem<T, D>(a, mg, head, e);
 }
 
 /* Sets the kernel's shared-memory opt-in once and fills its record. */
@@ -532,6 +551,7 @@ template <typename T, int D> int fwd_prepare(FwdVariant *v)
     KC_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
            "cudaFuncSetAttribute(fwd)");
     v->fn = reinterpret_cast<const void *>(fn);
+    v->merge_fn = reinterpret_cast<const void *>(merge_layer<T, D>);
     v->smem = smem;
     return 0;
 }

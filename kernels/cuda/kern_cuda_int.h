@@ -47,11 +47,13 @@ struct FwdArgs {
     uint32_t *arrivals;    /* [merge][kv_head]: parts written so far; 0 between launches */
     uint32_t q_heads, kv_heads, group;
     float scale, softcap;
+    uint32_t merge_inside; /* 1: the last CTA of a split token merges (KERN_MERGE_INSIDE) */
 };
 
 /* The forward of one (dtype, head_dim): one kernel for every tile shape. */
 struct FwdVariant {
-    const void *fn; /* __global__ void (*)(FwdArgs) */
+    const void *fn;       /* __global__ void (*)(FwdArgs): fwd_layer */
+    const void *merge_fn; /* merge_layer, for KERN_MERGE_LAUNCH */
     int smem;       /* dynamic shared memory: the largest shape's */
 };
 

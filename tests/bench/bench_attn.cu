@@ -12,8 +12,10 @@
  *            time-model rates
  *   qc       query-centric: one query per CTA over its whole KV (policy query), same tiles
  *   fixed    pack as pat but one fixed tile (m 64; the paper's ablation)
+ *   inside   pat's plan on a backend that merges inside the forward (KERN_MERGE_INSIDE); pat
+ *            runs the default, a merge launch after the forward
  *   nomerge  pat's plan with every row made direct and the merge list dropped (outputs wrong,
- *            timing only): pat - nomerge bounds what the merge costs inside the call
+ *            timing only): pat - nomerge bounds what the split and merge cost in the call
  * Latency: each call is preceded by an L2 flush (a 256 MiB read) and timed with CUDA events; 30
  * timed after 5 warm-ups, all queued behind a 20 ms spin kernel so the GPU never waits for the
  * host; the median is reported (PAT's timing, ../shared/peers/pat). Pack: CPU time of a full
@@ -368,12 +370,15 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     kc.n_blocks = w.next_block;
     kc.max_tokens = 16384;
     kc.max_partials = 64 * w.n_tokens;
-    kern_backend_t *b;
+    kern_backend_t *b, *b_in; /* merge launch (the default) and merge inside the forward */
     REQ(kern_backend_create("cuda", &kc, &b));
+    kc.merge = KERN_MERGE_INSIDE;
+    REQ(kern_backend_create("cuda", &kc, &b_in));
+    kc.merge = KERN_MERGE_LAUNCH;
     sched_tiles_t tiles;
     kern_tiles(b, &tiles);
 
-    /* pool: every slot of every block, from one random staging chunk */
+    /* pool: every slot of every block, from one random staging chunk, in both backends */
     const uint64_t chunk_elems = (uint64_t)kc.max_tokens * kvh * D;
     __half *dk, *dv, *dq, *dout;
     CK(cudaMalloc(&dk, chunk_elems * 2));
@@ -388,7 +393,9 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
         for (uint32_t i = 0; i < n; i++)
             slots[i] = (uint32_t)(s0 + i);
         REQ(kern_append_kv(b, 0, dk, dv, slots.data(), n));
+        REQ(kern_append_kv(b_in, 0, dk, dv, slots.data(), n));
     }
+    REQ(kern_sync(b_in));
     const uint64_t qo_elems = (uint64_t)w.n_tokens * qh * D;
     CK(cudaMalloc(&dq, qo_elems * 2));
     CK(cudaMalloc(&dout, qo_elems * 2));
@@ -419,6 +426,10 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     const double us_qc = time_plan(b, h_qc, dq, dout, &p);
     CK(cudaMemcpy(o_qc.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
     const double us_fix = time_plan(b, h_fix, dq, dout, &p);
+    const double us_in = time_plan(b_in, h_pat, dq, dout, &p);
+    std::vector<__half> o_in(qo_elems);
+    CK(cudaMemcpy(o_in.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
+    const double in_agree = rel_err_f16(o_in, o_pat);
     const double us_nm = h_pat->n_merges
                              ? time_plan(b, (const sched_plan_hdr_t *)nomerge.data(), dq, dout, &p)
                              : us_pat;
@@ -447,11 +458,13 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
                 "\"pack_us\":%.1f,\"distinct_bytes\":%.0f,\"flops\":%.0f,\"floor_bw_us\":%.2f,"
                 "\"floor_tc_us\":%.2f,\"floor_us\":%.2f,\"eff_bw_frac\":%.4f,\"tbs\":%.3f,"
                 "\"tflops\":%.2f,\"reread\":%.3f,\"merge_frac\":%.4f,\"model_us\":%.2f,"
-                "\"ctas\":%u,\"merges\":%u,\"pat_vs_qc_rel_err\":%.2e,\"read_bw\":%.0f}\n",
+                "\"ctas\":%u,\"merges\":%u,\"pat_vs_qc_rel_err\":%.2e,\"read_bw\":%.0f,"
+                "\"inside_us\":%.2f,\"inside_vs_launch_rel_err\":%.2e}\n",
                 spec, qh, kvh, w.n_q, w.q[0].kv_len, us_pat, us_qc, us_fix, us_nm, pk, bytes, flops,
                 floor_bw, floor_tc, floor, bytes / (us_pat * 1e-6) / f.bw,
                 bytes / (us_pat * 1e-6) / 1e12, flops / (us_pat * 1e-6) / 1e12, reread,
-                merge_frac, st.last_model_ns / 1e3, h_pat->n_ctas, h_pat->n_merges, agree, f.bw);
+                merge_frac, st.last_model_ns / 1e3, h_pat->n_ctas, h_pat->n_merges, agree, f.bw,
+                us_in, in_agree);
     sched_free(s_pat);
     sched_free(s_qc);
     sched_free(s_fix);
@@ -460,6 +473,7 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     CK(cudaFree(dq));
     CK(cudaFree(dout));
     kern_backend_free(b);
+    kern_backend_free(b_in);
     tl_world_free(&w);
 }
 

@@ -8,7 +8,8 @@ floor, patd's achieved TB/s and TFLOP/s, KV re-read factor and the merge's share
 then the geometric mean of PAT / patd over the shared-prefix cases, the worst ten, and the issue
 targets with a pass or a miss.
 
-usage: compare_pat.py PATD.jsonl PAT.jsonl [--md OUT.md]
+usage: compare_pat.py PATD.jsonl PAT.jsonl [--field pat_us|inside_us] [--md OUT.md]
+(--field: which of bench_attn's patd timings to compare; pat_us is the default backend's)
 """
 import argparse
 import json
@@ -30,6 +31,7 @@ def main():
     ap.add_argument("patd")
     ap.add_argument("pat")
     ap.add_argument("--md", help="also write the table as Markdown here")
+    ap.add_argument("--field", default="pat_us", help="bench_attn timing to compare")
     a = ap.parse_args()
     pat = {(r["tree"], r["hq"], r["hkv"]): r for r in load(a.pat)}
     rows = []
@@ -39,6 +41,12 @@ def main():
             print("no PAT row for %s %d/%d" % key, file=sys.stderr)
             continue
         p = pat[key]
+        if a.field not in r:
+            print("compare_pat: no %s in %s" % (a.field, a.patd), file=sys.stderr)
+            return 1
+        if a.field != "pat_us":  # the ratios below are of this timing
+            scale = r[a.field] / r["pat_us"]
+            r = dict(r, pat_us=r[a.field], tbs=r["tbs"] / scale, tflops=r["tflops"] / scale)
         rows.append(dict(r, peer_us=p["pat_us"], peer_err=p.get("rel_err", float("nan")),
                          unwritten=p.get("unwritten_rows", 0)))
     if not rows:
@@ -46,7 +54,7 @@ def main():
         return 1
     head = ("| tree | heads | q | floor µs | patd µs | PAT µs | PAT ÷ patd | patd ÷ floor | "
             "PAT ÷ floor | TB/s | TFLOP/s | re-read | merge % |")
-    lines = [head, "|" + "---|" * 13]
+    lines = ["patd timing: %s" % a.field, "", head, "|" + "---|" * 13]
     for r in rows:
         lines.append("| `%s` | %d/%d | %d | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %.0f | "
                      "%.2f | %.1f |" % (

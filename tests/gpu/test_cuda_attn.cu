@@ -123,7 +123,8 @@ static void fill(Rig &g, uint32_t layer, uint64_t seed)
 }
 
 static void rig_init(Rig &g, tl_rng_t *r, const Model &mc, sched_policy_t pol, uint32_t split_min,
-                     const sched_tiles_t *tiles_over = nullptr)
+                     const sched_tiles_t *tiles_over = nullptr,
+                     kern_merge_t merge = KERN_MERGE_LAUNCH)
 {
     g.mc = mc;
     kern_config_t kc = {};
@@ -133,6 +134,7 @@ static void rig_init(Rig &g, tl_rng_t *r, const Model &mc, sched_policy_t pol, u
     g.max_tokens = kc.max_tokens;
     kc.max_partials = 16 * g.w.n_tokens + 64;
     kc.n_threads = 0;
+    kc.merge = merge;
     REQ(kern_backend_create("cpu", &kc, &g.cpu));
     REQ(kern_backend_create("cuda", &kc, &g.gpu));
     sched_tiles_t tiles;
@@ -318,7 +320,9 @@ static void test_random(int rounds, uint64_t seed)
         const Model &mc = models[round % n_models];
         Rig g;
         gen(&g.w, &r, mc, round % 3 == 2, round % 4 == 1);
-        rig_init(g, &r, mc, pols[round % 4], round % 2 ? 64 : 0);
+        /* odd rounds split; every other one of them merges inside the forward */
+        rig_init(g, &r, mc, pols[round % 4], round % 2 ? 64 : 0, nullptr,
+                 round % 4 == 3 ? KERN_MERGE_INSIDE : KERN_MERGE_LAUNCH);
         const sched_plan_hdr_t *h = run(g);
         merges += h->n_merges > 0;
         multi_group += h->n_groups > 1;
@@ -385,7 +389,10 @@ static void test_all_split()
 {
     tl_rng_t r;
     tl_rng_seed(&r, 19);
-    for (int mi : {1, 8, 3}) { /* GQA 4, 8 and 16 */
+    for (int k = 0; k < 6; k++) {
+        static const int kModels[] = {1, 8, 3}; /* GQA 4, 8 and 16 */
+        const int mi = kModels[k % 3];
+        const kern_merge_t mode = k < 3 ? KERN_MERGE_INSIDE : KERN_MERGE_LAUNCH;
         Rig g;
         tl_world_t &w = g.w;
         memset(&w, 0, sizeof(w));
@@ -406,7 +413,7 @@ static void test_all_split()
         kern_cuda_tiles_for("", &t);
         t.cost = {};         /* no model: the fill split is kept */
         t.min_ctas = 100000; /* far more items than the plan has: cut every CTA */
-        rig_init(g, &r, models[mi], SCHED_POLICY_QUERY, 128, &t);
+        rig_init(g, &r, models[mi], SCHED_POLICY_QUERY, 128, &t, mode);
         const sched_plan_hdr_t *h = run(g);
         std::vector<uint8_t> first = g.o_gpu;
         uint32_t direct = 0, most = 0;
@@ -424,8 +431,9 @@ static void test_all_split()
         double ec = vs_cpu(g, &finite), ef = vs_fp64(g, &r, 12);
         char name[160];
         snprintf(name, sizeof(name),
-                 "every token split, group %u: %u merges of up to %u parts, x3 bitwise equal",
-                 models[mi].q_heads / models[mi].kv_heads, h->n_merges, most);
+                 "every token split, group %u, merge %s: %u merges of <= %u parts, x3 equal",
+                 models[mi].q_heads / models[mi].kv_heads,
+                 mode == KERN_MERGE_INSIDE ? "inside" : "launch", h->n_merges, most);
         verdict(name,
                 finite && same && direct == 0 && h->n_merges == w.n_tokens && most >= 10 &&
                     ec < 1e-2 && ef < 1e-2,
