@@ -64,7 +64,7 @@ double sched__item_ns(const sched_t *s, uint64_t kv_tokens, uint32_t rows, uint3
     /* the tensor cores compute the whole tile: rows are padded to the tile's m */
     double m = rows ? s->tiles.m[sched__pick_m(&s->tiles, rows)] : 0;
     double flops = 4.0 * m * (double)kv_tokens * md->head_dim;
-    double t_mem = bytes * c->slots / c->read_gbs;          /* GB/s = bytes per ns */
+    double t_mem = bytes * c->slots / c->read_gbs;           /* GB/s = bytes per ns */
     double t_mma = flops * c->slots / (c->mma_tflops * 1e3); /* TFLOP/s = 1e3 FLOP per ns */
     return (t_mem > t_mma ? t_mem : t_mma) + c->cta_us * 1e3;
 }

@@ -51,8 +51,9 @@ typedef struct sched_stats {
     uint64_t chosen[4];    /* packs built per policy actually used, indexed by sched_policy_t */
     uint64_t last_pack_ns; /* CPU time of the last pack (0 when reused) */
     uint64_t last_plan_ns; /* CPU time of the last whole plan build, pack included */
-    double last_model_ns;  /* modelled GPU time of the last plan, one layer (bytes without a model) */
-    uint64_t fill_kept;    /* plans whose fill split the model kept */
+    double
+        last_model_ns;  /* modelled GPU time of the last plan, one layer (bytes without a model) */
+    uint64_t fill_kept; /* plans whose fill split the model kept */
     uint64_t fill_dropped; /* plans whose fill split the model found slower and dropped */
 } sched_stats_t;
 

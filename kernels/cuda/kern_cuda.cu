@@ -192,8 +192,8 @@ int warm_kernels(Cuda *c)
     a.scale = 1.f;
     void *args[] = {&a};
     int r = 0;
-    cudaError_t e = cudaLaunchKernel(c->fwd.fn, dim3(1), dim3(KCUDA_THREADS), args,
-                                     (size_t)c->fwd.smem, st);
+    cudaError_t e =
+        cudaLaunchKernel(c->fwd.fn, dim3(1), dim3(KCUDA_THREADS), args, (size_t)c->fwd.smem, st);
     if (e != cudaSuccess)
         r = kern_cuda_fail("warm-up launch", e);
     /* the merge kernel, on a zero-part merge entry: writes one zero row into the still unused

@@ -54,7 +54,7 @@ struct FwdArgs {
 struct FwdVariant {
     const void *fn;       /* __global__ void (*)(FwdArgs): fwd_layer */
     const void *merge_fn; /* merge_layer, for KERN_MERGE_LAUNCH */
-    int smem;       /* dynamic shared memory: the largest shape's */
+    int smem;             /* dynamic shared memory: the largest shape's */
 };
 
 /* registered per head_dim translation unit: v[0] fp16, v[1] bf16; 0 or a negative errno */
@@ -121,9 +121,9 @@ struct Cuda {
     uint64_t block_elems; /* one block of one layer: K and V of every head */
     uint64_t layer_elems;
     uint32_t elt;
-    FwdVariant fwd; /* the model's dtype and head_dim */
-    int dt;         /* 0 fp16, 1 bf16 */
-    Lane lane0;     /* kern_append_kv, kern_attend, kern_copy_blocks */
+    FwdVariant fwd;       /* the model's dtype and head_dim */
+    int dt;               /* 0 fp16, 1 bf16 */
+    Lane lane0;           /* kern_append_kv, kern_attend, kern_copy_blocks */
     WaitValue64Fn wait64; /* NULL: the device has no 64-bit stream memory operations */
     WriteValue64Fn write64;
     pthread_mutex_t cow_mu; /* orders cow_done's record (lane 0) and the lanes' waits on it */

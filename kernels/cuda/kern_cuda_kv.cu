@@ -89,8 +89,8 @@ int slots_upload(Lane *L, const uint32_t *slots, uint32_t n)
     if (L->slot_used)
         KC_TRY(cudaEventSynchronize(L->slot_copied), "append: slot buffer");
     memcpy(L->slot_host, slots, n * sizeof(uint32_t));
-    KC_TRY(cudaMemcpyAsync(L->slot_dev, L->slot_host, n * sizeof(uint32_t),
-                           cudaMemcpyHostToDevice, L->main),
+    KC_TRY(cudaMemcpyAsync(L->slot_dev, L->slot_host, n * sizeof(uint32_t), cudaMemcpyHostToDevice,
+                           L->main),
            "append: slot upload");
     KC_TRY(cudaEventRecord(L->slot_copied, L->main), "append: event");
     L->slot_used = true;

@@ -109,8 +109,8 @@ static double measure_plan(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t
     double flops = 0;
     const sched_plan_cta_t *c = sched_plan_ctas(h);
     for (uint32_t i = 0; i < h->n_ctas; i++)
-        flops += 4.0 * sched_plan_groups(h)[c[i].group].m * (c[i].kv_end - c[i].kv_begin) * dd *
-                 kvh;
+        flops +=
+            4.0 * sched_plan_groups(h)[c[i].group].m * (c[i].kv_end - c[i].kv_begin) * dd * kvh;
     sched_free(s);
     CK(cudaFree(q));
     CK(cudaFree(o));
@@ -178,9 +178,9 @@ int main(int argc, char **argv)
             /* stages - 1 tiles are in flight while one is computed: at least one */
             const double flight = (double)a.blocks_per_sm * a.stage_bytes;
             const bool fits = a.blocks_per_sm >= 1 && a.local_bytes == 0;
-            const char *why = !fits              ? "does not fit (occupancy 0 or spills)"
+            const char *why = !fits           ? "does not fit (occupancy 0 or spills)"
                               : flight < need ? "too few bytes in flight"
-                                                 : "ok";
+                                              : "ok";
             printf("%4u %5s %5u %4u %7d %7d %5d %6d %9.1f %10.1f  %s\n", d,
                    a.dtype == KERN_F16 ? "f16" : "bf16", a.m, a.n, a.threads, a.smem, a.regs,
                    a.blocks_per_sm, a.stage_bytes / 1024.0, flight / 1024, why);

@@ -447,10 +447,9 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     const double merge_frac = std::max(0.0, (us_pat - us_nm) / us_pat);
     printf("%-46s %2u/%-2u %4u %6u %8.1f %8.1f %8.1f %8.1f %7.1f %5.2f %6.2f %6.1f %5.2f %5.1f%% "
            "%7.1f %5.2fx %5.2fx %7.1f %d %.1e\n",
-           spec, qh, kvh, w.n_q, w.q[0].kv_len, us_pat, us_qc, us_fix, us_nm, floor,
-           us_pat / floor, bytes / (us_pat * 1e-6) / 1e12, flops / (us_pat * 1e-6) / 1e12, reread,
-           100 * merge_frac, st.last_model_ns / 1e3, us_qc / us_pat, us_fix / us_pat, pk,
-           h_pat->n_ctas, agree);
+           spec, qh, kvh, w.n_q, w.q[0].kv_len, us_pat, us_qc, us_fix, us_nm, floor, us_pat / floor,
+           bytes / (us_pat * 1e-6) / 1e12, flops / (us_pat * 1e-6) / 1e12, reread, 100 * merge_frac,
+           st.last_model_ns / 1e3, us_qc / us_pat, us_fix / us_pat, pk, h_pat->n_ctas, agree);
     if (js)
         fprintf(js,
                 "{\"tree\":\"%s\",\"q_heads\":%u,\"kv_heads\":%u,\"queries\":%u,\"kv_len\":%u,"
@@ -462,9 +461,9 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
                 "\"inside_us\":%.2f,\"inside_vs_launch_rel_err\":%.2e}\n",
                 spec, qh, kvh, w.n_q, w.q[0].kv_len, us_pat, us_qc, us_fix, us_nm, pk, bytes, flops,
                 floor_bw, floor_tc, floor, bytes / (us_pat * 1e-6) / f.bw,
-                bytes / (us_pat * 1e-6) / 1e12, flops / (us_pat * 1e-6) / 1e12, reread,
-                merge_frac, st.last_model_ns / 1e3, h_pat->n_ctas, h_pat->n_merges, agree, f.bw,
-                us_in, in_agree);
+                bytes / (us_pat * 1e-6) / 1e12, flops / (us_pat * 1e-6) / 1e12, reread, merge_frac,
+                st.last_model_ns / 1e3, h_pat->n_ctas, h_pat->n_merges, agree, f.bw, us_in,
+                in_agree);
     sched_free(s_pat);
     sched_free(s_qc);
     sched_free(s_fix);
