@@ -386,6 +386,8 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     fill_kernel<<<1024, 256>>>(dk, chunk_elems, 11);
     fill_kernel<<<1024, 256>>>(dv, chunk_elems, 12);
     CK(cudaGetLastError());
+    /* the fills run on the legacy stream, the appends on the backends' non-blocking ones */
+    CK(cudaDeviceSynchronize());
     std::vector<uint32_t> slots(kc.max_tokens);
     const uint64_t n_slots = (uint64_t)w.next_block * BS;
     for (uint64_t s0 = 0; s0 < n_slots; s0 += kc.max_tokens) {
@@ -401,7 +403,7 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     CK(cudaMalloc(&dout, qo_elems * 2));
     fill_kernel<<<1024, 256>>>(dq, qo_elems, 13);
     CK(cudaGetLastError());
-    REQ(kern_sync(b));
+    CK(cudaDeviceSynchronize());
 
     kern_attn_params_t p = {1.0f / sqrtf((float)D), 0};
     sched_t *s_pat = make_sched(&w, qh, kvh, SCHED_POLICY_AUTO, &tiles);
