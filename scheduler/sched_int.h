@@ -81,8 +81,10 @@ uint32_t sched__pick_m(const sched_tiles_t *t, uint32_t rows);
 
 /* Packs the forest under a policy (BYTES, PAPER or QUERY) into *out and models its bytes. */
 void sched__pack_run(sched_t *s, sched_policy_t pol, sched__packset_t *out);
-/* Ensures s->cand[s->chosen] is a pack of the current forest (lazy: reused if still valid). */
-void sched__pack_update(sched_t *s);
+/* Ensures s->cand[s->chosen] is a pack of the current forest (lazy: reused if still valid).
+ * Returns 1 when the packs were rebuilt (AUTO: every candidate, chosen on its pre-split model;
+ * sched_build then chooses again on the finished plans), 0 when reused. */
+int sched__pack_update(sched_t *s);
 void sched__packset_done(sched__packset_t *ps);
 
 /* Token range of a pack's segment: [top start, bottom end) in absolute KV positions. */

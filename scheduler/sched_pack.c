@@ -240,13 +240,13 @@ void sched__pack_run(sched_t *s, sched_policy_t pol, sched__packset_t *out)
     packset_cost(s, out);
 }
 
-void sched__pack_update(sched_t *s)
+int sched__pack_update(sched_t *s)
 {
     uint64_t v = sched_forest_version(s->forest);
     if (s->chosen && s->pack_version == v) {
         s->st.pack_reuses++;
         s->st.last_pack_ns = 0;
-        return;
+        return 0;
     }
     uint64_t t0 = pat_now_ns();
     if (s->cfg.policy == SCHED_POLICY_AUTO) {
@@ -264,7 +264,7 @@ void sched__pack_update(sched_t *s)
         sched__pack_run(s, s->cfg.policy, &s->cand[s->cfg.policy]);
         s->chosen = s->cfg.policy;
     }
-    s->st.chosen[s->chosen]++;
     s->pack_version = v;
     s->st.last_pack_ns = pat_now_ns() - t0;
+    return 1;
 }

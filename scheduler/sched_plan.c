@@ -367,6 +367,34 @@ static int ctas_build(sched_t *s, const sched__packset_t *ps, int fill, uint32_t
     return applied;
 }
 
+/* The CTA list of a pack set with the fill split decided (see sched_build): 0, or -ENOSPC when
+ * even the outlier splits need more partial slots than the backend holds. */
+static int plan_ctas(sched_t *s, const sched__packset_t *ps, uint32_t n_tokens,
+                     uint32_t *ret_partials, uint32_t *ret_merges, double *ret_ns)
+{
+    /* The fill split is an optimization: it is kept only when it fits the backend's partial
+     * slots and, with a cost model, when the model finds it faster than outlier splits alone
+     * (measured: cutting 64 unshared 1K-token queries into 3 parts each was no faster and paid
+     * for the merges). */
+    int applied = ctas_build(s, ps, 1, n_tokens, ret_partials, ret_merges, ret_ns);
+    if (applied) {
+        int fits = !s->cfg.max_partials || *ret_partials <= s->cfg.max_partials;
+        if (!fits || s->tiles.cost.slots) {
+            double ns_fill = *ret_ns;
+            ctas_build(s, ps, 0, n_tokens, ret_partials, ret_merges, ret_ns);
+            if (fits && ns_fill < *ret_ns) {
+                ctas_build(s, ps, 1, n_tokens, ret_partials, ret_merges, ret_ns);
+                s->st.fill_kept++;
+            } else {
+                s->st.fill_dropped++;
+            }
+        } else {
+            s->st.fill_kept++;
+        }
+    }
+    return s->cfg.max_partials && *ret_partials > s->cfg.max_partials ? -ENOSPC : 0;
+}
+
 static uint32_t align16(uint32_t x)
 {
     return (x + 15u) & ~15u;
@@ -398,32 +426,28 @@ int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
         }
     }
 
-    sched__pack_update(s);
-    const sched__packset_t *ps = &s->cand[s->chosen];
-    /* The fill split is an optimization: it is kept only when it fits the backend's partial
-     * slots and, with a cost model, when the model finds it faster than outlier splits alone
-     * (measured: cutting 64 unshared 1K-token queries into 3 parts each was no faster and paid
-     * for the merges). */
+    int rebuilt = sched__pack_update(s);
     uint32_t n_partials = 0, n_merges = 0;
     double ns = 0;
-    int applied = ctas_build(s, ps, 1, n_tokens, &n_partials, &n_merges, &ns);
-    if (applied) {
-        int fits = !s->cfg.max_partials || n_partials <= s->cfg.max_partials;
-        if (!fits || s->tiles.cost.slots) {
-            double ns_fill = ns;
-            ctas_build(s, ps, 0, n_tokens, &n_partials, &n_merges, &ns);
-            if (fits && ns_fill < ns) {
-                ctas_build(s, ps, 1, n_tokens, &n_partials, &n_merges, &ns);
-                s->st.fill_kept++;
-            } else {
-                s->st.fill_dropped++;
+    if (rebuilt && s->cfg.policy == SCHED_POLICY_AUTO && s->tiles.cost.slots) {
+        /* the packs' own model cannot see the long-KV split that follows them (measured: a
+         * query-centric pack of 10 queries looked faster than the shared one before the split and
+         * ran at 1.8x its time after it); choose on the modelled time of the finished plans */
+        static const sched_policy_t order[] = {SCHED_POLICY_BYTES, SCHED_POLICY_PAPER,
+                                               SCHED_POLICY_QUERY};
+        double best_ns = INFINITY;
+        for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++)
+            if (plan_ctas(s, &s->cand[order[i]], n_tokens, &n_partials, &n_merges, &ns) == 0 &&
+                ns < best_ns) {
+                best_ns = ns;
+                s->chosen = order[i];
             }
-        } else {
-            s->st.fill_kept++;
-        }
     }
-    if (s->cfg.max_partials && n_partials > s->cfg.max_partials)
-        return -ENOSPC; /* nothing written to the arena yet: the previous plan stands */
+    if (rebuilt)
+        s->st.chosen[s->chosen]++;
+    int rc = plan_ctas(s, &s->cand[s->chosen], n_tokens, &n_partials, &n_merges, &ns);
+    if (rc < 0)
+        return rc; /* nothing written to the arena yet: the previous plan stands */
     uint32_t *cnt = s->tok_parts, *next = s->tok_owner;
 
     /* tile shapes and launch order: CTAs sorted by modelled time, longest first (a counting sort
