@@ -37,8 +37,6 @@ typedef enum kern_dtype {
 #define KERN_DEFAULT_MAX_CTA_ROWS 128u
 #define KERN_MAX_CTA_ROWS         1024u /* bounds per-thread scratch: rows x head_dim floats */
 #define KERN_MAX_THREADS          1024u
-#define KERN_MAX_STREAMS          8u
-#define KERN_DEFAULT_STREAMS      4u
 #define KERN_DEFAULT_PLAN_BYTES   (8u << 20)
 
 typedef struct kern_model {
@@ -64,8 +62,6 @@ typedef struct kern_config {
                                 0 = KERN_DEFAULT_MAX_CTA_ROWS */
     uint32_t n_threads;      /* cpu: worker threads <= KERN_MAX_THREADS, 0 = one per online CPU */
     int device;              /* cuda: device ordinal */
-    uint32_t streams;        /* cuda: concurrent streams for a plan's tile-shape groups, <= 8;
-                                0 = KERN_DEFAULT_STREAMS, 1 = serial (one stream) */
     uint32_t max_plan_bytes; /* cuda: largest plan accepted (pinned staging, device copy);
                                 0 = KERN_DEFAULT_PLAN_BYTES */
     kern_merge_t merge;      /* cuda: where split tokens are merged */
@@ -101,8 +97,8 @@ int kern_append_kv(kern_backend_t *b, uint32_t layer, const void *k, const void 
 int kern_copy_blocks(kern_backend_t *b, const uint32_t *src, const uint32_t *dst, uint32_t n);
 
 /* Runs one layer of a plan: every CTA for every KV head, then the merge. Writes O rows of every
- * token the plan covers. cpu: done on return. cuda: enqueued on the backend's stream (tile-shape
- * groups fanned out over its side streams and joined before the merge); kern_sync waits. The
+ * token the plan covers. cpu: done on return. cuda: enqueued on the backend's stream (one forward
+ * launch for every tile shape, then the merge: kern_config_t.merge); kern_sync waits. The
  * plan may be freed or rebuilt on return (the backend keeps its own copy). Returns 0, -EINVAL
  * (layer, bad plan, page or row out of range, bad params), -E2BIG (plan rows/tokens beyond the
  * config), -ENOSPC (more partials than configured). */
@@ -131,7 +127,7 @@ typedef struct kern_lane kern_lane_t;
 
 /* One layer of a step on a lane, enqueued in this order on the lane's stream:
  *   wait until *wait_word >= wait_value;  *wait_word = 0 (the consumer resets what it consumed);
- *   if compute: append K/V of the step's tokens, attend (fan-out over side streams), merge;
+ *   if compute: append K/V of the step's tokens, attend (one launch), merge;
  *   *post_word = post_value (after every write of the layer is visible);
  *   the lane's progress counter += 1 (kern_lane_progress).
  * Word pointers are device addresses from kern_host_map; NULL skips that wait or post. */

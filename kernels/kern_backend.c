@@ -51,7 +51,6 @@ int kern_backend_create(const char *name, const kern_config_t *cfg, kern_backend
 {
     if (!name || !cfg || !ret || cfg->n_blocks == 0 || cfg->max_tokens == 0 ||
         cfg->max_cta_rows > KERN_MAX_CTA_ROWS || cfg->n_threads > KERN_MAX_THREADS ||
-        cfg->streams > KERN_MAX_STREAMS ||
         (cfg->merge != KERN_MERGE_LAUNCH && cfg->merge != KERN_MERGE_INSIDE))
         return -EINVAL;
     int r = kern_supported(&cfg->model);
@@ -63,8 +62,6 @@ int kern_backend_create(const char *name, const kern_config_t *cfg, kern_backend
         kern_config_t c = *cfg;
         if (c.max_cta_rows == 0)
             c.max_cta_rows = KERN_DEFAULT_MAX_CTA_ROWS;
-        if (c.streams == 0)
-            c.streams = KERN_DEFAULT_STREAMS;
         if (c.max_plan_bytes == 0)
             c.max_plan_bytes = KERN_DEFAULT_PLAN_BYTES;
         kern_backend_t *b = NULL;

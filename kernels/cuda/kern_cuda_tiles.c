@@ -18,9 +18,9 @@ typedef struct gpu_cost {
 static const gpu_cost_t measured[] = {
     /* NVIDIA H200: not measured with this kernel yet; the H100's kernel rates with the H200's
      * bandwidth (4,555 GB/s, measured 2026-11-21) */
-    {"H200", {4555.0f, 166.6f, 4.21f, 0}},
+    {"H200", {4555.0f, 167.5f, 3.53f, 0}},
     /* NVIDIA H100 80GB HBM3, 2026-11-24, patd-tile-solver */
-    {"H100", {3038.8f, 166.6f, 4.21f, 0}},
+    {"H100", {3054.3f, 167.5f, 3.53f, 0}},
 };
 
 /* an sm_80-class part: half an H100's bandwidth, a quarter of its rate */
