@@ -119,6 +119,22 @@ template <> struct Mma<__nv_bfloat16> {
     }
 };
 
+/* acc += w * x and acc *= s, four lanes at a time (the epilogue and the merge) */
+__device__ __forceinline__ void axpy4(float4 &acc, float w, const float4 &x)
+{
+    acc.x += w * x.x;
+    acc.y += w * x.y;
+    acc.z += w * x.z;
+    acc.w += w * x.w;
+}
+__device__ __forceinline__ void scale4(float4 &acc, float s)
+{
+    acc.x *= s;
+    acc.y *= s;
+    acc.z *= s;
+    acc.w *= s;
+}
+
 /* ---------------------------------------------------------------- tile geometry */
 
 template <int D, int M> struct Geom {
@@ -408,17 +424,10 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
                 const float4 p =
                     *reinterpret_cast<const float4 *>(ea + (w * M + r) * G::ERS + 4 * v);
                 lsum += wt * el[w * M + r];
-                acc.x += wt * p.x;
-                acc.y += wt * p.y;
-                acc.z += wt * p.z;
-                acc.w += wt * p.w;
+                axpy4(acc, wt, p);
             }
         }
-        const float inv = kern_sm_inv(lsum);
-        acc.x *= inv;
-        acc.y *= inv;
-        acc.z *= inv;
-        acc.w *= inv;
+        scale4(acc, kern_sm_inv(lsum));
         const sched_plan_row_t row = rows[r / group];
         const uint32_t j = r % group;
         if (row.merge == SCHED_ROW_DIRECT) {
@@ -454,16 +463,9 @@ __device__ __forceinline__ void merge_elem(const FwdArgs &a, const sched_plan_me
         const float w = kern_sm_weight(__ldcg(a.part_lse + slot), mx);
         const float4 x = __ldcg(reinterpret_cast<const float4 *>(a.part_o + slot * D) + v);
         wsum += w;
-        acc.x += w * x.x;
-        acc.y += w * x.y;
-        acc.z += w * x.z;
-        acc.w += w * x.w;
+        axpy4(acc, w, x);
     }
-    const float inv = kern_sm_inv(wsum);
-    acc.x *= inv;
-    acc.y *= inv;
-    acc.z *= inv;
-    acc.w *= inv;
+    scale4(acc, kern_sm_inv(wsum));
     store4(static_cast<T *>(a.o) + ((uint64_t)mg.q_tok * a.q_heads + head * group + j) * D + 4 * v,
            acc);
 }

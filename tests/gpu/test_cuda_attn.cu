@@ -344,27 +344,35 @@ static void test_random(int rounds, uint64_t seed)
                 merges > 2 && multi_group > 2);
 }
 
+/* n_q unshared queries, query i with kv_len(i) tokens of which n_new(i) are new */
+static void flat_world(tl_world_t *w, uint32_t n_q, uint32_t (*kv_len)(uint32_t),
+                       uint32_t (*n_new)(uint32_t))
+{
+    memset(w, 0, sizeof(*w));
+    w->bs = BS;
+    w->n_q = n_q;
+    w->q = (tl_query_t *)calloc(n_q, sizeof(tl_query_t));
+    for (uint32_t i = 0; i < n_q; i++) {
+        tl_query_t *q = &w->q[i];
+        q->kv_len = kv_len(i);
+        q->n_new = n_new(i);
+        q->cap_blocks = q->n_blocks = (q->kv_len + BS - 1) / BS;
+        q->blocks = (uint32_t *)malloc(q->n_blocks * sizeof(uint32_t));
+        for (uint32_t b = 0; b < q->n_blocks; b++)
+            q->blocks[b] = w->next_block++;
+    }
+    tl_world_layout(w);
+}
+
 /* unshared batch mixing 32- and 1024-token queries: several (m, n) groups, split and unsplit */
 static void test_mixed(uint32_t split_min)
 {
     tl_rng_t r;
     tl_rng_seed(&r, 77 + split_min);
     Rig g;
-    tl_world_t &w = g.w;
-    memset(&w, 0, sizeof(w));
-    w.bs = BS;
-    w.n_q = 48;
-    w.q = (tl_query_t *)calloc(w.n_q, sizeof(tl_query_t));
-    for (uint32_t i = 0; i < w.n_q; i++) {
-        tl_query_t *q = &w.q[i];
-        q->kv_len = i % 2 ? 32 : 1024 + i;
-        q->n_new = i % 7 == 3 ? 8 : 1;
-        q->cap_blocks = q->n_blocks = (q->kv_len + BS - 1) / BS;
-        q->blocks = (uint32_t *)malloc(q->n_blocks * sizeof(uint32_t));
-        for (uint32_t b = 0; b < q->n_blocks; b++)
-            q->blocks[b] = w.next_block++;
-    }
-    tl_world_layout(&w);
+    flat_world(
+        &g.w, 48, [](uint32_t i) { return i % 2 ? 32u : 1024u + i; },
+        [](uint32_t i) { return i % 7 == 3 ? 8u : 1u; });
     g.split_factor = 1; /* split every CTA above the mean: the 1024s, not the 32s */
     rig_init(g, &r, models[1], SCHED_POLICY_QUERY, split_min);
     const sched_plan_hdr_t *h = run(g);
@@ -395,20 +403,9 @@ static void test_all_split()
         const kern_merge_t mode = k < 3 ? KERN_MERGE_INSIDE : KERN_MERGE_LAUNCH;
         Rig g;
         tl_world_t &w = g.w;
-        memset(&w, 0, sizeof(w));
-        w.bs = BS;
-        w.n_q = 12;
-        w.q = (tl_query_t *)calloc(w.n_q, sizeof(tl_query_t));
-        for (uint32_t i = 0; i < w.n_q; i++) {
-            tl_query_t *q = &w.q[i];
-            q->kv_len = 1500 + 97 * i;
-            q->n_new = i % 4 == 1 ? 3 : 1;
-            q->cap_blocks = q->n_blocks = (q->kv_len + BS - 1) / BS;
-            q->blocks = (uint32_t *)malloc(q->n_blocks * sizeof(uint32_t));
-            for (uint32_t b = 0; b < q->n_blocks; b++)
-                q->blocks[b] = w.next_block++;
-        }
-        tl_world_layout(&w);
+        flat_world(
+            &w, 12, [](uint32_t i) { return 1500u + 97u * i; },
+            [](uint32_t i) { return i % 4 == 1 ? 3u : 1u; });
         sched_tiles_t t;
         kern_cuda_tiles_for("", &t);
         t.cost = {};         /* no model: the fill split is kept */
