@@ -155,6 +155,7 @@ int kern__plan_check(const kern_config_t *cfg, const sched_plan_hdr_t *h, uint8_
         return -ENOSPC;
     const sched_plan_group_t *g = sched_plan_groups(h);
     const sched_plan_cta_t *c = sched_plan_ctas(h);
+    const sched_plan_seg_t *segs = sched_plan_segs(h);
     const sched_plan_row_t *rows = sched_plan_rows(h);
     const uint32_t *pages = sched_plan_pages(h);
     const sched_plan_merge_t *mg = sched_plan_merges(h);
@@ -165,16 +166,25 @@ int kern__plan_check(const kern_config_t *cfg, const sched_plan_hdr_t *h, uint8_
         return -EINVAL;
     for (uint32_t i = 0; i < h->n_ctas; i++) {
         const sched_plan_cta_t *x = &c[i];
-        if ((uint64_t)x->row_begin + x->row_count > h->n_rows || x->kv_begin > x->kv_end ||
-            x->group >= h->n_groups || x->row_count * h->group > cfg->max_cta_rows ||
-            x->row_count * h->group > g[x->group].m)
+        if ((uint64_t)x->row_begin + x->row_count > h->n_rows ||
+            (uint64_t)x->seg_begin + x->seg_count > h->n_segs || x->group >= h->n_groups ||
+            x->row_count * h->group > cfg->max_cta_rows || x->row_count * h->group > g[x->group].m)
             return -EINVAL;
-        if (x->kv_end > x->kv_begin) {
-            uint64_t last = (uint64_t)x->page_begin + (x->kv_end - 1) / h->block_size -
-                            x->kv_begin / h->block_size;
-            if (last >= h->n_pages)
+        uint64_t kv = 0;
+        for (uint32_t k = x->seg_begin; k < x->seg_begin + x->seg_count; k++) {
+            const sched_plan_seg_t *sg = &segs[k];
+            if (sg->kv_begin > sg->kv_end || sg->row_lo >= sg->row_hi || sg->row_hi > x->row_count)
                 return -EINVAL;
+            if (sg->kv_end > sg->kv_begin) {
+                uint64_t last = (uint64_t)sg->page_begin + (sg->kv_end - 1) / h->block_size -
+                                sg->kv_begin / h->block_size;
+                if (last >= h->n_pages)
+                    return -EINVAL;
+            }
+            kv += sg->kv_end - sg->kv_begin;
         }
+        if (kv != x->kv_tokens)
+            return -EINVAL;
     }
     /* merges: disjoint slot ranges covering [0, n_partials) in order */
     uint64_t slot = 0;

@@ -19,6 +19,7 @@ typedef struct sched__packset {
     uint32_t n, cap;
     uint32_t *q;
     uint32_t nq, qcap;
+    uint8_t tree;   /* TREE: no packs; q lists every query in DFS order (sched_plan.c cuts it) */
     uint64_t bytes; /* modelled bytes (sched__packset_bytes) */
     double ns;      /* modelled time of one layer, before any long-KV split (sched__makespan_ns) */
 } sched__packset_t;
@@ -33,6 +34,20 @@ typedef struct sched__model {
     uint64_t q_row;         /* bytes of one Q row (one q head) */
 } sched__model_t;
 
+/* A KV segment of a CTA while the plan is built: sched_plan_seg_t with its pages still in their
+ * source run (psrc[] index and the segment's first page within it). */
+typedef struct sched__seg {
+    uint32_t kv_begin, kv_end;
+    uint32_t psrc, poff;
+    uint32_t row_lo, row_hi; /* CTA rows, in query tokens */
+} sched__seg_t;
+
+/* TREE: a node kept out of the CTA that reaches it, read in a CTA of its own by the rows [lo, hi)
+ * of that CTA. */
+typedef struct sched__apart {
+    uint32_t node, lo, hi;
+} sched__apart_t;
+
 /* A run of page ids to copy into the plan: the block table of a pack's representative query. */
 typedef struct sched__psrc {
     const uint32_t *src;
@@ -45,7 +60,7 @@ struct sched {
     sched_tiles_t tiles;
     sched__model_t mdl;
     sched_forest_t *forest;
-    sched__packset_t cand[4]; /* per policy; cand[0] unused */
+    sched__packset_t cand[5]; /* per policy; cand[0] unused */
     int chosen;               /* index into cand of the pack in use, 0 = none yet */
     uint64_t pack_version;    /* forest version the chosen pack was built for */
     uint64_t *node_tok;       /* per forest node: query tokens below (pack scratch) */
@@ -53,13 +68,27 @@ struct sched {
     /* plan building */
     void *arena;
     uint32_t arena_cap;
-    sched_plan_cta_t *pre; /* CTAs before the long-KV split */
+    sched_plan_cta_t *pre; /* CTAs before the long-KV split, their segments and rows */
     uint32_t n_pre, pre_cap;
-    sched_plan_cta_t *ctas;
+    sched__seg_t *pseg;
+    uint32_t n_pseg, pseg_cap;
+    sched_plan_row_t *prow;
+    uint32_t n_prow, prow_cap;
+    sched_plan_cta_t *ctas; /* the plan's CTAs, segments and rows */
     uint32_t n_ctas, ctas_cap;
+    sched__seg_t *segs;
+    uint32_t n_segs, segs_cap;
     sched_plan_row_t *rows;
     uint32_t n_rows, rows_cap;
-    sched__psrc_t *psrc; /* page runs of the pre-split CTAs, copied once into the plan */
+    uint32_t *path; /* TREE: one query's nodes, top first */
+    uint32_t path_cap;
+    uint32_t *stk_node, *stk_lo; /* TREE: the open segments of a CTA (a path) */
+    uint32_t stk_cap;
+    sched__apart_t *apart; /* TREE: the current CTA's nodes kept apart */
+    uint32_t n_apart, apart_cap;
+    sched_plan_row_t *chunk_rows; /* TREE: the rows of the CTA whose apart nodes are laid out */
+    uint32_t *row_map;            /* split: a CTA's row -> its part's row (tok_per_chunk entries) */
+    sched__psrc_t *psrc;          /* page runs of the pre-split CTAs, copied once into the plan */
     uint32_t n_psrc, psrc_cap;
     uint32_t n_pages;
     uint32_t *tok_parts; /* max_tokens: CTAs per query token, then next slot */
@@ -75,7 +104,10 @@ struct sched {
  * KV head) reading kv_tokens for `rows` query rows, partial_rows of which write fp32 partials that
  * a merge reads back; and the makespan of n_items such items of total sum_ns and longest max_ns.
  * Without a cost model both are bytes (1 byte = 1 ns), so every comparison falls back to bytes. */
-double sched__item_ns(const sched_t *s, uint64_t kv_tokens, uint32_t rows, uint32_t partial_rows);
+double sched__item_ns(const sched_t *s, uint64_t kv_tokens, double mma_row_tokens, uint32_t rows,
+                      uint32_t partial_rows);
+/* TREE's model before any split: bytes and time of its CTAs (sched_plan.c). */
+void sched__tree_cost(sched_t *s, sched__packset_t *ps);
 double sched__makespan_ns(const sched_t *s, double sum_ns, double max_ns, uint64_t n_items);
 uint32_t sched__pick_m(const sched_tiles_t *t, uint32_t rows);
 

@@ -21,11 +21,13 @@
  *          cost `group` times more than the paper assumes, and packing a short shared prefix
  *          can cost more than it saves — the paper's rule packs it anyway;
  *   QUERY  one pack per query over its whole path (the query-centric baseline);
- *   AUTO   runs BYTES, PAPER and QUERY and keeps the least modelled time (sched_plan.h: bytes and
- *          FLOPs against the device's measured rates, a fixed cost per CTA, a makespan over its
- *          resident slots), so the plan is never worse than either the paper's pack or no
- *          packing, under the model. Without a cost model (cpu) the time is the bytes.
- * Each run is linear in nodes + edges + the output (every query listed once per pack it is in).
+ *   TREE   no packs: the queries in DFS order; the plan builder cuts them into CTAs of a tile's
+ *          rows, each reading every node of its rows' paths once (sched_plan.c, build_tree);
+ *   AUTO   runs BYTES, PAPER, QUERY and TREE and keeps the least modelled time (sched_plan.h: bytes
+ * and FLOPs against the device's measured rates, a fixed cost per CTA, a makespan over its resident
+ * slots), so the plan is never worse than either the paper's pack or no packing, under the model.
+ * Without a cost model (cpu) the time is the bytes. Each run is linear in nodes + edges + the
+ * output (every query listed once per pack it is in).
  */
 #include "sched_int.h"
 
@@ -64,7 +66,13 @@ static void add_subtree(const sched_forest_t *f, sched__packset_t *ps, uint32_t 
 {
     const sched__node_t *n = &f->node[id];
     if (sched__is_leaf(n)) {
-        pack_add_query(ps, &ps->p[pi], n->query);
+        if (pi == SCHED_NONE) { /* the query list alone (TREE) */
+            if (ps->nq == ps->qcap)
+                pat_grow((void **)&ps->q, &ps->qcap, ps->nq + 1, sizeof(uint32_t));
+            ps->q[ps->nq++] = n->query;
+        } else {
+            pack_add_query(ps, &ps->p[pi], n->query);
+        }
         return;
     }
     for (uint32_t c = n->first_child; c != SCHED_NONE; c = f->node[c].next_sib)
@@ -179,7 +187,10 @@ static void packset_cost(sched_t *s, sched__packset_t *ps)
                     continue;
                 if (in_chunk == m->tok_per_chunk || (!q && in_chunk)) {
                     uint64_t kv = PAT_MIN(seg_e, hi) - seg_b;
-                    double t = sched__item_ns(s, kv, in_chunk * m->group, 0);
+                    double t = sched__item_ns(
+                        s, kv,
+                        (double)s->tiles.m[sched__pick_m(&s->tiles, in_chunk * m->group)] * kv,
+                        in_chunk * m->group, 0);
                     bytes += kv * m->kv_tok;
                     sum_ns += t;
                     max_ns = t > max_ns ? t : max_ns;
@@ -206,8 +217,8 @@ static void packset_cost(sched_t *s, sched__packset_t *ps)
     }
     bytes += partial_rows * m->ic_row;
     /* the partial bytes, spread over the items: the fixed cost is already counted per item */
-    sum_ns += sched__item_ns(s, 0, 0, (uint32_t)PAT_MIN(partial_rows, UINT32_MAX)) -
-              sched__item_ns(s, 0, 0, 0);
+    sum_ns += sched__item_ns(s, 0, 0, 0, (uint32_t)PAT_MIN(partial_rows, UINT32_MAX)) -
+              sched__item_ns(s, 0, 0, 0, 0);
     ps->bytes = bytes;
     ps->ns = sched__makespan_ns(s, sum_ns * s->cfg.kv_heads, max_ns, items * s->cfg.kv_heads);
 }
@@ -217,6 +228,13 @@ void sched__pack_run(sched_t *s, sched_policy_t pol, sched__packset_t *out)
     const sched_forest_t *f = s->forest;
     out->n = 0;
     out->nq = 0;
+    out->tree = pol == SCHED_POLICY_TREE;
+    if (out->tree) {
+        /* no packs: the queries in DFS order, cut into CTAs by the plan builder */
+        add_subtree(f, out, SCHED_NONE, SCHED__ROOT);
+        sched__tree_cost(s, out);
+        return;
+    }
     if (pol == SCHED_POLICY_QUERY) {
         for (uint32_t i = 0; i < f->n_in; i++) {
             uint32_t qid = f->in_list[i], top = f->q[qid].leaf;
@@ -252,7 +270,7 @@ int sched__pack_update(sched_t *s)
     if (s->cfg.policy == SCHED_POLICY_AUTO) {
         /* least modelled time; ties go to the policy listed first */
         static const sched_policy_t order[] = {SCHED_POLICY_BYTES, SCHED_POLICY_PAPER,
-                                               SCHED_POLICY_QUERY};
+                                               SCHED_POLICY_QUERY, SCHED_POLICY_TREE};
         int best = 0;
         for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
             sched__pack_run(s, order[i], &s->cand[order[i]]);

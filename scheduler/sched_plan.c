@@ -53,7 +53,8 @@ uint32_t sched__pick_m(const sched_tiles_t *t, uint32_t rows)
     return t->n_m - 1; /* unreachable: chunks never exceed m_max rows */
 }
 
-double sched__item_ns(const sched_t *s, uint64_t kv_tokens, uint32_t rows, uint32_t partial_rows)
+double sched__item_ns(const sched_t *s, uint64_t kv_tokens, double mma_row_tokens, uint32_t rows,
+                      uint32_t partial_rows)
 {
     const sched__model_t *md = &s->mdl;
     const sched_cost_t *c = &s->tiles.cost;
@@ -61,9 +62,8 @@ double sched__item_ns(const sched_t *s, uint64_t kv_tokens, uint32_t rows, uint3
                    (double)partial_rows * md->ic_row;
     if (!c->slots)
         return bytes;
-    /* the tensor cores compute the whole tile: rows are padded to the tile's m */
-    double m = rows ? s->tiles.m[sched__pick_m(&s->tiles, rows)] : 0;
-    double flops = 4.0 * m * (double)kv_tokens * md->head_dim;
+    /* mma_row_tokens: the tile rows the tensor cores compute x the KV tokens they run over */
+    double flops = 4.0 * mma_row_tokens * md->head_dim;
     double t_mem = bytes * c->slots / c->read_gbs;           /* GB/s = bytes per ns */
     double t_mma = flops * c->slots / (c->mma_tflops * 1e3); /* TFLOP/s = 1e3 FLOP per ns */
     return (t_mem > t_mma ? t_mem : t_mma) + c->cta_us * 1e3;
@@ -88,7 +88,7 @@ int sched_create(const sched_config_t *cfg, sched_t **ret)
     if (!cfg || !ret || cfg->max_queries == 0 || cfg->max_tokens == 0 || cfg->block_size == 0 ||
         cfg->q_heads == 0 || cfg->kv_heads == 0 || cfg->head_dim == 0 ||
         cfg->q_heads % cfg->kv_heads != 0 || (cfg->kv_elt_bytes != 2 && cfg->kv_elt_bytes != 4) ||
-        (unsigned)cfg->policy > SCHED_POLICY_QUERY)
+        (unsigned)cfg->policy > SCHED_POLICY_TREE)
         return -EINVAL;
     const sched_tiles_t *t = cfg->tiles ? cfg->tiles : &default_tiles;
     uint32_t group = cfg->q_heads / cfg->kv_heads;
@@ -121,6 +121,8 @@ int sched_create(const sched_config_t *cfg, sched_t **ret)
     s->node_merged = pat_xcalloc(2ull * cfg->max_queries + 1, 1);
     s->tok_owner = pat_xcalloc(cfg->max_tokens, sizeof(uint32_t));
     s->tok_merge = pat_xcalloc(cfg->max_tokens, sizeof(uint32_t));
+    s->row_map = pat_xcalloc(m->tok_per_chunk, sizeof(uint32_t));
+    s->chunk_rows = pat_xcalloc(m->tok_per_chunk, sizeof(sched_plan_row_t));
     *ret = s;
     return 0;
 }
@@ -129,7 +131,7 @@ void sched_free(sched_t *s)
 {
     if (!s)
         return;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         sched__packset_done(&s->cand[i]);
     sched_forest_free(s->forest);
     free(s->tok_parts);
@@ -141,8 +143,17 @@ void sched_free(sched_t *s)
     free(s->cta_key);
     free(s->arena);
     free(s->pre);
+    free(s->pseg);
+    free(s->prow);
     free(s->ctas);
+    free(s->segs);
     free(s->rows);
+    free(s->path);
+    free(s->stk_node);
+    free(s->stk_lo);
+    free(s->apart);
+    free(s->chunk_rows);
+    free(s->row_map);
     free(s->psrc);
     free(s);
 }
@@ -159,10 +170,10 @@ void sched_get_stats(const sched_t *s, sched_stats_t *ret)
 
 /* ------------------------------------------------------------------ building */
 
-static sched_plan_row_t *row_push(sched_t *s)
+static sched_plan_row_t *row_push(sched_plan_row_t **v, uint32_t *n, uint32_t *cap)
 {
-    pat_grow((void **)&s->rows, &s->rows_cap, s->n_rows + 1, sizeof(sched_plan_row_t));
-    return &s->rows[s->n_rows++];
+    pat_grow((void **)v, cap, *n + 1, sizeof(sched_plan_row_t));
+    return &(*v)[(*n)++];
 }
 
 static sched_plan_cta_t *cta_push(sched_plan_cta_t **v, uint32_t *n, uint32_t *cap)
@@ -173,34 +184,53 @@ static sched_plan_cta_t *cta_push(sched_plan_cta_t **v, uint32_t *n, uint32_t *c
     return c;
 }
 
-/* Closes the pre-split CTA of rows [row_begin, n_rows) over the segment [seg_b, seg_e) of pages
- * `blocks`: clamps the range to the rows' largest causal limit and copies its pages. */
-static void chunk_close(sched_t *s, uint32_t pack, uint32_t row_begin, uint32_t seg_b,
-                        uint32_t seg_e, const uint32_t *blocks)
+static sched__seg_t *seg_push(sched__seg_t **v, uint32_t *n, uint32_t *cap)
 {
-    if (s->n_rows == row_begin)
+    pat_grow((void **)v, cap, *n + 1, sizeof(sched__seg_t));
+    return &(*v)[(*n)++];
+}
+
+/* Appends to the pre-split segments the stretch [b, e) of `blocks` read by the pre-split rows
+ * [row_begin + lo, row_begin + hi), clamped to their largest causal limit; nothing when no row
+ * reaches it. Pages are copied once, straight into the plan: the segment remembers the run. */
+static void pseg_add(sched_t *s, uint32_t row_begin, uint32_t lo, uint32_t hi, uint32_t b,
+                     uint32_t e, const uint32_t *blocks)
+{
+    uint32_t lim = 0;
+    for (uint32_t r = row_begin + lo; r < row_begin + hi; r++)
+        lim = PAT_MAX(lim, s->prow[r].limit);
+    e = PAT_MIN(e, lim);
+    if (e <= b)
         return;
-    uint32_t hi = 0;
-    for (uint32_t r = row_begin; r < s->n_rows; r++)
-        hi = PAT_MAX(hi, s->rows[r].limit);
-    uint32_t end = PAT_MIN(seg_e, hi);
-    sched_plan_cta_t *c = cta_push(&s->pre, &s->n_pre, &s->pre_cap);
-    c->row_begin = row_begin;
-    c->row_count = s->n_rows - row_begin;
-    c->kv_begin = seg_b;
-    c->kv_end = end;
-    c->pack = pack;
-    /* pages are copied once, straight into the plan: remember the run (page_begin holds its
-     * index until layout, reserved the offset of the CTA's first page within it) */
-    uint32_t bs = s->mdl.bs, p0 = seg_b / bs, p1 = PAT_DIV_UP(end, bs);
+    uint32_t bs = s->mdl.bs, p0 = b / bs, p1 = PAT_DIV_UP(e, bs);
     pat_grow((void **)&s->psrc, &s->psrc_cap, s->n_psrc + 1, sizeof(sched__psrc_t));
     s->psrc[s->n_psrc] = (sched__psrc_t){.src = blocks + p0, .n = p1 - p0};
-    c->page_begin = s->n_psrc++;
-    c->reserved = 0;
+    *seg_push(&s->pseg, &s->n_pseg, &s->pseg_cap) = (sched__seg_t){
+        .kv_begin = b, .kv_end = e, .psrc = s->n_psrc++, .poff = 0, .row_lo = lo, .row_hi = hi};
     s->n_pages += p1 - p0;
 }
 
-/* Pass 1: one pre-split CTA per chunk of at most tok_per_chunk query tokens of each pack. */
+/* Closes the pre-split CTA of rows [row_begin, n_prow) and segments [seg_begin, n_pseg). */
+static void pre_close(sched_t *s, uint32_t pack, uint32_t row_begin, uint32_t seg_begin)
+{
+    if (s->n_prow == row_begin)
+        return;
+    if (s->n_pseg == seg_begin) {
+        s->n_prow = row_begin; /* every row's causal limit ends before the KV: nothing to read */
+        return;
+    }
+    sched_plan_cta_t *c = cta_push(&s->pre, &s->n_pre, &s->pre_cap);
+    c->row_begin = row_begin;
+    c->row_count = s->n_prow - row_begin;
+    c->seg_begin = seg_begin;
+    c->seg_count = s->n_pseg - seg_begin;
+    for (uint32_t i = seg_begin; i < s->n_pseg; i++)
+        c->kv_tokens += s->pseg[i].kv_end - s->pseg[i].kv_begin;
+    c->pack = pack;
+}
+
+/* Pass 1 (packs): one pre-split CTA per chunk of at most tok_per_chunk query tokens of each pack,
+ * one segment read by all its rows. */
 static void build_chunks(sched_t *s, const sched__packset_t *ps)
 {
     const sched_forest_t *f = s->forest;
@@ -210,38 +240,172 @@ static void build_chunks(sched_t *s, const sched__packset_t *ps)
         if (seg_e <= seg_b)
             continue; /* a leaf with no tokens of its own (KV ends on a shared block) */
         const uint32_t *blocks = f->q[f->node[p->bottom].rep].blocks;
-        uint32_t row_begin = s->n_rows, in_chunk = 0;
-        for (uint32_t k = 0; k < p->q_count; k++) {
-            const sched__query_t *q = &f->q[ps->q[p->q_begin + k]];
-            uint32_t first_limit = q->kv_len - q->n_new + 1;
-            for (uint32_t i = 0; i < q->n_new; i++) {
-                if (first_limit + i <= seg_b)
+        uint32_t row_begin = s->n_prow, in_chunk = 0;
+        for (uint32_t k = 0; k <= p->q_count; k++) {
+            const sched__query_t *q = k < p->q_count ? &f->q[ps->q[p->q_begin + k]] : NULL;
+            uint32_t n_new = q ? q->n_new : 1, first_limit = q ? q->kv_len - q->n_new + 1 : 0;
+            for (uint32_t i = 0; i < n_new; i++) {
+                if (q && first_limit + i <= seg_b)
                     continue; /* this token sees none of the segment */
-                if (in_chunk == s->mdl.tok_per_chunk) {
-                    chunk_close(s, pi, row_begin, seg_b, seg_e, blocks);
-                    row_begin = s->n_rows;
+                if (in_chunk == s->mdl.tok_per_chunk || (!q && in_chunk)) {
+                    uint32_t seg_begin = s->n_pseg;
+                    pseg_add(s, row_begin, 0, in_chunk, seg_b, seg_e, blocks);
+                    pre_close(s, pi, row_begin, seg_begin);
+                    row_begin = s->n_prow;
                     in_chunk = 0;
                 }
-                sched_plan_row_t *r = row_push(s);
-                r->q_tok = q->tok_off + i;
-                r->limit = first_limit + i;
-                r->dst = 0;
-                r->merge = SCHED_ROW_DIRECT;
+                if (!q)
+                    break;
+                sched_plan_row_t *r = row_push(&s->prow, &s->n_prow, &s->prow_cap);
+                *r = (sched_plan_row_t){
+                    .q_tok = q->tok_off + i, .limit = first_limit + i, .merge = SCHED_ROW_DIRECT};
                 in_chunk++;
             }
         }
-        chunk_close(s, pi, row_begin, seg_b, seg_e, blocks);
     }
 }
 
-/* Pass 2: copy pre-split CTAs to the final list, cutting the long ones along KV. */
+/* The segment of node `id` on a TREE CTA's stack, read by its rows [lo, hi): kept in the CTA, or
+ * deferred to a CTA of its own (tree_apart) when it is long and read by few of the CTA's rows. */
+static void tree_seg(sched_t *s, uint32_t row_begin, uint32_t id, uint32_t lo, uint32_t hi)
+{
+    const sched_forest_t *f = s->forest;
+    const sched__node_t *n = &f->node[id];
+    uint32_t b = n->start * f->bs;
+    uint32_t e = sched__is_leaf(n) ? f->q[n->query].kv_len : sched__node_end(n) * f->bs;
+    if (e <= b)
+        return;
+    /* Measured (H100, issue 14): a KV tile costs a CTA the time of all its m rows however few
+     * read it, so a 256-token leaf of one query inside a 64-row CTA ran at 0.79x the speed of
+     * the same leaf as a small CTA of its own (merged after); a leaf of one tile or less is
+     * cheaper inside (no work item, no partial, no merge). */
+    const uint32_t tn = s->tiles.n[0], m = s->mdl.m_max;
+    if (e - b > tn && 2 * (hi - lo) * s->mdl.group < m) {
+        pat_grow((void **)&s->apart, &s->apart_cap, s->n_apart + 1, sizeof(*s->apart));
+        s->apart[s->n_apart++] = (sched__apart_t){.node = id, .lo = lo, .hi = hi};
+        return;
+    }
+    pseg_add(s, row_begin, lo, hi, b, e, f->q[n->rep].blocks);
+}
+
+/* The deferred segments of the TREE CTA just closed (its rows saved in chunk_rows: the CTA itself
+ * may have been dropped, every segment apart): each a CTA of its own, with copies of the rows
+ * that read it. */
+static void tree_apart(sched_t *s, uint32_t pack)
+{
+    const sched_forest_t *f = s->forest;
+    for (uint32_t i = 0; i < s->n_apart; i++) {
+        const sched__apart_t *x = &s->apart[i];
+        const sched__node_t *n = &f->node[x->node];
+        uint32_t b = n->start * f->bs;
+        uint32_t e = sched__is_leaf(n) ? f->q[n->query].kv_len : sched__node_end(n) * f->bs;
+        uint32_t r0 = s->n_prow, seg0 = s->n_pseg;
+        for (uint32_t r = x->lo; r < x->hi; r++) {
+            sched_plan_row_t row = s->chunk_rows[r];
+            if (row.limit > b) /* causal: rows that end before it read none of it */
+                *row_push(&s->prow, &s->n_prow, &s->prow_cap) = row;
+        }
+        pseg_add(s, r0, 0, s->n_prow - r0, b, e, f->q[n->rep].blocks);
+        pre_close(s, pack, r0, seg0);
+    }
+    s->n_apart = 0;
+}
+
+/* Pass 1 (TREE): the queries in DFS order (ps->q) cut into CTAs of at most tok_per_chunk query
+ * tokens; in DFS order the readers of every node are a run of rows, so each CTA reads each node
+ * of its rows' paths once, as one segment. A stack holds the path of the previous query: nodes
+ * it shares with the next stay open, the others close. */
+static void build_tree(sched_t *s, const sched__packset_t *ps)
+{
+    const sched_forest_t *f = s->forest;
+    const uint32_t cap = s->mdl.tok_per_chunk;
+    uint32_t k = 0, tok = 0, cta = 0; /* query in ps->q, its next token, CTAs so far */
+    while (k < ps->nq) {
+        uint32_t row_begin = s->n_prow, seg_begin = s->n_pseg, depth = 0;
+        while (k < ps->nq && s->n_prow - row_begin < cap) {
+            const sched__query_t *q = &f->q[ps->q[k]];
+            uint32_t plen = 0;
+            for (uint32_t id = q->leaf; id != SCHED__ROOT; id = f->node[id].parent) {
+                pat_grow((void **)&s->path, &s->path_cap, plen + 1, sizeof(uint32_t));
+                s->path[plen++] = id;
+            }
+            for (uint32_t i = 0; i < plen / 2; i++) { /* top first */
+                uint32_t t = s->path[i];
+                s->path[i] = s->path[plen - 1 - i];
+                s->path[plen - 1 - i] = t;
+            }
+            uint32_t common = 0, at = s->n_prow - row_begin;
+            while (common < depth && common < plen && s->stk_node[common] == s->path[common])
+                common++;
+            while (depth > common) {
+                depth--;
+                tree_seg(s, row_begin, s->stk_node[depth], s->stk_lo[depth], at);
+            }
+            if (plen > s->stk_cap) {
+                s->stk_cap = plen + plen / 2;
+                s->stk_node = pat_xrealloc(s->stk_node, s->stk_cap * sizeof(uint32_t));
+                s->stk_lo = pat_xrealloc(s->stk_lo, s->stk_cap * sizeof(uint32_t));
+            }
+            for (; depth < plen; depth++) {
+                s->stk_node[depth] = s->path[depth];
+                s->stk_lo[depth] = at;
+            }
+            uint32_t take = PAT_MIN(q->n_new - tok, cap - at);
+            uint32_t first_limit = q->kv_len - q->n_new + 1;
+            for (uint32_t i = tok; i < tok + take; i++)
+                *row_push(&s->prow, &s->n_prow, &s->prow_cap) = (sched_plan_row_t){
+                    .q_tok = q->tok_off + i, .limit = first_limit + i, .merge = SCHED_ROW_DIRECT};
+            tok += take;
+            if (tok == q->n_new) {
+                k++;
+                tok = 0;
+            }
+        }
+        uint32_t at = s->n_prow - row_begin;
+        while (depth > 0) {
+            depth--;
+            tree_seg(s, row_begin, s->stk_node[depth], s->stk_lo[depth], at);
+        }
+        if (s->n_apart)
+            memcpy(s->chunk_rows, s->prow + row_begin, at * sizeof(sched_plan_row_t));
+        pre_close(s, cta, row_begin, seg_begin);
+        tree_apart(s, cta++);
+    }
+}
+
+static uint32_t pick_n(const sched_tiles_t *t, uint32_t kv)
+{
+    for (uint32_t i = 0; i < t->n_n; i++)
+        if (kv <= t->n_upto[i])
+            return i;
+    return t->n_n - 1;
+}
+
+/* Tensor-core rows x tokens of a CTA of `rows` q-head rows over its segments (the FLOP term of the
+ * time model): every segment starts a KV tile of its own, and a tile costs the CTA the time of
+ * the whole m-row tile however few of its 16-row bands read it (each band is one warp's; a band
+ * that skips a tile leaves its tensor cores to the other CTA on the SM, not to its own). */
+static double mma_row_tokens(const sched_t *s, const sched__seg_t *sg, uint32_t n, uint32_t rows,
+                             uint32_t kv_tokens)
+{
+    const sched_tiles_t *t = &s->tiles;
+    uint32_t tn = t->n[pick_n(t, kv_tokens)];
+    uint64_t tok = 0;
+    for (uint32_t i = 0; i < n; i++)
+        tok += PAT_DIV_UP(sg[i].kv_end - sg[i].kv_begin, tn) * tn;
+    return (double)t->m[sched__pick_m(t, rows)] * (double)tok;
+}
+
+/* Pass 2: copy pre-split CTAs to the final list, cutting the long ones along KV: a CTA's segments,
+ * end to end, are cut into near-equal parts at block boundaries; a part keeps the rows that read
+ * any of its stretch (renumbered) and is dropped when none does. */
 /* fill: apply the tile table's min_ctas rule (see sched_tiles_t) */
 static int build_split(sched_t *s, int fill)
 {
     int applied = 0;
     uint64_t sum = 0;
     for (uint32_t i = 0; i < s->n_pre; i++)
-        sum += s->pre[i].kv_end - s->pre[i].kv_begin;
+        sum += s->pre[i].kv_tokens;
     uint64_t mean = s->n_pre ? sum / s->n_pre : 0;
     uint64_t target = PAT_MAX(mean, (uint64_t)s->cfg.split_min_kv);
     uint64_t limit = target * s->cfg.split_factor; /* outliers only */
@@ -255,58 +419,90 @@ static int build_split(sched_t *s, int fill)
         target = limit = t;
     }
     uint32_t bs = s->mdl.bs;
-    s->n_ctas = 0;
+    s->n_ctas = s->n_segs = s->n_rows = 0;
     for (uint32_t i = 0; i < s->n_pre; i++) {
-        sched_plan_cta_t c = s->pre[i];
-        uint64_t len = c.kv_end - c.kv_begin;
-        if (s->cfg.split_min_kv == 0 || len <= limit) {
-            *cta_push(&s->ctas, &s->n_ctas, &s->ctas_cap) = c;
+        const sched_plan_cta_t c = s->pre[i];
+        const sched__seg_t *sg = s->pseg + c.seg_begin;
+        const sched_plan_row_t *rw = s->prow + c.row_begin;
+        if (s->cfg.split_min_kv == 0 || c.kv_tokens <= limit) {
+            sched_plan_cta_t *pc = cta_push(&s->ctas, &s->n_ctas, &s->ctas_cap);
+            *pc = c;
+            pc->row_begin = s->n_rows;
+            pc->seg_begin = s->n_segs;
+            for (uint32_t r = 0; r < c.row_count; r++)
+                *row_push(&s->rows, &s->n_rows, &s->rows_cap) = rw[r];
+            for (uint32_t k = 0; k < c.seg_count; k++)
+                *seg_push(&s->segs, &s->n_segs, &s->segs_cap) = sg[k];
             continue;
         }
-        uint32_t parts = (uint32_t)PAT_DIV_UP(len, target);
-        uint32_t part_len = (uint32_t)PAT_DIV_UP(PAT_DIV_UP(len, parts), bs) * bs;
-        for (uint32_t b = c.kv_begin; b < c.kv_end; b += part_len) {
-            uint32_t e = PAT_MIN(c.kv_end, b + part_len), hi = 0;
-            uint32_t row_begin, row_count;
-            if (b == c.kv_begin) {
-                /* the first part keeps the chunk's own rows: chunking already dropped every row
-                 * with limit <= kv_begin, and each row belongs to exactly one CTA */
-                row_begin = c.row_begin;
-                row_count = c.row_count;
-                for (uint32_t r = row_begin; r < row_begin + row_count; r++)
-                    hi = PAT_MAX(hi, s->rows[r].limit);
-            } else {
-                row_begin = s->n_rows;
-                for (uint32_t r = c.row_begin; r < c.row_begin + c.row_count; r++) {
-                    if (s->rows[r].limit <= b)
-                        continue; /* causal: this row ends before the part starts */
-                    sched_plan_row_t row = s->rows[r];
-                    *row_push(s) = row;
-                    hi = PAT_MAX(hi, row.limit);
+        uint32_t parts = (uint32_t)PAT_DIV_UP(c.kv_tokens, target);
+        uint32_t part_len = (uint32_t)PAT_DIV_UP(PAT_DIV_UP(c.kv_tokens, parts), bs) * bs;
+        uint32_t k = 0, pos = sg[0].kv_begin;
+        while (k < c.seg_count) {
+            /* the part's stretch: from (k, pos) on, part_len tokens, cut at block boundaries */
+            uint32_t seg0 = s->n_segs, acc = 0;
+            while (k < c.seg_count && acc < part_len) {
+                uint32_t want = PAT_DIV_UP(pos + (part_len - acc), bs) * bs;
+                uint32_t e = PAT_MIN(sg[k].kv_end, want);
+                *seg_push(&s->segs, &s->n_segs, &s->segs_cap) =
+                    (sched__seg_t){.kv_begin = pos,
+                                   .kv_end = e,
+                                   .psrc = sg[k].psrc,
+                                   .poff = sg[k].poff + pos / bs - sg[k].kv_begin / bs,
+                                   .row_lo = sg[k].row_lo,
+                                   .row_hi = sg[k].row_hi};
+                acc += e - pos;
+                pos = e;
+                if (pos == sg[k].kv_end && ++k < c.seg_count)
+                    pos = sg[k].kv_begin;
+            }
+            /* its readers: rows of a segment whose causal limit reaches its stretch */
+            uint32_t *map = s->row_map, row0 = s->n_rows;
+            for (uint32_t r = 0; r < c.row_count; r++)
+                map[r] = UINT32_MAX;
+            for (uint32_t j = seg0; j < s->n_segs; j++)
+                for (uint32_t r = s->segs[j].row_lo; r < s->segs[j].row_hi; r++)
+                    if (rw[r].limit > s->segs[j].kv_begin)
+                        map[r] = 0;
+            for (uint32_t r = 0; r < c.row_count; r++)
+                if (map[r] == 0) {
+                    map[r] = s->n_rows - row0;
+                    *row_push(&s->rows, &s->n_rows, &s->rows_cap) = rw[r];
                 }
-                row_count = s->n_rows - row_begin;
-                if (row_count == 0)
+            /* renumber each segment's run to the kept rows; clamp it to their limits */
+            uint32_t out = seg0, kv = 0;
+            for (uint32_t j = seg0; j < s->n_segs; j++) {
+                sched__seg_t x = s->segs[j];
+                uint32_t lo = UINT32_MAX, hi = 0, lim = 0;
+                for (uint32_t r = x.row_lo; r < x.row_hi; r++)
+                    if (map[r] != UINT32_MAX && rw[r].limit > x.kv_begin) {
+                        lo = PAT_MIN(lo, map[r]);
+                        hi = map[r] + 1;
+                        lim = PAT_MAX(lim, rw[r].limit);
+                    }
+                if (hi == 0)
                     continue;
+                x.row_lo = lo;
+                x.row_hi = hi;
+                x.kv_end = PAT_MIN(x.kv_end, lim);
+                kv += x.kv_end - x.kv_begin;
+                s->segs[out++] = x;
+            }
+            s->n_segs = out;
+            if (s->n_rows == row0) {
+                s->n_segs = seg0;
+                continue;
             }
             sched_plan_cta_t *pc = cta_push(&s->ctas, &s->n_ctas, &s->ctas_cap);
-            pc->row_begin = row_begin;
-            pc->row_count = row_count;
-            pc->kv_begin = b;
-            pc->kv_end = PAT_MIN(e, hi);
-            pc->page_begin = c.page_begin; /* the run; the offset within it: */
-            pc->reserved = b / bs - c.kv_begin / bs;
+            pc->row_begin = row0;
+            pc->row_count = s->n_rows - row0;
+            pc->seg_begin = seg0;
+            pc->seg_count = s->n_segs - seg0;
+            pc->kv_tokens = kv;
             pc->pack = c.pack;
         }
     }
     return applied;
-}
-
-static uint32_t pick_n(const sched_tiles_t *t, uint32_t kv)
-{
-    for (uint32_t i = 0; i < t->n_n; i++)
-        if (kv <= t->n_upto[i])
-            return i;
-    return t->n_n - 1;
 }
 
 #define KEYS 127u /* launch-order keys: 4 per octave of modelled ns */
@@ -317,6 +513,50 @@ static uint8_t time_key(double ns)
     return (uint8_t)(k > (int)KEYS ? (int)KEYS : k);
 }
 
+/* Pass 1 for either kind of pack set. */
+static void pre_build(sched_t *s, const sched__packset_t *ps)
+{
+    s->n_pre = s->n_pseg = s->n_prow = s->n_pages = s->n_psrc = 0;
+    if (ps->tree)
+        build_tree(s, ps);
+    else
+        build_chunks(s, ps);
+}
+
+void sched__tree_cost(sched_t *s, sched__packset_t *ps)
+{
+    /* as packset_cost models a pack set: its CTAs before any split, no partials */
+    pre_build(s, ps);
+    const sched__model_t *m = &s->mdl;
+    uint64_t bytes = 0;
+    double sum = 0, max = 0;
+    for (uint32_t i = 0; i < s->n_pre; i++) {
+        const sched_plan_cta_t *c = &s->pre[i];
+        uint32_t rows = c->row_count * m->group;
+        double t = sched__item_ns(
+            s, c->kv_tokens,
+            mma_row_tokens(s, s->pseg + c->seg_begin, c->seg_count, rows, c->kv_tokens), rows, 0);
+        bytes += c->kv_tokens * m->kv_tok + rows * m->q_row;
+        sum += t;
+        max = t > max ? t : max;
+    }
+    /* rows of a token read by several CTAs (a node kept apart) write partials a merge reads */
+    uint32_t *cnt = s->tok_parts;
+    for (uint32_t i = 0; i < s->n_prow; i++)
+        cnt[s->prow[i].q_tok] = 0;
+    for (uint32_t i = 0; i < s->n_prow; i++)
+        cnt[s->prow[i].q_tok]++;
+    uint64_t partial_rows = 0;
+    for (uint32_t i = 0; i < s->n_prow; i++)
+        partial_rows += cnt[s->prow[i].q_tok] > 1 ? m->group : 0;
+    bytes += partial_rows * m->ic_row;
+    sum += sched__item_ns(s, 0, 0, 0, (uint32_t)PAT_MIN(partial_rows, UINT32_MAX)) -
+           sched__item_ns(s, 0, 0, 0, 0);
+    ps->bytes = bytes;
+    ps->ns =
+        sched__makespan_ns(s, sum * s->cfg.kv_heads, max, (uint64_t)s->n_pre * s->cfg.kv_heads);
+}
+
 /* Chunks, splits (fill: see build_split), counts each token's CTAs (tok_parts) and gives each
  * split token its first partial slot (tok_owner); models each CTA's time (cta_ns) and the plan's
  * makespan. Returns whether the fill rule cut anything beyond the outlier split. */
@@ -324,8 +564,7 @@ static int ctas_build(sched_t *s, const sched__packset_t *ps, int fill, uint32_t
                       uint32_t *ret_partials, uint32_t *ret_merges, double *ret_ns)
 {
     uint32_t *cnt = s->tok_parts, *next = s->tok_owner;
-    s->n_pre = s->n_rows = s->n_pages = s->n_psrc = 0;
-    build_chunks(s, ps);
+    pre_build(s, ps);
     int applied = build_split(s, fill);
 
     /* partial slots: a token read by k > 1 CTAs gets k consecutive slots and a merge entry */
@@ -354,8 +593,11 @@ static int ctas_build(sched_t *s, const sched__packset_t *ps, int fill, uint32_t
         uint32_t partial = 0;
         for (uint32_t r = c->row_begin; r < c->row_begin + c->row_count; r++)
             partial += cnt[s->rows[r].q_tok] > 1;
-        double t = sched__item_ns(s, c->kv_end - c->kv_begin, c->row_count * s->mdl.group,
-                                  partial * s->mdl.group);
+        uint32_t rows = c->row_count * s->mdl.group;
+        double t = sched__item_ns(
+            s, c->kv_tokens,
+            mma_row_tokens(s, s->segs + c->seg_begin, c->seg_count, rows, c->kv_tokens), rows,
+            partial * s->mdl.group);
         s->cta_ns[i] = t;
         sum += t;
         max = t > max ? t : max;
@@ -434,7 +676,7 @@ int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
          * query-centric pack of 10 queries looked faster than the shared one before the split and
          * ran at 1.8x its time after it); choose on the modelled time of the finished plans */
         static const sched_policy_t order[] = {SCHED_POLICY_BYTES, SCHED_POLICY_PAPER,
-                                               SCHED_POLICY_QUERY};
+                                               SCHED_POLICY_QUERY, SCHED_POLICY_TREE};
         double best_ns = INFINITY;
         for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++)
             if (plan_ctas(s, &s->cand[order[i]], n_tokens, &n_partials, &n_merges, &ns) == 0 &&
@@ -460,7 +702,7 @@ int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
         sched_plan_cta_t *c = &s->ctas[i];
         uint32_t rows = c->row_count * s->mdl.group;
         max_rows = PAT_MAX(max_rows, rows);
-        c->group = sched__pick_m(tl, rows) * tl->n_n + pick_n(tl, c->kv_end - c->kv_begin);
+        c->group = sched__pick_m(tl, rows) * tl->n_n + pick_n(tl, c->kv_tokens);
         shape_cnt[c->group]++;
         key[i] = time_key(s->cta_ns[i]);
         key_cnt[KEYS - key[i]]++; /* descending */
@@ -477,7 +719,8 @@ int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
     /* layout */
     uint32_t off_groups = align16(sizeof(sched_plan_hdr_t));
     uint32_t off_ctas = align16(off_groups + n_groups * (uint32_t)sizeof(sched_plan_group_t));
-    uint32_t off_rows = align16(off_ctas + s->n_ctas * (uint32_t)sizeof(sched_plan_cta_t));
+    uint32_t off_segs = align16(off_ctas + s->n_ctas * (uint32_t)sizeof(sched_plan_cta_t));
+    uint32_t off_rows = align16(off_segs + s->n_segs * (uint32_t)sizeof(sched_plan_seg_t));
     uint32_t off_pages = align16(off_rows + s->n_rows * (uint32_t)sizeof(sched_plan_row_t));
     uint32_t off_merges = align16(off_pages + s->n_pages * (uint32_t)sizeof(uint32_t));
     uint32_t total = off_merges + n_merges * (uint32_t)sizeof(sched_plan_merge_t);
@@ -497,6 +740,8 @@ int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
     h->n_tokens = n_tokens;
     h->n_groups = n_groups;
     h->n_ctas = s->n_ctas;
+    h->n_segs = s->n_segs;
+    h->off_segs = off_segs;
     h->n_rows = s->n_rows;
     h->n_pages = s->n_pages;
     h->n_merges = n_merges;
@@ -527,9 +772,16 @@ int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
     for (uint32_t i = 0; i < s->n_ctas; i++) {
         sched_plan_cta_t c = s->ctas[i];
         c.group = shape_group[c.group];
-        c.page_begin = s->psrc[c.page_begin].plan_off + c.reserved;
-        c.reserved = 0;
         ctas[key_cnt[KEYS - key[i]]++] = c;
+    }
+    sched_plan_seg_t *segs = (sched_plan_seg_t *)(base + off_segs);
+    for (uint32_t i = 0; i < s->n_segs; i++) {
+        const sched__seg_t *x = &s->segs[i];
+        segs[i] = (sched_plan_seg_t){.kv_begin = x->kv_begin,
+                                     .kv_end = x->kv_end,
+                                     .page_begin = s->psrc[x->psrc].plan_off + x->poff,
+                                     .row_lo = (uint16_t)x->row_lo,
+                                     .row_hi = (uint16_t)x->row_hi};
     }
     /* merge entries in token order; rows name theirs */
     uint32_t *merge_of = s->tok_merge;
@@ -571,7 +823,7 @@ void sched_plan_traffic(const sched_plan_hdr_t *h, uint32_t q_heads, uint32_t kv
     const sched_plan_cta_t *ctas = sched_plan_ctas(h);
     uint64_t kv_tokens = 0, rows = 0;
     for (uint32_t i = 0; i < h->n_ctas; i++) {
-        kv_tokens += ctas[i].kv_end - ctas[i].kv_begin;
+        kv_tokens += ctas[i].kv_tokens;
         rows += ctas[i].row_count;
     }
     uint32_t group = q_heads / kv_heads;

@@ -2,7 +2,8 @@
  * sched_plan.h — patd's scheduler: from the prefix forest of a step to a plan (sched_plan_fmt.h).
  *
  *   1. pack   (sched_pack.c): group queries by shared prefix into packs with a memory-centric
- *             byte model; reused while the forest's structure version is unchanged (lazy update);
+ *             byte model, or (TREE) list them in prefix-tree order for CTAs of block-diagonal
+ *             segments; reused while the forest's structure version is unchanged (lazy update);
  *   2. tiles  (sched_plan.c): rows = query tokens x GQA group; m = smallest compiled m >= rows
  *             (a pack with more rows than the largest m becomes several CTAs, each re-reading its
  *             KV); n from a decision table on the KV length;
@@ -26,10 +27,13 @@
 #include "sched_plan_fmt.h"
 
 typedef enum sched_policy {
-    SCHED_POLICY_AUTO = 0,  /* least modelled time of BYTES, PAPER and QUERY (the default) */
+    SCHED_POLICY_AUTO = 0,  /* least modelled time of BYTES, PAPER, QUERY, TREE (the default) */
     SCHED_POLICY_BYTES = 1, /* our rule: exact bytes per decision, GQA rows and tile overflow */
     SCHED_POLICY_PAPER = 2, /* PAT's TreeHeuristic: merge child iff 4 * child.size >= len */
     SCHED_POLICY_QUERY = 3, /* query-centric: one pack per query over its whole KV (baseline) */
+    SCHED_POLICY_TREE = 4,  /* queries in prefix-tree order, up to a tile's rows per CTA, each CTA
+                               reading every node of its rows' paths once (block-diagonal
+                               segments): no partials unless a CTA is split along KV */
 } sched_policy_t;
 
 typedef struct sched_config {
@@ -48,7 +52,7 @@ typedef struct sched_config {
 typedef struct sched_stats {
     uint64_t plans;        /* plans built */
     uint64_t pack_reuses;  /* plans that reused the previous pack (lazy update) */
-    uint64_t chosen[4];    /* packs built per policy actually used, indexed by sched_policy_t */
+    uint64_t chosen[5];    /* packs built per policy actually used, indexed by sched_policy_t */
     uint64_t last_pack_ns; /* CPU time of the last pack (0 when reused) */
     uint64_t last_plan_ns; /* CPU time of the last whole plan build, pack included */
     double

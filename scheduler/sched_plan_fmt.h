@@ -9,16 +9,22 @@
  *
  *   sched_plan_hdr_t                       at offset 0
  *   sched_plan_group_t  groups[n_groups]   the tile shapes (m, n) the plan uses, ascending
- *   sched_plan_cta_t    ctas[n_ctas]       one pack x KV range, run once per KV head; in launch
+ *   sched_plan_cta_t    ctas[n_ctas]       rows x KV segments, run once per KV head; in launch
  *                                          order: longest modelled time first
+ *   sched_plan_seg_t    segs[n_segs]       KV ranges of the CTAs, each read by a run of its rows
  *   sched_plan_row_t    rows[n_rows]       query tokens of the CTAs (each = `group` q-head rows)
- *   uint32_t            pages[n_pages]     physical block ids, per CTA from ctas[].page_begin
+ *   uint32_t            pages[n_pages]     physical block ids, per segment from segs[].page_begin
  *   sched_plan_merge_t  merges[n_merges]   query tokens whose output combines several partials
  *
- * Semantics of a CTA c for KV head h (rows r in rows[c.row_begin, +c.row_count), heads j < group):
+ * Semantics of a CTA c for KV head h (rows r = rows[c.row_begin + i], i < c.row_count; heads
+ * j < group; segments s = segs[c.seg_begin + k], k < c.seg_count):
  *   q   = Q[r.q_tok][h * group + j][:]                      (Q rows of the step, [tok][q_head][d])
- *   kv  = absolute positions t in [c.kv_begin, min(c.kv_end, r.limit)),
- *         K/V of t at block pages[c.page_begin + t / bs - c.kv_begin / bs], offset t % bs
+ *   kv  = the union over the segments s with s.row_lo <= i < s.row_hi of the absolute positions
+ *         t in [s.kv_begin, min(s.kv_end, r.limit)), K/V of t at block
+ *         pages[s.page_begin + t / bs - s.kv_begin / bs], offset t % bs. A CTA's segments are
+ *         disjoint stretches of its rows' sequences (nodes of one prefix tree, rows in its DFS
+ *         order, so every node's readers are a run of rows): a pack of queries that share a
+ *         prefix reads it once and their private suffixes in the same CTA, block-diagonally.
  *   out = softmax(scale * q . K[kv]) . V[kv]  (with optional softcap on the logits)
  *   if r.merge == SCHED_ROW_DIRECT: written to O[r.q_tok][h * group + j] (this CTA is the only
  *         one that reads KV for it)
@@ -43,7 +49,7 @@
 #endif
 
 #define SCHED_PLAN_MAGIC   0x4e4c5054u /* "TPLN" */
-#define SCHED_PLAN_VERSION 2u
+#define SCHED_PLAN_VERSION 3u
 #define SCHED_ROW_DIRECT   0xffffffffu /* rows[].merge: the CTA writes the output, no partial */
 
 typedef struct sched_plan_hdr {
@@ -57,7 +63,8 @@ typedef struct sched_plan_hdr {
     uint32_t n_partials; /* partial slots (per KV head and q head of the group) */
     uint32_t off_groups, off_ctas, off_rows, off_pages, off_merges;
     uint32_t max_cta_rows; /* largest row_count * group: the biggest m any CTA needs */
-    uint32_t reserved[4];
+    uint32_t n_segs, off_segs;
+    uint32_t reserved[2];
 } sched_plan_hdr_t;
 SCHED_STATIC_ASSERT(sizeof(sched_plan_hdr_t) == 88, "plan header layout is part of the contract");
 
@@ -70,16 +77,24 @@ typedef struct sched_plan_group {
 SCHED_STATIC_ASSERT(sizeof(sched_plan_group_t) == 16, "group layout");
 
 typedef struct sched_plan_cta {
-    uint32_t row_begin;  /* first row in rows[] */
-    uint32_t row_count;  /* query tokens in this CTA (rows = row_count * group <= m) */
-    uint32_t kv_begin;   /* first absolute KV position read */
-    uint32_t kv_end;     /* one past the last (clamped to the largest row limit) */
-    uint32_t page_begin; /* pages[] index of the block holding kv_begin */
-    uint32_t group;      /* index in groups[] (its tile shape) */
-    uint32_t pack;       /* pack it came from (diagnostics, split parts share it) */
+    uint32_t row_begin; /* first row in rows[] */
+    uint32_t row_count; /* query tokens in this CTA (rows = row_count * group <= m) */
+    uint32_t seg_begin; /* first segment in segs[] */
+    uint32_t seg_count; /* 0: its rows read nothing (o = 0, lse = -inf) */
+    uint32_t kv_tokens; /* sum of its segments' lengths (the KV it reads per KV head) */
+    uint32_t group;     /* index in groups[] (its tile shape) */
+    uint32_t pack;      /* pack it came from (diagnostics, split parts share it) */
     uint32_t reserved;
 } sched_plan_cta_t;
 SCHED_STATIC_ASSERT(sizeof(sched_plan_cta_t) == 32, "cta layout");
+
+typedef struct sched_plan_seg {
+    uint32_t kv_begin;       /* first absolute KV position */
+    uint32_t kv_end;         /* one past the last (clamped to its readers' largest limit) */
+    uint32_t page_begin;     /* pages[] index of the block holding kv_begin */
+    uint16_t row_lo, row_hi; /* its readers: the CTA's rows [row_lo, row_hi), in query tokens */
+} sched_plan_seg_t;
+SCHED_STATIC_ASSERT(sizeof(sched_plan_seg_t) == 16, "segment layout");
 
 typedef struct sched_plan_row {
     uint32_t q_tok; /* row of Q/O in the step */
@@ -135,6 +150,10 @@ static inline const sched_plan_group_t *sched_plan_groups(const sched_plan_hdr_t
 static inline const sched_plan_cta_t *sched_plan_ctas(const sched_plan_hdr_t *h)
 {
     return (const sched_plan_cta_t *)((const char *)h + h->off_ctas);
+}
+static inline const sched_plan_seg_t *sched_plan_segs(const sched_plan_hdr_t *h)
+{
+    return (const sched_plan_seg_t *)((const char *)h + h->off_segs);
 }
 static inline const sched_plan_row_t *sched_plan_rows(const sched_plan_hdr_t *h)
 {

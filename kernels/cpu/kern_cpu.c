@@ -144,6 +144,59 @@ static const uint8_t *kv_ptr(const kern_cpu_t *c, uint32_t layer, uint32_t block
            (uint64_t)off * m->head_dim * elt;
 }
 
+/* One KV tile [t0, t1) of a segment for the CTA rows [lo, hi) (q-head rows) of KV head `head`:
+ * K and V to fp32, then each row's online softmax step up to its causal limit. */
+static void tile_job(kern_cpu_t *c, cpu_scratch_t *w, uint32_t head, const uint32_t *pages,
+                     uint32_t page0, uint32_t t0, uint32_t t1, uint32_t lo, uint32_t hi)
+{
+    const kern_model_t *m = &c->base.cfg.model;
+    uint32_t d = m->head_dim, bs = c->plan->block_size;
+    float cap = c->prm.softcap;
+    for (uint32_t t = t0; t < t1; t++) {
+        uint32_t blk = pages[t / bs - page0];
+        const uint8_t *kp = kv_ptr(c, c->layer, blk, 0, head, t % bs);
+        const uint8_t *vp = kv_ptr(c, c->layer, blk, 1, head, t % bs);
+        for (uint32_t k = 0; k < d; k++) {
+            w->kf[(uint64_t)(t - t0) * d + k] = kern_load(m->dtype, kp, k);
+            w->vf[(uint64_t)(t - t0) * d + k] = kern_load(m->dtype, vp, k);
+        }
+    }
+    for (uint32_t i = lo; i < hi; i++) {
+        uint32_t end = PAT_MIN(t1, w->lim[i]);
+        if (end <= t0)
+            continue;
+        uint32_t n = end - t0;
+        const float *qi = w->q + (uint64_t)i * d;
+        float tmax = -INFINITY;
+        for (uint32_t k = 0; k < n; k++) {
+            const float *kk = w->kf + (uint64_t)k * d;
+            float s = 0.0f;
+            for (uint32_t x = 0; x < d; x++)
+                s += qi[x] * kk[x];
+            if (cap > 0.0f)
+                s = cap * tanhf(s / cap);
+            w->s[k] = s;
+            tmax = s > tmax ? s : tmax;
+        }
+        float mnew = tmax > w->mx[i] ? tmax : w->mx[i];
+        float base = kern_sm_base(mnew);
+        float corr = expf(w->mx[i] - base); /* exp(-inf) = 0 on the first tile */
+        float *acc = w->acc + (uint64_t)i * d;
+        float sum = w->l[i] * corr;
+        for (uint32_t x = 0; x < d; x++)
+            acc[x] *= corr;
+        for (uint32_t k = 0; k < n; k++) {
+            float p = expf(w->s[k] - base);
+            sum += p;
+            const float *vv = w->vf + (uint64_t)k * d;
+            for (uint32_t x = 0; x < d; x++)
+                acc[x] += p * vv[x];
+        }
+        w->l[i] = sum;
+        w->mx[i] = mnew;
+    }
+}
+
 static void cta_job(kern_cpu_t *c, cpu_scratch_t *w, uint32_t item)
 {
     const kern_model_t *m = &c->base.cfg.model;
@@ -152,9 +205,8 @@ static void cta_job(kern_cpu_t *c, cpu_scratch_t *w, uint32_t item)
     uint32_t head = item % kvh;
     const sched_plan_cta_t *cta = &sched_plan_ctas(h)[item / kvh];
     const sched_plan_row_t *rows = sched_plan_rows(h) + cta->row_begin;
-    const uint32_t *pages = sched_plan_pages(h) + cta->page_begin;
-    uint32_t n_rows = cta->row_count * group;
-    float scale = c->prm.scale, cap = c->prm.softcap;
+    const sched_plan_seg_t *segs = sched_plan_segs(h) + cta->seg_begin;
+    float scale = c->prm.scale;
 
     for (uint32_t r = 0; r < cta->row_count; r++) {
         for (uint32_t j = 0; j < group; j++) {
@@ -168,51 +220,13 @@ static void cta_job(kern_cpu_t *c, cpu_scratch_t *w, uint32_t item)
             w->lim[i] = rows[r].limit;
         }
     }
-    uint32_t page0 = cta->kv_begin / bs;
-    for (uint32_t t0 = cta->kv_begin; t0 < cta->kv_end; t0 += KERN_CPU_TILE) {
-        uint32_t t1 = PAT_MIN(cta->kv_end, t0 + KERN_CPU_TILE);
-        for (uint32_t t = t0; t < t1; t++) {
-            uint32_t blk = pages[t / bs - page0];
-            const uint8_t *kp = kv_ptr(c, c->layer, blk, 0, head, t % bs);
-            const uint8_t *vp = kv_ptr(c, c->layer, blk, 1, head, t % bs);
-            for (uint32_t k = 0; k < d; k++) {
-                w->kf[(uint64_t)(t - t0) * d + k] = kern_load(m->dtype, kp, k);
-                w->vf[(uint64_t)(t - t0) * d + k] = kern_load(m->dtype, vp, k);
-            }
-        }
-        for (uint32_t i = 0; i < n_rows; i++) {
-            uint32_t end = PAT_MIN(t1, w->lim[i]);
-            if (end <= t0)
-                continue;
-            uint32_t n = end - t0;
-            const float *qi = w->q + (uint64_t)i * d;
-            float tmax = -INFINITY;
-            for (uint32_t k = 0; k < n; k++) {
-                const float *kk = w->kf + (uint64_t)k * d;
-                float s = 0.0f;
-                for (uint32_t x = 0; x < d; x++)
-                    s += qi[x] * kk[x];
-                if (cap > 0.0f)
-                    s = cap * tanhf(s / cap);
-                w->s[k] = s;
-                tmax = s > tmax ? s : tmax;
-            }
-            float mnew = tmax > w->mx[i] ? tmax : w->mx[i];
-            float base = kern_sm_base(mnew);
-            float corr = expf(w->mx[i] - base); /* exp(-inf) = 0 on the first tile */
-            float *acc = w->acc + (uint64_t)i * d;
-            float sum = w->l[i] * corr;
-            for (uint32_t x = 0; x < d; x++)
-                acc[x] *= corr;
-            for (uint32_t k = 0; k < n; k++) {
-                float p = expf(w->s[k] - base);
-                sum += p;
-                const float *vv = w->vf + (uint64_t)k * d;
-                for (uint32_t x = 0; x < d; x++)
-                    acc[x] += p * vv[x];
-            }
-            w->l[i] = sum;
-            w->mx[i] = mnew;
+    for (uint32_t sg = 0; sg < cta->seg_count; sg++) {
+        const sched_plan_seg_t *x = &segs[sg];
+        const uint32_t *pages = sched_plan_pages(h) + x->page_begin;
+        uint32_t page0 = x->kv_begin / bs;
+        for (uint32_t t0 = x->kv_begin; t0 < x->kv_end; t0 += KERN_CPU_TILE) {
+            uint32_t t1 = PAT_MIN(x->kv_end, t0 + KERN_CPU_TILE);
+            tile_job(c, w, head, pages, page0, t0, t1, x->row_lo * group, x->row_hi * group);
         }
     }
     for (uint32_t r = 0; r < cta->row_count; r++) {

@@ -220,6 +220,8 @@ int cuda_create(const kern_config_t *cfg, kern_backend_t **ret)
     const kern_model_t &m = cfg->model;
     if (m.dtype != KERN_F16 && m.dtype != KERN_BF16)
         return -ENOTSUP; /* fp32 KV is the cpu backend's (reference) only */
+    if (cfg->n_blocks > UINT32_MAX / KERN_BLOCK_SIZE)
+        return -EINVAL; /* the forward keeps block * KERN_BLOCK_SIZE + offset in 32 bits */
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || cfg->device < 0 || cfg->device >= n_dev) {
         cudaGetLastError();

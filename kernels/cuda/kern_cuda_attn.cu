@@ -60,6 +60,7 @@ int attend_on(Lane *L, uint32_t layer, const sched_plan_hdr_t *h, const void *q,
     a.ctas = reinterpret_cast<const sched_plan_cta_t *>(dp + h->off_ctas);
     a.rows = reinterpret_cast<const sched_plan_row_t *>(dp + h->off_rows);
     a.pages = reinterpret_cast<const uint32_t *>(dp + h->off_pages);
+    a.segs = reinterpret_cast<const sched_plan_seg_t *>(dp + h->off_segs);
     a.merges = reinterpret_cast<const sched_plan_merge_t *>(dp + h->off_merges);
     a.q = q;
     a.o = o;

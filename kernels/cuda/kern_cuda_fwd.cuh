@@ -197,8 +197,8 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
     const int wm = warp % G::WM, wn = warp / G::WM;
     const sched_plan_row_t *rows = a.rows + cta.row_begin;
     const uint32_t group = a.group, n_rows = cta.row_count * group;
-    const uint32_t *pages = a.pages + cta.page_begin;
-    const uint32_t page0 = cta.kv_begin / KERN_BLOCK_SIZE;
+    const sched_plan_seg_t *segs = a.segs + cta.seg_begin;
+    const uint32_t n_segs = cta.seg_count;
     const T *kbase = static_cast<const T *>(a.kv) + (uint64_t)head * a.head_stride;
     const T *q = static_cast<const T *>(a.q);
 
@@ -215,32 +215,43 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
         cp_async16(smem_u32(sq + swz<D>(r, ch)), src, bytes);
     }
 
-    const uint32_t kv_len = cta.kv_end - cta.kv_begin;
-    const int n_tiles = (int)((kv_len + N - 1) / N);
+    /* the tiles: each segment's range from its kv_begin in steps of N, segments end to end */
+    int n_tiles = 0;
+    for (uint32_t k = 0; k < n_segs; k++)
+        n_tiles += (int)((segs[k].kv_end - segs[k].kv_begin + N - 1) / N);
 
-    /* page ids are fetched one tile before the tile's loads are issued, so the dependent
-     * pages[] read never stalls the issue of the copies */
+    /* Page ids are fetched one tile before the tile's loads are issued, so the dependent pages[]
+     * read never stalls the issue of the copies. Fetches run in tile order with a cursor over the
+     * segments; each leaves, per load, block * KERN_BLOCK_SIZE + offset (NO_TOKEN past the end). */
     constexpr int LPT = N * G::CPR / G::T; /* 16-byte K (and V) loads per thread per tile */
+    constexpr uint32_t NO_TOKEN = 0xffffffffu;
     uint32_t pg[LPT];
-    auto fetch_pages = [&](int it) {
-        const uint32_t t0 = cta.kv_begin + (uint32_t)it * N;
+    uint32_t fk = 0, ft0 = n_segs ? segs[0].kv_begin : 0; /* the next tile to fetch */
+    auto fetch_pages = [&]() {
+        const sched_plan_seg_t sg = segs[fk];
+        const uint32_t *pages = a.pages + sg.page_begin;
+        const uint32_t page0 = sg.kv_begin / KERN_BLOCK_SIZE;
 #pragma unroll
         for (int k = 0; k < LPT; k++) {
-            const uint32_t t = t0 + (tid + k * G::T) / G::CPR;
-            pg[k] = t < cta.kv_end ? pages[t / KERN_BLOCK_SIZE - page0] : 0;
+            const uint32_t t = ft0 + (tid + k * G::T) / G::CPR;
+            pg[k] = t < sg.kv_end
+                        ? pages[t / KERN_BLOCK_SIZE - page0] * KERN_BLOCK_SIZE + t % KERN_BLOCK_SIZE
+                        : NO_TOKEN;
         }
+        ft0 += N;
+        if (ft0 >= sg.kv_end && ++fk < n_segs)
+            ft0 = segs[fk].kv_begin;
     };
     auto load_tile = [&](int it) {
         uint8_t *sk = ring + (it % G::STAGES) * G::STAGE_BYTES, *sv = sk + G::KV_BYTES;
-        const uint32_t t0 = cta.kv_begin + (uint32_t)it * N;
 #pragma unroll
         for (int k = 0; k < LPT; k++) {
             const int c = tid + k * G::T, r = c / G::CPR, ch = c % G::CPR;
-            const uint32_t t = t0 + r;
             const T *ks = kbase, *vs = kbase;
             uint32_t bytes = 0;
-            if (t < cta.kv_end) {
-                ks = kbase + (uint64_t)pg[k] * a.block_stride + (t % KERN_BLOCK_SIZE) * D + ch * 8;
+            if (pg[k] != NO_TOKEN) {
+                ks = kbase + (uint64_t)(pg[k] / KERN_BLOCK_SIZE) * a.block_stride +
+                     (pg[k] % KERN_BLOCK_SIZE) * D + ch * 8;
                 vs = ks + a.v_offset;
                 bytes = 16;
             }
@@ -252,22 +263,34 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
 #pragma unroll
     for (int st = 0; st < G::STAGES - 1; st++) {
         if (st < n_tiles) {
-            fetch_pages(st);
+            fetch_pages();
             load_tile(st);
         }
         cp_async_commit(); /* group 0 also holds Q */
     }
     if (G::STAGES - 1 < n_tiles)
-        fetch_pages(G::STAGES - 1);
+        fetch_pages();
 
-    /* this thread's two rows of its band and their effective limits */
+    /* this thread's two rows of its band: their causal limits, and per segment the effective
+     * limits (0 for a row the segment is not read by); a band none of whose rows reads the
+     * segment skips its tiles (tensor-core work, softmax), loading only */
     const int g = lane >> 2, tq = lane & 3;
     const int r0 = wm * 16 + g, r1 = r0 + 8;
-    uint32_t lim0 = 0, lim1 = 0;
-    if ((uint32_t)r0 < n_rows)
-        lim0 = min(rows[r0 / group].limit, cta.kv_end);
-    if ((uint32_t)r1 < n_rows)
-        lim1 = min(rows[r1 / group].limit, cta.kv_end);
+    const uint32_t row_lim0 = (uint32_t)r0 < n_rows ? rows[r0 / group].limit : 0;
+    const uint32_t row_lim1 = (uint32_t)r1 < n_rows ? rows[r1 / group].limit : 0;
+    uint32_t ck = 0, ct0 = 0, cend = 0, lim0 = 0, lim1 = 0; /* the segment being computed */
+    bool band = false;
+    auto enter_seg = [&]() {
+        const sched_plan_seg_t sg = segs[ck];
+        const uint32_t lo = sg.row_lo * group, hi = sg.row_hi * group;
+        ct0 = sg.kv_begin;
+        cend = sg.kv_end;
+        lim0 = (uint32_t)r0 >= lo && (uint32_t)r0 < hi ? min(row_lim0, cend) : 0;
+        lim1 = (uint32_t)r1 >= lo && (uint32_t)r1 < hi ? min(row_lim1, cend) : 0;
+        band = lo < (uint32_t)(wm * 16 + 16) && hi > (uint32_t)(wm * 16);
+    };
+    if (n_tiles)
+        enter_seg();
 
     constexpr int NT = G::NW / 8; /* n8 tiles of S per warp */
     constexpr int DT = D / 8;     /* n8 tiles of O */
@@ -283,9 +306,16 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
             load_tile(it + G::STAGES - 1); /* into the slot computed in iteration it - 1 */
         cp_async_commit();
         if (it + G::STAGES < n_tiles)
-            fetch_pages(it + G::STAGES);
+            fetch_pages();
         cp_async_wait<G::STAGES - 1>();
         __syncthreads();
+        if (!band) {
+            __syncthreads(); /* the stage is refilled by the next iteration's loads */
+            ct0 += N;
+            if (ct0 >= cend && ++ck < n_segs)
+                enter_seg();
+            continue;
+        }
 
         const uint8_t *sk = ring + (it % G::STAGES) * G::STAGE_BYTES, *sv = sk + G::KV_BYTES;
         const int cb = wn * G::NW; /* first column of this warp in the tile */
@@ -310,7 +340,7 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
         }
 
         /* scale, softcap, mask; log2 domain */
-        const uint32_t t0 = cta.kv_begin + (uint32_t)it * N + cb;
+        const uint32_t t0 = ct0 + cb;
         const bool full = t0 + G::NW <= lim0 && t0 + G::NW <= lim1;
         float tm0 = -INFINITY, tm1 = -INFINITY;
 #pragma unroll
@@ -379,6 +409,9 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
             }
         }
         __syncthreads(); /* the stage is refilled by the next iteration's loads */
+        ct0 += N;
+        if (ct0 >= cend && ++ck < n_segs)
+            enter_seg();
     }
     cp_async_wait<0>();
     __syncthreads();

@@ -33,6 +33,7 @@ namespace kcuda
 /* Arguments of one forward launch: every CTA of a plan for every KV head, one layer. */
 struct FwdArgs {
     const sched_plan_cta_t *ctas; /* device copy of the plan */
+    const sched_plan_seg_t *segs;
     const sched_plan_row_t *rows;
     const uint32_t *pages;
     const sched_plan_merge_t *merges;

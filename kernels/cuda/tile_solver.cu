@@ -109,8 +109,7 @@ static double measure_plan(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t
     double flops = 0;
     const sched_plan_cta_t *c = sched_plan_ctas(h);
     for (uint32_t i = 0; i < h->n_ctas; i++)
-        flops +=
-            4.0 * sched_plan_groups(h)[c[i].group].m * (c[i].kv_end - c[i].kv_begin) * dd * kvh;
+        flops += 4.0 * sched_plan_groups(h)[c[i].group].m * c[i].kv_tokens * dd * kvh;
     sched_free(s);
     CK(cudaFree(q));
     CK(cudaFree(o));

@@ -11,6 +11,8 @@
  *   pat      patd's plan: pack policy auto (least modelled time), the device's tile table and
  *            time-model rates
  *   qc       query-centric: one query per CTA over its whole KV (policy query), same tiles
+ *   tree     policy tree: queries in prefix-tree order, a tile's rows per CTA, each CTA reading
+ *            its rows' whole paths as block-diagonal segments (auto may choose it too)
  *   fixed    pack as pat but one fixed tile (m 64; the paper's ablation)
  *   inside   pat's plan on a backend that merges inside the forward (KERN_MERGE_INSIDE); pat
  *            runs the default, a merge launch after the forward
@@ -408,16 +410,22 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     kern_attn_params_t p = {1.0f / sqrtf((float)D), 0};
     sched_t *s_pat = make_sched(&w, qh, kvh, SCHED_POLICY_AUTO, &tiles);
     sched_t *s_qc = make_sched(&w, qh, kvh, SCHED_POLICY_QUERY, &tiles);
+    sched_t *s_tree = make_sched(&w, qh, kvh, SCHED_POLICY_TREE, &tiles);
     sched_tiles_t fixed = tiles; /* one tile shape: m 64 */
     fixed.n_m = 1;
     fixed.m[0] = 64;
     sched_t *s_fix = make_sched(&w, qh, kvh, SCHED_POLICY_AUTO, &fixed);
-    const sched_plan_hdr_t *h_pat, *h_qc, *h_fix;
+    const sched_plan_hdr_t *h_pat, *h_qc, *h_fix, *h_tree;
     REQ(sched_build(s_pat, &h_pat));
+    REQ(sched_build(s_tree, &h_tree));
     REQ(sched_build(s_qc, &h_qc));
     REQ(sched_build(s_fix, &h_fix));
     sched_stats_t st;
     sched_get_stats(s_pat, &st);
+    static const char *const pol_name[] = {"auto", "bytes", "paper", "query", "tree"};
+    int chosen = 1;
+    for (int i = 2; i < 5; i++)
+        chosen = st.chosen[i] > st.chosen[chosen] ? i : chosen;
     sched_traffic_t tr;
     sched_plan_traffic(h_pat, qh, kvh, D, 2, &tr);
     const std::vector<uint8_t> nomerge = without_merges(h_pat);
@@ -428,6 +436,7 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     const double us_qc = time_plan(b, h_qc, dq, dout, &p);
     CK(cudaMemcpy(o_qc.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
     const double us_fix = time_plan(b, h_fix, dq, dout, &p);
+    const double us_tree = time_plan(b, h_tree, dq, dout, &p);
     const double us_in = time_plan(b_in, h_pat, dq, dout, &p);
     std::vector<__half> o_in(qo_elems);
     CK(cudaMemcpy(o_in.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
@@ -448,10 +457,11 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     const double reread = (double)tr.kv / bytes;
     const double merge_frac = std::max(0.0, (us_pat - us_nm) / us_pat);
     printf("%-46s %2u/%-2u %4u %6u %8.1f %8.1f %8.1f %8.1f %7.1f %5.2f %6.2f %6.1f %5.2f %5.1f%% "
-           "%7.1f %5.2fx %5.2fx %7.1f %d %.1e\n",
+           "%7.1f %5.2fx %5.2fx %7.1f %d %.1e %7.1f %s\n",
            spec, qh, kvh, w.n_q, w.q[0].kv_len, us_pat, us_qc, us_fix, us_nm, floor, us_pat / floor,
            bytes / (us_pat * 1e-6) / 1e12, flops / (us_pat * 1e-6) / 1e12, reread, 100 * merge_frac,
-           st.last_model_ns / 1e3, us_qc / us_pat, us_fix / us_pat, pk, h_pat->n_ctas, agree);
+           st.last_model_ns / 1e3, us_qc / us_pat, us_fix / us_pat, pk, h_pat->n_ctas, agree,
+           us_tree, pol_name[chosen]);
     if (js)
         fprintf(js,
                 "{\"tree\":\"%s\",\"q_heads\":%u,\"kv_heads\":%u,\"queries\":%u,\"kv_len\":%u,"
@@ -460,14 +470,16 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
                 "\"floor_tc_us\":%.2f,\"floor_us\":%.2f,\"eff_bw_frac\":%.4f,\"tbs\":%.3f,"
                 "\"tflops\":%.2f,\"reread\":%.3f,\"merge_frac\":%.4f,\"model_us\":%.2f,"
                 "\"ctas\":%u,\"merges\":%u,\"pat_vs_qc_rel_err\":%.2e,\"read_bw\":%.0f,"
-                "\"inside_us\":%.2f,\"inside_vs_launch_rel_err\":%.2e}\n",
+                "\"inside_us\":%.2f,\"inside_vs_launch_rel_err\":%.2e,\"tree_us\":%.2f,"
+                "\"policy\":\"%s\"}\n",
                 spec, qh, kvh, w.n_q, w.q[0].kv_len, us_pat, us_qc, us_fix, us_nm, pk, bytes, flops,
                 floor_bw, floor_tc, floor, bytes / (us_pat * 1e-6) / f.bw,
                 bytes / (us_pat * 1e-6) / 1e12, flops / (us_pat * 1e-6) / 1e12, reread, merge_frac,
                 st.last_model_ns / 1e3, h_pat->n_ctas, h_pat->n_merges, agree, f.bw, us_in,
-                in_agree);
+                in_agree, us_tree, pol_name[chosen]);
     sched_free(s_pat);
     sched_free(s_qc);
+    sched_free(s_tree);
     sched_free(s_fix);
     CK(cudaFree(dk));
     CK(cudaFree(dv));
@@ -538,10 +550,11 @@ int main(int argc, char **argv)
     printf("device: %s, %d SMs; measured read bandwidth %.0f GB/s, fp16 tensor-core rate %.0f "
            "TFLOP/s\n",
            prop.name, prop.multiProcessorCount, f.bw / 1e9, f.tc / 1e12);
-    printf("%-46s %-5s %4s %6s %8s %8s %8s %8s %7s %5s %6s %6s %5s %6s %7s %6s %6s %7s %s %s\n",
+    printf("%-46s %-5s %4s %6s %8s %8s %8s %8s %7s %5s %6s %6s %5s %6s %7s %6s %6s %7s %s %s "
+           "%7s %s\n",
            "tree", "heads", "q", "kv", "pat_us", "qc_us", "fixed_us", "nomrg_us", "floor", "xflr",
            "TB/s", "TFLOPs", "rerd", "merge", "model", "qc/pat", "fx/pat", "pack_us", "ctas",
-           "pat~qc");
+           "pat~qc", "tree_us", "policy");
     for (const auto &h : heads)
         for (const auto &t : trees)
             run_config(t.c_str(), h.first, h.second, f, js);

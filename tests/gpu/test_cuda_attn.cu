@@ -314,14 +314,14 @@ static void test_random(int rounds, uint64_t seed)
     tl_rng_t r;
     tl_rng_seed(&r, seed);
     static const sched_policy_t pols[] = {SCHED_POLICY_AUTO, SCHED_POLICY_PAPER, SCHED_POLICY_QUERY,
-                                          SCHED_POLICY_BYTES};
+                                          SCHED_POLICY_BYTES, SCHED_POLICY_TREE};
     uint32_t merges = 0, multi_group = 0;
     for (int round = 0; round < rounds; round++) {
         const Model &mc = models[round % n_models];
         Rig g;
         gen(&g.w, &r, mc, round % 3 == 2, round % 4 == 1);
         /* odd rounds split; every other one of them merges inside the forward */
-        rig_init(g, &r, mc, pols[round % 4], round % 2 ? 64 : 0, nullptr,
+        rig_init(g, &r, mc, pols[round % 5], round % 2 ? 64 : 0, nullptr,
                  round % 4 == 3 ? KERN_MERGE_INSIDE : KERN_MERGE_LAUNCH);
         const sched_plan_hdr_t *h = run(g);
         merges += h->n_merges > 0;
@@ -439,6 +439,52 @@ static void test_all_split()
     }
 }
 
+/* Short-leaf prefix trees under TREE: CTAs of up to a tile's rows that read every node of their
+ * rows' paths, block-diagonally (a row reads only its own path's segments; a band of 16 rows that
+ * reads none of a segment skips it). Unsplit: no partials at all; split (split_min 64, every CTA
+ * cut along its segments, rows renumbered per part): merged. Both merge modes, every head_dim,
+ * GQA 1-16, extend rows in some. */
+static void test_tree()
+{
+    tl_rng_t r;
+    tl_rng_seed(&r, 1234);
+    for (int k = 0; k < 2 * n_models; k++) {
+        const Model &mc = models[k % n_models];
+        const bool split = k >= n_models;
+        Rig g;
+        tl_world_params_t p = {};
+        p.bs = BS;
+        p.trees = 1 + k % 2;
+        p.depth_lo = 1;
+        p.depth_hi = 4;
+        p.fanout_lo = 2;
+        p.fanout_hi = 12;
+        p.level_tok_lo = 1;
+        p.level_tok_hi = 64; /* every node at most a tile: read in its queries' CTAs */
+        p.leaf_tok_lo = 1;
+        p.leaf_tok_hi = 64;
+        p.new_lo = 1;
+        p.new_hi = k % 3 == 2 ? 5 : 1;
+        p.max_queries = g_quick ? 24 : 64;
+        p.spare_blocks = 2;
+        tl_world_gen(&g.w, &r, &p);
+        rig_init(g, &r, mc, SCHED_POLICY_TREE, split ? 64 : 0, nullptr,
+                 k % 4 == 1 ? KERN_MERGE_INSIDE : KERN_MERGE_LAUNCH);
+        const sched_plan_hdr_t *h = run(g);
+        bool finite;
+        double ec = vs_cpu(g, &finite), ef = vs_fp64(g, &r, 8);
+        char name[200];
+        snprintf(name, sizeof(name), "tree q%u/kv%u d%u %s%s: %uq %u CTAs %u segments %u merges",
+                 mc.q_heads, mc.kv_heads, mc.d, mc.dt == KERN_F16 ? "f16" : "bf16",
+                 split ? " split" : "", g.w.n_q, h->n_ctas, h->n_segs, h->n_merges);
+        verdict(name,
+                finite && ec < 1e-2 && ef < 1e-2 && h->n_segs > h->n_ctas &&
+                    (split || h->n_merges == 0),
+                " fp64 rel err %.2e", ef);
+        rig_done(g);
+    }
+}
+
 /* the same plan run again (cached upload) gives the same bytes */
 static void test_repeat_equal()
 {
@@ -489,6 +535,7 @@ static void test_copy_and_errors()
         sched_plan_group_t g;
         uint32_t pad0;
         sched_plan_cta_t c[2];
+        sched_plan_seg_t sg[2];
         sched_plan_row_t r[2];
         uint32_t pages[2];
         uint32_t pad1[2];
@@ -501,17 +548,21 @@ static void test_copy_and_errors()
     plan.h.n_tokens = 2;
     plan.h.n_groups = 1;
     plan.h.n_ctas = 2;
+    plan.h.n_segs = 2;
     plan.h.n_rows = 2;
     plan.h.n_pages = 2;
     plan.h.off_groups = offsetof(decltype(plan), g);
     plan.h.off_ctas = offsetof(decltype(plan), c);
+    plan.h.off_segs = offsetof(decltype(plan), sg);
     plan.h.off_rows = offsetof(decltype(plan), r);
     plan.h.off_pages = offsetof(decltype(plan), pages);
     plan.h.off_merges = sizeof(plan);
     plan.h.max_cta_rows = 4;
     plan.g = {16, 64, 2, {0, 0}};
-    plan.c[0] = {0, 1, 0, 16, 0, 0, 0, 0};
-    plan.c[1] = {1, 1, 0, 16, 1, 0, 1, 0};
+    plan.c[0] = {0, 1, 0, 1, 16, 0, 0, 0}; /* rows, segments, kv_tokens, group, pack */
+    plan.c[1] = {1, 1, 1, 1, 16, 0, 1, 0};
+    plan.sg[0] = {0, 16, 0, 0, 1}; /* kv range, page, rows */
+    plan.sg[1] = {0, 16, 1, 0, 1};
     plan.r[0] = {0, 16, 0, SCHED_ROW_DIRECT};
     plan.r[1] = {1, 16, 1, SCHED_ROW_DIRECT};
     static_assert(sizeof(plan.r[0]) == 16, "row: q_tok, limit, dst, merge");
@@ -550,8 +601,17 @@ static void test_copy_and_errors()
     plan.c[1].row_count = 5; /* rows beyond the tile (and the row table) */
     e = e && kern_attend(b, 1, &plan.h, dq, dout, &p) == -EINVAL;
     plan.c[1].row_count = 1;
+    plan.sg[1].row_hi = 2; /* a segment read by rows the CTA does not have */
+    e = e && kern_attend(b, 1, &plan.h, dq, dout, &p) == -EINVAL;
+    plan.sg[1].row_hi = 1;
+    plan.sg[1].kv_end = 17; /* a segment past its pages (and its CTA's kv_tokens) */
+    e = e && kern_attend(b, 1, &plan.h, dq, dout, &p) == -EINVAL;
+    plan.sg[1].kv_end = 16;
+    plan.c[1].seg_count = 2; /* segments beyond the table */
+    e = e && kern_attend(b, 1, &plan.h, dq, dout, &p) == -EINVAL;
+    plan.c[1].seg_count = 1;
     e = e && kern_attend(b, 1, &plan.h, dq, dout, &p) == 0 && kern_sync(b) == 0;
-    verdict("error codes (bad slot, layer, size, page, tile, rows)", e);
+    verdict("error codes (bad slot, layer, size, page, tile, rows, segments)", e);
     kc.model.dtype = KERN_F32;
     kern_backend_t *b32 = nullptr;
     verdict("fp32 model -> -ENOTSUP on cuda", kern_backend_create("cuda", &kc, &b32) == -ENOTSUP);
@@ -606,6 +666,7 @@ int main(int argc, char **argv)
         test_random(4, 11);
         test_mixed(64);
         test_all_split();
+        test_tree();
         test_copy_and_errors();
     } else {
         test_tiles();
@@ -613,6 +674,7 @@ int main(int argc, char **argv)
         test_mixed(0);
         test_mixed(64);
         test_all_split();
+        test_tree();
         test_repeat_equal();
         test_copy_and_errors();
     }

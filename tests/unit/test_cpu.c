@@ -216,8 +216,10 @@ static double check_outputs(rig_t *g)
     return worst;
 }
 
-/* A random forest whose reference cost stays within budget (CI has two cores). */
-static void gen_bounded(tl_world_t *w, tl_rng_t *r, const mcase_t *m, int extend)
+/* A random forest whose reference cost stays within budget (CI has two cores); short: nodes of at
+ * most 32 tokens (a tile of the default table) under 2- to 12-way fan-outs, which TREE reads in
+ * the CTAs of their queries rather than apart. */
+static void gen_bounded(tl_world_t *w, tl_rng_t *r, const mcase_t *m, int extend, int short_leaves)
 {
     uint64_t budget = 6e7 / ((uint64_t)m->q_heads * m->d);
     for (;;) {
@@ -226,12 +228,12 @@ static void gen_bounded(tl_world_t *w, tl_rng_t *r, const mcase_t *m, int extend
                                .trees = tl_rng_range(r, 1, 3),
                                .depth_lo = depth,
                                .depth_hi = depth,
-                               .fanout_lo = 1,
-                               .fanout_hi = tl_rng_range(r, 1, 64),
+                               .fanout_lo = short_leaves ? 2 : 1,
+                               .fanout_hi = short_leaves ? 12 : tl_rng_range(r, 1, 64),
                                .level_tok_lo = 1,
-                               .level_tok_hi = tl_rng_range(r, 1, 4096 / depth),
+                               .level_tok_hi = short_leaves ? 32 : tl_rng_range(r, 1, 4096 / depth),
                                .leaf_tok_lo = 1,
-                               .leaf_tok_hi = tl_rng_range(r, 1, 600),
+                               .leaf_tok_hi = short_leaves ? 32 : tl_rng_range(r, 1, 600),
                                .new_lo = 1,
                                .new_hi = extend ? tl_rng_range(r, 2, 48) : 1,
                                .max_queries = 64,
@@ -250,20 +252,22 @@ static void test_random_forests_vs_fp64(void **state)
 {
     tl_rng_t r;
     tl_rng_seed(&r, tl_test_seed(0xc0de));
-    static const sched_policy_t pols[] = {SCHED_POLICY_AUTO, SCHED_POLICY_PAPER, SCHED_POLICY_QUERY,
-                                          SCHED_POLICY_BYTES};
-    uint32_t merges_seen = 0, direct_seen = 0;
+    static const sched_policy_t pols[] = {SCHED_POLICY_AUTO,  SCHED_POLICY_PAPER,
+                                          SCHED_POLICY_QUERY, SCHED_POLICY_BYTES,
+                                          SCHED_POLICY_TREE,  SCHED_POLICY_TREE};
+    uint32_t merges_seen = 0, direct_seen = 0, segs_seen = 0;
     for (int round = 0; round < 32; round++) {
         const mcase_t *mc = &cases[round % (sizeof(cases) / sizeof(cases[0]))];
         rig_t g;
         memset(&g, 0, sizeof(g));
-        gen_bounded(&g.w, &r, mc, round % 3 == 2);
-        rig_init(&g, &r, mc, pols[round % 4], round % 2 ? 64 : 0, 2);
+        gen_bounded(&g.w, &r, mc, round % 3 == 2, pols[round % 6] == SCHED_POLICY_TREE);
+        rig_init(&g, &r, mc, pols[round % 6], round % 2 ? 64 : 0, 2);
         run_layer1(&g);
         const sched_plan_hdr_t *h;
         sched_build(g.s, &h);
         merges_seen += h->n_merges > 0;
         direct_seen += h->n_merges < h->n_tokens;
+        segs_seen += h->n_segs > h->n_ctas; /* CTAs that read several nodes block-diagonally */
         double err = check_outputs(&g);
         if (err >= tol(mc->dt))
             fprintf(stderr, "round %d: q%u kv%u d%u dt%d: rel err %.3g\n", round, mc->q_heads,
@@ -271,7 +275,7 @@ static void test_random_forests_vs_fp64(void **state)
         assert_true(err < tol(mc->dt));
         rig_done(&g);
     }
-    assert_true(merges_seen > 4 && direct_seen > 4);
+    assert_true(merges_seen > 4 && direct_seen > 4 && segs_seen > 4);
 }
 
 /* Same plan and inputs with 1 and 3 threads, and the plan copied elsewhere: bitwise identical
@@ -284,8 +288,8 @@ static void test_threads_and_plan_copies_do_not_change_results(void **state)
     rig_t a, b;
     memset(&a, 0, sizeof(a));
     memset(&b, 0, sizeof(b));
-    gen_bounded(&a.w, &r1, &cases[1], 1);
-    gen_bounded(&b.w, &r2, &cases[1], 1);
+    gen_bounded(&a.w, &r1, &cases[1], 1, 0);
+    gen_bounded(&b.w, &r2, &cases[1], 1, 0);
     rig_init(&a, &r1, &cases[1], SCHED_POLICY_AUTO, 64, 1);
     rig_init(&b, &r2, &cases[1], SCHED_POLICY_AUTO, 64, 3);
     run_layer1(&a);
@@ -332,6 +336,7 @@ static void test_empty_ranges_and_masked_merge(void **state)
         sched_plan_hdr_t h;
         sched_plan_group_t g[1];
         sched_plan_cta_t c[3];
+        sched_plan_seg_t s[2];
         sched_plan_row_t r[6];
         uint32_t pages[2];
         sched_plan_merge_t m[2];
@@ -345,12 +350,14 @@ static void test_empty_ranges_and_masked_merge(void **state)
                               .n_tokens = 3,
                               .n_groups = 1,
                               .n_ctas = 3,
+                              .n_segs = 2,
                               .n_rows = 5,
                               .n_pages = 2,
                               .n_merges = 2,
                               .n_partials = 4,
                               .off_groups = offsetof(__typeof__(pl), g),
                               .off_ctas = offsetof(__typeof__(pl), c),
+                              .off_segs = offsetof(__typeof__(pl), s),
                               .off_rows = offsetof(__typeof__(pl), r),
                               .off_pages = offsetof(__typeof__(pl), pages),
                               .off_merges = offsetof(__typeof__(pl), m),
@@ -358,16 +365,20 @@ static void test_empty_ranges_and_masked_merge(void **state)
     pl.g[0] = (sched_plan_group_t){.m = 16, .n = 32, .cta_count = 3};
     /* CTA 0: positions [0, 20): token 0 partial slot 0 (real), token 2 partial slot 2 (limit 0
      * -> empty), token 1 direct (limit 0 -> empty) */
-    pl.c[0] = (sched_plan_cta_t){.row_begin = 0, .row_count = 3, .kv_begin = 0, .kv_end = 20};
+    pl.c[0] = (sched_plan_cta_t){
+        .row_begin = 0, .row_count = 3, .seg_begin = 0, .seg_count = 1, .kv_tokens = 20};
+    pl.s[0] = (sched_plan_seg_t){.kv_begin = 0, .kv_end = 20, .row_lo = 0, .row_hi = 3};
     pl.r[0] = (sched_plan_row_t){.q_tok = 0, .limit = 20, .dst = 0, .merge = 0};
     pl.r[1] = (sched_plan_row_t){.q_tok = 2, .limit = 0, .dst = 2, .merge = 1};
     pl.r[2] = (sched_plan_row_t){.q_tok = 1, .limit = 0, .dst = 1, .merge = SCHED_ROW_DIRECT};
     /* CTA 1: positions [16, 20), rows with limits at or below 16: both empty */
     pl.c[1] = (sched_plan_cta_t){
-        .row_begin = 3, .row_count = 2, .kv_begin = 16, .kv_end = 20, .page_begin = 1};
+        .row_begin = 3, .row_count = 2, .seg_begin = 1, .seg_count = 1, .kv_tokens = 4};
+    pl.s[1] =
+        (sched_plan_seg_t){.kv_begin = 16, .kv_end = 20, .page_begin = 1, .row_lo = 0, .row_hi = 2};
     pl.r[3] = (sched_plan_row_t){.q_tok = 0, .limit = 16, .dst = 1, .merge = 0};
     pl.r[4] = (sched_plan_row_t){.q_tok = 2, .limit = 5, .dst = 3, .merge = 1};
-    pl.c[2] = (sched_plan_cta_t){.row_begin = 5, .row_count = 0, .kv_begin = 0, .kv_end = 0};
+    pl.c[2] = (sched_plan_cta_t){.row_begin = 5, .row_count = 0, .seg_begin = 2, .seg_count = 0};
     pl.pages[0] = 0;
     pl.pages[1] = 1;
     pl.m[0] = (sched_plan_merge_t){.q_tok = 0, .part_begin = 0, .part_count = 2};

@@ -62,6 +62,7 @@ static void check_plan(const tl_world_t *w, const sched_plan_hdr_t *h, uint32_t 
     assert_int_equal(h->group, group);
     const sched_plan_group_t *g = sched_plan_groups(h);
     const sched_plan_cta_t *c = sched_plan_ctas(h);
+    const sched_plan_seg_t *segs = sched_plan_segs(h);
     const sched_plan_row_t *rows = sched_plan_rows(h);
     const uint32_t *pages = sched_plan_pages(h);
     const sched_plan_merge_t *mg = sched_plan_merges(h);
@@ -102,9 +103,17 @@ static void check_plan(const tl_world_t *w, const sched_plan_hdr_t *h, uint32_t 
     for (uint32_t ci = 0; ci < h->n_ctas; ci++) {
         const sched_plan_cta_t *x = &c[ci];
         assert_true(x->row_count >= 1);
-        assert_true(x->kv_begin < x->kv_end);
+        assert_true(x->seg_count >= 1);
+        assert_true(x->seg_begin + x->seg_count <= h->n_segs);
         assert_true(x->row_count * group <= g[x->group].m);
         assert_true(x->row_begin + x->row_count <= h->n_rows);
+        uint32_t kv_tokens = 0;
+        for (uint32_t k = x->seg_begin; k < x->seg_begin + x->seg_count; k++) {
+            assert_true(segs[k].kv_begin < segs[k].kv_end);
+            assert_true(segs[k].row_lo < segs[k].row_hi && segs[k].row_hi <= x->row_count);
+            kv_tokens += segs[k].kv_end - segs[k].kv_begin;
+        }
+        assert_int_equal(kv_tokens, x->kv_tokens);
         for (uint32_t r = x->row_begin; r < x->row_begin + x->row_count; r++) {
             const sched_plan_row_t *row = &rows[r];
             assert_true(row->q_tok < w->n_tokens);
@@ -112,11 +121,16 @@ static void check_plan(const tl_world_t *w, const sched_plan_hdr_t *h, uint32_t 
             uint32_t i = row->q_tok - q->tok_off;
             assert_int_equal(row->limit, q->kv_len - q->n_new + i + 1);
             ctas_of[row->q_tok]++;
-            for (uint32_t p = x->kv_begin; p < x->kv_end && p < row->limit; p++) {
-                uint32_t pg = x->page_begin + p / BS - x->kv_begin / BS;
-                assert_true(pg < h->n_pages);
-                assert_int_equal(pages[pg], q->blocks[p / BS]); /* the right physical block */
-                cover[row->q_tok][p]++;
+            for (uint32_t k = x->seg_begin; k < x->seg_begin + x->seg_count; k++) {
+                const sched_plan_seg_t *sg = &segs[k];
+                if (r - x->row_begin < sg->row_lo || r - x->row_begin >= sg->row_hi)
+                    continue;
+                for (uint32_t p = sg->kv_begin; p < sg->kv_end && p < row->limit; p++) {
+                    uint32_t pg = sg->page_begin + p / BS - sg->kv_begin / BS;
+                    assert_true(pg < h->n_pages);
+                    assert_int_equal(pages[pg], q->blocks[p / BS]); /* the right block */
+                    cover[row->q_tok][p]++;
+                }
             }
             if (row->merge == SCHED_ROW_DIRECT) {
                 assert_int_equal(row->dst, row->q_tok);
@@ -189,7 +203,7 @@ static void test_random_coverage_all_policies(void **state)
         tl_world_t w;
         gen_world(&w, &r, round % 3 == 0 ? 40 : 1, 96);
         dims_t d = dims_set[round % 4];
-        for (int pol = 0; pol <= SCHED_POLICY_QUERY; pol++) {
+        for (int pol = 0; pol <= SCHED_POLICY_TREE; pol++) {
             for (int split = 0; split < 2; split++) {
                 sched_t *s = mk_sched(&w, d, (sched_policy_t)pol, split ? 64 : 0);
                 join_all(s, &w);
@@ -436,7 +450,7 @@ static void test_long_kv_split(void **state)
     const sched_plan_cta_t *c = sched_plan_ctas(h);
     uint32_t longest = 0;
     for (uint32_t i = 0; i < h->n_ctas; i++)
-        longest = c[i].kv_end - c[i].kv_begin > longest ? c[i].kv_end - c[i].kv_begin : longest;
+        longest = c[i].kv_tokens > longest ? c[i].kv_tokens : longest;
     assert_true(longest <= 2 * 430); /* near the mean, not 8K */
     sched_free(s);
     tl_world_free(&w);
