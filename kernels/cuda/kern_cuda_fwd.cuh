@@ -309,103 +309,97 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
             fetch_pages();
         cp_async_wait<G::STAGES - 1>();
         __syncthreads();
-        if (!band) {
-            __syncthreads(); /* the stage is refilled by the next iteration's loads */
-            ct0 += N;
-            if (ct0 >= cend && ++ck < n_segs)
-                enter_seg();
-            continue;
-        }
+        if (band) {
+            const uint8_t *sk = ring + (it % G::STAGES) * G::STAGE_BYTES, *sv = sk + G::KV_BYTES;
+            const int cb = wn * G::NW; /* first column of this warp in the tile */
 
-        const uint8_t *sk = ring + (it % G::STAGES) * G::STAGE_BYTES, *sv = sk + G::KV_BYTES;
-        const int cb = wn * G::NW; /* first column of this warp in the tile */
-
-        float s[NT][4];
+            float s[NT][4];
 #pragma unroll
-        for (int j = 0; j < NT; j++)
-            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+            for (int j = 0; j < NT; j++)
+                s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) {
-            uint32_t af[4];
-            ldsm_x4(smem_u32(sq + swz<D>(wm * 16 + (lane & 15), 2 * ks + (lane >> 4))), af[0],
-                    af[1], af[2], af[3]);
+            for (int ks = 0; ks < D / 16; ks++) {
+                uint32_t af[4];
+                ldsm_x4(smem_u32(sq + swz<D>(wm * 16 + (lane & 15), 2 * ks + (lane >> 4))), af[0],
+                        af[1], af[2], af[3]);
 #pragma unroll
-            for (int j = 0; j < NT; j += 2) {
-                uint32_t b0, b1, b2, b3;
-                const int kr = cb + j * 8 + (lane & 7) + ((lane >> 4) << 3);
-                ldsm_x4(smem_u32(sk + swz<D>(kr, 2 * ks + ((lane >> 3) & 1))), b0, b1, b2, b3);
-                Mma<T>::run(s[j], af, b0, b1);
-                Mma<T>::run(s[j + 1], af, b2, b3);
-            }
-        }
-
-        /* scale, softcap, mask; log2 domain */
-        const uint32_t t0 = ct0 + cb;
-        const bool full = t0 + G::NW <= lim0 && t0 + G::NW <= lim1;
-        float tm0 = -INFINITY, tm1 = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float v = s[j][e];
-                if (a.softcap > 0.f)
-                    v = a.softcap * 1.4426950408889634f * tanhf(v * a.scale / a.softcap);
-                else
-                    v *= sl2;
-                if (!full) {
-                    const uint32_t t = t0 + j * 8 + 2 * tq + (e & 1);
-                    if (t >= (e < 2 ? lim0 : lim1))
-                        v = -INFINITY;
+                for (int j = 0; j < NT; j += 2) {
+                    uint32_t b0, b1, b2, b3;
+                    const int kr = cb + j * 8 + (lane & 7) + ((lane >> 4) << 3);
+                    ldsm_x4(smem_u32(sk + swz<D>(kr, 2 * ks + ((lane >> 3) & 1))), b0, b1, b2, b3);
+                    Mma<T>::run(s[j], af, b0, b1);
+                    Mma<T>::run(s[j + 1], af, b2, b3);
                 }
-                s[j][e] = v;
             }
-            tm0 = fmaxf(tm0, fmaxf(s[j][0], s[j][1]));
-            tm1 = fmaxf(tm1, fmaxf(s[j][2], s[j][3]));
-        }
-        tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 1));
-        tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 2));
-        tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 1));
-        tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 2));
-        const float n0 = fmaxf(m0, tm0), n1 = fmaxf(m1, tm1);
-        const float b0 = kern_sm_base(n0), b1 = kern_sm_base(n1);
-        const float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
-        m0 = n0;
-        m1 = n1;
-        l0 *= c0;
-        l1 *= c1;
-#pragma unroll
-        for (int i = 0; i < DT; i++) {
-            o[i][0] *= c0;
-            o[i][1] *= c0;
-            o[i][2] *= c1;
-            o[i][3] *= c1;
-        }
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-            s[j][0] = exp2f(s[j][0] - b0);
-            s[j][1] = exp2f(s[j][1] - b0);
-            s[j][2] = exp2f(s[j][2] - b1);
-            s[j][3] = exp2f(s[j][3] - b1);
-            l0 += s[j][0] + s[j][1];
-            l1 += s[j][2] + s[j][3];
-        }
 
-        /* O += P.V: P straight from the S accumulators (the C layout of two n8 tiles is the A
-         * layout of one k16 step) */
+            /* scale, softcap, mask; log2 domain */
+            const uint32_t t0 = ct0 + cb;
+            const bool full = t0 + G::NW <= lim0 && t0 + G::NW <= lim1;
+            float tm0 = -INFINITY, tm1 = -INFINITY;
 #pragma unroll
-        for (int kk = 0; kk < G::NW / 16; kk++) {
-            uint32_t pf[4];
-            pf[0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-            pf[1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-            pf[2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pf[3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-            const int vr = cb + kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+            for (int j = 0; j < NT; j++) {
 #pragma unroll
-            for (int dn = 0; dn < D / 16; dn++) {
-                uint32_t v0, v1, v2, v3;
-                ldsm_x4_t(smem_u32(sv + swz<D>(vr, 2 * dn + (lane >> 4))), v0, v1, v2, v3);
-                Mma<T>::run(o[2 * dn], pf, v0, v1);
-                Mma<T>::run(o[2 * dn + 1], pf, v2, v3);
+                for (int e = 0; e < 4; e++) {
+                    float v = s[j][e];
+                    if (a.softcap > 0.f)
+                        v = a.softcap * 1.4426950408889634f * tanhf(v * a.scale / a.softcap);
+                    else
+                        v *= sl2;
+                    if (!full) {
+                        const uint32_t t = t0 + j * 8 + 2 * tq + (e & 1);
+                        if (t >= (e < 2 ? lim0 : lim1))
+                            v = -INFINITY;
+                    }
+                    s[j][e] = v;
+                }
+                tm0 = fmaxf(tm0, fmaxf(s[j][0], s[j][1]));
+                tm1 = fmaxf(tm1, fmaxf(s[j][2], s[j][3]));
+            }
+            tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 1));
+            tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 2));
+            tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 1));
+            tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 2));
+            const float n0 = fmaxf(m0, tm0), n1 = fmaxf(m1, tm1);
+            const float b0 = kern_sm_base(n0), b1 = kern_sm_base(n1);
+            const float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
+            m0 = n0;
+            m1 = n1;
+            l0 *= c0;
+            l1 *= c1;
+#pragma unroll
+            for (int i = 0; i < DT; i++) {
+                o[i][0] *= c0;
+                o[i][1] *= c0;
+                o[i][2] *= c1;
+                o[i][3] *= c1;
+            }
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                s[j][0] = exp2f(s[j][0] - b0);
+                s[j][1] = exp2f(s[j][1] - b0);
+                s[j][2] = exp2f(s[j][2] - b1);
+                s[j][3] = exp2f(s[j][3] - b1);
+                l0 += s[j][0] + s[j][1];
+                l1 += s[j][2] + s[j][3];
+            }
+
+            /* O += P.V: P straight from the S accumulators (the C layout of two n8 tiles is the A
+             * layout of one k16 step) */
+#pragma unroll
+            for (int kk = 0; kk < G::NW / 16; kk++) {
+                uint32_t pf[4];
+                pf[0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+                pf[1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+                pf[2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                pf[3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                const int vr = cb + kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+                for (int dn = 0; dn < D / 16; dn++) {
+                    uint32_t v0, v1, v2, v3;
+                    ldsm_x4_t(smem_u32(sv + swz<D>(vr, 2 * dn + (lane >> 4))), v0, v1, v2, v3);
+                    Mma<T>::run(o[2 * dn], pf, v0, v1);
+                    Mma<T>::run(o[2 * dn + 1], pf, v2, v3);
+                }
             }
         }
         __syncthreads(); /* the stage is refilled by the next iteration's loads */
