@@ -182,9 +182,11 @@ template <int D> __device__ __forceinline__ uint32_t swz(int r, int c)
 
 /* ---------------------------------------------------------------- the kernel */
 
-/* One plan CTA for one KV head with tile m = M: attention over [kv_begin, kv_end), then the
- * direct outputs and partials. Every thread of the block calls it (it synchronizes). */
-template <typename T, int D, int M>
+/* One plan CTA for one KV head with tile m = M: attention over its segments, then the direct
+ * outputs and partials. Every thread of the block calls it (it synchronizes). SEGS: several
+ * segments (the band skip and the segment cursor); a CTA of one segment runs the loop without
+ * them (its row range still masks). */
+template <typename T, int D, int M, bool SEGS>
 __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t &cta,
                                         uint32_t head, uint8_t *smem)
 {
@@ -226,21 +228,29 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
     constexpr int LPT = N * G::CPR / G::T; /* 16-byte K (and V) loads per thread per tile */
     constexpr uint32_t NO_TOKEN = 0xffffffffu;
     uint32_t pg[LPT];
-    uint32_t fk = 0, ft0 = n_segs ? segs[0].kv_begin : 0; /* the next tile to fetch */
-    auto fetch_pages = [&]() {
+    /* the next tile to fetch: segment fk (its end, pages and first page kept in registers) */
+    uint32_t fk = 0, ft0 = 0, fend = 0, fpage0 = 0;
+    const uint32_t *fpages = a.pages;
+    auto fetch_seg = [&]() {
         const sched_plan_seg_t sg = segs[fk];
-        const uint32_t *pages = a.pages + sg.page_begin;
-        const uint32_t page0 = sg.kv_begin / KERN_BLOCK_SIZE;
+        ft0 = sg.kv_begin;
+        fend = sg.kv_end;
+        fpage0 = sg.kv_begin / KERN_BLOCK_SIZE;
+        fpages = a.pages + sg.page_begin;
+    };
+    if (n_segs)
+        fetch_seg();
+    auto fetch_pages = [&]() {
 #pragma unroll
         for (int k = 0; k < LPT; k++) {
             const uint32_t t = ft0 + (tid + k * G::T) / G::CPR;
-            pg[k] = t < sg.kv_end
-                        ? pages[t / KERN_BLOCK_SIZE - page0] * KERN_BLOCK_SIZE + t % KERN_BLOCK_SIZE
-                        : NO_TOKEN;
+            pg[k] = t < fend ? fpages[t / KERN_BLOCK_SIZE - fpage0] * KERN_BLOCK_SIZE +
+                                   t % KERN_BLOCK_SIZE
+                             : NO_TOKEN;
         }
         ft0 += N;
-        if (ft0 >= sg.kv_end && ++fk < n_segs)
-            ft0 = segs[fk].kv_begin;
+        if (ft0 >= fend && ++fk < n_segs)
+            fetch_seg();
     };
     auto load_tile = [&](int it) {
         uint8_t *sk = ring + (it % G::STAGES) * G::STAGE_BYTES, *sv = sk + G::KV_BYTES;
@@ -309,7 +319,7 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
             fetch_pages();
         cp_async_wait<G::STAGES - 1>();
         __syncthreads();
-        if (band) {
+        if (!SEGS || band) {
             const uint8_t *sk = ring + (it % G::STAGES) * G::STAGE_BYTES, *sv = sk + G::KV_BYTES;
             const int cb = wn * G::NW; /* first column of this warp in the tile */
 
@@ -404,7 +414,7 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
         }
         __syncthreads(); /* the stage is refilled by the next iteration's loads */
         ct0 += N;
-        if (ct0 >= cend && ++ck < n_segs)
+        if (SEGS && ct0 >= cend && ++ck < n_segs)
             enter_seg();
     }
     cp_async_wait<0>();
@@ -552,7 +562,10 @@ __global__ void __launch_bounds__(KCUDA_THREADS) fwd_layer(const FwdArgs a)
     /* the smallest m that holds the rows (the plan's check bounds rows by KCUDA_MAX_M) */
 #define KCUDA_CASE(m)                                                                              \
     if (rows <= (m)) {                                                                             \
-        fwd_cta<T, D, m>(a, cta, head, smem);                                                      \
+        if (cta.seg_count > 1)                                                                     \
+            fwd_cta<T, D, m, true>(a, cta, head, smem);                                            \
+        else                                                                                       \
+            fwd_cta<T, D, m, false>(a, cta, head, smem);                                           \
         if (a.merge_inside)                                                                        \
             fwd_arrive_merge<T, D>(a, cta, head);                                                  \
         return;                                                                                    \
