@@ -618,7 +618,10 @@ static int plan_ctas(sched_t *s, const sched__packset_t *ps, uint32_t n_tokens,
      * slots and, with a cost model, when the model finds it faster than outlier splits alone
      * (measured: cutting 64 unshared 1K-token queries into 3 parts each was no faster and paid
      * for the merges). */
-    int applied = ctas_build(s, ps, 1, n_tokens, ret_partials, ret_merges, ret_ns);
+    /* TREE is never fill-split: its CTAs exist to read whole paths without partials, and cut
+     * into parts they measured up to 2.4x their modelled time (H100, 256-query trees at 16/8
+     * and 32/8); a TREE plan with too few work items loses to a pack plan on the model instead */
+    int applied = ctas_build(s, ps, !ps->tree, n_tokens, ret_partials, ret_merges, ret_ns);
     if (applied) {
         int fits = !s->cfg.max_partials || *ret_partials <= s->cfg.max_partials;
         if (!fits || s->tiles.cost.slots) {
