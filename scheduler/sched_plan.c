@@ -276,11 +276,12 @@ static void tree_seg(sched_t *s, uint32_t row_begin, uint32_t id, uint32_t lo, u
     if (e <= b)
         return;
     /* Measured (H100, issue 14): a KV tile costs a CTA the time of all its m rows however few
-     * read it, so a 256-token leaf of one query inside a 64-row CTA ran at 0.79x the speed of
-     * the same leaf as a small CTA of its own (merged after); a leaf of one tile or less is
-     * cheaper inside (no work item, no partial, no merge). */
+     * read it, so 256-token leaves of one query each inside 64-row CTAs ran at 0.79x the speed
+     * of the same leaves as small CTAs of their own (merged after); nodes of up to two tiles
+     * (128-token nodes of two queries at GQA 8) were faster inside (no work item, no partial, no
+     * merge): 202 against 354 us on 4,16,256,512_512,32,128,32 at 64/8 kept apart. */
     const uint32_t tn = s->tiles.n[0], m = s->mdl.m_max;
-    if (e - b > tn && 2 * (hi - lo) * s->mdl.group < m) {
+    if (e - b > 2 * tn && 2 * (hi - lo) * s->mdl.group < m) {
         pat_grow((void **)&s->apart, &s->apart_cap, s->n_apart + 1, sizeof(*s->apart));
         s->apart[s->n_apart++] = (sched__apart_t){.node = id, .lo = lo, .hi = hi};
         return;
