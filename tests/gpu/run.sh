@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # GPU test and benchmark driver, run on the GPU machine from the repository root:
-#   tests/gpu/run.sh [--no-bench | --quick-bench | --attn | --frontend | --replay [quick]]
+#   tests/gpu/run.sh [--no-bench | --quick-bench | --attn | --attn-bench | --frontend |
+#                     --replay [quick]]
 # builds the CUDA parts, runs every GPU test, compute-sanitizer memcheck and racecheck on a
 # reduced set, the tile solver, and the attention benchmark (bench_attn + PAT's kernel on the same
 # GPU when .peers/ holds it (../shared/peers/pat/README.md), joined by tests/bench/compare_pat.py,
 # + PyTorch SDPA; --quick-bench: a few trees, --no-bench: none; --attn: the GPU tests, sanitizers,
-# solver and the attention benchmark with PAT, nothing cross-process); then, under MPS, the
+# solver and the attention benchmark with PAT, nothing cross-process; --attn-bench: only the
+# attention benchmark with PAT); then, under MPS, the
 # cross-process tests (a real
 # patd on the cuda backend and PyTorch frontends: tests/gpu/test_frontend.py) and, unless
 # --no-bench, the hand-off and frontend benchmarks. --frontend: only the cross-process part.
@@ -20,12 +22,14 @@ mkdir -p "$out"
 export CUDA_MODULE_LOADING=EAGER # lazy loading can hang a first launch behind a GPU-side wait
 export PATH=/usr/local/cuda/bin:$PATH
 bench=1 # --no-bench: tests only; --quick-bench: 4 trees x 1 head config
+attn_only=0
 case "${1:-}" in
 --no-bench) bench=0 ;;
 --quick-bench) bench=2 ;;
 --frontend) bench=3 ;;
 --replay) bench=4 ;;
 --attn) bench=5 ;;
+--attn-bench) bench=5 attn_only=1 ;;
 esac
 
 # PAT's reference kernel (../shared/peers/pat): built in the background while patd builds and
@@ -84,7 +88,7 @@ run() { # name, command...
         echo "== $name: FAILED" | tee -a "$out/gpu.log"
     fi
 }
-if [ $bench -lt 3 ] || [ $bench = 5 ]; then
+if { [ $bench -lt 3 ] || [ $bench = 5 ]; } && [ $attn_only = 0 ]; then
 run test_cuda_attn $B/tests/gpu/test_cuda_attn
 if command -v compute-sanitizer >/dev/null; then
     run memcheck_attn compute-sanitizer --tool memcheck --error-exitcode 3 \
@@ -95,8 +99,10 @@ else
     echo "compute-sanitizer not found" | tee -a "$out/gpu.log"
     failed=$((failed + 1))
 fi
+fi
+if [ $bench -lt 3 ] || [ $bench = 5 ]; then
 if [ $bench != 0 ]; then
-    run tile_solver $B/bin/patd-tile-solver
+    [ $attn_only = 1 ] || run tile_solver $B/bin/patd-tile-solver
     run bench_attn $B/bench/bench_attn $([ $bench = 2 ] && echo --quick) --json "$out/bench_attn.jsonl"
     if [ -x .peers/tools/run.sh ]; then
         [ -n "$pat_pid" ] && { wait $pat_pid || tail -20 "$out/pat_build.log"; }
