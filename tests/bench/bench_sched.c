@@ -109,10 +109,10 @@ static void join_all(sched_t *s, const tl_world_t *w)
 
 static void traffic_row(const char *name, const tl_world_t *w, FILE *json)
 {
-    static const char *pn[] = {"auto", "bytes", "paper", "query"};
+    static const char *pn[] = {"auto", "bytes", "paper", "query", "tree"};
     sched_traffic_t qc;
     printf("  %-34s", name);
-    for (int p = 0; p < 4; p++) {
+    for (int p = 0; p < 5; p++) {
         sched_t *s = mk(w, (sched_policy_t)p);
         join_all(s, w);
         const sched_plan_hdr_t *h;
