@@ -1,10 +1,11 @@
 /*
- * sched_plan.c — from packs to the plan: CTA chunking by rows, causal clamps, tile selection,
- * long-KV split, partial slots and the merge list, serialized into one flat buffer
- * (sched_plan_fmt.h). Also the traffic model every test and benchmark reports.
+ * sched_plan.c — from packs to the plan: CTA chunking by rows (one segment per CTA) or, for TREE,
+ * CTAs of block-diagonal segments along the prefix tree; causal clamps, tile selection, the
+ * long-KV split of segment lists, partial slots and the merge list, serialized into one flat
+ * buffer (sched_plan_fmt.h). Also the traffic model every test and benchmark reports.
  *
- * Cost: linear in CTAs + rows + pages + query tokens; all vectors are kept across steps, so a
- * steady-state step allocates nothing.
+ * Cost: linear in CTAs + segments + rows + pages + query tokens (TREE: + the path depth per
+ * query); all vectors are kept across steps, so a steady-state step allocates nothing.
  */
 #include "sched_int.h"
 
