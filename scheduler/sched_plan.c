@@ -676,10 +676,12 @@ int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
     int rebuilt = sched__pack_update(s);
     uint32_t n_partials = 0, n_merges = 0;
     double ns = 0;
-    if (rebuilt && s->cfg.policy == SCHED_POLICY_AUTO && s->tiles.cost.slots) {
+    if (rebuilt && s->cfg.policy == SCHED_POLICY_AUTO) {
         /* the packs' own model cannot see the long-KV split that follows them (measured: a
          * query-centric pack of 10 queries looked faster than the shared one before the split and
-         * ran at 1.8x its time after it); choose on the modelled time of the finished plans */
+         * ran at 1.8x its time after it); choose on the modelled time of the finished plans (the
+         * bytes without a time model: a TREE plan without partials before the split had more
+         * after it than BYTES' on a shared 4K prompt) */
         static const sched_policy_t order[] = {SCHED_POLICY_BYTES, SCHED_POLICY_PAPER,
                                                SCHED_POLICY_QUERY, SCHED_POLICY_TREE};
         double best_ns = INFINITY;

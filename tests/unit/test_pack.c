@@ -249,10 +249,26 @@ static void test_bytes_never_above_baselines(void **state)
         uint64_t ours = plan_bytes(&w, d, SCHED_POLICY_BYTES, NULL);
         uint64_t paper = plan_bytes(&w, d, SCHED_POLICY_PAPER, NULL);
         uint64_t query = plan_bytes(&w, d, SCHED_POLICY_QUERY, NULL);
+        uint64_t tree = plan_bytes(&w, d, SCHED_POLICY_TREE, NULL);
         assert_int_equal(query, qc.total); /* the baseline plan is the baseline */
         assert_true(aut <= qc.total);
-        assert_true(aut <= ours && aut <= paper && aut <= query);
+        assert_true(aut <= ours && aut <= paper && aut <= query && aut <= tree);
         strictly_better_than_paper += aut < paper;
+        /* with the long-KV split too: AUTO chooses on the finished plans, never on the packs'
+         * pre-split model alone */
+        uint64_t split[5];
+        for (int pol = 0; pol <= SCHED_POLICY_TREE; pol++) {
+            sched_t *s = mk_sched(&w, d, (sched_policy_t)pol, 64);
+            join_all(s, &w);
+            const sched_plan_hdr_t *h;
+            assert_int_equal(sched_build(s, &h), 0);
+            sched_traffic_t t;
+            sched_plan_traffic(h, d.q_heads, d.kv_heads, d.head_dim, 2, &t);
+            split[pol] = t.total;
+            sched_free(s);
+        }
+        for (int pol = 1; pol <= SCHED_POLICY_TREE; pol++)
+            assert_true(split[SCHED_POLICY_AUTO] <= split[pol]);
         tl_world_free(&w);
     }
     /* with GQA groups of 4-16 the paper's rule over-packs short prefixes regularly */
