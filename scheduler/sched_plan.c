@@ -326,6 +326,12 @@ static void build_tree(sched_t *s, const sched__packset_t *ps)
         uint32_t row_begin = s->n_prow, seg_begin = s->n_pseg, depth = 0;
         while (k < ps->nq && s->n_prow - row_begin < cap) {
             const sched__query_t *q = &f->q[ps->q[k]];
+            /* a query of several tokens that does not fit the rest of this CTA starts the next
+             * one: its chunks then fall where the query-centric plan's do, and no chunk reads its
+             * path for a token or two (measured: a prefill straddling two CTAs made a TREE plan
+             * read more KV than query-centric attention on azure_code_sample) */
+            if (tok == 0 && s->n_prow > row_begin && q->n_new > cap - (s->n_prow - row_begin))
+                break;
             uint32_t plen = 0;
             for (uint32_t id = q->leaf; id != SCHED__ROOT; id = f->node[id].parent) {
                 pat_grow((void **)&s->path, &s->path_cap, plen + 1, sizeof(uint32_t));
