@@ -269,6 +269,16 @@ static void test_bytes_never_above_baselines(void **state)
         }
         for (int pol = 1; pol <= SCHED_POLICY_TREE; pol++)
             assert_true(split[SCHED_POLICY_AUTO] <= split[pol]);
+        /* a TREE plan never reads more KV than query-centric attention: extend queries are not
+         * cut where query-centric's chunks are not */
+        sched_t *ts = mk_sched(&w, d, SCHED_POLICY_TREE, 0);
+        join_all(ts, &w);
+        const sched_plan_hdr_t *th;
+        assert_int_equal(sched_build(ts, &th), 0);
+        sched_traffic_t tt;
+        sched_plan_traffic(th, d.q_heads, d.kv_heads, d.head_dim, 2, &tt);
+        assert_true(tt.kv <= qc.kv);
+        sched_free(ts);
         tl_world_free(&w);
     }
     /* with GQA groups of 4-16 the paper's rule over-packs short prefixes regularly */
