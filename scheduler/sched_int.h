@@ -125,10 +125,16 @@ static inline uint32_t sched__seg_begin(const sched_forest_t *f, const sched__pa
     return f->node[p->top].start * f->bs;
 }
 
+/* One past the last KV position of node id: its end block, or its query's length for a leaf. */
+static inline uint32_t sched__node_kv_end(const sched_forest_t *f, uint32_t id)
+{
+    const sched__node_t *n = &f->node[id];
+    return sched__is_leaf(n) ? f->q[n->query].kv_len : sched__node_end(n) * f->bs;
+}
+
 static inline uint32_t sched__seg_end(const sched_forest_t *f, const sched__pack_t *p)
 {
-    const sched__node_t *b = &f->node[p->bottom];
-    return sched__is_leaf(b) ? f->q[b->query].kv_len : sched__node_end(b) * f->bs;
+    return sched__node_kv_end(f, p->bottom);
 }
 
 #endif

@@ -23,11 +23,12 @@
  *   QUERY  one pack per query over its whole path (the query-centric baseline);
  *   TREE   no packs: the queries in DFS order; the plan builder cuts them into CTAs of a tile's
  *          rows, each reading every node of its rows' paths once (sched_plan.c, build_tree);
- *   AUTO   runs BYTES, PAPER, QUERY and TREE and keeps the least modelled time (sched_plan.h: bytes
- * and FLOPs against the device's measured rates, a fixed cost per CTA, a makespan over its resident
- * slots), so the plan is never worse than either the paper's pack or no packing, under the model.
- * Without a cost model (cpu) the time is the bytes. Each run is linear in nodes + edges + the
- * output (every query listed once per pack it is in).
+ *   AUTO   runs BYTES, PAPER, QUERY and TREE and keeps the least modelled time of their
+ *          finished plans (sched_plan.h: bytes and FLOPs against the device's measured rates, a
+ *          fixed cost per CTA, a makespan over its resident slots), so the plan is never worse
+ *          than either the paper's pack or no packing, under the model. Without a cost model
+ *          (cpu) the time is the bytes.
+ * Each run is linear in nodes + edges + the output (every query listed once per pack it is in).
  */
 #include "sched_int.h"
 
@@ -53,26 +54,23 @@ static sched__pack_t *pack_open(sched__packset_t *ps, uint32_t top, uint32_t bot
     return p;
 }
 
+/* Appends qid to the set's query list; a pack (p non-NULL) counts it. */
 static inline void pack_add_query(sched__packset_t *ps, sched__pack_t *p, uint32_t qid)
 {
     if (ps->nq == ps->qcap)
         pat_grow((void **)&ps->q, &ps->qcap, ps->nq + 1, sizeof(uint32_t));
     ps->q[ps->nq++] = qid;
-    p->q_count++;
+    if (p)
+        p->q_count++;
 }
 
-/* Appends every query below node id (its leaves) to pack index pi. */
+/* Appends every query below node id (its leaves) to pack index pi (SCHED_NONE: to the query list
+ * alone, TREE's DFS order). */
 static void add_subtree(const sched_forest_t *f, sched__packset_t *ps, uint32_t pi, uint32_t id)
 {
     const sched__node_t *n = &f->node[id];
     if (sched__is_leaf(n)) {
-        if (pi == SCHED_NONE) { /* the query list alone (TREE) */
-            if (ps->nq == ps->qcap)
-                pat_grow((void **)&ps->q, &ps->qcap, ps->nq + 1, sizeof(uint32_t));
-            ps->q[ps->nq++] = n->query;
-        } else {
-            pack_add_query(ps, &ps->p[pi], n->query);
-        }
+        pack_add_query(ps, pi == SCHED_NONE ? NULL : &ps->p[pi], n->query);
         return;
     }
     for (uint32_t c = n->first_child; c != SCHED_NONE; c = f->node[c].next_sib)

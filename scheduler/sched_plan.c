@@ -272,8 +272,7 @@ static void tree_seg(sched_t *s, uint32_t row_begin, uint32_t id, uint32_t lo, u
 {
     const sched_forest_t *f = s->forest;
     const sched__node_t *n = &f->node[id];
-    uint32_t b = n->start * f->bs;
-    uint32_t e = sched__is_leaf(n) ? f->q[n->query].kv_len : sched__node_end(n) * f->bs;
+    uint32_t b = n->start * f->bs, e = sched__node_kv_end(f, id);
     if (e <= b)
         return;
     /* Measured (H100, issue 14): a KV tile costs a CTA the time of all its m rows however few
@@ -299,8 +298,7 @@ static void tree_apart(sched_t *s, uint32_t pack)
     for (uint32_t i = 0; i < s->n_apart; i++) {
         const sched__apart_t *x = &s->apart[i];
         const sched__node_t *n = &f->node[x->node];
-        uint32_t b = n->start * f->bs;
-        uint32_t e = sched__is_leaf(n) ? f->q[n->query].kv_len : sched__node_end(n) * f->bs;
+        uint32_t b = n->start * f->bs, e = sched__node_kv_end(f, x->node);
         uint32_t r0 = s->n_prow, seg0 = s->n_pseg;
         for (uint32_t r = x->lo; r < x->hi; r++) {
             sched_plan_row_t row = s->chunk_rows[r];
