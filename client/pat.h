@@ -164,10 +164,12 @@ PAT_API int pat_step_begin(pat_conn_t *c, const uint32_t *seqs, const uint32_t *
 PAT_API int pat_attend(pat_conn_t *c, uint32_t layer);
 /* GPU sessions: enqueues the hand-off of `layer` (Q, K, V written by earlier work on the stream)
  * on `stream` (a cudaStream_t / CUstream of the daemon's GPU; NULL = the legacy default stream)
- * and returns without waiting; later work on the stream sees O. Layers go 0, 1, ... in order.
- * On a capturing stream the hand-off is recorded (no step needed). Returns 0, -EINVAL, -ESRCH
- * (no step open), -ECONNRESET, -EIO (a CUDA error; pat_last_error says which), -ENOTSUP for a
- * host-memory session. The daemon's answer to the step (-ENOSPC, ...) comes from pat_step_end. */
+ * and returns without waiting; later work on the stream sees O. Layers go 0, 1, ... in order,
+ * and a layer's hand-off must run after the previous layer's on the GPU (the same stream, or one
+ * that waits for it, as layer L + 1's Q needing layer L's O demands). On a capturing stream the
+ * hand-off is recorded (no step needed). Returns 0, -EINVAL, -ESRCH (no step open), -ECONNRESET,
+ * -EIO (a CUDA error; pat_last_error says which), -ENOTSUP for a host-memory session. The daemon's
+ * answer to the step (-ENOSPC, ...) comes from pat_step_end. */
 PAT_API int pat_attend_async(pat_conn_t *c, uint32_t layer, void *stream);
 /* GPU sessions: a captured graph with every layer's hand-off was replayed on `stream` for this
  * step. Returns 0, -EINVAL, -ESRCH. */

@@ -657,7 +657,8 @@ int pat_attend_async(pat_conn_t *c, uint32_t layer, void *stream)
             return -EINVAL;
         }
     }
-    int rc = pat__gpu_handoff(c->gpu, stream, &c->gready[layer], &c->gdone[layer], e);
+    int rc = pat__gpu_handoff(c->gpu, stream, &c->gready[layer], &c->gdone[layer], e,
+                              layer + 1 == c->model.n_layers);
     if (rc < 0) {
         /* the wait may be enqueued already: release it so that our stream never hangs */
         __atomic_store_n(&c->gdone[layer], e, __ATOMIC_RELEASE);
@@ -763,8 +764,8 @@ int pat_step_end(pat_conn_t *c, int abort, pat_step_info_t *ret)
         /* every layer must be handed over for the daemon's stream to go through: the rest go on
          * the stream of the last one (their O is not used) */
         for (uint32_t l = c->next_layer; l < c->model.n_layers; l++) {
-            int hr =
-                pat__gpu_handoff(c->gpu, c->last_stream, &c->gready[l], &c->gdone[l], c->epoch);
+            int hr = pat__gpu_handoff(c->gpu, c->last_stream, &c->gready[l], &c->gdone[l], c->epoch,
+                                      l + 1 == c->model.n_layers);
             if (hr < 0) {
                 set_err(c, "%s", pat__gpu_error(c->gpu));
                 return hr;

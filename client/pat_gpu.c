@@ -229,7 +229,8 @@ static CUdeviceptr dev_addr(const pat_gpu_t *g, const void *host)
     return g->sig_dev + (CUdeviceptr)((const uint8_t *)host - (const uint8_t *)g->sig_host);
 }
 
-int pat__gpu_handoff(pat_gpu_t *g, void *stream, uint64_t *ready, uint64_t *done, uint64_t v)
+int pat__gpu_handoff(pat_gpu_t *g, void *stream, uint64_t *ready, uint64_t *done, uint64_t v,
+                     int last)
 {
     CUstream s = stream;
     CUresult r = cu.ctx_push(g->ctx);
@@ -241,7 +242,7 @@ int pat__gpu_handoff(pat_gpu_t *g, void *stream, uint64_t *ready, uint64_t *done
         fail(g, "cuStreamWriteValue64 (ready)", r);
     else if ((r = cu.wait64(s, dn, v, CU_STREAM_WAIT_VALUE_GEQ)) != 0)
         fail(g, "cuStreamWaitValue64 (done)", r);
-    else if ((r = cu.write64(s, dn, 0, CU_STREAM_WRITE_VALUE_DEFAULT)) != 0)
+    else if (last && (r = cu.write64(s, dn, 0, CU_STREAM_WRITE_VALUE_DEFAULT)) != 0)
         fail(g, "cuStreamWriteValue64 (done reset)", r);
     CUcontext popped;
     cu.ctx_pop(&popped);

@@ -24,8 +24,10 @@ void pat__gpu_close(pat_gpu_t *g); /* NULL ok */
 uint8_t *pat__gpu_staging(const pat_gpu_t *g);
 
 /* Enqueues on `stream` (CUstream; NULL = the legacy default stream): write *ready = v; wait
- * *done >= v; write *done = 0 (ready/done are host addresses in the signal slice). 0 or -EIO. */
-int pat__gpu_handoff(pat_gpu_t *g, void *stream, uint64_t *ready, uint64_t *done, uint64_t v);
+ * *done >= v; and when `last` (a step's last layer) write *done = 0 (ready/done are host
+ * addresses in the signal slice; the daemon resets the others, ipc_shm.h). 0 or -EIO. */
+int pat__gpu_handoff(pat_gpu_t *g, void *stream, uint64_t *ready, uint64_t *done, uint64_t v,
+                     int last);
 /* 1 when the stream is being captured into a graph, 0 when not, -EIO. */
 int pat__gpu_capturing(pat_gpu_t *g, void *stream);
 /* Waits for the stream. 0 or -EIO. */

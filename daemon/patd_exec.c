@@ -324,6 +324,11 @@ static void gpu_cut(patd_t *d, patd_conn_t *c, kern_lane_t *lane, uint64_t epoch
     const uint32_t nl = d->model.n_layers;
     ipc_sig_t *g = patd_conn_sig(c);
     uint64_t *ready = ipc_gsig_ready(c->gsig), *done = ipc_gsig_done(c->gsig, nl);
+    /* an empty layer that reports progress, so that layers enqueued since the last report count */
+    const kern_lane_layer_t flush = {.report = 1};
+    int fr = kern_lane_layer(lane, &flush);
+    if (fr < 0)
+        patd_gpu_check_fatal(d, fr);
     const uint64_t target = kern_lane_enqueued(lane);
     uint64_t t0 = pat_now_ns();
     while (kern_lane_progress(lane) < target) {
@@ -353,6 +358,9 @@ static void step_run_gpu(patd_t *d, patd_conn_t *c, uint32_t exec_id)
     kern_lane_t *lane = d->lanes[exec_id];
     ipc_sig_t *g = patd_conn_sig(c);
     const uint32_t nl = d->model.n_layers, depth = d->cfg.enqueue_depth;
+    /* progress is reported every `every` layers and on the last: any `depth` consecutive layers
+     * of a step hold a reported one, so a wait for the window below always ends */
+    const uint32_t every = PAT_MIN(4u, depth);
     const uint64_t epoch = atomic_load(&g->epoch);
     int rc = st->err; /* set by the loop for a step it refused (a handshake-only step) */
     if (rc == 0 && atomic_load(&st->abort))
@@ -396,6 +404,7 @@ static void step_run_gpu(patd_t *d, patd_conn_t *c, uint32_t exec_id)
         if (wr < 0)
             break;
         ly.layer = l;
+        ly.report = (l + 1) % every == 0 || l + 1 == nl;
         ly.wait_word = ready_dev + l;
         ly.post_word = done_dev + l;
         if ((wr = kern_lane_layer(lane, &ly)) < 0) {
@@ -407,6 +416,18 @@ static void step_run_gpu(patd_t *d, patd_conn_t *c, uint32_t exec_id)
     if (wr == 0)
         wr = lane_wait(d, c, lane, kern_lane_enqueued(lane), exec_id);
     const uint32_t ran = (uint32_t)(kern_lane_progress(lane) - base);
+    if (wr == 0) {
+        /* Every layer ran: the lane consumed every ready word, and the client every done word
+         * but the last (it wrote ready[l + 1] after its wait for done[l] on its stream; it resets
+         * done[nl - 1] itself). Reset them here, off both streams, before STEP_END is answered,
+         * so the same values serve the next step (ipc_shm.h). */
+        uint64_t *ready = ipc_gsig_ready(c->gsig), *done = ipc_gsig_done(c->gsig, nl);
+        for (uint32_t l = 0; l < nl; l++) {
+            __atomic_store_n(&ready[l], 0, __ATOMIC_RELEASE);
+            if (l + 1 < nl)
+                __atomic_store_n(&done[l], 0, __ATOMIC_RELEASE);
+        }
+    }
     if (wr < 0) {
         if (wr == -ETIMEDOUT)
             patd_notice("session %016llx: no layer handed over for %u ms (after %u of %u); "

@@ -24,11 +24,19 @@
  *   [ ipc_sig_t page | ready[n_layers] (u64) | done[n_layers] (u64) ]   each part 4 KiB aligned
  *
  * Layer L of a step, with the session's epoch E (> 0, from ipc_sig_t.epoch):
- *   client stream: (Q/K/V of L written) write ready[L] = E; wait done[L] >= E; write done[L] = 0
- *   daemon stream: wait ready[L] >= E; write ready[L] = 0; append, attend, merge;
+ *   client stream: (Q/K/V of L written) write ready[L] = E; wait done[L] >= E;
+ *                  and after the step's last layer only: write done[L] = 0
+ *   daemon stream: wait ready[L] >= E; append, attend, merge;
  *                  write done[L] = E (ordered after every write of the layer)
- * Each side resets the word it consumed, so the same values serve every step: a captured CUDA
- * graph of the client's forward replays with the handshakes in it. Every STEP_BEGIN, failed or
+ *   daemon CPU, once every layer of the step has run and before STEP_END is answered:
+ *                  ready[*] = 0 and done[0 .. n_layers - 2] = 0
+ * Nothing else is reset on either stream, so a layer costs each stream one write and one wait.
+ * The CPU resets are safe because the client's stream writes ready[L + 1] only after its wait for
+ * done[L] passed (layer L + 1's Q needs layer L's O: the hand-offs of a step are stream-ordered),
+ * so when the daemon's stream has passed its last wait, the client has consumed every done word
+ * but the last, which it resets itself; and the client enqueues the next step's writes only after
+ * STEP_END is answered. The same values serve every step: a captured CUDA graph of the client's
+ * forward replays with the handshakes in it. Every STEP_BEGIN, failed or
  * not, is answered with exactly n_layers handshakes (a failed step runs them without compute), so
  * the words stay paired. Only when the daemon had to release a wait from its CPU (a client that
  * stalled past the step timeout or died) can words be left unpaired: it then bumps the epoch, and

@@ -126,14 +126,18 @@ int kern_tiles(const kern_backend_t *b, sched_tiles_t *ret_tiles);
 typedef struct kern_lane kern_lane_t;
 
 /* One layer of a step on a lane, enqueued in this order on the lane's stream:
- *   wait until *wait_word >= wait_value;  *wait_word = 0 (the consumer resets what it consumed);
- *   if compute: append K/V of the step's tokens, attend (one launch), merge;
+ *   wait until *wait_word >= wait_value (nothing is reset on the stream: the daemon resets the
+ *   consumed words from its CPU once the step has finished, ipc_shm.h);
+ *   if compute: append K/V of the step's tokens, attend (one launch);
  *   *post_word = post_value (after every write of the layer is visible);
- *   the lane's progress counter += 1 (kern_lane_progress).
+ *   if report: the lane's progress counter = layers enqueued so far (kern_lane_progress).
+ * Each of these is a write to host memory that costs the stream ~1-2 us, so the caller reports
+ * progress only as often as it needs it (every few layers and a step's last).
  * Word pointers are device addresses from kern_host_map; NULL skips that wait or post. */
 typedef struct kern_lane_layer {
     uint32_t layer;
     int compute;           /* 0: the handshake only (a step that failed still pairs every wait) */
+    int report;            /* 1: write the progress counter after this layer */
     const void *q, *k, *v; /* device: this step's rows (staging) */
     void *o;
     kern_attn_params_t params;
@@ -156,8 +160,9 @@ int kern_lane_begin(kern_lane_t *l, const sched_plan_hdr_t *plan, const uint32_t
 /* Enqueues one layer (see kern_lane_layer_t) of the step last begun. Never blocks on the GPU.
  * Returns 0, -EINVAL (layer out of range), -EIO (a CUDA error: see kern_fatal). */
 int kern_lane_layer(kern_lane_t *l, const kern_lane_layer_t *ly);
-/* Layers the lane has finished since it was created (read from host memory the GPU writes; no
- * CUDA call). The caller bounds its enqueue depth with it. */
+/* Layers the lane has finished since it was created, as of the last finished layer enqueued with
+ * `report` (read from host memory the GPU writes; no CUDA call). The caller bounds its enqueue
+ * depth with it. */
 uint64_t kern_lane_progress(const kern_lane_t *l);
 /* Layers enqueued since the lane was created. */
 uint64_t kern_lane_enqueued(const kern_lane_t *l);

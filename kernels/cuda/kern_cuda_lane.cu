@@ -5,8 +5,8 @@
  * holds up another client's step. The backend's own calls (kern_append_kv, kern_attend) run on
  * lane 0, which never waits on a client.
  *
- * A layer on a lane is, on its one stream: wait(ready) -> reset(ready) -> append -> forward (one
- * launch, merge inside) -> post(done) -> progress. Handshakes are 64-bit stream memory operations
+ * A layer on a lane is, on its one stream: wait(ready) -> append -> forward and merge -> post(done)
+ * [-> progress, when asked]. Handshakes are 64-bit stream memory operations
  * (cuStreamWaitValue64 / cuStreamWriteValue64, taken from the driver with
  * cudaGetDriverEntryPointByVersion: no link against libcuda).
  */
@@ -174,9 +174,6 @@ int cuda_lane_layer(kern_lane_t *l, const kern_lane_layer_t *ly)
     if (ly->wait_word) {
         const CUdeviceptr w = reinterpret_cast<CUdeviceptr>(ly->wait_word);
         KC_TRY_CU(c->wait64(st, w, ly->wait_value, CU_STREAM_WAIT_VALUE_GEQ), "wait value");
-        /* (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER is refused for host-mapped words: measured
-         * CUDA_ERROR_INVALID_VALUE on an H200, driver 580) */
-        KC_TRY_CU(c->write64(st, w, 0, CU_STREAM_WRITE_VALUE_DEFAULT), "reset value");
     }
     if (ly->compute) {
         int r = append_on(L, ly->layer, ly->k, ly->v, L->n_slots);
@@ -190,9 +187,12 @@ int cuda_lane_layer(kern_lane_t *l, const kern_lane_layer_t *ly)
                              CU_STREAM_WRITE_VALUE_DEFAULT),
                   "post value");
     L->base.enqueued++;
-    KC_TRY_CU(c->write64(st, reinterpret_cast<CUdeviceptr>(L->progress_dev), L->base.enqueued,
-                         CU_STREAM_WRITE_VALUE_DEFAULT),
-              "progress");
+    /* (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER is refused for host-mapped words: measured
+     * CUDA_ERROR_INVALID_VALUE on an H200, driver 580; so every write here costs a barrier) */
+    if (ly->report)
+        KC_TRY_CU(c->write64(st, reinterpret_cast<CUdeviceptr>(L->progress_dev), L->base.enqueued,
+                             CU_STREAM_WRITE_VALUE_DEFAULT),
+                  "progress");
     return 0;
 }
 

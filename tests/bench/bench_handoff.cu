@@ -3,9 +3,9 @@
  * <= 10 us median per layer round trip under MPS).
  *
  *   floor   two processes, no patd: A writes ready = i and waits done >= i on its stream; B waits
- *           ready >= i and writes done = i on its own. Words in host memory mapped into the
- *           device (what patd uses). The interval between events around A's write and wait is
- *           the bare GPU-side round trip.
+ *           ready >= i and writes done = i on its own. Twice: words in host memory mapped into
+ *           the device (what patd uses), and words in device memory shared by CUDA IPC. The
+ *           interval between events around A's write and wait is the bare GPU-side round trip.
  *   patd    a real patd (cuda backend, 64 layers, one tiny KV head set) and a libpat client:
  *           events around each pat_attend_async. Two flavours: "handshake" (a step the daemon
  *           refused: every layer's handshake runs without compute, the pure hand-off cost) and
@@ -15,7 +15,7 @@
  * --json FILE (one line per measurement, appended).
  *
  *   bench_handoff --patd build/bin/patd [--iters N] [--label L] [--json F]
- *   bench_handoff --child SHM_NAME N     (internal: side B of the floor)
+ *   bench_handoff --child SHM_NAME N DEV (internal: side B of the floor; DEV 1: device words)
  */
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -88,11 +88,35 @@ static Words map_words(const char *name, int create)
     return w;
 }
 
-static int child_main(const char *name, int n)
+/* Device-memory words: the first process allocates them and leaves the IPC handle in the shm
+ * page (past the host words), the second opens it. */
+enum { HANDLE_OFF = 6144 };
+
+static Words device_words(Words host, int create)
+{
+    void *d = nullptr;
+    cudaIpcMemHandle_t h;
+    if (create) {
+        CK(cudaMalloc(&d, 8192));
+        CK(cudaMemset(d, 0, 8192));
+        CK(cudaDeviceSynchronize());
+        CK(cudaIpcGetMemHandle(&h, d));
+        memcpy((char *)host.host + HANDLE_OFF, &h, sizeof(h));
+    } else {
+        memcpy(&h, (char *)host.host + HANDLE_OFF, sizeof(h));
+        CK(cudaIpcOpenMemHandle(&d, h, cudaIpcMemLazyEnablePeerAccess));
+    }
+    Words w = {host.host, (CUdeviceptr)d, (CUdeviceptr)d + 4096};
+    return w;
+}
+
+static int child_main(const char *name, int n, int dev)
 {
     CK(cudaFree(0));
     load_memops();
     Words w = map_words(name, 0);
+    if (dev)
+        w = device_words(w, 0);
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     for (int i = 1; i <= n; i++) {
@@ -128,19 +152,21 @@ static void report(FILE *js, const char *label, const char *what, std::vector<fl
                 label, what, s.med, s.p99, v.size());
 }
 
-static std::vector<float> floor_run(const char *self, int n)
+static std::vector<float> floor_run(const char *self, int n, int dev)
 {
     char name[64];
-    snprintf(name, sizeof(name), "/patd-bench-handoff-%d", (int)getpid());
+    snprintf(name, sizeof(name), "/patd-bench-handoff-%d-%d", (int)getpid(), dev);
     shm_unlink(name);
     Words w = map_words(name, 1);
     memset(w.host, 0, 8192);
+    if (dev)
+        w = device_words(w, 1);
     char nbuf[16];
     snprintf(nbuf, sizeof(nbuf), "%d", n);
     pid_t pid = fork();
     NEED(pid >= 0, "fork");
     if (pid == 0) {
-        execl(self, self, "--child", name, nbuf, (char *)NULL);
+        execl(self, self, "--child", name, nbuf, dev ? "1" : "0", (char *)NULL);
         _exit(127);
     }
     cudaStream_t s;
@@ -167,6 +193,10 @@ static std::vector<float> floor_run(const char *self, int n)
     int st = 0;
     waitpid(pid, &st, 0);
     NEED(WIFEXITED(st) && WEXITSTATUS(st) == 0, "floor child failed");
+    if (dev)
+        CK(cudaFree((void *)w.ready));
+    CK(cudaHostUnregister(w.host));
+    munmap(w.host, 8192);
     shm_unlink(name);
     t.erase(t.begin(), t.begin() + std::min<size_t>(t.size() / 10, 64)); /* warm-up */
     return t;
@@ -266,8 +296,8 @@ static void patd_run(const char *bin, int steps, FILE *js, const char *label)
 
 int main(int argc, char **argv)
 {
-    if (argc == 4 && !strcmp(argv[1], "--child"))
-        return child_main(argv[2], atoi(argv[3]));
+    if (argc == 5 && !strcmp(argv[1], "--child"))
+        return child_main(argv[2], atoi(argv[3]), atoi(argv[4]));
     const char *bin = NULL, *label = "", *json = NULL;
     int iters = 2000;
     for (int i = 1; i < argc; i++) {
@@ -293,8 +323,10 @@ int main(int argc, char **argv)
     CK(cudaDeviceGetAttribute(&mps, cudaDevAttrMpsEnabled, dev));
     printf("device MPS client: %s\n", mps ? "yes" : "no");
     FILE *js = json ? fopen(json, "a") : NULL;
-    std::vector<float> f = floor_run("/proc/self/exe", iters);
+    std::vector<float> f = floor_run("/proc/self/exe", iters, 0);
     report(js, label, "floor: bare GPU ping-pong", f);
+    f = floor_run("/proc/self/exe", iters, 1);
+    report(js, label, "floor: ping-pong, device words", f);
     patd_run(bin, mps ? iters / 64 + 3 : 8, js, label);
     if (js)
         fclose(js);
