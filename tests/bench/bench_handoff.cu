@@ -9,7 +9,11 @@
  *   patd    a real patd (cuda backend, 64 layers, one tiny KV head set) and a libpat client:
  *           events around each pat_attend_async. Two flavours: "handshake" (a step the daemon
  *           refused: every layer's handshake runs without compute, the pure hand-off cost) and
- *           "attend" (one decode token: append + attention + merge of the smallest plan).
+ *           "attend" (one decode token: append + attention + merge of the smallest plan). Each
+ *           flavour twice: paced by the client's CPU (each pat_attend_async enqueued while the GPU
+ *           runs the one before, so its CPU cost can show), and enqueued ahead (the stream held
+ *           behind a gate word until all 64 layers are enqueued, as a frontend running ahead of
+ *           its GPU or replaying a graph does): the GPU-side round trip alone.
  *
  * Prints median and p99 per round trip for each, with --label (e.g. MPS / no-MPS) and
  * --json FILE (one line per measurement, appended).
@@ -30,6 +34,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <thread>
 #include <unistd.h>
 #include <vector>
 
@@ -262,19 +267,41 @@ static void patd_run(const char *bin, int steps, FILE *js, const char *label)
     std::vector<cudaEvent_t> ev(2 * 64);
     for (auto &e : ev)
         CK(cudaEventCreate(&e));
-    for (int flavour = 0; flavour < 2; flavour++) {
+    uint64_t *gate = nullptr, gate_v = 0;
+    void *gate_dev = nullptr;
+    CK(cudaHostAlloc(&gate, 64, cudaHostAllocMapped));
+    CK(cudaHostGetDevicePointer(&gate_dev, gate, 0));
+    *gate = 0;
+    for (int flavour = 0; flavour < 4; flavour++) {
+        const int refused = flavour % 2 == 0, ahead = flavour >= 2;
         std::vector<float> t;
         for (int step = 0; step < steps; step++) {
             uint32_t n1 = 1, tok = 7, bad = 999999; /* an unknown sequence: a refused step */
-            NEED(pat_step_begin(c, flavour == 0 ? &bad : &seq, &n1, 1, &tok) == 0, "step_begin");
+            NEED(pat_step_begin(c, refused ? &bad : &seq, &n1, 1, &tok) == 0, "step_begin");
+            std::thread opener;
+            if (ahead) {
+                /* the gate opens when every layer is enqueued, or after 20 ms in case enqueueing
+                 * blocked behind the closed gate (the launch queue is finite) */
+                CU(wait64((CUstream)s, (CUdeviceptr)gate_dev, ++gate_v, CU_STREAM_WAIT_VALUE_GEQ));
+                opener = std::thread([gate, gate_v] {
+                    for (int i = 0; i < 2000 && __atomic_load_n(gate, __ATOMIC_ACQUIRE) < gate_v;
+                         i++)
+                        usleep(10);
+                    __atomic_store_n(gate, gate_v, __ATOMIC_RELEASE);
+                });
+            }
             for (uint32_t l = 0; l < 64; l++) {
                 CK(cudaEventRecord(ev[2 * l], s));
                 NEED(pat_attend_async(c, l, s) == 0, "attend_async");
                 CK(cudaEventRecord(ev[2 * l + 1], s));
             }
+            if (ahead) {
+                __atomic_store_n(gate, gate_v, __ATOMIC_RELEASE);
+                opener.join();
+            }
             pat_step_info_t info;
             rc = pat_step_end(c, 1, &info); /* abort: the sequence stays 16 tokens */
-            NEED(flavour == 0 ? rc == -ENOENT : rc == 0, "step_end");
+            NEED(refused ? rc == -ENOENT : rc == 0, "step_end");
             CK(cudaStreamSynchronize(s));
             if (step < 3)
                 continue; /* warm-up */
@@ -284,9 +311,12 @@ static void patd_run(const char *bin, int steps, FILE *js, const char *label)
                 t.push_back(ms);
             }
         }
-        report(js, label,
-               flavour == 0 ? "patd handshake (refused step)" : "patd 1-token attend per layer", t);
+        static const char *what[4] = {
+            "patd handshake (refused step)", "patd 1-token attend per layer",
+            "patd handshake, enqueued ahead", "patd 1-token attend, enqueued ahead"};
+        report(js, label, what[flavour], t);
     }
+    CK(cudaFreeHost(gate));
     pat_close(c);
     kill(pid, SIGTERM);
     int st;
