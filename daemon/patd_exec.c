@@ -359,8 +359,9 @@ static void step_run_gpu(patd_t *d, patd_conn_t *c, uint32_t exec_id)
     ipc_sig_t *g = patd_conn_sig(c);
     const uint32_t nl = d->model.n_layers, depth = d->cfg.enqueue_depth;
     /* progress is reported every `every` layers and on the last: any `depth` consecutive layers
-     * of a step hold a reported one, so a wait for the window below always ends */
-    const uint32_t every = PAT_MIN(4u, depth);
+     * of a step hold a reported one, so a wait for the window below always ends, and the window
+     * refills while half of it is still queued */
+    const uint32_t every = PAT_MAX(1u, PAT_MIN(8u, depth / 2));
     const uint64_t epoch = atomic_load(&g->epoch);
     int rc = st->err; /* set by the loop for a step it refused (a handshake-only step) */
     if (rc == 0 && atomic_load(&st->abort))
