@@ -16,9 +16,8 @@ typedef struct gpu_cost {
 } gpu_cost_t;
 
 static const gpu_cost_t measured[] = {
-    /* NVIDIA H200: not measured with this kernel yet; the H100's kernel rates with the H200's
-     * bandwidth (4,555 GB/s, measured 2026-11-21) */
-    {"H200", {4555.0f, 167.5f, 3.53f, 0}},
+    /* NVIDIA H200, 2026-11-24, patd-tile-solver */
+    {"H200", {4457.3f, 154.6f, 3.60f, 0}},
     /* NVIDIA H100 80GB HBM3, 2026-11-24, patd-tile-solver */
     {"H100", {3054.3f, 167.5f, 3.53f, 0}},
 };
