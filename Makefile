@@ -5,7 +5,7 @@
 #   make help       list every target and knob
 #
 # Knobs: V=1 (echo commands), CUDA=0 (never call nvcc), DEBUG=1 (-O0, sanitizers),
-#        PREFIX=/usr/local, DESTDIR= (staged install), NVCC=..., CUDA_ARCHS="80 90".
+#        PREFIX=/usr/local, DESTDIR= (staged install), NVCC=..., CUDA_ARCHS="80 90a".
 
 .DEFAULT_GOAL := all
 SHELL         := /bin/bash
@@ -15,7 +15,7 @@ PREFIX  ?= /usr/local
 DESTDIR ?=
 CC      ?= cc
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
-CUDA_ARCHS ?= 80 90
+CUDA_ARCHS ?= 80 90a
 
 ifeq ($(V),1)
 Q :=
@@ -462,7 +462,7 @@ help:
 	@echo "  format        clang-format every tracked C/CUDA file in place"
 	@echo "  format-check  fail if any tracked file is not clang-formatted"
 	@echo "  clean         remove build/"
-	@echo "knobs: V=1 verbose, CUDA=0 skip nvcc, DEBUG=1 sanitizers, CUDA_ARCHS='80 90'"
+	@echo "knobs: V=1 verbose, CUDA=0 skip nvcc, DEBUG=1 sanitizers, CUDA_ARCHS='80 90a'"
 	@echo "cuda objects this run: $(if $(filter 1,$(HAVE_CUDA)),yes ($(NVCC)),no)"
 
 -include $(ALL_OBJS:.o=.d)

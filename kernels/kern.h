@@ -53,6 +53,13 @@ typedef enum kern_merge {
     KERN_MERGE_INSIDE = 1, /* the last CTA of a split token merges inside the forward launch */
 } kern_merge_t;
 
+/* Which matrix instructions the cuda forward uses (kern_config_t.fwd). */
+typedef enum kern_fwd {
+    KERN_FWD_MMA = 0,   /* mma.sync for every CTA (sm_80 and up) */
+    KERN_FWD_WGMMA = 1, /* wgmma for CTAs of 33-64 rows and one segment at head_dim <= 128 where
+                           the build has sm_90a code and the device runs it; mma.sync elsewhere */
+} kern_fwd_t;
+
 typedef struct kern_config {
     kern_model_t model;
     uint32_t n_blocks;       /* KV pool capacity in blocks */
@@ -65,6 +72,7 @@ typedef struct kern_config {
     uint32_t max_plan_bytes; /* cuda: largest plan accepted (pinned staging, device copy);
                                 0 = KERN_DEFAULT_PLAN_BYTES */
     kern_merge_t merge;      /* cuda: where split tokens are merged */
+    kern_fwd_t fwd;          /* cuda: matrix instructions of the forward */
 } kern_config_t;
 
 typedef struct kern_attn_params {

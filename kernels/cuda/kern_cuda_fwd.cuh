@@ -45,6 +45,7 @@
 #include <type_traits>
 
 #include "kern_cuda_int.h"
+#include "kern_cuda_wgmma.cuh"
 #include "kern_softmax.h"
 
 namespace kcuda
@@ -180,20 +181,67 @@ template <int D> __device__ __forceinline__ uint32_t swz(int r, int c)
     return static_cast<uint32_t>((r * (D / 8) + (c ^ (r & 7))) * 16);
 }
 
+/* keeps the compiler from moving accumulator registers across an asynchronous wgmma */
+template <int K> __device__ __forceinline__ void wg_hold(float (&d)[K])
+{
+#pragma unroll
+    for (int i = 0; i < K; i++)
+        asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* Row r's output from the accumulators of the thread holding it (half e of each o[j]: 0 for row
+ * g of the band, 2 for row g + 8), written as the final row or as a partial. */
+template <typename T, int D>
+__device__ __forceinline__ void fwd_rows_out(const FwdArgs &a, const sched_plan_row_t *rows,
+                                             uint32_t head, int r, uint32_t n_rows, float m,
+                                             float l, const float (&o)[D / 8][4], int e, int tq)
+{
+    if ((uint32_t)r >= n_rows)
+        return;
+    const float inv = kern_sm_inv(l);
+    const sched_plan_row_t row = rows[r / a.group];
+    const uint32_t j = r % a.group;
+    if (row.merge == SCHED_ROW_DIRECT) {
+        T *dst = static_cast<T *>(a.o) + ((uint64_t)row.q_tok * a.q_heads + head * a.group + j) * D;
+#pragma unroll
+        for (int i = 0; i < D / 8; i++)
+            *reinterpret_cast<uint32_t *>(dst + i * 8 + 2 * tq) =
+                Mma<T>::pack(o[i][e] * inv, o[i][e + 1] * inv);
+    } else {
+        const uint64_t slot = ((uint64_t)row.dst * a.kv_heads + head) * a.group + j;
+        float *dst = a.part_o + slot * D;
+#pragma unroll
+        for (int i = 0; i < D / 8; i++)
+            *reinterpret_cast<float2 *>(dst + i * 8 + 2 * tq) =
+                make_float2(o[i][e] * inv, o[i][e + 1] * inv);
+        if (tq == 0)
+            a.part_lse[slot] = kern_sm_lse(m, l, KERN_LN2);
+    }
+}
+
 /* ---------------------------------------------------------------- the kernel */
 
 /* One plan CTA for one KV head with tile m = M: attention over its segments, then the direct
  * outputs and partials. Every thread of the block calls it (it synchronizes). SEGS: several
  * segments (the band skip and the segment cursor); a CTA of one segment runs the loop without
- * them (its row range still masks). */
-template <typename T, int D, int M, bool SEGS>
+ * them (its row range still masks). WG: the four warps are one warpgroup and the matrix products
+ * are wgmma (kern_cuda_wgmma.cuh; m = 64, one segment, head_dim <= 128, sm_90a); the tiles then
+ * use wgmma's swizzle and the rows are written straight from the accumulators. */
+template <typename T, int D, int M, bool SEGS, bool WG = false>
 __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t &cta,
                                         uint32_t head, uint8_t *smem)
 {
     using G = Geom<D, M>;
     constexpr int N = G::N;
+    static_assert(!WG || (KCUDA_WGMMA && M == 64 && !SEGS && D <= 128 && N == 64),
+                  "the wgmma path: one warpgroup of 64 rows, 64-token tiles, one segment");
     uint8_t *sq = smem;
     uint8_t *ring = smem + G::Q_BYTES;
+    /* where chunk c of row r of the Q tile (M rows) and of a K or V tile (N rows) goes */
+    auto qoff = [](int r, int c) { return WG ? wswz<M>(r, c) : swz<D>(r, c); };
+    auto kvoff = [](int r, int c) { return WG ? wswz<N>(r, c) : swz<D>(r, c); };
+    if (WG && (smem_u32(smem) & 1023u))
+        __trap(); /* the swizzle needs 1024-byte aligned tiles: a layout bug, never data */
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp % G::WM, wn = warp / G::WM;
@@ -214,7 +262,7 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
             src = q + ((uint64_t)tok * a.q_heads + qh) * D + ch * 8;
             bytes = 16;
         }
-        cp_async16(smem_u32(sq + swz<D>(r, ch)), src, bytes);
+        cp_async16(smem_u32(sq + qoff(r, ch)), src, bytes);
     }
 
     /* the tiles: each segment's range from its kv_begin in steps of N, segments end to end */
@@ -265,8 +313,8 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
                 vs = ks + a.v_offset;
                 bytes = 16;
             }
-            cp_async16(smem_u32(sk + swz<D>(r, ch)), ks, bytes);
-            cp_async16(smem_u32(sv + swz<D>(r, ch)), vs, bytes);
+            cp_async16(smem_u32(sk + kvoff(r, ch)), ks, bytes);
+            cp_async16(smem_u32(sv + kvoff(r, ch)), vs, bytes);
         }
     };
 
@@ -318,6 +366,10 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
         if (it + G::STAGES < n_tiles)
             fetch_pages();
         cp_async_wait<G::STAGES - 1>();
+#if KCUDA_WGMMA
+        if constexpr (WG)
+            wg_proxy_fence(); /* the copies above become visible to wgmma's reads */
+#endif
         __syncthreads();
         if (!SEGS || band) {
             const uint8_t *sk = ring + (it % G::STAGES) * G::STAGE_BYTES, *sv = sk + G::KV_BYTES;
@@ -327,20 +379,35 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
 #pragma unroll
             for (int j = 0; j < NT; j++)
                 s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#if KCUDA_WGMMA
+            if constexpr (WG) {
+                float(&sw)[4 * NT] = *reinterpret_cast<float(*)[4 * NT]>(&s[0][0]);
+                const uint32_t qa = smem_u32(sq), ka = smem_u32(sk);
+                wg_fence();
 #pragma unroll
-            for (int ks = 0; ks < D / 16; ks++) {
-                uint32_t af[4];
-                ldsm_x4(smem_u32(sq + swz<D>(wm * 16 + (lane & 15), 2 * ks + (lane >> 4))), af[0],
-                        af[1], af[2], af[3]);
+                for (int ks = 0; ks < D / 16; ks++)
+                    Wg<T>::ss64(sw, wg_desc(qa + (ks >> 2) * (M * 128) + (ks & 3) * 32, 16, 1024),
+                                wg_desc(ka + (ks >> 2) * (N * 128) + (ks & 3) * 32, 16, 1024), ks);
+                wg_commit();
+                wg_wait0();
+                wg_hold(sw);
+            } else
+#endif
 #pragma unroll
-                for (int j = 0; j < NT; j += 2) {
-                    uint32_t b0, b1, b2, b3;
-                    const int kr = cb + j * 8 + (lane & 7) + ((lane >> 4) << 3);
-                    ldsm_x4(smem_u32(sk + swz<D>(kr, 2 * ks + ((lane >> 3) & 1))), b0, b1, b2, b3);
-                    Mma<T>::run(s[j], af, b0, b1);
-                    Mma<T>::run(s[j + 1], af, b2, b3);
+                for (int ks = 0; ks < D / 16; ks++) {
+                    uint32_t af[4];
+                    ldsm_x4(smem_u32(sq + swz<D>(wm * 16 + (lane & 15), 2 * ks + (lane >> 4))),
+                            af[0], af[1], af[2], af[3]);
+#pragma unroll
+                    for (int j = 0; j < NT; j += 2) {
+                        uint32_t b0, b1, b2, b3;
+                        const int kr = cb + j * 8 + (lane & 7) + ((lane >> 4) << 3);
+                        ldsm_x4(smem_u32(sk + swz<D>(kr, 2 * ks + ((lane >> 3) & 1))), b0, b1, b2,
+                                b3);
+                        Mma<T>::run(s[j], af, b0, b1);
+                        Mma<T>::run(s[j + 1], af, b2, b3);
+                    }
                 }
-            }
 
             /* scale, softcap, mask; log2 domain */
             const uint32_t t0 = ct0 + cb;
@@ -395,22 +462,50 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
 
             /* O += P.V: P straight from the S accumulators (the C layout of two n8 tiles is the A
              * layout of one k16 step) */
+#if KCUDA_WGMMA
+            if constexpr (WG) {
+                float(&ow)[4 * DT] = *reinterpret_cast<float(*)[4 * DT]>(&o[0][0]);
+                const uint32_t va = smem_u32(sv);
+                uint32_t pf[N / 16][4]; /* every A fragment before the fence: none moves after */
 #pragma unroll
-            for (int kk = 0; kk < G::NW / 16; kk++) {
-                uint32_t pf[4];
-                pf[0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-                pf[1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-                pf[2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                pf[3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-                const int vr = cb + kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
-#pragma unroll
-                for (int dn = 0; dn < D / 16; dn++) {
-                    uint32_t v0, v1, v2, v3;
-                    ldsm_x4_t(smem_u32(sv + swz<D>(vr, 2 * dn + (lane >> 4))), v0, v1, v2, v3);
-                    Mma<T>::run(o[2 * dn], pf, v0, v1);
-                    Mma<T>::run(o[2 * dn + 1], pf, v2, v3);
+                for (int kk = 0; kk < N / 16; kk++) {
+                    pf[kk][0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+                    pf[kk][1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+                    pf[kk][2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                    pf[kk][3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
                 }
-            }
+                wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < N / 16; kk++) {
+                    /* 16 tokens = two 8-row groups (1024 bytes apart); 64-wide D blocks are a
+                     * whole tile (N rows of 128 bytes) apart */
+                    const uint64_t vd = wg_desc(va + kk * 16 * 128, N * 128, 1024);
+                    if constexpr (D == 64)
+                        Wg<T>::rs64(ow, pf[kk], vd);
+                    else
+                        Wg<T>::rs128(ow, pf[kk], vd);
+                }
+                wg_commit();
+                wg_wait0();
+                wg_hold(ow);
+            } else
+#endif
+#pragma unroll
+                for (int kk = 0; kk < G::NW / 16; kk++) {
+                    uint32_t pf[4];
+                    pf[0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+                    pf[1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+                    pf[2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                    pf[3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                    const int vr = cb + kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+                    for (int dn = 0; dn < D / 16; dn++) {
+                        uint32_t v0, v1, v2, v3;
+                        ldsm_x4_t(smem_u32(sv + swz<D>(vr, 2 * dn + (lane >> 4))), v0, v1, v2, v3);
+                        Mma<T>::run(o[2 * dn], pf, v0, v1);
+                        Mma<T>::run(o[2 * dn + 1], pf, v2, v3);
+                    }
+                }
         }
         __syncthreads(); /* the stage is refilled by the next iteration's loads */
         ct0 += N;
@@ -420,11 +515,17 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
     cp_async_wait<0>();
     __syncthreads();
 
-    /* epilogue: each warp's (m, l, acc) into shared memory, then combine the WN column slices */
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    if constexpr (WG) {
+        /* one warp holds whole rows: straight from the accumulators */
+        fwd_rows_out<T, D>(a, rows, head, r0, n_rows, m0, l0, o, 0, tq);
+        fwd_rows_out<T, D>(a, rows, head, r1, n_rows, m1, l1, o, 2, tq);
+        return;
+    }
+    /* epilogue: each warp's (m, l, acc) into shared memory, then combine the WN column slices */
     float *ea = reinterpret_cast<float *>(ring);
     float *em = ea + G::WN * M * G::ERS, *el = em + G::WN * M;
     {
@@ -519,10 +620,11 @@ __device__ __forceinline__ uint32_t arrive(uint32_t *p)
  * merge of that token's group of q heads for this KV head (see the top of the file). */
 template <typename T, int D>
 __device__ __forceinline__ void fwd_arrive_merge(const FwdArgs &a, const sched_plan_cta_t &cta,
-                                                 uint32_t head)
+                                                 uint32_t head, uint8_t *smem)
 {
-    __shared__ uint32_t done[KCUDA_MAX_M]; /* merge entries to run: at most one per token */
-    __shared__ uint32_t n_done;
+    /* merge entries to run, at most one per token, in the Q tile's space (its last use is behind
+     * the barrier below): no static shared memory, so the dynamic tiles start 1024-aligned */
+    uint32_t *done = reinterpret_cast<uint32_t *>(smem), &n_done = done[KCUDA_MAX_M];
     const sched_plan_row_t *rows = a.rows + cta.row_begin;
     if (threadIdx.x == 0)
         n_done = 0;
@@ -555,10 +657,20 @@ __device__ __forceinline__ void fwd_arrive_merge(const FwdArgs &a, const sched_p
 template <typename T, int D>
 __global__ void __launch_bounds__(KCUDA_THREADS) fwd_layer(const FwdArgs a)
 {
-    extern __shared__ __align__(128) uint8_t smem[];
+    extern __shared__ __align__(1024) uint8_t smem[];
     const uint32_t head = blockIdx.x % a.kv_heads;
     const sched_plan_cta_t cta = a.ctas[blockIdx.x / a.kv_heads];
     const uint32_t rows = cta.row_count * a.group;
+#if KCUDA_WGMMA
+    if constexpr (D <= 128) {
+        if (a.wg && rows > 32 && cta.seg_count <= 1) { /* rows <= 64: the check bounds them */
+            fwd_cta<T, D, 64, false, true>(a, cta, head, smem);
+            if (a.merge_inside)
+                fwd_arrive_merge<T, D>(a, cta, head, smem);
+            return;
+        }
+    }
+#endif
     /* the smallest m that holds the rows (the plan's check bounds rows by KCUDA_MAX_M) */
 #define KCUDA_CASE(m)                                                                              \
     if (rows <= (m)) {                                                                             \
@@ -567,7 +679,7 @@ __global__ void __launch_bounds__(KCUDA_THREADS) fwd_layer(const FwdArgs a)
         else                                                                                       \
             fwd_cta<T, D, m, false>(a, cta, head, smem);                                           \
         if (a.merge_inside)                                                                        \
-            fwd_arrive_merge<T, D>(a, cta, head);                                                  \
+            fwd_arrive_merge<T, D>(a, cta, head, smem);                                            \
         return;                                                                                    \
     }
     KCUDA_TILE_MS(KCUDA_CASE)

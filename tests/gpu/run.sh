@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # GPU test and benchmark driver, run on the GPU machine from the repository root:
-#   tests/gpu/run.sh [--no-bench | --quick-bench | --attn | --attn-bench | --frontend |
+#   tests/gpu/run.sh [--no-bench | --quick-bench | --attn | --attn-bench | --smoke | --frontend |
 #                     --replay [quick]]
 # builds the CUDA parts, runs every GPU test, compute-sanitizer memcheck and racecheck on a
 # reduced set, the tile solver, and the attention benchmark (bench_attn + PAT's kernel on the same
 # GPU when .peers/ holds it (../shared/peers/pat/README.md), joined by tests/bench/compare_pat.py,
 # + PyTorch SDPA; --quick-bench: a few trees, --no-bench: none; --attn: the GPU tests, sanitizers,
 # solver and the attention benchmark with PAT, nothing cross-process; --attn-bench: only the
-# attention benchmark with PAT); then, under MPS, the
+# attention benchmark with PAT; --smoke: test_cuda_attn --quick and bench_attn --quick, a
+# few minutes); then, under MPS, the
 # cross-process tests (a real
 # patd on the cuda backend and PyTorch frontends: tests/gpu/test_frontend.py) and, unless
 # --no-bench, the hand-off and frontend benchmarks. --frontend: only the cross-process part.
@@ -30,6 +31,7 @@ case "${1:-}" in
 --replay) bench=4 ;;
 --attn) bench=5 ;;
 --attn-bench) bench=5 attn_only=1 ;;
+--smoke) bench=6 ;;
 esac
 
 # PAT's reference kernel (../shared/peers/pat): built in the background while patd builds and
@@ -65,7 +67,7 @@ fi
     echo "== build"
 } | tee "$out/gpu.log"
 B=build/gpu
-if ! make -j"$(nproc)" B=$B CUDA=1 CUDA_ARCHS=90 \
+if ! make -j"$(nproc)" B=$B CUDA=1 CUDA_ARCHS=90a \
     $B/tests/gpu/test_cuda_attn $B/bin/patd-tile-solver $B/bench/bench_attn $B/bin/patd \
     $B/lib/libpat.so.1.0.0 $B/bench/bench_handoff $B/bin/patload $B/bin/patctl \
     >>"$out/gpu.log" 2>&1; then
@@ -88,6 +90,14 @@ run() { # name, command...
         echo "== $name: FAILED" | tee -a "$out/gpu.log"
     fi
 }
+if [ $bench = 6 ]; then # --smoke [TREES [HEADS]]: bench_attn --quick, or those cases
+    run test_cuda_attn $B/tests/gpu/test_cuda_attn --quick
+    run bench_attn $B/bench/bench_attn $([ -n "${2:-}" ] && echo --trees "$2" || echo --quick) \
+        $([ -n "${3:-}" ] && echo --heads "$3") --json "$out/bench_attn.jsonl"
+    echo "$passed passed, $failed failed" | tee -a "$out/gpu.log"
+    [ "$failed" -eq 0 ]
+    exit
+fi
 if { [ $bench -lt 3 ] || [ $bench = 5 ]; } && [ $attn_only = 0 ]; then
 run test_cuda_attn $B/tests/gpu/test_cuda_attn
 if command -v compute-sanitizer >/dev/null; then
@@ -113,8 +123,8 @@ if [ $bench != 0 ]; then
             --json "$out/pat.jsonl"
         run compare_pat python3 tests/bench/compare_pat.py "$out/bench_attn.jsonl" "$out/pat.jsonl" \
             --md "$out/compare_pat.md"
-        run compare_inside python3 tests/bench/compare_pat.py "$out/bench_attn.jsonl" \
-            "$out/pat.jsonl" --field inside_us --md "$out/compare_inside.md"
+        run compare_wg python3 tests/bench/compare_pat.py "$out/bench_attn.jsonl" \
+            "$out/pat.jsonl" --field wg_us --md "$out/compare_wg.md"
         if [ -n "$pat_pid" ]; then # bring the built extension back for the next session to carry
             so=$(ls .peers/PAT/prefix_attn/_prefix_attn*.so 2>/dev/null | head -1)
             [ -n "$so" ] && tar -C .peers/PAT/prefix_attn -cJf "$out/pat_so.tar.xz" "$(basename "$so")"

@@ -124,7 +124,7 @@ static void fill(Rig &g, uint32_t layer, uint64_t seed)
 
 static void rig_init(Rig &g, tl_rng_t *r, const Model &mc, sched_policy_t pol, uint32_t split_min,
                      const sched_tiles_t *tiles_over = nullptr,
-                     kern_merge_t merge = KERN_MERGE_LAUNCH)
+                     kern_merge_t merge = KERN_MERGE_LAUNCH, kern_fwd_t fwd = KERN_FWD_MMA)
 {
     g.mc = mc;
     kern_config_t kc = {};
@@ -135,6 +135,7 @@ static void rig_init(Rig &g, tl_rng_t *r, const Model &mc, sched_policy_t pol, u
     kc.max_partials = 16 * g.w.n_tokens + 64;
     kc.n_threads = 0;
     kc.merge = merge;
+    kc.fwd = fwd;
     REQ(kern_backend_create("cpu", &kc, &g.cpu));
     REQ(kern_backend_create("cuda", &kc, &g.gpu));
     sched_tiles_t tiles;
@@ -309,12 +310,19 @@ static void gen(tl_world_t *w, tl_rng_t *r, const Model &m, bool extend, bool lo
     }
 }
 
-static void test_random(int rounds, uint64_t seed)
+/* Random forests over every model and policy. fwd KERN_FWD_WGMMA: the packing policies only
+ * (their m = 64 CTAs of one segment take the wgmma path on sm_90a), every model, splits on and
+ * off, both merge modes. */
+static void test_random(int rounds, uint64_t seed, kern_fwd_t fwd = KERN_FWD_MMA)
 {
     tl_rng_t r;
     tl_rng_seed(&r, seed);
-    static const sched_policy_t pols[] = {SCHED_POLICY_AUTO, SCHED_POLICY_PAPER, SCHED_POLICY_QUERY,
-                                          SCHED_POLICY_BYTES, SCHED_POLICY_TREE};
+    static const sched_policy_t all[] = {SCHED_POLICY_AUTO, SCHED_POLICY_PAPER, SCHED_POLICY_QUERY,
+                                         SCHED_POLICY_BYTES, SCHED_POLICY_TREE};
+    static const sched_policy_t packing[] = {SCHED_POLICY_BYTES, SCHED_POLICY_PAPER,
+                                             SCHED_POLICY_AUTO, SCHED_POLICY_BYTES,
+                                             SCHED_POLICY_PAPER};
+    const sched_policy_t *pols = fwd == KERN_FWD_WGMMA ? packing : all;
     uint32_t merges = 0, multi_group = 0;
     for (int round = 0; round < rounds; round++) {
         const Model &mc = models[round % n_models];
@@ -322,7 +330,7 @@ static void test_random(int rounds, uint64_t seed)
         gen(&g.w, &r, mc, round % 3 == 2, round % 4 == 1);
         /* odd rounds split; every other one of them merges inside the forward */
         rig_init(g, &r, mc, pols[round % 5], round % 2 ? 64 : 0, nullptr,
-                 round % 4 == 3 ? KERN_MERGE_INSIDE : KERN_MERGE_LAUNCH);
+                 round % 4 == 3 ? KERN_MERGE_INSIDE : KERN_MERGE_LAUNCH, fwd);
         const sched_plan_hdr_t *h = run(g);
         merges += h->n_merges > 0;
         multi_group += h->n_groups > 1;
@@ -332,9 +340,10 @@ static void test_random(int rounds, uint64_t seed)
         for (uint32_t i = 0; i < g.w.n_q; i++)
             maxkv = g.w.q[i].kv_len > maxkv ? g.w.q[i].kv_len : maxkv;
         char name[200];
-        snprintf(name, sizeof(name), "random %2d q%u/kv%u d%u %s cap%g: %uq kv<=%u %ug %um", round,
-                 mc.q_heads, mc.kv_heads, mc.d, mc.dt == KERN_F16 ? "f16" : "bf16", mc.softcap,
-                 g.w.n_q, maxkv, h->n_groups, h->n_merges);
+        snprintf(name, sizeof(name), "%s %2d q%u/kv%u d%u %s cap%g: %uq kv<=%u %ug %um",
+                 fwd == KERN_FWD_WGMMA ? "wgmma" : "random", round, mc.q_heads, mc.kv_heads, mc.d,
+                 mc.dt == KERN_F16 ? "f16" : "bf16", mc.softcap, g.w.n_q, maxkv, h->n_groups,
+                 h->n_merges);
         printf("  (vs cpu %.2e) ", ec);
         verdict(name, finite && ec < 1e-2 && ef < 1e-2, " fp64 rel err %.2e", ef);
         rig_done(g);
@@ -688,6 +697,7 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (quick) {
         test_random(4, 11);
+        test_random(4, 12, KERN_FWD_WGMMA);
         test_mixed(64);
         test_all_split();
         test_tree();
@@ -695,6 +705,7 @@ int main(int argc, char **argv)
     } else {
         test_tiles();
         test_random(40, tl_test_seed(0xcafe));
+        test_random(20, tl_test_seed(0xbeef), KERN_FWD_WGMMA);
         test_mixed(0);
         test_mixed(64);
         test_all_split();
