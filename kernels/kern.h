@@ -56,8 +56,8 @@ typedef enum kern_merge {
 /* Which matrix instructions the cuda forward uses (kern_config_t.fwd). */
 typedef enum kern_fwd {
     KERN_FWD_MMA = 0,   /* mma.sync for every CTA (sm_80 and up) */
-    KERN_FWD_WGMMA = 1, /* wgmma for CTAs of 33-64 rows and one segment at head_dim <= 128 where
-                           the build has sm_90a code and the device runs it; mma.sync elsewhere */
+    KERN_FWD_WGMMA = 1, /* wgmma for CTAs of 33-64 rows at head_dim <= 128 where the build has
+                           sm_90a code and the device runs it; mma.sync elsewhere */
 } kern_fwd_t;
 
 typedef struct kern_config {

@@ -225,16 +225,17 @@ __device__ __forceinline__ void fwd_rows_out(const FwdArgs &a, const sched_plan_
  * outputs and partials. Every thread of the block calls it (it synchronizes). SEGS: several
  * segments (the band skip and the segment cursor); a CTA of one segment runs the loop without
  * them (its row range still masks). WG: the four warps are one warpgroup and the matrix products
- * are wgmma (kern_cuda_wgmma.cuh; m = 64, one segment, head_dim <= 128, sm_90a); the tiles then
- * use wgmma's swizzle and the rows are written straight from the accumulators. */
+ * are wgmma (kern_cuda_wgmma.cuh; m = 64, head_dim <= 128, sm_90a), which every band computes (no
+ * band skip: the rows limits mask); the tiles then use wgmma's swizzle and the rows are written
+ * straight from the accumulators. */
 template <typename T, int D, int M, bool SEGS, bool WG = false>
 __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t &cta,
                                         uint32_t head, uint8_t *smem)
 {
     using G = Geom<D, M>;
     constexpr int N = G::N;
-    static_assert(!WG || (KCUDA_WGMMA && M == 64 && !SEGS && D <= 128 && N == 64),
-                  "the wgmma path: one warpgroup of 64 rows, 64-token tiles, one segment");
+    static_assert(!WG || (KCUDA_WGMMA && M == 64 && D <= 128 && N == 64),
+                  "the wgmma path: one warpgroup of 64 rows, 64-token tiles");
     uint8_t *sq = smem;
     uint8_t *ring = smem + G::Q_BYTES;
     /* where chunk c of row r of the Q tile (M rows) and of a K or V tile (N rows) goes */
@@ -371,7 +372,7 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
             wg_proxy_fence(); /* the copies above become visible to wgmma's reads */
 #endif
         __syncthreads();
-        if (!SEGS || band) {
+        if (!SEGS || WG || band) { /* wgmma: the warpgroup computes every band */
             const uint8_t *sk = ring + (it % G::STAGES) * G::STAGE_BYTES, *sv = sk + G::KV_BYTES;
             const int cb = wn * G::NW; /* first column of this warp in the tile */
 
@@ -663,8 +664,11 @@ __global__ void __launch_bounds__(KCUDA_THREADS) fwd_layer(const FwdArgs a)
     const uint32_t rows = cta.row_count * a.group;
 #if KCUDA_WGMMA
     if constexpr (D <= 128) {
-        if (a.wg && rows > 32 && cta.seg_count <= 1) { /* rows <= 64: the check bounds them */
-            fwd_cta<T, D, 64, false, true>(a, cta, head, smem);
+        if (a.wg && rows > 32) { /* rows <= 64: the plan check bounds them */
+            if (cta.seg_count > 1)
+                fwd_cta<T, D, 64, true, true>(a, cta, head, smem);
+            else
+                fwd_cta<T, D, 64, false, true>(a, cta, head, smem);
             if (a.merge_inside)
                 fwd_arrive_merge<T, D>(a, cta, head, smem);
             return;

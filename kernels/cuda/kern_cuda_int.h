@@ -49,7 +49,7 @@ struct FwdArgs {
     uint32_t q_heads, kv_heads, group;
     float scale, softcap;
     uint32_t merge_inside; /* 1: the last CTA of a split token merges (KERN_MERGE_INSIDE) */
-    uint32_t wg;           /* 1: m = 64 CTAs of one segment use wgmma (KERN_FWD_WGMMA, sm_90a) */
+    uint32_t wg;           /* 1: CTAs of 33-64 rows use wgmma (KERN_FWD_WGMMA, sm_90a) */
 };
 
 /* The forward of one (dtype, head_dim): one kernel for every tile shape. */

@@ -14,7 +14,7 @@
  *   tree     policy tree: queries in prefix-tree order, a tile's rows per CTA, each CTA reading
  *            its rows' whole paths as block-diagonal segments (auto may choose it too)
  *   fixed    pack as pat but one fixed tile (m 64; the paper's ablation)
- *   wg       pat's plan on a backend whose forward uses wgmma for its m = 64 CTAs of one segment
+ *   wg       pat's plan on a backend whose forward uses wgmma for its m = 64 CTAs
  *            (KERN_FWD_WGMMA, sm_90a); pat runs the default, mma.sync for every CTA. (Merging
  *            inside the forward, KERN_MERGE_INSIDE, measured 1.17x slower than the merge launch:
  *            RESULTS.md, 2026-11-24; its tests stay in test_cuda_attn.)

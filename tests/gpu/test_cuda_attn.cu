@@ -310,18 +310,18 @@ static void gen(tl_world_t *w, tl_rng_t *r, const Model &m, bool extend, bool lo
     }
 }
 
-/* Random forests over every model and policy. fwd KERN_FWD_WGMMA: the packing policies only
- * (their m = 64 CTAs of one segment take the wgmma path on sm_90a), every model, splits on and
- * off, both merge modes. */
+/* Random forests over every model and policy. fwd KERN_FWD_WGMMA: the policies that fill CTAs
+ * of 33-64 rows (they take the wgmma path on sm_90a; TREE's with several segments), every model,
+ * splits on and off, both merge modes. */
 static void test_random(int rounds, uint64_t seed, kern_fwd_t fwd = KERN_FWD_MMA)
 {
     tl_rng_t r;
     tl_rng_seed(&r, seed);
     static const sched_policy_t all[] = {SCHED_POLICY_AUTO, SCHED_POLICY_PAPER, SCHED_POLICY_QUERY,
                                          SCHED_POLICY_BYTES, SCHED_POLICY_TREE};
-    static const sched_policy_t packing[] = {SCHED_POLICY_BYTES, SCHED_POLICY_PAPER,
-                                             SCHED_POLICY_AUTO, SCHED_POLICY_BYTES,
-                                             SCHED_POLICY_PAPER};
+    static const sched_policy_t packing[] = {SCHED_POLICY_BYTES, SCHED_POLICY_TREE,
+                                             SCHED_POLICY_AUTO, SCHED_POLICY_PAPER,
+                                             SCHED_POLICY_TREE};
     const sched_policy_t *pols = fwd == KERN_FWD_WGMMA ? packing : all;
     uint32_t merges = 0, multi_group = 0;
     for (int round = 0; round < rounds; round++) {
