@@ -77,7 +77,6 @@ int attend_on(Lane *L, uint32_t layer, const sched_plan_hdr_t *h, const void *q,
     a.scale = p->scale;
     a.softcap = p->softcap;
     a.merge_inside = c->base.cfg.merge == KERN_MERGE_INSIDE;
-    a.wg = c->base.cfg.fwd == KERN_FWD_WGMMA;
     void *args[] = {&a};
     KC_TRY(cudaLaunchKernel(c->fwd.fn, dim3(h->n_ctas * m.kv_heads), dim3(KCUDA_THREADS), args,
                             (size_t)c->fwd.smem, L->main),

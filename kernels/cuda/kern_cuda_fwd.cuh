@@ -654,8 +654,9 @@ __device__ __forceinline__ void fwd_arrive_merge(const FwdArgs &a, const sched_p
 }
 
 /* One layer of a plan: grid = n_ctas x kv_heads blocks of KCUDA_THREADS, dynamic shared memory
- * fwd_smem<D>(). */
-template <typename T, int D>
+ * fwd_smem<D>(). WGK: CTAs of more than 32 rows use wgmma (where compiled for sm_90a and
+ * head_dim <= 128); a kernel of its own, so that the mma.sync kernel's registers stay its own. */
+template <typename T, int D, bool WGK>
 __global__ void __launch_bounds__(KCUDA_THREADS) fwd_layer(const FwdArgs a)
 {
     extern __shared__ __align__(1024) uint8_t smem[];
@@ -663,8 +664,8 @@ __global__ void __launch_bounds__(KCUDA_THREADS) fwd_layer(const FwdArgs a)
     const sched_plan_cta_t cta = a.ctas[blockIdx.x / a.kv_heads];
     const uint32_t rows = cta.row_count * a.group;
 #if KCUDA_WGMMA
-    if constexpr (D <= 128) {
-        if (a.wg && rows > 32) { /* rows <= 64: the plan check bounds them */
+    if constexpr (WGK && D <= 128) {
+        if (rows > 32) { /* rows <= 64: the plan check bounds them */
             if (cta.seg_count > 1)
                 fwd_cta<T, D, 64, true, true>(a, cta, head, smem);
             else
@@ -705,10 +706,13 @@ template <typename T, int D> int fwd_prepare(FwdVariant *v)
 {
     constexpr int smem = fwd_smem<D>();
     static_assert(smem <= 232448, "sm_80/sm_90 opt-in shared memory per block (227 KB)");
-    auto fn = fwd_layer<T, D>;
+    auto fn = fwd_layer<T, D, false>, wg = fwd_layer<T, D, true>;
     KC_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
            "cudaFuncSetAttribute(fwd)");
+    KC_TRY(cudaFuncSetAttribute(wg, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+           "cudaFuncSetAttribute(fwd, wgmma)");
     v->fn = reinterpret_cast<const void *>(fn);
+    v->wg_fn = reinterpret_cast<const void *>(wg);
     v->merge_fn = reinterpret_cast<const void *>(merge_layer<T, D>);
     v->smem = smem;
     return 0;

@@ -49,12 +49,12 @@ struct FwdArgs {
     uint32_t q_heads, kv_heads, group;
     float scale, softcap;
     uint32_t merge_inside; /* 1: the last CTA of a split token merges (KERN_MERGE_INSIDE) */
-    uint32_t wg;           /* 1: CTAs of 33-64 rows use wgmma (KERN_FWD_WGMMA, sm_90a) */
 };
 
 /* The forward of one (dtype, head_dim): one kernel for every tile shape. */
 struct FwdVariant {
-    const void *fn;       /* __global__ void (*)(FwdArgs): fwd_layer */
+    const void *fn;       /* __global__ void (*)(FwdArgs): fwd_layer, mma.sync */
+    const void *wg_fn;    /* fwd_layer with wgmma for CTAs of 33-64 rows (KERN_FWD_WGMMA) */
     const void *merge_fn; /* merge_layer, for KERN_MERGE_LAUNCH */
     int smem;             /* dynamic shared memory: the largest shape's */
 };

@@ -68,16 +68,19 @@ extern "C" int kern_cuda_variants(uint32_t head_dim, kern_cuda_variant_info_t *o
     if (r < 0)
         return r;
     uint32_t n = 0;
-    for (int dt = 0; dt < 2; dt++, n++) {
+    for (int k = 0; k < 4; k++, n++) {
+        const int dt = k % 2, wg = k / 2;
         if (n >= cap)
             continue;
         kern_cuda_variant_info_t *x = &out[n];
+        const void *fn = wg ? v[dt].wg_fn : v[dt].fn;
         cudaFuncAttributes fa;
-        KC_TRY(cudaFuncGetAttributes(&fa, v[dt].fn), "cudaFuncGetAttributes");
+        KC_TRY(cudaFuncGetAttributes(&fa, fn), "cudaFuncGetAttributes");
         int blocks = 0;
-        KC_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, v[dt].fn, KCUDA_THREADS,
-                                                             v[dt].smem),
-               "occupancy");
+        KC_TRY(
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, KCUDA_THREADS, v[dt].smem),
+            "occupancy");
+        x->wgmma = wg;
         x->head_dim = head_dim;
         x->m = KCUDA_MAX_M;
         x->n = KCUDA_TILE_N;

@@ -54,7 +54,7 @@ static float time_ms(cudaEvent_t a, cudaEvent_t b)
  * d 128 fp16: shared = every query reads the same blocks (one pack, policy paper, no split), else
  * each its own (query-centric). Returns FLOP/s when shared, else seconds. */
 static double measure_plan(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t kv_len,
-                           uint32_t qh, uint32_t kvh, bool shared)
+                           uint32_t qh, uint32_t kvh, bool shared, kern_fwd_t fwd = KERN_FWD_MMA)
 {
     const uint32_t dd = 128, blocks_per = (kv_len + 15) / 16;
     kern_config_t kc = {};
@@ -62,6 +62,7 @@ static double measure_plan(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t
     kc.n_blocks = shared ? blocks_per : nq * blocks_per;
     kc.max_tokens = nq;
     kc.max_partials = 1;
+    kc.fwd = fwd;
     kern_backend_t *b;
     REQ(kern_backend_create("cuda", &kc, &b));
     void *q, *o;
@@ -166,8 +167,8 @@ int main(int argc, char **argv)
            bw / 1e9, lat * 1e9, need / 1024);
 
     /* 2. the compiled kernels against the constraints */
-    printf("%4s %5s %5s %4s %7s %7s %5s %6s %9s %10s  %s\n", "d", "dtype", "m<=", "n", "threads",
-           "smem", "regs", "CTA/SM", "stage KB", "flight KB", "verdict");
+    printf("%4s %5s %5s %5s %4s %7s %7s %5s %6s %9s %10s  %s\n", "d", "dtype", "mma", "m<=", "n",
+           "threads", "smem", "regs", "CTA/SM", "stage KB", "flight KB", "verdict");
     for (uint32_t d : {64u, 128u, 256u}) {
         kern_cuda_variant_info_t v[8];
         int n = kern_cuda_variants(d, v, 8);
@@ -180,14 +181,16 @@ int main(int argc, char **argv)
             const char *why = !fits           ? "does not fit (occupancy 0 or spills)"
                               : flight < need ? "too few bytes in flight"
                                               : "ok";
-            printf("%4u %5s %5u %4u %7d %7d %5d %6d %9.1f %10.1f  %s\n", d,
-                   a.dtype == KERN_F16 ? "f16" : "bf16", a.m, a.n, a.threads, a.smem, a.regs,
-                   a.blocks_per_sm, a.stage_bytes / 1024.0, flight / 1024, why);
+            printf("%4u %5s %5s %5u %4u %7d %7d %5d %6d %9.1f %10.1f  %s\n", d,
+                   a.dtype == KERN_F16 ? "f16" : "bf16", a.wgmma ? "wg" : "sync", a.m, a.n,
+                   a.threads, a.smem, a.regs, a.blocks_per_sm, a.stage_bytes / 1024.0,
+                   flight / 1024, why);
         }
     }
 
     /* 3. the time model's rates (sched_cost_t), on d 128 fp16 */
     const double mma = measure_plan(e0, e1, 512, 2048, 64, 8, true);
+    const double wgmma = measure_plan(e0, e1, 512, 2048, 64, 8, true, KERN_FWD_WGMMA);
     const double t_small = measure_plan(e0, e1, 4096, 1, 8, 8, false);
     sched_tiles_t dev;
     {
@@ -206,6 +209,7 @@ int main(int argc, char **argv)
     printf("\nmma rate: 512 queries x 64/8 heads over one shared 2,048-token prefix (m = 64 CTAs, "
            "L2-resident KV): %.1f TFLOP/s\n",
            mma / 1e12);
+    printf("the same with wgmma (KERN_FWD_WGMMA): %.1f TFLOP/s\n", wgmma / 1e12);
     printf("fixed cost: 4,096 one-token queries x 8 KV heads (%.0f items, %u slots, %.0f waves): "
            "%.1f us -> %.2f us per item\n",
            items, dev.cost.slots, waves, t_small * 1e6, cta_us * 1e6);
