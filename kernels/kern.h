@@ -55,9 +55,10 @@ typedef enum kern_merge {
 
 /* Which matrix instructions the cuda forward uses (kern_config_t.fwd). */
 typedef enum kern_fwd {
-    KERN_FWD_MMA = 0,   /* mma.sync for every CTA (sm_80 and up) */
-    KERN_FWD_WGMMA = 1, /* wgmma for CTAs of 33-64 rows at head_dim <= 128 where the build has
-                           sm_90a code and the device runs it; mma.sync elsewhere */
+    KERN_FWD_AUTO = 0, /* wgmma where it measured faster: CTAs of 33-64 rows and several segments
+                          (TREE plans) at head_dim <= 128, on a device running the build's sm_90a
+                          code; mma.sync elsewhere (tests/bench/RESULTS.md) */
+    KERN_FWD_MMA = 1,  /* mma.sync for every CTA */
 } kern_fwd_t;
 
 typedef struct kern_config {

@@ -255,7 +255,7 @@ int cuda_create(const kern_config_t *cfg, kern_backend_t **ret)
     if ((r = load_memops(c)) < 0 || (r = fwd_register(m.head_dim, v)) < 0)
         goto fail;
     c->fwd = v[c->dt];
-    if (cfg->fwd == KERN_FWD_WGMMA)
+    if (cfg->fwd == KERN_FWD_AUTO)
         c->fwd.fn = c->fwd.wg_fn;
     if ((r = warm_kernels(c)) < 0)
         goto fail;

@@ -39,7 +39,7 @@ double kern_cuda_read_bandwidth(uint64_t bytes, int reps);
 typedef struct kern_cuda_variant_info {
     uint32_t head_dim, m, n; /* m: the largest tile m it runs */
     kern_dtype_t dtype;
-    int wgmma;         /* 1: the KERN_FWD_WGMMA kernel (CTAs of 33-64 rows on wgmma, sm_90a) */
+    int wgmma;         /* 1: the KERN_FWD_AUTO kernel (wgmma for some CTAs on sm_90a) */
     int threads;       /* per CTA */
     int smem;          /* dynamic shared memory bytes per CTA (the largest shape's) */
     int regs;          /* registers per thread (cudaFuncGetAttributes) */

@@ -654,8 +654,10 @@ __device__ __forceinline__ void fwd_arrive_merge(const FwdArgs &a, const sched_p
 }
 
 /* One layer of a plan: grid = n_ctas x kv_heads blocks of KCUDA_THREADS, dynamic shared memory
- * fwd_smem<D>(). WGK: CTAs of more than 32 rows use wgmma (where compiled for sm_90a and
- * head_dim <= 128); a kernel of its own, so that the mma.sync kernel's registers stay its own. */
+ * fwd_smem<D>(). WGK (KERN_FWD_AUTO): CTAs of more than 32 rows and several segments use wgmma
+ * where compiled for sm_90a at head_dim <= 128: measured 11 % faster on TREE plans and 3 % slower
+ * on one-segment packs (RESULTS.md, 2026-11-24). A kernel of its own, so that the mma.sync
+ * kernel's registers stay its own. */
 template <typename T, int D, bool WGK>
 __global__ void __launch_bounds__(KCUDA_THREADS) fwd_layer(const FwdArgs a)
 {
@@ -665,11 +667,8 @@ __global__ void __launch_bounds__(KCUDA_THREADS) fwd_layer(const FwdArgs a)
     const uint32_t rows = cta.row_count * a.group;
 #if KCUDA_WGMMA
     if constexpr (WGK && D <= 128) {
-        if (rows > 32) { /* rows <= 64: the plan check bounds them */
-            if (cta.seg_count > 1)
-                fwd_cta<T, D, 64, true, true>(a, cta, head, smem);
-            else
-                fwd_cta<T, D, 64, false, true>(a, cta, head, smem);
+        if (rows > 32 && cta.seg_count > 1) { /* rows <= 64: the plan check bounds them */
+            fwd_cta<T, D, 64, true, true>(a, cta, head, smem);
             if (a.merge_inside)
                 fwd_arrive_merge<T, D>(a, cta, head, smem);
             return;

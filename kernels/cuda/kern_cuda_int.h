@@ -54,7 +54,7 @@ struct FwdArgs {
 /* The forward of one (dtype, head_dim): one kernel for every tile shape. */
 struct FwdVariant {
     const void *fn;       /* __global__ void (*)(FwdArgs): fwd_layer, mma.sync */
-    const void *wg_fn;    /* fwd_layer with wgmma for CTAs of 33-64 rows (KERN_FWD_WGMMA) */
+    const void *wg_fn;    /* fwd_layer with wgmma where it wins (KERN_FWD_AUTO) */
     const void *merge_fn; /* merge_layer, for KERN_MERGE_LAUNCH */
     int smem;             /* dynamic shared memory: the largest shape's */
 };

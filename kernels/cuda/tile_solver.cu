@@ -54,7 +54,7 @@ static float time_ms(cudaEvent_t a, cudaEvent_t b)
  * d 128 fp16: shared = every query reads the same blocks (one pack, policy paper, no split), else
  * each its own (query-centric). Returns FLOP/s when shared, else seconds. */
 static double measure_plan(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t kv_len,
-                           uint32_t qh, uint32_t kvh, bool shared, kern_fwd_t fwd = KERN_FWD_MMA)
+                           uint32_t qh, uint32_t kvh, bool shared, kern_fwd_t fwd = KERN_FWD_AUTO)
 {
     const uint32_t dd = 128, blocks_per = (kv_len + 15) / 16;
     kern_config_t kc = {};
@@ -190,7 +190,6 @@ int main(int argc, char **argv)
 
     /* 3. the time model's rates (sched_cost_t), on d 128 fp16 */
     const double mma = measure_plan(e0, e1, 512, 2048, 64, 8, true);
-    const double wgmma = measure_plan(e0, e1, 512, 2048, 64, 8, true, KERN_FWD_WGMMA);
     const double t_small = measure_plan(e0, e1, 4096, 1, 8, 8, false);
     sched_tiles_t dev;
     {
@@ -209,7 +208,6 @@ int main(int argc, char **argv)
     printf("\nmma rate: 512 queries x 64/8 heads over one shared 2,048-token prefix (m = 64 CTAs, "
            "L2-resident KV): %.1f TFLOP/s\n",
            mma / 1e12);
-    printf("the same with wgmma (KERN_FWD_WGMMA): %.1f TFLOP/s\n", wgmma / 1e12);
     printf("fixed cost: 4,096 one-token queries x 8 KV heads (%.0f items, %u slots, %.0f waves): "
            "%.1f us -> %.2f us per item\n",
            items, dev.cost.slots, waves, t_small * 1e6, cta_us * 1e6);

@@ -14,8 +14,8 @@
  *   tree     policy tree: queries in prefix-tree order, a tile's rows per CTA, each CTA reading
  *            its rows' whole paths as block-diagonal segments (auto may choose it too)
  *   fixed    pack as pat but one fixed tile (m 64; the paper's ablation)
- *   wg       pat's plan on a backend whose forward uses wgmma for its m = 64 CTAs
- *            (KERN_FWD_WGMMA, sm_90a); pat runs the default, mma.sync for every CTA. (Merging
+ *   mma      pat's plan on a backend whose forward uses mma.sync for every CTA (KERN_FWD_MMA); pat
+ *            runs the default, KERN_FWD_AUTO (wgmma for TREE CTAs on sm_90a). (Merging
  *            inside the forward, KERN_MERGE_INSIDE, measured 1.17x slower than the merge launch:
  *            RESULTS.md, 2026-11-24; its tests stay in test_cuda_attn.)
  *   nomerge  pat's plan with every row made direct and the merge list dropped (outputs wrong,
@@ -374,11 +374,11 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     kc.n_blocks = w.next_block;
     kc.max_tokens = 16384;
     kc.max_partials = 64 * w.n_tokens;
-    kern_backend_t *b, *b_wg; /* the default forward (mma.sync) and the wgmma one */
+    kern_backend_t *b, *b_mma; /* the default forward (KERN_FWD_AUTO) and mma.sync only */
     REQ(kern_backend_create("cuda", &kc, &b));
-    kc.fwd = KERN_FWD_WGMMA;
-    REQ(kern_backend_create("cuda", &kc, &b_wg));
     kc.fwd = KERN_FWD_MMA;
+    REQ(kern_backend_create("cuda", &kc, &b_mma));
+    kc.fwd = KERN_FWD_AUTO;
     sched_tiles_t tiles;
     kern_tiles(b, &tiles);
 
@@ -399,9 +399,9 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
         for (uint32_t i = 0; i < n; i++)
             slots[i] = (uint32_t)(s0 + i);
         REQ(kern_append_kv(b, 0, dk, dv, slots.data(), n));
-        REQ(kern_append_kv(b_wg, 0, dk, dv, slots.data(), n));
+        REQ(kern_append_kv(b_mma, 0, dk, dv, slots.data(), n));
     }
-    REQ(kern_sync(b_wg));
+    REQ(kern_sync(b_mma));
     const uint64_t qo_elems = (uint64_t)w.n_tokens * qh * D;
     CK(cudaMalloc(&dq, qo_elems * 2));
     CK(cudaMalloc(&dout, qo_elems * 2));
@@ -439,10 +439,10 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     CK(cudaMemcpy(o_qc.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
     const double us_fix = time_plan(b, h_fix, dq, dout, &p);
     const double us_tree = time_plan(b, h_tree, dq, dout, &p);
-    const double us_wg = time_plan(b_wg, h_pat, dq, dout, &p);
-    std::vector<__half> o_wg(qo_elems);
-    CK(cudaMemcpy(o_wg.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
-    const double wg_agree = rel_err_f16(o_wg, o_pat);
+    const double us_mma = time_plan(b_mma, h_pat, dq, dout, &p);
+    std::vector<__half> o_mma(qo_elems);
+    CK(cudaMemcpy(o_mma.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
+    const double mma_agree = rel_err_f16(o_mma, o_pat);
     const double us_nm = h_pat->n_merges
                              ? time_plan(b, (const sched_plan_hdr_t *)nomerge.data(), dq, dout, &p)
                              : us_pat;
@@ -463,7 +463,7 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
            spec, qh, kvh, w.n_q, w.q[0].kv_len, us_pat, us_qc, us_fix, us_nm, floor, us_pat / floor,
            bytes / (us_pat * 1e-6) / 1e12, flops / (us_pat * 1e-6) / 1e12, reread, 100 * merge_frac,
            st.last_model_ns / 1e3, us_qc / us_pat, us_fix / us_pat, pk, h_pat->n_ctas, agree,
-           us_tree, pol_name[chosen], us_wg);
+           us_tree, pol_name[chosen], us_mma);
     if (js)
         fprintf(js,
                 "{\"tree\":\"%s\",\"q_heads\":%u,\"kv_heads\":%u,\"queries\":%u,\"kv_len\":%u,"
@@ -472,13 +472,13 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
                 "\"floor_tc_us\":%.2f,\"floor_us\":%.2f,\"eff_bw_frac\":%.4f,\"tbs\":%.3f,"
                 "\"tflops\":%.2f,\"reread\":%.3f,\"merge_frac\":%.4f,\"model_us\":%.2f,"
                 "\"ctas\":%u,\"merges\":%u,\"pat_vs_qc_rel_err\":%.2e,\"read_bw\":%.0f,"
-                "\"wg_us\":%.2f,\"wg_vs_mma_rel_err\":%.2e,\"tree_us\":%.2f,"
+                "\"mma_us\":%.2f,\"mma_vs_auto_rel_err\":%.2e,\"tree_us\":%.2f,"
                 "\"policy\":\"%s\"}\n",
                 spec, qh, kvh, w.n_q, w.q[0].kv_len, us_pat, us_qc, us_fix, us_nm, pk, bytes, flops,
                 floor_bw, floor_tc, floor, bytes / (us_pat * 1e-6) / f.bw,
                 bytes / (us_pat * 1e-6) / 1e12, flops / (us_pat * 1e-6) / 1e12, reread, merge_frac,
-                st.last_model_ns / 1e3, h_pat->n_ctas, h_pat->n_merges, agree, f.bw, us_wg,
-                wg_agree, us_tree, pol_name[chosen]);
+                st.last_model_ns / 1e3, h_pat->n_ctas, h_pat->n_merges, agree, f.bw, us_mma,
+                mma_agree, us_tree, pol_name[chosen]);
     sched_free(s_pat);
     sched_free(s_qc);
     sched_free(s_tree);
@@ -488,7 +488,7 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     CK(cudaFree(dq));
     CK(cudaFree(dout));
     kern_backend_free(b);
-    kern_backend_free(b_wg);
+    kern_backend_free(b_mma);
     tl_world_free(&w);
 }
 
@@ -556,7 +556,7 @@ int main(int argc, char **argv)
            "%7s %s %7s\n",
            "tree", "heads", "q", "kv", "pat_us", "qc_us", "fixed_us", "nomrg_us", "floor", "xflr",
            "TB/s", "TFLOPs", "rerd", "merge", "model", "qc/pat", "fx/pat", "pack_us", "ctas",
-           "pat~qc", "tree_us", "policy", "wg_us");
+           "pat~qc", "tree_us", "policy", "mma_us");
     for (const auto &h : heads)
         for (const auto &t : trees)
             run_config(t.c_str(), h.first, h.second, f, js);

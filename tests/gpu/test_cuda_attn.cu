@@ -124,7 +124,7 @@ static void fill(Rig &g, uint32_t layer, uint64_t seed)
 
 static void rig_init(Rig &g, tl_rng_t *r, const Model &mc, sched_policy_t pol, uint32_t split_min,
                      const sched_tiles_t *tiles_over = nullptr,
-                     kern_merge_t merge = KERN_MERGE_LAUNCH, kern_fwd_t fwd = KERN_FWD_MMA)
+                     kern_merge_t merge = KERN_MERGE_LAUNCH, kern_fwd_t fwd = KERN_FWD_AUTO)
 {
     g.mc = mc;
     kern_config_t kc = {};
@@ -310,10 +310,10 @@ static void gen(tl_world_t *w, tl_rng_t *r, const Model &m, bool extend, bool lo
     }
 }
 
-/* Random forests over every model and policy. fwd KERN_FWD_WGMMA: the policies that fill CTAs
- * of 33-64 rows (they take the wgmma path on sm_90a; TREE's with several segments), every model,
- * splits on and off, both merge modes. */
-static void test_random(int rounds, uint64_t seed, kern_fwd_t fwd = KERN_FWD_MMA)
+/* Random forests over every model and policy with the default forward (KERN_FWD_AUTO: on sm_90a
+ * TREE's CTAs of 33-64 rows run on wgmma). fwd KERN_FWD_MMA: the same forests' packing policies
+ * on mma.sync only, so that its multi-segment path stays tested on a Hopper GPU too. */
+static void test_random(int rounds, uint64_t seed, kern_fwd_t fwd = KERN_FWD_AUTO)
 {
     tl_rng_t r;
     tl_rng_seed(&r, seed);
@@ -322,7 +322,7 @@ static void test_random(int rounds, uint64_t seed, kern_fwd_t fwd = KERN_FWD_MMA
     static const sched_policy_t packing[] = {SCHED_POLICY_BYTES, SCHED_POLICY_TREE,
                                              SCHED_POLICY_AUTO, SCHED_POLICY_PAPER,
                                              SCHED_POLICY_TREE};
-    const sched_policy_t *pols = fwd == KERN_FWD_WGMMA ? packing : all;
+    const sched_policy_t *pols = fwd == KERN_FWD_MMA ? packing : all;
     uint32_t merges = 0, multi_group = 0;
     for (int round = 0; round < rounds; round++) {
         const Model &mc = models[round % n_models];
@@ -341,7 +341,7 @@ static void test_random(int rounds, uint64_t seed, kern_fwd_t fwd = KERN_FWD_MMA
             maxkv = g.w.q[i].kv_len > maxkv ? g.w.q[i].kv_len : maxkv;
         char name[200];
         snprintf(name, sizeof(name), "%s %2d q%u/kv%u d%u %s cap%g: %uq kv<=%u %ug %um",
-                 fwd == KERN_FWD_WGMMA ? "wgmma" : "random", round, mc.q_heads, mc.kv_heads, mc.d,
+                 fwd == KERN_FWD_MMA ? "mma" : "random", round, mc.q_heads, mc.kv_heads, mc.d,
                  mc.dt == KERN_F16 ? "f16" : "bf16", mc.softcap, g.w.n_q, maxkv, h->n_groups,
                  h->n_merges);
         printf("  (vs cpu %.2e) ", ec);
@@ -697,7 +697,7 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (quick) {
         test_random(4, 11);
-        test_random(4, 12, KERN_FWD_WGMMA);
+        test_random(4, 12, KERN_FWD_MMA);
         test_mixed(64);
         test_all_split();
         test_tree();
@@ -705,7 +705,7 @@ int main(int argc, char **argv)
     } else {
         test_tiles();
         test_random(40, tl_test_seed(0xcafe));
-        test_random(20, tl_test_seed(0xbeef), KERN_FWD_WGMMA);
+        test_random(20, tl_test_seed(0xbeef), KERN_FWD_MMA);
         test_mixed(0);
         test_mixed(64);
         test_all_split();
