@@ -22,7 +22,9 @@
  * computed, and page ids are read one tile before their loads are issued. Tokens past the CTA's
  * range are zero-filled (src-size 0), never read.
  *
- * Math: S = Q.K^T and O += P.V with mma.sync m16n8k16 (fp16 or bf16 in, fp32 accumulate);
+ * Math: S = Q.K^T and O += P.V with mma.sync m16n8k16 (fp16 or bf16 in, fp32 accumulate), or,
+ * in the KERN_FWD_AUTO kernel on sm_90a, wgmma for CTAs of 33-64 rows and several segments
+ * (kern_cuda_wgmma.cuh: one warpgroup, the same loads, softmax and outputs);
  * softmax online in the log2 domain; fully masked rows keep max = -inf and give o = 0 and
  * lse = -inf, never NaN (kern_softmax.h). Output: the final row (dtype) when the row is DIRECT,
  * else an fp32 partial (o normalized, natural-log lse).
