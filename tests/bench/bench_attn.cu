@@ -12,7 +12,8 @@
  *            time-model rates
  *   qc       query-centric: one query per CTA over its whole KV (policy query), same tiles
  *   tree     policy tree: queries in prefix-tree order, a tile's rows per CTA, each CTA reading
- *            its rows' whole paths as block-diagonal segments (auto may choose it too)
+ *            its rows' whole paths as block-diagonal segments (auto may choose it too);
+ *            tree16 / tree32: the same with CTAs of at most 16 / 32 rows
  *   fixed    pack as pat but one fixed tile (m 64; the paper's ablation)
  *   mma      pat's plan on a backend whose forward uses mma.sync for every CTA (KERN_FWD_MMA); pat
  *            runs the default, KERN_FWD_AUTO (wgmma for TREE CTAs on sm_90a). (Merging
@@ -417,6 +418,17 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     fixed.n_m = 1;
     fixed.m[0] = 64;
     sched_t *s_fix = make_sched(&w, qh, kvh, SCHED_POLICY_AUTO, &fixed);
+    /* TREE with smaller CTAs: m <= 16 and m <= 32 */
+    sched_tiles_t small = tiles;
+    small.n_m = 1;
+    small.m[0] = 16;
+    sched_t *s_t16 = make_sched(&w, qh, kvh, SCHED_POLICY_TREE, &small);
+    small.n_m = 2;
+    small.m[1] = 32;
+    sched_t *s_t32 = make_sched(&w, qh, kvh, SCHED_POLICY_TREE, &small);
+    const sched_plan_hdr_t *h_t16, *h_t32;
+    REQ(sched_build(s_t16, &h_t16));
+    REQ(sched_build(s_t32, &h_t32));
     const sched_plan_hdr_t *h_pat, *h_qc, *h_fix, *h_tree;
     REQ(sched_build(s_pat, &h_pat));
     REQ(sched_build(s_tree, &h_tree));
@@ -439,6 +451,8 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     CK(cudaMemcpy(o_qc.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
     const double us_fix = time_plan(b, h_fix, dq, dout, &p);
     const double us_tree = time_plan(b, h_tree, dq, dout, &p);
+    const double us_t16 = time_plan(b, h_t16, dq, dout, &p);
+    const double us_t32 = time_plan(b, h_t32, dq, dout, &p);
     const double us_mma = time_plan(b_mma, h_pat, dq, dout, &p);
     std::vector<__half> o_mma(qo_elems);
     CK(cudaMemcpy(o_mma.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
@@ -473,15 +487,18 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
                 "\"tflops\":%.2f,\"reread\":%.3f,\"merge_frac\":%.4f,\"model_us\":%.2f,"
                 "\"ctas\":%u,\"merges\":%u,\"pat_vs_qc_rel_err\":%.2e,\"read_bw\":%.0f,"
                 "\"mma_us\":%.2f,\"mma_vs_auto_rel_err\":%.2e,\"tree_us\":%.2f,"
+                "\"tree16_us\":%.2f,\"tree32_us\":%.2f,"
                 "\"policy\":\"%s\"}\n",
                 spec, qh, kvh, w.n_q, w.q[0].kv_len, us_pat, us_qc, us_fix, us_nm, pk, bytes, flops,
                 floor_bw, floor_tc, floor, bytes / (us_pat * 1e-6) / f.bw,
                 bytes / (us_pat * 1e-6) / 1e12, flops / (us_pat * 1e-6) / 1e12, reread, merge_frac,
                 st.last_model_ns / 1e3, h_pat->n_ctas, h_pat->n_merges, agree, f.bw, us_mma,
-                mma_agree, us_tree, pol_name[chosen]);
+                mma_agree, us_tree, us_t16, us_t32, pol_name[chosen]);
     sched_free(s_pat);
     sched_free(s_qc);
     sched_free(s_tree);
+    sched_free(s_t16);
+    sched_free(s_t32);
     sched_free(s_fix);
     CK(cudaFree(dk));
     CK(cudaFree(dv));
