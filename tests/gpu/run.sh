@@ -125,6 +125,10 @@ if [ $bench != 0 ]; then
             --md "$out/compare_pat.md"
         run compare_mma python3 tests/bench/compare_pat.py "$out/bench_attn.jsonl" \
             "$out/pat.jsonl" --field mma_us --md "$out/compare_mma.md"
+        for f in tree16 tree32; do
+            run compare_$f python3 tests/bench/compare_pat.py "$out/bench_attn.jsonl" \
+                "$out/pat.jsonl" --field ${f}_us --md "$out/compare_$f.md"
+        done
         if [ -n "$pat_pid" ]; then # bring the built extension back for the next session to carry
             so=$(ls .peers/PAT/prefix_attn/_prefix_attn*.so 2>/dev/null | head -1)
             [ -n "$so" ] && tar -C .peers/PAT/prefix_attn -cJf "$out/pat_so.tar.xz" "$(basename "$so")"
