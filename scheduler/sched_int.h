@@ -20,6 +20,7 @@ typedef struct sched__packset {
     uint32_t *q;
     uint32_t nq, qcap;
     uint8_t tree;   /* TREE: no packs; q lists every query in DFS order (sched_plan.c cuts it) */
+    uint32_t tree_tok; /* TREE: query tokens per CTA, the tile m the model chose / group */
     uint64_t bytes; /* modelled bytes (sched__packset_bytes) */
     double ns;      /* modelled time of one layer, before any long-KV split (sched__makespan_ns) */
 } sched__packset_t;
@@ -101,15 +102,17 @@ struct sched {
 };
 
 /* The time model (sched_tiles_t.cost; sched_plan.c): modelled ns of one work item (a CTA for one
- * KV head) reading kv_tokens for `rows` query rows, partial_rows of which write fp32 partials that
- * a merge reads back; and the makespan of n_items such items of total sum_ns and longest max_ns.
+ * KV head) reading kv_tokens in `tiles` KV tiles of tn tokens with an m-row tile for `rows` query
+ * rows, partial_rows of which write fp32 partials that a merge reads back; and the makespan of
+ * n_items such items of total sum_ns and longest max_ns.
  * Without a cost model both are bytes (1 byte = 1 ns), so every comparison falls back to bytes. */
-double sched__item_ns(const sched_t *s, uint64_t kv_tokens, double mma_row_tokens, uint32_t rows,
-                      uint32_t partial_rows);
+double sched__item_ns(const sched_t *s, uint64_t kv_tokens, uint64_t tiles, uint32_t tn,
+                      uint32_t m, uint32_t rows, uint32_t partial_rows);
 /* TREE's model before any split: bytes and time of its CTAs (sched_plan.c). */
 void sched__tree_cost(sched_t *s, sched__packset_t *ps);
 double sched__makespan_ns(const sched_t *s, double sum_ns, double max_ns, uint64_t n_items);
 uint32_t sched__pick_m(const sched_tiles_t *t, uint32_t rows);
+uint32_t sched__pick_n(const sched_tiles_t *t, uint32_t kv_tokens);
 
 /* Packs the forest under a policy (BYTES, PAPER or QUERY) into *out and models its bytes. */
 void sched__pack_run(sched_t *s, sched_policy_t pol, sched__packset_t *out);

@@ -185,9 +185,10 @@ static void packset_cost(sched_t *s, sched__packset_t *ps)
                     continue;
                 if (in_chunk == m->tok_per_chunk || (!q && in_chunk)) {
                     uint64_t kv = PAT_MIN(seg_e, hi) - seg_b;
+                    uint32_t tn = s->tiles.n[sched__pick_n(&s->tiles, (uint32_t)kv)];
                     double t = sched__item_ns(
-                        s, kv,
-                        (double)s->tiles.m[sched__pick_m(&s->tiles, in_chunk * m->group)] * kv,
+                        s, kv, PAT_DIV_UP(kv, tn), tn,
+                        s->tiles.m[sched__pick_m(&s->tiles, in_chunk * m->group)],
                         in_chunk * m->group, 0);
                     bytes += kv * m->kv_tok;
                     sum_ns += t;
@@ -215,8 +216,8 @@ static void packset_cost(sched_t *s, sched__packset_t *ps)
     }
     bytes += partial_rows * m->ic_row;
     /* the partial bytes, spread over the items: the fixed cost is already counted per item */
-    sum_ns += sched__item_ns(s, 0, 0, 0, (uint32_t)PAT_MIN(partial_rows, UINT32_MAX)) -
-              sched__item_ns(s, 0, 0, 0, 0);
+    sum_ns += sched__item_ns(s, 0, 0, 0, 0, 0, (uint32_t)PAT_MIN(partial_rows, UINT32_MAX)) -
+              sched__item_ns(s, 0, 0, 0, 0, 0, 0);
     ps->bytes = bytes;
     ps->ns = sched__makespan_ns(s, sum_ns * s->cfg.kv_heads, max_ns, items * s->cfg.kv_heads);
 }

@@ -46,6 +46,14 @@ static int tiles_valid(const sched_tiles_t *t)
 
 /* ------------------------------------------------------------------ time model */
 
+uint32_t sched__pick_n(const sched_tiles_t *t, uint32_t kv)
+{
+    for (uint32_t i = 0; i < t->n_n; i++)
+        if (kv <= t->n_upto[i])
+            return i;
+    return t->n_n - 1;
+}
+
 uint32_t sched__pick_m(const sched_tiles_t *t, uint32_t rows)
 {
     for (uint32_t i = 0; i < t->n_m; i++)
@@ -54,8 +62,8 @@ uint32_t sched__pick_m(const sched_tiles_t *t, uint32_t rows)
     return t->n_m - 1; /* unreachable: chunks never exceed m_max rows */
 }
 
-double sched__item_ns(const sched_t *s, uint64_t kv_tokens, double mma_row_tokens, uint32_t rows,
-                      uint32_t partial_rows)
+double sched__item_ns(const sched_t *s, uint64_t kv_tokens, uint64_t tiles, uint32_t tn,
+                      uint32_t m, uint32_t rows, uint32_t partial_rows)
 {
     const sched__model_t *md = &s->mdl;
     const sched_cost_t *c = &s->tiles.cost;
@@ -63,11 +71,13 @@ double sched__item_ns(const sched_t *s, uint64_t kv_tokens, double mma_row_token
                    (double)partial_rows * md->ic_row;
     if (!c->slots)
         return bytes;
-    /* mma_row_tokens: the tile rows the tensor cores compute x the KV tokens they run over */
-    double flops = 4.0 * mma_row_tokens * md->head_dim;
+    /* the tensor cores compute all m rows of a tile over its n tokens, however few read it */
+    double flops = 4.0 * m * (double)tiles * tn * md->head_dim;
     double t_mem = bytes * c->slots / c->read_gbs;           /* GB/s = bytes per ns */
     double t_mma = flops * c->slots / (c->mma_tflops * 1e3); /* TFLOP/s = 1e3 FLOP per ns */
-    return (t_mem > t_mma ? t_mem : t_mma) + c->cta_us * 1e3;
+    double t_chain = (double)tiles * c->tile_us * 1e3;       /* latency, not a shared rate */
+    double t = t_mem > t_mma ? t_mem : t_mma;
+    return (t > t_chain ? t : t_chain) + c->cta_us * 1e3;
 }
 
 double sched__makespan_ns(const sched_t *s, double sum_ns, double max_ns, uint64_t n_items)
@@ -266,9 +276,11 @@ static void build_chunks(sched_t *s, const sched__packset_t *ps)
     }
 }
 
-/* The segment of node `id` on a TREE CTA's stack, read by its rows [lo, hi): kept in the CTA, or
- * deferred to a CTA of its own (tree_apart) when it is long and read by few of the CTA's rows. */
-static void tree_seg(sched_t *s, uint32_t row_begin, uint32_t id, uint32_t lo, uint32_t hi)
+/* The segment of node `id` on a TREE CTA's stack (CTAs of m rows), read by its rows [lo, hi):
+ * kept in the CTA, or deferred to a CTA of its own (tree_apart) when it is long and read by few
+ * of the CTA's rows. */
+static void tree_seg(sched_t *s, uint32_t m, uint32_t row_begin, uint32_t id, uint32_t lo,
+                     uint32_t hi)
 {
     const sched_forest_t *f = s->forest;
     const sched__node_t *n = &f->node[id];
@@ -280,7 +292,7 @@ static void tree_seg(sched_t *s, uint32_t row_begin, uint32_t id, uint32_t lo, u
      * of the same leaves as small CTAs of their own (merged after); nodes of up to two tiles
      * (128-token nodes of two queries at GQA 8) were faster inside (no work item, no partial, no
      * merge): 202 against 354 us on 4,16,256,512_512,32,128,32 at 64/8 kept apart. */
-    const uint32_t tn = s->tiles.n[0], m = s->mdl.m_max;
+    const uint32_t tn = s->tiles.n[0];
     if (e - b > 2 * tn && 2 * (hi - lo) * s->mdl.group < m) {
         pat_grow((void **)&s->apart, &s->apart_cap, s->n_apart + 1, sizeof(*s->apart));
         s->apart[s->n_apart++] = (sched__apart_t){.node = id, .lo = lo, .hi = hi};
@@ -311,14 +323,14 @@ static void tree_apart(sched_t *s, uint32_t pack)
     s->n_apart = 0;
 }
 
-/* Pass 1 (TREE): the queries in DFS order (ps->q) cut into CTAs of at most tok_per_chunk query
- * tokens; in DFS order the readers of every node are a run of rows, so each CTA reads each node
+/* Pass 1 (TREE): the queries in DFS order (ps->q) cut into CTAs of at most ps->tree_tok query
+ * tokens (sched__tree_cost chose it); in DFS order the readers of every node are a run of rows, so each CTA reads each node
  * of its rows' paths once, as one segment. A stack holds the path of the previous query: nodes
  * it shares with the next stay open, the others close. */
 static void build_tree(sched_t *s, const sched__packset_t *ps)
 {
     const sched_forest_t *f = s->forest;
-    const uint32_t cap = s->mdl.tok_per_chunk;
+    const uint32_t cap = ps->tree_tok, m = cap * s->mdl.group;
     uint32_t k = 0, tok = 0, cta = 0; /* query in ps->q, its next token, CTAs so far */
     while (k < ps->nq) {
         uint32_t row_begin = s->n_prow, seg_begin = s->n_pseg, depth = 0;
@@ -345,7 +357,7 @@ static void build_tree(sched_t *s, const sched__packset_t *ps)
                 common++;
             while (depth > common) {
                 depth--;
-                tree_seg(s, row_begin, s->stk_node[depth], s->stk_lo[depth], at);
+                tree_seg(s, m, row_begin, s->stk_node[depth], s->stk_lo[depth], at);
             }
             if (plen > s->stk_cap) {
                 s->stk_cap = plen + plen / 2;
@@ -370,7 +382,7 @@ static void build_tree(sched_t *s, const sched__packset_t *ps)
         uint32_t at = s->n_prow - row_begin;
         while (depth > 0) {
             depth--;
-            tree_seg(s, row_begin, s->stk_node[depth], s->stk_lo[depth], at);
+            tree_seg(s, m, row_begin, s->stk_node[depth], s->stk_lo[depth], at);
         }
         if (s->n_apart)
             memcpy(s->chunk_rows, s->prow + row_begin, at * sizeof(sched_plan_row_t));
@@ -379,27 +391,20 @@ static void build_tree(sched_t *s, const sched__packset_t *ps)
     }
 }
 
-static uint32_t pick_n(const sched_tiles_t *t, uint32_t kv)
-{
-    for (uint32_t i = 0; i < t->n_n; i++)
-        if (kv <= t->n_upto[i])
-            return i;
-    return t->n_n - 1;
-}
-
-/* Tensor-core rows x tokens of a CTA of `rows` q-head rows over its segments (the FLOP term of the
- * time model): every segment starts a KV tile of its own, and a tile costs the CTA the time of
- * the whole m-row tile however few of its 16-row bands read it (each band is one warp's; a band
- * that skips a tile leaves its tensor cores to the other CTA on the SM, not to its own). */
-static double mma_row_tokens(const sched_t *s, const sched__seg_t *sg, uint32_t n, uint32_t rows,
-                             uint32_t kv_tokens)
+/* The modelled time of a CTA of `rows` q-head rows over its segments (partial_rows of them
+ * written as partials): every segment starts a KV tile of its own, and a tile costs the CTA the
+ * time of the whole m-row tile however few of its 16-row bands read it (each band is one warp's;
+ * a band that skips a tile leaves its tensor cores to the other CTA on the SM, not to its own). */
+static double cta_ns(const sched_t *s, const sched__seg_t *sg, uint32_t n, uint32_t rows,
+                     uint32_t kv_tokens, uint32_t partial_rows)
 {
     const sched_tiles_t *t = &s->tiles;
-    uint32_t tn = t->n[pick_n(t, kv_tokens)];
-    uint64_t tok = 0;
+    uint32_t tn = t->n[sched__pick_n(t, kv_tokens)];
+    uint64_t tiles = 0;
     for (uint32_t i = 0; i < n; i++)
-        tok += PAT_DIV_UP(sg[i].kv_end - sg[i].kv_begin, tn) * tn;
-    return (double)t->m[sched__pick_m(t, rows)] * (double)tok;
+        tiles += PAT_DIV_UP(sg[i].kv_end - sg[i].kv_begin, tn);
+    return sched__item_ns(s, kv_tokens, tiles, tn, t->m[sched__pick_m(t, rows)], rows,
+                          partial_rows);
 }
 
 /* Pass 2: copy pre-split CTAs to the final list, cutting the long ones along KV: a CTA's segments,
@@ -529,7 +534,8 @@ static void pre_build(sched_t *s, const sched__packset_t *ps)
         build_chunks(s, ps);
 }
 
-void sched__tree_cost(sched_t *s, sched__packset_t *ps)
+/* TREE's model with CTAs of at most ps->tree_tok query tokens */
+static void tree_cost_at(sched_t *s, sched__packset_t *ps)
 {
     /* as packset_cost models a pack set: its CTAs before any split, no partials */
     pre_build(s, ps);
@@ -539,9 +545,7 @@ void sched__tree_cost(sched_t *s, sched__packset_t *ps)
     for (uint32_t i = 0; i < s->n_pre; i++) {
         const sched_plan_cta_t *c = &s->pre[i];
         uint32_t rows = c->row_count * m->group;
-        double t = sched__item_ns(
-            s, c->kv_tokens,
-            mma_row_tokens(s, s->pseg + c->seg_begin, c->seg_count, rows, c->kv_tokens), rows, 0);
+        double t = cta_ns(s, s->pseg + c->seg_begin, c->seg_count, rows, c->kv_tokens, 0);
         bytes += c->kv_tokens * m->kv_tok + rows * m->q_row;
         sum += t;
         max = t > max ? t : max;
@@ -556,11 +560,39 @@ void sched__tree_cost(sched_t *s, sched__packset_t *ps)
     for (uint32_t i = 0; i < s->n_prow; i++)
         partial_rows += cnt[s->prow[i].q_tok] > 1 ? m->group : 0;
     bytes += partial_rows * m->ic_row;
-    sum += sched__item_ns(s, 0, 0, 0, (uint32_t)PAT_MIN(partial_rows, UINT32_MAX)) -
-           sched__item_ns(s, 0, 0, 0, 0);
+    sum += sched__item_ns(s, 0, 0, 0, 0, 0, (uint32_t)PAT_MIN(partial_rows, UINT32_MAX)) -
+           sched__item_ns(s, 0, 0, 0, 0, 0, 0);
     ps->bytes = bytes;
     ps->ns =
         sched__makespan_ns(s, sum * s->cfg.kv_heads, max, (uint64_t)s->n_pre * s->cfg.kv_heads);
+}
+
+void sched__tree_cost(sched_t *s, sched__packset_t *ps)
+{
+    /* The CTA size, chosen on the model among the tile m's that hold a query token's group: big
+     * CTAs read a shared prefix fewer times, small ones walk fewer private segments one after
+     * another (measured, H100: CTAs of 16 rows ran 256 queries of 32-token leaves under a
+     * 256-token prefix at 32/32 in 76 us, CTAs of 64 in 159). Largest first; a smaller m must be
+     * strictly faster. Without a time model only the largest: what small CTAs save is latency,
+     * which bytes do not see, and they cut extend queries where query-centric chunks do not. */
+    const sched_tiles_t *t = &s->tiles;
+    uint32_t best = 0;
+    double best_ns = INFINITY;
+    uint64_t best_bytes = 0;
+    for (uint32_t i = t->n_m; i-- > 0;) {
+        if (t->m[i] < s->mdl.group || (i + 1 < t->n_m && !t->cost.slots))
+            break;
+        ps->tree_tok = t->m[i] / s->mdl.group;
+        tree_cost_at(s, ps);
+        if (ps->ns < best_ns) {
+            best = ps->tree_tok;
+            best_ns = ps->ns;
+            best_bytes = ps->bytes;
+        }
+    }
+    ps->tree_tok = best;
+    ps->ns = best_ns;
+    ps->bytes = best_bytes;
 }
 
 /* Chunks, splits (fill: see build_split), counts each token's CTAs (tok_parts) and gives each
@@ -600,10 +632,8 @@ static int ctas_build(sched_t *s, const sched__packset_t *ps, int fill, uint32_t
         for (uint32_t r = c->row_begin; r < c->row_begin + c->row_count; r++)
             partial += cnt[s->rows[r].q_tok] > 1;
         uint32_t rows = c->row_count * s->mdl.group;
-        double t = sched__item_ns(
-            s, c->kv_tokens,
-            mma_row_tokens(s, s->segs + c->seg_begin, c->seg_count, rows, c->kv_tokens), rows,
-            partial * s->mdl.group);
+        double t =
+            cta_ns(s, s->segs + c->seg_begin, c->seg_count, rows, c->kv_tokens, partial * s->mdl.group);
         s->cta_ns[i] = t;
         sum += t;
         max = t > max ? t : max;
@@ -713,7 +743,7 @@ int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
         sched_plan_cta_t *c = &s->ctas[i];
         uint32_t rows = c->row_count * s->mdl.group;
         max_rows = PAT_MAX(max_rows, rows);
-        c->group = sched__pick_m(tl, rows) * tl->n_n + pick_n(tl, c->kv_tokens);
+        c->group = sched__pick_m(tl, rows) * tl->n_n + sched__pick_n(tl, c->kv_tokens);
         shape_cnt[c->group]++;
         key[i] = time_key(s->cta_ns[i]);
         key_cnt[KEYS - key[i]]++; /* descending */

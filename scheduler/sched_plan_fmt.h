@@ -116,14 +116,18 @@ SCHED_STATIC_ASSERT(sizeof(sched_plan_merge_t) == 16, "merge layout");
 #define SCHED_MAX_TILE_N 8
 
 /* What one work item (a CTA for one KV head) costs on the device, for the scheduler's time model
- * (sched_plan.c): t = max(bytes / bandwidth share, FLOPs / tensor-rate share) + cta_us, where a
- * share is the device rate divided by `slots`. All zero: no model; plans are scored on bytes
- * (the cpu backend). Measured per GPU by kernels/cuda/tile_solver.cu. */
+ * (sched_plan.c): t = max(bytes / bandwidth share, FLOPs / tensor-rate share, tiles x tile_us) +
+ * cta_us, where a share is the device rate divided by `slots` and tiles counts the KV tiles the
+ * CTA walks (every segment starts one). All zero: no model; plans are scored on bytes (the cpu
+ * backend). Measured per GPU by kernels/cuda/tile_solver.cu. */
 typedef struct sched_cost {
     float read_gbs;   /* device read bandwidth, GB/s (16-byte loads, measured) */
     float mma_tflops; /* the forward kernel's sustained rate on compute-bound CTAs, whole device */
     float cta_us;     /* fixed time of one work item: Q load, pipeline fill, epilogue, scheduling */
     uint32_t slots;   /* work items resident at once: SMs x CTAs per SM */
+    float tile_us;    /* the shortest time one KV tile costs its CTA: the chain wait for the
+                         tile, products, softmax, barrier that nothing inside the CTA overlaps;
+                         it bounds CTAs of many short segments (0: not modelled) */
 } sched_cost_t;
 
 /* The compiled tile shapes of a backend on one GPU and the rule that picks n: the backend

@@ -16,14 +16,15 @@ typedef struct gpu_cost {
 } gpu_cost_t;
 
 static const gpu_cost_t measured[] = {
-    /* NVIDIA H200, 2026-11-24, patd-tile-solver */
-    {"H200", {4457.3f, 154.6f, 3.60f, 0}},
-    /* NVIDIA H100 80GB HBM3, 2026-11-24, patd-tile-solver */
-    {"H100", {3054.3f, 167.5f, 3.53f, 0}},
+    /* NVIDIA H200, 2026-11-24, patd-tile-solver; tile_us: the H100's (not yet measured) */
+    {"H200", {4457.3f, 154.6f, 3.60f, 0, 2.0f}},
+    /* NVIDIA H100 80GB HBM3, 2026-11-24, patd-tile-solver; tile_us 2.0 fit from bench_attn's
+     * TREE plans of 16-64 rows over 32-token leaves (RESULTS.md, 2026-11-24) */
+    {"H100", {3054.3f, 167.5f, 3.53f, 0, 2.0f}},
 };
 
 /* an sm_80-class part: half an H100's bandwidth, a quarter of its rate */
-static const sched_cost_t generic = {1500.0f, 60.0f, 2.5f, 0};
+static const sched_cost_t generic = {1500.0f, 60.0f, 2.5f, 0, 2.0f};
 
 int kern_cuda_tiles_for(const char *device_name, sched_tiles_t *ret)
 {

@@ -15,7 +15,8 @@
  * 3. The rates of the scheduler's time model (sched_cost_t): the read bandwidth from 1; the
  *    kernel's sustained tensor rate on a compute-bound plan (512 queries x 64/8 heads over one
  *    shared 2K-token prefix: m = 64 CTAs, KV L2-resident); the fixed cost of one work item from a
- *    plan of 32K one-token items (time / waves of resident slots).
+ *    plan of 32K one-token items (time / waves of resident slots); the time one KV tile costs its
+ *    CTA at the least (tile_us) from one wave of TREE CTAs that each walk 65 one-tile segments.
  */
 #include <cuda_runtime.h>
 
@@ -118,6 +119,65 @@ static double measure_plan(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t
     return shared ? flops / sec : sec;
 }
 
+/* Median seconds of one layer of a TREE plan of m = 64 CTAs (8/8 heads, d 128 fp16): nq queries
+ * share one 16-token block and each has a private 16-token block, so every CTA walks 65 one-tile
+ * segments of little data (the tile chain's latency, kern's tile_us). */
+static double measure_tree_chain(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq)
+{
+    const uint32_t dd = 128, qh = 8, kvh = 8;
+    kern_config_t kc = {};
+    kc.model = {1, qh, kvh, dd, 16, KERN_F16};
+    kc.n_blocks = 1 + nq;
+    kc.max_tokens = nq;
+    kc.max_partials = 1;
+    kern_backend_t *b;
+    REQ(kern_backend_create("cuda", &kc, &b));
+    void *q, *o;
+    CK(cudaMalloc(&q, (size_t)nq * qh * dd * 2));
+    CK(cudaMalloc(&o, (size_t)nq * qh * dd * 2));
+    CK(cudaMemset(q, 0x3c, (size_t)nq * qh * dd * 2));
+    sched_tiles_t tiles;
+    kern_tiles(b, &tiles);
+    tiles.n_m = 1; /* CTAs of 64 rows only */
+    tiles.m[0] = 64;
+    sched_config_t sc = {};
+    sc.max_queries = nq;
+    sc.max_tokens = nq;
+    sc.block_size = 16;
+    sc.q_heads = qh;
+    sc.kv_heads = kvh;
+    sc.head_dim = dd;
+    sc.kv_elt_bytes = 2;
+    sc.policy = SCHED_POLICY_TREE;
+    sc.tiles = &tiles;
+    sc.max_partials = kc.max_partials;
+    sched_t *s;
+    REQ(sched_create(&sc, &s));
+    for (uint32_t i = 0; i < nq; i++) {
+        uint32_t tbl[2] = {0, 1 + i};
+        sched_query_t qq = {tbl, 2, 32, 1, i};
+        REQ(sched_forest_join(sched_forest(s), i, &qq));
+    }
+    const sched_plan_hdr_t *h;
+    REQ(sched_build(s, &h));
+    kern_attn_params_t p = {0.088f, 0};
+    cudaStream_t st = static_cast<cudaStream_t>(kern_cuda_stream(b));
+    std::vector<float> tt;
+    for (int r = 0; r < 35; r++) {
+        CK(cudaEventRecord(e0, st));
+        REQ(kern_attend(b, 0, h, q, o, &p));
+        CK(cudaEventRecord(e1, st));
+        if (r >= 5)
+            tt.push_back(time_ms(e0, e1) * 1e-3f);
+    }
+    std::sort(tt.begin(), tt.end());
+    sched_free(s);
+    CK(cudaFree(q));
+    CK(cudaFree(o));
+    kern_backend_free(b);
+    return tt[tt.size() / 2];
+}
+
 int main(int argc, char **argv)
 {
     cudaDeviceProp prop;
@@ -205,13 +265,20 @@ int main(int argc, char **argv)
     }
     const double items = 4096.0 * 8, waves = ceil(items / dev.cost.slots);
     const double cta_us = t_small / waves;
+    /* one wave of 65-tile TREE CTAs: 64 queries per CTA x 8 KV heads = slots items */
+    const uint32_t chain_q = 64 * ((dev.cost.slots + 7) / 8);
+    const double t_chain = measure_tree_chain(e0, e1, chain_q);
+    const double tile_us = (t_chain - cta_us) / 65;
     printf("\nmma rate: 512 queries x 64/8 heads over one shared 2,048-token prefix (m = 64 CTAs, "
            "L2-resident KV): %.1f TFLOP/s\n",
            mma / 1e12);
     printf("fixed cost: 4,096 one-token queries x 8 KV heads (%.0f items, %u slots, %.0f waves): "
            "%.1f us -> %.2f us per item\n",
            items, dev.cost.slots, waves, t_small * 1e6, cta_us * 1e6);
-    printf("\n/* %s, tile_solver */\n{\"%s\", {%.1ff, %.1ff, %.2ff, 0}},\n", prop.name, prop.name,
-           bw / 1e9, mma / 1e12, cta_us * 1e6);
+    printf("tile chain: %u queries of a private 16-token block under a shared one, TREE CTAs of 64 "
+           "rows (65 one-tile segments each, one wave): %.1f us -> %.2f us per tile\n",
+           chain_q, t_chain * 1e6, tile_us * 1e6);
+    printf("\n/* %s, tile_solver */\n{\"%s\", {%.1ff, %.1ff, %.2ff, 0, %.2ff}},\n", prop.name,
+           prop.name, bw / 1e9, mma / 1e12, cta_us * 1e6, tile_us * 1e6);
     return 0;
 }

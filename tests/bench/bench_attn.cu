@@ -487,13 +487,13 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
                 "\"tflops\":%.2f,\"reread\":%.3f,\"merge_frac\":%.4f,\"model_us\":%.2f,"
                 "\"ctas\":%u,\"merges\":%u,\"pat_vs_qc_rel_err\":%.2e,\"read_bw\":%.0f,"
                 "\"mma_us\":%.2f,\"mma_vs_auto_rel_err\":%.2e,\"tree_us\":%.2f,"
-                "\"tree16_us\":%.2f,\"tree32_us\":%.2f,"
+                "\"tree16_us\":%.2f,\"tree32_us\":%.2f,\"max_rows\":%u,"
                 "\"policy\":\"%s\"}\n",
                 spec, qh, kvh, w.n_q, w.q[0].kv_len, us_pat, us_qc, us_fix, us_nm, pk, bytes, flops,
                 floor_bw, floor_tc, floor, bytes / (us_pat * 1e-6) / f.bw,
                 bytes / (us_pat * 1e-6) / 1e12, flops / (us_pat * 1e-6) / 1e12, reread, merge_frac,
                 st.last_model_ns / 1e3, h_pat->n_ctas, h_pat->n_merges, agree, f.bw, us_mma,
-                mma_agree, us_tree, us_t16, us_t32, pol_name[chosen]);
+                mma_agree, us_tree, us_t16, us_t32, h_pat->max_cta_rows, pol_name[chosen]);
     sched_free(s_pat);
     sched_free(s_qc);
     sched_free(s_tree);

@@ -5,13 +5,12 @@
 # builds the CUDA parts, runs every GPU test, compute-sanitizer memcheck and racecheck on a
 # reduced set, the tile solver, and the attention benchmark (bench_attn + PAT's kernel on the same
 # GPU when .peers/ holds it (../shared/peers/pat/README.md), joined by tests/bench/compare_pat.py,
-# + PyTorch SDPA; --quick-bench: a few trees, --no-bench: none; --attn: the GPU tests, sanitizers,
-# solver and the attention benchmark with PAT, nothing cross-process; --attn-bench: only the
-# attention benchmark with PAT; --smoke: test_cuda_attn --quick and bench_attn --quick, a
-# few minutes); then, under MPS, the
-# cross-process tests (a real
-# patd on the cuda backend and PyTorch frontends: tests/gpu/test_frontend.py) and, unless
-# --no-bench, the hand-off and frontend benchmarks. --frontend: only the cross-process part.
+# + PyTorch SDPA; --quick-bench: a few trees, --no-bench: none; --attn: the GPU tests,
+# sanitizers, solver and the attention benchmark with PAT, nothing cross-process; --attn-bench:
+# the tile solver and the attention benchmark with PAT; --smoke: test_cuda_attn --quick and
+# bench_attn --quick, a few minutes); then, under MPS, the cross-process tests (a real patd on
+# the cuda backend and PyTorch frontends: tests/gpu/test_frontend.py) and, unless --no-bench, the
+# hand-off and frontend benchmarks. --frontend: only the cross-process part.
 # --replay: only patload under MPS (tests/gpu/replay.sh: the CI replay tests on the cuda backend,
 # then trace replays with a Llama-3-8B-shaped model; "quick": the tests and one short replay).
 # Results (logs, JSON, tables) go to $OUT when it is set (the device tool), else
@@ -112,7 +111,7 @@ fi
 fi
 if [ $bench -lt 3 ] || [ $bench = 5 ]; then
 if [ $bench != 0 ]; then
-    [ $attn_only = 1 ] || run tile_solver $B/bin/patd-tile-solver
+    run tile_solver $B/bin/patd-tile-solver
     run bench_attn $B/bench/bench_attn $([ $bench = 2 ] && echo --quick) --json "$out/bench_attn.jsonl"
     if [ -x .peers/tools/run.sh ]; then
         [ -n "$pat_pid" ] && { wait $pat_pid || tail -20 "$out/pat_build.log"; }

@@ -581,6 +581,51 @@ static void test_errors(void **state)
     sched_free(s);
 }
 
+/* TREE's CTA size under a time model (the H100's rates, tiles m 16/32/64, n 64): nq queries
+ * share a prefix of `prefix` blocks, each with one private block. Returns the largest CTA's rows
+ * of the TREE plan. */
+static uint32_t tree_rows(uint32_t nq, uint32_t prefix, uint32_t q_heads, uint32_t kv_heads)
+{
+    sched_tiles_t t = {.n_m = 3, .m = {16, 32, 64}, .n_n = 1, .n = {64}, .n_upto = {UINT32_MAX}};
+    t.cost = (sched_cost_t){3054.3f, 167.5f, 3.53f, 264, 2.0f};
+    sched_config_t c = {.max_queries = nq,
+                        .max_tokens = nq,
+                        .block_size = BS,
+                        .q_heads = q_heads,
+                        .kv_heads = kv_heads,
+                        .head_dim = 128,
+                        .kv_elt_bytes = 2,
+                        .policy = SCHED_POLICY_TREE,
+                        .tiles = &t};
+    sched_t *s;
+    assert_int_equal(sched_create(&c, &s), 0);
+    uint32_t *tbl = malloc((prefix + 1) * sizeof(uint32_t));
+    for (uint32_t k = 0; k < prefix; k++)
+        tbl[k] = k;
+    for (uint32_t i = 0; i < nq; i++) {
+        tbl[prefix] = prefix + i;
+        sched_query_t v = {tbl, prefix + 1, (prefix + 1) * BS, 1, i};
+        assert_int_equal(sched_forest_join(sched_forest(s), i, &v), 0);
+    }
+    free(tbl);
+    const sched_plan_hdr_t *h;
+    assert_int_equal(sched_build(s, &h), 0);
+    uint32_t rows = h->max_cta_rows;
+    sched_free(s);
+    return rows;
+}
+
+/* 256 queries with private leaves under a short prefix at 32/32 run in small CTAs (each walks its
+ * rows' leaves one after another, every leaf tile costing the whole m-row tile), 1,024 under a
+ * long prefix at 64/8 in the largest (the prefix is read once per CTA; measured on the H100, 422
+ * us against 573 with CTAs of 32 rows). */
+static void test_tree_cta_size(void **state)
+{
+    (void)state;
+    assert_true(tree_rows(256, 16, 32, 32) <= 32);
+    assert_int_equal(tree_rows(1024, 128, 64, 8), 64);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -592,6 +637,7 @@ int main(void)
         cmocka_unit_test(test_lazy_update_across_decode),
         cmocka_unit_test(test_long_kv_split),
         cmocka_unit_test(test_fill_split),
+        cmocka_unit_test(test_tree_cta_size),
     };
     return cmocka_run_group_tests_name("pack", tests, NULL, NULL);
 }
