@@ -78,6 +78,8 @@ void cuda_tiles(const kern_backend_t *b, sched_tiles_t *ret)
      * has fewer items (the time model keeps the fill split only where it pays) */
     const uint32_t slots = (uint32_t)(prop.multiProcessorCount * fwd_resident(c->fwd));
     ret->cost.slots = slots;
+    if (c->max_m > KCUDA_SMALL_M && ret->n_m < SCHED_MAX_TILE_M)
+        ret->m[ret->n_m++] = (uint16_t)c->max_m; /* the pair kernel's two warpgroups */
     if (ret->min_ctas == 0)
         ret->min_ctas = 4 * slots;
 }
@@ -257,6 +259,9 @@ int cuda_create(const kern_config_t *cfg, kern_backend_t **ret)
     c->fwd = v[c->dt];
     if (cfg->fwd == KERN_FWD_AUTO)
         c->fwd.fn = c->fwd.wg_fn;
+    else
+        c->fwd.pair_fn = nullptr; /* KERN_FWD_MMA: mma.sync everywhere, CTAs of 64 rows */
+    c->max_m = c->fwd.pair_fn ? KCUDA_BIG_M : KCUDA_SMALL_M;
     if ((r = warm_kernels(c)) < 0)
         goto fail;
     *ret = &c->base;

@@ -21,14 +21,14 @@ int plan_upload(Lane *L, const sched_plan_hdr_t *h)
         return 0;
     if (h->total_bytes > c->base.cfg.max_plan_bytes)
         return -E2BIG;
-    if (h->max_cta_rows > KCUDA_MAX_M)
+    if (h->max_cta_rows > c->max_m)
         return -E2BIG;
     int r = kern__plan_check(&c->base.cfg, h, L->check);
     if (r < 0)
         return r;
     const sched_plan_cta_t *ct = sched_plan_ctas(h);
     for (uint32_t i = 0; i < h->n_ctas; i++)
-        if (ct[i].row_count * h->group > KCUDA_MAX_M)
+        if (ct[i].row_count * h->group > c->max_m)
             return -E2BIG;
     if ((uint64_t)h->n_ctas * c->base.cfg.model.kv_heads > INT32_MAX)
         return -E2BIG; /* grid.x */
@@ -78,9 +78,14 @@ int attend_on(Lane *L, uint32_t layer, const sched_plan_hdr_t *h, const void *q,
     a.softcap = p->softcap;
     a.merge_inside = c->base.cfg.merge == KERN_MERGE_INSIDE;
     void *args[] = {&a};
-    KC_TRY(cudaLaunchKernel(c->fwd.fn, dim3(h->n_ctas * m.kv_heads), dim3(KCUDA_THREADS), args,
-                            (size_t)c->fwd.smem, L->main),
-           "forward launch");
+    if (h->max_cta_rows > KCUDA_SMALL_M) /* plan_upload checked that the pair kernel exists */
+        KC_TRY(cudaLaunchKernel(c->fwd.pair_fn, dim3(h->n_ctas * ((m.kv_heads + 1) / 2)),
+                                dim3(2 * KCUDA_THREADS), args, (size_t)c->fwd.pair_smem, L->main),
+               "forward launch (pair)");
+    else
+        KC_TRY(cudaLaunchKernel(c->fwd.fn, dim3(h->n_ctas * m.kv_heads), dim3(KCUDA_THREADS), args,
+                                (size_t)c->fwd.smem, L->main),
+               "forward launch");
     if (!a.merge_inside && h->n_merges)
         KC_TRY(cudaLaunchKernel(c->fwd.merge_fn, dim3(h->n_merges * m.kv_heads), dim3(128), args, 0,
                                 L->main),

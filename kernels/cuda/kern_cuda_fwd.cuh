@@ -140,10 +140,13 @@ __device__ __forceinline__ void scale4(float4 &acc, float s)
 
 /* ---------------------------------------------------------------- tile geometry */
 
-template <int D, int M> struct Geom {
+/* the pair kernel's shared memory: two of the 4-warp kernel's */
+template <int D> __host__ __device__ constexpr int pair_smem();
+
+template <int D, int M, int NTH = KCUDA_THREADS> struct Geom {
     static constexpr int N = KCUDA_TILE_N;
-    static constexpr int W = KCUDA_THREADS / 32; /* warps */
-    static constexpr int T = KCUDA_THREADS;
+    static constexpr int W = NTH / 32; /* warps */
+    static constexpr int T = NTH;
     static constexpr int WM = M / 16; /* row bands */
     static constexpr int WN = W / WM; /* warps per band, splitting N */
     static constexpr int NW = N / WN; /* KV columns per warp per tile */
@@ -153,7 +156,9 @@ template <int D, int M> struct Geom {
     static constexpr int STAGE_BYTES = 2 * KV_BYTES; /* K and V */
     /* 3 stages (two tiles in flight while one is computed) when that still leaves room for two
      * CTAs per SM: a CTA alone on its SM (few, long CTAs) is latency-bound; else 2 */
-    static constexpr int STAGES = Q_BYTES + 3 * STAGE_BYTES <= 116 * 1024 ? 3 : 2;
+    static constexpr int STAGES = NTH > KCUDA_THREADS ? 4
+                                  : Q_BYTES + 3 * STAGE_BYTES <= 116 * 1024 ? 3
+                                                                            : 2;
     static constexpr int ERS = D + 8;                        /* epilogue row stride (floats) */
     static constexpr int EPI_BYTES = WN * M * (ERS + 2) * 4; /* acc rows + m + l */
     static constexpr int RING_BYTES = STAGES * STAGE_BYTES;
@@ -168,13 +173,30 @@ template <int D, int M> struct Geom {
 };
 
 /* the shared memory one launch needs: the largest shape's */
-template <int D> constexpr int fwd_smem()
+template <int D> __host__ __device__ constexpr int fwd_smem()
 {
     int s = 0;
 #define KCUDA_SMEM(m) s = Geom<D, m>::SMEM > s ? Geom<D, m>::SMEM : s;
     KCUDA_TILE_MS(KCUDA_SMEM)
 #undef KCUDA_SMEM
     return s;
+}
+
+template <int D> __host__ __device__ constexpr int pair_smem()
+{
+    return 2 * fwd_smem<D>() > Geom<D, KCUDA_BIG_M, 2 * KCUDA_THREADS>::SMEM
+               ? 2 * fwd_smem<D>()
+               : Geom<D, KCUDA_BIG_M, 2 * KCUDA_THREADS>::SMEM;
+}
+
+/* A barrier of the threads that run one CTA: the whole block (team 0) or one warpgroup of the
+ * pair kernel (named barrier `team`, 128 threads). */
+__device__ __forceinline__ void team_sync(int team)
+{
+    if (team == 0)
+        __syncthreads();
+    else
+        asm volatile("bar.sync %0, %1;\n" ::"r"(team), "r"(KCUDA_THREADS) : "memory");
 }
 
 /* byte offset of 16-byte chunk c of row r in a swizzled [rows][D] tile */
@@ -224,20 +246,22 @@ __device__ __forceinline__ void fwd_rows_out(const FwdArgs &a, const sched_plan_
 /* ---------------------------------------------------------------- the kernel */
 
 /* One plan CTA for one KV head with tile m = M: attention over its segments, then the direct
- * outputs and partials. Every thread of the block calls it (it synchronizes). SEGS: several
- * segments (the band skip and the segment cursor); a CTA of one segment runs the loop without
- * them (its row range still masks). WG: the four warps are one warpgroup and the matrix products
- * are wgmma (kern_cuda_wgmma.cuh; m = 64, head_dim <= 128, sm_90a), which every band computes (no
- * band skip: the rows limits mask); the tiles then use wgmma's swizzle and the rows are written
- * straight from the accumulators. */
-template <typename T, int D, int M, bool SEGS, bool WG = false>
+ * outputs and partials. Every thread of its team calls it (team_sync: the block, or one
+ * warpgroup of the pair kernel); NTH threads. SEGS: several segments (the band skip and the
+ * segment cursor); a CTA of one segment runs the loop without them (its row range still masks).
+ * WG: every four warps are one warpgroup of 64 rows and the matrix products are wgmma
+ * (kern_cuda_wgmma.cuh; m = 64 on one warpgroup or 128 on two that share each KV tile, head_dim
+ * <= 128, sm_90a); a warpgroup skips the tiles of a segment none of its rows reads; the tiles use
+ * wgmma's swizzle and the rows are written straight from the accumulators. */
+template <typename T, int D, int M, bool SEGS, bool WG = false, int NTH = KCUDA_THREADS>
 __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t &cta,
-                                        uint32_t head, uint8_t *smem)
+                                        uint32_t head, uint8_t *smem, int team)
 {
-    using G = Geom<D, M>;
+    using G = Geom<D, M, NTH>;
     constexpr int N = G::N;
-    static_assert(!WG || (KCUDA_WGMMA && M == 64 && D <= 128 && N == 64),
-                  "the wgmma path: one warpgroup of 64 rows, 64-token tiles");
+    static_assert(!WG || (KCUDA_WGMMA && M == NTH / 2 && D <= 128 && N == 64),
+                  "the wgmma path: warpgroups of 64 rows, 64-token tiles");
+    static_assert(WG || NTH == KCUDA_THREADS, "eight warps only on wgmma");
     uint8_t *sq = smem;
     uint8_t *ring = smem + G::Q_BYTES;
     /* where chunk c of row r of the Q tile (M rows) and of a K or V tile (N rows) goes */
@@ -246,7 +270,7 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
     if (WG && (smem_u32(smem) & 1023u))
         __trap(); /* the swizzle needs 1024-byte aligned tiles: a layout bug, never data */
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x % NTH, lane = tid & 31, warp = tid >> 5;
     const int wm = warp % G::WM, wn = warp / G::WM;
     const sched_plan_row_t *rows = a.rows + cta.row_begin;
     const uint32_t group = a.group, n_rows = cta.row_count * group;
@@ -348,7 +372,9 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
         cend = sg.kv_end;
         lim0 = (uint32_t)r0 >= lo && (uint32_t)r0 < hi ? min(row_lim0, cend) : 0;
         lim1 = (uint32_t)r1 >= lo && (uint32_t)r1 < hi ? min(row_lim1, cend) : 0;
-        band = lo < (uint32_t)(wm * 16 + 16) && hi > (uint32_t)(wm * 16);
+        /* the rows that compute together: a warp's band, or a warpgroup's 64 rows */
+        const uint32_t b0 = WG ? (warp >> 2) * 64 : wm * 16, b1 = WG ? b0 + 64 : b0 + 16;
+        band = lo < b1 && hi > b0 && b0 < n_rows;
     };
     if (n_tiles)
         enter_seg();
@@ -373,8 +399,8 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
         if constexpr (WG)
             wg_proxy_fence(); /* the copies above become visible to wgmma's reads */
 #endif
-        __syncthreads();
-        if (!SEGS || WG || band) { /* wgmma: the warpgroup computes every band */
+        team_sync(team);
+        if (!SEGS || band) {
             const uint8_t *sk = ring + (it % G::STAGES) * G::STAGE_BYTES, *sv = sk + G::KV_BYTES;
             const int cb = wn * G::NW; /* first column of this warp in the tile */
 
@@ -385,7 +411,8 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
 #if KCUDA_WGMMA
             if constexpr (WG) {
                 float(&sw)[4 * NT] = *reinterpret_cast<float(*)[4 * NT]>(&s[0][0]);
-                const uint32_t qa = smem_u32(sq), ka = smem_u32(sk);
+                /* this warpgroup's 64 rows: 128-byte rows inside each 64-column block */
+                const uint32_t qa = smem_u32(sq) + (warp >> 2) * 64 * 128, ka = smem_u32(sk);
                 wg_fence();
 #pragma unroll
                 for (int ks = 0; ks < D / 16; ks++)
@@ -510,13 +537,13 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
                     }
                 }
         }
-        __syncthreads(); /* the stage is refilled by the next iteration's loads */
+        team_sync(team); /* the stage is refilled by the next iteration's loads */
         ct0 += N;
         if (SEGS && ct0 >= cend && ++ck < n_segs)
             enter_seg();
     }
     cp_async_wait<0>();
-    __syncthreads();
+    team_sync(team);
 
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
@@ -547,7 +574,7 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
             el[e1] = l1;
         }
     }
-    __syncthreads();
+    team_sync(team);
 
     constexpr int V4 = D / 4;
     for (int e = tid; e < (int)n_rows * V4; e += G::T) {
@@ -620,23 +647,25 @@ __device__ __forceinline__ uint32_t arrive(uint32_t *p)
 }
 
 /* The arrivals of a CTA's partial rows and, for every token whose last part this CTA wrote, the
- * merge of that token's group of q heads for this KV head (see the top of the file). */
+ * merge of that token's group of q heads for this KV head (see the top of the file). The CTA's
+ * team: nth threads from thread tid 0, barrier `team` (team_sync). */
 template <typename T, int D>
 __device__ __forceinline__ void fwd_arrive_merge(const FwdArgs &a, const sched_plan_cta_t &cta,
-                                                 uint32_t head, uint8_t *smem)
+                                                 uint32_t head, uint8_t *smem, uint32_t tid,
+                                                 uint32_t nth, int team)
 {
     /* merge entries to run, at most one per token, in the Q tile's space (its last use is behind
      * the barrier below): no static shared memory, so the dynamic tiles start 1024-aligned */
     uint32_t *done = reinterpret_cast<uint32_t *>(smem), &n_done = done[KCUDA_MAX_M];
     const sched_plan_row_t *rows = a.rows + cta.row_begin;
-    if (threadIdx.x == 0)
+    if (tid == 0)
         n_done = 0;
     /* every thread's partials are written (CTA scope); the arrival below is a release at GPU
      * scope, which by cumulativity publishes them all, and its acquire half orders the merge's
      * reads after the other CTAs' arrivals: one acq_rel atomic per arriving row instead of a
      * sequentially-consistent __threadfence in every thread */
-    __syncthreads();
-    for (uint32_t r = threadIdx.x; r < cta.row_count; r += blockDim.x) {
+    team_sync(team);
+    for (uint32_t r = tid; r < cta.row_count; r += nth) {
         const uint32_t mi = rows[r].merge;
         if (mi == SCHED_ROW_DIRECT)
             continue;
@@ -646,50 +675,93 @@ __device__ __forceinline__ void fwd_arrive_merge(const FwdArgs &a, const sched_p
             done[atomicAdd(&n_done, 1u)] = mi;
         }
     }
-    __syncthreads();
+    team_sync(team);
     const uint32_t n = n_done;
     if (n == 0)
         return;
     constexpr uint32_t V4 = D / 4;
-    for (uint32_t e = threadIdx.x; e < n * a.group * V4; e += blockDim.x)
+    for (uint32_t e = tid; e < n * a.group * V4; e += nth)
         merge_elem<T, D>(a, a.merges[done[e / (V4 * a.group)]], head, e % (V4 * a.group));
 }
 
-/* One layer of a plan: grid = n_ctas x kv_heads blocks of KCUDA_THREADS, dynamic shared memory
- * fwd_smem<D>(). WGK (KERN_FWD_AUTO): CTAs of more than 32 rows and several segments use wgmma
- * where compiled for sm_90a at head_dim <= 128: measured 11 % faster on TREE plans and 3 % slower
- * on one-segment packs (RESULTS.md, 2026-11-24). A kernel of its own, so that the mma.sync
+/* One plan CTA of at most KCUDA_SMALL_M rows for one KV head on 4 warps (team: see team_sync;
+ * smem: fwd_smem<D>() bytes). WGK (KERN_FWD_AUTO): CTAs of more than 32 rows and several segments
+ * use wgmma where compiled for sm_90a at head_dim <= 128: measured 11 % faster on TREE plans and
+ * 3 % slower on one-segment packs (RESULTS.md, 2026-11-24). */
+template <typename T, int D, bool WGK>
+__device__ __forceinline__ void fwd_small(const FwdArgs &a, const sched_plan_cta_t &cta,
+                                          uint32_t head, uint8_t *smem, int team)
+{
+    const uint32_t rows = cta.row_count * a.group, tid = threadIdx.x % KCUDA_THREADS;
+#if KCUDA_WGMMA
+    if constexpr (WGK && D <= 128) {
+        if (rows > 32 && cta.seg_count > 1) {
+            fwd_cta<T, D, 64, true, true>(a, cta, head, smem, team);
+            if (a.merge_inside)
+                fwd_arrive_merge<T, D>(a, cta, head, smem, tid, KCUDA_THREADS, team);
+            return;
+        }
+    }
+#endif
+    /* the smallest m that holds the rows (the plan's check bounds them) */
+#define KCUDA_CASE(m)                                                                              \
+    if (rows <= (m)) {                                                                             \
+        if (cta.seg_count > 1)                                                                     \
+            fwd_cta<T, D, m, true>(a, cta, head, smem, team);                                      \
+        else                                                                                       \
+            fwd_cta<T, D, m, false>(a, cta, head, smem, team);                                     \
+        if (a.merge_inside)                                                                        \
+            fwd_arrive_merge<T, D>(a, cta, head, smem, tid, KCUDA_THREADS, team);                  \
+        return;                                                                                    \
+    }
+    KCUDA_TILE_MS(KCUDA_CASE)
+#undef KCUDA_CASE
+}
+
+/* One layer of a plan whose CTAs have at most KCUDA_SMALL_M rows: grid = n_ctas x kv_heads blocks
+ * of KCUDA_THREADS, dynamic shared memory fwd_smem<D>(). A kernel per WGK, so that the mma.sync
  * kernel's registers stay its own. */
 template <typename T, int D, bool WGK>
 __global__ void __launch_bounds__(KCUDA_THREADS) fwd_layer(const FwdArgs a)
 {
     extern __shared__ __align__(1024) uint8_t smem[];
-    const uint32_t head = blockIdx.x % a.kv_heads;
-    const sched_plan_cta_t cta = a.ctas[blockIdx.x / a.kv_heads];
-    const uint32_t rows = cta.row_count * a.group;
+    fwd_small<T, D, WGK>(a, a.ctas[blockIdx.x / a.kv_heads], blockIdx.x % a.kv_heads, smem, 0);
+}
+
+/* One layer of a plan with CTAs of up to KCUDA_BIG_M rows (sm_90a, head_dim <= 128): grid =
+ * n_ctas x ceil(kv_heads / 2) blocks of two warpgroups, dynamic shared memory pair_smem<D>().
+ * Block b runs plan CTA b / ceil(kv_heads / 2) for KV heads 2 (b % ceil(kv_heads / 2)) and the
+ * next: a CTA of more than KCUDA_SMALL_M rows on both warpgroups (64 rows each, every KV tile
+ * loaded once for both), one head after the other; a smaller one on one warpgroup per head, each
+ * in its half of the shared memory with a barrier of its own, as two blocks of fwd_layer would. */
+template <typename T, int D>
+__global__ void __launch_bounds__(2 * KCUDA_THREADS, 1) fwd_pair(const FwdArgs a)
+{
+    extern __shared__ __align__(1024) uint8_t smem[];
 #if KCUDA_WGMMA
-    if constexpr (WGK && D <= 128) {
-        if (rows > 32 && cta.seg_count > 1) { /* rows <= 64: the plan check bounds them */
-            fwd_cta<T, D, 64, true, true>(a, cta, head, smem);
-            if (a.merge_inside)
-                fwd_arrive_merge<T, D>(a, cta, head, smem);
+    if constexpr (D <= 128) {
+        const uint32_t hp = (a.kv_heads + 1) / 2, h0 = blockIdx.x % hp * 2;
+        const sched_plan_cta_t cta = a.ctas[blockIdx.x / hp];
+        if (cta.row_count * a.group > KCUDA_SMALL_M) {
+            for (uint32_t h = h0; h < h0 + 2 && h < a.kv_heads; h++) {
+                if (cta.seg_count > 1)
+                    fwd_cta<T, D, KCUDA_BIG_M, true, true, 2 * KCUDA_THREADS>(a, cta, h, smem, 0);
+                else
+                    fwd_cta<T, D, KCUDA_BIG_M, false, true, 2 * KCUDA_THREADS>(a, cta, h, smem, 0);
+                if (a.merge_inside)
+                    fwd_arrive_merge<T, D>(a, cta, h, smem, threadIdx.x, 2 * KCUDA_THREADS, 0);
+                __syncthreads(); /* the next head reuses the shared memory */
+            }
             return;
         }
+        constexpr int half = fwd_smem<D>();
+        const uint32_t wg = threadIdx.x / KCUDA_THREADS;
+        if (h0 + wg < a.kv_heads)
+            fwd_small<T, D, true>(a, cta, h0 + wg, smem + wg * half, 1 + (int)wg);
+        return;
     }
 #endif
-    /* the smallest m that holds the rows (the plan's check bounds rows by KCUDA_MAX_M) */
-#define KCUDA_CASE(m)                                                                              \
-    if (rows <= (m)) {                                                                             \
-        if (cta.seg_count > 1)                                                                     \
-            fwd_cta<T, D, m, true>(a, cta, head, smem);                                            \
-        else                                                                                       \
-            fwd_cta<T, D, m, false>(a, cta, head, smem);                                           \
-        if (a.merge_inside)                                                                        \
-            fwd_arrive_merge<T, D>(a, cta, head, smem);                                            \
-        return;                                                                                    \
-    }
-    KCUDA_TILE_MS(KCUDA_CASE)
-#undef KCUDA_CASE
+    __trap(); /* never launched: the backend uses it only where compiled for sm_90a */
 }
 
 /* The merge as a launch of its own (KERN_MERGE_LAUNCH): grid = n_merges x kv_heads blocks, each
@@ -716,6 +788,21 @@ template <typename T, int D> int fwd_prepare(FwdVariant *v)
     v->wg_fn = reinterpret_cast<const void *>(wg);
     v->merge_fn = reinterpret_cast<const void *>(merge_layer<T, D>);
     v->smem = smem;
+    v->pair_fn = nullptr;
+    v->pair_smem = 0;
+    if constexpr (D <= 128) {
+        constexpr int ps = pair_smem<D>();
+        static_assert(ps <= 232448, "sm_90 opt-in shared memory per block (227 KB)");
+        auto pf = fwd_pair<T, D>;
+        cudaFuncAttributes fa;
+        KC_TRY(cudaFuncGetAttributes(&fa, pf), "cudaFuncGetAttributes(fwd, pair)");
+        if (fa.binaryVersion == 90) { /* the sm_90a code runs: the wgmma path is there */
+            KC_TRY(cudaFuncSetAttribute(pf, cudaFuncAttributeMaxDynamicSharedMemorySize, ps),
+                   "cudaFuncSetAttribute(fwd, pair)");
+            v->pair_fn = reinterpret_cast<const void *>(pf);
+            v->pair_smem = ps;
+        }
+    }
     return 0;
 }
 

@@ -57,6 +57,8 @@ struct FwdVariant {
     const void *wg_fn;    /* fwd_layer with wgmma where it wins (KERN_FWD_AUTO) */
     const void *merge_fn; /* merge_layer, for KERN_MERGE_LAUNCH */
     int smem;             /* dynamic shared memory: the largest shape's */
+    const void *pair_fn;  /* fwd_pair (CTAs up to KCUDA_BIG_M rows); NULL where not sm_90a */
+    int pair_smem;
 };
 
 /* registered per head_dim translation unit: v[0] fp16, v[1] bf16; 0 or a negative errno */
@@ -124,6 +126,7 @@ struct Cuda {
     uint64_t layer_elems;
     uint32_t elt;
     FwdVariant fwd;       /* the model's dtype and head_dim */
+    uint32_t max_m;       /* rows a plan's CTA may have: KCUDA_BIG_M with fwd.pair_fn, else 64 */
     int dt;               /* 0 fp16, 1 bf16 */
     Lane lane0;           /* kern_append_kv, kern_attend, kern_copy_blocks */
     WaitValue64Fn wait64; /* NULL: the device has no 64-bit stream memory operations */

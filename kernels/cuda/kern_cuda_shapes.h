@@ -7,9 +7,9 @@
  * one launch can run a plan's CTAs of every shape: each CTA picks the smallest m that holds its
  * rows. m is a multiple of 16 (mma.sync m16n8k16 row bands); with 4 warps and n = 64 every
  * warp's KV slice is a multiple of 16 (one k-step of P.V). m = 128 and n = 128 were measured and
- * dropped (tests/bench/RESULTS.md): m = 128 CTAs were neither byte- nor compute-bound and capping
- * packs at m = 64 was 6-21 % faster on deep GQA-8 trees; n = 64 won or tied every KV length.
- * Larger packs are step 2's wgmma path.
+ * dropped (tests/bench/RESULTS.md): m = 128 CTAs on four mma.sync warps were neither byte- nor
+ * compute-bound and capping packs at m = 64 was 6-21 % faster on deep GQA-8 trees; n = 64 won or
+ * tied every KV length. m = 128 is back on Hopper as eight warps, two wgmma warpgroups.
  */
 #ifndef KERN_CUDA_SHAPES_H
 #define KERN_CUDA_SHAPES_H
@@ -17,6 +17,10 @@
 #define KCUDA_TILE_MS(X) X(16) X(32) X(64)
 #define KCUDA_TILE_N     64
 #define KCUDA_THREADS    128
-#define KCUDA_MAX_M      64 /* the largest m of KCUDA_TILE_MS */
+#define KCUDA_SMALL_M    64 /* the largest m of KCUDA_TILE_MS */
+/* sm_90a, head_dim <= 128: the pair kernel (kern_cuda_fwd.cuh) runs CTAs of up to KCUDA_BIG_M rows
+ * on two warpgroups that share every KV tile, and the smaller ones two KV heads at a time */
+#define KCUDA_BIG_M      128
+#define KCUDA_MAX_M      KCUDA_BIG_M /* bounds a CTA's rows wherever they are listed */
 
 #endif

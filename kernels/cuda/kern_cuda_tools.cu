@@ -68,25 +68,29 @@ extern "C" int kern_cuda_variants(uint32_t head_dim, kern_cuda_variant_info_t *o
     if (r < 0)
         return r;
     uint32_t n = 0;
-    for (int k = 0; k < 4; k++, n++) {
-        const int dt = k % 2, wg = k / 2;
-        if (n >= cap)
+    for (int k = 0; k < 6; k++) {
+        /* fp16 and bf16 of: the mma.sync kernel, the wgmma one, the pair kernel (sm_90a) */
+        const int dt = k % 2, kind = k / 2;
+        const void *fn = kind == 0 ? v[dt].fn : kind == 1 ? v[dt].wg_fn : v[dt].pair_fn;
+        if (!fn)
             continue;
-        kern_cuda_variant_info_t *x = &out[n];
-        const void *fn = wg ? v[dt].wg_fn : v[dt].fn;
+        if (n++ >= cap)
+            continue;
+        kern_cuda_variant_info_t *x = &out[n - 1];
+        const int threads = kind == 2 ? 2 * KCUDA_THREADS : KCUDA_THREADS;
+        const int smem = kind == 2 ? v[dt].pair_smem : v[dt].smem;
         cudaFuncAttributes fa;
         KC_TRY(cudaFuncGetAttributes(&fa, fn), "cudaFuncGetAttributes");
         int blocks = 0;
-        KC_TRY(
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, KCUDA_THREADS, v[dt].smem),
-            "occupancy");
-        x->wgmma = wg;
+        KC_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, threads, smem),
+               "occupancy");
+        x->wgmma = kind > 0;
         x->head_dim = head_dim;
-        x->m = KCUDA_MAX_M;
+        x->m = kind == 2 ? KCUDA_BIG_M : KCUDA_SMALL_M;
         x->n = KCUDA_TILE_N;
         x->dtype = dt == 0 ? KERN_F16 : KERN_BF16;
-        x->threads = KCUDA_THREADS;
-        x->smem = v[dt].smem;
+        x->threads = threads;
+        x->smem = smem;
         x->regs = fa.numRegs;
         x->local_bytes = (int)fa.localSizeBytes;
         x->blocks_per_sm = blocks;

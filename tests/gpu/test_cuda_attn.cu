@@ -504,7 +504,9 @@ static void test_tree()
             memcpy(g.w.q[i].blocks, g.w.q[0].blocks, 16 * sizeof(uint32_t));
         rig_init(g, &r, mc, SCHED_POLICY_TREE, 0);
         const sched_plan_hdr_t *h = run(g);
-        const uint32_t per_cta = KCUDA_MAX_M / (mc.q_heads / mc.kv_heads);
+        /* the CTA size is the time model's choice (sched__tree_cost); every CTA but the last
+         * is full */
+        const uint32_t per_cta = h->max_cta_rows / (mc.q_heads / mc.kv_heads);
         bool finite;
         double ec = vs_cpu(g, &finite), ef = vs_fp64(g, &r, 40);
         char name[160];
