@@ -59,6 +59,9 @@ typedef enum kern_fwd {
                           (TREE plans) at head_dim <= 128, on a device running the build's sm_90a
                           code; mma.sync elsewhere (tests/bench/RESULTS.md) */
     KERN_FWD_MMA = 1,  /* mma.sync for every CTA */
+    KERN_FWD_WIDE = 2, /* AUTO, and where it runs (sm_90a, head_dim <= 128) the tile table offers
+                          CTAs of up to 128 rows, run on two wgmma warpgroups that share each KV
+                          tile (the pair kernel) */
 } kern_fwd_t;
 
 typedef struct kern_config {

@@ -257,10 +257,10 @@ int cuda_create(const kern_config_t *cfg, kern_backend_t **ret)
     if ((r = load_memops(c)) < 0 || (r = fwd_register(m.head_dim, v)) < 0)
         goto fail;
     c->fwd = v[c->dt];
-    if (cfg->fwd == KERN_FWD_AUTO)
+    if (cfg->fwd != KERN_FWD_MMA) /* MMA: mma.sync everywhere */
         c->fwd.fn = c->fwd.wg_fn;
-    else
-        c->fwd.pair_fn = nullptr; /* KERN_FWD_MMA: mma.sync everywhere, CTAs of 64 rows */
+    if (cfg->fwd != KERN_FWD_WIDE)
+        c->fwd.pair_fn = nullptr; /* CTAs of at most 64 rows */
     c->max_m = c->fwd.pair_fn ? KCUDA_BIG_M : KCUDA_SMALL_M;
     if ((r = warm_kernels(c)) < 0)
         goto fail;

@@ -79,7 +79,7 @@ int attend_on(Lane *L, uint32_t layer, const sched_plan_hdr_t *h, const void *q,
     a.merge_inside = c->base.cfg.merge == KERN_MERGE_INSIDE;
     void *args[] = {&a};
     if (h->max_cta_rows > KCUDA_SMALL_M) /* plan_upload checked that the pair kernel exists */
-        KC_TRY(cudaLaunchKernel(c->fwd.pair_fn, dim3(h->n_ctas * ((m.kv_heads + 1) / 2)),
+        KC_TRY(cudaLaunchKernel(c->fwd.pair_fn, dim3(h->n_ctas * m.kv_heads),
                                 dim3(2 * KCUDA_THREADS), args, (size_t)c->fwd.pair_smem, L->main),
                "forward launch (pair)");
     else

@@ -400,7 +400,8 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
             wg_proxy_fence(); /* the copies above become visible to wgmma's reads */
 #endif
         team_sync(team);
-        if (!SEGS || band) {
+        /* one warpgroup (fwd_layer) computes every band: its row limits mask */
+        if (!SEGS || (WG && NTH == KCUDA_THREADS) || band) {
             const uint8_t *sk = ring + (it % G::STAGES) * G::STAGE_BYTES, *sv = sk + G::KV_BYTES;
             const int cb = wn * G::NW; /* first column of this warp in the tile */
 
@@ -728,36 +729,34 @@ __global__ void __launch_bounds__(KCUDA_THREADS) fwd_layer(const FwdArgs a)
     fwd_small<T, D, WGK>(a, a.ctas[blockIdx.x / a.kv_heads], blockIdx.x % a.kv_heads, smem, 0);
 }
 
-/* One layer of a plan with CTAs of up to KCUDA_BIG_M rows (sm_90a, head_dim <= 128): grid =
- * n_ctas x ceil(kv_heads / 2) blocks of two warpgroups, dynamic shared memory pair_smem<D>().
- * Block b runs plan CTA b / ceil(kv_heads / 2) for KV heads 2 (b % ceil(kv_heads / 2)) and the
- * next: a CTA of more than KCUDA_SMALL_M rows on both warpgroups (64 rows each, every KV tile
- * loaded once for both), one head after the other; a smaller one on one warpgroup per head, each
- * in its half of the shared memory with a barrier of its own, as two blocks of fwd_layer would. */
+/* One layer of a plan with CTAs of up to KCUDA_BIG_M rows (sm_90a, head_dim <= 128,
+ * KERN_FWD_WIDE): grid = n_ctas x kv_heads blocks of two warpgroups, dynamic shared memory
+ * pair_smem<D>(). Block b takes plan CTA b / kv_heads and j = b % kv_heads: a CTA of more than
+ * KCUDA_SMALL_M rows runs for KV head j on both warpgroups (64 rows each, every KV tile loaded
+ * once for both); a smaller one for KV heads 2j and 2j + 1, one warpgroup each in its half of the
+ * shared memory with a barrier of its own, as two blocks of fwd_layer would (blocks with
+ * 2j >= kv_heads leave at once). */
 template <typename T, int D>
 __global__ void __launch_bounds__(2 * KCUDA_THREADS, 1) fwd_pair(const FwdArgs a)
 {
     extern __shared__ __align__(1024) uint8_t smem[];
 #if KCUDA_WGMMA
     if constexpr (D <= 128) {
-        const uint32_t hp = (a.kv_heads + 1) / 2, h0 = blockIdx.x % hp * 2;
-        const sched_plan_cta_t cta = a.ctas[blockIdx.x / hp];
+        const uint32_t j = blockIdx.x % a.kv_heads;
+        const sched_plan_cta_t cta = a.ctas[blockIdx.x / a.kv_heads];
         if (cta.row_count * a.group > KCUDA_SMALL_M) {
-            for (uint32_t h = h0; h < h0 + 2 && h < a.kv_heads; h++) {
-                if (cta.seg_count > 1)
-                    fwd_cta<T, D, KCUDA_BIG_M, true, true, 2 * KCUDA_THREADS>(a, cta, h, smem, 0);
-                else
-                    fwd_cta<T, D, KCUDA_BIG_M, false, true, 2 * KCUDA_THREADS>(a, cta, h, smem, 0);
-                if (a.merge_inside)
-                    fwd_arrive_merge<T, D>(a, cta, h, smem, threadIdx.x, 2 * KCUDA_THREADS, 0);
-                __syncthreads(); /* the next head reuses the shared memory */
-            }
+            if (cta.seg_count > 1)
+                fwd_cta<T, D, KCUDA_BIG_M, true, true, 2 * KCUDA_THREADS>(a, cta, j, smem, 0);
+            else
+                fwd_cta<T, D, KCUDA_BIG_M, false, true, 2 * KCUDA_THREADS>(a, cta, j, smem, 0);
+            if (a.merge_inside)
+                fwd_arrive_merge<T, D>(a, cta, j, smem, threadIdx.x, 2 * KCUDA_THREADS, 0);
             return;
         }
         constexpr int half = fwd_smem<D>();
-        const uint32_t wg = threadIdx.x / KCUDA_THREADS;
-        if (h0 + wg < a.kv_heads)
-            fwd_small<T, D, true>(a, cta, h0 + wg, smem + wg * half, 1 + (int)wg);
+        const uint32_t wg = threadIdx.x / KCUDA_THREADS, h = 2 * j + wg;
+        if (h < a.kv_heads)
+            fwd_small<T, D, true>(a, cta, h, smem + wg * half, 1 + (int)wg);
         return;
     }
 #endif

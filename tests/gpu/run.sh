@@ -124,7 +124,7 @@ if [ $bench != 0 ]; then
             --md "$out/compare_pat.md"
         run compare_mma python3 tests/bench/compare_pat.py "$out/bench_attn.jsonl" \
             "$out/pat.jsonl" --field mma_us --md "$out/compare_mma.md"
-        for f in tree16 tree32; do
+        for f in wide tree16 tree32; do
             run compare_$f python3 tests/bench/compare_pat.py "$out/bench_attn.jsonl" \
                 "$out/pat.jsonl" --field ${f}_us --md "$out/compare_$f.md"
         done
@@ -140,7 +140,8 @@ fi
 if [ $bench = 5 ]; then
     echo "$passed passed, $failed failed" | tee -a "$out/gpu.log"
     # the device tool brings back at most 8 files: the per-program logs travel as one archive
-    (cd "$out" && tar -cJf logs.tar.xz --remove-files $(ls *.log | grep -v '^gpu.log$') 2>/dev/null)
+    (cd "$out" && tar -cJf logs.tar.xz --remove-files $(ls *.log compare_*.md 2>/dev/null |
+        grep -v '^gpu.log$\|^compare_pat.md$') 2>/dev/null)
     [ "$failed" -eq 0 ]
     exit
 fi
