@@ -329,7 +329,8 @@ static bool wide_runs()
 /* Random forests over every model and policy with the default forward (KERN_FWD_AUTO: on sm_90a
  * TREE's CTAs of 33-64 rows run on wgmma). fwd KERN_FWD_MMA: the same forests' packing policies
  * on mma.sync only, so that its multi-segment path stays tested on a Hopper GPU too.
- * KERN_FWD_WIDE: every policy with CTAs of up to 128 rows where the pair kernel runs. */
+ * KERN_FWD_WIDE: every policy with the wide tile table (few random forests have packs of more
+ * than 64 rows: test_wide_prefix makes them). */
 static void test_random(int rounds, uint64_t seed, kern_fwd_t fwd = KERN_FWD_AUTO)
 {
     tl_rng_t r;
@@ -340,7 +341,7 @@ static void test_random(int rounds, uint64_t seed, kern_fwd_t fwd = KERN_FWD_AUT
                                              SCHED_POLICY_AUTO, SCHED_POLICY_PAPER,
                                              SCHED_POLICY_TREE};
     const sched_policy_t *pols = fwd == KERN_FWD_MMA ? packing : all;
-    uint32_t merges = 0, multi_group = 0, wide = 0;
+    uint32_t merges = 0, multi_group = 0;
     for (int round = 0; round < rounds; round++) {
         const Model &mc = models[round % n_models];
         Rig g;
@@ -351,7 +352,6 @@ static void test_random(int rounds, uint64_t seed, kern_fwd_t fwd = KERN_FWD_AUT
         const sched_plan_hdr_t *h = run(g);
         merges += h->n_merges > 0;
         multi_group += h->n_groups > 1;
-        wide += h->max_cta_rows > 64;
         bool finite;
         double ec = vs_cpu(g, &finite), ef = vs_fp64(g, &r, 6);
         uint32_t maxkv = 0;
@@ -370,8 +370,6 @@ static void test_random(int rounds, uint64_t seed, kern_fwd_t fwd = KERN_FWD_AUT
     if (rounds >= 20)
         verdict("random plans covered merges and several tile shapes",
                 merges > 2 && multi_group > 2);
-    if (fwd == KERN_FWD_WIDE && rounds >= 8 && wide_runs())
-        verdict("wide plans had CTAs of more than 64 rows", wide > 1, " (%u plans)", wide);
 }
 
 /* n_q unshared queries, query i with kv_len(i) tokens of which n_new(i) are new */
@@ -474,6 +472,46 @@ static void test_all_split()
  * reads none of a segment skips it). Unsplit: no partials at all; split (split_min 64, every CTA
  * cut along its segments, rows renumbered per part): merged. Both merge modes, every head_dim,
  * GQA 1-16, extend rows in some. */
+/* The pair kernel (KERN_FWD_WIDE) on CTAs of 128 rows: one 256-token prefix, 40 queries with 32
+ * private tokens each, tile m 128 only, under TREE (several segments per CTA, extend rows of 3
+ * tokens in half the rounds) and PAPER (one segment per CTA), split and not, both merge modes:
+ * d 64 and 128, GQA 1, 4 and 8. */
+static void test_wide_prefix(tl_rng_t *r)
+{
+    if (!wide_runs())
+        return;
+    static const int kModels[] = {6, 7, 8, 0, 1}; /* MHA 32, GQA 8 d64, GQA 8, MHA d64, GQA 4 */
+    for (int k = 0; k < 10; k++) {
+        const Model &mc = models[kModels[k % 5]];
+        const bool tree = k % 2 == 0, split = k % 3 == 1;
+        Rig g;
+        const uint32_t n_new = k % 4 == 2 ? 3 : 1;
+        flat_world(
+            &g.w, 40, [](uint32_t) { return 256u + 32u; },
+            n_new == 3 ? +[](uint32_t) { return 3u; } : +[](uint32_t) { return 1u; });
+        for (uint32_t i = 0; i < g.w.n_q; i++)
+            memcpy(g.w.q[i].blocks, g.w.q[0].blocks, 16 * sizeof(uint32_t));
+        sched_tiles_t t = {};
+        t.n_m = 1;
+        t.m[0] = 128;
+        t.n_n = 1;
+        t.n[0] = KCUDA_TILE_N;
+        t.n_upto[0] = UINT32_MAX;
+        rig_init(g, r, mc, tree ? SCHED_POLICY_TREE : SCHED_POLICY_PAPER, split ? 64 : 0, &t,
+                 k % 4 == 1 ? KERN_MERGE_INSIDE : KERN_MERGE_LAUNCH, KERN_FWD_WIDE);
+        const sched_plan_hdr_t *h = run(g);
+        bool finite;
+        double ec = vs_cpu(g, &finite), ef = vs_fp64(g, r, 40);
+        char name[200];
+        snprintf(name, sizeof(name), "wide %s%s q%u/kv%u d%u, %u new: %u CTAs, %u rows max",
+                 tree ? "tree" : "paper", split ? " split" : "", mc.q_heads, mc.kv_heads, mc.d,
+                 n_new, h->n_ctas, h->max_cta_rows);
+        verdict(name, finite && ec < 1e-2 && ef < 1e-2 && h->max_cta_rows > 64,
+                " fp64 rel err %.2e", ef);
+        rig_done(g);
+    }
+}
+
 static void test_tree()
 {
     tl_rng_t r;
@@ -539,6 +577,7 @@ static void test_tree()
                 " fp64 rel err %.2e", ef);
         rig_done(g);
     }
+    test_wide_prefix(&r);
 }
 
 /* the same plan run again (cached upload) gives the same bytes */
