@@ -70,6 +70,7 @@ static double measure_plan(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t
     CK(cudaMalloc(&q, (size_t)nq * qh * dd * 2));
     CK(cudaMalloc(&o, (size_t)nq * qh * dd * 2));
     CK(cudaMemset(q, 0x3c, (size_t)nq * qh * dd * 2)); /* 1.0 in fp16: a finite Q */
+    CK(cudaDeviceSynchronize()); /* the backend's stream does not wait for the legacy stream */
     sched_tiles_t tiles;
     kern_tiles(b, &tiles);
     sched_config_t sc = {};
@@ -136,6 +137,7 @@ static double measure_tree_chain(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq)
     CK(cudaMalloc(&q, (size_t)nq * qh * dd * 2));
     CK(cudaMalloc(&o, (size_t)nq * qh * dd * 2));
     CK(cudaMemset(q, 0x3c, (size_t)nq * qh * dd * 2));
+    CK(cudaDeviceSynchronize());
     sched_tiles_t tiles;
     kern_tiles(b, &tiles);
     tiles.n_m = 1; /* CTAs of 64 rows only */

@@ -258,6 +258,7 @@ static void patd_run(const char *bin, int steps, FILE *js, const char *label)
     CK(cudaMemset(b.q, 0, b.q_row_bytes));
     CK(cudaMemset(b.k, 0, b.kv_row_bytes));
     CK(cudaMemset(b.v, 0, b.kv_row_bytes));
+    CK(cudaDeviceSynchronize()); /* before any stream of the client or the daemon reads them */
     uint32_t prompt[16], seq, cached;
     for (int i = 0; i < 16; i++)
         prompt[i] = 100 + i;

@@ -196,6 +196,9 @@ static const sched_plan_hdr_t *run(Rig &g)
     memset(g.o_cpu.data(), 0xff, g.o_cpu.size()); /* poison: NaN in every dtype */
     REQ(kern_attend(g.cpu, 1, h, g.q.data(), g.o_cpu.data(), &p));
     CK(cudaMemset(g.dout, 0xff, g.o_gpu.size()));
+    /* the lane's stream does not wait for the legacy stream's memset: without this the poison
+     * could land after the forward wrote (a flaky failure, 2026-11-24) */
+    CK(cudaDeviceSynchronize());
     REQ(kern_attend(g.gpu, 1, h, g.dq, g.dout, &p));
     REQ(kern_sync(g.gpu));
     CK(cudaMemcpy(g.o_gpu.data(), g.dout, g.o_gpu.size(), cudaMemcpyDeviceToHost));
@@ -506,7 +509,11 @@ static void test_wide_prefix(tl_rng_t *r)
         snprintf(name, sizeof(name), "wide %s%s q%u/kv%u d%u, %u new: %u CTAs, %u rows max",
                  tree ? "tree" : "paper", split ? " split" : "", mc.q_heads, mc.kv_heads, mc.d,
                  n_new, h->n_ctas, h->max_cta_rows);
-        verdict(name, finite && ec < 1e-2 && ef < 1e-2 && h->max_cta_rows > 64,
+        /* CTAs of more than 64 rows wherever 40 queries' rows exceed 64 */
+        const uint32_t group = mc.q_heads / mc.kv_heads;
+        verdict(name,
+                finite && ec < 1e-2 && ef < 1e-2 &&
+                    (h->max_cta_rows > 64) == (40 * n_new * group > 64),
                 " fp64 rel err %.2e", ef);
         rig_done(g);
     }
