@@ -75,6 +75,31 @@ template <int N> __device__ __forceinline__ void cp_async_wait()
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+/* Shared-memory barriers (mbarrier, sm_80+): init with an expected arrival count; arrive_cp
+ * arrives once this thread's cp.async copies issued so far have landed (without adding to the
+ * expected count); wait spins until the phase of the given parity has completed. */
+__device__ __forceinline__ void mb_init(uint32_t bar, uint32_t count)
+{
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mb_arrive_cp(uint32_t bar)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mb_arrive(uint32_t bar)
+{
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared.b64 st, [%0];\n}\n" ::"r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void mb_wait(uint32_t bar, uint32_t parity)
+{
+    asm volatile("{\n.reg .pred p;\nW:\n"
+                 "mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n"
+                 "@!p bra W;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,
                                         uint32_t &r3)
 {
@@ -162,7 +187,10 @@ template <int D, int M, int NTH = KCUDA_THREADS> struct Geom {
     static constexpr int ERS = D + 8;                        /* epilogue row stride (floats) */
     static constexpr int EPI_BYTES = WN * M * (ERS + 2) * 4; /* acc rows + m + l */
     static constexpr int RING_BYTES = STAGES * STAGE_BYTES;
-    static constexpr int SMEM = Q_BYTES + (RING_BYTES > EPI_BYTES ? RING_BYTES : EPI_BYTES);
+    /* eight warps: a full and an empty mbarrier per stage after the ring (MB in fwd_cta) */
+    static constexpr int BAR_BYTES = NTH > KCUDA_THREADS ? 2 * STAGES * 8 : 0;
+    static constexpr int SMEM =
+        Q_BYTES + (RING_BYTES > EPI_BYTES ? RING_BYTES : EPI_BYTES) + BAR_BYTES;
     /* MMA shape rules: rows in 16-row bands, every warp's column slice a multiple of 16 (one
      * k-step of P.V), head_dim a multiple of 16 and of the 8-chunk swizzle period. */
     static_assert(M % 16 == 0 && WM >= 1 && WM <= W && W % WM == 0, "tile m: 16-row bands");
@@ -345,11 +373,25 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
         }
     };
 
+    /* MB (eight warps, two warpgroups): no block barrier per tile. Stage s has a full barrier
+     * (every thread arrives once its copies into s landed) and an empty one (every thread arrives
+     * once it is done reading s); a warpgroup computes a tile when it is full and refills a stage
+     * when it is empty, so one warpgroup may run up to a tile ahead of the other (its softmax
+     * under the other's products) instead of both meeting twice per tile. */
+    constexpr bool MB = NTH > KCUDA_THREADS;
+    const uint32_t full = smem_u32(smem) + G::SMEM - G::BAR_BYTES, empty = full + 8 * G::STAGES;
+    if constexpr (MB) {
+        if (tid < G::STAGES * 2)
+            mb_init(full + 8 * tid, NTH);
+        team_sync(team); /* the barriers exist before anyone arrives */
+    }
 #pragma unroll
     for (int st = 0; st < G::STAGES - 1; st++) {
         if (st < n_tiles) {
             fetch_pages();
             load_tile(st);
+            if constexpr (MB)
+                mb_arrive_cp(full + 8 * st); /* stage 0's also covers Q */
         }
         cp_async_commit(); /* group 0 also holds Q */
     }
@@ -389,19 +431,35 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
     const float sl2 = a.scale * 1.4426950408889634f;
 
     for (int it = 0; it < n_tiles; it++) {
-        if (it + G::STAGES - 1 < n_tiles)
-            load_tile(it + G::STAGES - 1); /* into the slot computed in iteration it - 1 */
-        cp_async_commit();
+        const int nx = it + G::STAGES - 1, slot = it % G::STAGES;
+        if (nx < n_tiles) {
+            /* into the slot computed in iteration it - 1 (MB: once every thread left it) */
+            if (MB && nx >= G::STAGES)
+                mb_wait(empty + 8 * (nx % G::STAGES), (nx / G::STAGES - 1) & 1);
+            load_tile(nx);
+            if constexpr (MB)
+                mb_arrive_cp(full + 8 * (nx % G::STAGES));
+        }
+        if (!MB)
+            cp_async_commit();
         if (it + G::STAGES < n_tiles)
             fetch_pages();
-        cp_async_wait<G::STAGES - 1>();
+        /* one warpgroup (fwd_layer) computes every band: its row limits mask */
+        const bool work = !SEGS || (WG && NTH == KCUDA_THREADS) || band;
+        if constexpr (MB) {
+            if (work)
+                mb_wait(full + 8 * slot, (it / G::STAGES) & 1);
+        } else {
+            cp_async_wait<G::STAGES - 1>();
+        }
 #if KCUDA_WGMMA
         if constexpr (WG)
-            wg_proxy_fence(); /* the copies above become visible to wgmma's reads */
+            wg_proxy_fence(); /* the copies (this thread's, or MB everyone's: the full barrier
+                                 made them visible to it) become visible to wgmma's reads */
 #endif
-        team_sync(team);
-        /* one warpgroup (fwd_layer) computes every band: its row limits mask */
-        if (!SEGS || (WG && NTH == KCUDA_THREADS) || band) {
+        if (!MB)
+            team_sync(team);
+        if (work) {
             const uint8_t *sk = ring + (it % G::STAGES) * G::STAGE_BYTES, *sv = sk + G::KV_BYTES;
             const int cb = wn * G::NW; /* first column of this warp in the tile */
 
@@ -538,11 +596,16 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
                     }
                 }
         }
-        team_sync(team); /* the stage is refilled by the next iteration's loads */
+        /* the stage is refilled by the next iteration's loads */
+        if constexpr (MB)
+            mb_arrive(empty + 8 * slot);
+        else
+            team_sync(team);
         ct0 += N;
         if (SEGS && ct0 >= cend && ++ck < n_segs)
             enter_seg();
     }
+    cp_async_commit(); /* MB: the copies of tiles a skipping warpgroup never waited for */
     cp_async_wait<0>();
     team_sync(team);
 
