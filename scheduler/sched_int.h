@@ -110,6 +110,9 @@ double sched__item_ns(const sched_t *s, uint64_t kv_tokens, uint64_t tiles, uint
                       uint32_t m, uint32_t rows, uint32_t partial_rows);
 /* TREE's model before any split: bytes and time of its CTAs (sched_plan.c). */
 void sched__tree_cost(sched_t *s, sched__packset_t *ps);
+/* slots an item with an m-row tile holds (sched_tiles_t.pair_m); makespan sums are in slot units:
+ * sum_ns of units x time, n_items of units */
+uint32_t sched__item_units(const sched_t *s, uint32_t m);
 double sched__makespan_ns(const sched_t *s, double sum_ns, double max_ns, uint64_t n_items);
 uint32_t sched__pick_m(const sched_tiles_t *t, uint32_t rows);
 uint32_t sched__pick_n(const sched_tiles_t *t, uint32_t kv_tokens);

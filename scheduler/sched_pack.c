@@ -186,14 +186,14 @@ static void packset_cost(sched_t *s, sched__packset_t *ps)
                 if (in_chunk == m->tok_per_chunk || (!q && in_chunk)) {
                     uint64_t kv = PAT_MIN(seg_e, hi) - seg_b;
                     uint32_t tn = s->tiles.n[sched__pick_n(&s->tiles, (uint32_t)kv)];
-                    double t = sched__item_ns(
-                        s, kv, PAT_DIV_UP(kv, tn), tn,
-                        s->tiles.m[sched__pick_m(&s->tiles, in_chunk * m->group)],
-                        in_chunk * m->group, 0);
+                    uint32_t tm = s->tiles.m[sched__pick_m(&s->tiles, in_chunk * m->group)];
+                    double t = sched__item_ns(s, kv, PAT_DIV_UP(kv, tn), tn, tm,
+                                              in_chunk * m->group, 0);
+                    uint32_t u = sched__item_units(s, tm);
                     bytes += kv * m->kv_tok;
-                    sum_ns += t;
+                    sum_ns += u * t;
                     max_ns = t > max_ns ? t : max_ns;
-                    items++;
+                    items += u;
                     in_chunk = 0;
                     hi = 0;
                 }

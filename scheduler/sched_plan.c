@@ -73,11 +73,18 @@ double sched__item_ns(const sched_t *s, uint64_t kv_tokens, uint64_t tiles, uint
         return bytes;
     /* the tensor cores compute all m rows of a tile over its n tokens, however few read it */
     double flops = 4.0 * m * (double)tiles * tn * md->head_dim;
-    double t_mem = bytes * c->slots / c->read_gbs;           /* GB/s = bytes per ns */
-    double t_mma = flops * c->slots / (c->mma_tflops * 1e3); /* TFLOP/s = 1e3 FLOP per ns */
+    /* an item of two slots gets twice the share (sched__item_units) */
+    double share = (double)c->slots / sched__item_units(s, m);
+    double t_mem = bytes * share / c->read_gbs;           /* GB/s = bytes per ns */
+    double t_mma = flops * share / (c->mma_tflops * 1e3); /* TFLOP/s = 1e3 FLOP per ns */
     double t_chain = (double)tiles * c->tile_us * 1e3;       /* latency, not a shared rate */
     double t = t_mem > t_mma ? t_mem : t_mma;
     return (t > t_chain ? t : t_chain) + c->cta_us * 1e3;
+}
+
+uint32_t sched__item_units(const sched_t *s, uint32_t m)
+{
+    return s->tiles.pair_m && m > s->tiles.pair_m ? 2 : 1;
 }
 
 double sched__makespan_ns(const sched_t *s, double sum_ns, double max_ns, uint64_t n_items)
@@ -540,14 +547,16 @@ static void tree_cost_at(sched_t *s, sched__packset_t *ps)
     /* as packset_cost models a pack set: its CTAs before any split, no partials */
     pre_build(s, ps);
     const sched__model_t *m = &s->mdl;
-    uint64_t bytes = 0;
+    uint64_t bytes = 0, units = 0;
     double sum = 0, max = 0;
     for (uint32_t i = 0; i < s->n_pre; i++) {
         const sched_plan_cta_t *c = &s->pre[i];
         uint32_t rows = c->row_count * m->group;
         double t = cta_ns(s, s->pseg + c->seg_begin, c->seg_count, rows, c->kv_tokens, 0);
+        uint32_t u = sched__item_units(s, s->tiles.m[sched__pick_m(&s->tiles, rows)]);
         bytes += c->kv_tokens * m->kv_tok + rows * m->q_row;
-        sum += t;
+        sum += u * t;
+        units += u;
         max = t > max ? t : max;
     }
     /* rows of a token read by several CTAs (a node kept apart) write partials a merge reads */
@@ -563,8 +572,7 @@ static void tree_cost_at(sched_t *s, sched__packset_t *ps)
     sum += sched__item_ns(s, 0, 0, 0, 0, 0, (uint32_t)PAT_MIN(partial_rows, UINT32_MAX)) -
            sched__item_ns(s, 0, 0, 0, 0, 0, 0);
     ps->bytes = bytes;
-    ps->ns =
-        sched__makespan_ns(s, sum * s->cfg.kv_heads, max, (uint64_t)s->n_pre * s->cfg.kv_heads);
+    ps->ns = sched__makespan_ns(s, sum * s->cfg.kv_heads, max, units * s->cfg.kv_heads);
 }
 
 void sched__tree_cost(sched_t *s, sched__packset_t *ps)
@@ -626,6 +634,7 @@ static int ctas_build(sched_t *s, const sched__packset_t *ps, int fill, uint32_t
         s->cta_key = pat_xmalloc(s->cta_ns_cap);
     }
     double sum = 0, max = 0;
+    uint64_t units = 0;
     for (uint32_t i = 0; i < s->n_ctas; i++) {
         const sched_plan_cta_t *c = &s->ctas[i];
         uint32_t partial = 0;
@@ -634,12 +643,14 @@ static int ctas_build(sched_t *s, const sched__packset_t *ps, int fill, uint32_t
         uint32_t rows = c->row_count * s->mdl.group;
         double t =
             cta_ns(s, s->segs + c->seg_begin, c->seg_count, rows, c->kv_tokens, partial * s->mdl.group);
+        uint32_t u = sched__item_units(s, s->tiles.m[sched__pick_m(&s->tiles, rows)]);
         s->cta_ns[i] = t;
-        sum += t;
+        sum += u * t;
+        units += u;
         max = t > max ? t : max;
     }
     uint32_t kvh = s->cfg.kv_heads;
-    *ret_ns = sched__makespan_ns(s, sum * kvh, max, (uint64_t)s->n_ctas * kvh);
+    *ret_ns = sched__makespan_ns(s, sum * kvh, max, units * kvh);
     *ret_partials = n_partials;
     *ret_merges = n_merges;
     return applied;

@@ -143,6 +143,8 @@ typedef struct sched_tiles {
                           split (down to split_min_kv tokens) until it has about this many: a GPU
                           with few, long CTAs idles in its last wave; 0 = never. With a cost model
                           the split is kept only when the model says it is faster */
+    uint32_t pair_m;   /* a CTA of more than pair_m rows holds two slots (the cuda pair kernel:
+                          one block of two warpgroups per SM runs it); 0 = every CTA one slot */
     sched_cost_t cost;
 } sched_tiles_t;
 

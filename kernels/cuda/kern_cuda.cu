@@ -78,8 +78,10 @@ void cuda_tiles(const kern_backend_t *b, sched_tiles_t *ret)
      * has fewer items (the time model keeps the fill split only where it pays) */
     const uint32_t slots = (uint32_t)(prop.multiProcessorCount * fwd_resident(c->fwd));
     ret->cost.slots = slots;
-    if (c->max_m > KCUDA_SMALL_M && ret->n_m < SCHED_MAX_TILE_M)
+    if (c->max_m > KCUDA_SMALL_M && ret->n_m < SCHED_MAX_TILE_M) {
         ret->m[ret->n_m++] = (uint16_t)c->max_m; /* the pair kernel's two warpgroups */
+        ret->pair_m = KCUDA_SMALL_M;              /* one block per SM: two slots */
+    }
     if (ret->min_ctas == 0)
         ret->min_ctas = 4 * slots;
 }
