@@ -320,42 +320,29 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
         cp_async16(smem_u32(sq + qoff(r, ch)), src, bytes);
     }
 
-    /* The tiles: each segment's range from its kv_begin in steps of N (an empty segment: one
-     * masked tile), segments end to end, walked by two cursors (the fetch of page ids and the
-     * compute) that never count them ahead: a CTA of many segments starts at once. Each cursor
-     * holds the descriptor of the segment after its own, loaded when it entered its own, so a
-     * segment change never waits for a load. */
-    const uint4 *segv = reinterpret_cast<const uint4 *>(segs); /* 16-byte sched_plan_seg_t */
-    static_assert(sizeof(sched_plan_seg_t) == 16, "one 16-byte load per segment");
-    auto seg_at = [&](uint32_t k) { return k < n_segs ? segv[k] : make_uint4(0, 0, 0, 0); };
+    /* the tiles: each segment's range from its kv_begin in steps of N, segments end to end */
+    int n_tiles = 0;
+    for (uint32_t k = 0; k < n_segs; k++)
+        n_tiles += (int)((segs[k].kv_end - segs[k].kv_begin + N - 1) / N);
 
     /* Page ids are fetched one tile before the tile's loads are issued, so the dependent pages[]
-     * read never stalls the issue of the copies. Each fetch leaves, per load, block *
-     * KERN_BLOCK_SIZE + offset (NO_TOKEN past the end). */
+     * read never stalls the issue of the copies. Fetches run in tile order with a cursor over the
+     * segments; each leaves, per load, block * KERN_BLOCK_SIZE + offset (NO_TOKEN past the end). */
     constexpr int LPT = N * G::CPR / G::T; /* 16-byte K (and V) loads per thread per tile */
     constexpr uint32_t NO_TOKEN = 0xffffffffu;
     uint32_t pg[LPT];
     /* the next tile to fetch: segment fk (its end, pages and first page kept in registers) */
     uint32_t fk = 0, ft0 = 0, fend = 0, fpage0 = 0;
-    uint32_t fnb, fne, fnp; /* the next segment's kv_begin, kv_end, page_begin */
-    auto fetch_next = [&](uint32_t k) {
-        const uint4 v = seg_at(k);
-        fnb = v.x;
-        fne = v.y;
-        fnp = v.z;
-    };
-    fetch_next(0);
     const uint32_t *fpages = a.pages;
     auto fetch_seg = [&]() {
-        ft0 = fnb;
-        fend = fne;
-        fpage0 = fnb / KERN_BLOCK_SIZE;
-        fpages = a.pages + fnp;
-        fetch_next(fk + 1);
+        const sched_plan_seg_t sg = segs[fk];
+        ft0 = sg.kv_begin;
+        fend = sg.kv_end;
+        fpage0 = sg.kv_begin / KERN_BLOCK_SIZE;
+        fpages = a.pages + sg.page_begin;
     };
     if (n_segs)
         fetch_seg();
-    bool more = n_segs > 0; /* the fetch cursor has a tile */
     auto fetch_pages = [&]() {
 #pragma unroll
         for (int k = 0; k < LPT; k++) {
@@ -365,11 +352,8 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
                              : NO_TOKEN;
         }
         ft0 += N;
-        if (ft0 >= fend) {
-            more = ++fk < n_segs;
-            if (more)
-                fetch_seg();
-        }
+        if (ft0 >= fend && ++fk < n_segs)
+            fetch_seg();
     };
     auto load_tile = [&](int it) {
         uint8_t *sk = ring + (it % G::STAGES) * G::STAGE_BYTES, *sv = sk + G::KV_BYTES;
@@ -401,23 +385,18 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
             mb_init(full + 8 * tid, NTH);
         team_sync(team); /* the barriers exist before anyone arrives */
     }
-    int issued = 0;   /* tiles whose loads are issued, in order */
-    bool have = more; /* pg holds the page ids of tile `issued` */
-    if (have)
-        fetch_pages();
 #pragma unroll
     for (int st = 0; st < G::STAGES - 1; st++) {
-        if (have) {
+        if (st < n_tiles) {
+            fetch_pages();
             load_tile(st);
-            issued++;
             if constexpr (MB)
                 mb_arrive_cp(full + 8 * st); /* stage 0's also covers Q */
-            have = more;
-            if (have)
-                fetch_pages();
         }
         cp_async_commit(); /* group 0 also holds Q */
     }
+    if (G::STAGES - 1 < n_tiles)
+        fetch_pages();
 
     /* this thread's two rows of its band: their causal limits, and per segment the effective
      * limits (0 for a row the segment is not read by); a band none of whose rows reads the
@@ -428,26 +407,18 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
     const uint32_t row_lim1 = (uint32_t)r1 < n_rows ? rows[r1 / group].limit : 0;
     uint32_t ck = 0, ct0 = 0, cend = 0, lim0 = 0, lim1 = 0; /* the segment being computed */
     bool band = false;
-    uint32_t cnb, cne, cnr; /* the next segment's kv_begin, kv_end, row_lo | row_hi << 16 */
-    auto compute_next = [&](uint32_t k) {
-        const uint4 v = seg_at(k);
-        cnb = v.x;
-        cne = v.y;
-        cnr = v.w;
-    };
-    compute_next(0);
     auto enter_seg = [&]() {
-        const uint32_t lo = (cnr & 0xffffu) * group, hi = (cnr >> 16) * group;
-        ct0 = cnb;
-        cend = cne;
-        compute_next(ck + 1);
+        const sched_plan_seg_t sg = segs[ck];
+        const uint32_t lo = sg.row_lo * group, hi = sg.row_hi * group;
+        ct0 = sg.kv_begin;
+        cend = sg.kv_end;
         lim0 = (uint32_t)r0 >= lo && (uint32_t)r0 < hi ? min(row_lim0, cend) : 0;
         lim1 = (uint32_t)r1 >= lo && (uint32_t)r1 < hi ? min(row_lim1, cend) : 0;
         /* the rows that compute together: a warp's band, or a warpgroup's 64 rows */
         const uint32_t b0 = WG ? (warp >> 2) * 64 : wm * 16, b1 = WG ? b0 + 64 : b0 + 16;
         band = lo < b1 && hi > b0 && b0 < n_rows;
     };
-    if (n_segs)
+    if (n_tiles)
         enter_seg();
 
     constexpr int NT = G::NW / 8; /* n8 tiles of S per warp */
@@ -459,23 +430,20 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
     const float sl2 = a.scale * 1.4426950408889634f;
 
-    for (int it = 0; it < issued; it++) {
-        const int slot = it % G::STAGES;
-        if (have) { /* tile it + STAGES - 1 */
-            const int nx = issued;
+    for (int it = 0; it < n_tiles; it++) {
+        const int nx = it + G::STAGES - 1, slot = it % G::STAGES;
+        if (nx < n_tiles) {
             /* into the slot computed in iteration it - 1 (MB: once every thread left it) */
             if (MB && nx >= G::STAGES)
                 mb_wait(empty + 8 * (nx % G::STAGES), (nx / G::STAGES - 1) & 1);
             load_tile(nx);
-            issued++;
             if constexpr (MB)
                 mb_arrive_cp(full + 8 * (nx % G::STAGES));
-            have = more;
-            if (have)
-                fetch_pages();
         }
         if (!MB)
             cp_async_commit();
+        if (it + G::STAGES < n_tiles)
+            fetch_pages();
         /* one warpgroup (fwd_layer) computes every band: its row limits mask */
         const bool work = !SEGS || (WG && NTH == KCUDA_THREADS) || band;
         if constexpr (MB) {
