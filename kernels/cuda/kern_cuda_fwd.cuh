@@ -320,10 +320,13 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
         cp_async16(smem_u32(sq + qoff(r, ch)), src, bytes);
     }
 
-    /* the tiles: each segment's range from its kv_begin in steps of N, segments end to end */
+    /* the tiles: each segment's range from its kv_begin in steps of N, segments end to end; an
+     * empty segment is one masked tile, as the cursors below walk it */
     int n_tiles = 0;
-    for (uint32_t k = 0; k < n_segs; k++)
-        n_tiles += (int)((segs[k].kv_end - segs[k].kv_begin + N - 1) / N);
+    for (uint32_t k = 0; k < n_segs; k++) {
+        const uint32_t len = segs[k].kv_end - segs[k].kv_begin;
+        n_tiles += len ? (int)((len + N - 1) / N) : 1;
+    }
 
     /* Page ids are fetched one tile before the tile's loads are issued, so the dependent pages[]
      * read never stalls the issue of the copies. Fetches run in tile order with a cursor over the
