@@ -298,7 +298,8 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
     if (WG && (smem_u32(smem) & 1023u))
         __trap(); /* the swizzle needs 1024-byte aligned tiles: a layout bug, never data */
 
-    const int tid = threadIdx.x % NTH, lane = tid & 31, warp = tid >> 5;
+    const int tid = NTH == KCUDA_THREADS && team == 0 ? threadIdx.x : threadIdx.x % NTH;
+    const int lane = tid & 31, warp = tid >> 5;
     const int wm = warp % G::WM, wn = warp / G::WM;
     const sched_plan_row_t *rows = a.rows + cta.row_begin;
     const uint32_t group = a.group, n_rows = cta.row_count * group;
@@ -474,7 +475,8 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
             if constexpr (WG) {
                 float(&sw)[4 * NT] = *reinterpret_cast<float(*)[4 * NT]>(&s[0][0]);
                 /* this warpgroup's 64 rows: 128-byte rows inside each 64-column block */
-                const uint32_t qa = smem_u32(sq) + (warp >> 2) * 64 * 128, ka = smem_u32(sk);
+                const uint32_t qa = smem_u32(sq) + (NTH > KCUDA_THREADS ? (warp >> 2) * 64 * 128 : 0),
+                               ka = smem_u32(sk);
                 wg_fence();
 #pragma unroll
                 for (int ks = 0; ks < D / 16; ks++)

@@ -779,7 +779,7 @@ int main(int argc, char **argv)
         test_tiles();
         test_random(40, tl_test_seed(0xcafe));
         test_random(20, tl_test_seed(0xbeef), KERN_FWD_MMA);
-        test_random(20, tl_test_seed(0xf00d), KERN_FWD_WIDE);
+        test_random(8, tl_test_seed(0xf00d), KERN_FWD_WIDE);
         test_mixed(0);
         test_mixed(64);
         test_all_split();
