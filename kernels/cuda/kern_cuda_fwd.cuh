@@ -24,7 +24,9 @@
  *
  * Math: S = Q.K^T and O += P.V with mma.sync m16n8k16 (fp16 or bf16 in, fp32 accumulate), or,
  * in the KERN_FWD_AUTO kernel on sm_90a, wgmma for CTAs of 33-64 rows and several segments
- * (kern_cuda_wgmma.cuh: one warpgroup, the same loads, softmax and outputs);
+ * (kern_cuda_wgmma.cuh: one warpgroup, the same loads, softmax and outputs); KERN_FWD_WIDE adds
+ * fwd_pair, which runs CTAs of up to 128 rows on two warpgroups (eight warps sharing each KV
+ * tile through full/empty mbarriers per stage) and smaller ones two KV heads per block;
  * softmax online in the log2 domain; fully masked rows keep max = -inf and give o = 0 and
  * lse = -inf, never NaN (kern_softmax.h). Output: the final row (dtype) when the row is DIRECT,
  * else an fp32 partial (o normalized, natural-log lse).
