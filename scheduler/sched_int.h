@@ -19,10 +19,10 @@ typedef struct sched__packset {
     uint32_t n, cap;
     uint32_t *q;
     uint32_t nq, qcap;
-    uint8_t tree;   /* TREE: no packs; q lists every query in DFS order (sched_plan.c cuts it) */
+    uint8_t tree;      /* TREE: no packs; q lists every query in DFS order (sched_plan.c cuts it) */
     uint32_t tree_tok; /* TREE: query tokens per CTA, the tile m the model chose / group */
-    uint64_t bytes; /* modelled bytes (sched__packset_bytes) */
-    double ns;      /* modelled time of one layer, before any long-KV split (sched__makespan_ns) */
+    uint64_t bytes;    /* modelled bytes (sched__packset_bytes) */
+    double ns; /* modelled time of one layer, before any long-KV split (sched__makespan_ns) */
 } sched__packset_t;
 
 /* Model constants derived once from the config. */
@@ -106,8 +106,8 @@ struct sched {
  * rows, partial_rows of which write fp32 partials that a merge reads back; and the makespan of
  * n_items such items of total sum_ns and longest max_ns.
  * Without a cost model both are bytes (1 byte = 1 ns), so every comparison falls back to bytes. */
-double sched__item_ns(const sched_t *s, uint64_t kv_tokens, uint64_t tiles, uint32_t tn,
-                      uint32_t m, uint32_t rows, uint32_t partial_rows);
+double sched__item_ns(const sched_t *s, uint64_t kv_tokens, uint64_t tiles, uint32_t tn, uint32_t m,
+                      uint32_t rows, uint32_t partial_rows);
 /* TREE's model before any split: bytes and time of its CTAs (sched_plan.c). */
 void sched__tree_cost(sched_t *s, sched__packset_t *ps);
 /* slots an item with an m-row tile holds (sched_tiles_t.pair_m); makespan sums are in slot units:

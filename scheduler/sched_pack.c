@@ -187,8 +187,8 @@ static void packset_cost(sched_t *s, sched__packset_t *ps)
                     uint64_t kv = PAT_MIN(seg_e, hi) - seg_b;
                     uint32_t tn = s->tiles.n[sched__pick_n(&s->tiles, (uint32_t)kv)];
                     uint32_t tm = s->tiles.m[sched__pick_m(&s->tiles, in_chunk * m->group)];
-                    double t = sched__item_ns(s, kv, PAT_DIV_UP(kv, tn), tn, tm,
-                                              in_chunk * m->group, 0);
+                    double t =
+                        sched__item_ns(s, kv, PAT_DIV_UP(kv, tn), tn, tm, in_chunk * m->group, 0);
                     uint32_t u = sched__item_units(s, tm);
                     bytes += kv * m->kv_tok;
                     sum_ns += u * t;

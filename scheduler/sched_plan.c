@@ -62,8 +62,8 @@ uint32_t sched__pick_m(const sched_tiles_t *t, uint32_t rows)
     return t->n_m - 1; /* unreachable: chunks never exceed m_max rows */
 }
 
-double sched__item_ns(const sched_t *s, uint64_t kv_tokens, uint64_t tiles, uint32_t tn,
-                      uint32_t m, uint32_t rows, uint32_t partial_rows)
+double sched__item_ns(const sched_t *s, uint64_t kv_tokens, uint64_t tiles, uint32_t tn, uint32_t m,
+                      uint32_t rows, uint32_t partial_rows)
 {
     const sched__model_t *md = &s->mdl;
     const sched_cost_t *c = &s->tiles.cost;
@@ -77,7 +77,7 @@ double sched__item_ns(const sched_t *s, uint64_t kv_tokens, uint64_t tiles, uint
     double share = (double)c->slots / sched__item_units(s, m);
     double t_mem = bytes * share / c->read_gbs;           /* GB/s = bytes per ns */
     double t_mma = flops * share / (c->mma_tflops * 1e3); /* TFLOP/s = 1e3 FLOP per ns */
-    double t_chain = (double)tiles * c->tile_us * 1e3;       /* latency, not a shared rate */
+    double t_chain = (double)tiles * c->tile_us * 1e3;    /* latency, not a shared rate */
     double t = t_mem > t_mma ? t_mem : t_mma;
     return (t > t_chain ? t : t_chain) + c->cta_us * 1e3;
 }
@@ -331,9 +331,9 @@ static void tree_apart(sched_t *s, uint32_t pack)
 }
 
 /* Pass 1 (TREE): the queries in DFS order (ps->q) cut into CTAs of at most ps->tree_tok query
- * tokens (sched__tree_cost chose it); in DFS order the readers of every node are a run of rows, so each CTA reads each node
- * of its rows' paths once, as one segment. A stack holds the path of the previous query: nodes
- * it shares with the next stay open, the others close. */
+ * tokens (sched__tree_cost chose it); in DFS order the readers of every node are a run of rows, so
+ * each CTA reads each node of its rows' paths once, as one segment. A stack holds the path of the
+ * previous query: nodes it shares with the next stay open, the others close. */
 static void build_tree(sched_t *s, const sched__packset_t *ps)
 {
     const sched_forest_t *f = s->forest;
@@ -641,8 +641,8 @@ static int ctas_build(sched_t *s, const sched__packset_t *ps, int fill, uint32_t
         for (uint32_t r = c->row_begin; r < c->row_begin + c->row_count; r++)
             partial += cnt[s->rows[r].q_tok] > 1;
         uint32_t rows = c->row_count * s->mdl.group;
-        double t =
-            cta_ns(s, s->segs + c->seg_begin, c->seg_count, rows, c->kv_tokens, partial * s->mdl.group);
+        double t = cta_ns(s, s->segs + c->seg_begin, c->seg_count, rows, c->kv_tokens,
+                          partial * s->mdl.group);
         uint32_t u = sched__item_units(s, s->tiles.m[sched__pick_m(&s->tiles, rows)]);
         s->cta_ns[i] = t;
         sum += u * t;

@@ -80,7 +80,7 @@ void cuda_tiles(const kern_backend_t *b, sched_tiles_t *ret)
     ret->cost.slots = slots;
     if (c->max_m > KCUDA_SMALL_M && ret->n_m < SCHED_MAX_TILE_M) {
         ret->m[ret->n_m++] = (uint16_t)c->max_m; /* the pair kernel's two warpgroups */
-        ret->pair_m = KCUDA_SMALL_M;              /* one block per SM: two slots */
+        ret->pair_m = KCUDA_SMALL_M;             /* one block per SM: two slots */
     }
     if (ret->min_ctas == 0)
         ret->min_ctas = 4 * slots;

@@ -183,7 +183,7 @@ template <int D, int M, int NTH = KCUDA_THREADS> struct Geom {
     static constexpr int STAGE_BYTES = 2 * KV_BYTES; /* K and V */
     /* 3 stages (two tiles in flight while one is computed) when that still leaves room for two
      * CTAs per SM: a CTA alone on its SM (few, long CTAs) is latency-bound; else 2 */
-    static constexpr int STAGES = NTH > KCUDA_THREADS ? 4
+    static constexpr int STAGES = NTH > KCUDA_THREADS                       ? 4
                                   : Q_BYTES + 3 * STAGE_BYTES <= 116 * 1024 ? 3
                                                                             : 2;
     static constexpr int ERS = D + 8;                        /* epilogue row stride (floats) */
@@ -477,7 +477,8 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
             if constexpr (WG) {
                 float(&sw)[4 * NT] = *reinterpret_cast<float(*)[4 * NT]>(&s[0][0]);
                 /* this warpgroup's 64 rows: 128-byte rows inside each 64-column block */
-                const uint32_t qa = smem_u32(sq) + (NTH > KCUDA_THREADS ? (warp >> 2) * 64 * 128 : 0),
+                const uint32_t qa = smem_u32(sq) +
+                                    (NTH > KCUDA_THREADS ? (warp >> 2) * 64 * 128 : 0),
                                ka = smem_u32(sk);
                 wg_fence();
 #pragma unroll

@@ -20,7 +20,7 @@
 #define KCUDA_SMALL_M    64 /* the largest m of KCUDA_TILE_MS */
 /* sm_90a, head_dim <= 128: the pair kernel (kern_cuda_fwd.cuh) runs CTAs of up to KCUDA_BIG_M rows
  * on two warpgroups that share every KV tile, and the smaller ones two KV heads at a time */
-#define KCUDA_BIG_M      128
-#define KCUDA_MAX_M      KCUDA_BIG_M /* bounds a CTA's rows wherever they are listed */
+#define KCUDA_BIG_M 128
+#define KCUDA_MAX_M KCUDA_BIG_M /* bounds a CTA's rows wherever they are listed */
 
 #endif

@@ -513,7 +513,8 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
                 floor_bw, floor_tc, floor, bytes / (us_pat * 1e-6) / f.bw,
                 bytes / (us_pat * 1e-6) / 1e12, flops / (us_pat * 1e-6) / 1e12, reread, merge_frac,
                 st.last_model_ns / 1e3, h_pat->n_ctas, h_pat->n_merges, agree, f.bw, us_mma,
-                mma_agree, us_tree, us_t16, us_t32, us_wide, h_wide->max_cta_rows, pol_name[chosen]);
+                mma_agree, us_tree, us_t16, us_t32, us_wide, h_wide->max_cta_rows,
+                pol_name[chosen]);
     sched_free(s_pat);
     sched_free(s_wide);
     sched_free(s_mma);

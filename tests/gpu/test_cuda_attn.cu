@@ -362,10 +362,11 @@ static void test_random(int rounds, uint64_t seed, kern_fwd_t fwd = KERN_FWD_AUT
             maxkv = g.w.q[i].kv_len > maxkv ? g.w.q[i].kv_len : maxkv;
         char name[200];
         snprintf(name, sizeof(name), "%s %2d q%u/kv%u d%u %s cap%g: %uq kv<=%u %ug %um",
-                 fwd == KERN_FWD_MMA ? "mma" : fwd == KERN_FWD_WIDE ? "wide" : "random", round,
-                 mc.q_heads, mc.kv_heads, mc.d,
-                 mc.dt == KERN_F16 ? "f16" : "bf16", mc.softcap, g.w.n_q, maxkv, h->n_groups,
-                 h->n_merges);
+                 fwd == KERN_FWD_MMA    ? "mma"
+                 : fwd == KERN_FWD_WIDE ? "wide"
+                                        : "random",
+                 round, mc.q_heads, mc.kv_heads, mc.d, mc.dt == KERN_F16 ? "f16" : "bf16",
+                 mc.softcap, g.w.n_q, maxkv, h->n_groups, h->n_merges);
         printf("  (vs cpu %.2e) ", ec);
         verdict(name, finite && ec < 1e-2 && ef < 1e-2, " fp64 rel err %.2e", ef);
         rig_done(g);
