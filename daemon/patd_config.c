@@ -71,6 +71,9 @@ static const opt_t opts[] = {
     {"gpu", "enqueue_depth", T_U32, F(enqueue_depth), 1, 64, "16", 0,
      "cuda backend: layers an executor enqueues ahead of the GPU (bounds what a stalled client "
      "can leave queued)"},
+    {"gpu", "forward", T_STR, F(forward), 1, 15, "auto", 0,
+     "cuda backend's forward: auto (wgmma for TREE's CTAs of 33-64 rows on sm_90a), mma "
+     "(mma.sync only) or wide (auto + CTAs of up to 128 rows on two wgmma warpgroups)"},
     {"model", "layers", T_U32, F(layers), 1, 1024, "4", 0, "transformer layers"},
     {"model", "q_heads", T_U32, F(q_heads), 1, 1024, "8", 0, "query heads"},
     {"model", "kv_heads", T_U32, F(kv_heads), 1, 1024, "2", 0,
@@ -248,6 +251,10 @@ static int validate(const patd_config_t *c)
     }
     if (strcmp(c->backend, "auto") && strcmp(c->backend, "cpu") && strcmp(c->backend, "cuda")) {
         fprintf(stderr, "patd: daemon.backend must be auto, cpu or cuda (got '%s')\n", c->backend);
+        return -EINVAL;
+    }
+    if (strcmp(c->forward, "auto") && strcmp(c->forward, "mma") && strcmp(c->forward, "wide")) {
+        fprintf(stderr, "patd: gpu.forward must be auto, mma or wide (got '%s')\n", c->forward);
         return -EINVAL;
     }
     if (strcmp(c->liveness, "auto") && strcmp(c->liveness, "lease")) {

@@ -173,6 +173,7 @@ struct patd {
 
     int draining;
     uint64_t drain_deadline_ns;
+    uint64_t drain_start_ns;
     int exit_code;
     int watchdog;
     uint64_t watchdog_usec;

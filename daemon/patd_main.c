@@ -653,7 +653,8 @@ static void start_drain(patd_t *d, const char *why)
     if (d->draining)
         return;
     d->draining = 1;
-    d->drain_deadline_ns = pat_now_ns() + (uint64_t)d->cfg.drain_timeout_ms * 1000000ull;
+    d->drain_start_ns = pat_now_ns();
+    d->drain_deadline_ns = d->drain_start_ns + (uint64_t)d->cfg.drain_timeout_ms * 1000000ull;
     patd_notice("draining (%s): no new sessions, sequences or steps; %u sessions open", why,
                 d->n_conns);
     sd_notify(0, "STOPPING=1\nSTATUS=draining in-flight steps");
@@ -706,7 +707,10 @@ static void on_tick(uv_timer_t *t)
             if (busy)
                 patd_warn("drain timeout: aborting %u steps in flight", busy);
             close_all(d, "daemon shutting down");
-            if (d->n_conns == 0)
+            /* not before two ticks: nanomsg drops what its worker has not sent when the socket
+             * closes, and the reply to `patctl drain` was queued just now (a lost reply failed
+             * test_ops under ASan on a loaded machine) */
+            if (d->n_conns == 0 && now - d->drain_start_ns >= 2ull * TICK_MS * 1000000ull)
                 uv_stop(&d->loop);
         }
     }
@@ -815,7 +819,10 @@ static int create_pool(patd_t *d)
                         .max_tokens = cfg->conn_max_batch_tokens,
                         .max_partials = PATD_MAX_PARTIALS(cfg),
                         .n_threads = cfg->threads,
-                        .device = (int)cfg->device};
+                        .device = (int)cfg->device,
+                        .fwd = !strcmp(cfg->forward, "mma")    ? KERN_FWD_MMA
+                               : !strcmp(cfg->forward, "wide") ? KERN_FWD_WIDE
+                                                               : KERN_FWD_AUTO};
     if (strcmp(backend, "cpu")) {
         /* before the first CUDA call: lazy module loading can hang a first launch behind a
          * queued stream wait (DESIGN.md §2), and more hardware queues keep a lane blocked on its
