@@ -9,8 +9,9 @@
  * wait slice (50 ms). Everything the session held goes: sequences (their block references),
  * the forest and plan arena, the staging buffer and its shm name, the pidfd watch.
  *
- * Thread context: the loop thread, except patd_conn_set_blocks (under pool_mu, any thread).
+ * Thread context: the loop thread.
  */
+#include <assert.h>
 #include <errno.h>
 #include <grp.h>
 #include <stdarg.h>
@@ -30,23 +31,6 @@ patd_conn_t *patd_conn_find(patd_t *d, uint64_t session)
     return NULL;
 }
 
-int patd_conn_seq_slot(patd_conn_t *c, uint32_t kv)
-{
-    uint32_t s = pat_map_get(&c->seq_map, kv);
-    return s == PAT_MAP_NONE ? -ENOENT : (int)s;
-}
-
-void patd_conn_set_blocks(patd_conn_t *c, uint32_t slot)
-{
-    patd_seq_t *s = &c->seqs[slot];
-    kv_seq_info_t info;
-    uint32_t now = 0;
-    if (s->kv != KV_NONE && kv_seq_info(c->d->pool, s->kv, &info) == 0)
-        now = info.n_blocks;
-    c->blocks_held = c->blocks_held - s->blocks + now;
-    s->blocks = now;
-}
-
 static void on_pidfd(uv_poll_t *h, int status, int events)
 {
     patd_conn_t *c = h->data;
@@ -56,8 +40,11 @@ static void on_pidfd(uv_poll_t *h, int status, int events)
     patd_conn_close(c, "client died");
 }
 
-int patd_conn_hello(patd_t *d, const ipc_hdr_t *h, const ipc_hello_req_t *r, ipc_hello_rep_t *rep,
-                    char *why, size_t why_len)
+/* What a HELLO asks for, checked against the daemon's state, its model and the quotas: 0 with
+ * the session's staging layout and sequence quota, or a negative errno with why. No resource is
+ * taken. */
+static int hello_validate(patd_t *d, const ipc_hello_req_t *r, ipc_layout_t *ret_lay,
+                          uint32_t *ret_max_seqs, char *why, size_t why_len)
 {
     const patd_config_t *cfg = &d->cfg;
     const kern_model_t *m = &d->model;
@@ -118,6 +105,20 @@ int patd_conn_hello(patd_t *d, const ipc_hdr_t *h, const ipc_hello_req_t *r, ipc
         WHY("pid %u is not a process id", r->pid);
         return -EINVAL;
     }
+    *ret_lay = lay;
+    *ret_max_seqs = max_seqs;
+    return 0;
+}
+
+/* Builds the session: liveness watch, sequence table, scheduler, staging buffer (cpu) or signal
+ * slice and staging range (GPU), and enters it in the table. 0 with the session and its buffer's
+ * name, or a negative errno with why and nothing left behind. */
+static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *lay,
+                       uint32_t max_seqs, patd_conn_t **ret_c, char name[IPC_NAME_LEN], char *why,
+                       size_t why_len)
+{
+    const patd_config_t *cfg = &d->cfg;
+    const kern_model_t *m = &d->model;
     int pidfd = ipc_pidfd_open((int)r->pid);
     if (pidfd == -ESRCH) {
         WHY("pid %u is not running (in the daemon's pid namespace)", r->pid);
@@ -139,7 +140,7 @@ int patd_conn_hello(patd_t *d, const ipc_hdr_t *h, const ipc_hello_req_t *r, ipc
     c->max_seqs = max_seqs;
     c->max_batch_tokens = r->max_batch_tokens;
     c->max_blocks = cfg->conn_max_blocks ? cfg->conn_max_blocks : cfg->blocks;
-    c->lay = lay;
+    c->lay = *lay;
     c->seqs = pat_xmalloc(max_seqs * sizeof(patd_seq_t));
     for (uint32_t i = 0; i < max_seqs; i++)
         c->seqs[i] = (patd_seq_t){KV_NONE, 0, KV_NONE, 0};
@@ -161,33 +162,32 @@ int patd_conn_hello(patd_t *d, const ipc_hdr_t *h, const ipc_hello_req_t *r, ipc
         WHY("scheduler: %s", strerror(-rc));
         goto fail;
     }
-    char name[IPC_NAME_LEN];
     if (d->gpu) {
-        snprintf(name, sizeof(name), "%s", d->garena.name);
-        if ((rc = patd_gpu_conn_open(d, c, lay.bytes)) < 0) {
+        snprintf(name, IPC_NAME_LEN, "%s", d->garena.name);
+        if ((rc = patd_gpu_conn_open(d, c, lay->bytes)) < 0) {
             if (rc == -ENOMEM)
                 WHY("staging rows of %u tokens (%llu bytes) do not fit what is left of the "
                     "staging arena (gpu.staging_mb %u)",
-                    r->max_batch_tokens, (unsigned long long)lay.bytes, cfg->staging_mb);
+                    r->max_batch_tokens, (unsigned long long)lay->bytes, cfg->staging_mb);
             else
-                WHY("no free signal slice (limits.max_conns %u)", cfg->max_conns);
+                WHY("no free signal slice (limits.max_conns %u at start)", d->sized.max_conns);
             goto fail;
         }
     } else {
-        snprintf(name, sizeof(name), "/patd.%.40s.%016llx", cfg->name,
+        snprintf(name, IPC_NAME_LEN, "/patd.%.40s.%016llx", cfg->name,
                  (unsigned long long)c->session);
-        if ((rc = ipc_shm_create(&c->shm, name, lay.bytes, cfg->socket_mode, m->n_layers)) < 0) {
-            WHY("staging buffer %s (%llu bytes): %s", name, (unsigned long long)lay.bytes,
+        if ((rc = ipc_shm_create(&c->shm, name, lay->bytes, cfg->socket_mode, m->n_layers)) < 0) {
+            WHY("staging buffer %s (%llu bytes): %s", name, (unsigned long long)lay->bytes,
                 strerror(-rc));
             rc = -ENOMEM;
             goto fail;
         }
-    }
-    if (!d->gpu && d->gid != (gid_t)-1) {
-        char path[300];
-        snprintf(path, sizeof(path), "/dev/shm%s", name);
-        if (chown(path, (uid_t)-1, d->gid) < 0)
-            patd_warn("chown %s: %s", path, strerror(errno));
+        if (d->gid != (gid_t)-1) {
+            char path[300];
+            snprintf(path, sizeof(path), "/dev/shm%s", name);
+            if (chown(path, (uid_t)-1, d->gid) < 0)
+                patd_warn("chown %s: %s", path, strerror(errno));
+        }
     }
     if (c->pidfd >= 0) {
         uv_poll_init(&d->loop, &c->pid_poll, c->pidfd);
@@ -204,38 +204,7 @@ int patd_conn_hello(patd_t *d, const ipc_hdr_t *h, const ipc_hello_req_t *r, ipc
     c->idx = d->n_conns;
     d->conns[d->n_conns++] = c;
     atomic_fetch_add(&d->m.conns_opened, 1);
-
-    memset(rep, 0, sizeof(*rep));
-    rep->session = c->session;
-    rep->daemon_pid = (uint32_t)getpid();
-    rep->lease_ms = (uint32_t)(c->lease_ns / 1000000);
-    rep->max_seqs = max_seqs;
-    rep->max_batch_tokens = r->max_batch_tokens;
-    rep->max_blocks = c->max_blocks;
-    rep->buffer_kind = d->gpu ? IPC_BUF_CUDA_IPC : IPC_BUF_SHM;
-    rep->buf_bytes = lay.bytes;
-    if (d->gpu) {
-        rep->buf_bytes = d->garena.bytes;
-        memcpy(rep->ipc_handle, d->staging_handle, IPC_HANDLE_LEN);
-        rep->dev_off = c->dev_off;
-        rep->dev_bytes = lay.bytes;
-        rep->sig_bytes = d->gslice;
-        memcpy(rep->dev_uuid, d->dev_uuid, sizeof(rep->dev_uuid));
-        rep->mps = (uint32_t)d->mps;
-    }
-    rep->sig_off = d->gpu ? c->gslot * d->gslice : lay.sig_off;
-    rep->q_off = lay.q_off;
-    rep->k_off = lay.k_off;
-    rep->v_off = lay.v_off;
-    rep->o_off = lay.o_off;
-    rep->instance = d->instance;
-    snprintf(rep->shm_name, sizeof(rep->shm_name), "%s", name);
-    patd_info("session %016llx: up, pid %u '%s', %u seqs, %u batch tokens, %s liveness",
-              (unsigned long long)c->session, r->pid, c->label, max_seqs, r->max_batch_tokens,
-              c->pidfd >= 0 ? "pidfd" : "lease");
-    patd_publish(d, "conn up %016llx pid=%u label=%s", (unsigned long long)c->session, r->pid,
-                 c->label);
-    (void)h;
+    *ret_c = c;
     return 0;
 fail:
     sched_free(c->sched);
@@ -248,14 +217,61 @@ fail:
 #undef WHY
 }
 
+/* The HELLO answer: the session, its quotas and where its buffers are. */
+static void hello_reply(const patd_t *d, const patd_conn_t *c, const char *name,
+                        ipc_hello_rep_t *rep)
+{
+    memset(rep, 0, sizeof(*rep));
+    rep->session = c->session;
+    rep->daemon_pid = (uint32_t)getpid();
+    rep->lease_ms = (uint32_t)(c->lease_ns / 1000000);
+    rep->max_seqs = c->max_seqs;
+    rep->max_batch_tokens = c->max_batch_tokens;
+    rep->max_blocks = c->max_blocks;
+    rep->buffer_kind = d->gpu ? IPC_BUF_CUDA_IPC : IPC_BUF_SHM;
+    rep->buf_bytes = c->lay.bytes;
+    if (d->gpu) {
+        rep->buf_bytes = d->garena.bytes;
+        memcpy(rep->ipc_handle, d->staging_handle, IPC_HANDLE_LEN);
+        rep->dev_off = c->dev_off;
+        rep->dev_bytes = c->lay.bytes;
+        rep->sig_bytes = d->gslice;
+        memcpy(rep->dev_uuid, d->dev_uuid, sizeof(rep->dev_uuid));
+        rep->mps = (uint32_t)d->mps;
+    }
+    rep->sig_off = d->gpu ? c->gslot * d->gslice : c->lay.sig_off;
+    rep->q_off = c->lay.q_off;
+    rep->k_off = c->lay.k_off;
+    rep->v_off = c->lay.v_off;
+    rep->o_off = c->lay.o_off;
+    rep->instance = d->instance;
+    snprintf(rep->shm_name, sizeof(rep->shm_name), "%s", name);
+}
+
+int patd_conn_hello(patd_t *d, const ipc_hello_req_t *r, ipc_hello_rep_t *rep, char *why,
+                    size_t why_len)
+{
+    ipc_layout_t lay;
+    uint32_t max_seqs;
+    patd_conn_t *c;
+    char name[IPC_NAME_LEN];
+    int rc = hello_validate(d, r, &lay, &max_seqs, why, why_len);
+    if (rc == 0)
+        rc = conn_create(d, r, &lay, max_seqs, &c, name, why, why_len);
+    if (rc < 0)
+        return rc;
+    hello_reply(d, c, name, rep);
+    patd_info("session %016llx: up, pid %u '%s', %u seqs, %u batch tokens, %s liveness",
+              (unsigned long long)c->session, r->pid, c->label, max_seqs, r->max_batch_tokens,
+              c->pidfd >= 0 ? "pidfd" : "lease");
+    patd_publish(d, "conn up %016llx pid=%u label=%s", (unsigned long long)c->session, r->pid,
+                 c->label);
+    return 0;
+}
+
 static void free_conn(patd_conn_t *c)
 {
-    patd_step_t *st = &c->step;
-    free(st->slot);
-    free(st->kv);
-    free(st->n_new);
-    free(st->tokens);
-    free(st->kvslot);
+    patd_step_done(&c->step);
     free(c->last_reply);
     free(c);
 }
@@ -269,21 +285,10 @@ void patd_conn_reap(patd_conn_t *c)
 {
     patd_t *d = c->d;
     uint64_t t0 = pat_now_ns();
-    patd_step_t *st = &c->step;
-    patd_exec_forget(d, c); /* the step is back (FINISHED or IDLE): no entry may outlive c */
-    if (st->begin_req.ctl)
-        nn_freemsg(st->begin_req.ctl);
-    if (st->end_req.ctl)
-        nn_freemsg(st->end_req.ctl);
-    st->begin_req.ctl = st->end_req.ctl = NULL;
-    uint32_t closed = 0;
-    pthread_mutex_lock(&d->pool_mu);
-    for (uint32_t i = 0; i < c->max_seqs; i++)
-        if (c->seqs[i].kv != KV_NONE) {
-            kv_seq_close(d->pool, c->seqs[i].kv);
-            closed++;
-        }
-    pthread_mutex_unlock(&d->pool_mu);
+    assert(!patd_step_busy(&c->step)); /* back and reset: no post may outlive c */
+    patd_exec_forget(&d->exec, c);
+    uint32_t closed;
+    patd_seq_close_all(d, c, &closed);
     sched_free(c->sched);
     pat_map_done(&c->seq_map);
     free(c->seqs);
@@ -330,12 +335,8 @@ void patd_conn_close(patd_conn_t *c, const char *reason)
     atomic_store(&g->err, -ESHUTDOWN);
     ipc_sig_post(&g->state, IPC_STATE_CLOSED);
     ipc_sig_wake(&g->done);
-    int ph = atomic_load(&c->step.phase);
-    if (ph == STEP_QUEUED || ph == STEP_RUNNING) {
-        atomic_store(&c->step.abort, 1);
-        ipc_sig_wake(&g->ready);
-        return; /* patd_step_complete reaps */
-    }
+    if (patd_step_cancel(c))
+        return; /* with an executor: reaped once patd_step_complete reports it back */
     patd_conn_reap(c);
 }
 
@@ -346,7 +347,7 @@ void patd_conns_tick(patd_t *d, uint64_t now)
         if (c->closing || c->pidfd >= 0)
             continue;
         /* a step in flight counts as activity: the executor watches it */
-        if (atomic_load(&c->step.phase) != STEP_IDLE)
+        if (patd_step_busy(&c->step))
             continue;
         if (now - c->last_seen_ns > c->lease_ns) {
             patd_notice("session %016llx: lease of %llu ms expired", (unsigned long long)c->session,

@@ -3,7 +3,8 @@
  * arenas every GPU session takes a piece of, and one kern lane per executor.
  *
  *   signal arena   one POSIX shm of max_conns slices (ipc_gsig_bytes each), mapped into the
- *                  device once at start; a session's handshake words live in its slice, so the
+ *                  device once at start (d->sized.max_conns: a reload cannot raise the limit
+ *                  past it); a session's handshake words live in its slice, so the
  *                  daemon's CPU can always store to them (releasing a wait without a stream)
  *   staging arena  one device allocation of gpu.staging_mb, exported once with a CUDA IPC handle;
  *                  a session's Q/K/V/O rows are a range of it (first fit, coalescing free list)
@@ -80,6 +81,7 @@ int patd_gpu_start(patd_t *d, uint32_t n_exec)
     }
     d->garena_dev = dev;
     d->gslot_used = pat_xcalloc(cfg->max_conns, 1);
+    d->sized.max_conns = cfg->max_conns; /* a reload may lower it, never raise it past this */
 
     d->staging_bytes = (uint64_t)cfg->staging_mb << 20;
     if ((rc = kern_ipc_alloc(d->be, d->staging_bytes, &d->staging_dev, d->staging_handle)) < 0) {
@@ -176,9 +178,9 @@ static void range_free(patd_t *d, uint64_t off, uint64_t len)
 int patd_gpu_conn_open(patd_t *d, patd_conn_t *c, uint64_t bytes)
 {
     uint32_t s = 0;
-    while (s < d->cfg.max_conns && d->gslot_used[s])
+    while (s < d->sized.max_conns && d->gslot_used[s])
         s++;
-    if (s == d->cfg.max_conns)
+    if (s == d->sized.max_conns)
         return -EMFILE;
     if (range_alloc(d, bytes, &c->dev_off) < 0)
         return -ENOMEM;

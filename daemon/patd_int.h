@@ -10,8 +10,8 @@
  * Locks (never nested except pool_mu -> nothing, be_mu -> nothing):
  *   pool_mu  the kv pool and every session's blocks_held
  *   be_mu    the backend (the cpu backend runs one call at a time)
- *   q_mu     the executor queue;  done_mu  the completion list back to the loop
- * A session's step is owned by the executor from dispatch until it posts its completion; the
+ *   the executor pool's own two (patd_exec.h)
+ * A session's step is owned by the executor from dispatch until its last move (patd_step.h); the
  * loop only sets step.abort and wakes the ready word meanwhile.
  *
  * With the cuda backend (patd_gpu.c) every session is a GPU session: its staging rows are a range
@@ -34,50 +34,13 @@
 #include "kv_pool.h"
 #include "pat_map.h"
 #include "patd_config.h"
+#include "patd_exec.h"
+#include "patd_step.h"
 #include "sched_plan.h"
-
-typedef struct patd patd_t;
 
 /* Partial slots of one plan (the backend's workspace per lane and the scheduler's bound): two per
  * staging row; a plan that would need more falls back to splitting only its outliers. */
 #define PATD_MAX_PARTIALS(cfg) (2u * (cfg)->conn_max_batch_tokens)
-typedef struct patd_conn patd_conn_t;
-
-/* A request whose reply comes later (nanomsg raw REP: the routing header travels with it). */
-typedef struct patd_req {
-    void *ctl; /* nn control header (NN_MSG-allocated); NULL when none pending */
-    ipc_hdr_t hdr;
-} patd_req_t;
-
-typedef enum step_phase {
-    STEP_IDLE = 0,
-    STEP_QUEUED,   /* waiting for an executor */
-    STEP_RUNNING,  /* an executor owns it */
-    STEP_FINISHED, /* the executor is done with it (see layers_done / err) */
-} step_phase_t;
-
-typedef struct patd_step {
-    uint64_t id;
-    uint32_t n_seqs, n_tokens;
-    uint32_t *slot;   /* [n_seqs] session sequence slot */
-    uint32_t *kv;     /* [n_seqs] kv sequence id */
-    uint32_t *n_new;  /* [n_seqs] */
-    uint32_t *tokens; /* [n_tokens] token ids, in row order */
-    uint32_t *kvslot; /* [n_tokens] pool slot (block * block_size + offset) of each new token */
-    uint32_t cap_seqs, cap_tokens;
-    uint32_t tick_base;
-    const sched_plan_hdr_t *plan;
-    _Atomic int phase;
-    _Atomic int abort; /* loop -> executor: stop waiting, give the step back */
-    int begun;         /* reservation done and the BEGIN reply owed/sent */
-    int err;           /* first error (negative errno) */
-    uint32_t layers_done;
-    uint64_t t_recv_ns, t_begun_ns, t_done_ns;
-    uint64_t kv_bytes, qc_bytes;
-    int pack_reused;
-    patd_req_t begin_req, end_req;
-    uint32_t end_flags;
-} patd_step_t;
 
 typedef struct patd_seq {
     uint32_t kv;        /* kv sequence id; KV_NONE when the slot is free */
@@ -132,11 +95,11 @@ typedef struct patd_metrics {
     _Atomic uint64_t kv_bytes, qc_bytes;   /* per layer, summed */
     _Atomic uint64_t conns_opened, conns_closed, reclaims_dead, reclaims_lease;
     _Atomic uint64_t reclaim_ns_max, reclaim_ns_last;
-    _Atomic uint64_t exec_beat[64]; /* per executor: bumps while it moves */
 } patd_metrics_t;
 
 struct patd {
     patd_config_t cfg;
+    patd_sized_t sized; /* what start-up sized from reloadable options (patd_config.h) */
     int argc;
     char **argv;
     uint64_t instance;
@@ -160,16 +123,7 @@ struct patd {
     uint32_t n_conns, cap_conns;
     uint64_t next_session;
 
-    /* executor queue and completions */
-    pthread_mutex_t q_mu, done_mu;
-    pthread_cond_t q_cv;
-    patd_conn_t **q;
-    uint32_t q_head, q_len, q_cap;
-    patd_conn_t **done;
-    uint32_t n_done, cap_done;
-    pthread_t *exec;
-    uint32_t n_exec;
-    int stopping; /* executors exit */
+    patd_exec_t exec; /* executors: a session's step is their job, posted back when done */
 
     int draining;
     uint64_t drain_deadline_ns;
@@ -177,7 +131,7 @@ struct patd {
     int exit_code;
     int watchdog;
     uint64_t watchdog_usec;
-    uint64_t beat_seen[64];
+    uint64_t beat_seen[PATD_EXEC_MAX];
     void *mhd;
     patd_metrics_t m;
 
@@ -208,26 +162,19 @@ static inline ipc_sig_t *patd_conn_sig(patd_conn_t *c)
     return c->gpu ? (ipc_sig_t *)c->gsig : ipc_shm_sig(&c->shm);
 }
 
-/* patd_conn.c */
-int patd_conn_hello(patd_t *d, const ipc_hdr_t *h, const ipc_hello_req_t *r, ipc_hello_rep_t *rep,
-                    char *why, size_t why_len);
+/* patd_conn.c: sessions (loop thread) */
+int patd_conn_hello(patd_t *d, const ipc_hello_req_t *r, ipc_hello_rep_t *rep, char *why,
+                    size_t why_len);
 patd_conn_t *patd_conn_find(patd_t *d, uint64_t session);
 void patd_conn_close(patd_conn_t *c, const char *reason); /* reclaim now or once the step ends */
 void patd_conn_reap(patd_conn_t *c);                      /* after the step came back */
-int patd_conn_seq_slot(patd_conn_t *c, uint32_t kv);      /* slot or -ENOENT */
-void patd_conn_set_blocks(patd_conn_t *c, uint32_t slot); /* under pool_mu */
 void patd_conns_tick(patd_t *d, uint64_t now);            /* lease expiries */
 
-/* patd_exec.c */
-int patd_exec_start(patd_t *d);
-void patd_exec_stop(patd_t *d);
-void patd_exec_submit(patd_t *d, patd_conn_t *c);
-patd_conn_t *patd_exec_take_done(patd_t *d);
-/* Releases the reservations of the step's first n sequences, keeping their committed KV
- * (pool_mu held): the roll-back of a step that failed to start or did not commit. */
-void patd_step_unreserve(patd_conn_t *c, uint32_t n);
-/* Drops every queued completion naming c (loop thread, before c is freed). */
-void patd_exec_forget(patd_t *d, patd_conn_t *c);
+/* patd_seq.c: a session's sequence table */
+int patd_seq_slot(patd_conn_t *c, uint32_t kv);          /* slot or -ENOENT */
+void patd_seq_set_blocks(patd_conn_t *c, uint32_t slot); /* under pool_mu */
+void patd_seq_request(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *body);
+void patd_seq_close_all(patd_t *d, patd_conn_t *c, uint32_t *ret_closed);
 
 /* patd_gpu.c (cuda backend) */
 /* After the backend is up: MPS check and warning, signal arena, staging arena, one lane per
@@ -246,11 +193,12 @@ void patd_metrics_stop(patd_t *d);
 char *patd_metrics_text(patd_t *d, size_t *ret_len); /* malloc'd */
 void patd_metrics_error(patd_t *d, int code);
 
-/* patd_main.c */
+/* patd_io.c: replies and events (loop thread) */
 void patd_send(patd_t *d, patd_req_t *to, const void *frame, size_t len);
+/* Answers with a body and keeps the frame as c's last reply (c may be NULL: admin). */
+void patd_reply_ok(patd_t *d, patd_conn_t *c, patd_req_t *to, const void *body, size_t len);
 void patd_reply_error(patd_t *d, patd_req_t *to, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 void patd_publish(patd_t *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void patd_step_complete(patd_conn_t *c); /* loop: the executor gave the step back */
 
 #endif

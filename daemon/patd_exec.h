@@ -1,0 +1,63 @@
+/*
+ * patd_exec.h — a pool of executor threads that run jobs off the loop thread, and a list that
+ * carries their results back to it. It knows nothing of steps or sessions: a job is a function
+ * and an argument; a post is an argument the loop takes back (patd_exec_take_done) after the
+ * pool's wake handle fired.
+ *
+ * Each executor has a heartbeat that moves while the thread is alive and not stuck: the pool
+ * bumps it while idle (every 100 ms), jobs bump it while they wait (patd_exec_beat); the systemd
+ * watchdog reads it (patd_exec_beats).
+ */
+#ifndef PATD_EXEC_H
+#define PATD_EXEC_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <uv.h>
+
+#define PATD_EXEC_MAX 64u /* executors at most (daemon.executors' bound) */
+
+typedef void patd_job_fn(void *arg, uint32_t exec_id);
+
+typedef struct patd_job {
+    patd_job_fn *fn;
+    void *arg;
+} patd_job_t;
+
+typedef struct patd_exec {
+    pthread_mutex_t q_mu, done_mu; /* never nested */
+    pthread_cond_t q_cv;
+    patd_job_t *q; /* FIFO: [q_head, q_head + q_len) */
+    uint32_t q_head, q_len, q_cap;
+    void **done; /* posts, oldest first */
+    uint32_t n_done, cap_done;
+    pthread_t *threads;
+    uint32_t n; /* executors running */
+    int stopping;
+    uv_async_t *wake; /* fired after every post (any thread) */
+    _Atomic uint64_t beat[PATD_EXEC_MAX];
+} patd_exec_t;
+
+/* Starts n executors (n <= PATD_EXEC_MAX). 0 or a negative errno; on failure the executors
+ * started so far run until patd_exec_stop. Main thread. */
+int patd_exec_start(patd_exec_t *x, uint32_t n, uv_async_t *wake);
+/* Lets the queued jobs finish, then joins the executors. Main thread. */
+void patd_exec_stop(patd_exec_t *x);
+/* Queues a job for the first free executor (any thread; never blocks on a job). */
+void patd_exec_submit(patd_exec_t *x, patd_job_fn *fn, void *arg);
+/* Posts arg back to the loop. When word is not NULL, *word = value is stored under the same
+ * lock that appends the post: a loop that sees the value also finds the post in the list (so a
+ * patd_exec_forget then purges every post naming arg). Any thread. */
+void patd_exec_post(patd_exec_t *x, void *arg, _Atomic int *word, int value);
+/* The oldest post, or NULL. Loop thread. */
+void *patd_exec_take_done(patd_exec_t *x);
+/* Drops every post naming arg (loop thread, before arg is freed). */
+void patd_exec_forget(patd_exec_t *x, void *arg);
+
+static inline void patd_exec_beat(patd_exec_t *x, uint32_t exec_id)
+{
+    atomic_fetch_add_explicit(&x->beat[exec_id], 1, memory_order_relaxed);
+}
+
+#endif

@@ -1,0 +1,732 @@
+/*
+ * patd_step.c — a session's step from STEP_BEGIN to the STEP_END reply: the loop's side
+ * (accept or refuse, answer BEGIN when the executor has reserved and packed, settle the
+ * reservations and answer END) and the executor's side (reserve, pack, run or enqueue the
+ * layers), over the one state enum of patd_step.h.
+ *
+ * One step on an executor:
+ *   1. under pool_mu: reserve slots for every sequence (all or nothing: -ENOSPC, -EDQUOT and
+ *      -E2BIG roll back what was reserved), note each new token's pool slot, and bring the
+ *      session's forest up to date (sequences not in this step leave, the others grow or join);
+ *   2. build the plan (pack reused when the forest's structure did not change);
+ *   3. move to RUNNING and post (the loop replies to STEP_BEGIN), then per layer: wait for the
+ *      client's ready word, append K/V and attend under be_mu, write O, post the done word.
+ * Waits are sliced (50 ms) so an abort from the loop (client died, STEP_END early, drain) or
+ * the step timeout ends a step promptly; every slice also bumps the executor's heartbeat, which
+ * the systemd watchdog reads.
+ *
+ * GPU sessions (cuda backend) run the same phases 1 and 2, then the executor answers STEP_BEGIN
+ * at once and enqueues the step's layers on its own lane, at most gpu.enqueue_depth ahead of the
+ * lane's progress (read from host memory: no CUDA call while it waits). The handshakes are GPU-
+ * side (ipc_shm.h): this thread never sees a layer's ready word, only the lane's progress. A step
+ * that failed to start still runs its n_layers handshakes without compute (EMPTY), so the
+ * client's stream (or its captured graph) goes through and the words stay paired. A client that
+ * dies, or makes no progress for limits.step_timeout_ms, has its waits released from the CPU
+ * (gpu_cut).
+ *
+ * Threads: patd_step_begin/end/complete/cancel on the loop thread; step_job on an executor. The
+ * executor owns the step from QUEUED/REFUSED until its final move (to BACK or UNSTARTED, stored
+ * under the post list's lock); meanwhile the loop only sets `abort` and wakes the ready word.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "patd_int.h"
+#include "patd_log.h"
+#include "pat_base.h"
+
+#define WAIT_SLICE_NS 50000000ull
+
+/* ------------------------------------------------------------------ states */
+#define B(s) (1u << STEP_##s)
+static const uint16_t legal_to[STEP_N_STATES] = {
+    [STEP_IDLE] = B(QUEUED) | B(REFUSED),
+    [STEP_QUEUED] = B(PREPARING),
+    [STEP_REFUSED] = B(EMPTY),
+    [STEP_PREPARING] = B(RUNNING) | B(EMPTY) | B(UNSTARTED),
+    [STEP_RUNNING] = B(BACK),
+    [STEP_EMPTY] = B(UNSTARTED),
+    [STEP_BACK] = B(IDLE),
+    [STEP_UNSTARTED] = B(IDLE),
+};
+#undef B
+
+static const char *const state_names[STEP_N_STATES] = {
+#define PATD_STEP_NAME(s) #s,
+    PATD_STEP_STATES(PATD_STEP_NAME)
+#undef PATD_STEP_NAME
+};
+
+int patd_step_state_legal(patd_step_state_t from, patd_step_state_t to)
+{
+    if ((unsigned)from >= STEP_N_STATES || (unsigned)to >= STEP_N_STATES)
+        return 0;
+    return (legal_to[from] >> to) & 1u;
+}
+
+const char *patd_step_state_name(int state)
+{
+    return (unsigned)state < STEP_N_STATES ? state_names[state] : "?";
+}
+
+/* The one place a step changes state. An illegal move is a daemon bug: it aborts in debug and
+ * sanitizer builds and is logged (and still made) in release builds. */
+static void step_check(const patd_step_t *st, patd_step_state_t to)
+{
+    int from = atomic_load(&st->state);
+    if (!patd_step_state_legal((patd_step_state_t)from, to)) {
+        patd_err("step %llu: illegal move %s -> %s", (unsigned long long)st->id,
+                 patd_step_state_name(from), patd_step_state_name((int)to));
+        assert(!"illegal step state move");
+    }
+}
+
+static void step_move(patd_step_t *st, patd_step_state_t to)
+{
+    step_check(st, to);
+    atomic_store(&st->state, (int)to);
+}
+
+/* The executor's last move: stored under the post list's lock (patd_exec_post), so a loop that
+ * sees BACK/UNSTARTED also finds the post, and a reap can purge every post naming c. */
+static void step_give_back(patd_t *d, patd_conn_t *c)
+{
+    patd_step_t *st = &c->step;
+    patd_step_state_t to = atomic_load(&st->state) == STEP_RUNNING ? STEP_BACK : STEP_UNSTARTED;
+    step_check(st, to);
+    patd_exec_post(&d->exec, c, &st->state, (int)to);
+}
+
+static void step_job(void *arg, uint32_t exec_id);
+static void step_unreserve(patd_conn_t *c, uint32_t n);
+
+/* ------------------------------------------------------------------ loop side */
+static void step_reset(patd_conn_t *c)
+{
+    patd_step_t *st = &c->step;
+    for (uint32_t i = 0; i < st->n_seqs; i++)
+        c->seqs[st->slot[i]].in_step = 0;
+    st->n_seqs = st->n_tokens = 0;
+    st->err = 0;
+    st->layers_done = 0;
+    st->end_flags = 0;
+    atomic_store(&st->abort, 0);
+    if (atomic_load(&st->state) != STEP_IDLE)
+        step_move(st, STEP_IDLE);
+}
+
+/* Refuses a STEP_BEGIN. A GPU session's stream (or captured graph) hands over every layer
+ * without waiting for this answer, so its refused step still runs as a handshake-only step on an
+ * executor and ends with STEP_END like any other; a cpu session's step just ends. */
+static void step_refuse(patd_t *d, patd_conn_t *c, patd_req_t *rq, int code, const char *msg)
+{
+    patd_step_t *st = &c->step; /* IDLE: patd_step_begin answered -EBUSY otherwise */
+    patd_reply_error(d, rq, code, "%s", msg);
+    for (uint32_t j = 0; j < st->n_seqs; j++)
+        c->seqs[st->slot[j]].in_step = 0;
+    st->n_seqs = st->n_tokens = 0;
+    if (!c->gpu)
+        return;
+    st->err = code;
+    st->id = ++c->next_step;
+    st->t_recv_ns = pat_now_ns();
+    step_move(st, STEP_REFUSED);
+    patd_exec_submit(&d->exec, step_job, c);
+}
+
+void patd_step_begin(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *body)
+{
+    ipc_step_begin_req_t r;
+    memcpy(&r, body, sizeof(r));
+    patd_step_t *st = &c->step;
+    char msg[160];
+    if (patd_step_busy(st)) {
+        patd_reply_error(d, rq, -EBUSY, "step %llu is still in flight (%s)",
+                         (unsigned long long)st->id, patd_step_state_name(atomic_load(&st->state)));
+        return;
+    }
+    st->n_seqs = 0;
+    if (d->draining) {
+        step_refuse(d, c, rq, -ESHUTDOWN, "draining: no new steps");
+        return;
+    }
+    if (r.n_seqs > c->max_seqs) {
+        snprintf(msg, sizeof(msg), "%u sequences in a step; session holds at most %u", r.n_seqs,
+                 c->max_seqs);
+        step_refuse(d, c, rq, -E2BIG, msg);
+        return;
+    }
+    if (r.n_tokens > c->max_batch_tokens) {
+        snprintf(msg, sizeof(msg), "%u tokens in a step exceed the session's max_batch_tokens %u",
+                 r.n_tokens, c->max_batch_tokens);
+        step_refuse(d, c, rq, -E2BIG, msg);
+        return;
+    }
+    const uint8_t *p = body + sizeof(r);
+    pat_grow((void **)&st->slot, &st->cap_seqs, r.n_seqs, sizeof(uint32_t));
+    st->kv = pat_xrealloc(st->kv, st->cap_seqs * sizeof(uint32_t));
+    st->n_new = pat_xrealloc(st->n_new, st->cap_seqs * sizeof(uint32_t));
+    pat_grow((void **)&st->tokens, &st->cap_tokens, r.n_tokens, sizeof(uint32_t));
+    st->kvslot = pat_xrealloc(st->kvslot, st->cap_tokens * sizeof(uint32_t));
+    for (uint32_t i = 0; i < r.n_seqs; i++) {
+        ipc_step_seq_t s;
+        memcpy(&s, p + 8ull * i, sizeof(s));
+        int slot = patd_seq_slot(c, s.seq);
+        const char *why = NULL;
+        int code = 0;
+        if (slot < 0)
+            code = -ENOENT, why = "is not open in this session";
+        else if (c->seqs[slot].in_step)
+            code = -EINVAL, why = "appears twice in the step";
+        if (code) {
+            snprintf(msg, sizeof(msg), "step sequence #%u (id %u) %s", i, s.seq, why);
+            step_refuse(d, c, rq, code, msg);
+            return;
+        }
+        c->seqs[slot].in_step = 1;
+        st->slot[i] = (uint32_t)slot;
+        st->kv[i] = s.seq;
+        st->n_new[i] = s.n_new;
+        st->n_seqs = i + 1; /* step_refuse clears in_step of these */
+    }
+    memcpy(st->tokens, p + 8ull * r.n_seqs, (size_t)r.n_tokens * 4);
+    st->n_seqs = r.n_seqs;
+    st->n_tokens = r.n_tokens;
+    st->id = ++c->next_step;
+    st->tick_base = c->next_tick;
+    c->next_tick += d->model.n_layers;
+    st->t_recv_ns = pat_now_ns();
+    st->begin_req = *rq;
+    rq->ctl = NULL; /* the reply is owed by the step */
+    /* err, layers_done, abort are clear: IDLE means step_reset ran */
+    step_move(st, STEP_QUEUED);
+    patd_exec_submit(&d->exec, step_job, c);
+}
+
+/* Settles the reservations (commit, or give back what was reserved), counts the step, answers
+ * STEP_END and returns to IDLE. State BACK or UNSTARTED, END owed, BEGIN answered. */
+static void step_finalize(patd_t *d, patd_conn_t *c)
+{
+    patd_step_t *st = &c->step;
+    assert(atomic_load(&st->state) == STEP_BACK || atomic_load(&st->state) == STEP_UNSTARTED);
+    assert(!st->begin_req.ctl);
+    int full = atomic_load(&st->state) == STEP_BACK && st->err == 0 &&
+               st->layers_done == d->model.n_layers;
+    int commit = full && !(st->end_flags & IPC_STEP_END_ABORT);
+    pthread_mutex_lock(&d->pool_mu);
+    if (commit) {
+        for (uint32_t i = 0, off = 0; i < st->n_seqs; off += st->n_new[i], i++) {
+            kv_seq_commit(d->pool, st->kv[i], st->tokens + off, st->n_new[i]);
+            patd_seq_set_blocks(c, st->slot[i]);
+        }
+    } else {
+        step_unreserve(c, st->n_seqs);
+    }
+    pthread_mutex_unlock(&d->pool_mu);
+    uint64_t ns = st->t_done_ns - st->t_recv_ns;
+    if (commit) {
+        atomic_fetch_add(&d->m.steps, 1);
+        atomic_fetch_add(&d->m.tokens, st->n_tokens);
+        atomic_fetch_add(&d->m.step_ns_sum, ns);
+        uint32_t b = 0;
+        for (uint64_t lim = 100000; b < 11 && ns > lim; lim *= 2)
+            b++;
+        atomic_fetch_add(&d->m.step_ns_bucket[b], 1);
+    } else if (st->err && st->err != -ECANCELED) {
+        atomic_fetch_add(&d->m.steps_failed, 1);
+    } else {
+        atomic_fetch_add(&d->m.steps_aborted, 1);
+    }
+    patd_req_t rq = st->end_req;
+    st->end_req.ctl = NULL;
+    if (!commit && !(st->end_flags & IPC_STEP_END_ABORT)) {
+        int code = st->err ? st->err : -ECANCELED;
+        patd_reply_error(d, &rq, code, "step %llu: %u of %u layers ran (%s); nothing committed",
+                         (unsigned long long)st->id, st->layers_done, d->model.n_layers,
+                         strerror(-code));
+    } else {
+        ipc_step_end_rep_t rep = {st->layers_done, (uint32_t)commit, ns};
+        patd_reply_ok(d, c, &rq, &rep, sizeof(rep));
+    }
+    step_reset(c);
+}
+
+void patd_step_end(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *body)
+{
+    ipc_step_end_req_t r;
+    memcpy(&r, body, sizeof(r));
+    patd_step_t *st = &c->step;
+    int s = atomic_load(&st->state);
+    if (s == STEP_IDLE || (r.step != st->id && !(c->gpu && r.step == 0))) {
+        patd_reply_error(d, rq, -ESRCH, "step %llu is not in flight", (unsigned long long)r.step);
+        return;
+    }
+    if (st->end_req.ctl) /* a resend of the same end: answer the newest */
+        nn_freemsg(st->end_req.ctl);
+    st->end_req = *rq;
+    rq->ctl = NULL;
+    st->end_flags = r.flags;
+    if (s == STEP_BACK || s == STEP_UNSTARTED) {
+        /* back; unless its post (which answers BEGIN first) is still queued for the loop */
+        if (!st->begin_req.ctl)
+            step_finalize(d, c);
+        return;
+    }
+    /* still with an executor: ask it to stop unless every layer already ran. A GPU session's
+     * layers are still queued on its stream when STEP_END arrives: the step finishes by itself
+     * (or by the step timeout), and this answer waits for it. */
+    if (!c->gpu && st->layers_done < d->model.n_layers) {
+        atomic_store(&st->abort, 1);
+        ipc_sig_wake(&ipc_shm_sig(&c->shm)->ready);
+    }
+}
+
+int patd_step_complete(patd_conn_t *c)
+{
+    patd_t *d = c->d;
+    patd_step_t *st = &c->step;
+    int s = atomic_load(&st->state);
+    if (c->closing) {
+        if (s == STEP_BACK || s == STEP_UNSTARTED || s == STEP_IDLE) {
+            step_reset(c);
+            return 1;
+        }
+        return 0;
+    }
+    int reported = s == STEP_RUNNING || s == STEP_EMPTY || s == STEP_BACK || s == STEP_UNSTARTED;
+    if (st->begin_req.ctl && reported) {
+        patd_req_t rq = st->begin_req;
+        st->begin_req.ctl = NULL;
+        if (s == STEP_RUNNING || s == STEP_BACK) {
+            ipc_step_begin_rep_t rep = {.step = st->id,
+                                        .tick_base = st->tick_base,
+                                        .n_tokens = st->n_tokens,
+                                        .kv_bytes = st->kv_bytes,
+                                        .qc_bytes = st->qc_bytes,
+                                        .pack_reused = (uint32_t)st->pack_reused};
+            patd_reply_ok(d, c, &rq, &rep, sizeof(rep));
+        } else {
+            const char *why = st->err == -ENOSPC   ? "KV pool out of blocks"
+                              : st->err == -EDQUOT ? "session block quota exceeded"
+                              : st->err == -E2BIG  ? "a sequence would exceed max_seq_len"
+                                                   : strerror(-st->err);
+            patd_reply_error(d, &rq, st->err, "step not started: %s", why);
+            /* a cpu step that did not start ends with this answer (nothing was reserved); a GPU
+             * step runs its handshakes and ends with STEP_END */
+            if (!c->gpu && !st->end_req.ctl) {
+                step_reset(c);
+                return 0;
+            }
+        }
+    }
+    if ((s == STEP_BACK || s == STEP_UNSTARTED) && st->end_req.ctl)
+        step_finalize(d, c);
+    return 0;
+}
+
+int patd_step_cancel(patd_conn_t *c)
+{
+    patd_step_t *st = &c->step;
+    int s = atomic_load(&st->state);
+    if (s == STEP_QUEUED || s == STEP_REFUSED || s == STEP_PREPARING || s == STEP_RUNNING ||
+        s == STEP_EMPTY) {
+        atomic_store(&st->abort, 1);
+        ipc_sig_wake(&patd_conn_sig(c)->ready);
+        return 1; /* patd_step_complete reports it back */
+    }
+    step_reset(c);
+    return 0;
+}
+
+void patd_step_done(patd_step_t *st)
+{
+    if (st->begin_req.ctl)
+        nn_freemsg(st->begin_req.ctl);
+    if (st->end_req.ctl)
+        nn_freemsg(st->end_req.ctl);
+    st->begin_req.ctl = st->end_req.ctl = NULL;
+    free(st->slot);
+    free(st->kv);
+    free(st->n_new);
+    free(st->tokens);
+    free(st->kvslot);
+}
+
+/* ------------------------------------------------------------------ executor side */
+static void step_unreserve(patd_conn_t *c, uint32_t n)
+{
+    patd_step_t *st = &c->step;
+    for (uint32_t i = 0; i < n; i++) {
+        kv_seq_info_t info;
+        kv_copy_t cp;
+        if (kv_seq_info(c->d->pool, st->kv[i], &info) == 0)
+            kv_seq_truncate(c->d->pool, st->kv[i], info.len, &cp); /* same length: no copy */
+        patd_seq_set_blocks(c, st->slot[i]);
+    }
+}
+
+/* Undoes phase 1 (pool_mu held): the forest may hold half of the step, so it starts over next
+ * time, and every reservation of the step is released. */
+static void step_rollback(patd_conn_t *c)
+{
+    sched_forest_clear(sched_forest(c->sched));
+    for (uint32_t s = 0; s < c->max_seqs; s++)
+        c->seqs[s].forest_kv = KV_NONE;
+    step_unreserve(c, c->step.n_seqs);
+}
+
+/* Phase 1 and 2. Returns 0 or a negative errno with nothing reserved. */
+static int step_prepare(patd_conn_t *c)
+{
+    patd_t *d = c->d;
+    patd_step_t *st = &c->step;
+    sched_forest_t *f = sched_forest(c->sched);
+    uint32_t bs = d->model.block_size;
+    int rc = 0;
+    pthread_mutex_lock(&d->pool_mu);
+    uint32_t i;
+    for (i = 0; i < st->n_seqs; i++) {
+        kv_seq_info_t info;
+        if ((rc = kv_seq_info(d->pool, st->kv[i], &info)) < 0)
+            break;
+        if ((uint64_t)info.len + st->n_new[i] > d->cfg.max_seq_len) {
+            rc = -E2BIG;
+            break;
+        }
+        if ((rc = kv_seq_reserve(d->pool, st->kv[i], st->n_new[i])) < 0)
+            break;
+        patd_seq_set_blocks(c, st->slot[i]);
+        if (c->blocks_held > c->max_blocks) {
+            i++; /* this one reserved too */
+            rc = -EDQUOT;
+            break;
+        }
+    }
+    if (rc < 0) {
+        step_unreserve(c, i);
+        pthread_mutex_unlock(&d->pool_mu);
+        return rc;
+    }
+    /* sequences of the last step that are not in this one leave the forest */
+    for (uint32_t s = 0; s < c->max_seqs; s++)
+        if (c->seqs[s].forest_kv != KV_NONE && !c->seqs[s].in_step) {
+            sched_forest_leave(f, s);
+            c->seqs[s].forest_kv = KV_NONE;
+        }
+    uint32_t tok = 0;
+    for (i = 0; i < st->n_seqs && rc == 0; i++) {
+        kv_seq_info_t info;
+        kv_seq_info(d->pool, st->kv[i], &info);
+        for (uint32_t k = 0; k < st->n_new[i]; k++) {
+            uint32_t pos = info.len + k;
+            st->kvslot[tok + k] = info.blocks[pos / bs] * bs + pos % bs;
+        }
+        sched_query_t q = {info.blocks, info.n_blocks, info.len + st->n_new[i], st->n_new[i], tok};
+        patd_seq_t *s = &c->seqs[st->slot[i]];
+        if (s->forest_kv == st->kv[i]) {
+            rc = sched_forest_grow(f, st->slot[i], &q);
+            if (rc == -EINVAL) { /* shrank or changed (truncate, copy-on-write) */
+                sched_forest_leave(f, st->slot[i]);
+                rc = sched_forest_join(f, st->slot[i], &q);
+            }
+        } else {
+            if (s->forest_kv != KV_NONE)
+                sched_forest_leave(f, st->slot[i]);
+            rc = sched_forest_join(f, st->slot[i], &q);
+        }
+        s->forest_kv = rc == 0 ? st->kv[i] : KV_NONE;
+        tok += st->n_new[i];
+    }
+    if (rc == 0) {
+        sched_stats_t before;
+        sched_get_stats(c->sched, &before);
+        rc = sched_build(c->sched, &st->plan);
+        if (rc == 0) {
+            sched_stats_t after;
+            sched_get_stats(c->sched, &after);
+            st->pack_reused = after.pack_reuses != before.pack_reuses;
+            atomic_fetch_add(&d->m.packs, 1);
+            atomic_fetch_add(&d->m.pack_ns_sum, after.last_plan_ns);
+            if (st->pack_reused)
+                atomic_fetch_add(&d->m.pack_reuses, 1);
+            sched_traffic_t pt, qt;
+            sched_plan_traffic(st->plan, d->model.q_heads, d->model.kv_heads, d->model.head_dim,
+                               kern_dtype_size(d->model.dtype), &pt);
+            sched_query_centric_traffic(c->sched, &qt);
+            st->kv_bytes = pt.kv;
+            st->qc_bytes = qt.kv;
+        }
+    }
+    if (rc < 0)
+        step_rollback(c);
+    pthread_mutex_unlock(&d->pool_mu);
+    return rc;
+}
+
+/* Waits for the client's layer tick. 0, -ECANCELED (abort), -ETIMEDOUT (step timeout). */
+static int wait_ready(patd_t *d, patd_conn_t *c, uint32_t tick, uint32_t exec_id)
+{
+    ipc_sig_t *g = patd_conn_sig(c);
+    uint64_t limit = (uint64_t)d->cfg.step_timeout_ms * 1000000ull;
+    uint64_t t0 = pat_now_ns();
+    for (;;) {
+        uint32_t v = atomic_load_explicit(&g->ready, memory_order_acquire);
+        if ((int32_t)(v - tick) >= 0)
+            return 0;
+        if (atomic_load(&c->step.abort))
+            return -ECANCELED;
+        if (pat_now_ns() - t0 > limit)
+            return -ETIMEDOUT;
+        ipc_sig_wait(&g->ready, v, WAIT_SLICE_NS);
+        patd_exec_beat(&d->exec, exec_id);
+    }
+}
+
+static void step_run(patd_t *d, patd_conn_t *c, uint32_t exec_id)
+{
+    patd_step_t *st = &c->step;
+    ipc_sig_t *g = patd_conn_sig(c);
+    uint8_t *base = c->shm.base;
+    kern_attn_params_t ap = {.scale = d->cfg.scale > 0 ? d->cfg.scale
+                                                       : 1.0f / sqrtf((float)d->model.head_dim),
+                             .softcap = d->cfg.softcap};
+    if (atomic_load(&st->abort)) {
+        st->err = -ECANCELED;
+        return;
+    }
+    int rc = step_prepare(c);
+    if (rc < 0) {
+        st->err = rc;
+        return;
+    }
+    st->t_begun_ns = pat_now_ns();
+    atomic_store(&g->err, 0);
+    atomic_store(&g->state, IPC_STATE_OPEN);
+    step_move(st, STEP_RUNNING);
+    patd_exec_post(&d->exec, c, NULL, 0); /* the loop replies to STEP_BEGIN; the step stays ours */
+    for (uint32_t l = 0; l < d->model.n_layers; l++) {
+        uint32_t tick = st->tick_base + l + 1;
+        if ((rc = wait_ready(d, c, tick, exec_id)) < 0)
+            break;
+        uint64_t t0 = pat_now_ns();
+        pthread_mutex_lock(&d->be_mu);
+        rc = kern_append_kv(d->be, l, base + c->lay.k_off, base + c->lay.v_off, st->kvslot,
+                            st->n_tokens);
+        if (rc == 0)
+            rc = kern_attend(d->be, l, st->plan, base + c->lay.q_off, base + c->lay.o_off, &ap);
+        pthread_mutex_unlock(&d->be_mu);
+        if (rc < 0) {
+            patd_err("session %016llx: backend failed on layer %u: %s",
+                     (unsigned long long)c->session, l, strerror(-rc));
+            break;
+        }
+        atomic_fetch_add(&d->m.layer_ns_sum, pat_now_ns() - t0);
+        atomic_fetch_add(&d->m.layers, 1);
+        atomic_fetch_add(&d->m.kv_bytes, st->kv_bytes);
+        atomic_fetch_add(&d->m.qc_bytes, st->qc_bytes);
+        st->layers_done = l + 1;
+        ipc_sig_post(&g->done, tick);
+        patd_exec_beat(&d->exec, exec_id);
+    }
+    st->t_done_ns = pat_now_ns();
+    if (rc < 0) {
+        st->err = rc;
+        atomic_store(&g->err, rc);
+        ipc_sig_post(&g->state, IPC_STATE_ABORTED);
+        ipc_sig_wake(&g->done);
+    }
+}
+
+/* ------------------------------------------------------------------ GPU sessions */
+
+static void pause_us(uint32_t us)
+{
+    struct timespec ts = {0, (long)us * 1000};
+    nanosleep(&ts, NULL);
+}
+
+/* Waits until the lane has finished `target` layers. 0, -ECANCELED (abort from the loop),
+ * -ETIMEDOUT (no progress for step_timeout_ms: the client stalled). Polls host memory: spins
+ * for 50 us after progress moved (the next layer usually follows within a hand-off), then naps
+ * 10 us, and 100 us after a millisecond without progress. */
+static int lane_wait(patd_t *d, patd_conn_t *c, kern_lane_t *lane, uint64_t target,
+                     uint32_t exec_id)
+{
+    const uint64_t limit = (uint64_t)d->cfg.step_timeout_ms * 1000000ull;
+    uint64_t seen = kern_lane_progress(lane), t_moved = pat_now_ns();
+    for (uint32_t spins = 0;; spins++) {
+        uint64_t p = kern_lane_progress(lane);
+        if (p >= target)
+            return 0;
+        uint64_t now = pat_now_ns();
+        if (p != seen) {
+            seen = p;
+            t_moved = now;
+        }
+        if (atomic_load(&c->step.abort))
+            return -ECANCELED;
+        if (now - t_moved > limit)
+            return -ETIMEDOUT;
+        if (now - t_moved < 50000ull)
+            __builtin_ia32_pause();
+        else
+            pause_us(now - t_moved < 1000000ull ? 10 : 100);
+        if ((spins & 255) == 0)
+            patd_exec_beat(&d->exec, exec_id);
+    }
+}
+
+/* Releases every wait the lane holds for this session from the CPU, drains the lane, releases
+ * whatever of the step the client's stream may still wait for, and starts a new epoch: values of
+ * the cut step satisfy no later wait. The client learns it from the STEP_END reply and the
+ * signal page (state ABORTED, err, epoch). */
+static void gpu_cut(patd_t *d, patd_conn_t *c, kern_lane_t *lane, uint64_t epoch, int why,
+                    uint32_t exec_id)
+{
+    const uint32_t nl = d->model.n_layers;
+    ipc_sig_t *g = patd_conn_sig(c);
+    uint64_t *ready = ipc_gsig_ready(c->gsig), *done = ipc_gsig_done(c->gsig, nl);
+    /* an empty layer that reports progress, so that layers enqueued since the last report count */
+    const kern_lane_layer_t flush = {.report = 1};
+    int fr = kern_lane_layer(lane, &flush);
+    if (fr < 0)
+        patd_gpu_check_fatal(d, fr);
+    const uint64_t target = kern_lane_enqueued(lane);
+    uint64_t t0 = pat_now_ns();
+    while (kern_lane_progress(lane) < target) {
+        for (uint32_t l = 0; l < nl; l++)
+            __atomic_store_n(&ready[l], epoch, __ATOMIC_RELEASE);
+        pause_us(50);
+        patd_exec_beat(&d->exec, exec_id);
+        if (pat_now_ns() - t0 > 1000000000ull) { /* released words that do not move: the GPU */
+            patd_gpu_check_fatal(d, -EIO);       /* exits if the context is lost */
+            t0 = pat_now_ns();
+            patd_warn("session %016llx: lane still draining after its waits were released",
+                      (unsigned long long)c->session);
+        }
+    }
+    for (uint32_t l = 0; l < nl; l++) {
+        __atomic_store_n(&done[l], epoch, __ATOMIC_RELEASE);
+        __atomic_store_n(&ready[l], 0, __ATOMIC_RELEASE);
+    }
+    atomic_store(&g->err, why);
+    atomic_store(&g->epoch, epoch + 1);
+    atomic_store(&g->state, IPC_STATE_ABORTED);
+}
+
+static void step_run_gpu(patd_t *d, patd_conn_t *c, uint32_t exec_id)
+{
+    patd_step_t *st = &c->step;
+    kern_lane_t *lane = d->lanes[exec_id];
+    ipc_sig_t *g = patd_conn_sig(c);
+    const uint32_t nl = d->model.n_layers, depth = d->cfg.enqueue_depth;
+    /* progress is reported every `every` layers and on the last: any `depth` consecutive layers
+     * of a step hold a reported one, so a wait for the window below always ends, and the window
+     * refills while half of it is still queued */
+    const uint32_t every = PAT_MAX(1u, PAT_MIN(8u, depth / 2));
+    const uint64_t epoch = atomic_load(&g->epoch);
+    int rc = st->err; /* set by the loop for a step it refused (a handshake-only step) */
+    if (rc == 0 && atomic_load(&st->abort))
+        rc = -ECANCELED;
+    if (rc == 0 && (rc = step_prepare(c)) == 0 &&
+        (rc = kern_lane_begin(lane, st->plan, st->kvslot, st->n_tokens)) < 0) {
+        patd_gpu_check_fatal(d, rc);
+        patd_err("session %016llx: the lane refused the plan: %s", (unsigned long long)c->session,
+                 strerror(-rc));
+        pthread_mutex_lock(&d->pool_mu); /* the lane refused the plan: undo phase 1 */
+        step_rollback(c);
+        pthread_mutex_unlock(&d->pool_mu);
+    }
+    const int begun = rc == 0;
+    st->tick_base = (uint32_t)epoch;
+    st->err = rc;
+    st->t_begun_ns = pat_now_ns();
+    atomic_store(&g->err, 0);
+    atomic_store(&g->state, IPC_STATE_OPEN);
+    if (atomic_load(&st->state) == STEP_PREPARING)
+        step_move(st, begun ? STEP_RUNNING : STEP_EMPTY);
+    patd_exec_post(&d->exec, c, NULL, 0); /* the loop answers STEP_BEGIN now (unless it did) */
+
+    kern_lane_layer_t ly = {
+        .compute = begun,
+        .q = c->dev_base + c->lay.q_off,
+        .k = c->dev_base + c->lay.k_off,
+        .v = c->dev_base + c->lay.v_off,
+        .o = c->dev_base + c->lay.o_off,
+        .params = {.scale =
+                       d->cfg.scale > 0 ? d->cfg.scale : 1.0f / sqrtf((float)d->model.head_dim),
+                   .softcap = d->cfg.softcap},
+        .wait_value = epoch,
+        .post_value = epoch,
+    };
+    uint64_t *ready_dev = ipc_gsig_ready(c->gsig_dev), *done_dev = ipc_gsig_done(c->gsig_dev, nl);
+    const uint64_t base = kern_lane_enqueued(lane);
+    int wr = 0;
+    for (uint32_t l = 0; l < nl && wr == 0; l++) {
+        uint64_t enq = kern_lane_enqueued(lane);
+        if (enq - kern_lane_progress(lane) >= depth)
+            wr = lane_wait(d, c, lane, enq - depth + 1, exec_id);
+        if (wr < 0)
+            break;
+        ly.layer = l;
+        ly.report = (l + 1) % every == 0 || l + 1 == nl;
+        ly.wait_word = ready_dev + l;
+        ly.post_word = done_dev + l;
+        if ((wr = kern_lane_layer(lane, &ly)) < 0) {
+            patd_gpu_check_fatal(d, wr);
+            patd_err("session %016llx: enqueueing layer %u failed: %s",
+                     (unsigned long long)c->session, l, strerror(-wr));
+        }
+    }
+    if (wr == 0)
+        wr = lane_wait(d, c, lane, kern_lane_enqueued(lane), exec_id);
+    const uint32_t ran = (uint32_t)(kern_lane_progress(lane) - base);
+    if (wr == 0) {
+        /* Every layer ran: the lane consumed every ready word, and the client every done word
+         * but the last (it wrote ready[l + 1] after its wait for done[l] on its stream; it resets
+         * done[nl - 1] itself). Reset them here, off both streams, before STEP_END is answered,
+         * so the same values serve the next step (ipc_shm.h). */
+        uint64_t *ready = ipc_gsig_ready(c->gsig), *done = ipc_gsig_done(c->gsig, nl);
+        for (uint32_t l = 0; l < nl; l++) {
+            __atomic_store_n(&ready[l], 0, __ATOMIC_RELEASE);
+            if (l + 1 < nl)
+                __atomic_store_n(&done[l], 0, __ATOMIC_RELEASE);
+        }
+    }
+    if (wr < 0) {
+        if (wr == -ETIMEDOUT)
+            patd_notice("session %016llx: no layer handed over for %u ms (after %u of %u); "
+                        "releasing the step's waits",
+                        (unsigned long long)c->session, d->cfg.step_timeout_ms, ran, nl);
+        gpu_cut(d, c, lane, epoch, wr, exec_id);
+        if (st->err == 0)
+            st->err = wr;
+    }
+    if (begun) {
+        st->layers_done = wr == 0 ? nl : ran;
+        atomic_fetch_add(&d->m.layers, st->layers_done);
+        atomic_fetch_add(&d->m.layer_ns_sum, pat_now_ns() - st->t_begun_ns);
+        atomic_fetch_add(&d->m.kv_bytes, st->kv_bytes * st->layers_done);
+        atomic_fetch_add(&d->m.qc_bytes, st->qc_bytes * st->layers_done);
+    }
+    st->t_done_ns = pat_now_ns();
+}
+
+/* The executor's job: the session's whole step, then its last move. */
+static void step_job(void *arg, uint32_t exec_id)
+{
+    patd_conn_t *c = arg;
+    patd_t *d = c->d;
+    patd_step_t *st = &c->step;
+    step_move(st, atomic_load(&st->state) == STEP_REFUSED ? STEP_EMPTY : STEP_PREPARING);
+    if (c->gpu)
+        step_run_gpu(d, c, exec_id);
+    else
+        step_run(d, c, exec_id);
+    step_give_back(d, c);
+}
