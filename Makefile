@@ -4,7 +4,7 @@
 #   make test       build and run every CPU test (what CI runs)
 #   make help       list every target and knob
 #
-# Knobs: V=1 (echo commands), CUDA=0 (never call nvcc), DEBUG=1 (-O0, sanitizers),
+# Knobs: V=1 (echo commands), CUDA=0 (never call nvcc), DEBUG=1 (-O0, sanitizers, assert() on),
 #        PREFIX=/usr/local, DESTDIR= (staged install), NVCC=..., CUDA_ARCHS="80 90a".
 
 .DEFAULT_GOAL := all
@@ -50,14 +50,14 @@ OPT := -O0 -g3 -fsanitize=address,undefined -fno-omit-frame-pointer
 JEMALLOC_CFLAGS :=
 JEMALLOC_LIBS :=
 else
-OPT := -O2 -g
+OPT := -O2 -g -DNDEBUG
 JEMALLOC_CFLAGS := -DPATD_HAVE_JEMALLOC
 JEMALLOC_LIBS := $(shell pkg-config --libs jemalloc 2>/dev/null || echo -ljemalloc)
 endif
 
 INCS    := -I. -Idaemon/base -Ikvcache -Ischeduler -Ikernels -Iipc -Iclient
 CFLAGS  ?=
-CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -fPIC -fvisibility=hidden -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
+CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -fPIC -fvisibility=hidden -Wall -Wextra -Wpedantic -Werror -Wshadow -Wstrict-prototypes \
            -Wmissing-prototypes -Wno-unused-parameter -pthread -MMD -MP $(INCS) $(PKG_CFLAGS)
 LDFLAGS ?=
 LDFLAGS += -pthread $(filter -fsanitize=%,$(OPT))
@@ -82,6 +82,7 @@ CUDA_CSRCS := kernels/cuda/kern_cuda_tiles.c
 IPC_SRCS   := ipc/ipc_codec.c ipc/ipc_shm.c
 DAEMON_SRCS := daemon/patd_main.c daemon/patd_config.c daemon/patd_conn.c daemon/patd_exec.c \
                daemon/patd_step.c daemon/patd_seq.c daemon/patd_io.c daemon/patd_gpu.c \
+               daemon/patd_range.c \
                daemon/patd_metrics.c daemon/patd_log.c
 IPC_OBJS    := $(IPC_SRCS:%.c=$(B)/%.o)
 DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(B)/%.o)
@@ -118,8 +119,10 @@ TESTLIB_SRCS := tests/lib/tl_rng.c tests/lib/tl_world.c tests/lib/tl_ref.c tests
 TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(B)/%.o)
 
 # Unit tests: one program per module (cmocka); tests/run.sh runs them with a time limit.
-UNIT_TESTS := test_kv test_forest test_pack test_cpu test_ipc
+UNIT_TESTS := test_kv test_forest test_pack test_cpu test_ipc test_daemon
 UNIT_BINS  := $(UNIT_TESTS:%=$(B)/tests/%)
+# test_daemon links the daemon's objects but its main (and the daemon's libraries)
+DAEMON_TEST_OBJS := $(filter-out $(B)/daemon/patd_main.o,$(DAEMON_OBJS))
 # Integration tests: real patd processes and real clients (tests/integ), run after the units.
 INTEG_TESTS := test_proto test_faults test_multi test_ops
 INTEG_BINS  := $(INTEG_TESTS:%=$(B)/tests/%)
@@ -239,6 +242,12 @@ $(TC_CLIENT): $(B)/tests/integ/tc_client.o $(B)/libpattest.a $(LIBPAT_A)
 $(INTEG_BINS): $(B)/tests/%: $(B)/tests/integ/%.o $(B)/libpattest.a $(LIBPAT_A)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(TEST_LIBS) $(NN_LIBS) -lrt -lm
+
+$(B)/tests/unit/test_daemon.o: CFLAGS += -Idaemon $(DAEMON_CFLAGS)
+$(B)/tests/test_daemon: $(B)/tests/unit/test_daemon.o $(DAEMON_TEST_OBJS) $(B)/libpattest.a \
+                        $(B)/libpatcore.a $(B)/libpatipc.a
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(TEST_LIBS) $(DAEMON_LIBS) $(JEMALLOC_LIBS) $(LDLIBS) -lrt
 
 $(B)/tests/test_%: $(B)/tests/unit/test_%.o $(B)/libpattest.a $(B)/libpatcore.a $(B)/libpatipc.a
 	@$(if $(Q),echo "  LD      $@")

@@ -30,11 +30,6 @@
 
 #define RANGE_ALIGN (64u << 10) /* staging ranges start on 64 KiB: rows stay 16-byte aligned */
 
-static uint64_t round_up(uint64_t x, uint64_t a)
-{
-    return (x + a - 1) / a * a;
-}
-
 int patd_gpu_start(patd_t *d, uint32_t n_exec)
 {
     const patd_config_t *cfg = &d->cfg;
@@ -89,9 +84,7 @@ int patd_gpu_start(patd_t *d, uint32_t n_exec)
                  cfg->staging_mb, strerror(-rc));
         return rc;
     }
-    pat_grow((void **)&d->ranges, &d->cap_ranges, 1, sizeof(*d->ranges));
-    d->ranges[0] = (patd_range_t){0, d->staging_bytes};
-    d->n_ranges = 1;
+    patd_ranges_init(&d->ranges, d->staging_bytes, RANGE_ALIGN);
 
     d->lanes = pat_xcalloc(n_exec, sizeof(*d->lanes));
     for (uint32_t i = 0; i < n_exec; i++, d->n_lanes++)
@@ -124,55 +117,7 @@ void patd_gpu_stop(patd_t *d)
     ipc_shm_close(&d->garena);
     free(d->gslot_used);
     d->gslot_used = NULL;
-    free(d->ranges);
-    d->ranges = NULL;
-    d->n_ranges = d->cap_ranges = 0;
-}
-
-/* First fit; splits the range it takes. */
-static int range_alloc(patd_t *d, uint64_t len, uint64_t *ret_off)
-{
-    len = round_up(len, RANGE_ALIGN);
-    for (uint32_t i = 0; i < d->n_ranges; i++) {
-        patd_range_t *r = &d->ranges[i];
-        if (r->len < len)
-            continue;
-        *ret_off = r->off;
-        r->off += len;
-        r->len -= len;
-        if (r->len == 0) {
-            memmove(r, r + 1, (d->n_ranges - i - 1) * sizeof(*r));
-            d->n_ranges--;
-        }
-        return 0;
-    }
-    return -ENOMEM;
-}
-
-/* Gives a range back, merging it with its free neighbours. */
-static void range_free(patd_t *d, uint64_t off, uint64_t len)
-{
-    len = round_up(len, RANGE_ALIGN);
-    uint32_t i = 0;
-    while (i < d->n_ranges && d->ranges[i].off < off)
-        i++;
-    int merge_prev = i > 0 && d->ranges[i - 1].off + d->ranges[i - 1].len == off;
-    int merge_next = i < d->n_ranges && off + len == d->ranges[i].off;
-    if (merge_prev && merge_next) {
-        d->ranges[i - 1].len += len + d->ranges[i].len;
-        memmove(&d->ranges[i], &d->ranges[i + 1], (d->n_ranges - i - 1) * sizeof(*d->ranges));
-        d->n_ranges--;
-    } else if (merge_prev) {
-        d->ranges[i - 1].len += len;
-    } else if (merge_next) {
-        d->ranges[i].off = off;
-        d->ranges[i].len += len;
-    } else {
-        pat_grow((void **)&d->ranges, &d->cap_ranges, d->n_ranges + 1, sizeof(*d->ranges));
-        memmove(&d->ranges[i + 1], &d->ranges[i], (d->n_ranges - i) * sizeof(*d->ranges));
-        d->ranges[i] = (patd_range_t){off, len};
-        d->n_ranges++;
-    }
+    patd_ranges_done(&d->ranges);
 }
 
 int patd_gpu_conn_open(patd_t *d, patd_conn_t *c, uint64_t bytes)
@@ -182,7 +127,7 @@ int patd_gpu_conn_open(patd_t *d, patd_conn_t *c, uint64_t bytes)
         s++;
     if (s == d->sized.max_conns)
         return -EMFILE;
-    if (range_alloc(d, bytes, &c->dev_off) < 0)
+    if (patd_ranges_alloc(&d->ranges, bytes, &c->dev_off) < 0)
         return -ENOMEM;
     d->gslot_used[s] = 1;
     c->gpu = 1;
@@ -202,7 +147,7 @@ void patd_gpu_conn_close(patd_t *d, patd_conn_t *c)
     /* a client that is still alive sees the session closed; its words stay released */
     ipc_sig_t *g = c->gsig;
     atomic_store(&g->state, IPC_STATE_CLOSED);
-    range_free(d, c->dev_off, c->lay.bytes);
+    patd_ranges_free(&d->ranges, c->dev_off, c->lay.bytes);
     d->gslot_used[c->gslot] = 0;
     c->gpu = 0;
 }

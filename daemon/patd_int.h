@@ -35,6 +35,7 @@
 #include "pat_map.h"
 #include "patd_config.h"
 #include "patd_exec.h"
+#include "patd_range.h"
 #include "patd_step.h"
 #include "sched_plan.h"
 
@@ -146,15 +147,10 @@ struct patd {
     void *staging_dev;   /* the exported allocation */
     uint64_t staging_bytes;
     uint8_t staging_handle[IPC_HANDLE_LEN];
-    struct patd_range *ranges; /* free ranges of the allocation, sorted by offset */
-    uint32_t n_ranges, cap_ranges;
-    kern_lane_t **lanes; /* [n_lanes]: lane i belongs to executor i */
+    patd_ranges_t ranges; /* free ranges of the allocation */
+    kern_lane_t **lanes;  /* [n_lanes]: lane i belongs to executor i */
     uint32_t n_lanes;
 };
-
-typedef struct patd_range {
-    uint64_t off, len;
-} patd_range_t;
 
 /* The session's signal page (the shm's first page, or the GPU signal slice's). */
 static inline ipc_sig_t *patd_conn_sig(patd_conn_t *c)

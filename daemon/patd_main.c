@@ -28,6 +28,7 @@
 
 #include "patd_int.h"
 #include "patd_log.h"
+#include "pat.h"
 #include "pat_base.h"
 
 #define TICK_MS 100u
@@ -80,34 +81,94 @@ static void op_stats(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *b
     free(out);
 }
 
+/* The figures STATUS prints and INFO carries, from one place. Loop thread. */
+static void fill_info(patd_t *d, ipc_info_rep_t *r)
+{
+    kv_stats_t ks;
+    pthread_mutex_lock(&d->pool_mu);
+    kv_pool_stats(d->pool, &ks);
+    pthread_mutex_unlock(&d->pool_mu);
+    const patd_config_t *cfg = &d->cfg;
+    memset(r, 0, sizeof(*r));
+    r->size = sizeof(*r);
+    r->protocol = IPC_VERSION;
+    r->version = PAT_VERSION;
+    r->pid = (uint32_t)getpid();
+    r->instance = d->instance;
+    r->uptime_ms = (pat_now_ns() - d->t_start_ns) / 1000000ull;
+    r->state = d->draining ? IPC_STATE_DRAINING : IPC_STATE_SERVING;
+    r->max_seq_len = cfg->max_seq_len;
+    snprintf(r->backend, sizeof(r->backend), "%s", kern_backend_name(d->be));
+    r->model = (ipc_model_sig_t){d->model.n_layers, d->model.q_heads,         d->model.kv_heads,
+                                 d->model.head_dim, (uint32_t)d->model.dtype, d->model.block_size,
+                                 cfg->model_id};
+    r->max_conns = cfg->max_conns;
+    r->conn_max_seqs = cfg->conn_max_seqs;
+    r->conn_max_blocks = cfg->conn_max_blocks ? cfg->conn_max_blocks : cfg->blocks;
+    r->conn_max_batch_tokens = cfg->conn_max_batch_tokens;
+    r->conn_max_staging_mb = cfg->conn_max_staging_mb;
+    r->lease_ms = cfg->lease_ms;
+    r->step_timeout_ms = cfg->step_timeout_ms;
+    r->blocks_total = ks.n_blocks;
+    r->blocks_free = ks.n_free;
+    r->blocks_used = ks.n_used;
+    r->blocks_cached = ks.n_cached;
+    r->sequences = ks.n_seqs;
+    r->connections = d->n_conns;
+    for (uint32_t i = 0; i < d->n_conns; i++)
+        r->steps_in_flight += (uint32_t)patd_step_busy(&d->conns[i]->step);
+}
+
+/* For people (patctl status); programs use INFO. */
 static void op_status(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *body)
 {
     char *out = NULL;
     size_t len = 0;
+    ipc_info_rep_t r;
+    fill_info(d, &r);
     FILE *f = open_memstream(&out, &len);
-    kv_stats_t ks;
-    pthread_mutex_lock(&d->pool_mu);
-    kv_pool_stats(d->pool, &ks);
-    int check = kv_pool_check(d->pool);
-    pthread_mutex_unlock(&d->pool_mu);
-    uint32_t steps = 0;
-    for (uint32_t i = 0; i < d->n_conns; i++)
-        steps += patd_step_busy(&d->conns[i]->step);
-    fprintf(f, "pid %d\ninstance %016llx\nuptime_s %.1f\nstate %s\nbackend %s\n", getpid(),
-            (unsigned long long)d->instance, (pat_now_ns() - d->t_start_ns) / 1e9,
-            d->draining ? "draining" : "serving", kern_backend_name(d->be));
+    fprintf(f, "pid %u\ninstance %016llx\nuptime_s %.1f\nstate %s\nbackend %s\n", r.pid,
+            (unsigned long long)r.instance, r.uptime_ms / 1e3,
+            r.state == IPC_STATE_DRAINING ? "draining" : "serving", r.backend);
+    fprintf(f, "version %u.%u.%u\nprotocol %u\n", r.version >> 16, (r.version >> 8) & 0xff,
+            r.version & 0xff, r.protocol);
     fprintf(f, "model layers=%u q_heads=%u kv_heads=%u head_dim=%u dtype=%u block=%u id=%llu\n",
-            d->model.n_layers, d->model.q_heads, d->model.kv_heads, d->model.head_dim,
-            (unsigned)d->model.dtype, d->model.block_size, (unsigned long long)d->cfg.model_id);
-    fprintf(f, "max_seq_len %u\nsocket %s\nevents %s\n", d->cfg.max_seq_len, d->sock_path,
-            d->ev_path);
-    fprintf(f, "blocks_total %u\nblocks_free %u\nblocks_used %u\nblocks_cached %u\n", ks.n_blocks,
-            ks.n_free, ks.n_used, ks.n_cached);
-    fprintf(f, "sequences %u\nconnections %u\nsteps_in_flight %u\npool_check %s\n", ks.n_seqs,
-            d->n_conns, steps, check == 0 ? "ok" : "FAILED");
+            r.model.n_layers, r.model.q_heads, r.model.kv_heads, r.model.head_dim, r.model.dtype,
+            r.model.block_size, (unsigned long long)r.model.model_id);
+    fprintf(f, "max_seq_len %u\nsocket %s\nevents %s\n", r.max_seq_len, d->sock_path, d->ev_path);
+    fprintf(f, "blocks_total %u\nblocks_free %u\nblocks_used %u\nblocks_cached %u\n",
+            r.blocks_total, r.blocks_free, r.blocks_used, r.blocks_cached);
+    fprintf(f, "sequences %u\nconnections %u\nsteps_in_flight %u\n", r.sequences, r.connections,
+            r.steps_in_flight);
     fclose(f);
     reply_text(d, rq, out, len);
     free(out);
+}
+
+static void op_info(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *body)
+{
+    ipc_info_rep_t r;
+    fill_info(d, &r);
+    patd_reply_ok(d, NULL, rq, &r, sizeof(r));
+}
+
+/* The pool's invariant check, O(blocks + table entries) under pool_mu: an admin's explicit
+ * request, never on a path that clients or monitors poll. */
+static void op_check(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *body)
+{
+    uint64_t t0 = pat_now_ns();
+    pthread_mutex_lock(&d->pool_mu);
+    int rc = kv_pool_check(d->pool);
+    pthread_mutex_unlock(&d->pool_mu);
+    char msg[128];
+    int n = snprintf(msg, sizeof(msg), "pool_check %s (%.1f ms)\n", rc == 0 ? "ok" : "FAILED",
+                     (pat_now_ns() - t0) / 1e6);
+    if (rc < 0) {
+        patd_err("pool check failed: %s (details above)", strerror(-rc));
+        patd_reply_error(d, rq, rc, "KV pool invariant check failed (see the daemon's log)");
+        return;
+    }
+    reply_text(d, rq, msg, (size_t)n);
 }
 
 static void op_seqs(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *body)
@@ -200,6 +261,8 @@ static const struct {
     [IPC_OP_SEQS] = {op_seqs, 0},
     [IPC_OP_DRAIN] = {op_drain, 0},
     [IPC_OP_RELOAD] = {op_reload, 0},
+    [IPC_OP_INFO] = {op_info, 0},
+    [IPC_OP_CHECK] = {op_check, 0},
 };
 
 /* Validates a frame, finds its session, replays the answer to a resent request, and hands it

@@ -1,5 +1,5 @@
 /*
- * ipc_proto.h — the patd wire protocol, version 1: one frame per nanomsg message.
+ * ipc_proto.h — the patd wire protocol (IPC_VERSION): one frame per nanomsg message.
  *
  * Every frame is a 40-byte header followed by a fixed-layout little-endian body. Request bodies
  * are one fixed struct per opcode, optionally followed by arrays whose counts the struct gives;
@@ -17,7 +17,8 @@
  * (ipc_shm.h, "GPU sessions").
  *
  * Version 2 (2026-11): the HELLO reply grew the device range, the signal slice and the GPU's
- * UUID. Version 1 peers are refused with -EPROTONOSUPPORT.
+ * UUID. Version 1 peers are refused with -EPROTONOSUPPORT. Opcodes added later within a version
+ * (INFO, CHECK) are refused by an older daemon with -EOPNOTSUPP.
  */
 #ifndef IPC_PROTO_H
 #define IPC_PROTO_H
@@ -58,13 +59,15 @@
     X(STATS, 17, 1)     /* admin: counters, one "name value" per line */                           \
     X(SEQS, 18, 1)      /* admin: open sequences, one per line */                                  \
     X(DRAIN, 19, 1)     /* admin: refuse new work, finish in-flight steps, exit */                 \
-    X(RELOAD, 20, 1)    /* admin: re-read the config file (as SIGHUP) */
+    X(RELOAD, 20, 1)    /* admin: re-read the config file (as SIGHUP) */                           \
+    X(INFO, 21, 1)      /* admin: the daemon's figures as one ipc_info_rep_t */                    \
+    X(CHECK, 22, 1)     /* admin: the KV pool's invariant check (O(blocks)), text */
 
 typedef enum ipc_op {
 #define IPC_OP_ENUM(name, val, admin) IPC_OP_##name = val,
     IPC_OPCODES(IPC_OP_ENUM)
 #undef IPC_OP_ENUM
-        IPC_OP_MAX = 21
+        IPC_OP_MAX = 23
 } ipc_op_t;
 
 /* Error codes on the wire and from every libpat call: a negative errno with a patd meaning.
@@ -214,6 +217,30 @@ typedef struct ipc_step_end_rep {
     uint32_t committed;   /* 1 if the step's tokens are now part of the sequences */
     uint64_t step_ns;     /* from begin received to the last layer done */
 } ipc_step_end_rep_t;
+
+/* INFO's reply: what STATUS prints, typed. `size` is the daemon's sizeof: fields are only ever
+ * appended, so a reader takes min(size, its own sizeof) bytes and zero-fills the rest. */
+#define IPC_STATE_SERVING  0u
+#define IPC_STATE_DRAINING 1u
+typedef struct ipc_info_rep {
+    uint32_t size;     /* sizeof(ipc_info_rep_t) as the daemon was built */
+    uint32_t protocol; /* IPC_VERSION */
+    uint32_t version;  /* the daemon's release: major << 16 | minor << 8 | patch */
+    uint32_t pid;
+    uint64_t instance;  /* as in the HELLO reply */
+    uint64_t uptime_ms; /* since the daemon started */
+    uint32_t state;     /* IPC_STATE_SERVING / IPC_STATE_DRAINING */
+    uint32_t max_seq_len;
+    char backend[16]; /* "cpu" | "cuda", NUL-terminated */
+    ipc_model_sig_t model;
+    /* limits (the live values) */
+    uint32_t max_conns, conn_max_seqs, conn_max_blocks, conn_max_batch_tokens;
+    uint32_t conn_max_staging_mb, lease_ms, step_timeout_ms, reserved0;
+    /* the pool and the daemon now */
+    uint32_t blocks_total, blocks_free, blocks_used, blocks_cached;
+    uint32_t sequences, connections, steps_in_flight, reserved1;
+} ipc_info_rep_t;
+_Static_assert(sizeof(ipc_info_rep_t) == 152, "info reply layout");
 
 /* ------------------------------------------------------------------ codec (ipc_codec.c) */
 typedef struct ipc_buf {

@@ -12,6 +12,7 @@
 
 #include "pat_base.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -141,7 +142,9 @@ uint32_t kv__block_take(kv_pool_t *p)
 
 void kv__block_ref(kv_pool_t *p, uint32_t b)
 {
+    assert(b < p->cfg.n_blocks);
     kv__block_t *k = &p->blk[b];
+    assert(k->state != KV__FREE); /* a free block is taken with kv__block_alloc, not ref'd */
     if (k->state == KV__CACHED) {
         if (k->heap_pos != KV_NONE)
             heap_remove(p, b);
@@ -154,7 +157,9 @@ void kv__block_ref(kv_pool_t *p, uint32_t b)
 
 void kv__block_unref(kv_pool_t *p, uint32_t b)
 {
+    assert(b < p->cfg.n_blocks);
     kv__block_t *k = &p->blk[b];
+    assert(k->state == KV__USED && k->refcnt > 0);
     if (--k->refcnt > 0)
         return;
     p->n_used--;
@@ -172,6 +177,7 @@ void kv__block_unref(kv_pool_t *p, uint32_t b)
 
 int kv__publish(kv_pool_t *p, uint32_t b, uint64_t h, uint32_t parent)
 {
+    assert(b < p->cfg.n_blocks && !p->blk[b].published);
     if (kv__map_find(p, h) != KV_NONE) {
         p->st.duplicates++;
         return 0;

@@ -1,0 +1,292 @@
+/*
+ * test_daemon.c — the daemon's pieces that need no running daemon: the step state machine's
+ * table, the option table (parsing, bounds, command-line precedence) and its reload rules
+ * (restart-only rows, a row check against what start-up sized, apply hooks), and the staging
+ * range allocator against a reference model on random alloc/free sequences.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "patd_config.h"
+#include "patd_log.h"
+#include "patd_range.h"
+#include "patd_step.h"
+#include "pat_base.h"
+#include "tl_rng.h"
+
+/* ------------------------------------------------------------------ step states */
+static void test_step_moves(void **state)
+{
+    /* the diagram of patd_step.h, written out independently of patd_step.c's table */
+    static const struct {
+        patd_step_state_t from, to;
+    } legal[] = {
+        {STEP_IDLE, STEP_QUEUED},         {STEP_IDLE, STEP_REFUSED},
+        {STEP_QUEUED, STEP_PREPARING},    {STEP_REFUSED, STEP_EMPTY},
+        {STEP_PREPARING, STEP_RUNNING},   {STEP_PREPARING, STEP_EMPTY},
+        {STEP_PREPARING, STEP_UNSTARTED}, {STEP_RUNNING, STEP_BACK},
+        {STEP_EMPTY, STEP_UNSTARTED},     {STEP_BACK, STEP_IDLE},
+        {STEP_UNSTARTED, STEP_IDLE},
+    };
+    uint32_t n_legal = 0;
+    for (int f = 0; f < STEP_N_STATES; f++)
+        for (int t = 0; t < STEP_N_STATES; t++) {
+            int want = 0;
+            for (size_t i = 0; i < PAT_ARRAY_SIZE(legal); i++)
+                want |=
+                    legal[i].from == (patd_step_state_t)f && legal[i].to == (patd_step_state_t)t;
+            if (patd_step_state_legal((patd_step_state_t)f, (patd_step_state_t)t) != want)
+                fail_msg("%s -> %s: legal=%d, want %d", patd_step_state_name(f),
+                         patd_step_state_name(t),
+                         patd_step_state_legal((patd_step_state_t)f, (patd_step_state_t)t), want);
+            n_legal += (uint32_t)want;
+        }
+    assert_int_equal(n_legal, PAT_ARRAY_SIZE(legal));
+    /* out of range is never legal; every state has its own name */
+    assert_false(patd_step_state_legal(STEP_N_STATES, STEP_IDLE));
+    assert_false(patd_step_state_legal(STEP_IDLE, (patd_step_state_t)-1));
+    for (int a = 0; a < STEP_N_STATES; a++) {
+        assert_string_not_equal(patd_step_state_name(a), "?");
+        for (int b = a + 1; b < STEP_N_STATES; b++)
+            assert_string_not_equal(patd_step_state_name(a), patd_step_state_name(b));
+    }
+    assert_string_equal(patd_step_state_name(STEP_N_STATES), "?");
+    /* every state is reachable from IDLE and leads back to it */
+    for (int s = 1; s < STEP_N_STATES; s++) {
+        int into = 0, out = 0;
+        for (int o = 0; o < STEP_N_STATES; o++) {
+            into |= patd_step_state_legal((patd_step_state_t)o, (patd_step_state_t)s);
+            out |= patd_step_state_legal((patd_step_state_t)s, (patd_step_state_t)o);
+        }
+        assert_true(into && out);
+    }
+}
+
+/* ------------------------------------------------------------------ config */
+static char cfg_path[64];
+
+static void write_cfg(const char *text)
+{
+    FILE *f = fopen(cfg_path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static int load(patd_config_t *c, int argc, const char **argv)
+{
+    return patd_config_load(c, argc, (char **)argv);
+}
+
+static int cfg_setup(void **state)
+{
+    snprintf(cfg_path, sizeof(cfg_path), "/tmp/test_daemon_cfg.XXXXXX");
+    int fd = mkstemp(cfg_path);
+    assert_true(fd >= 0);
+    close(fd);
+    return 0;
+}
+
+static int cfg_teardown(void **state)
+{
+    unlink(cfg_path);
+    return 0;
+}
+
+static void test_config_parse(void **state)
+{
+    patd_config_t c;
+    const char *none[] = {"patd"};
+    assert_int_equal(load(&c, 1, none), 0);
+    assert_int_equal(c.max_conns, 64); /* the table's defaults */
+    assert_int_equal(c.executors, 2);
+    assert_string_equal(c.backend, "auto");
+    assert_false(patd_config_was_set(&c, "max_conns"));
+
+    write_cfg("[limits]\nmax_conns = 8\nlease_ms = 2000\n[daemon]\nlog_level = debug\n"
+              "socket_mode = 0640\n[model]\ndtype = bf16\n");
+    const char *with[] = {"patd", "--config", cfg_path, "--lease-ms=3000", "--executors", "3"};
+    assert_int_equal(load(&c, 6, with), 0);
+    assert_int_equal(c.max_conns, 8);
+    assert_int_equal(c.lease_ms, 3000); /* the command line wins over the file */
+    assert_int_equal(c.executors, 3);
+    assert_int_equal(c.log_level, 7);
+    assert_int_equal(atomic_load(&patd_log_level), 7); /* the apply hook ran at load */
+    assert_int_equal(c.socket_mode, 0640);
+    assert_true(patd_config_was_set(&c, "max_conns"));
+    assert_true(patd_config_was_set(&c, "lease_ms"));
+
+    /* refusals: each names the option; nothing runs */
+    static const char *const bad_files[] = {
+        "[limits]\nmax_conns = 0\n",            /* below its bound */
+        "[limits]\nmax_conns = 4097\n",         /* above */
+        "[limits]\nmax_conns = 12abc\n",        /* not a number */
+        "[limits]\nmax_conns = -1\n",           /* negative */
+        "[limits]\nno_such_key = 1\n",          /* unknown key */
+        "[model]\nhead_dim = 96\n",             /* no kernel for it (cross-option rule) */
+        "[model]\nq_heads = 8\nkv_heads = 3\n", /* not a divisor */
+        "[daemon]\nbackend = tpu\n",
+        "[gpu]\nforward = fast\n",
+        "[daemon]\nname = ../etc\n",
+        "[limits]\nconn_max_blocks = 5000\n[pool]\nblocks = 4096\n",
+        "[daemon]\nlog_level = loud\n",
+        "[limits\nmax_conns = 8\n", /* syntax */
+    };
+    const char *argv[] = {"patd", "--config", cfg_path};
+    for (size_t i = 0; i < PAT_ARRAY_SIZE(bad_files); i++) {
+        write_cfg(bad_files[i]);
+        if (load(&c, 3, argv) != -EINVAL)
+            fail_msg("accepted: %s", bad_files[i]);
+    }
+    const char *bad_args[][2] = {
+        {"patd", "--max-conns=9999"}, {"patd", "--nope=1"},   {"patd", "stray"},
+        {"patd", "--config"},         {"patd", "--lease-ms"},
+    };
+    for (size_t i = 0; i < PAT_ARRAY_SIZE(bad_args); i++)
+        if (load(&c, 2, bad_args[i]) != -EINVAL)
+            fail_msg("accepted argument %s", bad_args[i][1]);
+    unlink("/tmp/test_daemon_no_such.ini");
+    const char *missing[] = {"patd", "--config", "/tmp/test_daemon_no_such.ini"};
+    assert_int_equal(load(&c, 3, missing), -EINVAL);
+}
+
+static void test_config_reload(void **state)
+{
+    patd_config_t c;
+    write_cfg("[limits]\nmax_conns = 8\nlease_ms = 2000\n[pool]\nblocks = 4096\n"
+              "[daemon]\nlog_level = info\n");
+    const char *argv[] = {"patd", "--config", cfg_path, "--step-timeout-ms=777"};
+    assert_int_equal(load(&c, 4, argv), 0);
+    assert_int_equal(atomic_load(&patd_log_level), 6);
+    patd_sized_t sized = {.max_conns = 8}; /* a GPU signal arena of 8 slices */
+
+    /* raised past what was sized: kept back; a restart-only change: kept back; the rest applies,
+     * with its apply hook; the command line still wins */
+    write_cfg("[limits]\nmax_conns = 16\nlease_ms = 5000\nstep_timeout_ms = 50\n"
+              "[pool]\nblocks = 8192\n[daemon]\nlog_level = debug\n");
+    assert_int_equal(patd_config_reload(&c, &sized, 4, (char **)argv), 2);
+    assert_int_equal(c.max_conns, 8);
+    assert_int_equal(c.blocks, 4096);
+    assert_int_equal(c.lease_ms, 5000);
+    assert_int_equal(c.log_level, 7);
+    assert_int_equal(atomic_load(&patd_log_level), 7);
+    assert_int_equal(c.step_timeout_ms, 777);
+
+    /* lowering below what was sized applies; so does going back up to it */
+    write_cfg("[limits]\nmax_conns = 4\n[pool]\nblocks = 4096\n");
+    assert_int_equal(patd_config_reload(&c, &sized, 4, (char **)argv), 0);
+    assert_int_equal(c.max_conns, 4);
+    assert_int_equal(c.lease_ms, 10000); /* back to its default: the file no longer sets it */
+    assert_int_equal(atomic_load(&patd_log_level), 6);
+    write_cfg("[limits]\nmax_conns = 8\n[pool]\nblocks = 4096\n");
+    assert_int_equal(patd_config_reload(&c, &sized, 4, (char **)argv), 0);
+    assert_int_equal(c.max_conns, 8);
+
+    /* nothing sized (cpu backend): raising applies */
+    write_cfg("[limits]\nmax_conns = 32\n[pool]\nblocks = 4096\n");
+    assert_int_equal(patd_config_reload(&c, NULL, 4, (char **)argv), 0);
+    assert_int_equal(c.max_conns, 32);
+
+    /* an invalid file changes nothing */
+    patd_config_t before = c;
+    write_cfg("[limits]\nmax_conns = 2\nlease_ms = 0\n");
+    assert_int_equal(patd_config_reload(&c, &sized, 4, (char **)argv), -EINVAL);
+    assert_memory_equal(&c, &before, sizeof(c));
+}
+
+/* ------------------------------------------------------------------ staging ranges */
+static void check_free_list(const patd_ranges_t *rs)
+{
+    for (uint32_t i = 0; i < rs->n; i++) {
+        assert_true(rs->free[i].len > 0);
+        assert_int_equal(rs->free[i].off % rs->align, 0);
+        assert_true(rs->free[i].off + rs->free[i].len <= rs->bytes);
+        if (i)
+            /* sorted and merged: a gap between neighbours */
+            assert_true(rs->free[i - 1].off + rs->free[i - 1].len < rs->free[i].off);
+    }
+}
+
+static void test_ranges(void **state)
+{
+    enum { ALIGN = 4096, UNITS = 256, LIVE = 64 };
+    patd_ranges_t rs;
+    patd_ranges_init(&rs, (uint64_t)UNITS * ALIGN, ALIGN);
+    assert_int_equal(patd_ranges_free_bytes(&rs), UNITS * ALIGN);
+    uint8_t owner[UNITS]; /* reference: which live allocation holds each unit (0: free) */
+    memset(owner, 0, sizeof(owner));
+    struct {
+        uint64_t off, len;
+    } live[LIVE] = {{0, 0}};
+    tl_rng_t rng;
+    tl_rng_seed(&rng, 0x5eed);
+    uint64_t used = 0;
+    for (int it = 0; it < 20000; it++) {
+        uint32_t k = tl_rng_below(&rng, LIVE);
+        if (live[k].len) {
+            patd_ranges_free(&rs, live[k].off, live[k].len);
+            uint64_t units = PAT_DIV_UP(live[k].len, ALIGN);
+            for (uint64_t u = 0; u < units; u++)
+                owner[live[k].off / ALIGN + u] = 0;
+            used -= units * ALIGN;
+            live[k].len = 0;
+        } else {
+            uint64_t len = 1 + tl_rng_below(&rng, 12 * ALIGN);
+            uint64_t units = PAT_DIV_UP(len, ALIGN), off;
+            /* the reference's first fit */
+            int64_t first = -1;
+            for (uint32_t u = 0, run = 0; u < UNITS && first < 0; u++) {
+                run = owner[u] ? 0 : run + 1;
+                if (run == units)
+                    first = (int64_t)(u + 1 - units);
+            }
+            int rc = patd_ranges_alloc(&rs, len, &off);
+            if (first < 0) {
+                assert_int_equal(rc, -ENOMEM);
+                continue;
+            }
+            assert_int_equal(rc, 0);
+            assert_int_equal(off, (uint64_t)first * ALIGN);
+            for (uint64_t u = 0; u < units; u++) {
+                assert_int_equal(owner[off / ALIGN + u], 0);
+                owner[off / ALIGN + u] = (uint8_t)(k + 1);
+            }
+            live[k].off = off;
+            live[k].len = len;
+            used += units * ALIGN;
+        }
+        check_free_list(&rs);
+        assert_int_equal(patd_ranges_free_bytes(&rs), UNITS * ALIGN - used);
+    }
+    for (int k = 0; k < LIVE; k++)
+        if (live[k].len)
+            patd_ranges_free(&rs, live[k].off, live[k].len);
+    assert_int_equal(rs.n, 1); /* everything merged back into one range */
+    assert_int_equal(rs.free[0].off, 0);
+    assert_int_equal(rs.free[0].len, UNITS * ALIGN);
+    uint64_t off;
+    assert_int_equal(patd_ranges_alloc(&rs, UNITS * ALIGN + 1, &off), -ENOMEM);
+    assert_int_equal(patd_ranges_alloc(&rs, UNITS * ALIGN, &off), 0);
+    assert_int_equal(rs.n, 0);
+    assert_int_equal(patd_ranges_alloc(&rs, 1, &off), -ENOMEM);
+    patd_ranges_done(&rs);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_step_moves),
+        cmocka_unit_test_setup_teardown(test_config_parse, cfg_setup, cfg_teardown),
+        cmocka_unit_test_setup_teardown(test_config_reload, cfg_setup, cfg_teardown),
+        cmocka_unit_test(test_ranges),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
