@@ -70,7 +70,7 @@ NVCCFLAGS := -std=c++17 -O3 -g -lineinfo $(NVCC_GENCODE) -Werror all-warnings \
 
 # ---------------------------------------------------------------- sources
 KV_SRCS    := kvcache/kv_pool.c kvcache/kv_seq.c
-SCHED_SRCS := scheduler/sched_forest.c scheduler/sched_pack.c scheduler/sched_plan.c
+SCHED_SRCS := scheduler/sched_forest.c scheduler/sched_pack.c scheduler/sched_plan.c scheduler/sched_cost.c
 KERN_SRCS  := kernels/kern_backend.c kernels/cpu/kern_cpu.c
 CUDA_SRCS  := kernels/cuda/kern_cuda.cu kernels/cuda/kern_cuda_attn.cu \
               kernels/cuda/kern_cuda_lane.cu kernels/cuda/kern_cuda_kv.cu \

@@ -1,5 +1,7 @@
 /*
- * sched_int.h — scheduler internals shared by sched_pack.c and sched_plan.c.
+ * sched_int.h — scheduler internals: the types shared by sched_pack.c (packs), sched_cost.c (the
+ * cost model) and sched_plan.c (the plan), and the state of a sched_t. Types and inline helpers
+ * only; each file's functions are declared by its own header or section below.
  */
 #ifndef SCHED_INT_H
 #define SCHED_INT_H
@@ -21,8 +23,9 @@ typedef struct sched__packset {
     uint32_t nq, qcap;
     uint8_t tree;      /* TREE: no packs; q lists every query in DFS order (sched_plan.c cuts it) */
     uint32_t tree_tok; /* TREE: query tokens per CTA, the tile m the model chose / group */
-    uint64_t bytes;    /* modelled bytes (sched__packset_bytes) */
-    double ns; /* modelled time of one layer, before any long-KV split (sched__makespan_ns) */
+    uint64_t bytes;    /* modelled bytes of one KV head, before any long-KV split: KV + Q +
+                          partials (sched_cost.c), equal to those of the plan built from it */
+    double ns;         /* modelled time of one layer, before any long-KV split (sched__tally_ns) */
 } sched__packset_t;
 
 /* Model constants derived once from the config. */
@@ -34,6 +37,23 @@ typedef struct sched__model {
     uint64_t ic_row;        /* bytes of one fp32 partial row written and read back */
     uint64_t q_row;         /* bytes of one Q row (one q head) */
 } sched__model_t;
+
+/* A query token row of a CTA while the plan is built: sched_plan_row_t before its output slot
+ * (dst, merge) is known. */
+typedef struct sched__row {
+    uint32_t q_tok; /* row of Q/O in the step */
+    uint32_t limit; /* causal limit: attends to absolute positions < limit */
+} sched__row_t;
+
+/* A CTA while the plan is built (before and after the long-KV split): sched_plan_cta_t before its
+ * tile shape is numbered among the plan's groups. */
+typedef struct sched__cta {
+    uint32_t row_begin, row_count; /* its rows in prow[] (pre-split) or rows[] */
+    uint32_t seg_begin, seg_count; /* its segments in pseg[] (pre-split) or segs[] */
+    uint32_t kv_tokens;            /* sum of its segments' lengths */
+    uint32_t pack;                 /* pack it came from (diagnostics, split parts share it) */
+    uint32_t shape;                /* emit: m index x n_n + n index in the tile table */
+} sched__cta_t;
 
 /* A KV segment of a CTA while the plan is built: sched_plan_seg_t with its pages still in their
  * source run (psrc[] index and the segment's first page within it). */
@@ -69,17 +89,17 @@ struct sched {
     /* plan building */
     void *arena;
     uint32_t arena_cap;
-    sched_plan_cta_t *pre; /* CTAs before the long-KV split, their segments and rows */
+    sched__cta_t *pre; /* CTAs before the long-KV split, their segments and rows */
     uint32_t n_pre, pre_cap;
     sched__seg_t *pseg;
     uint32_t n_pseg, pseg_cap;
-    sched_plan_row_t *prow;
+    sched__row_t *prow;
     uint32_t n_prow, prow_cap;
-    sched_plan_cta_t *ctas; /* the plan's CTAs, segments and rows */
+    sched__cta_t *ctas; /* the plan's CTAs, segments and rows */
     uint32_t n_ctas, ctas_cap;
     sched__seg_t *segs;
     uint32_t n_segs, segs_cap;
-    sched_plan_row_t *rows;
+    sched__row_t *rows;
     uint32_t n_rows, rows_cap;
     uint32_t *path; /* TREE: one query's nodes, top first */
     uint32_t path_cap;
@@ -87,9 +107,10 @@ struct sched {
     uint32_t stk_cap;
     sched__apart_t *apart; /* TREE: the current CTA's nodes kept apart */
     uint32_t n_apart, apart_cap;
-    sched_plan_row_t *chunk_rows; /* TREE: the rows of the CTA whose apart nodes are laid out */
-    uint32_t *row_map;            /* split: a CTA's row -> its part's row (tok_per_chunk entries) */
-    sched__psrc_t *psrc;          /* page runs of the pre-split CTAs, copied once into the plan */
+    sched__row_t *chunk_rows; /* tok_per_chunk: the rows of one chunk (sched__chunks_walk), or
+                                 TREE: of the CTA whose apart nodes are laid out */
+    uint32_t *row_map;        /* split: a CTA's row -> its part's row (tok_per_chunk entries) */
+    sched__psrc_t *psrc;      /* page runs of the pre-split CTAs, copied once into the plan */
     uint32_t n_psrc, psrc_cap;
     uint32_t n_pages;
     uint32_t *tok_parts; /* max_tokens: CTAs per query token, then next slot */
@@ -101,28 +122,9 @@ struct sched {
     sched_stats_t st;
 };
 
-/* The time model (sched_tiles_t.cost; sched_plan.c): modelled ns of one work item (a CTA for one
- * KV head) reading kv_tokens in `tiles` KV tiles of tn tokens with an m-row tile for `rows` query
- * rows, partial_rows of which write fp32 partials that a merge reads back; and the makespan of
- * n_items such items of total sum_ns and longest max_ns.
- * Without a cost model both are bytes (1 byte = 1 ns), so every comparison falls back to bytes. */
-double sched__item_ns(const sched_t *s, uint64_t kv_tokens, uint64_t tiles, uint32_t tn, uint32_t m,
-                      uint32_t rows, uint32_t partial_rows);
-/* TREE's model before any split: bytes and time of its CTAs (sched_plan.c). */
-void sched__tree_cost(sched_t *s, sched__packset_t *ps);
-/* slots an item with an m-row tile holds (sched_tiles_t.pair_m); makespan sums are in slot units:
- * sum_ns of units x time, n_items of units */
-uint32_t sched__item_units(const sched_t *s, uint32_t m);
-double sched__makespan_ns(const sched_t *s, double sum_ns, double max_ns, uint64_t n_items);
-uint32_t sched__pick_m(const sched_tiles_t *t, uint32_t rows);
-uint32_t sched__pick_n(const sched_tiles_t *t, uint32_t kv_tokens);
-
-/* Packs the forest under a policy (BYTES, PAPER or QUERY) into *out and models its bytes. */
+/* Packs the forest under a policy (BYTES, PAPER, QUERY or TREE) into *out (sched_pack.c); the
+ * caller models it (sched_cost.h; TREE: sched_plan.c, which cuts its CTAs). */
 void sched__pack_run(sched_t *s, sched_policy_t pol, sched__packset_t *out);
-/* Ensures s->cand[s->chosen] is a pack of the current forest (lazy: reused if still valid).
- * Returns 1 when the packs were rebuilt (AUTO: every candidate, chosen on its pre-split model;
- * sched_build then chooses again on the finished plans), 0 when reused. */
-int sched__pack_update(sched_t *s);
 void sched__packset_done(sched__packset_t *ps);
 
 /* Token range of a pack's segment: [top start, bottom end) in absolute KV positions. */

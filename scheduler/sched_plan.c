@@ -1,13 +1,20 @@
 /*
- * sched_plan.c — from packs to the plan: CTA chunking by rows (one segment per CTA) or, for TREE,
- * CTAs of block-diagonal segments along the prefix tree; causal clamps, tile selection, the
- * long-KV split of segment lists, partial slots and the merge list, serialized into one flat
- * buffer (sched_plan_fmt.h). Also the traffic model every test and benchmark reports.
+ * sched_plan.c — from the forest of a step to its plan: validation of the step's token rows, the
+ * choice of packs (lazy: reused while the forest's structure is unchanged; AUTO: the least modelled
+ * time of the finished plans of every policy), CTA chunking by rows (one segment per CTA) or, for
+ * TREE, CTAs of block-diagonal segments along the prefix tree; causal clamps, the long-KV split of
+ * segment lists, partial slots and the merge list, tile selection and launch order, serialized into
+ * one flat buffer (sched_plan_fmt.h).
+ *
+ * Depends on sched_pack.c (the packs of each policy) and sched_cost.c (the model that scores
+ * every choice, and the chunk walk that cuts packs into CTAs); neither depends on this file.
+ * TREE's model is the cost (sched__pre_cost) of the very CTAs build_tree cuts, so tree_cost, which
+ * picks TREE's CTA size on it, lives here.
  *
  * Cost: linear in CTAs + segments + rows + pages + query tokens (TREE: + the path depth per
  * query); all vectors are kept across steps, so a steady-state step allocates nothing.
  */
-#include "sched_int.h"
+#include "sched_cost.h"
 
 #include "pat_base.h"
 
@@ -44,61 +51,6 @@ static int tiles_valid(const sched_tiles_t *t)
     return t->n_upto[t->n_n - 1] == UINT32_MAX;
 }
 
-/* ------------------------------------------------------------------ time model */
-
-uint32_t sched__pick_n(const sched_tiles_t *t, uint32_t kv)
-{
-    for (uint32_t i = 0; i < t->n_n; i++)
-        if (kv <= t->n_upto[i])
-            return i;
-    return t->n_n - 1;
-}
-
-uint32_t sched__pick_m(const sched_tiles_t *t, uint32_t rows)
-{
-    for (uint32_t i = 0; i < t->n_m; i++)
-        if (t->m[i] >= rows)
-            return i;
-    return t->n_m - 1; /* unreachable: chunks never exceed m_max rows */
-}
-
-double sched__item_ns(const sched_t *s, uint64_t kv_tokens, uint64_t tiles, uint32_t tn, uint32_t m,
-                      uint32_t rows, uint32_t partial_rows)
-{
-    const sched__model_t *md = &s->mdl;
-    const sched_cost_t *c = &s->tiles.cost;
-    double bytes = (double)kv_tokens * md->kv_tok + (double)rows * md->q_row +
-                   (double)partial_rows * md->ic_row;
-    if (!c->slots)
-        return bytes;
-    /* the tensor cores compute all m rows of a tile over its n tokens, however few read it */
-    double flops = 4.0 * m * (double)tiles * tn * md->head_dim;
-    /* an item of two slots gets twice the share (sched__item_units) */
-    double share = (double)c->slots / sched__item_units(s, m);
-    double t_mem = bytes * share / c->read_gbs;           /* GB/s = bytes per ns */
-    double t_mma = flops * share / (c->mma_tflops * 1e3); /* TFLOP/s = 1e3 FLOP per ns */
-    double t_chain = (double)tiles * c->tile_us * 1e3;    /* latency, not a shared rate */
-    double t = t_mem > t_mma ? t_mem : t_mma;
-    return (t > t_chain ? t : t_chain) + c->cta_us * 1e3;
-}
-
-uint32_t sched__item_units(const sched_t *s, uint32_t m)
-{
-    return s->tiles.pair_m && m > s->tiles.pair_m ? 2 : 1;
-}
-
-double sched__makespan_ns(const sched_t *s, double sum_ns, double max_ns, uint64_t n_items)
-{
-    uint32_t slots = s->tiles.cost.slots;
-    if (!slots || !n_items)
-        return sum_ns;
-    /* waves of equal items: ceil(n / slots) x the mean item; never below the longest item,
-     * which one slot must run alone */
-    double waves = (double)PAT_DIV_UP(n_items, slots);
-    double t = sum_ns / (double)n_items * waves;
-    return t > max_ns ? t : max_ns;
-}
-
 /* ------------------------------------------------------------------ life */
 
 int sched_create(const sched_config_t *cfg, sched_t **ret)
@@ -124,23 +76,14 @@ int sched_create(const sched_config_t *cfg, sched_t **ret)
         free(s);
         return r;
     }
-    sched__model_t *m = &s->mdl;
-    m->bs = cfg->block_size;
-    m->group = group;
-    m->head_dim = cfg->head_dim;
-    m->elt = cfg->kv_elt_bytes;
-    m->m_max = t->m[t->n_m - 1];
-    m->tok_per_chunk = m->m_max / group;
-    m->kv_tok = 2ull * cfg->head_dim * cfg->kv_elt_bytes;
-    m->ic_row = (cfg->head_dim + 2ull) * 4 * 2;
-    m->q_row = (uint64_t)cfg->head_dim * cfg->kv_elt_bytes;
+    sched__model_init(&s->mdl, cfg, t);
     s->tok_parts = pat_xcalloc(cfg->max_tokens, sizeof(uint32_t));
     s->node_tok = pat_xcalloc(2ull * cfg->max_queries + 1, sizeof(uint64_t));
     s->node_merged = pat_xcalloc(2ull * cfg->max_queries + 1, 1);
     s->tok_owner = pat_xcalloc(cfg->max_tokens, sizeof(uint32_t));
     s->tok_merge = pat_xcalloc(cfg->max_tokens, sizeof(uint32_t));
-    s->row_map = pat_xcalloc(m->tok_per_chunk, sizeof(uint32_t));
-    s->chunk_rows = pat_xcalloc(m->tok_per_chunk, sizeof(sched_plan_row_t));
+    s->row_map = pat_xcalloc(s->mdl.tok_per_chunk, sizeof(uint32_t));
+    s->chunk_rows = pat_xcalloc(s->mdl.tok_per_chunk, sizeof(sched__row_t));
     *ret = s;
     return 0;
 }
@@ -186,18 +129,18 @@ void sched_get_stats(const sched_t *s, sched_stats_t *ret)
     *ret = s->st;
 }
 
-/* ------------------------------------------------------------------ building */
+/* ------------------------------------------------------------------ pass 1: CTAs of the packs */
 
-static sched_plan_row_t *row_push(sched_plan_row_t **v, uint32_t *n, uint32_t *cap)
+static sched__row_t *row_push(sched__row_t **v, uint32_t *n, uint32_t *cap)
 {
-    pat_grow((void **)v, cap, *n + 1, sizeof(sched_plan_row_t));
+    pat_grow((void **)v, cap, *n + 1, sizeof(sched__row_t));
     return &(*v)[(*n)++];
 }
 
-static sched_plan_cta_t *cta_push(sched_plan_cta_t **v, uint32_t *n, uint32_t *cap)
+static sched__cta_t *cta_push(sched__cta_t **v, uint32_t *n, uint32_t *cap)
 {
-    pat_grow((void **)v, cap, *n + 1, sizeof(sched_plan_cta_t));
-    sched_plan_cta_t *c = &(*v)[(*n)++];
+    pat_grow((void **)v, cap, *n + 1, sizeof(sched__cta_t));
+    sched__cta_t *c = &(*v)[(*n)++];
     memset(c, 0, sizeof(*c));
     return c;
 }
@@ -208,9 +151,21 @@ static sched__seg_t *seg_push(sched__seg_t **v, uint32_t *n, uint32_t *cap)
     return &(*v)[(*n)++];
 }
 
-/* Appends to the pre-split segments the stretch [b, e) of `blocks` read by the pre-split rows
- * [row_begin + lo, row_begin + hi), clamped to their largest causal limit; nothing when no row
- * reaches it. Pages are copied once, straight into the plan: the segment remembers the run. */
+/* Appends to the pre-split segments the stretch [b, e) of `blocks`, b < e, read by the CTA's rows
+ * [lo, hi). Pages are copied once, straight into the plan: the segment remembers the run. */
+static void pseg_push(sched_t *s, uint32_t lo, uint32_t hi, uint32_t b, uint32_t e,
+                      const uint32_t *blocks)
+{
+    uint32_t bs = s->mdl.bs, p0 = b / bs, p1 = PAT_DIV_UP(e, bs);
+    pat_grow((void **)&s->psrc, &s->psrc_cap, s->n_psrc + 1, sizeof(sched__psrc_t));
+    s->psrc[s->n_psrc] = (sched__psrc_t){.src = blocks + p0, .n = p1 - p0};
+    *seg_push(&s->pseg, &s->n_pseg, &s->pseg_cap) = (sched__seg_t){
+        .kv_begin = b, .kv_end = e, .psrc = s->n_psrc++, .poff = 0, .row_lo = lo, .row_hi = hi};
+    s->n_pages += p1 - p0;
+}
+
+/* pseg_push of the stretch [b, e) read by the pre-split rows [row_begin + lo, row_begin + hi),
+ * clamped to their largest causal limit; nothing when no row reaches it. */
 static void pseg_add(sched_t *s, uint32_t row_begin, uint32_t lo, uint32_t hi, uint32_t b,
                      uint32_t e, const uint32_t *blocks)
 {
@@ -218,14 +173,8 @@ static void pseg_add(sched_t *s, uint32_t row_begin, uint32_t lo, uint32_t hi, u
     for (uint32_t r = row_begin + lo; r < row_begin + hi; r++)
         lim = PAT_MAX(lim, s->prow[r].limit);
     e = PAT_MIN(e, lim);
-    if (e <= b)
-        return;
-    uint32_t bs = s->mdl.bs, p0 = b / bs, p1 = PAT_DIV_UP(e, bs);
-    pat_grow((void **)&s->psrc, &s->psrc_cap, s->n_psrc + 1, sizeof(sched__psrc_t));
-    s->psrc[s->n_psrc] = (sched__psrc_t){.src = blocks + p0, .n = p1 - p0};
-    *seg_push(&s->pseg, &s->n_pseg, &s->pseg_cap) = (sched__seg_t){
-        .kv_begin = b, .kv_end = e, .psrc = s->n_psrc++, .poff = 0, .row_lo = lo, .row_hi = hi};
-    s->n_pages += p1 - p0;
+    if (e > b)
+        pseg_push(s, lo, hi, b, e, blocks);
 }
 
 /* Closes the pre-split CTA of rows [row_begin, n_prow) and segments [seg_begin, n_pseg). */
@@ -237,7 +186,7 @@ static void pre_close(sched_t *s, uint32_t pack, uint32_t row_begin, uint32_t se
         s->n_prow = row_begin; /* every row's causal limit ends before the KV: nothing to read */
         return;
     }
-    sched_plan_cta_t *c = cta_push(&s->pre, &s->n_pre, &s->pre_cap);
+    sched__cta_t *c = cta_push(&s->pre, &s->n_pre, &s->pre_cap);
     c->row_begin = row_begin;
     c->row_count = s->n_prow - row_begin;
     c->seg_begin = seg_begin;
@@ -247,40 +196,33 @@ static void pre_close(sched_t *s, uint32_t pack, uint32_t row_begin, uint32_t se
     c->pack = pack;
 }
 
-/* Pass 1 (packs): one pre-split CTA per chunk of at most tok_per_chunk query tokens of each pack,
- * one segment read by all its rows. */
+typedef struct chunk_build {
+    sched_t *s;
+    const sched__packset_t *ps;
+} chunk_build_t;
+
+static void chunk_close(void *ctx, const sched__chunk_t *c)
+{
+    const chunk_build_t *b = ctx;
+    sched_t *s = b->s;
+    const sched_forest_t *f = s->forest;
+    /* the pack's segment lies in the block table of its bottom node's representative */
+    const uint32_t *blocks = f->q[f->node[b->ps->p[c->pack].bottom].rep].blocks;
+    uint32_t row_begin = s->n_prow, seg_begin = s->n_pseg;
+    pat_grow((void **)&s->prow, &s->prow_cap, s->n_prow + c->n_rows, sizeof(sched__row_t));
+    memcpy(s->prow + row_begin, c->rows, (size_t)c->n_rows * sizeof(sched__row_t));
+    s->n_prow += c->n_rows;
+    pseg_push(s, 0, c->n_rows, c->kv_begin, c->kv_end, blocks); /* the walk clamped it */
+    pre_close(s, c->pack, row_begin, seg_begin);
+}
+
+/* Pass 1 (packs): one pre-split CTA per chunk of each pack (sched__chunks_walk, the walk the
+ * model counts), one segment read by all its rows. */
 static void build_chunks(sched_t *s, const sched__packset_t *ps)
 {
-    const sched_forest_t *f = s->forest;
-    for (uint32_t pi = 0; pi < ps->n; pi++) {
-        const sched__pack_t *p = &ps->p[pi];
-        uint32_t seg_b = sched__seg_begin(f, p), seg_e = sched__seg_end(f, p);
-        if (seg_e <= seg_b)
-            continue; /* a leaf with no tokens of its own (KV ends on a shared block) */
-        const uint32_t *blocks = f->q[f->node[p->bottom].rep].blocks;
-        uint32_t row_begin = s->n_prow, in_chunk = 0;
-        for (uint32_t k = 0; k <= p->q_count; k++) {
-            const sched__query_t *q = k < p->q_count ? &f->q[ps->q[p->q_begin + k]] : NULL;
-            uint32_t n_new = q ? q->n_new : 1, first_limit = q ? q->kv_len - q->n_new + 1 : 0;
-            for (uint32_t i = 0; i < n_new; i++) {
-                if (q && first_limit + i <= seg_b)
-                    continue; /* this token sees none of the segment */
-                if (in_chunk == s->mdl.tok_per_chunk || (!q && in_chunk)) {
-                    uint32_t seg_begin = s->n_pseg;
-                    pseg_add(s, row_begin, 0, in_chunk, seg_b, seg_e, blocks);
-                    pre_close(s, pi, row_begin, seg_begin);
-                    row_begin = s->n_prow;
-                    in_chunk = 0;
-                }
-                if (!q)
-                    break;
-                sched_plan_row_t *r = row_push(&s->prow, &s->n_prow, &s->prow_cap);
-                *r = (sched_plan_row_t){
-                    .q_tok = q->tok_off + i, .limit = first_limit + i, .merge = SCHED_ROW_DIRECT};
-                in_chunk++;
-            }
-        }
-    }
+    chunk_build_t b = {.s = s, .ps = ps};
+    const sched__chunk_visit_t v = {.chunk = chunk_close, .ctx = &b, .rows = s->chunk_rows};
+    sched__chunks_walk(s, ps, &v);
 }
 
 /* The segment of node `id` on a TREE CTA's stack (CTAs of m rows), read by its rows [lo, hi):
@@ -320,7 +262,7 @@ static void tree_apart(sched_t *s, uint32_t pack)
         uint32_t b = n->start * f->bs, e = sched__node_kv_end(f, x->node);
         uint32_t r0 = s->n_prow, seg0 = s->n_pseg;
         for (uint32_t r = x->lo; r < x->hi; r++) {
-            sched_plan_row_t row = s->chunk_rows[r];
+            sched__row_t row = s->chunk_rows[r];
             if (row.limit > b) /* causal: rows that end before it read none of it */
                 *row_push(&s->prow, &s->n_prow, &s->prow_cap) = row;
         }
@@ -330,9 +272,51 @@ static void tree_apart(sched_t *s, uint32_t pack)
     s->n_apart = 0;
 }
 
+/* Fills s->path with the nodes of query q's path, top first; returns their number. */
+static uint32_t tree_path(sched_t *s, const sched__query_t *q)
+{
+    const sched_forest_t *f = s->forest;
+    uint32_t plen = 0;
+    for (uint32_t id = q->leaf; id != SCHED__ROOT; id = f->node[id].parent) {
+        pat_grow((void **)&s->path, &s->path_cap, plen + 1, sizeof(uint32_t));
+        s->path[plen++] = id;
+    }
+    for (uint32_t i = 0; i < plen / 2; i++) {
+        uint32_t t = s->path[i];
+        s->path[i] = s->path[plen - 1 - i];
+        s->path[plen - 1 - i] = t;
+    }
+    return plen;
+}
+
+/* Moves the open segments of the TREE CTA at row_begin from the previous query's path to that of
+ * the query whose first row is the CTA's row `at` (path in s->path, plen nodes): the nodes the
+ * two share stay open, the others close (read by the rows up to `at`). Returns the new depth. */
+static uint32_t tree_enter(sched_t *s, uint32_t m, uint32_t row_begin, uint32_t depth,
+                           uint32_t plen, uint32_t at)
+{
+    uint32_t common = 0;
+    while (common < depth && common < plen && s->stk_node[common] == s->path[common])
+        common++;
+    while (depth > common) {
+        depth--;
+        tree_seg(s, m, row_begin, s->stk_node[depth], s->stk_lo[depth], at);
+    }
+    if (plen > s->stk_cap) {
+        s->stk_cap = plen + plen / 2;
+        s->stk_node = pat_xrealloc(s->stk_node, s->stk_cap * sizeof(uint32_t));
+        s->stk_lo = pat_xrealloc(s->stk_lo, s->stk_cap * sizeof(uint32_t));
+    }
+    for (; depth < plen; depth++) {
+        s->stk_node[depth] = s->path[depth];
+        s->stk_lo[depth] = at;
+    }
+    return depth;
+}
+
 /* Pass 1 (TREE): the queries in DFS order (ps->q) cut into CTAs of at most ps->tree_tok query
- * tokens (sched__tree_cost chose it); in DFS order the readers of every node are a run of rows, so
- * each CTA reads each node of its rows' paths once, as one segment. A stack holds the path of the
+ * tokens (tree_cost chose it); in DFS order the readers of every node are a run of rows, so each
+ * CTA reads each node of its rows' paths once, as one segment. A stack holds the path of the
  * previous query: nodes it shares with the next stay open, the others close. */
 static void build_tree(sched_t *s, const sched__packset_t *ps)
 {
@@ -349,37 +333,13 @@ static void build_tree(sched_t *s, const sched__packset_t *ps)
              * read more KV than query-centric attention on azure_code_sample) */
             if (tok == 0 && s->n_prow > row_begin && q->n_new > cap - (s->n_prow - row_begin))
                 break;
-            uint32_t plen = 0;
-            for (uint32_t id = q->leaf; id != SCHED__ROOT; id = f->node[id].parent) {
-                pat_grow((void **)&s->path, &s->path_cap, plen + 1, sizeof(uint32_t));
-                s->path[plen++] = id;
-            }
-            for (uint32_t i = 0; i < plen / 2; i++) { /* top first */
-                uint32_t t = s->path[i];
-                s->path[i] = s->path[plen - 1 - i];
-                s->path[plen - 1 - i] = t;
-            }
-            uint32_t common = 0, at = s->n_prow - row_begin;
-            while (common < depth && common < plen && s->stk_node[common] == s->path[common])
-                common++;
-            while (depth > common) {
-                depth--;
-                tree_seg(s, m, row_begin, s->stk_node[depth], s->stk_lo[depth], at);
-            }
-            if (plen > s->stk_cap) {
-                s->stk_cap = plen + plen / 2;
-                s->stk_node = pat_xrealloc(s->stk_node, s->stk_cap * sizeof(uint32_t));
-                s->stk_lo = pat_xrealloc(s->stk_lo, s->stk_cap * sizeof(uint32_t));
-            }
-            for (; depth < plen; depth++) {
-                s->stk_node[depth] = s->path[depth];
-                s->stk_lo[depth] = at;
-            }
+            uint32_t at = s->n_prow - row_begin;
+            depth = tree_enter(s, m, row_begin, depth, tree_path(s, q), at);
             uint32_t take = PAT_MIN(q->n_new - tok, cap - at);
             uint32_t first_limit = q->kv_len - q->n_new + 1;
             for (uint32_t i = tok; i < tok + take; i++)
-                *row_push(&s->prow, &s->n_prow, &s->prow_cap) = (sched_plan_row_t){
-                    .q_tok = q->tok_off + i, .limit = first_limit + i, .merge = SCHED_ROW_DIRECT};
+                *row_push(&s->prow, &s->n_prow, &s->prow_cap) =
+                    (sched__row_t){.q_tok = q->tok_off + i, .limit = first_limit + i};
             tok += take;
             if (tok == q->n_new) {
                 k++;
@@ -392,143 +352,10 @@ static void build_tree(sched_t *s, const sched__packset_t *ps)
             tree_seg(s, m, row_begin, s->stk_node[depth], s->stk_lo[depth], at);
         }
         if (s->n_apart)
-            memcpy(s->chunk_rows, s->prow + row_begin, at * sizeof(sched_plan_row_t));
+            memcpy(s->chunk_rows, s->prow + row_begin, at * sizeof(sched__row_t));
         pre_close(s, cta, row_begin, seg_begin);
         tree_apart(s, cta++);
     }
-}
-
-/* The modelled time of a CTA of `rows` q-head rows over its segments (partial_rows of them
- * written as partials): every segment starts a KV tile of its own, and a tile costs the CTA the
- * time of the whole m-row tile however few of its 16-row bands read it (each band is one warp's;
- * a band that skips a tile leaves its tensor cores to the other CTA on the SM, not to its own). */
-static double cta_ns(const sched_t *s, const sched__seg_t *sg, uint32_t n, uint32_t rows,
-                     uint32_t kv_tokens, uint32_t partial_rows)
-{
-    const sched_tiles_t *t = &s->tiles;
-    uint32_t tn = t->n[sched__pick_n(t, kv_tokens)];
-    uint64_t tiles = 0;
-    for (uint32_t i = 0; i < n; i++)
-        tiles += PAT_DIV_UP(sg[i].kv_end - sg[i].kv_begin, tn);
-    return sched__item_ns(s, kv_tokens, tiles, tn, t->m[sched__pick_m(t, rows)], rows,
-                          partial_rows);
-}
-
-/* Pass 2: copy pre-split CTAs to the final list, cutting the long ones along KV: a CTA's segments,
- * end to end, are cut into near-equal parts at block boundaries; a part keeps the rows that read
- * any of its stretch (renumbered) and is dropped when none does. */
-/* fill: apply the tile table's min_ctas rule (see sched_tiles_t) */
-static int build_split(sched_t *s, int fill)
-{
-    int applied = 0;
-    uint64_t sum = 0;
-    for (uint32_t i = 0; i < s->n_pre; i++)
-        sum += s->pre[i].kv_tokens;
-    uint64_t mean = s->n_pre ? sum / s->n_pre : 0;
-    uint64_t target = PAT_MAX(mean, (uint64_t)s->cfg.split_min_kv);
-    uint64_t limit = target * s->cfg.split_factor; /* outliers only */
-    uint64_t items = (uint64_t)s->n_pre * s->cfg.kv_heads;
-    if (fill && s->tiles.min_ctas && items < s->tiles.min_ctas) {
-        /* too few work items to fill the device: every CTA longer than the length that gives
-         * min_ctas items is cut (never below split_min_kv) */
-        uint64_t fill_len = PAT_DIV_UP(sum * s->cfg.kv_heads, s->tiles.min_ctas);
-        uint64_t t = PAT_MAX(PAT_MIN(target, fill_len), (uint64_t)s->cfg.split_min_kv);
-        applied = t < limit;
-        target = limit = t;
-    }
-    uint32_t bs = s->mdl.bs;
-    s->n_ctas = s->n_segs = s->n_rows = 0;
-    for (uint32_t i = 0; i < s->n_pre; i++) {
-        const sched_plan_cta_t c = s->pre[i];
-        const sched__seg_t *sg = s->pseg + c.seg_begin;
-        const sched_plan_row_t *rw = s->prow + c.row_begin;
-        if (s->cfg.split_min_kv == 0 || c.kv_tokens <= limit) {
-            sched_plan_cta_t *pc = cta_push(&s->ctas, &s->n_ctas, &s->ctas_cap);
-            *pc = c;
-            pc->row_begin = s->n_rows;
-            pc->seg_begin = s->n_segs;
-            for (uint32_t r = 0; r < c.row_count; r++)
-                *row_push(&s->rows, &s->n_rows, &s->rows_cap) = rw[r];
-            for (uint32_t k = 0; k < c.seg_count; k++)
-                *seg_push(&s->segs, &s->n_segs, &s->segs_cap) = sg[k];
-            continue;
-        }
-        uint32_t parts = (uint32_t)PAT_DIV_UP(c.kv_tokens, target);
-        uint32_t part_len = (uint32_t)PAT_DIV_UP(PAT_DIV_UP(c.kv_tokens, parts), bs) * bs;
-        uint32_t k = 0, pos = sg[0].kv_begin;
-        while (k < c.seg_count) {
-            /* the part's stretch: from (k, pos) on, part_len tokens, cut at block boundaries */
-            uint32_t seg0 = s->n_segs, acc = 0;
-            while (k < c.seg_count && acc < part_len) {
-                uint32_t want = PAT_DIV_UP(pos + (part_len - acc), bs) * bs;
-                uint32_t e = PAT_MIN(sg[k].kv_end, want);
-                *seg_push(&s->segs, &s->n_segs, &s->segs_cap) =
-                    (sched__seg_t){.kv_begin = pos,
-                                   .kv_end = e,
-                                   .psrc = sg[k].psrc,
-                                   .poff = sg[k].poff + pos / bs - sg[k].kv_begin / bs,
-                                   .row_lo = sg[k].row_lo,
-                                   .row_hi = sg[k].row_hi};
-                acc += e - pos;
-                pos = e;
-                if (pos == sg[k].kv_end && ++k < c.seg_count)
-                    pos = sg[k].kv_begin;
-            }
-            /* its readers: rows of a segment whose causal limit reaches its stretch */
-            uint32_t *map = s->row_map, row0 = s->n_rows;
-            for (uint32_t r = 0; r < c.row_count; r++)
-                map[r] = UINT32_MAX;
-            for (uint32_t j = seg0; j < s->n_segs; j++)
-                for (uint32_t r = s->segs[j].row_lo; r < s->segs[j].row_hi; r++)
-                    if (rw[r].limit > s->segs[j].kv_begin)
-                        map[r] = 0;
-            for (uint32_t r = 0; r < c.row_count; r++)
-                if (map[r] == 0) {
-                    map[r] = s->n_rows - row0;
-                    *row_push(&s->rows, &s->n_rows, &s->rows_cap) = rw[r];
-                }
-            /* renumber each segment's run to the kept rows; clamp it to their limits */
-            uint32_t out = seg0, kv = 0;
-            for (uint32_t j = seg0; j < s->n_segs; j++) {
-                sched__seg_t x = s->segs[j];
-                uint32_t lo = UINT32_MAX, hi = 0, lim = 0;
-                for (uint32_t r = x.row_lo; r < x.row_hi; r++)
-                    if (map[r] != UINT32_MAX && rw[r].limit > x.kv_begin) {
-                        lo = PAT_MIN(lo, map[r]);
-                        hi = map[r] + 1;
-                        lim = PAT_MAX(lim, rw[r].limit);
-                    }
-                if (hi == 0)
-                    continue;
-                x.row_lo = lo;
-                x.row_hi = hi;
-                x.kv_end = PAT_MIN(x.kv_end, lim);
-                kv += x.kv_end - x.kv_begin;
-                s->segs[out++] = x;
-            }
-            s->n_segs = out;
-            if (s->n_rows == row0) {
-                s->n_segs = seg0;
-                continue;
-            }
-            sched_plan_cta_t *pc = cta_push(&s->ctas, &s->n_ctas, &s->ctas_cap);
-            pc->row_begin = row0;
-            pc->row_count = s->n_rows - row0;
-            pc->seg_begin = seg0;
-            pc->seg_count = s->n_segs - seg0;
-            pc->kv_tokens = kv;
-            pc->pack = c.pack;
-        }
-    }
-    return applied;
-}
-
-#define KEYS 127u /* launch-order keys: 4 per octave of modelled ns */
-
-static uint8_t time_key(double ns)
-{
-    int k = ns >= 1.0 ? (int)(log2(ns) * 4.0) : 0;
-    return (uint8_t)(k > (int)KEYS ? (int)KEYS : k);
 }
 
 /* Pass 1 for either kind of pack set. */
@@ -541,41 +368,22 @@ static void pre_build(sched_t *s, const sched__packset_t *ps)
         build_chunks(s, ps);
 }
 
-/* TREE's model with CTAs of at most ps->tree_tok query tokens */
+/* ------------------------------------------------------------------ packs and their model */
+
+/* AUTO's candidates, in the order ties are broken (the first listed wins). */
+static const sched_policy_t auto_order[] = {SCHED_POLICY_BYTES, SCHED_POLICY_PAPER,
+                                            SCHED_POLICY_QUERY, SCHED_POLICY_TREE};
+#define N_AUTO (sizeof(auto_order) / sizeof(auto_order[0]))
+
+/* TREE's model with CTAs of at most ps->tree_tok query tokens: the cost of the very CTAs pass 1
+ * cuts, before any split. */
 static void tree_cost_at(sched_t *s, sched__packset_t *ps)
 {
-    /* as packset_cost models a pack set: its CTAs before any split, no partials */
     pre_build(s, ps);
-    const sched__model_t *m = &s->mdl;
-    uint64_t bytes = 0, units = 0;
-    double sum = 0, max = 0;
-    for (uint32_t i = 0; i < s->n_pre; i++) {
-        const sched_plan_cta_t *c = &s->pre[i];
-        uint32_t rows = c->row_count * m->group;
-        double t = cta_ns(s, s->pseg + c->seg_begin, c->seg_count, rows, c->kv_tokens, 0);
-        uint32_t u = sched__item_units(s, s->tiles.m[sched__pick_m(&s->tiles, rows)]);
-        bytes += c->kv_tokens * m->kv_tok + rows * m->q_row;
-        sum += u * t;
-        units += u;
-        max = t > max ? t : max;
-    }
-    /* rows of a token read by several CTAs (a node kept apart) write partials a merge reads */
-    uint32_t *cnt = s->tok_parts;
-    for (uint32_t i = 0; i < s->n_prow; i++)
-        cnt[s->prow[i].q_tok] = 0;
-    for (uint32_t i = 0; i < s->n_prow; i++)
-        cnt[s->prow[i].q_tok]++;
-    uint64_t partial_rows = 0;
-    for (uint32_t i = 0; i < s->n_prow; i++)
-        partial_rows += cnt[s->prow[i].q_tok] > 1 ? m->group : 0;
-    bytes += partial_rows * m->ic_row;
-    sum += sched__item_ns(s, 0, 0, 0, 0, 0, (uint32_t)PAT_MIN(partial_rows, UINT32_MAX)) -
-           sched__item_ns(s, 0, 0, 0, 0, 0, 0);
-    ps->bytes = bytes;
-    ps->ns = sched__makespan_ns(s, sum * s->cfg.kv_heads, max, units * s->cfg.kv_heads);
+    sched__pre_cost(s, ps);
 }
 
-void sched__tree_cost(sched_t *s, sched__packset_t *ps)
+static void tree_cost(sched_t *s, sched__packset_t *ps)
 {
     /* The CTA size, chosen on the model among the tile m's that hold a query token's group: big
      * CTAs read a shared prefix fewer times, small ones walk fewer private segments one after
@@ -603,29 +411,229 @@ void sched__tree_cost(sched_t *s, sched__packset_t *ps)
     ps->bytes = best_bytes;
 }
 
-/* Chunks, splits (fill: see build_split), counts each token's CTAs (tok_parts) and gives each
- * split token its first partial slot (tok_owner); models each CTA's time (cta_ns) and the plan's
- * makespan. Returns whether the fill rule cut anything beyond the outlier split. */
-static int ctas_build(sched_t *s, const sched__packset_t *ps, int fill, uint32_t n_tokens,
-                      uint32_t *ret_partials, uint32_t *ret_merges, double *ret_ns)
+/* Packs the forest under pol into s->cand[pol] and models it. */
+static void pack_model(sched_t *s, sched_policy_t pol)
+{
+    sched__packset_t *ps = &s->cand[pol];
+    sched__pack_run(s, pol, ps);
+    if (ps->tree)
+        tree_cost(s, ps);
+    else
+        sched__packset_cost(s, ps);
+}
+
+/* Ensures s->cand[s->chosen] is a pack of the current forest (lazy: reused while the forest's
+ * structure version is unchanged). Returns 1 when the packs were rebuilt (AUTO: every candidate,
+ * chosen here on its pre-split model; build_partials then chooses again on the finished plans),
+ * 0 when reused. */
+static int pack_update(sched_t *s)
+{
+    uint64_t v = sched_forest_version(s->forest);
+    if (s->chosen && s->pack_version == v) {
+        s->st.pack_reuses++;
+        s->st.last_pack_ns = 0;
+        return 0;
+    }
+    uint64_t t0 = pat_now_ns();
+    if (s->cfg.policy == SCHED_POLICY_AUTO) {
+        int best = 0;
+        for (size_t i = 0; i < N_AUTO; i++) {
+            pack_model(s, auto_order[i]);
+            if (!best || s->cand[auto_order[i]].ns < s->cand[best].ns)
+                best = auto_order[i];
+        }
+        s->chosen = best;
+    } else {
+        pack_model(s, s->cfg.policy);
+        s->chosen = s->cfg.policy;
+    }
+    s->pack_version = v;
+    s->st.last_pack_ns = pat_now_ns() - t0;
+    return 1;
+}
+
+/* ------------------------------------------------------------------ pass 2: long-KV split */
+
+/* Pass 2 copies the pre-split CTAs to the final list, cutting the long ones along KV: a CTA's
+ * segments, end to end, are cut into near-equal parts at block boundaries; a part keeps the rows
+ * that read any of its stretch (renumbered) and is dropped when none does. */
+
+/* The split's lengths: CTAs above *ret_limit tokens are cut into parts of about *ret_target.
+ * fill: apply the tile table's min_ctas rule (see sched_tiles_t). Returns whether that rule cut
+ * below the outlier split's limit. */
+static int split_bounds(const sched_t *s, int fill, uint64_t *ret_target, uint64_t *ret_limit)
+{
+    int applied = 0;
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < s->n_pre; i++)
+        sum += s->pre[i].kv_tokens;
+    uint64_t mean = s->n_pre ? sum / s->n_pre : 0;
+    uint64_t target = PAT_MAX(mean, (uint64_t)s->cfg.split_min_kv);
+    uint64_t limit = target * s->cfg.split_factor; /* outliers only */
+    uint64_t items = (uint64_t)s->n_pre * s->cfg.kv_heads;
+    if (fill && s->tiles.min_ctas && items < s->tiles.min_ctas) {
+        /* too few work items to fill the device: every CTA longer than the length that gives
+         * min_ctas items is cut (never below split_min_kv) */
+        uint64_t fill_len = PAT_DIV_UP(sum * s->cfg.kv_heads, s->tiles.min_ctas);
+        uint64_t t = PAT_MAX(PAT_MIN(target, fill_len), (uint64_t)s->cfg.split_min_kv);
+        applied = t < limit;
+        target = limit = t;
+    }
+    *ret_target = target;
+    *ret_limit = limit;
+    return applied;
+}
+
+/* A pre-split CTA kept whole. */
+static void split_copy(sched_t *s, const sched__cta_t *c)
+{
+    sched__cta_t *pc = cta_push(&s->ctas, &s->n_ctas, &s->ctas_cap);
+    *pc = *c;
+    pc->row_begin = s->n_rows;
+    pc->seg_begin = s->n_segs;
+    for (uint32_t r = 0; r < c->row_count; r++)
+        *row_push(&s->rows, &s->n_rows, &s->rows_cap) = s->prow[c->row_begin + r];
+    for (uint32_t k = 0; k < c->seg_count; k++)
+        *seg_push(&s->segs, &s->n_segs, &s->segs_cap) = s->pseg[c->seg_begin + k];
+}
+
+/* Appends to segs[] the stretch of CTA c's segments from (*k, *pos) on: part_len tokens, cut at
+ * block boundaries; advances (*k, *pos) past it. */
+static void split_stretch(sched_t *s, const sched__cta_t *c, uint32_t part_len, uint32_t *k,
+                          uint32_t *pos)
+{
+    const sched__seg_t *sg = s->pseg + c->seg_begin;
+    uint32_t bs = s->mdl.bs, acc = 0;
+    while (*k < c->seg_count && acc < part_len) {
+        const sched__seg_t *x = &sg[*k];
+        uint32_t want = PAT_DIV_UP(*pos + (part_len - acc), bs) * bs;
+        uint32_t e = PAT_MIN(x->kv_end, want);
+        *seg_push(&s->segs, &s->n_segs, &s->segs_cap) =
+            (sched__seg_t){.kv_begin = *pos,
+                           .kv_end = e,
+                           .psrc = x->psrc,
+                           .poff = x->poff + *pos / bs - x->kv_begin / bs,
+                           .row_lo = x->row_lo,
+                           .row_hi = x->row_hi};
+        acc += e - *pos;
+        *pos = e;
+        if (*pos == x->kv_end && ++*k < c->seg_count)
+            *pos = sg[*k].kv_begin;
+    }
+}
+
+/* Closes the part of CTA c whose stretch is segs[seg0, n_segs): its readers are the rows of a
+ * segment whose causal limit reaches it, renumbered; each segment's run of rows is renumbered to
+ * them and clamped to their limits. A part no row reads is dropped. */
+static void split_close(sched_t *s, const sched__cta_t *c, uint32_t seg0)
+{
+    const sched__row_t *rw = s->prow + c->row_begin;
+    uint32_t *map = s->row_map, row0 = s->n_rows;
+    for (uint32_t r = 0; r < c->row_count; r++)
+        map[r] = UINT32_MAX;
+    for (uint32_t j = seg0; j < s->n_segs; j++)
+        for (uint32_t r = s->segs[j].row_lo; r < s->segs[j].row_hi; r++)
+            if (rw[r].limit > s->segs[j].kv_begin)
+                map[r] = 0;
+    for (uint32_t r = 0; r < c->row_count; r++)
+        if (map[r] == 0) {
+            map[r] = s->n_rows - row0;
+            *row_push(&s->rows, &s->n_rows, &s->rows_cap) = rw[r];
+        }
+    uint32_t out = seg0, kv = 0;
+    for (uint32_t j = seg0; j < s->n_segs; j++) {
+        sched__seg_t x = s->segs[j];
+        uint32_t lo = UINT32_MAX, hi = 0, lim = 0;
+        for (uint32_t r = x.row_lo; r < x.row_hi; r++)
+            if (map[r] != UINT32_MAX && rw[r].limit > x.kv_begin) {
+                lo = PAT_MIN(lo, map[r]);
+                hi = map[r] + 1;
+                lim = PAT_MAX(lim, rw[r].limit);
+            }
+        if (hi == 0)
+            continue;
+        x.row_lo = lo;
+        x.row_hi = hi;
+        x.kv_end = PAT_MIN(x.kv_end, lim);
+        kv += x.kv_end - x.kv_begin;
+        s->segs[out++] = x;
+    }
+    s->n_segs = out;
+    if (s->n_rows == row0) {
+        s->n_segs = seg0;
+        return;
+    }
+    sched__cta_t *pc = cta_push(&s->ctas, &s->n_ctas, &s->ctas_cap);
+    pc->row_begin = row0;
+    pc->row_count = s->n_rows - row0;
+    pc->seg_begin = seg0;
+    pc->seg_count = s->n_segs - seg0;
+    pc->kv_tokens = kv;
+    pc->pack = c->pack;
+}
+
+/* A pre-split CTA cut into parts of about target tokens. */
+static void split_cut(sched_t *s, const sched__cta_t *c, uint64_t target)
+{
+    uint32_t bs = s->mdl.bs;
+    uint32_t parts = (uint32_t)PAT_DIV_UP(c->kv_tokens, target);
+    uint32_t part_len = (uint32_t)PAT_DIV_UP(PAT_DIV_UP(c->kv_tokens, parts), bs) * bs;
+    uint32_t k = 0, pos = s->pseg[c->seg_begin].kv_begin;
+    while (k < c->seg_count) {
+        uint32_t seg0 = s->n_segs;
+        split_stretch(s, c, part_len, &k, &pos);
+        split_close(s, c, seg0);
+    }
+}
+
+/* Pass 2; returns whether the fill rule cut anything beyond the outlier split. */
+static int build_split(sched_t *s, int fill)
+{
+    uint64_t target, limit;
+    int applied = split_bounds(s, fill, &target, &limit);
+    s->n_ctas = s->n_segs = s->n_rows = 0;
+    for (uint32_t i = 0; i < s->n_pre; i++) {
+        const sched__cta_t *c = &s->pre[i];
+        if (s->cfg.split_min_kv == 0 || c->kv_tokens <= limit)
+            split_copy(s, c);
+        else
+            split_cut(s, c, target);
+    }
+    return applied;
+}
+
+/* ------------------------------------------------------------------ partials */
+
+/* What a plan's CTA list adds up to, for the emit. */
+typedef struct plan_sums {
+    uint32_t n_tokens;   /* query token rows of the step (rows of Q and O) */
+    uint32_t n_partials; /* partial slots of one KV head and q head */
+    uint32_t n_merges;   /* tokens read by more than one CTA */
+    double ns;           /* modelled time of one layer */
+} plan_sums_t;
+
+/* Counts each token's CTAs (tok_parts) and gives each split token its first partial slot
+ * (tok_owner): a token read by k > 1 CTAs gets k consecutive slots and a merge entry. */
+static void count_partials(sched_t *s, plan_sums_t *sums)
 {
     uint32_t *cnt = s->tok_parts, *next = s->tok_owner;
-    pre_build(s, ps);
-    int applied = build_split(s, fill);
-
-    /* partial slots: a token read by k > 1 CTAs gets k consecutive slots and a merge entry */
-    memset(cnt, 0, (size_t)n_tokens * sizeof(uint32_t));
+    memset(cnt, 0, (size_t)sums->n_tokens * sizeof(uint32_t));
     for (uint32_t i = 0; i < s->n_ctas; i++)
         for (uint32_t r = 0; r < s->ctas[i].row_count; r++)
             cnt[s->rows[s->ctas[i].row_begin + r].q_tok]++;
-    uint32_t n_partials = 0, n_merges = 0;
-    for (uint32_t t = 0; t < n_tokens; t++) {
-        next[t] = n_partials;
+    sums->n_partials = sums->n_merges = 0;
+    for (uint32_t t = 0; t < sums->n_tokens; t++) {
+        next[t] = sums->n_partials;
         if (cnt[t] > 1) {
-            n_partials += cnt[t];
-            n_merges++;
+            sums->n_partials += cnt[t];
+            sums->n_merges++;
         }
     }
+}
+
+/* Models each CTA's time (cta_ns) and the plan's makespan (sums->ns); after count_partials. */
+static void time_ctas(sched_t *s, plan_sums_t *sums)
+{
     if (s->n_ctas > s->cta_ns_cap) {
         s->cta_ns_cap = s->n_ctas + s->n_ctas / 2;
         free(s->cta_ns);
@@ -633,33 +641,23 @@ static int ctas_build(sched_t *s, const sched__packset_t *ps, int fill, uint32_t
         s->cta_ns = pat_xmalloc(s->cta_ns_cap * sizeof(double));
         s->cta_key = pat_xmalloc(s->cta_ns_cap);
     }
-    double sum = 0, max = 0;
-    uint64_t units = 0;
-    for (uint32_t i = 0; i < s->n_ctas; i++) {
-        const sched_plan_cta_t *c = &s->ctas[i];
-        uint32_t partial = 0;
-        for (uint32_t r = c->row_begin; r < c->row_begin + c->row_count; r++)
-            partial += cnt[s->rows[r].q_tok] > 1;
-        uint32_t rows = c->row_count * s->mdl.group;
-        double t = cta_ns(s, s->segs + c->seg_begin, c->seg_count, rows, c->kv_tokens,
-                          partial * s->mdl.group);
-        uint32_t u = sched__item_units(s, s->tiles.m[sched__pick_m(&s->tiles, rows)]);
-        s->cta_ns[i] = t;
-        sum += u * t;
-        units += u;
-        max = t > max ? t : max;
-    }
-    uint32_t kvh = s->cfg.kv_heads;
-    *ret_ns = sched__makespan_ns(s, sum * kvh, max, units * kvh);
-    *ret_partials = n_partials;
-    *ret_merges = n_merges;
+    sums->ns = sched__ctas_ns(s, s->tok_parts);
+}
+
+/* Chunks, splits (fill: see build_split), counts partials and models the CTAs. Returns whether
+ * the fill rule cut anything beyond the outlier split. */
+static int ctas_build(sched_t *s, const sched__packset_t *ps, int fill, plan_sums_t *sums)
+{
+    pre_build(s, ps);
+    int applied = build_split(s, fill);
+    count_partials(s, sums);
+    time_ctas(s, sums);
     return applied;
 }
 
 /* The CTA list of a pack set with the fill split decided (see sched_build): 0, or -ENOSPC when
  * even the outlier splits need more partial slots than the backend holds. */
-static int plan_ctas(sched_t *s, const sched__packset_t *ps, uint32_t n_tokens,
-                     uint32_t *ret_partials, uint32_t *ret_merges, double *ret_ns)
+static int plan_ctas(sched_t *s, const sched__packset_t *ps, plan_sums_t *sums)
 {
     /* The fill split is an optimization: it is kept only when it fits the backend's partial
      * slots and, with a cost model, when the model finds it faster than outlier splits alone
@@ -668,14 +666,14 @@ static int plan_ctas(sched_t *s, const sched__packset_t *ps, uint32_t n_tokens,
     /* TREE is never fill-split: its CTAs exist to read whole paths without partials, and cut
      * into parts they measured up to 2.4x their modelled time (H100, 256-query trees at 16/8
      * and 32/8); a TREE plan with too few work items loses to a pack plan on the model instead */
-    int applied = ctas_build(s, ps, !ps->tree, n_tokens, ret_partials, ret_merges, ret_ns);
+    int applied = ctas_build(s, ps, !ps->tree, sums);
     if (applied) {
-        int fits = !s->cfg.max_partials || *ret_partials <= s->cfg.max_partials;
+        int fits = !s->cfg.max_partials || sums->n_partials <= s->cfg.max_partials;
         if (!fits || s->tiles.cost.slots) {
-            double ns_fill = *ret_ns;
-            ctas_build(s, ps, 0, n_tokens, ret_partials, ret_merges, ret_ns);
-            if (fits && ns_fill < *ret_ns) {
-                ctas_build(s, ps, 1, n_tokens, ret_partials, ret_merges, ret_ns);
+            double ns_fill = sums->ns;
+            ctas_build(s, ps, 0, sums);
+            if (fits && ns_fill < sums->ns) {
+                ctas_build(s, ps, 1, sums);
                 s->st.fill_kept++;
             } else {
                 s->st.fill_dropped++;
@@ -684,22 +682,18 @@ static int plan_ctas(sched_t *s, const sched__packset_t *ps, uint32_t n_tokens,
             s->st.fill_kept++;
         }
     }
-    return s->cfg.max_partials && *ret_partials > s->cfg.max_partials ? -ENOSPC : 0;
+    return s->cfg.max_partials && sums->n_partials > s->cfg.max_partials ? -ENOSPC : 0;
 }
 
-static uint32_t align16(uint32_t x)
-{
-    return (x + 15u) & ~15u;
-}
+/* ------------------------------------------------------------------ building */
 
-int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
+/* The step's query token rows: inside max_tokens, no two queries on one row. Sets
+ * sums->n_tokens (one past the last row used); -EINVAL otherwise. Uses tok_owner. */
+static int build_validate(sched_t *s, plan_sums_t *sums)
 {
-    uint64_t t0 = pat_now_ns();
     const sched_forest_t *f = s->forest;
     if (f->n_in == 0)
         return -ENODATA;
-
-    /* query token rows: inside max_tokens, no two queries on one row */
     uint32_t n_tokens = 0;
     for (uint32_t i = 0; i < f->n_in; i++) {
         const sched__query_t *q = &f->q[f->in_list[i]];
@@ -717,116 +711,155 @@ int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
             s->tok_owner[t] = qid;
         }
     }
+    sums->n_tokens = n_tokens;
+    return 0;
+}
 
-    int rebuilt = sched__pack_update(s);
-    uint32_t n_partials = 0, n_merges = 0;
-    double ns = 0;
+/* The packs (reused or rebuilt and chosen) and the final CTA list with its partial slots. Returns
+ * 0 or -ENOSPC (plan_ctas). Nothing is written to the arena. */
+static int build_partials(sched_t *s, plan_sums_t *sums)
+{
+    int rebuilt = pack_update(s);
     if (rebuilt && s->cfg.policy == SCHED_POLICY_AUTO) {
         /* the packs' own model cannot see the long-KV split that follows them (measured: a
          * query-centric pack of 10 queries looked faster than the shared one before the split and
          * ran at 1.8x its time after it); choose on the modelled time of the finished plans (the
          * bytes without a time model: a TREE plan without partials before the split had more
          * after it than BYTES' on a shared 4K prompt) */
-        static const sched_policy_t order[] = {SCHED_POLICY_BYTES, SCHED_POLICY_PAPER,
-                                               SCHED_POLICY_QUERY, SCHED_POLICY_TREE};
         double best_ns = INFINITY;
-        for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++)
-            if (plan_ctas(s, &s->cand[order[i]], n_tokens, &n_partials, &n_merges, &ns) == 0 &&
-                ns < best_ns) {
-                best_ns = ns;
-                s->chosen = order[i];
+        for (size_t i = 0; i < N_AUTO; i++)
+            if (plan_ctas(s, &s->cand[auto_order[i]], sums) == 0 && sums->ns < best_ns) {
+                best_ns = sums->ns;
+                s->chosen = auto_order[i];
             }
     }
     if (rebuilt)
         s->st.chosen[s->chosen]++;
-    int rc = plan_ctas(s, &s->cand[s->chosen], n_tokens, &n_partials, &n_merges, &ns);
-    if (rc < 0)
-        return rc; /* nothing written to the arena yet: the previous plan stands */
-    uint32_t *cnt = s->tok_parts, *next = s->tok_owner;
+    return plan_ctas(s, &s->cand[s->chosen], sums);
+}
 
-    /* tile shapes and launch order: CTAs sorted by modelled time, longest first (a counting sort
-     * on a log scale: 4 keys per octave), so the long ones do not start in the last wave */
+/* ------------------------------------------------------------------ emit */
+
+#define KEYS 127u /* launch-order keys: 4 per octave of modelled ns */
+
+static uint8_t time_key(double ns)
+{
+    int k = ns >= 1.0 ? (int)(log2(ns) * 4.0) : 0;
+    return (uint8_t)(k > (int)KEYS ? (int)KEYS : k);
+}
+
+static uint32_t align16(uint32_t x)
+{
+    return (x + 15u) & ~15u;
+}
+
+/* The emit's plan of the buffer: tile shapes, launch order, array offsets. */
+typedef struct emit {
+    uint32_t n_groups, max_rows;
+    uint32_t shape_cnt[SCHED_MAX_TILE_M * SCHED_MAX_TILE_N];   /* CTAs per shape */
+    uint32_t shape_group[SCHED_MAX_TILE_M * SCHED_MAX_TILE_N]; /* shape -> index in groups[] */
+    uint32_t key_at[KEYS + 1]; /* next launch slot per key, descending keys first */
+    uint32_t off_groups, off_ctas, off_segs, off_rows, off_pages, off_merges, total;
+} emit_t;
+
+/* Tile shapes and launch order: CTAs sorted by modelled time, longest first (a counting sort on
+ * a log scale: 4 keys per octave), so the long ones do not start in the last wave. */
+static void emit_order(sched_t *s, emit_t *e)
+{
     const sched_tiles_t *tl = &s->tiles;
-    uint32_t n_shapes = tl->n_m * tl->n_n, shape_cnt[SCHED_MAX_TILE_M * SCHED_MAX_TILE_N] = {0};
-    uint32_t max_rows = 0, key_cnt[KEYS + 1] = {0};
     uint8_t *key = s->cta_key;
     for (uint32_t i = 0; i < s->n_ctas; i++) {
-        sched_plan_cta_t *c = &s->ctas[i];
+        sched__cta_t *c = &s->ctas[i];
         uint32_t rows = c->row_count * s->mdl.group;
-        max_rows = PAT_MAX(max_rows, rows);
-        c->group = sched__pick_m(tl, rows) * tl->n_n + sched__pick_n(tl, c->kv_tokens);
-        shape_cnt[c->group]++;
+        e->max_rows = PAT_MAX(e->max_rows, rows);
+        c->shape = sched__pick_m(tl, rows) * tl->n_n + sched__pick_n(tl, c->kv_tokens);
+        e->shape_cnt[c->shape]++;
         key[i] = time_key(s->cta_ns[i]);
-        key_cnt[KEYS - key[i]]++; /* descending */
+        e->key_at[KEYS - key[i]]++; /* descending */
     }
     for (uint32_t k = 0, at = 0; k <= KEYS; k++) {
-        uint32_t n = key_cnt[k];
-        key_cnt[k] = at;
+        uint32_t n = e->key_at[k];
+        e->key_at[k] = at;
         at += n;
     }
-    uint32_t n_groups = 0;
-    for (uint32_t k = 0; k < n_shapes; k++)
-        n_groups += shape_cnt[k] != 0;
+    for (uint32_t k = 0; k < tl->n_m * tl->n_n; k++)
+        if (e->shape_cnt[k])
+            e->shape_group[k] = e->n_groups++;
+}
 
-    /* layout */
-    uint32_t off_groups = align16(sizeof(sched_plan_hdr_t));
-    uint32_t off_ctas = align16(off_groups + n_groups * (uint32_t)sizeof(sched_plan_group_t));
-    uint32_t off_segs = align16(off_ctas + s->n_ctas * (uint32_t)sizeof(sched_plan_cta_t));
-    uint32_t off_rows = align16(off_segs + s->n_segs * (uint32_t)sizeof(sched_plan_seg_t));
-    uint32_t off_pages = align16(off_rows + s->n_rows * (uint32_t)sizeof(sched_plan_row_t));
-    uint32_t off_merges = align16(off_pages + s->n_pages * (uint32_t)sizeof(uint32_t));
-    uint32_t total = off_merges + n_merges * (uint32_t)sizeof(sched_plan_merge_t);
-    if (total > s->arena_cap) {
+/* Offsets of the arrays; grows the arena to hold them. */
+static void emit_layout(sched_t *s, const plan_sums_t *sums, emit_t *e)
+{
+    e->off_groups = align16(sizeof(sched_plan_hdr_t));
+    e->off_ctas = align16(e->off_groups + e->n_groups * (uint32_t)sizeof(sched_plan_group_t));
+    e->off_segs = align16(e->off_ctas + s->n_ctas * (uint32_t)sizeof(sched_plan_cta_t));
+    e->off_rows = align16(e->off_segs + s->n_segs * (uint32_t)sizeof(sched_plan_seg_t));
+    e->off_pages = align16(e->off_rows + s->n_rows * (uint32_t)sizeof(sched_plan_row_t));
+    e->off_merges = align16(e->off_pages + s->n_pages * (uint32_t)sizeof(uint32_t));
+    e->total = e->off_merges + sums->n_merges * (uint32_t)sizeof(sched_plan_merge_t);
+    if (e->total > s->arena_cap) {
         free(s->arena);
-        s->arena_cap = total + total / 2;
+        s->arena_cap = e->total + e->total / 2;
         s->arena = pat_xmalloc(s->arena_cap);
     }
-    char *base = s->arena;
-    sched_plan_hdr_t *h = (sched_plan_hdr_t *)base;
+}
+
+static sched_plan_hdr_t *emit_header(sched_t *s, const plan_sums_t *sums, const emit_t *e)
+{
+    sched_plan_hdr_t *h = s->arena;
     memset(h, 0, sizeof(*h));
     h->magic = SCHED_PLAN_MAGIC;
     h->version = SCHED_PLAN_VERSION;
-    h->total_bytes = total;
+    h->total_bytes = e->total;
     h->block_size = s->mdl.bs;
     h->group = s->mdl.group;
-    h->n_tokens = n_tokens;
-    h->n_groups = n_groups;
+    h->n_tokens = sums->n_tokens;
+    h->n_groups = e->n_groups;
     h->n_ctas = s->n_ctas;
     h->n_segs = s->n_segs;
-    h->off_segs = off_segs;
+    h->off_segs = e->off_segs;
     h->n_rows = s->n_rows;
     h->n_pages = s->n_pages;
-    h->n_merges = n_merges;
-    h->n_partials = n_partials;
-    h->off_groups = off_groups;
-    h->off_ctas = off_ctas;
-    h->off_rows = off_rows;
-    h->off_pages = off_pages;
-    h->off_merges = off_merges;
-    h->max_cta_rows = max_rows;
+    h->n_merges = sums->n_merges;
+    h->n_partials = sums->n_partials;
+    h->off_groups = e->off_groups;
+    h->off_ctas = e->off_ctas;
+    h->off_rows = e->off_rows;
+    h->off_pages = e->off_pages;
+    h->off_merges = e->off_merges;
+    h->max_cta_rows = e->max_rows;
+    return h;
+}
 
-    sched_plan_group_t *groups = (sched_plan_group_t *)(base + off_groups);
-    uint32_t shape_group[SCHED_MAX_TILE_M * SCHED_MAX_TILE_N];
-    for (uint32_t k = 0, g = 0; k < n_shapes; k++) {
-        if (!shape_cnt[k])
-            continue;
-        groups[g] = (sched_plan_group_t){
-            .m = tl->m[k / tl->n_n], .n = tl->n[k % tl->n_n], .cta_count = shape_cnt[k]};
-        shape_group[k] = g++;
-    }
-    uint32_t *pages = (uint32_t *)(base + off_pages);
+/* groups[], pages[] (each run copied once; sets psrc[].plan_off), ctas[] in launch order and
+ * segs[] with their page indices. */
+static void emit_ctas(sched_t *s, char *base, emit_t *e)
+{
+    const sched_tiles_t *tl = &s->tiles;
+    sched_plan_group_t *groups = (sched_plan_group_t *)(base + e->off_groups);
+    for (uint32_t k = 0; k < tl->n_m * tl->n_n; k++)
+        if (e->shape_cnt[k])
+            groups[e->shape_group[k]] = (sched_plan_group_t){
+                .m = tl->m[k / tl->n_n], .n = tl->n[k % tl->n_n], .cta_count = e->shape_cnt[k]};
+    uint32_t *pages = (uint32_t *)(base + e->off_pages);
     for (uint32_t i = 0, at = 0; i < s->n_psrc; i++) {
         s->psrc[i].plan_off = at;
         memcpy(pages + at, s->psrc[i].src, (size_t)s->psrc[i].n * sizeof(uint32_t));
         at += s->psrc[i].n;
     }
-    sched_plan_cta_t *ctas = (sched_plan_cta_t *)(base + off_ctas);
+    sched_plan_cta_t *ctas = (sched_plan_cta_t *)(base + e->off_ctas);
     for (uint32_t i = 0; i < s->n_ctas; i++) {
-        sched_plan_cta_t c = s->ctas[i];
-        c.group = shape_group[c.group];
-        ctas[key_cnt[KEYS - key[i]]++] = c;
+        const sched__cta_t *c = &s->ctas[i];
+        ctas[e->key_at[KEYS - s->cta_key[i]]++] =
+            (sched_plan_cta_t){.row_begin = c->row_begin,
+                               .row_count = c->row_count,
+                               .seg_begin = c->seg_begin,
+                               .seg_count = c->seg_count,
+                               .kv_tokens = c->kv_tokens,
+                               .group = e->shape_group[c->shape],
+                               .pack = c->pack};
     }
-    sched_plan_seg_t *segs = (sched_plan_seg_t *)(base + off_segs);
+    sched_plan_seg_t *segs = (sched_plan_seg_t *)(base + e->off_segs);
     for (uint32_t i = 0; i < s->n_segs; i++) {
         const sched__seg_t *x = &s->segs[i];
         segs[i] = (sched_plan_seg_t){.kv_begin = x->kv_begin,
@@ -835,82 +868,61 @@ int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
                                      .row_lo = (uint16_t)x->row_lo,
                                      .row_hi = (uint16_t)x->row_hi};
     }
-    /* merge entries in token order; rows name theirs */
-    uint32_t *merge_of = s->tok_merge;
-    for (uint32_t t = 0, m = 0; t < n_tokens; t++)
+}
+
+/* rows[] with their output (direct, or a partial slot and merge entry) and merges[] in token
+ * order; after count_partials (tok_parts: CTAs per token, tok_owner: next slot per token). */
+static void emit_rows(sched_t *s, char *base, const plan_sums_t *sums, const emit_t *e)
+{
+    const uint32_t *cnt = s->tok_parts;
+    uint32_t *next = s->tok_owner, *merge_of = s->tok_merge;
+    for (uint32_t t = 0, m = 0; t < sums->n_tokens; t++)
         merge_of[t] = cnt[t] > 1 ? m++ : SCHED_ROW_DIRECT;
-    sched_plan_row_t *rows = (sched_plan_row_t *)(base + off_rows);
-    memcpy(rows, s->rows, (size_t)s->n_rows * sizeof(sched_plan_row_t));
+    sched_plan_row_t *rows = (sched_plan_row_t *)(base + e->off_rows);
     for (uint32_t i = 0; i < s->n_ctas; i++) {
-        const sched_plan_cta_t *c = &s->ctas[i];
+        const sched__cta_t *c = &s->ctas[i];
         for (uint32_t r = c->row_begin; r < c->row_begin + c->row_count; r++) {
-            uint32_t t = rows[r].q_tok;
-            if (cnt[t] == 1) {
-                rows[r].dst = t;
-                rows[r].merge = SCHED_ROW_DIRECT;
-            } else {
-                rows[r].dst = next[t]++;
-                rows[r].merge = merge_of[t];
-            }
+            uint32_t t = s->rows[r].q_tok;
+            int direct = cnt[t] == 1;
+            rows[r] = (sched_plan_row_t){.q_tok = t,
+                                         .limit = s->rows[r].limit,
+                                         .dst = direct ? t : next[t]++,
+                                         .merge = direct ? SCHED_ROW_DIRECT : merge_of[t]};
         }
     }
-    sched_plan_merge_t *merges = (sched_plan_merge_t *)(base + off_merges);
-    for (uint32_t t = 0, m = 0; t < n_tokens; t++) {
+    sched_plan_merge_t *merges = (sched_plan_merge_t *)(base + e->off_merges);
+    for (uint32_t t = 0, m = 0; t < sums->n_tokens; t++) {
         if (cnt[t] > 1)
             merges[m++] = (sched_plan_merge_t){
                 .q_tok = t, .part_begin = next[t] - cnt[t], .part_count = cnt[t]};
     }
-    s->st.last_model_ns = ns;
+}
+
+/* Serializes the CTA list into the arena (sched_plan_fmt.h). */
+static const sched_plan_hdr_t *build_emit(sched_t *s, const plan_sums_t *sums)
+{
+    emit_t e = {0};
+    emit_order(s, &e);
+    emit_layout(s, sums, &e);
+    sched_plan_hdr_t *h = emit_header(s, sums, &e);
+    emit_ctas(s, (char *)h, &e);
+    emit_rows(s, (char *)h, sums, &e);
+    return h;
+}
+
+int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
+{
+    uint64_t t0 = pat_now_ns();
+    plan_sums_t sums = {0};
+    int r = build_validate(s, &sums);
+    if (r < 0)
+        return r;
+    r = build_partials(s, &sums);
+    if (r < 0)
+        return r; /* nothing written to the arena yet: the previous plan stands */
+    *ret_plan = build_emit(s, &sums);
+    s->st.last_model_ns = sums.ns;
     s->st.plans++;
     s->st.last_plan_ns = pat_now_ns() - t0;
-    *ret_plan = h;
     return 0;
-}
-
-/* ------------------------------------------------------------------ traffic */
-
-void sched_plan_traffic(const sched_plan_hdr_t *h, uint32_t q_heads, uint32_t kv_heads,
-                        uint32_t head_dim, uint32_t elt, sched_traffic_t *ret)
-{
-    const sched_plan_cta_t *ctas = sched_plan_ctas(h);
-    uint64_t kv_tokens = 0, rows = 0;
-    for (uint32_t i = 0; i < h->n_ctas; i++) {
-        kv_tokens += ctas[i].kv_tokens;
-        rows += ctas[i].row_count;
-    }
-    uint32_t group = q_heads / kv_heads;
-    memset(ret, 0, sizeof(*ret));
-    ret->kv = kv_tokens * kv_heads * 2ull * head_dim * elt;
-    ret->q = rows * q_heads * (uint64_t)head_dim * elt;
-    ret->partial = (uint64_t)h->n_partials * kv_heads * group * (head_dim + 2ull) * 4 * 2;
-    /* every token's output is written once: by its one direct row or by its merge */
-    uint64_t tokens = 0;
-    const sched_plan_row_t *r = sched_plan_rows(h);
-    for (uint32_t i = 0; i < h->n_rows; i++)
-        tokens += r[i].merge == SCHED_ROW_DIRECT;
-    tokens += h->n_merges;
-    ret->o = tokens * q_heads * (uint64_t)head_dim * elt;
-    ret->total = ret->kv + ret->q + ret->partial + ret->o;
-}
-
-void sched_query_centric_traffic(const sched_t *s, sched_traffic_t *ret)
-{
-    const sched_forest_t *f = s->forest;
-    const sched__model_t *m = &s->mdl;
-    uint64_t kv_tokens = 0, tokens = 0;
-    for (uint32_t i = 0; i < f->n_in; i++) {
-        const sched__query_t *q = &f->q[f->in_list[i]];
-        /* one CTA per chunk of query tokens, reading [0, its largest causal limit) */
-        for (uint32_t c = 0; c < q->n_new; c += m->tok_per_chunk) {
-            uint32_t last = PAT_MIN(q->n_new, c + m->tok_per_chunk) - 1;
-            kv_tokens += q->kv_len - q->n_new + last + 1;
-        }
-        tokens += q->n_new;
-    }
-    uint32_t kv_heads = s->cfg.kv_heads, q_heads = s->cfg.q_heads;
-    memset(ret, 0, sizeof(*ret));
-    ret->kv = kv_tokens * kv_heads * m->kv_tok;
-    ret->q = tokens * q_heads * m->q_row;
-    ret->o = tokens * q_heads * m->q_row;
-    ret->total = ret->kv + ret->q + ret->o;
 }

@@ -11,9 +11,9 @@
  *             too few CTAs to fill the device are cut further when the time model says it pays;
  *   4. plan:  CTAs in launch order (longest modelled time first), rows, pages and the merge list,
  *             in one flat buffer.
- * Decisions are scored by a time model (sched_tiles_t.cost, measured per GPU): per work item
- * max(bytes / bandwidth share, FLOPs / tensor-rate share) + a fixed cost, and a makespan over the
- * device's resident slots; without a model (the cpu backend) by bytes.
+ * Decisions are scored by a time model (sched_cost.c; sched_tiles_t.cost, measured per GPU): per
+ * work item max(bytes / bandwidth share, FLOPs / tensor-rate share) + a fixed cost, and a makespan
+ * over the device's resident slots; without a model (the cpu backend) by bytes.
  *
  * Thread context: one step executor owns a sched_t. Host OOM aborts; everything else returns 0 or
  * a negative errno and leaves the previous plan valid.
@@ -90,7 +90,7 @@ int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan);
 
 void sched_get_stats(const sched_t *s, sched_stats_t *ret_stats);
 
-/* Traffic of a plan for the given model dimensions. */
+/* Traffic of a plan for the given model dimensions (sched_cost.c, as the next). */
 void sched_plan_traffic(const sched_plan_hdr_t *plan, uint32_t q_heads, uint32_t kv_heads,
                         uint32_t head_dim, uint32_t elt_bytes, sched_traffic_t *ret);
 /* Traffic of the query-centric execution of the current forest (every query reads its whole KV,

@@ -572,7 +572,7 @@ static void test_tree()
             memcpy(g.w.q[i].blocks, g.w.q[0].blocks, 16 * sizeof(uint32_t));
         rig_init(g, &r, mc, SCHED_POLICY_TREE, 0);
         const sched_plan_hdr_t *h = run(g);
-        /* the CTA size is the time model's choice (sched__tree_cost); every CTA but the last
+        /* the CTA size is the time model's choice (tree_cost, sched_plan.c); every CTA but the last
          * is full */
         const uint32_t per_cta = h->max_cta_rows / (mc.q_heads / mc.kv_heads);
         bool finite;

@@ -6,7 +6,9 @@
  *   - plan bytes <= query-centric bytes, and AUTO <= every single policy;
  *   - the situations of the PAT paper's Figure 6 give the paper's packing under PAPER, and our
  *     byte rule departs from it exactly where GQA makes the paper's choice cost more bytes;
- *   - the lazy update reuses the pack across decode steps; bad inputs get their error codes.
+ *   - the lazy update reuses the pack across decode steps; bad inputs get their error codes;
+ *   - the cost model's bytes of a pack set equal the bytes its emitted plan reads and writes,
+ *     summed over the plan's own items, for every policy, GQA group, block size and tile table.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -283,6 +285,104 @@ static void test_bytes_never_above_baselines(void **state)
     }
     /* with GQA groups of 4-16 the paper's rule over-packs short prefixes regularly */
     assert_true(strictly_better_than_paper > 0);
+}
+
+/* Bytes of one KV head that a plan moves, summed over its items (outputs aside, as in the model):
+ * each segment's K and V, each CTA's Q rows, each partial slot written and read back. */
+static uint64_t plan_item_bytes(const sched_plan_hdr_t *h, uint32_t head_dim, uint32_t elt)
+{
+    const sched_plan_cta_t *c = sched_plan_ctas(h);
+    const sched_plan_seg_t *sg = sched_plan_segs(h);
+    uint64_t kv = 0, rows = 0;
+    for (uint32_t i = 0; i < h->n_ctas; i++) {
+        for (uint32_t k = c[i].seg_begin; k < c[i].seg_begin + c[i].seg_count; k++)
+            kv += sg[k].kv_end - sg[k].kv_begin;
+        rows += (uint64_t)c[i].row_count * h->group;
+    }
+    uint64_t partial_rows = (uint64_t)h->n_partials * h->group;
+    return kv * 2 * head_dim * elt + rows * head_dim * elt + partial_rows * (head_dim + 2) * 4 * 2;
+}
+
+/* The model counts the chunks the plan builder cuts (one walk for both; TREE: the CTAs it cut),
+ * so without the long-KV split the modelled bytes are the plan's, whatever the configuration:
+ * tile tables with and without a time model (TREE's CTA size then varies), paired tiles, GQA
+ * groups up to the largest tile, 4-byte elements, decode and extend rows, blocks of 8 to 64. */
+static void test_model_bytes_equal_plan_bytes(void **state)
+{
+    static const sched_tiles_t tables[] = {
+        {.n_m = 4,
+         .m = {16, 32, 64, 128},
+         .n_n = 3,
+         .n = {32, 64, 128},
+         .n_upto = {256, 2048, UINT32_MAX}},
+        {.n_m = 3,
+         .m = {16, 32, 64},
+         .n_n = 2,
+         .n = {64, 128},
+         .n_upto = {1024, UINT32_MAX},
+         .cost = {3054.3f, 167.5f, 3.53f, 264, 2.0f}},
+        {.n_m = 4,
+         .m = {16, 32, 64, 128},
+         .n_n = 1,
+         .n = {64},
+         .n_upto = {UINT32_MAX},
+         .pair_m = 64,
+         .cost = {3054.3f, 167.5f, 3.53f, 264, 0.0f}},
+        {.n_m = 2, .m = {16, 48}, .n_n = 2, .n = {16, 32}, .n_upto = {100, UINT32_MAX}},
+    };
+    static const dims_t dims[] = {{32, 8, 128}, {8, 8, 64},   {12, 2, 256},
+                                  {16, 1, 128}, {64, 8, 128}, {48, 1, 64}};
+    static const uint32_t block_sizes[] = {8, 16, 32, 64};
+    tl_rng_t r;
+    tl_rng_seed(&r, tl_test_seed(0xc057));
+    uint32_t checked = 0, split_tokens = 0;
+    for (int round = 0; round < 120; round++) {
+        const sched_tiles_t *t = &tables[round % 4];
+        dims_t d = dims[tl_rng_below(&r, 6)];
+        uint32_t group = d.q_heads / d.kv_heads, elt = round % 5 == 4 ? 4 : 2;
+        if (group > t->m[t->n_m - 1])
+            continue;
+        tl_world_params_t p = {.bs = block_sizes[tl_rng_below(&r, 4)],
+                               .trees = tl_rng_range(&r, 1, 3),
+                               .depth_lo = 0,
+                               .depth_hi = 5,
+                               .fanout_lo = 1,
+                               .fanout_hi = tl_rng_range(&r, 1, 48),
+                               .level_tok_lo = 1,
+                               .level_tok_hi = tl_rng_range(&r, 8, 700),
+                               .leaf_tok_lo = 1,
+                               .leaf_tok_hi = tl_rng_range(&r, 1, 400),
+                               .new_lo = 1,
+                               .new_hi = round % 3 == 0 ? tl_rng_range(&r, 2, 90) : 1,
+                               .max_queries = tl_rng_range(&r, 1, 120),
+                               .spare_blocks = 0};
+        tl_world_t w;
+        tl_world_gen(&w, &r, &p);
+        for (int pol = 0; pol <= SCHED_POLICY_TREE; pol++) {
+            sched_config_t c = {.max_queries = w.n_q,
+                                .max_tokens = w.n_tokens,
+                                .block_size = w.bs,
+                                .q_heads = d.q_heads,
+                                .kv_heads = d.kv_heads,
+                                .head_dim = d.head_dim,
+                                .kv_elt_bytes = elt,
+                                .policy = (sched_policy_t)pol,
+                                .tiles = t};
+            sched_t *s;
+            assert_int_equal(sched_create(&c, &s), 0);
+            join_all(s, &w);
+            const sched_plan_hdr_t *h;
+            assert_int_equal(sched_build(s, &h), 0);
+            const sched__packset_t *ps = &s->cand[s->chosen];
+            assert_int_equal(ps->bytes, plan_item_bytes(h, d.head_dim, elt));
+            split_tokens += h->n_merges;
+            checked++;
+            sched_free(s);
+        }
+        tl_world_free(&w);
+    }
+    assert_true(checked >= 400);
+    assert_true(split_tokens > 0); /* partials were part of what was compared */
 }
 
 /* Builds a forest from explicit block tables and returns the pack chosen (internal view). */
@@ -634,6 +734,7 @@ int main(void)
         cmocka_unit_test(test_gqa_short_prefix_not_packed),
         cmocka_unit_test(test_random_coverage_all_policies),
         cmocka_unit_test(test_bytes_never_above_baselines),
+        cmocka_unit_test(test_model_bytes_equal_plan_bytes),
         cmocka_unit_test(test_lazy_update_across_decode),
         cmocka_unit_test(test_long_kv_split),
         cmocka_unit_test(test_fill_split),
