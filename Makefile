@@ -93,9 +93,9 @@ LIBPAT_OBJS := $(LIBPAT_SRCS:%.c=$(B)/%.o)
 LIBPAT_SO   := $(B)/lib/libpat.so.$(PAT_SO_VER)
 LIBPAT_A    := $(B)/lib/libpat.a
 PATCTL_BIN  := $(B)/bin/patctl
-# patload: trace replay load generator (client/patload*.c) over libpat
-PATLOAD_SRCS := client/patload.c client/patload_trace.c client/patload_compute.c \
-                client/patload_report.c
+# patload: trace replay load generator (client/patload/) over libpat
+PATLOAD_SRCS := client/patload/patload.c client/patload/patload_trace.c \
+                client/patload/patload_compute.c client/patload/patload_report.c
 PATLOAD_OBJS := $(PATLOAD_SRCS:%.c=$(B)/%.o)
 PATLOAD_BIN  := $(B)/bin/patload
 PATLOAD_LIBS := $(shell pkg-config --libs json-c liblzma 2>/dev/null || echo -ljson-c -llzma)
