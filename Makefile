@@ -88,7 +88,7 @@ DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(B)/%.o)
 PATD_BIN    := $(B)/bin/patd
 PAT_SO_MAJOR := 1
 PAT_SO_VER   := 1.0.0
-LIBPAT_SRCS := client/pat_client.c client/pat_gpu.c
+LIBPAT_SRCS := client/pat_client.c client/pat_gpu.c client/pat_cuda_shim.c
 LIBPAT_OBJS := $(LIBPAT_SRCS:%.c=$(B)/%.o)
 LIBPAT_SO   := $(B)/lib/libpat.so.$(PAT_SO_VER)
 LIBPAT_A    := $(B)/lib/libpat.a
