@@ -256,6 +256,9 @@ $(B)/bench/bench_%: $(B)/tests/bench/bench_%.o $(B)/libpattest.a $(B)/libpatcore
 
 # GPU test programs: compiled wherever nvcc is (CI included), run by tests/gpu/run.sh on a GPU.
 $(B)/kernels/cuda/kern_cuda_tiles.o: CFLAGS += -Ikernels/cuda
+# client/ (libpat, patctl, patload) sees the wire protocol, daemon/base and itself, nothing of
+# the daemon's modules (DESIGN.md §1): a stray include of kernels/ or scheduler/ fails here.
+$(B)/client/%.o: INCS := -Idaemon/base -Iipc -Iclient
 
 $(B)/cudacore/kern_backend.o: kernels/kern_backend.c $(B)/.flags
 	@mkdir -p $(@D)

@@ -19,9 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kern_dtype.h"
 #include "pat_base.h"
 #include "pat_cuda_shim.h"
+#include "pat_half.h"
 #include "patload_trace.h" /* pl_fail */
 
 #define POOL_ELEMS (1u << 20) /* random values the cpu stand-in copies Q/K/V rows from */
@@ -96,6 +96,17 @@ static uint32_t elem_bytes(uint32_t dtype)
     return dtype == PAT_F32 ? 4 : 2;
 }
 
+/* element i of an array of the model dtype (PAT_F16, PAT_BF16, PAT_F32) set to v */
+static void store_elem(uint32_t dtype, void *dst, size_t i, float v)
+{
+    if (dtype == PAT_F16)
+        ((uint16_t *)dst)[i] = pat_f32_to_f16(v);
+    else if (dtype == PAT_BF16)
+        ((uint16_t *)dst)[i] = pat_f32_to_bf16(v);
+    else
+        ((float *)dst)[i] = v;
+}
+
 /* n random values in [-amp, amp] in the model dtype (xorshift; fixed seed: runs repeat) */
 static void fill_random(void *dst, size_t n, uint32_t dtype, float amp, uint64_t seed)
 {
@@ -104,9 +115,7 @@ static void fill_random(void *dst, size_t n, uint32_t dtype, float amp, uint64_t
         s ^= s << 13;
         s ^= s >> 7;
         s ^= s << 17;
-        /* PAT_F16/BF16/F32 have the values of KERN_F16/BF16/F32 (pat.h) */
-        kern_store((kern_dtype_t)dtype, dst, i,
-                   amp * ((float)(s >> 40) / (float)(1u << 24) * 2.0f - 1.0f));
+        store_elem(dtype, dst, i, amp * ((float)(s >> 40) / (float)(1u << 24) * 2.0f - 1.0f));
     }
 }
 
