@@ -69,6 +69,11 @@ NVCCFLAGS := -std=c++17 -O3 -g -lineinfo $(NVCC_GENCODE) -Werror all-warnings \
              -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter -MMD -MP $(INCS) -Ikernels/cuda
 
 # ---------------------------------------------------------------- sources
+# daemon/base: the leaf every module shares (libc only); libpatbase.a for the daemon's side,
+# its objects inside libpat for the client's (each with its own OOM handler).
+BASE_SRCS  := daemon/base/pat_base.c
+BASE_OBJS  := $(BASE_SRCS:%.c=$(B)/%.o)
+BASE_LIB   := $(B)/libpatbase.a
 KV_SRCS    := kvcache/kv_pool.c kvcache/kv_seq.c
 SCHED_SRCS := scheduler/sched_forest.c scheduler/sched_pack.c scheduler/sched_plan.c
 KERN_SRCS  := kernels/kern_backend.c kernels/cpu/kern_cpu.c
@@ -118,7 +123,7 @@ TESTLIB_SRCS := tests/lib/tl_rng.c tests/lib/tl_world.c tests/lib/tl_ref.c tests
 TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(B)/%.o)
 
 # Unit tests: one program per module (cmocka); tests/run.sh runs them with a time limit.
-UNIT_TESTS := test_kv test_forest test_pack test_cpu test_ipc
+UNIT_TESTS := test_base test_kv test_forest test_pack test_cpu test_ipc
 UNIT_BINS  := $(UNIT_TESTS:%=$(B)/tests/%)
 # Integration tests: real patd processes and real clients (tests/integ), run after the units.
 INTEG_TESTS := test_proto test_faults test_multi test_ops
@@ -127,7 +132,7 @@ TC_CLIENT   := $(B)/tests/tc_client
 BENCH_BINS := $(B)/bench/bench_sched $(B)/bench/bench_daemon
 DEMO_BIN   := $(B)/bin/patd-demo
 
-ALL_OBJS := $(CORE_OBJS) $(IPC_OBJS) $(DAEMON_OBJS) $(LIBPAT_OBJS) $(B)/client/patctl.o $(PATLOAD_OBJS) \
+ALL_OBJS := $(BASE_OBJS) $(CORE_OBJS) $(IPC_OBJS) $(DAEMON_OBJS) $(LIBPAT_OBJS) $(B)/client/patctl.o $(PATLOAD_OBJS) \
             $(B)/tests/demo/pat_client_demo.o $(INTEG_TESTS:%=$(B)/tests/integ/%.o) \
             $(B)/tests/integ/tc_client.o $(B)/tests/bench/bench_daemon.o $(TESTLIB_OBJS) $(UNIT_TESTS:%=$(B)/tests/unit/%.o) \
             $(B)/tests/bench/bench_sched.o $(B)/tests/demo/pat_demo.o $(CUDA_OBJS) $(CUDA_TOOL_OBJS) \
@@ -158,6 +163,12 @@ $(B)/%.o: %.cu $(B)/.flags
 	@$(if $(Q),echo "  NVCC    $<")
 	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
+# daemon/base is a leaf: compiled without the daemon's dependencies (it goes into libpat too)
+$(B)/daemon/base/%.o: daemon/base/%.c $(B)/.flags
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+
 $(B)/daemon/%.o: daemon/%.c $(B)/.flags
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  CC      $<")
@@ -178,13 +189,13 @@ else
 PATD_CORE := $(B)/libpatcore.a
 PATD_CUDA_LIBS :=
 endif
-$(PATD_BIN): $(DAEMON_OBJS) $(B)/libpatipc.a $(PATD_CORE)
+$(PATD_BIN): $(DAEMON_OBJS) $(B)/libpatipc.a $(PATD_CORE) $(BASE_LIB)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(DAEMON_LIBS) $(JEMALLOC_LIBS) $(LDLIBS) $(PATD_CUDA_LIBS) -lrt
 
 # libpat: the shared library frontends load (soname libpat.so.1) and a static twin for our tests
-$(LIBPAT_SO): $(LIBPAT_OBJS) $(IPC_OBJS)
+$(LIBPAT_SO): $(LIBPAT_OBJS) $(IPC_OBJS) $(BASE_OBJS)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libpat.so.$(PAT_SO_MAJOR) -Wl,--no-undefined $^ \
@@ -192,7 +203,7 @@ $(LIBPAT_SO): $(LIBPAT_OBJS) $(IPC_OBJS)
 	$(Q)ln -sf libpat.so.$(PAT_SO_VER) $(B)/lib/libpat.so.$(PAT_SO_MAJOR)
 	$(Q)ln -sf libpat.so.$(PAT_SO_MAJOR) $(B)/lib/libpat.so
 
-$(LIBPAT_A): $(LIBPAT_OBJS) $(IPC_OBJS)
+$(LIBPAT_A): $(LIBPAT_OBJS) $(IPC_OBJS) $(BASE_OBJS)
 	@mkdir -p $(@D)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
@@ -217,6 +228,10 @@ $(CLIENT_DEMO): $(B)/tests/demo/pat_client_demo.o $(B)/libpattest.a $(LIBPAT_A)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(NN_LIBS) -lrt -lm
 
+$(BASE_LIB): $(BASE_OBJS)
+	@$(if $(Q),echo "  AR      $@")
+	$(Q)rm -f $@ && ar rcs $@ $^
+
 $(B)/libpatcore.a: $(CORE_OBJS)
 	@$(if $(Q),echo "  AR      $@")
 	$(Q)rm -f $@ && ar rcs $@ $^
@@ -240,7 +255,8 @@ $(INTEG_BINS): $(B)/tests/%: $(B)/tests/integ/%.o $(B)/libpattest.a $(LIBPAT_A)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(TEST_LIBS) $(NN_LIBS) -lrt -lm
 
-$(B)/tests/test_%: $(B)/tests/unit/test_%.o $(B)/libpattest.a $(B)/libpatcore.a $(B)/libpatipc.a
+$(B)/tests/test_%: $(B)/tests/unit/test_%.o $(B)/libpattest.a $(B)/libpatcore.a $(B)/libpatipc.a \
+                  $(BASE_LIB)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(TEST_LIBS) $(LDLIBS) -lrt
 
@@ -249,7 +265,7 @@ $(B)/bench/bench_daemon: $(B)/tests/bench/bench_daemon.o $(B)/libpattest.a $(LIB
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(NN_LIBS) -lrt -lm
 
-$(B)/bench/bench_%: $(B)/tests/bench/bench_%.o $(B)/libpattest.a $(B)/libpatcore.a
+$(B)/bench/bench_%: $(B)/tests/bench/bench_%.o $(B)/libpattest.a $(B)/libpatcore.a $(BASE_LIB)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
@@ -275,16 +291,16 @@ $(B)/tests/bench/%.o: tests/bench/%.cu $(B)/.flags
 	@$(if $(Q),echo "  NVCC    $<")
 	$(Q)$(NVCC) $(NVCCFLAGS) -Itests/lib -c $< -o $@
 
-$(B)/tests/gpu/%: $(B)/tests/gpu/%.o $(B)/libpatcudatools.a $(B)/libpatcuda.a $(CUDA_CORE_OBJS) $(B)/libpattest.a
+$(B)/tests/gpu/%: $(B)/tests/gpu/%.o $(B)/libpatcudatools.a $(B)/libpatcuda.a $(CUDA_CORE_OBJS) $(B)/libpattest.a $(BASE_LIB)
 	@$(if $(Q),echo "  NVLD    $@")
 	$(Q)$(NVCC) $(NVCC_GENCODE) $^ -o $@ -lxxhash -lm
 
-$(B)/bin/patd-tile-solver: $(B)/kernels/cuda/tile_solver.o $(B)/libpatcudatools.a $(B)/libpatcuda.a $(CUDA_CORE_OBJS) $(B)/libpattest.a
+$(B)/bin/patd-tile-solver: $(B)/kernels/cuda/tile_solver.o $(B)/libpatcudatools.a $(B)/libpatcuda.a $(CUDA_CORE_OBJS) $(B)/libpattest.a $(BASE_LIB)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVLD    $@")
 	$(Q)$(NVCC) $(NVCC_GENCODE) $^ -o $@ -lxxhash -lm
 
-$(B)/bench/bench_attn: $(B)/tests/bench/bench_attn.o $(B)/libpatcudatools.a $(B)/libpatcuda.a $(CUDA_CORE_OBJS) $(B)/libpattest.a
+$(B)/bench/bench_attn: $(B)/tests/bench/bench_attn.o $(B)/libpatcudatools.a $(B)/libpatcuda.a $(CUDA_CORE_OBJS) $(B)/libpattest.a $(BASE_LIB)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVLD    $@")
 	$(Q)$(NVCC) $(NVCC_GENCODE) $^ -o $@ -lcublas -lxxhash -lm
@@ -294,13 +310,13 @@ $(B)/bench/bench_handoff: $(B)/tests/bench/bench_handoff.o $(LIBPAT_A)
 	@$(if $(Q),echo "  NVLD    $@")
 	$(Q)$(NVCC) $(NVCC_GENCODE) $^ -o $@ $(NN_LIBS) -lrt
 
-$(DEMO_BIN): $(B)/tests/demo/pat_demo.o $(B)/libpattest.a $(B)/libpatcore.a
+$(DEMO_BIN): $(B)/tests/demo/pat_demo.o $(B)/libpattest.a $(B)/libpatcore.a $(BASE_LIB)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 # ---------------------------------------------------------------- targets
-ALL_TARGETS := $(B)/libpatcore.a $(PATD_BIN) $(LIBPAT_SO) $(LIBPAT_A) $(B)/lib/pat.pc \
+ALL_TARGETS := $(BASE_LIB) $(B)/libpatcore.a $(PATD_BIN) $(LIBPAT_SO) $(LIBPAT_A) $(B)/lib/pat.pc \
                $(PATCTL_BIN) $(PATLOAD_BIN) $(CLIENT_DEMO) $(UNIT_BINS) $(INTEG_BINS) $(TC_CLIENT) $(BENCH_BINS) $(DEMO_BIN)
 ifeq ($(HAVE_CUDA),1)
 ALL_TARGETS += $(B)/libpatcuda.a $(GPU_BINS) $(GPU_TOOLS)
@@ -345,11 +361,11 @@ test-asan: | deps
 # libFuzzer on the frame decoder for FUZZ_SECONDS (CI: 20 s), seeded from tests/fuzz/corpus.
 FUZZ_SECONDS ?= 20
 FUZZ_BIN := $(B)/fuzz/fuzz_frame
-$(FUZZ_BIN): tests/fuzz/fuzz_frame.c ipc/ipc_codec.c ipc/ipc_proto.h
+$(FUZZ_BIN): tests/fuzz/fuzz_frame.c ipc/ipc_codec.c ipc/ipc_proto.h $(BASE_SRCS)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  FUZZ-CC $@")
 	$(Q)clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined \
-	  -fno-sanitize-recover=all $(INCS) tests/fuzz/fuzz_frame.c ipc/ipc_codec.c -o $@
+	  -fno-sanitize-recover=all $(INCS) tests/fuzz/fuzz_frame.c ipc/ipc_codec.c $(BASE_SRCS) -o $@
 
 fuzz: | deps
 	$(Q)$(MAKE) --no-print-directory $(FUZZ_BIN)
