@@ -91,8 +91,14 @@ DAEMON_SRCS := daemon/patd_main.c daemon/patd_config.c daemon/patd_conn.c daemon
 IPC_OBJS    := $(IPC_SRCS:%.c=$(B)/%.o)
 DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(B)/%.o)
 PATD_BIN    := $(B)/bin/patd
-PAT_SO_MAJOR := 1
-PAT_SO_VER   := 1.0.0
+# The release version is written once, in client/pat.h (PAT_VERSION_MAJOR/MINOR/PATCH): libpat's
+# file name and soname, pat.pc and `patd --version` (daemon/patd_config.c) all derive from it.
+pat_version_part = $(shell awk '$$2 == "PAT_VERSION_$(1)" { print $$3 }' client/pat.h)
+PAT_SO_MAJOR := $(call pat_version_part,MAJOR)
+PAT_SO_VER   := $(PAT_SO_MAJOR).$(call pat_version_part,MINOR).$(call pat_version_part,PATCH)
+ifeq ($(shell echo '$(PAT_SO_VER)' | grep -xE '[0-9]+\.[0-9]+\.[0-9]+'),)
+$(error cannot read PAT_VERSION_MAJOR/MINOR/PATCH from client/pat.h (got '$(PAT_SO_VER)'))
+endif
 LIBPAT_SRCS := client/pat_client.c client/pat_gpu.c client/pat_cuda_shim.c
 LIBPAT_OBJS := $(LIBPAT_SRCS:%.c=$(B)/%.o)
 LIBPAT_SO   := $(B)/lib/libpat.so.$(PAT_SO_VER)
@@ -203,11 +209,14 @@ $(LIBPAT_SO): $(LIBPAT_OBJS) $(IPC_OBJS) $(BASE_OBJS)
 	$(Q)ln -sf libpat.so.$(PAT_SO_VER) $(B)/lib/libpat.so.$(PAT_SO_MAJOR)
 	$(Q)ln -sf libpat.so.$(PAT_SO_MAJOR) $(B)/lib/libpat.so
 
+# the soname link, a name that does not change with every release (tests/gpu/run.sh builds it)
+$(B)/lib/libpat.so.$(PAT_SO_MAJOR) $(B)/lib/libpat.so: $(LIBPAT_SO) ;
+
 $(LIBPAT_A): $(LIBPAT_OBJS) $(IPC_OBJS) $(BASE_OBJS)
 	@mkdir -p $(@D)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-$(B)/lib/pat.pc: client/pat.pc.in
+$(B)/lib/pat.pc: client/pat.pc.in client/pat.h Makefile
 	@mkdir -p $(@D)
 	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(PAT_SO_VER)|g' $< > $@
 
@@ -349,7 +358,7 @@ test: | deps
 	$(Q)$(MAKE) --no-print-directory systemd-verify
 
 run-tests:
-	$(Q)PATD_BIN=$(PATD_BIN) TC_CLIENT=$(TC_CLIENT) PATD_LIBPAT=$(B)/lib/libpat.so.1 \
+	$(Q)PATD_BIN=$(PATD_BIN) TC_CLIENT=$(TC_CLIENT) PATD_LIBPAT=$(B)/lib/libpat.so.$(PAT_SO_MAJOR) \
 	  PATLOAD_BIN=$(PATLOAD_BIN) PATCTL_BIN=$(PATCTL_BIN) \
 	  PATD_DEMO_BUILD=$(B) $(SAN_ENV) tests/run.sh $(TEST_LIST)
 
