@@ -111,6 +111,8 @@ PATLOAD_OBJS := $(PATLOAD_SRCS:%.c=$(B)/%.o)
 PATLOAD_BIN  := $(B)/bin/patload
 PATLOAD_LIBS := $(shell pkg-config --libs json-c liblzma 2>/dev/null || echo -ljson-c -llzma)
 CLIENT_DEMO := $(B)/bin/patd-client-demo
+# prints the C layout of pat.h's ABI structs for the Python binding's test (test_abi.py)
+PAT_ABI_LAYOUT := $(B)/tests/pat_abi_layout
 
 CORE_SRCS := $(KV_SRCS) $(SCHED_SRCS) $(KERN_SRCS)
 CORE_OBJS := $(CORE_SRCS:%.c=$(B)/%.o)
@@ -144,7 +146,7 @@ ALL_OBJS := $(BASE_OBJS) $(CORE_OBJS) $(IPC_OBJS) $(DAEMON_OBJS) $(LIBPAT_OBJS) 
             $(B)/tests/bench/bench_sched.o $(B)/tests/demo/pat_demo.o $(CUDA_OBJS) $(CUDA_TOOL_OBJS) \
             $(GPU_TESTS:%=$(B)/tests/gpu/%.o) $(B)/kernels/cuda/tile_solver.o \
             $(B)/tests/bench/bench_attn.o $(B)/cudacore/kern_backend.o \
-            $(B)/tests/bench/bench_handoff.o
+            $(B)/tests/bench/bench_handoff.o $(B)/client/python/tests/pat_abi_layout.o
 
 # ---------------------------------------------------------------- flags stamp
 # Any change of compiler or flags rewrites the stamp, and every object depends on it.
@@ -231,6 +233,11 @@ $(PATLOAD_BIN): $(PATLOAD_OBJS) $(LIBPAT_A)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(PATLOAD_LIBS) $(PKG_LIBS) $(NN_LIBS) -lrt -lm
+
+$(PAT_ABI_LAYOUT): $(B)/client/python/tests/pat_abi_layout.o
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) $^ -o $@
 
 $(CLIENT_DEMO): $(B)/tests/demo/pat_client_demo.o $(B)/libpattest.a $(LIBPAT_A)
 	@mkdir -p $(@D)
@@ -326,7 +333,7 @@ $(DEMO_BIN): $(B)/tests/demo/pat_demo.o $(B)/libpattest.a $(B)/libpatcore.a $(BA
 
 # ---------------------------------------------------------------- targets
 ALL_TARGETS := $(BASE_LIB) $(B)/libpatcore.a $(PATD_BIN) $(LIBPAT_SO) $(LIBPAT_A) $(B)/lib/pat.pc \
-               $(PATCTL_BIN) $(PATLOAD_BIN) $(CLIENT_DEMO) $(UNIT_BINS) $(INTEG_BINS) $(TC_CLIENT) $(BENCH_BINS) $(DEMO_BIN)
+               $(PATCTL_BIN) $(PATLOAD_BIN) $(CLIENT_DEMO) $(PAT_ABI_LAYOUT) $(UNIT_BINS) $(INTEG_BINS) $(TC_CLIENT) $(BENCH_BINS) $(DEMO_BIN)
 ifeq ($(HAVE_CUDA),1)
 ALL_TARGETS += $(B)/libpatcuda.a $(GPU_BINS) $(GPU_TOOLS)
 endif
@@ -359,7 +366,7 @@ test: | deps
 
 run-tests:
 	$(Q)PATD_BIN=$(PATD_BIN) TC_CLIENT=$(TC_CLIENT) PATD_LIBPAT=$(B)/lib/libpat.so.$(PAT_SO_MAJOR) \
-	  PATLOAD_BIN=$(PATLOAD_BIN) PATCTL_BIN=$(PATCTL_BIN) \
+	  PATLOAD_BIN=$(PATLOAD_BIN) PATCTL_BIN=$(PATCTL_BIN) PATD_ABI_LAYOUT=$(PAT_ABI_LAYOUT) \
 	  PATD_DEMO_BUILD=$(B) $(SAN_ENV) tests/run.sh $(TEST_LIST)
 
 # The whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer (build/asan).
