@@ -350,6 +350,9 @@ TEST_LIST := $(UNIT_BINS) $(DEMO_BIN) $(INTEG_BINS) tests/demo/run_demo.sh tests
 SAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
            UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 
+# T=test_kv,test_ops runs only those tests (names as tests/run.sh prints them; run-tests,
+# test-asan); tests/run.sh holds the per-test time limits.
+
 # What CI runs (.ci/run) and the README's test command: everything that can run without a GPU.
 check: | deps
 	$(Q)$(MAKE) --no-print-directory test
@@ -367,7 +370,7 @@ test: | deps
 run-tests:
 	$(Q)PATD_BIN=$(PATD_BIN) TC_CLIENT=$(TC_CLIENT) PATD_LIBPAT=$(B)/lib/libpat.so.$(PAT_SO_MAJOR) \
 	  PATLOAD_BIN=$(PATLOAD_BIN) PATCTL_BIN=$(PATCTL_BIN) PATD_ABI_LAYOUT=$(PAT_ABI_LAYOUT) \
-	  PATD_DEMO_BUILD=$(B) $(SAN_ENV) tests/run.sh $(TEST_LIST)
+	  PATD_DEMO_BUILD=$(B) $(SAN_ENV) $(if $(T),PATD_TESTS=$(T)) tests/run.sh $(TEST_LIST)
 
 # The whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer (build/asan).
 test-asan: | deps
@@ -483,6 +486,7 @@ help:
 	@echo "  all           libraries, tests, benchmarks, demo (default)"
 	@echo "  check         test + test-asan + fuzz + soak + format-check (CI runs this via .ci/run)"
 	@echo "  test          build and run the CPU test suite, Python tests, systemd-verify"
+	@echo "  run-tests     run the suite already built (T=test_kv,test_ops: only those)"
 	@echo "  test-asan     the suite again under ASan + UBSan (build/asan)"
 	@echo "  fuzz          libFuzzer on the frame decoder for FUZZ_SECONDS (20)"
 	@echo "  systemd-verify  systemd-analyze verify the unit files"
@@ -497,7 +501,8 @@ help:
 	@echo "  format        clang-format every tracked C/CUDA file in place"
 	@echo "  format-check  fail if any tracked file is not clang-formatted"
 	@echo "  clean         remove build/"
-	@echo "knobs: V=1 verbose, CUDA=0 skip nvcc, DEBUG=1 sanitizers, CUDA_ARCHS='80 90a'"
+	@echo "knobs: V=1 verbose, CUDA=0 skip nvcc, DEBUG=1 sanitizers, CUDA_ARCHS='80 90a',"
+	@echo "       T=name,name tests to run (run-tests, test-asan; tests/run.sh -k NAME does the same)"
 	@echo "cuda objects this run: $(if $(filter 1,$(HAVE_CUDA)),yes ($(NVCC)),no)"
 
 -include $(ALL_OBJS:.o=.d)
