@@ -295,7 +295,7 @@ static void test_map_random_churn(void **state)
 {
     enum { MAX = 14, UNIVERSE = 64, OPS = 200000 };
     pat_map_t m;
-    pat_map_init(&m, MAX); /* 32 slots, at most 14 keys: long runs, some across the end */
+    pat_map_init(&m, MAX);  /* 32 slots, at most 14 keys: long runs, some across the end */
     uint32_t ref[UNIVERSE]; /* value per key index, PAT_MAP_NONE when absent */
     uint64_t key[UNIVERSE], s = 0x1234567ull;
     for (uint32_t i = 0; i < UNIVERSE; i++) {
@@ -326,12 +326,9 @@ static void test_map_random_churn(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_oom_handler),
-        cmocka_unit_test(test_oom_default_aborts),
-        cmocka_unit_test(test_alloc_and_grow),
-        cmocka_unit_test(test_macros_and_clock),
-        cmocka_unit_test(test_map_basics),
-        cmocka_unit_test(test_map_collisions_wrap),
+        cmocka_unit_test(test_oom_handler),      cmocka_unit_test(test_oom_default_aborts),
+        cmocka_unit_test(test_alloc_and_grow),   cmocka_unit_test(test_macros_and_clock),
+        cmocka_unit_test(test_map_basics),       cmocka_unit_test(test_map_collisions_wrap),
         cmocka_unit_test(test_map_random_churn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
