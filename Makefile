@@ -69,6 +69,11 @@ NVCCFLAGS := -std=c++17 -O3 -g -lineinfo $(NVCC_GENCODE) -Werror all-warnings \
              -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter -MMD -MP $(INCS) -Ikernels/cuda
 
 # ---------------------------------------------------------------- sources
+# daemon/base: the leaf every module shares (libc only); libpatbase.a for the daemon's side,
+# its objects inside libpat for the client's (each with its own OOM handler).
+BASE_SRCS  := daemon/base/pat_base.c
+BASE_OBJS  := $(BASE_SRCS:%.c=$(B)/%.o)
+BASE_LIB   := $(B)/libpatbase.a
 KV_SRCS    := kvcache/kv_pool.c kvcache/kv_seq.c
 SCHED_SRCS := scheduler/sched_forest.c scheduler/sched_pack.c scheduler/sched_plan.c scheduler/sched_cost.c
 KERN_SRCS  := kernels/kern_backend.c kernels/cpu/kern_cpu.c
@@ -87,20 +92,28 @@ DAEMON_SRCS := daemon/patd_main.c daemon/patd_config.c daemon/patd_conn.c daemon
 IPC_OBJS    := $(IPC_SRCS:%.c=$(B)/%.o)
 DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(B)/%.o)
 PATD_BIN    := $(B)/bin/patd
-PAT_SO_MAJOR := 1
-PAT_SO_VER   := 1.0.0
-LIBPAT_SRCS := client/pat_client.c client/pat_gpu.c
+# The release version is written once, in client/pat.h (PAT_VERSION_MAJOR/MINOR/PATCH): libpat's
+# file name and soname, pat.pc and `patd --version` (daemon/patd_config.c) all derive from it.
+pat_version_part = $(shell awk '$$2 == "PAT_VERSION_$(1)" { print $$3 }' client/pat.h)
+PAT_SO_MAJOR := $(call pat_version_part,MAJOR)
+PAT_SO_VER   := $(PAT_SO_MAJOR).$(call pat_version_part,MINOR).$(call pat_version_part,PATCH)
+ifeq ($(shell echo '$(PAT_SO_VER)' | grep -xE '[0-9]+\.[0-9]+\.[0-9]+'),)
+$(error cannot read PAT_VERSION_MAJOR/MINOR/PATCH from client/pat.h (got '$(PAT_SO_VER)'))
+endif
+LIBPAT_SRCS := client/pat_client.c client/pat_gpu.c client/pat_cuda_shim.c
 LIBPAT_OBJS := $(LIBPAT_SRCS:%.c=$(B)/%.o)
 LIBPAT_SO   := $(B)/lib/libpat.so.$(PAT_SO_VER)
 LIBPAT_A    := $(B)/lib/libpat.a
 PATCTL_BIN  := $(B)/bin/patctl
-# patload: trace replay load generator (client/patload*.c) over libpat
-PATLOAD_SRCS := client/patload.c client/patload_trace.c client/patload_compute.c \
-                client/patload_report.c
+# patload: trace replay load generator (client/patload/) over libpat
+PATLOAD_SRCS := client/patload/patload.c client/patload/patload_trace.c \
+                client/patload/patload_compute.c client/patload/patload_report.c
 PATLOAD_OBJS := $(PATLOAD_SRCS:%.c=$(B)/%.o)
 PATLOAD_BIN  := $(B)/bin/patload
 PATLOAD_LIBS := $(shell pkg-config --libs json-c liblzma 2>/dev/null || echo -ljson-c -llzma)
 CLIENT_DEMO := $(B)/bin/patd-client-demo
+# prints the C layout of pat.h's ABI structs for the Python binding's test (test_abi.py)
+PAT_ABI_LAYOUT := $(B)/tests/pat_abi_layout
 
 CORE_SRCS := $(KV_SRCS) $(SCHED_SRCS) $(KERN_SRCS)
 CORE_OBJS := $(CORE_SRCS:%.c=$(B)/%.o)
@@ -119,7 +132,7 @@ TESTLIB_SRCS := tests/lib/tl_rng.c tests/lib/tl_world.c tests/lib/tl_ref.c tests
 TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(B)/%.o)
 
 # Unit tests: one program per module (cmocka); tests/run.sh runs them with a time limit.
-UNIT_TESTS := test_kv test_forest test_pack test_cpu test_ipc test_daemon
+UNIT_TESTS := test_base test_kv test_forest test_pack test_cpu test_ipc test_daemon
 UNIT_BINS  := $(UNIT_TESTS:%=$(B)/tests/%)
 # test_daemon links the daemon's objects but its main (and the daemon's libraries)
 DAEMON_TEST_OBJS := $(filter-out $(B)/daemon/patd_main.o,$(DAEMON_OBJS))
@@ -130,13 +143,13 @@ TC_CLIENT   := $(B)/tests/tc_client
 BENCH_BINS := $(B)/bench/bench_sched $(B)/bench/bench_daemon
 DEMO_BIN   := $(B)/bin/patd-demo
 
-ALL_OBJS := $(CORE_OBJS) $(IPC_OBJS) $(DAEMON_OBJS) $(LIBPAT_OBJS) $(B)/client/patctl.o $(PATLOAD_OBJS) \
+ALL_OBJS := $(BASE_OBJS) $(CORE_OBJS) $(IPC_OBJS) $(DAEMON_OBJS) $(LIBPAT_OBJS) $(B)/client/patctl.o $(PATLOAD_OBJS) \
             $(B)/tests/demo/pat_client_demo.o $(INTEG_TESTS:%=$(B)/tests/integ/%.o) \
             $(B)/tests/integ/tc_client.o $(B)/tests/bench/bench_daemon.o $(TESTLIB_OBJS) $(UNIT_TESTS:%=$(B)/tests/unit/%.o) \
             $(B)/tests/bench/bench_sched.o $(B)/tests/demo/pat_demo.o $(CUDA_OBJS) $(CUDA_TOOL_OBJS) \
             $(GPU_TESTS:%=$(B)/tests/gpu/%.o) $(B)/kernels/cuda/tile_solver.o \
             $(B)/tests/bench/bench_attn.o $(B)/cudacore/kern_backend.o \
-            $(B)/tests/bench/bench_handoff.o
+            $(B)/tests/bench/bench_handoff.o $(B)/client/python/tests/pat_abi_layout.o
 
 # ---------------------------------------------------------------- flags stamp
 # Any change of compiler or flags rewrites the stamp, and every object depends on it.
@@ -161,6 +174,12 @@ $(B)/%.o: %.cu $(B)/.flags
 	@$(if $(Q),echo "  NVCC    $<")
 	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
+# daemon/base is a leaf: compiled without the daemon's dependencies (it goes into libpat too)
+$(B)/daemon/base/%.o: daemon/base/%.c $(B)/.flags
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+
 $(B)/daemon/%.o: daemon/%.c $(B)/.flags
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  CC      $<")
@@ -181,13 +200,13 @@ else
 PATD_CORE := $(B)/libpatcore.a
 PATD_CUDA_LIBS :=
 endif
-$(PATD_BIN): $(DAEMON_OBJS) $(B)/libpatipc.a $(PATD_CORE)
+$(PATD_BIN): $(DAEMON_OBJS) $(B)/libpatipc.a $(PATD_CORE) $(BASE_LIB)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(DAEMON_LIBS) $(JEMALLOC_LIBS) $(LDLIBS) $(PATD_CUDA_LIBS) -lrt
 
 # libpat: the shared library frontends load (soname libpat.so.1) and a static twin for our tests
-$(LIBPAT_SO): $(LIBPAT_OBJS) $(IPC_OBJS)
+$(LIBPAT_SO): $(LIBPAT_OBJS) $(IPC_OBJS) $(BASE_OBJS)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libpat.so.$(PAT_SO_MAJOR) -Wl,--no-undefined $^ \
@@ -195,11 +214,14 @@ $(LIBPAT_SO): $(LIBPAT_OBJS) $(IPC_OBJS)
 	$(Q)ln -sf libpat.so.$(PAT_SO_VER) $(B)/lib/libpat.so.$(PAT_SO_MAJOR)
 	$(Q)ln -sf libpat.so.$(PAT_SO_MAJOR) $(B)/lib/libpat.so
 
-$(LIBPAT_A): $(LIBPAT_OBJS) $(IPC_OBJS)
+# the soname link, a name that does not change with every release (tests/gpu/run.sh builds it)
+$(B)/lib/libpat.so.$(PAT_SO_MAJOR) $(B)/lib/libpat.so: $(LIBPAT_SO) ;
+
+$(LIBPAT_A): $(LIBPAT_OBJS) $(IPC_OBJS) $(BASE_OBJS)
 	@mkdir -p $(@D)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-$(B)/lib/pat.pc: client/pat.pc.in
+$(B)/lib/pat.pc: client/pat.pc.in client/pat.h Makefile
 	@mkdir -p $(@D)
 	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(PAT_SO_VER)|g' $< > $@
 
@@ -215,10 +237,19 @@ $(PATLOAD_BIN): $(PATLOAD_OBJS) $(LIBPAT_A)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(PATLOAD_LIBS) $(PKG_LIBS) $(NN_LIBS) -lrt -lm
 
+$(PAT_ABI_LAYOUT): $(B)/client/python/tests/pat_abi_layout.o
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) $^ -o $@
+
 $(CLIENT_DEMO): $(B)/tests/demo/pat_client_demo.o $(B)/libpattest.a $(LIBPAT_A)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(NN_LIBS) -lrt -lm
+
+$(BASE_LIB): $(BASE_OBJS)
+	@$(if $(Q),echo "  AR      $@")
+	$(Q)rm -f $@ && ar rcs $@ $^
 
 $(B)/libpatcore.a: $(CORE_OBJS)
 	@$(if $(Q),echo "  AR      $@")
@@ -245,11 +276,12 @@ $(INTEG_BINS): $(B)/tests/%: $(B)/tests/integ/%.o $(B)/libpattest.a $(LIBPAT_A)
 
 $(B)/tests/unit/test_daemon.o: CFLAGS += -Idaemon $(DAEMON_CFLAGS)
 $(B)/tests/test_daemon: $(B)/tests/unit/test_daemon.o $(DAEMON_TEST_OBJS) $(B)/libpattest.a \
-                        $(B)/libpatcore.a $(B)/libpatipc.a
+                        $(B)/libpatcore.a $(B)/libpatipc.a $(BASE_LIB)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(TEST_LIBS) $(DAEMON_LIBS) $(JEMALLOC_LIBS) $(LDLIBS) -lrt
 
-$(B)/tests/test_%: $(B)/tests/unit/test_%.o $(B)/libpattest.a $(B)/libpatcore.a $(B)/libpatipc.a
+$(B)/tests/test_%: $(B)/tests/unit/test_%.o $(B)/libpattest.a $(B)/libpatcore.a $(B)/libpatipc.a \
+                  $(BASE_LIB)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(TEST_LIBS) $(LDLIBS) -lrt
 
@@ -258,13 +290,16 @@ $(B)/bench/bench_daemon: $(B)/tests/bench/bench_daemon.o $(B)/libpattest.a $(LIB
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(NN_LIBS) -lrt -lm
 
-$(B)/bench/bench_%: $(B)/tests/bench/bench_%.o $(B)/libpattest.a $(B)/libpatcore.a
+$(B)/bench/bench_%: $(B)/tests/bench/bench_%.o $(B)/libpattest.a $(B)/libpatcore.a $(BASE_LIB)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 # GPU test programs: compiled wherever nvcc is (CI included), run by tests/gpu/run.sh on a GPU.
 $(B)/kernels/cuda/kern_cuda_tiles.o: CFLAGS += -Ikernels/cuda
+# client/ (libpat, patctl, patload) sees the wire protocol, daemon/base and itself, nothing of
+# the daemon's modules (DESIGN.md §1): a stray include of kernels/ or scheduler/ fails here.
+$(B)/client/%.o: INCS := -Idaemon/base -Iipc -Iclient
 
 $(B)/cudacore/kern_backend.o: kernels/kern_backend.c $(B)/.flags
 	@mkdir -p $(@D)
@@ -281,16 +316,16 @@ $(B)/tests/bench/%.o: tests/bench/%.cu $(B)/.flags
 	@$(if $(Q),echo "  NVCC    $<")
 	$(Q)$(NVCC) $(NVCCFLAGS) -Itests/lib -c $< -o $@
 
-$(B)/tests/gpu/%: $(B)/tests/gpu/%.o $(B)/libpatcudatools.a $(B)/libpatcuda.a $(CUDA_CORE_OBJS) $(B)/libpattest.a
+$(B)/tests/gpu/%: $(B)/tests/gpu/%.o $(B)/libpatcudatools.a $(B)/libpatcuda.a $(CUDA_CORE_OBJS) $(B)/libpattest.a $(BASE_LIB)
 	@$(if $(Q),echo "  NVLD    $@")
 	$(Q)$(NVCC) $(NVCC_GENCODE) $^ -o $@ -lxxhash -lm
 
-$(B)/bin/patd-tile-solver: $(B)/kernels/cuda/tile_solver.o $(B)/libpatcudatools.a $(B)/libpatcuda.a $(CUDA_CORE_OBJS) $(B)/libpattest.a
+$(B)/bin/patd-tile-solver: $(B)/kernels/cuda/tile_solver.o $(B)/libpatcudatools.a $(B)/libpatcuda.a $(CUDA_CORE_OBJS) $(B)/libpattest.a $(BASE_LIB)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVLD    $@")
 	$(Q)$(NVCC) $(NVCC_GENCODE) $^ -o $@ -lxxhash -lm
 
-$(B)/bench/bench_attn: $(B)/tests/bench/bench_attn.o $(B)/libpatcudatools.a $(B)/libpatcuda.a $(CUDA_CORE_OBJS) $(B)/libpattest.a
+$(B)/bench/bench_attn: $(B)/tests/bench/bench_attn.o $(B)/libpatcudatools.a $(B)/libpatcuda.a $(CUDA_CORE_OBJS) $(B)/libpattest.a $(BASE_LIB)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVLD    $@")
 	$(Q)$(NVCC) $(NVCC_GENCODE) $^ -o $@ -lcublas -lxxhash -lm
@@ -300,14 +335,14 @@ $(B)/bench/bench_handoff: $(B)/tests/bench/bench_handoff.o $(LIBPAT_A)
 	@$(if $(Q),echo "  NVLD    $@")
 	$(Q)$(NVCC) $(NVCC_GENCODE) $^ -o $@ $(NN_LIBS) -lrt
 
-$(DEMO_BIN): $(B)/tests/demo/pat_demo.o $(B)/libpattest.a $(B)/libpatcore.a
+$(DEMO_BIN): $(B)/tests/demo/pat_demo.o $(B)/libpattest.a $(B)/libpatcore.a $(BASE_LIB)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 # ---------------------------------------------------------------- targets
-ALL_TARGETS := $(B)/libpatcore.a $(PATD_BIN) $(LIBPAT_SO) $(LIBPAT_A) $(B)/lib/pat.pc \
-               $(PATCTL_BIN) $(PATLOAD_BIN) $(CLIENT_DEMO) $(UNIT_BINS) $(INTEG_BINS) $(TC_CLIENT) $(BENCH_BINS) $(DEMO_BIN)
+ALL_TARGETS := $(BASE_LIB) $(B)/libpatcore.a $(PATD_BIN) $(LIBPAT_SO) $(LIBPAT_A) $(B)/lib/pat.pc \
+               $(PATCTL_BIN) $(PATLOAD_BIN) $(CLIENT_DEMO) $(PAT_ABI_LAYOUT) $(UNIT_BINS) $(INTEG_BINS) $(TC_CLIENT) $(BENCH_BINS) $(DEMO_BIN)
 ifeq ($(HAVE_CUDA),1)
 ALL_TARGETS += $(B)/libpatcuda.a $(GPU_BINS) $(GPU_TOOLS)
 endif
@@ -324,6 +359,9 @@ TEST_LIST := $(UNIT_BINS) $(DEMO_BIN) $(INTEG_BINS) tests/demo/run_demo.sh tests
 SAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
            UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 
+# T=test_kv,test_ops runs only those tests (names as tests/run.sh prints them; run-tests,
+# test-asan); tests/run.sh holds the per-test time limits.
+
 # What CI runs (.ci/run) and the README's test command: everything that can run without a GPU.
 check: | deps
 	$(Q)$(MAKE) --no-print-directory test
@@ -339,9 +377,9 @@ test: | deps
 	$(Q)$(MAKE) --no-print-directory systemd-verify
 
 run-tests:
-	$(Q)PATD_BIN=$(PATD_BIN) TC_CLIENT=$(TC_CLIENT) PATD_LIBPAT=$(B)/lib/libpat.so.1 \
-	  PATLOAD_BIN=$(PATLOAD_BIN) PATCTL_BIN=$(PATCTL_BIN) \
-	  PATD_DEMO_BUILD=$(B) $(SAN_ENV) tests/run.sh $(TEST_LIST)
+	$(Q)PATD_BIN=$(PATD_BIN) TC_CLIENT=$(TC_CLIENT) PATD_LIBPAT=$(B)/lib/libpat.so.$(PAT_SO_MAJOR) \
+	  PATLOAD_BIN=$(PATLOAD_BIN) PATCTL_BIN=$(PATCTL_BIN) PATD_ABI_LAYOUT=$(PAT_ABI_LAYOUT) \
+	  PATD_DEMO_BUILD=$(B) $(SAN_ENV) $(if $(T),PATD_TESTS=$(T)) tests/run.sh $(TEST_LIST)
 
 # The whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer (build/asan).
 test-asan: | deps
@@ -351,11 +389,11 @@ test-asan: | deps
 # libFuzzer on the frame decoder for FUZZ_SECONDS (CI: 20 s), seeded from tests/fuzz/corpus.
 FUZZ_SECONDS ?= 20
 FUZZ_BIN := $(B)/fuzz/fuzz_frame
-$(FUZZ_BIN): tests/fuzz/fuzz_frame.c ipc/ipc_codec.c ipc/ipc_proto.h
+$(FUZZ_BIN): tests/fuzz/fuzz_frame.c ipc/ipc_codec.c ipc/ipc_proto.h $(BASE_SRCS)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  FUZZ-CC $@")
 	$(Q)clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined \
-	  -fno-sanitize-recover=all $(INCS) tests/fuzz/fuzz_frame.c ipc/ipc_codec.c -o $@
+	  -fno-sanitize-recover=all $(INCS) tests/fuzz/fuzz_frame.c ipc/ipc_codec.c $(BASE_SRCS) -o $@
 
 fuzz: | deps
 	$(Q)$(MAKE) --no-print-directory $(FUZZ_BIN)
@@ -457,6 +495,7 @@ help:
 	@echo "  all           libraries, tests, benchmarks, demo (default)"
 	@echo "  check         test + test-asan + fuzz + soak + format-check (CI runs this via .ci/run)"
 	@echo "  test          build and run the CPU test suite, Python tests, systemd-verify"
+	@echo "  run-tests     run the suite already built (T=test_kv,test_ops: only those)"
 	@echo "  test-asan     the suite again under ASan + UBSan (build/asan)"
 	@echo "  fuzz          libFuzzer on the frame decoder for FUZZ_SECONDS (20)"
 	@echo "  systemd-verify  systemd-analyze verify the unit files"
@@ -471,7 +510,8 @@ help:
 	@echo "  format        clang-format every tracked C/CUDA file in place"
 	@echo "  format-check  fail if any tracked file is not clang-formatted"
 	@echo "  clean         remove build/"
-	@echo "knobs: V=1 verbose, CUDA=0 skip nvcc, DEBUG=1 sanitizers, CUDA_ARCHS='80 90a'"
+	@echo "knobs: V=1 verbose, CUDA=0 skip nvcc, DEBUG=1 sanitizers, CUDA_ARCHS='80 90a',"
+	@echo "       T=name,name tests to run (run-tests, test-asan; tests/run.sh -k NAME does the same)"
 	@echo "cuda objects this run: $(if $(filter 1,$(HAVE_CUDA)),yes ($(NVCC)),no)"
 
 -include $(ALL_OBJS:.o=.d)

@@ -15,7 +15,9 @@
  * the caller's stream may wait on when the daemon dies, so the frontend's GPU work never hangs on
  * a daemon that is gone; libpat calls report -ECONNRESET from then on.
  *
- * Not thread-safe per connection (pat.h). Host OOM aborts, like the rest of patd.
+ * Not thread-safe per connection (pat.h). Host OOM aborts, like the rest of patd, reported as
+ * libpat's (oom_report below), not the daemon's. The environment is read with secure_getenv: a
+ * set-uid frontend does not take its socket path from whoever started it.
  */
 #include "pat.h"
 
@@ -77,6 +79,19 @@ struct pat_conn {
     _Atomic int lost_async; /* the watcher saw the daemon die */
 };
 
+/* Host OOM inside the frontend's process names libpat, not patd (pat_base.h). Installed when
+ * the library is loaded, before any call can allocate; libpat.so's copy of daemon/base is its
+ * own (hidden symbols), so this touches no other library's handler. */
+static void oom_report(size_t bytes)
+{
+    fprintf(stderr, "libpat: host out of memory allocating %zu bytes\n", bytes);
+}
+
+__attribute__((constructor)) static void oom_install(void)
+{
+    pat_set_oom_handler(oom_report);
+}
+
 uint32_t pat_version(void)
 {
     return PAT_VERSION;
@@ -95,10 +110,10 @@ const char *pat_strerror(int err)
 const char *pat_default_socket(void)
 {
     static __thread char buf[512];
-    const char *s = getenv("PATD_SOCKET");
+    const char *s = secure_getenv("PATD_SOCKET");
     if (s && *s)
         return s;
-    const char *x = getenv("XDG_RUNTIME_DIR");
+    const char *x = secure_getenv("XDG_RUNTIME_DIR");
     if (geteuid() == 0)
         return "/run/patd/patd.sock";
     if (x && *x)

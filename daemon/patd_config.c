@@ -17,13 +17,16 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ipc_proto.h" /* IPC_VERSION */
 #include "kern.h"
+#include "pat.h" /* PAT_VERSION_*: the release version, written once */
 #include "patd_log.h"
 #include "pat_base.h"
 
-#ifndef PATD_VERSION
-#define PATD_VERSION "0.3.0"
-#endif
+#define PATD_STR_(x) #x
+#define PATD_STR(x)  PATD_STR_(x)
+#define PATD_VERSION                                                                               \
+    PATD_STR(PAT_VERSION_MAJOR) "." PATD_STR(PAT_VERSION_MINOR) "." PATD_STR(PAT_VERSION_PATCH)
 
 typedef enum opt_type { T_STR, T_U32, T_U64, T_OCT, T_F32, T_LEVEL, T_DTYPE } opt_type_t;
 
@@ -436,7 +439,7 @@ int patd_config_load(patd_config_t *c, int argc, char **argv)
         return 1;
     }
     if (action == 'v') {
-        printf("patd %s (wire protocol 1)\n", PATD_VERSION);
+        printf("patd %s (wire protocol %u)\n", PATD_VERSION, (unsigned)IPC_VERSION);
         return 1;
     }
     if (c->path[0] && read_file(c, c->path) < 0)

@@ -1,6 +1,7 @@
 /*
- * kern_dtype.h — fp16 and bf16 <-> fp32 on the host, round to nearest even, NaN and infinity
- * preserved, subnormals handled. Used by the cpu backend and by tests that prepare inputs.
+ * kern_dtype.h — elements of a kern_dtype_t array as fp32 on the host (kern_load, kern_store),
+ * over the fp16 and bf16 conversions of pat_half.h (round to nearest even, NaN and infinity
+ * preserved, subnormals handled). Used by the cpu backend and by tests that prepare inputs.
  */
 #ifndef KERN_DTYPE_H
 #define KERN_DTYPE_H
@@ -9,70 +10,14 @@
 #include <string.h>
 
 #include "kern.h"
+#include "pat_half.h"
 
-static inline uint32_t kern__f32_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static inline float kern__bits_f32(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline float kern_f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-    if (exp == 0x1f)
-        return kern__bits_f32(sign | 0x7f800000u | (man << 13)); /* inf / nan */
-    if (exp == 0) {
-        /* zero or subnormal: man * 2^-24 */
-        float v = (float)man * (1.0f / 16777216.0f);
-        return sign ? -v : v;
-    }
-    return kern__bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
-}
-
-static inline uint16_t kern_f32_to_f16(float f)
-{
-    uint32_t u = kern__f32_bits(f), sign = (u >> 16) & 0x8000u;
-    uint32_t abs = u & 0x7fffffffu;
-    if (abs >= 0x7f800000u) /* inf or nan */
-        return (uint16_t)(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0));
-    if (abs >= 0x477ff000u) /* rounds to >= 65520: overflow to inf */
-        return (uint16_t)(sign | 0x7c00u);
-    if (abs < 0x38800000u) {
-        /* subnormal half (or zero): value / 2^-24, rounded to nearest even */
-        float v = kern__bits_f32(abs) * 16777216.0f;
-        uint32_t i = (uint32_t)v;
-        float rem = v - (float)i;
-        if (rem > 0.5f || (rem == 0.5f && (i & 1u)))
-            i++;
-        return (uint16_t)(sign | i);
-    }
-    uint32_t r = abs - 0x38000000u; /* rebias exponent 127 -> 15 */
-    uint32_t lsb = (r >> 13) & 1u;
-    r += 0xfffu + lsb;
-    return (uint16_t)(sign | (r >> 13));
-}
-
-static inline float kern_bf16_to_f32(uint16_t h)
-{
-    return kern__bits_f32((uint32_t)h << 16);
-}
-
-static inline uint16_t kern_f32_to_bf16(float f)
-{
-    uint32_t u = kern__f32_bits(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40u); /* quiet nan */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
+/* The conversions themselves live in daemon/base/pat_half.h (one definition, shared with
+ * client/); the kernels' names for them: */
+#define kern_f16_to_f32  pat_f16_to_f32
+#define kern_f32_to_f16  pat_f32_to_f16
+#define kern_bf16_to_f32 pat_bf16_to_f32
+#define kern_f32_to_bf16 pat_f32_to_bf16
 
 /* Element i of an array of dtype d, as fp32. */
 static inline float kern_load(kern_dtype_t d, const void *p, uint64_t i)

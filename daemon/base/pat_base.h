@@ -7,6 +7,8 @@
  * and are reported as -ENOSPC / -ENOMEM to a caller that handles it; they never come through here.
  *
  * Lives under daemon/base because the top-level layout is fixed; it knows nothing of the daemon.
+ * daemon/base is a leaf (libc only): these headers and pat_base.c (the OOM handler), built into
+ * libpatbase.a for the daemon's side and into libpat for the client's.
  */
 #ifndef PAT_BASE_H
 #define PAT_BASE_H
@@ -22,11 +24,18 @@
 #define PAT_MAX(a, b)     ((a) > (b) ? (a) : (b))
 #define PAT_DIV_UP(a, b)  (((a) + (b)-1) / (b))
 
-static inline void pat_oom(size_t n)
-{
-    fprintf(stderr, "<2>patd: host out of memory allocating %zu bytes\n", n);
-    abort();
-}
+/* Reports a failed host allocation of `bytes` bytes (SIZE_MAX: the size itself overflowed). It
+ * is meant not to return: it may print, log or longjmp out; if it returns, pat_oom aborts. */
+typedef void (*pat_oom_handler_t)(size_t bytes);
+
+/* Sets the handler pat_oom() calls, for this copy of daemon/base: the daemon's, libpat's (its own,
+ * hidden in libpat.so), a test's. NULL restores the default, which prints "<2>PROG: host out of
+ * memory allocating N bytes" to stderr, PROG being the program's short name (patd for the
+ * daemon). Returns the previous handler (never NULL). Any thread; meant for start-up. */
+pat_oom_handler_t pat_set_oom_handler(pat_oom_handler_t h);
+
+/* A host allocation of n bytes failed: calls the handler, then aborts. */
+__attribute__((noreturn)) void pat_oom(size_t n);
 
 /* Allocates or aborts; n == 0 yields a valid unique pointer. */
 static inline void *pat_xmalloc(size_t n)
@@ -40,8 +49,9 @@ static inline void *pat_xmalloc(size_t n)
 static inline void *pat_xcalloc(size_t count, size_t size)
 {
     void *p = calloc(count ? count : 1, size ? size : 1);
+    size_t n;
     if (!p)
-        pat_oom(count * size);
+        pat_oom(__builtin_mul_overflow(count, size, &n) ? SIZE_MAX : n);
     return p;
 }
 

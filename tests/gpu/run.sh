@@ -68,7 +68,7 @@ fi
 B=build/gpu
 if ! make -j"$(nproc)" B=$B CUDA=1 CUDA_ARCHS=90a \
     $B/tests/gpu/test_cuda_attn $B/bin/patd-tile-solver $B/bench/bench_attn $B/bin/patd \
-    $B/lib/libpat.so.1.0.0 $B/bench/bench_handoff $B/bin/patload $B/bin/patctl \
+    $B/lib/libpat.so.1 $B/bench/bench_handoff $B/bin/patload $B/bin/patctl \
     >>"$out/gpu.log" 2>&1; then
     tail -30 "$out/gpu.log"
     echo "0 passed, 1 failed"

@@ -1,9 +1,10 @@
 /*
  * patload_compute.c — patload's stand-in for a frontend's model compute (patload_compute.h).
  *
- * The gpu stand-in reaches the CUDA driver (libcuda.so.1) and cuBLAS (libcublas.so.13/.12) with
- * dlopen, declaring the few types and constants it uses (values from the CUDA 12/13 ABI), so
- * patload builds without the CUDA toolkit and runs on machines without a GPU. It works in the
+ * The gpu stand-in reaches the CUDA driver through libpat's shim (pat_cuda_shim.h) and cuBLAS
+ * (libcublas.so.13/.12) with dlopen, declaring the few types and constants of cuBLAS it uses
+ * (values from the CUDA 12/13 ABI), so patload builds without the CUDA toolkit and runs on
+ * machines without a GPU. It works in the
  * primary context of the GPU that holds the staging buffers (the context libpat and the runtime
  * use) on a non-blocking stream of its own. One set of random weights serves every layer: each
  * layer still streams all of them from device memory (hundreds of MB for a 7B-class shape against
@@ -18,44 +19,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kern_dtype.h"
 #include "pat_base.h"
+#include "pat_cuda_shim.h"
+#include "pat_half.h"
 #include "patload_trace.h" /* pl_fail */
 
 #define POOL_ELEMS (1u << 20) /* random values the cpu stand-in copies Q/K/V rows from */
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef struct CUctx_st *CUcontext;
-typedef struct CUstream_st *CUstream;
 typedef struct cublasContext *cublasHandle_t;
 
-#define CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
-#define CU_STREAM_NON_BLOCKING              0x1
-#define CUDA_R_32F                          0
-#define CUDA_R_16F                          2
-#define CUDA_R_16BF                         14
-#define CUBLAS_COMPUTE_32F                  68
-#define CUBLAS_GEMM_DEFAULT                 (-1)
-#define CUBLAS_OP_N                         0
-
-#define CU_FUNCS(X)                                                                                \
-    X(init, "cuInit", (unsigned))                                                                  \
-    X(ptr_attr, "cuPointerGetAttribute", (void *, int, CUdeviceptr))                               \
-    X(dev_get, "cuDeviceGet", (CUdevice *, int))                                                   \
-    X(dev_name, "cuDeviceGetName", (char *, int, CUdevice))                                        \
-    X(ctx_retain, "cuDevicePrimaryCtxRetain", (CUcontext *, CUdevice))                             \
-    X(ctx_release, "cuDevicePrimaryCtxRelease_v2", (CUdevice))                                     \
-    X(ctx_push, "cuCtxPushCurrent_v2", (CUcontext))                                                \
-    X(ctx_pop, "cuCtxPopCurrent_v2", (CUcontext *))                                                \
-    X(mem_alloc, "cuMemAlloc_v2", (CUdeviceptr *, size_t))                                         \
-    X(mem_free, "cuMemFree_v2", (CUdeviceptr))                                                     \
-    X(htod, "cuMemcpyHtoD_v2", (CUdeviceptr, const void *, size_t))                                \
-    X(stream_create, "cuStreamCreate", (CUstream *, unsigned))                                     \
-    X(stream_destroy, "cuStreamDestroy_v2", (CUstream))                                            \
-    X(stream_sync, "cuStreamSynchronize", (CUstream))                                              \
-    X(err_string, "cuGetErrorString", (CUresult, const char **))
+#define CUDA_R_32F          0
+#define CUDA_R_16F          2
+#define CUDA_R_16BF         14
+#define CUBLAS_COMPUTE_32F  68
+#define CUBLAS_GEMM_DEFAULT (-1)
+#define CUBLAS_OP_N         0
 
 #define CUBLAS_FUNCS(X)                                                                            \
     X(create, "cublasCreate_v2", (cublasHandle_t *))                                               \
@@ -65,10 +43,7 @@ typedef struct cublasContext *cublasHandle_t;
       (cublasHandle_t, int, int, int, int, int, const void *, const void *, int, int,              \
        const void *, int, int, const void *, void *, int, int, int, int))
 
-#define DECL(name, sym, args) CUresult(*name) args;
-typedef struct cu_api {
-    CU_FUNCS(DECL)
-} cu_api_t;
+#define DECL(name, sym, args) int(*name) args;
 typedef struct cublas_api {
     CUBLAS_FUNCS(DECL)
 } cublas_api_t;
@@ -87,8 +62,8 @@ struct pl_compute {
     uint8_t *pool;
     size_t pool_bytes, pool_off;
     /* gpu */
-    void *cu_lib, *blas_lib;
-    cu_api_t cu;
+    void *blas_lib;
+    const pat__cu_api_t *cu; /* the driver (pat_cuda_shim.h) */
     cublas_api_t blas;
     CUdevice dev;
     CUcontext ctx;
@@ -121,6 +96,17 @@ static uint32_t elem_bytes(uint32_t dtype)
     return dtype == PAT_F32 ? 4 : 2;
 }
 
+/* element i of an array of the model dtype (PAT_F16, PAT_BF16, PAT_F32) set to v */
+static void store_elem(uint32_t dtype, void *dst, size_t i, float v)
+{
+    if (dtype == PAT_F16)
+        ((uint16_t *)dst)[i] = pat_f32_to_f16(v);
+    else if (dtype == PAT_BF16)
+        ((uint16_t *)dst)[i] = pat_f32_to_bf16(v);
+    else
+        ((float *)dst)[i] = v;
+}
+
 /* n random values in [-amp, amp] in the model dtype (xorshift; fixed seed: runs repeat) */
 static void fill_random(void *dst, size_t n, uint32_t dtype, float amp, uint64_t seed)
 {
@@ -129,9 +115,7 @@ static void fill_random(void *dst, size_t n, uint32_t dtype, float amp, uint64_t
         s ^= s << 13;
         s ^= s >> 7;
         s ^= s << 17;
-        /* PAT_F16/BF16/F32 have the values of KERN_F16/BF16/F32 (pat.h) */
-        kern_store((kern_dtype_t)dtype, dst, i,
-                   amp * ((float)(s >> 40) / (float)(1u << 24) * 2.0f - 1.0f));
+        store_elem(dtype, dst, i, amp * ((float)(s >> 40) / (float)(1u << 24) * 2.0f - 1.0f));
     }
 }
 
@@ -160,24 +144,12 @@ static void copy_rows(pl_compute_t *pc, uint8_t *dst, size_t bytes)
 
 /* ---------------------------------------------------------------- gpu */
 
-static const char *cu_err(pl_compute_t *pc, CUresult r)
-{
-    const char *s = NULL;
-    if (pc->cu.err_string && pc->cu.err_string(r, &s) == 0 && s)
-        return s;
-    return "unknown CUDA error";
-}
-
 static int gpu_open(pl_compute_t *pc, char *why, size_t why_len)
 {
-    pc->cu_lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!pc->cu_lib)
-        return pl_fail(why, why_len, -ENOTSUP, "gpu compute: no CUDA driver (%s)", dlerror());
-#define LOAD(name, sym, args)                                                                      \
-    if (!(*(void **)&pc->cu.name = dlsym(pc->cu_lib, sym)))                                        \
-        return pl_fail(why, why_len, -ENOTSUP, "gpu compute: the driver lacks %s", sym);
-    CU_FUNCS(LOAD)
-#undef LOAD
+    int err = 0;
+    const char *no_driver = NULL;
+    if (!(pc->cu = pat__cu_load(&err, &no_driver)))
+        return pl_fail(why, why_len, -ENOTSUP, "gpu compute: %s", no_driver);
     static const char *const names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]) && !pc->blas_lib; i++)
         pc->blas_lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
@@ -192,20 +164,20 @@ static int gpu_open(pl_compute_t *pc, char *why, size_t why_len)
 #undef LOAD
     CUresult r;
     int ordinal = -1;
-    if ((r = pc->cu.init(0)) != 0 ||
-        (r = pc->cu.ptr_attr(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                             (CUdeviceptr)(uintptr_t)pc->buf.q)) != 0 ||
-        (r = pc->cu.dev_get(&pc->dev, ordinal)) != 0)
+    if ((r = pc->cu->ptr_attr(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                              (CUdeviceptr)(uintptr_t)pc->buf.q)) != 0 ||
+        (r = pc->cu->dev_get(&pc->dev, ordinal)) != 0)
         return pl_fail(why, why_len, -EIO, "gpu compute: finding the staging buffers' GPU: %s",
-                       cu_err(pc, r));
-    pc->cu.dev_name(pc->dev_name, sizeof(pc->dev_name), pc->dev);
-    if ((r = pc->cu.ctx_retain(&pc->ctx, pc->dev)) != 0)
-        return pl_fail(why, why_len, -EIO, "gpu compute: primary context: %s", cu_err(pc, r));
-    if ((r = pc->cu.ctx_push(pc->ctx)) != 0)
-        return pl_fail(why, why_len, -EIO, "gpu compute: cuCtxPushCurrent: %s", cu_err(pc, r));
+                       pat__cu_strerror(r));
+    pc->cu->dev_name(pc->dev_name, sizeof(pc->dev_name), pc->dev);
+    if ((r = pc->cu->ctx_retain(&pc->ctx, pc->dev)) != 0)
+        return pl_fail(why, why_len, -EIO, "gpu compute: primary context: %s", pat__cu_strerror(r));
+    if ((r = pc->cu->ctx_push(pc->ctx)) != 0)
+        return pl_fail(why, why_len, -EIO, "gpu compute: cuCtxPushCurrent: %s",
+                       pat__cu_strerror(r));
     int rc = 0;
-    if ((r = pc->cu.stream_create(&pc->stream, CU_STREAM_NON_BLOCKING)) != 0) {
-        rc = pl_fail(why, why_len, -EIO, "gpu compute: stream: %s", cu_err(pc, r));
+    if ((r = pc->cu->stream_create(&pc->stream, CU_STREAM_NON_BLOCKING)) != 0) {
+        rc = pl_fail(why, why_len, -EIO, "gpu compute: stream: %s", pat__cu_strerror(r));
         goto out;
     }
     if (pc->blas.create(&pc->handle) != 0 || pc->blas.set_stream(pc->handle, pc->stream) != 0) {
@@ -227,9 +199,9 @@ static int gpu_open(pl_compute_t *pc, char *why, size_t why_len)
         goto out;
     }
     for (int i = 0; i < N_BUF && rc == 0; i++) {
-        if ((r = pc->cu.mem_alloc(&pc->d[i], elems[i] * eb)) != 0) {
+        if ((r = pc->cu->mem_alloc(&pc->d[i], elems[i] * eb)) != 0) {
             rc = pl_fail(why, why_len, -ENOMEM, "gpu compute: %zu MiB of weights/activations: %s",
-                         elems[i] * eb >> 20, cu_err(pc, r));
+                         elems[i] * eb >> 20, pat__cu_strerror(r));
             break;
         }
         /* weights scaled by 1/sqrt(fan-in) keep every product near unit size */
@@ -238,13 +210,13 @@ static int gpu_open(pl_compute_t *pc, char *why, size_t why_len)
                         : i == W_DOWN                                                ? F
                                                                                      : 1;
         fill_random(host, elems[i], c->dtype, 1.0f / sqrtf((float)fan_in), (uint64_t)i + 1);
-        if ((r = pc->cu.htod(pc->d[i], host, elems[i] * eb)) != 0)
-            rc = pl_fail(why, why_len, -EIO, "gpu compute: upload: %s", cu_err(pc, r));
+        if ((r = pc->cu->htod(pc->d[i], host, elems[i] * eb)) != 0)
+            rc = pl_fail(why, why_len, -EIO, "gpu compute: upload: %s", pat__cu_strerror(r));
     }
     free(host);
 out:;
     CUcontext dummy;
-    pc->cu.ctx_pop(&dummy);
+    pc->cu->ctx_pop(&dummy);
     return rc;
 }
 
@@ -272,7 +244,7 @@ static int gpu_step(pl_compute_t *pc, uint32_t T)
                 v = (CUdeviceptr)(uintptr_t)pc->buf.v, o = (CUdeviceptr)(uintptr_t)pc->buf.o;
     CUdeviceptr *d = pc->d;
     int rc = 0, hr = 0;
-    if (pc->cu.ctx_push(pc->ctx) != 0)
+    if (pc->cu->ctx_push(pc->ctx) != 0)
         return -EIO;
     for (uint32_t l = 0; l < c->n_layers && rc == 0; l++) {
         rc = gemm(pc, T, qd, H, d[A_X], d[W_Q], q);
@@ -285,10 +257,10 @@ static int gpu_step(pl_compute_t *pc, uint32_t T)
         rc = rc ? rc : gemm(pc, T, F, H, d[A_Y], d[W_UP], d[A_U]);
         rc = rc ? rc : gemm(pc, T, H, F, d[A_G], d[W_DOWN], d[A_D]);
     }
-    if (pc->cu.stream_sync(pc->stream) != 0 && rc == 0)
+    if (pc->cu->stream_sync(pc->stream) != 0 && rc == 0)
         rc = -EIO;
     CUcontext dummy;
-    pc->cu.ctx_pop(&dummy);
+    pc->cu->ctx_pop(&dummy);
     return hr < 0 ? hr : rc;
 }
 
@@ -365,24 +337,22 @@ void pl_compute_free(pl_compute_t *pc)
 {
     if (!pc)
         return;
-    if (pc->ctx && pc->cu.ctx_push(pc->ctx) == 0) {
+    if (pc->ctx && pc->cu->ctx_push(pc->ctx) == 0) {
         if (pc->stream)
-            pc->cu.stream_sync(pc->stream);
+            pc->cu->stream_sync(pc->stream);
         if (pc->handle)
             pc->blas.destroy(pc->handle);
         for (int i = 0; i < N_BUF; i++)
             if (pc->d[i])
-                pc->cu.mem_free(pc->d[i]);
+                pc->cu->mem_free(pc->d[i]);
         if (pc->stream)
-            pc->cu.stream_destroy(pc->stream);
+            pc->cu->stream_destroy(pc->stream);
         CUcontext dummy;
-        pc->cu.ctx_pop(&dummy);
-        pc->cu.ctx_release(pc->dev);
+        pc->cu->ctx_pop(&dummy);
+        pc->cu->ctx_release(pc->dev);
     }
     if (pc->blas_lib)
         dlclose(pc->blas_lib);
-    if (pc->cu_lib)
-        dlclose(pc->cu_lib);
     free(pc->pool);
     free(pc);
 }
