@@ -46,7 +46,7 @@ extern "C" {
 #endif
 
 #define PAT_VERSION_MAJOR 1
-#define PAT_VERSION_MINOR 1
+#define PAT_VERSION_MINOR 2
 #define PAT_VERSION_PATCH 0
 #define PAT_VERSION       ((PAT_VERSION_MAJOR << 16) | (PAT_VERSION_MINOR << 8) | PAT_VERSION_PATCH)
 
@@ -122,12 +122,32 @@ typedef struct pat_conn_stats {
 } pat_conn_stats_t;
 
 typedef enum pat_admin_op {
-    PAT_ADMIN_STATUS = 16, /* text: "key value" lines */
+    PAT_ADMIN_STATUS = 16, /* text for people: "key value" lines (programs: pat_status) */
     PAT_ADMIN_STATS = 17,  /* Prometheus text format */
     PAT_ADMIN_SEQS = 18,   /* one line per open sequence */
     PAT_ADMIN_DRAIN = 19,  /* refuse new work, finish steps in flight, exit */
     PAT_ADMIN_RELOAD = 20, /* re-read the config file */
+    PAT_ADMIN_CHECK = 22,  /* run the KV pool's invariant check: "pool_check ok ..." (since 1.2) */
 } pat_admin_op_t;
+
+/* What a daemon reports about itself (pat_status, since 1.2). */
+typedef struct pat_status {
+    uint32_t size;     /* set by the caller: sizeof(pat_status_t) */
+    uint32_t protocol; /* the daemon's wire protocol version */
+    uint32_t version;  /* the daemon's release, encoded as PAT_VERSION */
+    uint32_t pid;
+    uint64_t instance; /* random per daemon start (a changed value: the daemon restarted) */
+    uint64_t uptime_ms;
+    uint32_t draining; /* 1: refusing new work, finishing steps in flight */
+    uint32_t max_seq_len;
+    char backend[16]; /* "cpu" | "cuda" */
+    pat_model_t model;
+    uint32_t max_conns, conn_max_seqs, conn_max_blocks, conn_max_batch_tokens;
+    uint32_t conn_max_staging_mb, lease_ms, step_timeout_ms;
+    uint32_t blocks_total, blocks_free, blocks_used, blocks_cached; /* the KV pool now */
+    uint32_t sequences, connections, steps_in_flight;
+    uint64_t reserved[6];
+} pat_status_t;
 
 PAT_API uint32_t pat_version(void); /* PAT_VERSION of the library actually loaded */
 PAT_API const char *pat_strerror(int err);
@@ -186,6 +206,10 @@ PAT_API int pat_stats(const pat_conn_t *c, pat_conn_stats_t *ret);
  * daemon error its detail); free with pat_free. Returns 0 or a negative errno. */
 PAT_API int pat_admin(const char *socket, pat_admin_op_t op, uint32_t timeout_ms, char **ret_text);
 PAT_API void pat_free(void *p);
+/* The daemon's figures, typed (no session). ret->size must be set; fields a daemon does not
+ * report read 0. Returns 0, -ENOENT (no daemon), -ETIMEDOUT, -EOPNOTSUPP (a daemon older than
+ * 1.2), -EINVAL (ret NULL or ret->size too small). */
+PAT_API int pat_status(const char *socket, uint32_t timeout_ms, pat_status_t *ret);
 
 #ifdef __cplusplus
 }

@@ -848,10 +848,11 @@ int pat_stats(const pat_conn_t *c, pat_conn_stats_t *ret)
     return 0;
 }
 
-int pat_admin(const char *socket, pat_admin_op_t op, uint32_t timeout_ms, char **ret_text)
+/* One admin request on a socket of its own: 0 and the reply message (nn_freemsg it) with its
+ * body, or a negative errno (the daemon's detail into tmp->err). */
+static int admin_call(const char *socket, uint32_t op, uint32_t timeout_ms, pat_conn_t *tmp,
+                      void **ret_msg, const void **ret_body, size_t *ret_len)
 {
-    if (ipc_op_is_admin((uint32_t)op) != 1 || op == (pat_admin_op_t)IPC_OP_HELLO || !ret_text)
-        return -EINVAL;
     const char *path = socket ? socket : pat_default_socket();
     timeout_ms = timeout_ms ? timeout_ms : 10000;
     int s, rc = open_socket(path, timeout_ms, &s);
@@ -860,29 +861,102 @@ int pat_admin(const char *socket, pat_admin_op_t op, uint32_t timeout_ms, char *
     ipc_buf_t b;
     ipc_buf_init(&b);
     uint64_t corr = (uint64_t)getpid() << 32 | (uint32_t)pat_now_ns();
-    ipc_frame_start(&b, (uint32_t)op, 0, corr, 0);
+    ipc_frame_start(&b, op, 0, corr, 0);
     ipc_frame_finish(&b);
     void *msg = NULL;
     size_t n;
     if ((rc = send_frame(NULL, s, &b)) == 0 &&
         (rc = recv_reply(NULL, s, corr, timeout_ms, &msg, &n)) == 0) {
-        const void *body;
-        size_t len;
-        pat_conn_t tmp = {0};
-        rc = parse_reply(&tmp, msg, n, &body, &len);
-        char *t = pat_xmalloc(rc == 0 ? len + 1 : sizeof(tmp.err));
-        if (rc == 0) {
-            memcpy(t, body, len);
-            t[len] = 0;
-        } else {
-            snprintf(t, sizeof(tmp.err), "%s", tmp.err);
-        }
-        *ret_text = t;
-        nn_freemsg(msg);
+        rc = parse_reply(tmp, msg, n, ret_body, ret_len);
+        if (rc == 0)
+            *ret_msg = msg;
+        else
+            nn_freemsg(msg);
     }
     ipc_buf_done(&b);
     nn_close(s);
     return rc;
+}
+
+int pat_admin(const char *socket, pat_admin_op_t op, uint32_t timeout_ms, char **ret_text)
+{
+    if (ipc_op_is_admin((uint32_t)op) != 1 || op == (pat_admin_op_t)IPC_OP_HELLO ||
+        op == (pat_admin_op_t)IPC_OP_INFO || !ret_text)
+        return -EINVAL;
+    pat_conn_t tmp = {0};
+    void *msg = NULL;
+    const void *body = NULL;
+    size_t len = 0;
+    int rc = admin_call(socket, (uint32_t)op, timeout_ms, &tmp, &msg, &body, &len);
+    if (rc == 0) {
+        char *t = pat_xmalloc(len + 1);
+        memcpy(t, body, len);
+        t[len] = 0;
+        *ret_text = t;
+        nn_freemsg(msg);
+    } else if (tmp.err[0]) {
+        char *t = pat_xmalloc(sizeof(tmp.err));
+        snprintf(t, sizeof(tmp.err), "%s", tmp.err);
+        *ret_text = t;
+    }
+    return rc;
+}
+
+int pat_status(const char *socket, uint32_t timeout_ms, pat_status_t *ret)
+{
+    if (!ret || ret->size < offsetof(pat_status_t, reserved))
+        return -EINVAL;
+    pat_conn_t tmp = {0};
+    void *msg = NULL;
+    const void *body = NULL;
+    size_t len = 0;
+    int rc = admin_call(socket, IPC_OP_INFO, timeout_ms, &tmp, &msg, &body, &len);
+    if (rc < 0)
+        return rc;
+    /* fields are only ever appended: take what both sides know, zero the rest */
+    ipc_info_rep_t r;
+    memset(&r, 0, sizeof(r));
+    uint32_t size = 0;
+    if (len >= sizeof(size))
+        memcpy(&size, body, sizeof(size));
+    if (len < offsetof(ipc_info_rep_t, reserved1) || size != len) {
+        nn_freemsg(msg);
+        return -EBADMSG;
+    }
+    memcpy(&r, body, PAT_MIN(len, sizeof(r)));
+    nn_freemsg(msg);
+    uint32_t want = ret->size;
+    pat_status_t st;
+    memset(&st, 0, sizeof(st));
+    st.size = (uint32_t)PAT_MIN((size_t)want, sizeof(st));
+    st.protocol = r.protocol;
+    st.version = r.version;
+    st.pid = r.pid;
+    st.instance = r.instance;
+    st.uptime_ms = r.uptime_ms;
+    st.draining = r.state == IPC_STATE_DRAINING;
+    st.max_seq_len = r.max_seq_len;
+    memcpy(st.backend, r.backend, sizeof(st.backend));
+    st.backend[sizeof(st.backend) - 1] = 0;
+    st.model =
+        (pat_model_t){r.model.n_layers, r.model.q_heads,    r.model.kv_heads, r.model.head_dim,
+                      r.model.dtype,    r.model.block_size, r.model.model_id};
+    st.max_conns = r.max_conns;
+    st.conn_max_seqs = r.conn_max_seqs;
+    st.conn_max_blocks = r.conn_max_blocks;
+    st.conn_max_batch_tokens = r.conn_max_batch_tokens;
+    st.conn_max_staging_mb = r.conn_max_staging_mb;
+    st.lease_ms = r.lease_ms;
+    st.step_timeout_ms = r.step_timeout_ms;
+    st.blocks_total = r.blocks_total;
+    st.blocks_free = r.blocks_free;
+    st.blocks_used = r.blocks_used;
+    st.blocks_cached = r.blocks_cached;
+    st.sequences = r.sequences;
+    st.connections = r.connections;
+    st.steps_in_flight = r.steps_in_flight;
+    memcpy(ret, &st, st.size);
+    return 0;
 }
 
 void pat_free(void *p)

@@ -1,6 +1,6 @@
 /*
  * patctl.c — the operator's command line for a running patd: status, stats (table or JSON),
- * seqs, drain, reload. Talks to the control socket through libpat's pat_admin().
+ * seqs, drain, reload, check. Talks to the control socket through libpat's pat_admin().
  */
 #include <errno.h>
 #include <stdio.h>
@@ -13,11 +13,13 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: patctl [--socket PATH] [--timeout MS] COMMAND\n\n"
                "Commands:\n"
-               "  status          daemon state, pool occupancy, pool consistency check\n"
+               "  status          daemon state, versions, model, pool occupancy\n"
                "  stats [--json]  counters and gauges (a table, or one JSON object)\n"
                "  seqs            open sequences: session, pid, label, id, length, blocks\n"
                "  drain           refuse new work, finish steps in flight, exit\n"
-               "  reload          re-read the config file (as SIGHUP)\n\n"
+               "  reload          re-read the config file (as SIGHUP)\n"
+               "  check           run the KV pool's invariant check (O(blocks), under the pool\n"
+               "                  lock: not for polling)\n\n"
                "The socket defaults to $PATD_SOCKET, else the daemon's default path\n"
                "(/run/patd/patd.sock as root). Exit status: 0 ok, 1 the daemon refused or is\n"
                "unreachable, 2 usage.\n");
@@ -84,11 +86,9 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         pat_admin_op_t op;
-    } cmds[] = {{"status", PAT_ADMIN_STATUS},
-                {"stats", PAT_ADMIN_STATS},
-                {"seqs", PAT_ADMIN_SEQS},
-                {"drain", PAT_ADMIN_DRAIN},
-                {"reload", PAT_ADMIN_RELOAD}};
+    } cmds[] = {{"status", PAT_ADMIN_STATUS}, {"stats", PAT_ADMIN_STATS},
+                {"seqs", PAT_ADMIN_SEQS},     {"drain", PAT_ADMIN_DRAIN},
+                {"reload", PAT_ADMIN_RELOAD}, {"check", PAT_ADMIN_CHECK}};
     int op = -1;
     for (size_t i = 0; cmd && i < sizeof(cmds) / sizeof(cmds[0]); i++)
         if (!strcmp(cmd, cmds[i].name))

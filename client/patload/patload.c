@@ -220,16 +220,6 @@ static double now_s(void)
     return pat_now_ns() / 1e9;
 }
 
-/* "key value" from patd's STATUS text; -1 if absent */
-static int64_t status_int(const char *text, const char *key)
-{
-    size_t kl = strlen(key);
-    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
-        if (!strncmp(p, key, kl) && p[kl] == ' ')
-            return strtoll(p + kl + 1, NULL, 10);
-    return -1;
-}
-
 /* ---------------------------------------------------------------- the replay */
 
 enum { R_UNSEEN = 0, R_DEFERRED, R_ACTIVE, R_FINISHED };
@@ -450,18 +440,14 @@ static void preempt(replay_t *R, int err, double t)
 
 static void poll_status(replay_t *R)
 {
-    char *text = NULL;
-    if (pat_admin(R->sock, PAT_ADMIN_STATUS, 2000, &text) == 0) {
-        int64_t used = status_int(text, "blocks_used"), total = status_int(text, "blocks_total");
-        if (used >= 0) {
-            R->blocks_used = used;
-            if (used > R->rep.kv_blocks_peak)
-                R->rep.kv_blocks_peak = used;
-        }
-        if (total > 0)
-            R->rep.kv_blocks_total = total;
+    pat_status_t st = {.size = sizeof(st)};
+    if (pat_status(R->sock, 2000, &st) == 0) {
+        R->blocks_used = st.blocks_used;
+        if (st.blocks_used > R->rep.kv_blocks_peak)
+            R->rep.kv_blocks_peak = st.blocks_used;
+        if (st.blocks_total > 0)
+            R->rep.kv_blocks_total = st.blocks_total;
     }
-    pat_free(text);
 }
 
 static void progress(replay_t *R, double t, int final)
@@ -717,35 +703,19 @@ int main(int argc, char **argv)
 
     /* the daemon: its model, backend and limits */
     R->sock = O.socket ? O.socket : pat_default_socket();
-    char *status = NULL;
-    rc = pat_admin(R->sock, PAT_ADMIN_STATUS, O.timeout_ms, &status);
+    pat_status_t st = {.size = sizeof(st)};
+    rc = pat_status(R->sock, O.timeout_ms, &st);
     if (rc < 0) {
-        fprintf(stderr, "patload: no patd at %s: %s\n", R->sock, pat_strerror(rc));
+        fprintf(stderr, "patload: no patd at %s: %s%s\n", R->sock, pat_strerror(rc),
+                rc == -EOPNOTSUPP ? " (a daemon older than 1.2: no typed status)" : "");
         pl_trace_done(&trace);
         return EXIT_DAEMON;
     }
-    pat_model_t model = {0};
-    unsigned long long mid = 0;
-    char backend[32] = "?";
-    const char *ml = strstr(status, "model layers=");
-    const char *bl = strstr(status, "backend ");
-    if (bl)
-        sscanf(bl, "backend %31s", backend);
-    if (!ml || sscanf(ml,
-                      "model layers=%u q_heads=%u kv_heads=%u head_dim=%u dtype=%u block=%u "
-                      "id=%llu",
-                      &model.n_layers, &model.q_heads, &model.kv_heads, &model.head_dim,
-                      &model.dtype, &model.block_size, &mid) != 7) {
-        fprintf(stderr, "patload: patd's STATUS has no model line (an older daemon?)\n");
-        pat_free(status);
-        pl_trace_done(&trace);
-        return EXIT_DAEMON;
-    }
-    model.model_id = mid;
-    int64_t msl = status_int(status, "max_seq_len");
-    int64_t blocks_total = status_int(status, "blocks_total");
-    R->max_seq_len = msl > 0 ? (uint32_t)msl : UINT32_MAX;
-    pat_free(status);
+    pat_model_t model = st.model;
+    char backend[32];
+    snprintf(backend, sizeof(backend), "%s", st.backend);
+    int64_t blocks_total = st.blocks_total;
+    R->max_seq_len = st.max_seq_len ? st.max_seq_len : UINT32_MAX;
 
     pat_connect_opts_t co = {.size = sizeof(co),
                              .max_batch_tokens = O.batch,

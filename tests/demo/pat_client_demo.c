@@ -216,15 +216,14 @@ int main(int argc, char **argv)
     printf("daemon step latency (begin received -> last layer, includes the clients' own "
            "work between layers): mean %.2f ms\n",
            t.steps ? t.step_ns_sum / 1e6 / t.steps : 0.0);
-    char *status = NULL;
+    char *check = NULL;
     int check_ok = 0;
-    if (pat_admin(o.socket, PAT_ADMIN_STATUS, 5000, &status) == 0) {
-        check_ok = strstr(status, "pool_check ok") != NULL;
-        const char *seq = strstr(status, "sequences ");
-        if (seq && strncmp(seq, "sequences 0\n", 12))
-            check_ok = 0; /* everything was closed: nothing may remain */
+    if (pat_admin(o.socket, PAT_ADMIN_CHECK, 5000, &check) == 0) {
+        pat_status_t st = {.size = sizeof(st)};
+        check_ok = strstr(check, "pool_check ok") != NULL && pat_status(o.socket, 5000, &st) == 0 &&
+                   st.sequences == 0; /* everything was closed: nothing may remain */
     }
-    pat_free(status);
+    pat_free(check);
     printf("worst relative error vs float64: %.2e (bound 1e-2); daemon pool check %s\n", t.worst,
            check_ok ? "ok, no sequence left open" : "FAILED");
     int ok = t.ok && check_ok;

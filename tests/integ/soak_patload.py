@@ -47,6 +47,9 @@ def status(sock):
     for line in admin(sock, "status").splitlines():
         k, _, v = line.partition(" ")
         out[k] = v
+    # the pool invariant check is its own admin request ("pool_check ok (0.1 ms)")
+    words = admin(sock, "check").split()
+    out["pool_check"] = words[1] if len(words) > 1 else "FAILED"
     return out
 
 

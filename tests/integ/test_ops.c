@@ -231,6 +231,20 @@ static void test_sd_notify_reload_metrics_events(void **state)
     assert_int_equal(run(out, sizeof(out), "%s --socket %s reload", patctl_bin(), d.sock), 0);
     assert_int_equal(pat_connect(&o, &c2, why, sizeof(why)), 0);
     pat_close(c2);
+    /* the typed status shows the reloaded limit, the versions and the model */
+    pat_status_t st = {.size = sizeof(st)};
+    assert_int_equal(pat_status(d.sock, 2000, &st), 0);
+    assert_int_equal(st.size, sizeof(st));
+    assert_int_equal(st.max_conns, 8);
+    assert_int_equal(st.version, PAT_VERSION);
+    assert_int_equal(st.protocol, IPC_VERSION);
+    assert_int_equal(st.pid, (uint32_t)d.pid);
+    assert_int_equal(st.model.n_layers, o.model.n_layers);
+    assert_int_equal(st.model.head_dim, o.model.head_dim);
+    assert_int_equal(st.connections, 1);
+    assert_false(st.draining);
+    pat_status_t small = {.size = 8};
+    assert_int_equal(pat_status(d.sock, 2000, &small), -EINVAL);
     /* an invalid file is refused as a whole */
     write_file(conf, "[limits]\nmax_conns = 0\n");
     assert_int_equal(run(out, sizeof(out), "%s --socket %s reload", patctl_bin(), d.sock), 1);
@@ -241,6 +255,11 @@ static void test_sd_notify_reload_metrics_events(void **state)
 
     /* patctl: status, stats as a table and as JSON (parsed by python), seqs */
     assert_int_equal(run(out, sizeof(out), "%s --socket %s status", patctl_bin(), d.sock), 0);
+    char proto[32];
+    snprintf(proto, sizeof(proto), "protocol %u\n", (unsigned)IPC_VERSION);
+    assert_non_null(strstr(out, proto));
+    assert_null(strstr(out, "pool_check")); /* the O(blocks) check is off the status path */
+    assert_int_equal(run(out, sizeof(out), "%s --socket %s check", patctl_bin(), d.sock), 0);
     assert_non_null(strstr(out, "pool_check ok"));
     assert_int_equal(run(out, sizeof(out),
                          "%s --socket %s stats --json | /usr/bin/python3 -c 'import json,sys; "

@@ -122,6 +122,11 @@ class PatloadCase(unittest.TestCase):
         for line in p.stdout.splitlines():
             k, _, v = line.partition(" ")
             out[k] = v
+        # the pool invariant check is its own request: "pool_check ok (0.1 ms)"
+        c = subprocess.run([PATCTL, "--socket", sock, "--timeout", "2000", "check"],
+                           capture_output=True, text=True, check=False)
+        words = c.stdout.split()
+        out["pool_check"] = words[1] if c.returncode == 0 and len(words) > 1 else "FAILED"
         return out
 
     def status(self):

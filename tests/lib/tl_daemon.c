@@ -4,6 +4,7 @@
 #include "tl_daemon.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -132,16 +133,44 @@ static int64_t find_value(const char *text, const char *key, char sep)
 
 int64_t tl_daemon_status(tl_daemon_t *d, const char *key)
 {
-    char *t = NULL;
-    int64_t v = -1;
-    if (pat_admin(d->sock, PAT_ADMIN_STATUS, 2000, &t) == 0) {
-        if (!strcmp(key, "pool_check"))
-            v = strstr(t, "pool_check ok") ? 0 : 1;
-        else
-            v = find_value(t, key, ' ');
+    if (!strcmp(key, "pool_check")) { /* CHECK: 0 ok, 1 failed, -1 unreachable */
+        char *t = NULL;
+        int rc = pat_admin(d->sock, PAT_ADMIN_CHECK, 5000, &t);
+        int64_t v = rc == 0 ? (strstr(t, "pool_check ok") ? 0 : 1) : rc == -EUCLEAN ? 1 : -1;
+        pat_free(t);
+        return v;
     }
-    pat_free(t);
-    return v;
+    /* the typed figures: one table of the keys tests ask for */
+    pat_status_t st = {.size = sizeof(st)};
+    if (pat_status(d->sock, 2000, &st) < 0)
+        return -1;
+    static const struct {
+        const char *key;
+        size_t off;
+    } keys[] = {
+        {"blocks_total", offsetof(pat_status_t, blocks_total)},
+        {"blocks_free", offsetof(pat_status_t, blocks_free)},
+        {"blocks_used", offsetof(pat_status_t, blocks_used)},
+        {"blocks_cached", offsetof(pat_status_t, blocks_cached)},
+        {"sequences", offsetof(pat_status_t, sequences)},
+        {"connections", offsetof(pat_status_t, connections)},
+        {"steps_in_flight", offsetof(pat_status_t, steps_in_flight)},
+        {"max_conns", offsetof(pat_status_t, max_conns)},
+        {"conn_max_seqs", offsetof(pat_status_t, conn_max_seqs)},
+        {"conn_max_blocks", offsetof(pat_status_t, conn_max_blocks)},
+        {"conn_max_staging_mb", offsetof(pat_status_t, conn_max_staging_mb)},
+        {"lease_ms", offsetof(pat_status_t, lease_ms)},
+        {"step_timeout_ms", offsetof(pat_status_t, step_timeout_ms)},
+        {"pid", offsetof(pat_status_t, pid)},
+    };
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+        if (!strcmp(key, keys[i].key)) {
+            uint32_t v;
+            memcpy(&v, (const uint8_t *)&st + keys[i].off, sizeof(v));
+            return v;
+        }
+    fprintf(stderr, "tl_daemon_status: no figure '%s'\n", key);
+    return -1;
 }
 
 int64_t tl_daemon_metric(tl_daemon_t *d, const char *name)

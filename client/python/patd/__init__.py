@@ -43,7 +43,7 @@ __all__ = ["Model", "Conn", "PatError", "admin", "default_socket", "library_vers
            "F16", "BF16", "F32"]
 
 F16, BF16, F32 = 1, 2, 3
-_ADMIN = {"status": 16, "stats": 17, "seqs": 18, "drain": 19, "reload": 20}
+_ADMIN = {"status": 16, "stats": 17, "seqs": 18, "drain": 19, "reload": 20, "check": 22}
 
 
 def _load():
@@ -99,6 +99,18 @@ class _ConnStats(ctypes.Structure):
                 ("prompt_tokens", _u64), ("cached_tokens", _u64), ("reserved", _u64 * 8)]
 
 
+class _Status(ctypes.Structure):
+    _fields_ = [("size", _u32), ("protocol", _u32), ("version", _u32), ("pid", _u32),
+                ("instance", _u64), ("uptime_ms", _u64), ("draining", _u32),
+                ("max_seq_len", _u32), ("backend", ctypes.c_char * 16), ("model", _Model),
+                ("max_conns", _u32), ("conn_max_seqs", _u32), ("conn_max_blocks", _u32),
+                ("conn_max_batch_tokens", _u32), ("conn_max_staging_mb", _u32),
+                ("lease_ms", _u32), ("step_timeout_ms", _u32), ("blocks_total", _u32),
+                ("blocks_free", _u32), ("blocks_used", _u32), ("blocks_cached", _u32),
+                ("sequences", _u32), ("connections", _u32), ("steps_in_flight", _u32),
+                ("reserved", _u64 * 6)]
+
+
 def _sig(name, res, *args):
     f = getattr(_lib, name)
     f.restype = res
@@ -127,6 +139,7 @@ _step_replayed = _sig("pat_step_replayed", ctypes.c_int, _p, _p)
 _gpu_epoch = _sig("pat_gpu_epoch", _u64, _p)
 _step_end = _sig("pat_step_end", ctypes.c_int, _p, ctypes.c_int, ctypes.POINTER(_StepInfo))
 _stats = _sig("pat_stats", ctypes.c_int, _p, ctypes.POINTER(_ConnStats))
+_status = _sig("pat_status", ctypes.c_int, ctypes.c_char_p, _u32, ctypes.POINTER(_Status))
 _admin = _sig("pat_admin", ctypes.c_int, ctypes.c_char_p, ctypes.c_int, _u32,
               ctypes.POINTER(ctypes.c_void_p))
 _free = _sig("pat_free", None, _p)
@@ -318,8 +331,22 @@ class Conn:
         return {f: getattr(s, f) for f, _ in _ConnStats._fields_ if f != "reserved"}
 
 
+def status(socket=None, timeout_ms=10000):
+    """The daemon's figures (pat_status) as a dict: versions, model, limits, pool, sessions."""
+    st = _Status(size=ctypes.sizeof(_Status))
+    rc = _status(socket.encode() if socket else None, timeout_ms, ctypes.byref(st))
+    if rc < 0:
+        raise PatError(rc, "status")
+    out = {f: getattr(st, f) for f, _ in _Status._fields_
+           if f not in ("size", "reserved", "model", "backend")}
+    out["backend"] = st.backend.decode()
+    out["model"] = {f: getattr(st.model, f) for f, _ in _Model._fields_}
+    return out
+
+
 def admin(op, socket=None, timeout_ms=10000):
-    """Operator request ('status', 'stats', 'seqs', 'drain', 'reload'); returns its text."""
+    """Operator request ('status', 'stats', 'seqs', 'drain', 'reload', 'check'); returns its
+    text."""
     text = ctypes.c_void_p()
     rc = _admin(socket.encode() if socket else None, _ADMIN[op], timeout_ms, ctypes.byref(text))
     s = ctypes.cast(text, ctypes.c_char_p).value.decode() if text.value else ""

@@ -56,6 +56,19 @@ static const abi_row_t rows[] = {
     FIELD(pat_conn_stats_t, kv_bytes) FIELD(pat_conn_stats_t, qc_bytes)
     FIELD(pat_conn_stats_t, prompt_tokens) FIELD(pat_conn_stats_t, cached_tokens)
     FIELD(pat_conn_stats_t, reserved)
+
+    SIZE(pat_status_t)
+    FIELD(pat_status_t, size) FIELD(pat_status_t, protocol) FIELD(pat_status_t, version)
+    FIELD(pat_status_t, pid) FIELD(pat_status_t, instance) FIELD(pat_status_t, uptime_ms)
+    FIELD(pat_status_t, draining) FIELD(pat_status_t, max_seq_len) FIELD(pat_status_t, backend)
+    FIELD(pat_status_t, model) FIELD(pat_status_t, max_conns) FIELD(pat_status_t, conn_max_seqs)
+    FIELD(pat_status_t, conn_max_blocks) FIELD(pat_status_t, conn_max_batch_tokens)
+    FIELD(pat_status_t, conn_max_staging_mb) FIELD(pat_status_t, lease_ms)
+    FIELD(pat_status_t, step_timeout_ms) FIELD(pat_status_t, blocks_total)
+    FIELD(pat_status_t, blocks_free) FIELD(pat_status_t, blocks_used)
+    FIELD(pat_status_t, blocks_cached) FIELD(pat_status_t, sequences)
+    FIELD(pat_status_t, connections) FIELD(pat_status_t, steps_in_flight)
+    FIELD(pat_status_t, reserved)
     /* clang-format on */
 };
 

@@ -32,6 +32,7 @@ MIRRORS = {
     "pat_buffers_t": patd._Buffers,
     "pat_step_info_t": patd._StepInfo,
     "pat_conn_stats_t": patd._ConnStats,
+    "pat_status_t": patd._Status,
 }
 
 

@@ -58,11 +58,9 @@ class DaemonCase(unittest.TestCase):
                          socket=self.sock, **kw)
 
     def status(self, key):
-        for line in patd.admin("status", socket=self.sock).splitlines():
-            k, _, v = line.partition(" ")
-            if k == key:
-                return v
-        return None
+        if key == "pool_check":  # its own admin request: "pool_check ok (0.1 ms)"
+            return patd.admin("check", socket=self.sock).split()[1]
+        return str(patd.status(socket=self.sock)[key])
 
     def test_version_and_errors(self):
         self.assertEqual(patd.library_version()[0], 1)
@@ -180,6 +178,11 @@ class DaemonCase(unittest.TestCase):
     def test_admin(self):
         self.assertIn("patd_steps_total", patd.admin("stats", socket=self.sock))
         self.assertIn("# session", patd.admin("seqs", socket=self.sock))
+        st = patd.status(socket=self.sock)
+        self.assertEqual(st["model"]["head_dim"], MODEL.head_dim)
+        self.assertEqual(st["backend"], "cpu")
+        self.assertEqual(st["version"] >> 16, patd.library_version()[0])
+        self.assertFalse(st["draining"])
 
 
 if __name__ == "__main__":
