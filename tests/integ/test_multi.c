@@ -4,16 +4,22 @@
  * (cached_len > 0 at open) and all of them then decode concurrently, every output row of every
  * layer checked against float64. Clients are threads with a connection each (connections are
  * independent in libpat; each is used by one thread).
+ *
+ * And every reloadable limit raised and lowered by `reload` while clients decode: each new value
+ * shows in pat_status and takes effect on the next HELLO, the running sessions go on without an
+ * error, and a restart-only change is reported as kept back.
  */
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -128,10 +134,203 @@ static void test_clients_share_prefixes(void **state)
     tl_daemon_stop(&D);
 }
 
+/* ------------------------------------------------------------------ reload under load */
+static _Atomic int load_stop;
+
+static void *load_main(void *arg)
+{
+    worker_t *w = arg;
+    pat_connect_opts_t o = {.size = sizeof(o),
+                            .max_batch_tokens = 256,
+                            .max_seqs = N_SEQS,
+                            .timeout_ms = 20000,
+                            .socket = D.sock,
+                            .label = "load",
+                            .model = MODEL};
+    pat_conn_t *c = NULL;
+    tl_rng_t rng;
+    tl_rng_seed(&rng, 991 + (uint64_t)w->id);
+    tl_seq_t s[N_SEQS], *ps[N_SEQS];
+    int n = 0;
+    w->rc = pat_connect(&o, &c, w->err, sizeof(w->err));
+    for (int i = 0; i < N_SEQS && w->rc == 0; i++, n++) {
+        tl_seq_init(&s[i]);
+        for (uint32_t t = 0; t < 40 + (uint32_t)i; t++)
+            tl_seq_push(&s[i], (uint32_t)tl_rng_below(&rng, 30000));
+        w->rc = tl_seq_open(c, &s[i]);
+        ps[i] = &s[i];
+    }
+    tl_step_result_t r = {0};
+    for (uint32_t k = 0; w->rc == 0 && (!atomic_load(&load_stop) || k < 2); k++) {
+        for (int i = 0; i < N_SEQS; i++)
+            tl_seq_push(&s[i], 100 + k * 4 + (uint32_t)i);
+        w->rc = tl_client_step(c, &MODEL, ps, N_SEQS, &rng, 1, &r);
+        w->worst = PAT_MAX(w->worst, r.worst);
+        w->rows += r.rows;
+        if (s[0].len > 400) /* keep the sequences short: start them over */
+            for (int i = 0; i < N_SEQS && w->rc == 0; i++) {
+                pat_seq_close(c, s[i].seq);
+                tl_seq_done(&s[i]);
+                tl_seq_init(&s[i]);
+                for (uint32_t t = 0; t < 40; t++)
+                    tl_seq_push(&s[i], (uint32_t)tl_rng_below(&rng, 30000));
+                w->rc = tl_seq_open(c, &s[i]);
+            }
+    }
+    if (w->rc < 0 && c)
+        snprintf(w->err, sizeof(w->err), "%s", pat_last_error(c));
+    for (int i = 0; i < n; i++)
+        tl_seq_done(&s[i]);
+    pat_close(c);
+    return NULL;
+}
+
+static char conf_path[64];
+
+/* Writes the config with one [limits] line changed and asks the daemon to reload it. */
+static void reload_with(const char *limits_line, const char *pool_line, char *out, size_t len)
+{
+    FILE *f = fopen(conf_path, "w");
+    assert_non_null(f);
+    fprintf(f, "[model]\nlayers = 3\ndtype = bf16\nmodel_id = 9\n[pool]\n%s\n[limits]\n%s\n",
+            pool_line, limits_line);
+    fclose(f);
+    char *t = NULL;
+    int rc = pat_admin(D.sock, PAT_ADMIN_RELOAD, 5000, &t);
+    if (rc < 0)
+        fail_msg("reload with '%s': %s: %s", limits_line, pat_strerror(rc), t ? t : "");
+    snprintf(out, len, "%s", t);
+    pat_free(t);
+}
+
+/* A HELLO with these wishes: its result, and the session's block quota when it opened. */
+static int probe_hello(uint32_t max_seqs, uint32_t max_batch_tokens, uint32_t *ret_max_blocks)
+{
+    pat_connect_opts_t o = {.size = sizeof(o),
+                            .max_batch_tokens = max_batch_tokens,
+                            .max_seqs = max_seqs,
+                            .timeout_ms = 5000,
+                            .socket = D.sock,
+                            .label = "probe",
+                            .model = MODEL};
+    pat_conn_t *c = NULL;
+    char why[256];
+    int rc = pat_connect(&o, &c, why, sizeof(why));
+    if (rc == 0) {
+        pat_buffers_t b;
+        assert_int_equal(pat_buffers(c, &b), 0);
+        if (ret_max_blocks)
+            *ret_max_blocks = b.max_blocks;
+        pat_close(c);
+    }
+    return rc;
+}
+
+static pat_status_t status_now(void)
+{
+    pat_status_t st = {.size = sizeof(st)};
+    assert_int_equal(pat_status(D.sock, 5000, &st), 0);
+    return st;
+}
+
+static void test_reload_limits_under_load(void **state)
+{
+    snprintf(conf_path, sizeof(conf_path), "/tmp/patd-reload.XXXXXX");
+    int fd = mkstemp(conf_path);
+    assert_true(fd >= 0);
+    close(fd);
+    char out[256];
+    FILE *f = fopen(conf_path, "w");
+    assert_non_null(f);
+    fprintf(f, "[model]\nlayers = 3\ndtype = bf16\nmodel_id = 9\n[pool]\nblocks = 4096\n");
+    fclose(f);
+    const char *args[] = {"--config", conf_path, NULL};
+    assert_int_equal(tl_daemon_start(&D, args), 0);
+    enum { N_LOAD = 2 };
+    pthread_t th[N_LOAD];
+    worker_t w[N_LOAD];
+    atomic_store(&load_stop, 0);
+    for (int i = 0; i < N_LOAD; i++) {
+        memset(&w[i], 0, sizeof(w[i]));
+        w[i].id = i;
+        pthread_create(&th[i], NULL, load_main, &w[i]);
+    }
+    for (int ms = 0; status_now().sequences < 2 * N_SEQS; ms++) { /* both are decoding */
+        if (ms > 10000)
+            fail_msg("the load clients did not start: %s / %s", w[0].err, w[1].err);
+        usleep(1000);
+    }
+    const char *pool = "blocks = 4096";
+
+    /* max_conns: down to what is open refuses the next session, up lets it in */
+    reload_with("max_conns = 2", pool, out, sizeof(out));
+    assert_string_equal(out, "reloaded\n");
+    assert_int_equal(status_now().max_conns, 2);
+    assert_int_equal(probe_hello(4, 64, NULL), -EMFILE);
+    reload_with("max_conns = 16", pool, out, sizeof(out));
+    assert_int_equal(status_now().max_conns, 16);
+    assert_int_equal(probe_hello(4, 64, NULL), 0);
+
+    /* conn_max_seqs */
+    reload_with("conn_max_seqs = 2", pool, out, sizeof(out));
+    assert_int_equal(status_now().conn_max_seqs, 2);
+    assert_int_equal(probe_hello(4, 64, NULL), -EDQUOT);
+    reload_with("conn_max_seqs = 512", pool, out, sizeof(out));
+    assert_int_equal(probe_hello(400, 64, NULL), 0);
+
+    /* conn_max_staging_mb: 1 MiB cannot hold 4096 rows of 8 bf16 heads of 64 (Q+K+V+O) */
+    reload_with("conn_max_staging_mb = 1", pool, out, sizeof(out));
+    assert_int_equal(status_now().conn_max_staging_mb, 1);
+    assert_int_equal(probe_hello(4, 4096, NULL), -EDQUOT);
+    reload_with("conn_max_staging_mb = 512", pool, out, sizeof(out));
+    assert_int_equal(probe_hello(4, 4096, NULL), 0);
+
+    /* conn_max_blocks: a new session's quota follows; 0 is the whole pool */
+    uint32_t mb = 0;
+    reload_with("conn_max_blocks = 100", pool, out, sizeof(out));
+    assert_int_equal(probe_hello(4, 64, &mb), 0);
+    assert_int_equal(mb, 100);
+    reload_with("conn_max_blocks = 0", pool, out, sizeof(out));
+    assert_int_equal(probe_hello(4, 64, &mb), 0);
+    assert_int_equal(mb, 4096);
+
+    /* lease_ms and step_timeout_ms: shown live (the steps in flight keep running) */
+    reload_with("lease_ms = 500\nstep_timeout_ms = 2000", pool, out, sizeof(out));
+    assert_int_equal(status_now().lease_ms, 500);
+    assert_int_equal(status_now().step_timeout_ms, 2000);
+    reload_with("lease_ms = 60000\nstep_timeout_ms = 60000", pool, out, sizeof(out));
+    assert_int_equal(status_now().lease_ms, 60000);
+    assert_int_equal(status_now().step_timeout_ms, 60000);
+
+    /* a restart-only change is kept back and said so; the reloadable ones still apply */
+    reload_with("max_conns = 12", "blocks = 2048", out, sizeof(out));
+    assert_non_null(strstr(out, "1 changes kept back"));
+    assert_int_equal(status_now().max_conns, 12);
+    assert_int_equal(status_now().blocks_total, 4096);
+
+    atomic_store(&load_stop, 1);
+    for (int i = 0; i < N_LOAD; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < N_LOAD; i++) {
+        if (w[i].rc < 0)
+            fail_msg("client %d under reloads: %s: %s", i, pat_strerror(w[i].rc), w[i].err);
+        printf("client %d under reloads: %llu rows checked, worst %.2e\n", i,
+               (unsigned long long)w[i].rows, w[i].worst);
+        assert_true(w[i].rows > 0);
+        assert_true(w[i].worst < 1e-2);
+    }
+    assert_int_equal(tl_daemon_status(&D, "sequences"), 0);
+    assert_int_equal(tl_daemon_status(&D, "pool_check"), 0);
+    assert_int_equal(tl_daemon_signal_wait(&D, SIGTERM, 5000), 0);
+    tl_daemon_stop(&D);
+    unlink(conf_path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_clients_share_prefixes),
+        cmocka_unit_test(test_reload_limits_under_load),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
