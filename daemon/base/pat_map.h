@@ -10,6 +10,7 @@
 #ifndef PAT_MAP_H
 #define PAT_MAP_H
 
+#include <assert.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -73,10 +74,12 @@ static inline uint32_t pat_map_get(const pat_map_t *m, uint64_t k)
 /* Inserts k -> v, or overwrites the value of a present k. */
 static inline void pat_map_put(pat_map_t *m, uint64_t k, uint32_t v)
 {
+    assert(k != PAT_MAP_EMPTY && v != PAT_MAP_NONE);
     uint32_t i = pat_map__home(k, m->mask);
     while (m->key[i] != PAT_MAP_EMPTY && m->key[i] != k)
         i = (i + 1) & m->mask;
     m->count += m->key[i] == PAT_MAP_EMPTY;
+    assert(m->count <= m->mask); /* sized to twice the owner's bound: an empty slot remains */
     m->key[i] = k;
     m->val[i] = v;
 }
@@ -85,8 +88,10 @@ static inline void pat_map_put(pat_map_t *m, uint64_t k, uint32_t v)
 static inline void pat_map_del(pat_map_t *m, uint64_t k)
 {
     uint32_t i = pat_map__home(k, m->mask);
-    while (m->key[i] != k)
+    while (m->key[i] != k) {
+        assert(m->key[i] != PAT_MAP_EMPTY); /* k is present */
         i = (i + 1) & m->mask;
+    }
     for (uint32_t j = (i + 1) & m->mask; m->key[j] != PAT_MAP_EMPTY; j = (j + 1) & m->mask) {
         uint32_t home = pat_map__home(m->key[j], m->mask);
         /* j may move into the hole at i unless its home lies cyclically in (i, j] */

@@ -18,6 +18,7 @@ import argparse
 import os
 import random
 import signal
+import errno
 import subprocess
 import sys
 import tempfile
@@ -44,7 +45,8 @@ def start_daemon(bin_path, rundir, extra=()):
     args += list(extra)
     log = open(os.path.join(rundir, "patd.log"), "w")
     p = subprocess.Popen(args, stderr=log, stdout=log)
-    sock = os.path.join(rundir, "t.sock")
+    name = [a for a in args if a.startswith("--name=")][-1][len("--name="):]
+    sock = os.path.join(rundir, name + ".sock")
     for _ in range(600):
         if os.path.exists(sock):
             try:
@@ -261,7 +263,55 @@ def test_graph(model, sock, bin_path):
     fe.close()
 
 
-TESTS = [("e2e", test_e2e), ("kill", test_kill), ("graph", test_graph)]
+def test_arena(model, sock, bin_path):
+    """The GPU signal arena is sized from limits.max_conns at start: a reload may lower the
+    limit but not raise it past the arena (it says so and keeps the old value), and every
+    session's slice stays inside it."""
+    rundir = tempfile.mkdtemp(prefix="patd-arena-")
+    conf = os.path.join(rundir, "patd.conf")
+
+    def write(max_conns):
+        with open(conf, "w") as f:
+            f.write("[limits]\nmax_conns = %d\n" % max_conns)
+
+    write(2)
+    d, s2 = start_daemon(bin_path, rundir, ["--config", conf, "--name=arena"])
+    sig = CFG.patd_model()
+    conns = []
+    try:
+        conns = [patd.Conn(sig, max_batch_tokens=64, socket=s2) for _ in range(2)]
+        try:
+            patd.Conn(sig, max_batch_tokens=64, socket=s2)
+            raise AssertionError("a third session was admitted with max_conns 2")
+        except patd.PatError as e:
+            assert e.errno == errno.EMFILE, e
+        write(4)
+        out = patd.admin("reload", socket=s2)
+        assert "kept back" in out, out
+        assert patd.status(socket=s2)["max_conns"] == 2
+        assert "sized for 2 connections" in open(os.path.join(rundir, "patd.log")).read()
+        try:
+            patd.Conn(sig, max_batch_tokens=64, socket=s2)
+            raise AssertionError("a session past the signal arena was admitted")
+        except patd.PatError as e:
+            assert e.errno == errno.EMFILE, e
+        write(1)
+        assert patd.admin("reload", socket=s2) == "reloaded\n"
+        assert patd.status(socket=s2)["max_conns"] == 1
+        for c in conns:
+            c.close()
+        conns = []
+        write(2)
+        assert patd.admin("reload", socket=s2) == "reloaded\n"
+        conns = [patd.Conn(sig, max_batch_tokens=64, socket=s2) for _ in range(2)]
+    finally:
+        for c in conns:
+            c.close()
+        d.send_signal(signal.SIGTERM)
+        d.wait(20)
+
+
+TESTS = [("e2e", test_e2e), ("kill", test_kill), ("graph", test_graph), ("arena", test_arena)]
 
 
 def main():
