@@ -35,6 +35,7 @@
 #include "pat_map.h"
 #include "patd_config.h"
 #include "patd_exec.h"
+#include "patd_notify.h"
 #include "patd_range.h"
 #include "patd_step.h"
 #include "sched_plan.h"
@@ -130,9 +131,11 @@ struct patd {
     uint64_t drain_deadline_ns;
     uint64_t drain_start_ns;
     int exit_code;
-    int watchdog;
+    patd_notify_t notify; /* the service manager (sd_notify's protocol, never blocking) */
+    int watchdog, watchdog_warned;
     uint64_t watchdog_usec;
-    uint64_t beat_seen[PATD_EXEC_MAX];
+    uint64_t beat_seen[PATD_EXEC_MAX], beat_moved_ns[PATD_EXEC_MAX];
+    uint64_t last_ping_ns, last_status_ns;
     void *mhd;
     patd_metrics_t m;
 

@@ -56,10 +56,10 @@ static void start_drain(patd_t *d, const char *why);
 /* SIGHUP and `patctl reload`: re-read the file, apply what is reloadable, tell systemd. */
 static int reload_config(patd_t *d, const char *who)
 {
-    sd_notify(0, "RELOADING=1");
+    patd_notify_state(&d->notify, "RELOADING=1");
     patd_notice("%s: reloading %s", who, d->cfg.path[0] ? d->cfg.path : "(no config file)");
     int rc = patd_config_reload(&d->cfg, &d->sized, d->argc, d->argv);
-    sd_notify(0, "READY=1");
+    patd_notify_state(&d->notify, "READY=1");
     return rc;
 }
 
@@ -361,7 +361,7 @@ static void start_drain(patd_t *d, const char *why)
     d->drain_deadline_ns = d->drain_start_ns + (uint64_t)d->cfg.drain_timeout_ms * 1000000ull;
     patd_notice("draining (%s): no new sessions, sequences or steps; %u sessions open", why,
                 d->n_conns);
-    sd_notify(0, "STOPPING=1\nSTATUS=draining in-flight steps");
+    patd_notify_state(&d->notify, "STOPPING=1\nSTATUS=draining in-flight steps");
 }
 
 static void on_signal(uv_signal_t *s, int signum)
@@ -379,29 +379,49 @@ static void on_signal(uv_signal_t *s, int signum)
     start_drain(d, strsignal(signum));
 }
 
+/* systemd's watchdog: WATCHDOG=1 every quarter of WatchdogSec while every executor moves (an
+ * idle one beats every 100 ms, a busy one on every wait slice and layer); an executor whose
+ * heartbeat has not moved for half of WatchdogSec is stuck: no ping (systemd restarts patd once
+ * the period passes) and one warning per episode. */
+static void watchdog_tick(patd_t *d, uint64_t now)
+{
+    const uint64_t period_ns = d->watchdog_usec * 1000ull;
+    uint32_t stuck = 0;
+    for (uint32_t i = 0; i < d->exec.n; i++) {
+        uint64_t b = atomic_load(&d->exec.beat[i]);
+        if (b != d->beat_seen[i] || !d->beat_moved_ns[i]) {
+            d->beat_seen[i] = b;
+            d->beat_moved_ns[i] = now;
+        }
+        stuck += now - d->beat_moved_ns[i] > period_ns / 2;
+    }
+    if (stuck) {
+        if (!d->watchdog_warned)
+            patd_warn("watchdog: %u executor(s) have not moved for %llu ms; not pinging", stuck,
+                      (unsigned long long)(period_ns / 2000000ull));
+        d->watchdog_warned = 1;
+        return;
+    }
+    d->watchdog_warned = 0;
+    if (now - d->last_ping_ns >= period_ns / 4) {
+        d->last_ping_ns = now;
+        patd_notify_ping(&d->notify, "WATCHDOG=1");
+    }
+}
+
 static void on_tick(uv_timer_t *t)
 {
     patd_t *d = t->data;
     uint64_t now = pat_now_ns();
     patd_conns_tick(d, now);
-    if (d->watchdog) {
-        int moving = 1;
-        for (uint32_t i = 0; i < d->exec.n; i++) {
-            uint64_t b = atomic_load(&d->exec.beat[i]);
-            moving &= b != d->beat_seen[i];
-            d->beat_seen[i] = b;
-        }
-        if (moving)
-            sd_notify(0, "WATCHDOG=1");
-        else
-            patd_warn("watchdog: an executor has not moved for %u ms", TICK_MS);
-    }
-    static uint64_t last_status;
-    if (now - last_status > 5000000000ull) {
-        last_status = now;
-        sd_notifyf(0, "STATUS=%s: %u sessions, %llu steps, backend %s",
-                   d->draining ? "draining" : "serving", d->n_conns,
-                   (unsigned long long)atomic_load(&d->m.steps), kern_backend_name(d->be));
+    patd_notify_flush(&d->notify);
+    if (d->watchdog)
+        watchdog_tick(d, now);
+    if (now - d->last_status_ns > 5000000000ull) {
+        d->last_status_ns = now;
+        patd_notify_ping(&d->notify, "STATUS=%s: %u sessions, %llu steps, backend %s",
+                         d->draining ? "draining" : "serving", d->n_conns,
+                         (unsigned long long)atomic_load(&d->m.steps), kern_backend_name(d->be));
     }
     if (d->draining) {
         uint32_t busy = 0;
@@ -563,6 +583,7 @@ int main(int argc, char **argv)
     static patd_t dd;
     patd_t *d = &dd;
     d->rep = d->pub = -1;
+    d->notify.fd = -1;
     d->argc = argc;
     d->argv = argv;
     int rc = patd_config_load(&d->cfg, argc, argv);
@@ -605,13 +626,14 @@ int main(int argc, char **argv)
         uv_signal_start(sigs[i], on_signal, signums[i]);
     }
     d->watchdog = sd_watchdog_enabled(0, &d->watchdog_usec) > 0;
+    patd_notify_open(&d->notify);
     if (d->watchdog && d->watchdog_usec / 1000 < 2 * TICK_MS)
         patd_warn("WatchdogSec below %u ms is shorter than the check period", 2 * TICK_MS);
     patd_notice("ready: control ipc://%s, events ipc://%s, %u executors, metrics %s%u",
                 d->sock_path, d->ev_path, d->exec.n, d->cfg.metrics_port ? "127.0.0.1:" : "off ",
                 d->cfg.metrics_port);
-    sd_notifyf(0, "READY=1\nSTATUS=serving on %s (%s backend)\nMAINPID=%d", d->sock_path,
-               kern_backend_name(d->be), getpid());
+    patd_notify_state(&d->notify, "READY=1\nSTATUS=serving on %s (%s backend)\nMAINPID=%d",
+                      d->sock_path, kern_backend_name(d->be), getpid());
     uv_run(&d->loop, UV_RUN_DEFAULT);
     patd_notice("stopped: %llu steps served, %llu sessions", (unsigned long long)d->m.steps,
                 (unsigned long long)d->m.conns_opened);
@@ -619,6 +641,7 @@ int main(int argc, char **argv)
 out:
     patd_metrics_stop(d);
     patd_exec_stop(&d->exec);
+    patd_notify_close(&d->notify);
     /* sessions still open (only after a start-up failure or a forced stop) */
     for (uint32_t i = 0; i < d->n_conns; i++)
         ipc_shm_close(&d->conns[i]->shm);

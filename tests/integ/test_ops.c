@@ -296,11 +296,67 @@ static void test_sd_notify_reload_metrics_events(void **state)
     unlink(conf);
 }
 
+/* A service manager that stops reading its notify socket (its datagram queue fills after
+ * net.unix.max_dgram_qlen messages, 10 by default) must not stall the daemon: sd_notify's
+ * blocking send did, and every client then timed out. With a watchdog pinging at its fastest,
+ * the queue is full within a second; requests keep being answered for three, and the drain's
+ * STOPPING=1, kept while the queue is full, arrives once the manager reads again. */
+static void test_notify_never_read(void **state)
+{
+    char sockpath[108];
+    snprintf(sockpath, sizeof(sockpath), "/tmp/patd-notify-full.%d", (int)getpid());
+    unlink(sockpath);
+    int ns = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sockpath);
+    assert_int_equal(bind(ns, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    setenv("NOTIFY_SOCKET", sockpath, 1);
+    setenv("WATCHDOG_USEC", "200000", 1); /* a ping every tick */
+    unsetenv("WATCHDOG_PID");
+    tl_daemon_t d;
+    assert_int_equal(tl_daemon_start(&d, NULL), 0);
+    unsetenv("NOTIFY_SOCKET");
+    unsetenv("WATCHDOG_USEC");
+    uint64_t t0 = pat_now_ns(), worst = 0;
+    uint32_t answered = 0;
+    while (pat_now_ns() - t0 < 3000000000ull) {
+        uint64_t t = pat_now_ns();
+        pat_status_t st = {.size = sizeof(st)};
+        assert_int_equal(pat_status(d.sock, 2000, &st), 0);
+        worst = PAT_MAX(worst, pat_now_ns() - t);
+        answered++;
+        usleep(20000);
+    }
+    printf("notify queue full: %u requests answered in 3 s, slowest %.1f ms\n", answered,
+           worst / 1e6);
+    assert_true(answered >= 20);
+    /* drain: STOPPING=1 cannot go out until the queue has room, and then it does */
+    char out[256];
+    assert_int_equal(run(out, sizeof(out), "%s --socket %s drain", patctl_bin(), d.sock), 0);
+    struct timeval tv = {0, 200000};
+    setsockopt(ns, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    int stopping = 0;
+    t0 = pat_now_ns();
+    while (!stopping && pat_now_ns() - t0 < 5000000000ull) {
+        char msg[512];
+        ssize_t m = recv(ns, msg, sizeof(msg) - 1, 0);
+        if (m > 0) {
+            msg[m] = 0;
+            stopping |= strstr(msg, "STOPPING=1") != NULL;
+        }
+    }
+    assert_true(stopping);
+    tl_daemon_stop(&d);
+    close(ns);
+    unlink(sockpath);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_validation),
         cmocka_unit_test(test_sd_notify_reload_metrics_events),
+        cmocka_unit_test(test_notify_never_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,90 @@
+/*
+ * patd_notify.c — sd_notify's datagram protocol on a non-blocking socket (patd_notify.h).
+ */
+#include "patd_notify.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "patd_log.h"
+
+int patd_notify_open(patd_notify_t *n)
+{
+    memset(n, 0, sizeof(*n));
+    n->fd = -1;
+    const char *e = getenv("NOTIFY_SOCKET");
+    if (!e || !*e)
+        return 0;
+    size_t len = strlen(e);
+    if ((e[0] != '/' && e[0] != '@') || len >= sizeof(n->addr.sun_path)) {
+        patd_warn("NOTIFY_SOCKET '%s' is not an absolute path or @name; not notifying", e);
+        unsetenv("NOTIFY_SOCKET");
+        return -EINVAL;
+    }
+    n->addr.sun_family = AF_UNIX;
+    memcpy(n->addr.sun_path, e, len);
+    if (e[0] == '@')
+        n->addr.sun_path[0] = 0; /* abstract namespace */
+    n->addr_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len + (e[0] == '/'));
+    n->fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (n->fd < 0) {
+        int rc = -errno;
+        patd_warn("notify socket: %s; not notifying", strerror(-rc));
+        return rc;
+    }
+    unsetenv("NOTIFY_SOCKET");
+    return 0;
+}
+
+void patd_notify_close(patd_notify_t *n)
+{
+    if (n->fd >= 0)
+        close(n->fd);
+    n->fd = -1;
+}
+
+static int send_text(patd_notify_t *n, const char *text)
+{
+    if (n->fd < 0)
+        return 0;
+    ssize_t r = sendto(n->fd, text, strlen(text), MSG_DONTWAIT | MSG_NOSIGNAL,
+                       (const struct sockaddr *)&n->addr, n->addr_len);
+    if (r >= 0)
+        return 0;
+    if (errno == EAGAIN || errno == EWOULDBLOCK)
+        return -EAGAIN;
+    return -errno; /* ECONNREFUSED: the manager went away; nothing to do about it here */
+}
+
+int patd_notify_ping(patd_notify_t *n, const char *fmt, ...)
+{
+    char text[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    int rc = send_text(n, text);
+    if (rc == -EAGAIN)
+        n->dropped++;
+    return rc == -EAGAIN ? rc : 0;
+}
+
+void patd_notify_state(patd_notify_t *n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(n->pending, sizeof(n->pending), fmt, ap);
+    va_end(ap);
+    patd_notify_flush(n);
+}
+
+void patd_notify_flush(patd_notify_t *n)
+{
+    if (n->pending[0] && send_text(n, n->pending) != -EAGAIN)
+        n->pending[0] = 0;
+}
