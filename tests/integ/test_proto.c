@@ -599,13 +599,100 @@ static void test_block_quota(void **state)
     assert_int_equal(tl_daemon_status(&D, "pool_check"), 0);
 }
 
+/* A session with one open sequence on its own socket, and a STEP_BEGIN frame for it. */
+typedef struct raw_sess {
+    int sock;
+    uint64_t id;
+    uint32_t seq;
+    uint64_t step;
+} raw_sess_t;
+
+static raw_sess_t raw_session(void)
+{
+    raw_sess_t r = {.sock = raw_socket()};
+    r.id = raw_hello(r.sock);
+    frame_t f;
+    uint32_t ob[2 + 4] = {4, 0, 11, 12, 13, 14};
+    ipc_seq_rep_t orep;
+    frame_make(&f, IPC_OP_SEQ_OPEN, r.id, ob, sizeof(ob));
+    assert_int_equal(raw_call(r.sock, f.b, f.len, &orep, sizeof(orep)), 0);
+    r.seq = orep.seq;
+    return r;
+}
+
+static void begin_frame(frame_t *f, raw_sess_t *r)
+{
+    struct {
+        ipc_step_begin_req_t b;
+        ipc_step_seq_t q;
+        uint32_t tok[4];
+    } __attribute__((packed)) body = {{1, 4, 0, 0}, {r->seq, 4}, {11, 12, 13, 14}};
+    frame_make(f, IPC_OP_STEP_BEGIN, r->id, &body, sizeof(body));
+    r->step++;
+}
+
+static void end_frame(frame_t *f, const raw_sess_t *r)
+{
+    ipc_step_end_req_t end = {r->step, IPC_STEP_END_ABORT, 0};
+    frame_make(f, IPC_OP_STEP_END, r->id, &end, sizeof(end));
+}
+
+/* STEP_END(abort) that arrives while its STEP_BEGIN is still unanswered, the step still queued
+ * (both executors hold other sessions' steps, which wait for hand-overs that never come): both
+ * requests get an answer once an executor is free. The daemon used to answer the BEGIN of the
+ * cpu step that never started and drop the END that stopped it: that client waited forever. */
+static void test_end_before_begin_answered(void **state)
+{
+    raw_sess_t busy[2] = {raw_session(), raw_session()}, me = raw_session();
+    int end_sock = raw_socket(); /* the END travels on a socket of its own */
+    frame_t f;
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < 2; i++) { /* both executors: a step waiting for layer 0 */
+            begin_frame(&f, &busy[i]);
+            ipc_step_begin_rep_t rep;
+            assert_int_equal(raw_call(busy[i].sock, f.b, f.len, &rep, sizeof(rep)), 0);
+        }
+        begin_frame(&f, &me);
+        assert_int_equal(nn_send(me.sock, f.b, f.len, 0), (int)f.len);
+        end_frame(&f, &me);
+        assert_int_equal(nn_send(end_sock, f.b, f.len, 0), (int)f.len);
+        usleep(100000);               /* both are read while the step is queued */
+        for (int i = 0; i < 2; i++) { /* free the executors */
+            end_frame(&f, &busy[i]);
+            ipc_step_end_rep_t rep;
+            assert_int_equal(raw_call(busy[i].sock, f.b, f.len, &rep, sizeof(rep)), 0);
+            assert_int_equal(rep.committed, 0);
+        }
+        void *msg = NULL;
+        int n = nn_recv(me.sock, &msg, NN_MSG, 0); /* 3 s timeout (raw_socket) */
+        if (n < (int)sizeof(ipc_hdr_t))
+            fail_msg("round %d: no answer to STEP_BEGIN", round);
+        nn_freemsg(msg);
+        n = nn_recv(end_sock, &msg, NN_MSG, 0);
+        if (n < (int)sizeof(ipc_hdr_t))
+            fail_msg("round %d: no answer to STEP_END", round);
+        ipc_hdr_t h;
+        assert_int_equal(ipc_frame_check(msg, (size_t)n, 1, &h), 0);
+        assert_int_equal(h.opcode, IPC_OP_STEP_END);
+        nn_freemsg(msg);
+    }
+    raw_sess_t *all[3] = {&busy[0], &busy[1], &me};
+    for (int i = 0; i < 3; i++) {
+        frame_make(&f, IPC_OP_BYE, all[i]->id, NULL, 0);
+        assert_int_equal(raw_call(all[i]->sock, f.b, f.len, NULL, 0), 0);
+        nn_close(all[i]->sock);
+    }
+    nn_close(end_sock);
+    assert_int_equal(tl_daemon_status(&D, "blocks_used"), 0);
+    assert_int_equal(tl_daemon_status(&D, "pool_check"), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_malformed_frames),
-        cmocka_unit_test(test_connect_refusals),
-        cmocka_unit_test(test_sequences_and_quotas),
-        cmocka_unit_test(test_block_quota),
+        cmocka_unit_test(test_malformed_frames),          cmocka_unit_test(test_connect_refusals),
+        cmocka_unit_test(test_sequences_and_quotas),      cmocka_unit_test(test_block_quota),
+        cmocka_unit_test(test_end_before_begin_answered),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
