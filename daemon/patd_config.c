@@ -8,7 +8,9 @@
  */
 #include "patd_config.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <grp.h>
 #include <ini.h>
 #include <stdatomic.h>
 #include <limits.h>
@@ -142,6 +144,8 @@ static const opt_t opts[] = {
      "staging buffer MiB per connection", NULL, NULL},
     {"limits", "lease_ms", T_U32, F(lease_ms), 100, 3600000, "10000", 1,
      "a client whose pid cannot be watched must send a request this often", NULL, NULL},
+    {"limits", "max_lease_ms", T_U32, F(max_lease_ms), 100, 3600000, "60000", 1,
+     "longest lease a client may ask for in its HELLO (longer asks are cut to this)", NULL, NULL},
     {"limits", "step_timeout_ms", T_U32, F(step_timeout_ms), 10, 3600000, "30000", 1,
      "longest wait for a client's next layer before its step is aborted", NULL, NULL},
 };
@@ -303,8 +307,21 @@ static int validate(const patd_config_t *c)
         fprintf(stderr, "patd: daemon.liveness must be auto or lease (got '%s')\n", c->liveness);
         return -EINVAL;
     }
-    if (strchr(c->name, '/') || c->name[0] == '.') {
-        fprintf(stderr, "patd: daemon.name '%s' must not contain '/' or start with '.'\n", c->name);
+    for (const char *p = c->name; *p; p++)
+        if (!(isalnum((unsigned char)*p) || strchr("-_.@", *p)) || c->name[0] == '.') {
+            fprintf(stderr,
+                    "patd: daemon.name '%s' may hold letters, digits, '-', '_', '@' and '.' (not "
+                    "first) only\n",
+                    c->name);
+            return -EINVAL;
+        }
+    if (c->socket_group[0] && !getgrnam(c->socket_group)) {
+        fprintf(stderr, "patd: daemon.socket_group '%s' does not exist\n", c->socket_group);
+        return -EINVAL;
+    }
+    if (c->lease_ms > c->max_lease_ms) {
+        fprintf(stderr, "patd: limits.lease_ms %u exceeds limits.max_lease_ms %u\n", c->lease_ms,
+                c->max_lease_ms);
         return -EINVAL;
     }
     if (c->conn_max_blocks > c->blocks) {

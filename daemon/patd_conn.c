@@ -134,7 +134,9 @@ static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *
     c->session = (d->instance & 0xffffffff00000000ull) | (++d->next_session & 0xffffffffu);
     c->pid = (pid_t)r->pid;
     c->pidfd = pidfd >= 0 ? pidfd : -1;
-    c->lease_ns = (uint64_t)(r->lease_ms ? PAT_MAX(r->lease_ms, 100u) : cfg->lease_ms) * 1000000;
+    uint32_t lease_ms = r->lease_ms ? r->lease_ms : cfg->lease_ms;
+    lease_ms = PAT_MIN(PAT_MAX(lease_ms, 100u), cfg->max_lease_ms); /* a lease has bounds */
+    c->lease_ns = (uint64_t)lease_ms * 1000000;
     c->last_seen_ns = c->opened_ns = pat_now_ns();
     memcpy(c->label, r->label, sizeof(c->label));
     c->max_seqs = max_seqs;

@@ -82,7 +82,8 @@ struct patd_conn {
     int closing;              /* reclaim pending: waiting for the executor to give the step back */
     const char *close_reason; /* for the log and the event */
     patd_req_t bye_req;       /* BYE answered once reclaimed */
-    uint64_t last_corr;       /* idempotent replay of the last reply (REQ resends) */
+    uint64_t last_corr;       /* idempotent replay of the last reply (REQ resends) ... */
+    uint32_t last_op;         /* ... of the same request: correlation id and opcode */
     void *last_reply;
     size_t last_reply_len;
 };

@@ -44,6 +44,7 @@ static void reply_frame(patd_t *d, patd_conn_t *c, patd_req_t *to, ipc_buf_t *b)
         memcpy(c->last_reply, b->data, b->len);
         c->last_reply_len = b->len;
         c->last_corr = to->hdr.corr;
+        c->last_op = to->hdr.opcode;
     }
     patd_send(d, to, b->data, b->len);
 }

@@ -308,7 +308,8 @@ static void handle_frame(patd_t *d, const uint8_t *buf, size_t len, patd_req_t *
         return;
     }
     c->last_seen_ns = pat_now_ns();
-    if (h.corr == c->last_corr && c->last_reply) { /* a resend: same answer, applied once */
+    if (h.corr == c->last_corr && h.opcode == c->last_op && c->last_reply) {
+        /* a resend: the same answer, applied once */
         patd_send(d, rq, c->last_reply, c->last_reply_len);
         return;
     }
@@ -440,21 +441,46 @@ static void on_tick(uv_timer_t *t)
     }
 }
 
-static int make_dir(const char *path, mode_t mode)
+/* The runtime directory: created 0755 if missing; an existing one must be a real directory
+ * (not a symlink) owned by the daemon's user and writable by nobody else, or anyone who could
+ * write there could put their own socket where clients look for patd's. */
+static int runtime_dir(const char *path)
 {
-    if (mkdir(path, mode) == 0 || errno == EEXIST)
-        return 0;
-    return -errno;
+    if (mkdir(path, 0755) < 0 && errno != EEXIST) {
+        int rc = -errno;
+        patd_err("runtime directory %s: %s", path, strerror(-rc));
+        return rc;
+    }
+    struct stat st;
+    if (lstat(path, &st) < 0) {
+        int rc = -errno;
+        patd_err("runtime directory %s: %s", path, strerror(-rc));
+        return rc;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        patd_err("runtime directory %s is not a directory (a symlink?); refusing it", path);
+        return -ENOTDIR;
+    }
+    if (st.st_uid != geteuid()) {
+        patd_err("runtime directory %s belongs to uid %u, not to patd's uid %u; refusing it "
+                 "(another user could have put a socket there)",
+                 path, (unsigned)st.st_uid, (unsigned)geteuid());
+        return -EPERM;
+    }
+    if (st.st_mode & 0022) {
+        patd_err("runtime directory %s is writable by group or others (mode %04o); refusing it",
+                 path, (unsigned)(st.st_mode & 07777));
+        return -EPERM;
+    }
+    return 0;
 }
 
 static int open_sockets(patd_t *d)
 {
     const patd_config_t *cfg = &d->cfg;
-    int rc = make_dir(cfg->runtime_dir, 0755);
-    if (rc < 0) {
-        patd_err("runtime directory %s: %s", cfg->runtime_dir, strerror(-rc));
+    int rc = runtime_dir(cfg->runtime_dir);
+    if (rc < 0)
         return rc;
-    }
     snprintf(d->sock_path, sizeof(d->sock_path), "%.255s/%.63s.sock", cfg->runtime_dir, cfg->name);
     snprintf(d->ev_path, sizeof(d->ev_path), "%.255s/%.63s.events", cfg->runtime_dir, cfg->name);
     d->gid = (gid_t)-1;
@@ -591,6 +617,7 @@ int main(int argc, char **argv)
         return rc > 0 ? 0 : 1;
     setvbuf(stderr, NULL, _IOLBF, 0);
     signal(SIGPIPE, SIG_IGN);
+    signal(SIGXFSZ, SIG_IGN); /* a file-size limit below a staging buffer: EFBIG, refused HELLO */
     d->t_start_ns = pat_now_ns();
     if (getrandom(&d->instance, sizeof(d->instance), 0) != sizeof(d->instance))
         d->instance = d->t_start_ns ^ ((uint64_t)getpid() << 40);

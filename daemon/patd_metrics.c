@@ -156,6 +156,12 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
     return ret;
 }
 
+/* Scrapes take milliseconds: a connection idle for METRICS_IDLE_S is closed, and the limit is
+ * far above what scrapers open, so that idle connections (anyone on the host may open them) do
+ * not lock a scraper out; each costs one fd while it lasts. */
+#define METRICS_MAX_CONNS 256u
+#define METRICS_IDLE_S    2u
+
 int patd_metrics_start(patd_t *d)
 {
     if (!d->cfg.metrics_port)
@@ -163,10 +169,10 @@ int patd_metrics_start(patd_t *d)
     struct sockaddr_in sa = {.sin_family = AF_INET,
                              .sin_port = htons((uint16_t)d->cfg.metrics_port),
                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    d->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
-                              (uint16_t)d->cfg.metrics_port, NULL, NULL, on_http, d,
-                              MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_LIMIT, 16u,
-                              MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+    d->mhd = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, (uint16_t)d->cfg.metrics_port, NULL,
+        NULL, on_http, d, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_LIMIT, METRICS_MAX_CONNS,
+        MHD_OPTION_CONNECTION_TIMEOUT, METRICS_IDLE_S, MHD_OPTION_END);
     if (!d->mhd) {
         patd_err("metrics: cannot listen on 127.0.0.1:%u (in use? set metrics_port=0 to "
                  "disable)",

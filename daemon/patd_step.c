@@ -11,9 +11,10 @@
  *   2. build the plan (pack reused when the forest's structure did not change);
  *   3. move to RUNNING and post (the loop replies to STEP_BEGIN), then per layer: wait for the
  *      client's ready word, append K/V and attend under be_mu, write O, post the done word.
- * Waits are sliced (50 ms) so an abort from the loop (client died, STEP_END early, drain) or
- * the step timeout ends a step promptly; every slice also bumps the executor's heartbeat, which
- * the systemd watchdog reads.
+ * An executor waits at most PARK_AFTER_NS for a client's layer; then the step is parked with the
+ * pool's watcher, which submits it again once the layer is handed over, the loop asks it to stop
+ * (client died, STEP_END early, drain) or limits.step_timeout_ms passed without a hand-over, so
+ * a stalled client holds no executor and costs the others nothing.
  *
  * GPU sessions (cuda backend) run the same phases 1 and 2, then the executor answers STEP_BEGIN
  * at once and enqueues the step's layers on its own lane, at most gpu.enqueue_depth ahead of the
@@ -40,7 +41,10 @@
 #include "patd_log.h"
 #include "pat_base.h"
 
-#define WAIT_SLICE_NS 50000000ull
+/* A cpu step's executor waits this long for its client's next layer before parking the step
+ * (a frontend that keeps up hands over within microseconds; one that stalls costs others at
+ * most this, once, per parking) */
+#define PARK_AFTER_NS 200000ull
 
 /* ------------------------------------------------------------------ states */
 #define B(s) (1u << STEP_##s)
@@ -469,25 +473,67 @@ static int step_prepare(patd_conn_t *c)
 }
 
 /* Waits for the client's layer tick. 0, -ECANCELED (abort), -ETIMEDOUT (step timeout). */
-static int wait_ready(patd_t *d, patd_conn_t *c, uint32_t tick, uint32_t exec_id)
+/* A cpu step waiting for its client's next layer: ready (0), -ECANCELED (abort), -ETIMEDOUT (no
+ * hand-over for limits.step_timeout_ms), or -EAGAIN: not yet after PARK_AFTER_NS, the step is to
+ * be parked so that this executor serves others. */
+static int wait_ready(patd_t *d, patd_conn_t *c, uint32_t exec_id)
 {
+    patd_step_t *st = &c->step;
     ipc_sig_t *g = patd_conn_sig(c);
-    uint64_t limit = (uint64_t)d->cfg.step_timeout_ms * 1000000ull;
-    uint64_t t0 = pat_now_ns();
+    const uint64_t limit = (uint64_t)d->cfg.step_timeout_ms * 1000000ull;
+    const uint64_t t0 = pat_now_ns();
     for (;;) {
         uint32_t v = atomic_load_explicit(&g->ready, memory_order_acquire);
-        if ((int32_t)(v - tick) >= 0)
+        if ((int32_t)(v - st->wait_tick) >= 0)
             return 0;
-        if (atomic_load(&c->step.abort))
+        if (atomic_load(&st->abort))
             return -ECANCELED;
-        if (pat_now_ns() - t0 > limit)
+        uint64_t now = pat_now_ns();
+        if (now - st->wait_since_ns > limit)
             return -ETIMEDOUT;
-        ipc_sig_wait(&g->ready, v, WAIT_SLICE_NS);
+        if (now - t0 >= PARK_AFTER_NS)
+            return -EAGAIN;
+        ipc_sig_wait(&g->ready, v, PARK_AFTER_NS - (now - t0));
         patd_exec_beat(&d->exec, exec_id);
     }
 }
 
-static void step_run(patd_t *d, patd_conn_t *c, uint32_t exec_id)
+/* The pool's watcher asks this of a parked cpu step (any thread; reads atomics only): run it
+ * again once its client handed the layer over, the loop asked it to stop, or it timed out. */
+static int step_unpark(void *arg)
+{
+    patd_conn_t *c = arg;
+    const patd_step_t *st = &c->step;
+    uint32_t v = atomic_load_explicit(&patd_conn_sig(c)->ready, memory_order_acquire);
+    return (int32_t)(v - st->wait_tick) >= 0 || atomic_load(&st->abort) ||
+           pat_now_ns() - st->wait_since_ns > (uint64_t)c->d->cfg.step_timeout_ms * 1000000ull;
+}
+
+/* Starts a cpu step: reserve and pack, answer BEGIN. 0, or a negative errno (nothing reserved). */
+static int step_start_cpu(patd_t *d, patd_conn_t *c)
+{
+    patd_step_t *st = &c->step;
+    ipc_sig_t *g = patd_conn_sig(c);
+    if (atomic_load(&st->abort))
+        return -ECANCELED;
+    int rc = step_prepare(c);
+    if (rc < 0)
+        return rc;
+    st->t_begun_ns = pat_now_ns();
+    st->next_layer = 0;
+    st->wait_tick = st->tick_base + 1;
+    st->wait_since_ns = st->t_begun_ns;
+    atomic_store(&g->err, 0);
+    atomic_store(&g->state, IPC_STATE_OPEN);
+    step_move(st, STEP_RUNNING);
+    patd_exec_post(&d->exec, c, NULL, 0); /* the loop replies to STEP_BEGIN; the step stays ours */
+    return 0;
+}
+
+/* Runs a cpu step's layers from next_layer on as long as its client hands them over. 0 when
+ * every layer ran or the step ended (err set), -EAGAIN when it was parked waiting for its
+ * client: an executor never waits long on one client (no head-of-line blocking). */
+static int step_layers_cpu(patd_t *d, patd_conn_t *c, uint32_t exec_id)
 {
     patd_step_t *st = &c->step;
     ipc_sig_t *g = patd_conn_sig(c);
@@ -495,23 +541,15 @@ static void step_run(patd_t *d, patd_conn_t *c, uint32_t exec_id)
     kern_attn_params_t ap = {.scale = d->cfg.scale > 0 ? d->cfg.scale
                                                        : 1.0f / sqrtf((float)d->model.head_dim),
                              .softcap = d->cfg.softcap};
-    if (atomic_load(&st->abort)) {
-        st->err = -ECANCELED;
-        return;
-    }
-    int rc = step_prepare(c);
-    if (rc < 0) {
-        st->err = rc;
-        return;
-    }
-    st->t_begun_ns = pat_now_ns();
-    atomic_store(&g->err, 0);
-    atomic_store(&g->state, IPC_STATE_OPEN);
-    step_move(st, STEP_RUNNING);
-    patd_exec_post(&d->exec, c, NULL, 0); /* the loop replies to STEP_BEGIN; the step stays ours */
-    for (uint32_t l = 0; l < d->model.n_layers; l++) {
-        uint32_t tick = st->tick_base + l + 1;
-        if ((rc = wait_ready(d, c, tick, exec_id)) < 0)
+    int rc = 0;
+    while (st->next_layer < d->model.n_layers) {
+        const uint32_t l = st->next_layer;
+        st->wait_tick = st->tick_base + l + 1;
+        if ((rc = wait_ready(d, c, exec_id)) == -EAGAIN) {
+            patd_exec_park(&d->exec, step_job, c, step_unpark, &g->ready);
+            return -EAGAIN;
+        }
+        if (rc < 0)
             break;
         uint64_t t0 = pat_now_ns();
         pthread_mutex_lock(&d->be_mu);
@@ -530,16 +568,23 @@ static void step_run(patd_t *d, patd_conn_t *c, uint32_t exec_id)
         atomic_fetch_add(&d->m.kv_bytes, st->kv_bytes);
         atomic_fetch_add(&d->m.qc_bytes, st->qc_bytes);
         st->layers_done = l + 1;
-        ipc_sig_post(&g->done, tick);
+        st->next_layer = l + 1;
+        st->wait_since_ns = pat_now_ns();
+        ipc_sig_post(&g->done, st->wait_tick);
         patd_exec_beat(&d->exec, exec_id);
     }
     st->t_done_ns = pat_now_ns();
+    if (rc == -ETIMEDOUT)
+        patd_notice("session %016llx: step %llu cut: no hand-over of layer %u for %u ms",
+                    (unsigned long long)c->session, (unsigned long long)st->id, st->next_layer,
+                    d->cfg.step_timeout_ms);
     if (rc < 0) {
         st->err = rc;
         atomic_store(&g->err, rc);
         ipc_sig_post(&g->state, IPC_STATE_ABORTED);
         ipc_sig_wake(&g->done);
     }
+    return 0;
 }
 
 /* ------------------------------------------------------------------ GPU sessions */
@@ -717,16 +762,32 @@ static void step_run_gpu(patd_t *d, patd_conn_t *c, uint32_t exec_id)
     st->t_done_ns = pat_now_ns();
 }
 
-/* The executor's job: the session's whole step, then its last move. */
+/* The executor's job: the session's step, then its last move. A GPU step runs to its end on
+ * this executor (its waits are on the lane's progress); a cpu step runs its layers while its
+ * client keeps up and is parked (this job runs again later, on any executor) while it does not. */
 static void step_job(void *arg, uint32_t exec_id)
 {
     patd_conn_t *c = arg;
     patd_t *d = c->d;
     patd_step_t *st = &c->step;
-    step_move(st, atomic_load(&st->state) == STEP_REFUSED ? STEP_EMPTY : STEP_PREPARING);
-    if (c->gpu)
-        step_run_gpu(d, c, exec_id);
-    else
-        step_run(d, c, exec_id);
+    int s = atomic_load(&st->state);
+    if (s == STEP_QUEUED || s == STEP_REFUSED) {
+        step_move(st, s == STEP_REFUSED ? STEP_EMPTY : STEP_PREPARING);
+        if (c->gpu) {
+            step_run_gpu(d, c, exec_id);
+            step_give_back(d, c);
+            return;
+        }
+        int rc = step_start_cpu(d, c);
+        if (rc < 0) {
+            st->err = rc;
+            st->t_done_ns = pat_now_ns();
+            step_give_back(d, c);
+            return;
+        }
+    }
+    assert(atomic_load(&st->state) == STEP_RUNNING && !c->gpu);
+    if (step_layers_cpu(d, c, exec_id) == -EAGAIN)
+        return; /* parked: the pool's watcher submits it again */
     step_give_back(d, c);
 }

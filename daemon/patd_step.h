@@ -69,6 +69,9 @@ typedef struct patd_step {
     _Atomic int abort; /* loop -> executor: stop waiting, give the step back */
     int err;           /* first error (negative errno); set before the move that reports it */
     uint32_t layers_done;
+    uint32_t next_layer;    /* cpu: the layer the executor waits for or runs next */
+    uint32_t wait_tick;     /* cpu: the ready value that hands next_layer over */
+    uint64_t wait_since_ns; /* cpu: when the wait for next_layer began (step_timeout_ms) */
     uint64_t t_recv_ns, t_begun_ns, t_done_ns;
     uint64_t kv_bytes, qc_bytes;
     int pack_reused;

@@ -92,6 +92,9 @@ static int check_hello(const ipc_hello_req_t *r)
 {
     if (r->flags != 0 || memchr(r->label, 0, sizeof(r->label)) == NULL)
         return -EBADMSG;
+    for (const char *p = r->label; *p; p++) /* it goes into logs and SEQS lines verbatim */
+        if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e)
+            return -EINVAL;
     if (r->max_batch_tokens == 0 || r->max_batch_tokens > IPC_MAX_TOKENS)
         return -E2BIG;
     if (r->buffer_kind > IPC_BUF_CUDA_IPC)

@@ -140,7 +140,7 @@ typedef struct ipc_hello_req {
     uint32_t buffer_kind;      /* IPC_BUF_*, 0 = what the backend uses */
     uint32_t lease_ms;         /* 0 = the daemon's default; bounded by its min/max */
     uint32_t flags;            /* must be 0 */
-    char label[IPC_NAME_LEN];  /* free text for logs and `patctl seqs` */
+    char label[IPC_NAME_LEN];  /* printable ASCII for logs and `patctl seqs` (else -EINVAL) */
 } ipc_hello_req_t;
 _Static_assert(sizeof(ipc_hello_req_t) == 120, "hello layout");
 

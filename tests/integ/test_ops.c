@@ -16,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -102,6 +104,32 @@ static void test_config_validation(void **state)
         if (rc != 1 || !strstr(out, bad[i].why))
             fail_msg("config '%s': status %d, output '%s'", bad[i].text, rc, out);
     }
+    assert_int_equal(
+        run(out, sizeof(out), "%s --socket-group=no-such-group-xyz --check-config", patd_bin()), 1);
+    assert_non_null(strstr(out, "does not exist"));
+    assert_int_equal(run(out, sizeof(out), "%s '--name=evil\n<0>x' --check-config", patd_bin()), 1);
+    /* a runtime directory another user could write to, or that is a symlink, is refused */
+    char squat[] = "/tmp/patd-squat.XXXXXX";
+    assert_non_null(mkdtemp(squat));
+    chmod(squat, 0777);
+    assert_int_equal(
+        run(out, sizeof(out), "%s --runtime-dir=%s --metrics-port=0", patd_bin(), squat), 1);
+    assert_non_null(strstr(out, "writable by group or others"));
+    if (geteuid() == 0) { /* root can hand it to another user, as a squatter would own it */
+        chmod(squat, 0755);
+        assert_int_equal(chown(squat, 65534, 65534), 0);
+        assert_int_equal(
+            run(out, sizeof(out), "%s --runtime-dir=%s --metrics-port=0", patd_bin(), squat), 1);
+        assert_non_null(strstr(out, "belongs to uid 65534"));
+    }
+    char link[64];
+    snprintf(link, sizeof(link), "%s.link", squat);
+    assert_int_equal(symlink(squat, link), 0);
+    assert_int_equal(
+        run(out, sizeof(out), "%s --runtime-dir=%s --metrics-port=0", patd_bin(), link), 1);
+    assert_non_null(strstr(out, "not a directory"));
+    unlink(link);
+    rmdir(squat);
     assert_int_equal(run(out, sizeof(out), "%s --config /nonexistent.conf", patd_bin()), 1);
     assert_non_null(strstr(out, "cannot open config"));
     assert_int_equal(run(out, sizeof(out), "%s --no-such-option=1", patd_bin()), 1);
@@ -198,10 +226,18 @@ static void test_sd_notify_reload_metrics_events(void **state)
     assert_true(up);
     assert_int_equal(stored, 2); /* 33 tokens: two full blocks published */
 
-    /* metrics over HTTP on loopback */
-    int hs = socket(AF_INET, SOCK_STREAM, 0);
+    /* metrics over HTTP on loopback, while 40 idle connections (anyone on the host may open
+     * them) sit on the server: they must not lock the scraper out */
     struct sockaddr_in ha = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     ha.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int idle[40];
+    for (int i = 0; i < 40; i++) {
+        idle[i] = socket(AF_INET, SOCK_STREAM, 0);
+        assert_int_equal(connect(idle[i], (struct sockaddr *)&ha, sizeof(ha)), 0);
+    }
+    int hs = socket(AF_INET, SOCK_STREAM, 0);
+    struct timeval htv = {5, 0};
+    setsockopt(hs, SOL_SOCKET, SO_RCVTIMEO, &htv, sizeof(htv));
     assert_int_equal(connect(hs, (struct sockaddr *)&ha, sizeof(ha)), 0);
     const char *get = "GET /metrics HTTP/1.0\r\n\r\n";
     assert_int_equal(write(hs, get, strlen(get)), (ssize_t)strlen(get));
@@ -212,6 +248,8 @@ static void test_sd_notify_reload_metrics_events(void **state)
         got += (size_t)n;
     resp[got] = 0;
     close(hs);
+    for (int i = 0; i < 40; i++)
+        close(idle[i]);
     assert_non_null(strstr(resp, "200 OK"));
     assert_non_null(strstr(resp, "patd_steps_total 1\n"));
     assert_non_null(strstr(resp, "patd_kv_blocks_used"));
@@ -296,6 +334,33 @@ static void test_sd_notify_reload_metrics_events(void **state)
     unlink(conf);
 }
 
+/* Under a file-size limit smaller than a staging buffer (LimitFSIZE=), the HELLO that needs one
+ * is refused; the kernel's SIGXFSZ used to kill patd there. */
+static void test_fsize_limit(void **state)
+{
+    struct rlimit old, lim = {1u << 20, 1u << 20};
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0); /* inherited by the daemon */
+    tl_daemon_t d;
+    int started = tl_daemon_start(&d, NULL);
+    setrlimit(RLIMIT_FSIZE, &old);
+    assert_int_equal(started, 0);
+    pat_connect_opts_t o = {.size = sizeof(o),
+                            .max_batch_tokens = 4096,
+                            .socket = d.sock,
+                            .model = MODEL}; /* ~10 MiB of staging rows */
+    pat_conn_t *c = NULL;
+    char why[256];
+    assert_int_equal(pat_connect(&o, &c, why, sizeof(why)), -ENOMEM);
+    assert_non_null(strstr(why, "staging buffer"));
+    o.max_batch_tokens = 64; /* a small one still fits: the daemon serves on */
+    assert_int_equal(pat_connect(&o, &c, why, sizeof(why)), 0);
+    assert_int_equal(pat_ping(c), 0);
+    pat_close(c);
+    assert_int_equal(tl_daemon_signal_wait(&d, SIGTERM, 5000), 0);
+    tl_daemon_stop(&d);
+}
+
 /* A service manager that stops reading its notify socket (its datagram queue fills after
  * net.unix.max_dgram_qlen messages, 10 by default) must not stall the daemon: sd_notify's
  * blocking send did, and every client then timed out. With a watchdog pinging at its fastest,
@@ -357,6 +422,7 @@ int main(void)
         cmocka_unit_test(test_config_validation),
         cmocka_unit_test(test_sd_notify_reload_metrics_events),
         cmocka_unit_test(test_notify_never_read),
+        cmocka_unit_test(test_fsize_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -476,6 +476,40 @@ static void test_connect_refusals(void **state)
     o.size = 0;
     assert_int_equal(pat_connect(&o, &c, why, sizeof(why)), -EINVAL);
     assert_string_equal(pat_strerror(-EMEDIUMTYPE), "model signature does not match the daemon's");
+    /* a label that would forge a log line (newline + a syslog priority) is refused */
+    o.size = sizeof(o);
+    o.socket = D.sock;
+    o.label = "x\n<0>patd: emergency";
+    assert_int_equal(pat_connect(&o, &c, why, sizeof(why)), -EINVAL);
+    assert_null(c);
+}
+
+/* Hostile HELLO fields and resends: a lease asked far beyond limits.max_lease_ms is cut to it
+ * (a session that never pings cannot pin its resources for days); a frame that reuses the
+ * correlation id of the previous request under another opcode is a new request, not a resend. */
+static void test_hello_bounds_and_resends(void **state)
+{
+    int s = raw_socket();
+    frame_t f;
+    ipc_hello_req_t r = good_hello();
+    r.lease_ms = 0xffffffffu;
+    ipc_hello_rep_t rep;
+    frame_make(&f, IPC_OP_HELLO, 0, &r, sizeof(r));
+    assert_int_equal(raw_call(s, f.b, f.len, &rep, sizeof(rep)), 0);
+    assert_int_equal(rep.lease_ms, 60000); /* the default limits.max_lease_ms */
+    /* PING, then SEQ_CLOSE of an unknown sequence with the PING's correlation id */
+    frame_make(&f, IPC_OP_PING, rep.session, NULL, 0);
+    assert_int_equal(raw_call(s, f.b, f.len, NULL, 0), 0);
+    uint64_t corr = HDR(&f)->corr;
+    ipc_seq_req_t q = {123456, 0};
+    frame_make(&f, IPC_OP_SEQ_CLOSE, rep.session, &q, sizeof(q));
+    HDR(&f)->corr = corr;
+    assert_int_equal(raw_call(s, f.b, f.len, NULL, 0), -ENOENT);
+    /* a real resend (same id, same opcode) still gets the kept answer */
+    assert_int_equal(raw_call(s, f.b, f.len, NULL, 0), -ENOENT);
+    frame_make(&f, IPC_OP_BYE, rep.session, NULL, 0);
+    assert_int_equal(raw_call(s, f.b, f.len, NULL, 0), 0);
+    nn_close(s);
 }
 
 static void test_sequences_and_quotas(void **state)
@@ -690,9 +724,12 @@ static void test_end_before_begin_answered(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_malformed_frames),          cmocka_unit_test(test_connect_refusals),
-        cmocka_unit_test(test_sequences_and_quotas),      cmocka_unit_test(test_block_quota),
+        cmocka_unit_test(test_malformed_frames),
+        cmocka_unit_test(test_connect_refusals),
+        cmocka_unit_test(test_sequences_and_quotas),
+        cmocka_unit_test(test_block_quota),
         cmocka_unit_test(test_end_before_begin_answered),
+        cmocka_unit_test(test_hello_bounds_and_resends),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
