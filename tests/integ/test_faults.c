@@ -243,15 +243,29 @@ static void test_lease_and_step_timeout(void **state)
     tl_daemon_stop(&d);
 }
 
-/* Bystander steps per second over `ms` milliseconds (every row checked against float64). */
-static double by_rate(bystander_t *b, uint32_t ms)
+/* Bystander steps per second over `steps` steps from fresh sequences (every row checked against
+ * float64): each measurement starts at the same context length, since a step's cost grows with
+ * it. The median of three runs. */
+static double by_rate(bystander_t *b, uint32_t steps)
 {
-    uint64_t t0 = pat_now_ns(), steps = 0;
-    while (pat_now_ns() - t0 < (uint64_t)ms * 1000000ull) {
-        by_step(b);
-        steps++;
+    double r[3];
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; i < 2; i++) { /* the same prompt again (cached), nothing generated yet */
+            assert_int_equal(pat_seq_close(b->c, b->s[i].seq), 0);
+            tl_seq_done(&b->s[i]);
+            tl_seq_init(&b->s[i]);
+            for (uint32_t t = 0; t < 64; t++)
+                tl_seq_push(&b->s[i], 3000 + t);
+            tl_seq_push(&b->s[i], 90 + (uint32_t)i);
+            assert_int_equal(tl_seq_open(b->c, &b->s[i]), 0);
+        }
+        uint64_t t0 = pat_now_ns();
+        for (uint32_t n = 0; n < steps; n++)
+            by_step(b);
+        r[k] = steps / ((pat_now_ns() - t0) / 1e9);
     }
-    return steps / ((pat_now_ns() - t0) / 1e9);
+    double lo = PAT_MIN(r[0], PAT_MIN(r[1], r[2])), hi = PAT_MAX(r[0], PAT_MAX(r[1], r[2]));
+    return r[0] + r[1] + r[2] - lo - hi;
 }
 
 /* A session that begins a step and never hands a layer over. */
@@ -275,7 +289,7 @@ static void test_stalled_sessions(void **state)
     bystander_t b;
     by_open(&b, &d);
     by_step(&b);
-    double alone = by_rate(&b, 1500);
+    double alone = by_rate(&b, 60);
     pat_conn_t *st[4];
     tl_seq_t ss[4];
     double with[2];
@@ -287,15 +301,15 @@ static void test_stalled_sessions(void **state)
              tl_daemon_status(&d, "steps_in_flight") < n && pat_now_ns() - t0 < 2000000000ull;)
             sleep_ms(5);
         assert_true(tl_daemon_status(&d, "steps_in_flight") >= n);
-        with[round] = by_rate(&b, 1500);
+        with[round] = by_rate(&b, 60);
         printf("bystander: %.0f steps/s alone, %.0f with %u stalled sessions (%.0f%%)\n", alone,
                with[round], n, 100.0 * with[round] / alone);
     }
-    /* the old executors waited for a stalled client for the whole step timeout: 0 steps/s here.
-     * The target (>= 90 %) is measured in tests/bench (bench_daemon); a loaded CI machine
-     * running this under ASan gets a looser bound */
-    assert_true(with[0] >= 0.6 * alone);
-    assert_true(with[1] >= 0.6 * alone);
+    /* executors used to wait for a stalled client for the whole step timeout: 0 steps/s here.
+     * Measured on a quiet machine: 96 % and 103 % (tests/bench/RESULTS.md); a loaded CI
+     * machine running this under ASan gets a looser bound than the 90 % target */
+    assert_true(with[0] >= 0.75 * alone);
+    assert_true(with[1] >= 0.75 * alone);
     for (uint32_t k = 0; k < 4; k++) { /* their sessions end: the stalled steps are reclaimed */
         pat_close(st[k]);
         tl_seq_done(&ss[k]);
