@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
@@ -537,6 +538,31 @@ static int open_sockets(patd_t *d)
     return 0;
 }
 
+/* Descriptors: every connection (session or not), pidfd, staging buffer and metrics client
+ * costs one. The soft limit is raised to the hard one (systemd's default soft limit is 1024),
+ * and a limit too low for max_conns sessions is said once at start, with the numbers, instead of
+ * being found by clients that hang. */
+static void raise_nofile(const patd_config_t *cfg)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+        return;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rlim_t was = rl.rlim_cur;
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+            rl.rlim_cur = was;
+    }
+    /* per session: its connection, pidfd and staging buffer; 64 for the daemon itself */
+    uint64_t need = 3ull * cfg->max_conns + 64;
+    if (rl.rlim_cur < need)
+        patd_warn("open-file limit %llu is below the %llu that limits.max_conns %u sessions "
+                  "need; raise LimitNOFILE= or lower max_conns",
+                  (unsigned long long)rl.rlim_cur, (unsigned long long)need, cfg->max_conns);
+    else
+        patd_info("open-file limit %llu", (unsigned long long)rl.rlim_cur);
+}
+
 static int create_pool(patd_t *d)
 {
     const patd_config_t *cfg = &d->cfg;
@@ -618,6 +644,7 @@ int main(int argc, char **argv)
     setvbuf(stderr, NULL, _IOLBF, 0);
     signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN); /* a file-size limit below a staging buffer: EFBIG, refused HELLO */
+    raise_nofile(&d->cfg);
     d->t_start_ns = pat_now_ns();
     if (getrandom(&d->instance, sizeof(d->instance), 0) != sizeof(d->instance))
         d->instance = d->t_start_ns ^ ((uint64_t)getpid() << 40);

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <nanomsg/nn.h>
 #include <nanomsg/pubsub.h>
+#include <nanomsg/reqrep.h>
 #include <netinet/in.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -361,6 +362,52 @@ static void test_fsize_limit(void **state)
     tl_daemon_stop(&d);
 }
 
+/* Started under a soft open-file limit of 64 (systemd's default soft limit is 1024, and a
+ * frontend fleet or a hostile local user opens connections without a HELLO), patd raises it to
+ * the hard limit: 150 idle connections later it still answers. It used to spin in nanomsg's
+ * accept at EMFILE while every new client hung. */
+static void test_nofile_limit(void **state)
+{
+    struct rlimit old, lim;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    if (old.rlim_max < 1024) {
+        printf("hard open-file limit %llu: nothing to raise to; skipped\n",
+               (unsigned long long)old.rlim_max);
+        return;
+    }
+    lim = (struct rlimit){64, old.rlim_max};
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &lim), 0); /* inherited by the daemon */
+    tl_daemon_t d;
+    int started = tl_daemon_start(&d, NULL);
+    setrlimit(RLIMIT_NOFILE, &old);
+    assert_int_equal(started, 0);
+    enum { IDLE = 150 };
+    int idle[IDLE];
+    char url[256];
+    snprintf(url, sizeof(url), "ipc://%s", d.sock);
+    for (int i = 0; i < IDLE; i++) {
+        idle[i] = nn_socket(AF_SP, NN_REQ);
+        assert_true(idle[i] >= 0);
+        assert_true(nn_connect(idle[i], url) >= 0);
+    }
+    usleep(300000); /* connections are made by nanomsg's worker */
+    pat_status_t st = {.size = sizeof(st)};
+    assert_int_equal(pat_status(d.sock, 3000, &st), 0);
+    pat_connect_opts_t o = {.size = sizeof(o),
+                            .max_batch_tokens = 64,
+                            .socket = d.sock,
+                            .timeout_ms = 3000,
+                            .model = MODEL};
+    pat_conn_t *c = NULL;
+    char why[256];
+    assert_int_equal(pat_connect(&o, &c, why, sizeof(why)), 0);
+    pat_close(c);
+    for (int i = 0; i < IDLE; i++)
+        nn_close(idle[i]);
+    assert_int_equal(tl_daemon_signal_wait(&d, SIGTERM, 5000), 0);
+    tl_daemon_stop(&d);
+}
+
 /* A service manager that stops reading its notify socket (its datagram queue fills after
  * net.unix.max_dgram_qlen messages, 10 by default) must not stall the daemon: sd_notify's
  * blocking send did, and every client then timed out. With a watchdog pinging at its fastest,
@@ -423,6 +470,7 @@ int main(void)
         cmocka_unit_test(test_sd_notify_reload_metrics_events),
         cmocka_unit_test(test_notify_never_read),
         cmocka_unit_test(test_fsize_limit),
+        cmocka_unit_test(test_nofile_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
