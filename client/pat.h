@@ -203,7 +203,9 @@ PAT_API int pat_step_end(pat_conn_t *c, int abort, pat_step_info_t *ret_info);
 PAT_API int pat_stats(const pat_conn_t *c, pat_conn_stats_t *ret);
 
 /* Operator requests (no session): *ret_text is malloc'd, NUL-terminated (the answer, or on a
- * daemon error its detail); free with pat_free. Returns 0 or a negative errno. */
+ * daemon error its detail); free with pat_free. Returns 0 or a negative errno. DRAIN, RELOAD and
+ * CHECK go to the admin socket beside `socket` (<name>.admin; since 1.2) and are refused with
+ * -EPERM unless the caller is patd's user, root or in its daemon.admin_group. */
 PAT_API int pat_admin(const char *socket, pat_admin_op_t op, uint32_t timeout_ms, char **ret_text);
 PAT_API void pat_free(void *p);
 /* The daemon's figures, typed (no session). ret->size must be set; fields a daemon does not

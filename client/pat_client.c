@@ -33,7 +33,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "ipc_proto.h"
@@ -850,32 +852,126 @@ int pat_stats(const pat_conn_t *c, pat_conn_stats_t *ret)
 
 /* One admin request on a socket of its own: 0 and the reply message (nn_freemsg it) with its
  * body, or a negative errno (the daemon's detail into tmp->err). */
-static int admin_call(const char *socket, uint32_t op, uint32_t timeout_ms, pat_conn_t *tmp,
-                      void **ret_msg, const void **ret_body, size_t *ret_len)
+/* Reads exactly n bytes from a stream socket before the deadline: 0, -ETIMEDOUT, -ECONNRESET. */
+static int read_full(int fd, void *buf, size_t n, uint64_t deadline_ns)
 {
-    const char *path = socket ? socket : pat_default_socket();
-    timeout_ms = timeout_ms ? timeout_ms : 10000;
-    int s, rc = open_socket(path, timeout_ms, &s);
-    if (rc < 0)
-        return rc == -ECONNREFUSED ? -ENOENT : rc;
+    size_t got = 0;
+    while (got < n) {
+        uint64_t now = pat_now_ns();
+        if (now >= deadline_ns)
+            return -ETIMEDOUT;
+        struct pollfd p = {fd, POLLIN, 0};
+        int r = poll(&p, 1, (int)((deadline_ns - now) / 1000000ull) + 1);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return r == 0 ? -ETIMEDOUT : -errno;
+        ssize_t k = read(fd, (uint8_t *)buf + got, n - got);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return -ECONNRESET;
+        got += (size_t)k;
+    }
+    return 0;
+}
+
+/* The admin socket beside a control socket: <dir>/<name>.sock -> <dir>/<name>.admin. */
+static void admin_path(const char *control, char *out, size_t len)
+{
+    size_t n = strlen(control);
+    if (n > 5 && !strcmp(control + n - 5, ".sock"))
+        snprintf(out, len, "%.*s.admin", (int)(n - 5), control);
+    else
+        snprintf(out, len, "%s.admin", control);
+}
+
+/* One request on the admin socket, where the daemon knows who asks (SO_PEERCRED): the reply
+ * frame, malloc'd. */
+static int admin_call_unix(const char *control, uint32_t op, uint32_t timeout_ms, void **ret_msg,
+                           size_t *ret_len)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    admin_path(control, sa.sun_path, sizeof(sa.sun_path));
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+        int rc = -errno;
+        close(fd);
+        return rc == -ECONNREFUSED || rc == -ENOENT ? -ENOENT : rc;
+    }
+    const uint64_t deadline = pat_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     ipc_buf_t b;
     ipc_buf_init(&b);
     uint64_t corr = (uint64_t)getpid() << 32 | (uint32_t)pat_now_ns();
     ipc_frame_start(&b, op, 0, corr, 0);
     ipc_frame_finish(&b);
-    void *msg = NULL;
-    size_t n;
-    if ((rc = send_frame(NULL, s, &b)) == 0 &&
-        (rc = recv_reply(NULL, s, corr, timeout_ms, &msg, &n)) == 0) {
-        rc = parse_reply(tmp, msg, n, ret_body, ret_len);
-        if (rc == 0)
-            *ret_msg = msg;
-        else
-            nn_freemsg(msg);
-    }
+    int rc = write(fd, b.data, b.len) == (ssize_t)b.len ? 0 : -ECONNRESET;
     ipc_buf_done(&b);
-    nn_close(s);
-    return rc;
+    ipc_hdr_t h;
+    uint8_t *msg = NULL;
+    if (rc == 0)
+        rc = read_full(fd, &h, sizeof(h), deadline);
+    if (rc == 0 && (h.body_len > (1u << 24) || h.corr != corr))
+        rc = -EBADMSG;
+    if (rc == 0) {
+        msg = pat_xmalloc(sizeof(h) + h.body_len);
+        memcpy(msg, &h, sizeof(h));
+        rc = read_full(fd, msg + sizeof(h), h.body_len, deadline);
+    }
+    if (rc == 0 && ipc_frame_check(msg, sizeof(h) + h.body_len, 1, &h) < 0)
+        rc = -EBADMSG;
+    close(fd);
+    if (rc < 0) {
+        free(msg);
+        return rc;
+    }
+    *ret_msg = msg;
+    *ret_len = sizeof(h) + h.body_len;
+    return 0;
+}
+
+/* One admin request: on the admin socket for those that change the daemon (DRAIN, RELOAD,
+ * CHECK), on the control socket otherwise. 0 and the reply (a malloc'd copy; free it) with its
+ * body, or a negative errno (the daemon's detail into tmp->err). */
+static int admin_call(const char *socket, uint32_t op, uint32_t timeout_ms, pat_conn_t *tmp,
+                      void **ret_msg, const void **ret_body, size_t *ret_len)
+{
+    const char *path = socket ? socket : pat_default_socket();
+    timeout_ms = timeout_ms ? timeout_ms : 10000;
+    void *msg = NULL;
+    size_t n = 0;
+    int rc;
+    if (op == IPC_OP_DRAIN || op == IPC_OP_RELOAD || op == IPC_OP_CHECK) {
+        rc = admin_call_unix(path, op, timeout_ms, &msg, &n);
+    } else {
+        int s;
+        if ((rc = open_socket(path, timeout_ms, &s)) < 0)
+            return rc == -ECONNREFUSED ? -ENOENT : rc;
+        ipc_buf_t b;
+        ipc_buf_init(&b);
+        uint64_t corr = (uint64_t)getpid() << 32 | (uint32_t)pat_now_ns();
+        ipc_frame_start(&b, op, 0, corr, 0);
+        ipc_frame_finish(&b);
+        void *nm = NULL;
+        if ((rc = send_frame(NULL, s, &b)) == 0 &&
+            (rc = recv_reply(NULL, s, corr, timeout_ms, &nm, &n)) == 0) {
+            msg = pat_xmalloc(n);
+            memcpy(msg, nm, n);
+            nn_freemsg(nm);
+        }
+        ipc_buf_done(&b);
+        nn_close(s);
+    }
+    if (rc < 0)
+        return rc;
+    if ((rc = parse_reply(tmp, msg, n, ret_body, ret_len)) < 0) {
+        free(msg);
+        return rc;
+    }
+    *ret_msg = msg;
+    return 0;
 }
 
 int pat_admin(const char *socket, pat_admin_op_t op, uint32_t timeout_ms, char **ret_text)
@@ -893,7 +989,7 @@ int pat_admin(const char *socket, pat_admin_op_t op, uint32_t timeout_ms, char *
         memcpy(t, body, len);
         t[len] = 0;
         *ret_text = t;
-        nn_freemsg(msg);
+        free(msg);
     } else if (tmp.err[0]) {
         char *t = pat_xmalloc(sizeof(tmp.err));
         snprintf(t, sizeof(tmp.err), "%s", tmp.err);
@@ -920,11 +1016,11 @@ int pat_status(const char *socket, uint32_t timeout_ms, pat_status_t *ret)
     if (len >= sizeof(size))
         memcpy(&size, body, sizeof(size));
     if (len < offsetof(ipc_info_rep_t, reserved1) || size != len) {
-        nn_freemsg(msg);
+        free(msg);
         return -EBADMSG;
     }
     memcpy(&r, body, PAT_MIN(len, sizeof(r)));
-    nn_freemsg(msg);
+    free(msg);
     uint32_t want = ret->size;
     pat_status_t st;
     memset(&st, 0, sizeof(st));

@@ -21,8 +21,9 @@ static void usage(FILE *f)
                "  check           run the KV pool's invariant check (O(blocks), under the pool\n"
                "                  lock: not for polling)\n\n"
                "The socket defaults to $PATD_SOCKET, else the daemon's default path\n"
-               "(/run/patd/patd.sock as root). Exit status: 0 ok, 1 the daemon refused or is\n"
-               "unreachable, 2 usage.\n");
+               "(/run/patd/patd.sock as root). drain, reload and check go to the admin socket\n"
+               "beside it (<name>.admin), for patd's user, root and daemon.admin_group only.\n"
+               "Exit status: 0 ok, 1 the daemon refused or is unreachable, 2 usage.\n");
 }
 
 /* Prometheus text -> aligned table or JSON object (comments dropped). */

@@ -82,6 +82,10 @@ static const opt_t opts[] = {
      "file mode of the sockets and the staging buffers: who may connect", NULL, NULL},
     {"daemon", "socket_group", T_STR, F(socket_group), 0, 63, "", 0,
      "group owning the sockets and buffers (empty: the daemon's)", NULL, NULL},
+    {"daemon", "admin_group", T_STR, F(admin_group), 0, 63, "", 0,
+     "group whose members may also drain, reload and check through the admin socket "
+     "(<runtime_dir>/<name>.admin; patd's user and root always may)",
+     NULL, NULL},
     {"daemon", "backend", T_STR, F(backend), 1, 15, "auto", 0,
      "auto | cpu | cuda (auto: cuda when this build has the cuda backend, else cpu)", NULL, NULL},
     {"daemon", "liveness", T_STR, F(liveness), 1, 15, "auto", 1,
@@ -317,6 +321,10 @@ static int validate(const patd_config_t *c)
         }
     if (c->socket_group[0] && !getgrnam(c->socket_group)) {
         fprintf(stderr, "patd: daemon.socket_group '%s' does not exist\n", c->socket_group);
+        return -EINVAL;
+    }
+    if (c->admin_group[0] && !getgrnam(c->admin_group)) {
+        fprintf(stderr, "patd: daemon.admin_group '%s' does not exist\n", c->admin_group);
         return -EINVAL;
     }
     if (c->lease_ms > c->max_lease_ms) {

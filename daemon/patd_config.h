@@ -15,8 +15,9 @@ typedef struct patd_config {
     char runtime_dir[256];
     uint32_t socket_mode; /* octal file mode of the sockets and staging buffers */
     char socket_group[64];
-    char backend[16];  /* auto | cpu | cuda */
-    char liveness[16]; /* auto | lease */
+    char admin_group[64]; /* besides patd's user and root, who may drain, reload, check */
+    char backend[16];     /* auto | cpu | cuda */
+    char liveness[16];    /* auto | lease */
     uint32_t threads, executors;
     uint32_t log_level; /* syslog priority: 3 err .. 7 debug */
     uint32_t metrics_port;

@@ -113,7 +113,13 @@ struct patd {
     uv_timer_t tick; /* leases, watchdog, drain */
     uv_signal_t sig_term, sig_int, sig_hup;
     uv_async_t wake; /* executor completions */
-    char sock_path[400], ev_path[400];
+    char sock_path[400], ev_path[400], admin_path[400];
+    /* the admin socket (patd_admin.c) */
+    uv_pipe_t admin;
+    int admin_on;
+    uint32_t n_admin; /* its connections now */
+    gid_t admin_gid;  /* daemon.admin_group; (gid_t)-1 when none */
+    void (*admin_dispatch)(patd_t *d, patd_req_t *rq, const ipc_hdr_t *h);
     gid_t gid;
 
     kv_pool_t *pool;
@@ -186,6 +192,11 @@ int patd_gpu_conn_open(patd_t *d, patd_conn_t *c, uint64_t bytes);
 void patd_gpu_conn_close(patd_t *d, patd_conn_t *c);
 /* Ends the process when the backend reports a sticky CUDA error (after rc == -EIO). */
 void patd_gpu_check_fatal(patd_t *d, int rc);
+
+/* patd_admin.c: the admin socket (credentials from the kernel) */
+int patd_admin_start(patd_t *d); /* after the control socket; 0 or a negative errno (logged) */
+void patd_admin_stop(patd_t *d);
+int patd_admin_op_changes_state(uint32_t opcode); /* DRAIN, RELOAD, CHECK */
 
 /* patd_metrics.c */
 int patd_metrics_start(patd_t *d);

@@ -295,6 +295,10 @@ static void handle_frame(patd_t *d, const uint8_t *buf, size_t len, patd_req_t *
     if (!op_table[h.opcode].session) {
         if (h.session != 0)
             patd_reply_error(d, rq, -EINVAL, "%s carries session 0", ipc_op_name(h.opcode));
+        else if (patd_admin_op_changes_state(h.opcode))
+            /* nanomsg cannot say who sent this: the admin socket can (patctl uses it) */
+            patd_reply_error(d, rq, -EPERM, "%s is served on the admin socket %s only",
+                             ipc_op_name(h.opcode), d->admin_path);
         else
             op_table[h.opcode].fn(d, NULL, rq, body);
         return;
@@ -315,6 +319,17 @@ static void handle_frame(patd_t *d, const uint8_t *buf, size_t len, patd_req_t *
         return;
     }
     op_table[h.opcode].fn(d, c, rq, body);
+}
+
+/* A request from the admin socket, checked and authorized there (patd_admin.c). */
+static void admin_dispatch(patd_t *d, patd_req_t *rq, const ipc_hdr_t *h)
+{
+    if (h->opcode < IPC_OP_MAX)
+        atomic_fetch_add(&d->m.frames[h->opcode], 1);
+    if (h->opcode >= IPC_OP_MAX || !op_table[h->opcode].fn || op_table[h->opcode].session)
+        patd_reply_error(d, rq, -EOPNOTSUPP, "opcode %u", h->opcode);
+    else
+        op_table[h->opcode].fn(d, NULL, rq, NULL);
 }
 
 static void on_rep(uv_poll_t *ph, int status, int events)
@@ -658,7 +673,8 @@ int main(int argc, char **argv)
     if (swept)
         patd_notice("removed %d stale staging buffers of a previous run", swept);
 
-    if ((rc = create_pool(d)) < 0 || (rc = open_sockets(d)) < 0 ||
+    d->admin_dispatch = admin_dispatch;
+    if ((rc = create_pool(d)) < 0 || (rc = open_sockets(d)) < 0 || (rc = patd_admin_start(d)) < 0 ||
         (rc = patd_gpu_start(d, PAT_MIN(d->cfg.executors, PATD_EXEC_MAX))) < 0)
         goto out;
     uv_async_init(&d->loop, &d->wake, on_wake);
@@ -696,6 +712,7 @@ out:
     patd_metrics_stop(d);
     patd_exec_stop(&d->exec);
     patd_notify_close(&d->notify);
+    patd_admin_stop(d);
     /* sessions still open (only after a start-up failure or a forced stop) */
     for (uint32_t i = 0; i < d->n_conns; i++)
         ipc_shm_close(&d->conns[i]->shm);

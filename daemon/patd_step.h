@@ -23,6 +23,7 @@
 #define PATD_STEP_H
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "ipc_proto.h"
@@ -31,10 +32,13 @@
 typedef struct patd patd_t;
 typedef struct patd_conn patd_conn_t;
 
-/* A request whose reply comes later (nanomsg raw REP: the routing header travels with it). */
+/* A request whose reply comes later (nanomsg raw REP: the routing header travels with it), or
+ * one that came on the admin socket (reply_fn set: the reply goes there). */
 typedef struct patd_req {
     void *ctl; /* nn control header (NN_MSG-allocated); NULL when none pending */
     ipc_hdr_t hdr;
+    void (*reply_fn)(void *ud, const void *frame, size_t len);
+    void *reply_ud;
 } patd_req_t;
 
 #define PATD_STEP_STATES(X)                                                                        \

@@ -18,7 +18,9 @@
  *
  * Version 2 (2026-11): the HELLO reply grew the device range, the signal slice and the GPU's
  * UUID. Version 1 peers are refused with -EPROTONOSUPPORT. Opcodes added later within a version
- * (INFO, CHECK) are refused by an older daemon with -EOPNOTSUPP.
+ * (INFO, CHECK) are refused by an older daemon with -EOPNOTSUPP. DRAIN, RELOAD and CHECK are
+ * served on the daemon's admin socket (a Unix stream socket, one frame each way, where the
+ * kernel names the caller) and refused on the control socket with -EPERM.
  */
 #ifndef IPC_PROTO_H
 #define IPC_PROTO_H

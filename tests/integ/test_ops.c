@@ -6,6 +6,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <grp.h>
 #include <nanomsg/nn.h>
 #include <nanomsg/pubsub.h>
 #include <nanomsg/reqrep.h>
@@ -408,6 +409,92 @@ static void test_nofile_limit(void **state)
     tl_daemon_stop(&d);
 }
 
+/* Who may change the daemon: DRAIN, RELOAD and CHECK go to the admin socket, where the kernel
+ * names the caller; on the control socket (nanomsg cannot tell who sent a frame) they are
+ * refused. Another user (nobody, via setpriv) may read the status but not reload, check or
+ * drain; a member of daemon.admin_group may. Before, any member of the socket group could. */
+static void test_admin_rights(void **state)
+{
+    char out[4096];
+    static const char *const open_args[] = {"--socket-mode=0666", NULL};
+    tl_daemon_t d;
+    assert_int_equal(tl_daemon_start(&d, open_args), 0);
+    /* a raw DRAIN on the control socket */
+    int s = nn_socket(AF_SP, NN_REQ);
+    int t = 3000;
+    nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVTIMEO, &t, sizeof(t));
+    char url[256];
+    snprintf(url, sizeof(url), "ipc://%s", d.sock);
+    assert_true(nn_connect(s, url) >= 0);
+    ipc_hdr_t h = {.magic = IPC_MAGIC, .version = IPC_VERSION, .opcode = IPC_OP_DRAIN, .corr = 5};
+    assert_int_equal(nn_send(s, &h, sizeof(h), 0), (int)sizeof(h));
+    void *msg = NULL;
+    int n = nn_recv(s, &msg, NN_MSG, 0);
+    assert_true(n == (int)(sizeof(ipc_hdr_t) + sizeof(ipc_err_body_t)));
+    ipc_err_body_t e;
+    memcpy(&e, (uint8_t *)msg + sizeof(ipc_hdr_t), sizeof(e));
+    assert_int_equal(e.code, -EPERM);
+    assert_non_null(strstr(e.msg, "admin socket"));
+    nn_freemsg(msg);
+    nn_close(s);
+    pat_status_t st = {.size = sizeof(st)};
+    assert_int_equal(pat_status(d.sock, 2000, &st), 0);
+    assert_false(st.draining);
+    if (geteuid() != 0 || access("/usr/bin/setpriv", X_OK) != 0) {
+        printf("not root or no setpriv: the other-user cases are skipped\n");
+        assert_int_equal(tl_daemon_signal_wait(&d, SIGTERM, 5000), 0);
+        tl_daemon_stop(&d);
+        return;
+    }
+    chmod(d.dir, 0755); /* others may reach the sockets (their mode is 0666) */
+    const char *as_nobody = "/usr/bin/setpriv --reuid=65534 --regid=65534 --clear-groups";
+    if (run(out, sizeof(out), "%s test -x %s", as_nobody, patctl_bin()) != 0) {
+        printf("nobody cannot run %s (a private checkout): the other-user cases are skipped\n",
+               patctl_bin());
+        assert_int_equal(tl_daemon_signal_wait(&d, SIGTERM, 5000), 0);
+        tl_daemon_stop(&d);
+        return;
+    }
+    assert_int_equal(
+        run(out, sizeof(out), "%s %s --socket %s status", as_nobody, patctl_bin(), d.sock), 0);
+    static const char *const changes[] = {"reload", "check", "drain"};
+    for (int i = 0; i < 3; i++) {
+        int rc = run(out, sizeof(out), "%s %s --socket %s %s", as_nobody, patctl_bin(), d.sock,
+                     changes[i]);
+        if (rc != 1 || !strstr(out, "admin_group"))
+            fail_msg("patctl %s as nobody: status %d, '%s'", changes[i], rc, out);
+    }
+    assert_int_equal(pat_status(d.sock, 2000, &st), 0);
+    assert_false(st.draining); /* still serving */
+    assert_int_equal(tl_daemon_signal_wait(&d, SIGTERM, 5000), 0);
+    tl_daemon_stop(&d);
+
+    /* with daemon.admin_group = nogroup, nobody (primary group nogroup) may */
+    if (!getgrnam("nogroup")) {
+        printf("no group nogroup: the admin_group case is skipped\n");
+        return;
+    }
+    static const char *const group_args[] = {"--socket-mode=0666", "--admin-group=nogroup", NULL};
+    assert_int_equal(tl_daemon_start(&d, group_args), 0);
+    chmod(d.dir, 0755);
+    assert_int_equal(
+        run(out, sizeof(out), "%s %s --socket %s check", as_nobody, patctl_bin(), d.sock), 0);
+    assert_non_null(strstr(out, "pool_check ok"));
+    assert_int_equal(
+        run(out, sizeof(out), "%s %s --socket %s drain", as_nobody, patctl_bin(), d.sock), 0);
+    int rc = -1;
+    for (int i = 0; i < 100 && d.pid > 0; i++) {
+        int wst;
+        if (waitpid(d.pid, &wst, WNOHANG) == d.pid) {
+            rc = WIFEXITED(wst) ? WEXITSTATUS(wst) : -1;
+            d.pid = 0;
+        }
+        usleep(50000);
+    }
+    assert_int_equal(rc, 0); /* drained and exited */
+    tl_daemon_stop(&d);
+}
+
 /* A service manager that stops reading its notify socket (its datagram queue fills after
  * net.unix.max_dgram_qlen messages, 10 by default) must not stall the daemon: sd_notify's
  * blocking send did, and every client then timed out. With a watchdog pinging at its fastest,
@@ -471,6 +558,7 @@ int main(void)
         cmocka_unit_test(test_notify_never_read),
         cmocka_unit_test(test_fsize_limit),
         cmocka_unit_test(test_nofile_limit),
+        cmocka_unit_test(test_admin_rights),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

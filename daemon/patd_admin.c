@@ -1,0 +1,232 @@
+/*
+ * patd_admin.c — the admin socket, <runtime_dir>/<name>.admin: a Unix stream socket served by
+ * libuv on the loop thread, where the kernel tells who is asking (SO_PEERCRED).
+ *
+ * nanomsg, which carries the control protocol, cannot tell the daemon who sent a frame: every
+ * member of the socket group looks the same. Operations that change the daemon's state (DRAIN,
+ * RELOAD, CHECK: the last holds the pool lock for O(blocks)) are therefore served here only, and
+ * only to the daemon's own user, root, or members of daemon.admin_group; read-only ones (STATUS,
+ * STATS, SEQS, INFO) are served here too, to anyone the socket's mode lets connect. One request
+ * per connection: a 40-byte frame header (admin bodies are empty), one reply frame, close.
+ * Bounded: at most ADMIN_MAX_CONNS connections at once, each closed after ADMIN_IDLE_MS.
+ *
+ * Thread context: the loop thread.
+ */
+#include <errno.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "patd_int.h"
+#include "patd_log.h"
+#include "pat_base.h"
+
+#define ADMIN_MAX_CONNS 16u
+#define ADMIN_IDLE_MS   5000u
+
+typedef struct patd_admin_conn {
+    uv_pipe_t pipe;
+    uv_timer_t timer;
+    patd_t *d;
+    uint8_t buf[sizeof(ipc_hdr_t)];
+    size_t len;
+    struct ucred cred;
+    int closing, handles; /* handles still open (pipe, timer) */
+} patd_admin_conn_t;
+
+static void conn_freed(uv_handle_t *h)
+{
+    patd_admin_conn_t *ac = h->data;
+    if (--ac->handles == 0) {
+        ac->d->n_admin--;
+        free(ac);
+    }
+}
+
+static void conn_close(patd_admin_conn_t *ac)
+{
+    if (ac->closing)
+        return;
+    ac->closing = 1;
+    uv_close((uv_handle_t *)&ac->timer, conn_freed);
+    uv_close((uv_handle_t *)&ac->pipe, conn_freed);
+}
+
+static void on_written(uv_write_t *w, int status)
+{
+    patd_admin_conn_t *ac = w->data;
+    free(w);
+    conn_close(ac);
+}
+
+static void admin_send(void *ud, const void *frame, size_t len)
+{
+    patd_admin_conn_t *ac = ud;
+    if (ac->closing)
+        return;
+    uv_write_t *w = pat_xmalloc(sizeof(*w) + len);
+    memcpy(w + 1, frame, len);
+    uv_buf_t b = uv_buf_init((char *)(w + 1), (unsigned)len);
+    w->data = ac;
+    if (uv_write(w, (uv_stream_t *)&ac->pipe, &b, 1, on_written) < 0) {
+        free(w);
+        conn_close(ac);
+    }
+}
+
+/* Whether the peer may change the daemon's state: its user, root, or a member of admin_group
+ * (its primary group, or a supplementary one as /proc/<pid>/status lists them). */
+static int may_administer(const patd_t *d, const struct ucred *cr)
+{
+    if (cr->uid == 0 || cr->uid == geteuid())
+        return 1;
+    if (d->admin_gid == (gid_t)-1)
+        return 0;
+    if (cr->gid == d->admin_gid)
+        return 1;
+    char path[64], line[4096];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)cr->pid);
+    FILE *f = fopen(path, "r");
+    int ok = 0;
+    while (f && !ok && fgets(line, sizeof(line), f)) {
+        if (strncmp(line, "Groups:", 7))
+            continue;
+        for (char *p = line + 7, *end; *p; p = end) {
+            unsigned long g = strtoul(p, &end, 10);
+            if (end == p)
+                break;
+            ok |= (gid_t)g == d->admin_gid;
+        }
+    }
+    if (f)
+        fclose(f);
+    return ok;
+}
+
+static void alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *buf)
+{
+    patd_admin_conn_t *ac = h->data;
+    *buf = uv_buf_init((char *)ac->buf + ac->len, (unsigned)(sizeof(ac->buf) - ac->len));
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+    patd_admin_conn_t *ac = s->data;
+    if (n < 0) {
+        conn_close(ac);
+        return;
+    }
+    ac->len += (size_t)n;
+    if (ac->len < sizeof(ac->buf))
+        return;
+    uv_read_stop(s);
+    patd_t *d = ac->d;
+    patd_req_t rq = {.reply_fn = admin_send, .reply_ud = ac};
+    ipc_hdr_t h;
+    int rc = ipc_frame_check(ac->buf, ac->len, 0, &h);
+    if (rc == 0 && h.body_len != 0)
+        rc = -EMSGSIZE; /* admin requests have no body */
+    memcpy(&rq.hdr, ac->buf, sizeof(rq.hdr));
+    if (rc < 0) {
+        rq.hdr.flags = 0;
+        patd_reply_error(d, &rq, rc, "admin frame refused: %s", ipc_err_text(rc));
+        return;
+    }
+    if (ipc_op_is_admin(h.opcode) != 1 || h.opcode == IPC_OP_HELLO) {
+        patd_reply_error(d, &rq, -EOPNOTSUPP, "%s is not an admin request", ipc_op_name(h.opcode));
+        return;
+    }
+    if (patd_admin_op_changes_state(h.opcode) && !may_administer(d, &ac->cred)) {
+        patd_notice("admin: %s refused to uid %u gid %u pid %d", ipc_op_name(h.opcode),
+                    (unsigned)ac->cred.uid, (unsigned)ac->cred.gid, (int)ac->cred.pid);
+        patd_reply_error(d, &rq, -EPERM,
+                         "%s changes the daemon: it is for patd's user, root or daemon.admin_group",
+                         ipc_op_name(h.opcode));
+        return;
+    }
+    d->admin_dispatch(d, &rq, &h);
+}
+
+static void on_idle(uv_timer_t *t)
+{
+    conn_close(t->data);
+}
+
+static void on_connection(uv_stream_t *server, int status)
+{
+    patd_t *d = server->data;
+    if (status < 0)
+        return;
+    patd_admin_conn_t *ac = pat_xcalloc(1, sizeof(*ac));
+    ac->d = d;
+    uv_pipe_init(&d->loop, &ac->pipe, 0);
+    uv_timer_init(&d->loop, &ac->timer);
+    ac->pipe.data = ac->timer.data = ac;
+    ac->handles = 2;
+    d->n_admin++;
+    if (uv_accept(server, (uv_stream_t *)&ac->pipe) < 0) {
+        conn_close(ac);
+        return;
+    }
+    uv_os_fd_t fd;
+    socklen_t sl = sizeof(ac->cred);
+    if (d->n_admin > ADMIN_MAX_CONNS || uv_fileno((uv_handle_t *)&ac->pipe, &fd) < 0 ||
+        getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &ac->cred, &sl) < 0) {
+        conn_close(ac);
+        return;
+    }
+    uv_timer_start(&ac->timer, on_idle, ADMIN_IDLE_MS, 0);
+    uv_read_start((uv_stream_t *)&ac->pipe, alloc_cb, on_read);
+}
+
+int patd_admin_start(patd_t *d)
+{
+    const patd_config_t *cfg = &d->cfg;
+    snprintf(d->admin_path, sizeof(d->admin_path), "%.255s/%.63s.admin", cfg->runtime_dir,
+             cfg->name);
+    d->admin_gid = (gid_t)-1;
+    if (cfg->admin_group[0]) {
+        struct group *g = getgrnam(cfg->admin_group);
+        if (!g) {
+            patd_err("admin_group '%s' does not exist", cfg->admin_group);
+            return -EINVAL;
+        }
+        d->admin_gid = g->gr_gid;
+    }
+    unlink(d->admin_path); /* a stale one of ours: the runtime directory is ours alone */
+    uv_pipe_init(&d->loop, &d->admin, 0);
+    d->admin.data = d;
+    mode_t old = umask(0077);
+    int rc = uv_pipe_bind(&d->admin, d->admin_path);
+    umask(old);
+    if (rc == 0 && (chmod(d->admin_path, (mode_t)cfg->socket_mode) < 0 ||
+                    (d->gid != (gid_t)-1 && chown(d->admin_path, (uid_t)-1, d->gid) < 0)))
+        rc = -errno;
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&d->admin, 16, on_connection);
+    if (rc < 0) {
+        patd_err("admin socket %s: %s", d->admin_path, uv_strerror(rc));
+        uv_close((uv_handle_t *)&d->admin, NULL);
+        return rc;
+    }
+    d->admin_on = 1;
+    return 0;
+}
+
+void patd_admin_stop(patd_t *d)
+{
+    if (!d->admin_on)
+        return;
+    uv_close((uv_handle_t *)&d->admin, NULL);
+    unlink(d->admin_path);
+    d->admin_on = 0;
+}
+
+int patd_admin_op_changes_state(uint32_t opcode)
+{
+    return opcode == IPC_OP_DRAIN || opcode == IPC_OP_RELOAD || opcode == IPC_OP_CHECK;
+}
