@@ -306,10 +306,16 @@ static void test_stalled_sessions(void **state)
                with[round], n, 100.0 * with[round] / alone);
     }
     /* executors used to wait for a stalled client for the whole step timeout: 0 steps/s here.
-     * Measured on a quiet machine: 96 % and 103 % (tests/bench/RESULTS.md); a loaded CI
-     * machine running this under ASan gets a looser bound than the 90 % target */
-    assert_true(with[0] >= 0.75 * alone);
-    assert_true(with[1] >= 0.75 * alone);
+     * Measured on a quiet machine: 96-99 % and 91-103 % (tests/bench/RESULTS.md); CI's loaded
+     * 2-core machine gets a looser bound than the 90 % target, looser still under ASan (80-84 %
+     * measured there while another build ran) */
+#if defined(__SANITIZE_ADDRESS__)
+    const double bound = 0.5;
+#else
+    const double bound = 0.75;
+#endif
+    assert_true(with[0] >= bound * alone);
+    assert_true(with[1] >= bound * alone);
     for (uint32_t k = 0; k < 4; k++) { /* their sessions end: the stalled steps are reclaimed */
         pat_close(st[k]);
         tl_seq_done(&ss[k]);
