@@ -43,22 +43,29 @@ typedef struct worker {
     char err[256];
 } worker_t;
 
-static void *client_main(void *arg)
+/* A worker's session (w->rc and w->err say how the connect went). */
+static pat_conn_t *worker_connect(worker_t *w, const char *label, uint32_t max_batch_tokens)
 {
-    worker_t *w = arg;
     pat_connect_opts_t o = {.size = sizeof(o),
-                            .max_batch_tokens = 1024,
+                            .max_batch_tokens = max_batch_tokens,
                             .max_seqs = N_SEQS,
                             .timeout_ms = 20000,
                             .socket = D.sock,
-                            .label = "multi",
+                            .label = label,
                             .model = MODEL};
     pat_conn_t *c = NULL;
+    w->rc = pat_connect(&o, &c, w->err, sizeof(w->err));
+    return c;
+}
+
+static void *client_main(void *arg)
+{
+    worker_t *w = arg;
     tl_rng_t rng;
     tl_rng_seed(&rng, 77 + (uint64_t)w->id);
     tl_seq_t s[N_SEQS], *ps[N_SEQS];
     int n = 0;
-    w->rc = pat_connect(&o, &c, w->err, sizeof(w->err));
+    pat_conn_t *c = worker_connect(w, "multi", 1024);
     if (w->id != 0) /* the others open once the first has committed the system prompt */
         pthread_barrier_wait(&after_first);
     for (int i = 0; i < N_SEQS && w->rc == 0; i++, n++) {
@@ -140,19 +147,11 @@ static _Atomic int load_stop;
 static void *load_main(void *arg)
 {
     worker_t *w = arg;
-    pat_connect_opts_t o = {.size = sizeof(o),
-                            .max_batch_tokens = 256,
-                            .max_seqs = N_SEQS,
-                            .timeout_ms = 20000,
-                            .socket = D.sock,
-                            .label = "load",
-                            .model = MODEL};
-    pat_conn_t *c = NULL;
     tl_rng_t rng;
     tl_rng_seed(&rng, 991 + (uint64_t)w->id);
     tl_seq_t s[N_SEQS], *ps[N_SEQS];
     int n = 0;
-    w->rc = pat_connect(&o, &c, w->err, sizeof(w->err));
+    pat_conn_t *c = worker_connect(w, "load", 256);
     for (int i = 0; i < N_SEQS && w->rc == 0; i++, n++) {
         tl_seq_init(&s[i]);
         for (uint32_t t = 0; t < 40 + (uint32_t)i; t++)

@@ -66,6 +66,22 @@ static int run(char *out, size_t cap, const char *fmt, ...)
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* Reads the notify socket until a datagram holds `what` or ms pass (its receive timeout must be
+ * set). */
+static int notify_seen(int ns, const char *what, uint32_t ms)
+{
+    for (uint64_t t0 = pat_now_ns(); pat_now_ns() - t0 < (uint64_t)ms * 1000000ull;) {
+        char msg[512];
+        ssize_t m = recv(ns, msg, sizeof(msg) - 1, 0);
+        if (m <= 0)
+            continue;
+        msg[m] = 0;
+        if (strstr(msg, what))
+            return 1;
+    }
+    return 0;
+}
+
 static void write_file(const char *path, const char *text)
 {
     FILE *f = fopen(path, "w");
@@ -315,17 +331,7 @@ static void test_sd_notify_reload_metrics_events(void **state)
 
     /* patctl drain: the open session is closed, patd exits 0 and says STOPPING=1 */
     assert_int_equal(run(out, sizeof(out), "%s --socket %s drain", patctl_bin(), d.sock), 0);
-    int stopping = 0;
-    t0 = pat_now_ns();
-    while (!stopping && pat_now_ns() - t0 < 3000000000ull) {
-        char msg[512];
-        ssize_t m = recv(ns, msg, sizeof(msg) - 1, 0);
-        if (m > 0) {
-            msg[m] = 0;
-            stopping |= strstr(msg, "STOPPING=1") != NULL;
-        }
-    }
-    assert_true(stopping);
+    assert_true(notify_seen(ns, "STOPPING=1", 3000));
     assert_int_equal(tl_daemon_signal_wait(&d, 0, 5000), 0);
     assert_int_equal(pat_ping(c), -ECONNRESET);
     pat_close(c);
@@ -534,17 +540,7 @@ static void test_notify_never_read(void **state)
     assert_int_equal(run(out, sizeof(out), "%s --socket %s drain", patctl_bin(), d.sock), 0);
     struct timeval tv = {0, 200000};
     setsockopt(ns, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    int stopping = 0;
-    t0 = pat_now_ns();
-    while (!stopping && pat_now_ns() - t0 < 5000000000ull) {
-        char msg[512];
-        ssize_t m = recv(ns, msg, sizeof(msg) - 1, 0);
-        if (m > 0) {
-            msg[m] = 0;
-            stopping |= strstr(msg, "STOPPING=1") != NULL;
-        }
-    }
-    assert_true(stopping);
+    assert_true(notify_seen(ns, "STOPPING=1", 5000));
     tl_daemon_stop(&d);
     close(ns);
     unlink(sockpath);
