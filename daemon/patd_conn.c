@@ -17,6 +17,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "patd_int.h"
@@ -131,7 +132,15 @@ static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *
 
     patd_conn_t *c = pat_xcalloc(1, sizeof(*c));
     c->d = d;
-    c->session = (d->instance & 0xffffffff00000000ull) | (++d->next_session & 0xffffffffu);
+    /* the instance in the top half (a restart is told apart), 32 random bits below: ids are not
+     * a counter one session could count its neighbours' from */
+    c->serial = ++d->next_session;
+    do {
+        uint32_t low = 0;
+        if (getrandom(&low, sizeof(low), 0) != sizeof(low))
+            low = (uint32_t)(pat_now_ns() * 0x9e3779b97f4a7c15ull >> 32);
+        c->session = (d->instance & 0xffffffff00000000ull) | low;
+    } while ((uint32_t)c->session == 0 || patd_conn_find(d, c->session));
     c->pid = (pid_t)r->pid;
     c->pidfd = pidfd >= 0 ? pidfd : -1;
     uint32_t lease_ms = r->lease_ms ? r->lease_ms : cfg->lease_ms;
@@ -176,8 +185,10 @@ static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *
             goto fail;
         }
     } else {
-        snprintf(name, IPC_NAME_LEN, "/patd.%.40s.%016llx", cfg->name,
-                 (unsigned long long)c->session);
+        uint64_t tag = 0; /* a name that says nothing about the session id */
+        if (getrandom(&tag, sizeof(tag), 0) != sizeof(tag))
+            tag = pat_now_ns() * 0x9e3779b97f4a7c15ull;
+        snprintf(name, IPC_NAME_LEN, "/patd.%.40s.%016llx", cfg->name, (unsigned long long)tag);
         if ((rc = ipc_shm_create(&c->shm, name, lay->bytes, cfg->socket_mode, m->n_layers)) < 0) {
             WHY("staging buffer %s (%llu bytes): %s", name, (unsigned long long)lay->bytes,
                 strerror(-rc));

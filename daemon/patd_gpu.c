@@ -135,8 +135,8 @@ int patd_gpu_conn_open(patd_t *d, patd_conn_t *c, uint64_t bytes)
     c->gsig = (uint8_t *)d->garena.base + s * d->gslice;
     c->gsig_dev = d->garena_dev + s * d->gslice;
     c->dev_base = (uint8_t *)d->staging_dev + c->dev_off;
-    /* session numbers grow: 2^24 epoch bumps per session before the next one's range */
-    ipc_gsig_init(c->gsig, d->model.n_layers, (c->session & 0xffffffffull) << 24);
+    /* session serials grow: 2^24 epoch bumps per session before the next one's range */
+    ipc_gsig_init(c->gsig, d->model.n_layers, (c->serial & 0xffffffffull) << 24);
     return 0;
 }
 

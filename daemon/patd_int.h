@@ -53,8 +53,9 @@ typedef struct patd_seq {
 
 struct patd_conn {
     patd_t *d;
-    uint64_t session;
-    uint32_t idx; /* in d->conns */
+    uint64_t session; /* instance's top 32 bits | 32 random bits */
+    uint64_t serial;  /* sessions opened before this one + 1 (orders GPU epochs) */
+    uint32_t idx;     /* in d->conns */
     pid_t pid;
     int pidfd; /* -1: lease mode */
     uv_poll_t pid_poll;

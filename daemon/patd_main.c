@@ -177,6 +177,8 @@ static void op_seqs(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *bo
     char *out = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&out, &len);
+    /* sessions by their place in the table, not their ids: an id names a session to the
+     * daemon, and anyone may ask for this list */
     fprintf(f, "# session pid label seq len blocks in_step\n");
     pthread_mutex_lock(&d->pool_mu);
     for (uint32_t i = 0; i < d->n_conns; i++) {
@@ -185,9 +187,8 @@ static void op_seqs(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *bo
             kv_seq_info_t info;
             if (s->seqs[k].kv == KV_NONE || kv_seq_info(d->pool, s->seqs[k].kv, &info) < 0)
                 continue;
-            fprintf(f, "%016llx %d %s %u %u %u %u\n", (unsigned long long)s->session, (int)s->pid,
-                    s->label[0] ? s->label : "-", s->seqs[k].kv, info.len, info.n_blocks,
-                    s->seqs[k].in_step);
+            fprintf(f, "s%u %d %s %u %u %u %u\n", s->idx, (int)s->pid, s->label[0] ? s->label : "-",
+                    s->seqs[k].kv, info.len, info.n_blocks, s->seqs[k].in_step);
         }
     }
     pthread_mutex_unlock(&d->pool_mu);

@@ -507,8 +507,37 @@ static void test_hello_bounds_and_resends(void **state)
     assert_int_equal(raw_call(s, f.b, f.len, NULL, 0), -ENOENT);
     /* a real resend (same id, same opcode) still gets the kept answer */
     assert_int_equal(raw_call(s, f.b, f.len, NULL, 0), -ENOENT);
-    frame_make(&f, IPC_OP_BYE, rep.session, NULL, 0);
-    assert_int_equal(raw_call(s, f.b, f.len, NULL, 0), 0);
+    /* what others can see says nothing of a session's id: the ids are not a counter, the
+     * staging buffer's name and SEQS do not show them */
+    ipc_hello_rep_t rep2;
+    r.lease_ms = 0;
+    frame_make(&f, IPC_OP_HELLO, 0, &r, sizeof(r));
+    assert_int_equal(raw_call(s, f.b, f.len, &rep2, sizeof(rep2)), 0);
+    assert_true(rep2.session >> 32 == rep.session >> 32); /* the same instance */
+    assert_true((uint32_t)rep2.session != (uint32_t)rep.session + 1);
+    char hex[2][24];
+    snprintf(hex[0], sizeof(hex[0]), "%016llx", (unsigned long long)rep.session);
+    snprintf(hex[1], sizeof(hex[1]), "%016llx", (unsigned long long)rep2.session);
+    uint32_t ob[2 + 1] = {1, 0, 77};
+    frame_make(&f, IPC_OP_SEQ_OPEN, rep2.session, ob, sizeof(ob));
+    ipc_seq_rep_t orep;
+    assert_int_equal(raw_call(s, f.b, f.len, &orep, sizeof(orep)), 0);
+    char *seqs = NULL;
+    assert_int_equal(pat_admin(D.sock, PAT_ADMIN_SEQS, 2000, &seqs), 0);
+    for (int i = 0; i < 2; i++) {
+        assert_null(strstr(seqs, hex[i]));
+        assert_null(strstr(rep.shm_name, hex[i]));
+        assert_null(strstr(rep2.shm_name, hex[i]));
+    }
+    char line[64]; /* the sequence is listed, by its session's label and its own id */
+    snprintf(line, sizeof(line), " raw %u ", orep.seq);
+    assert_non_null(strstr(seqs, line));
+    pat_free(seqs);
+    uint64_t sess[2] = {rep.session, rep2.session};
+    for (int i = 0; i < 2; i++) {
+        frame_make(&f, IPC_OP_BYE, sess[i], NULL, 0);
+        assert_int_equal(raw_call(s, f.b, f.len, NULL, 0), 0);
+    }
     nn_close(s);
 }
 
