@@ -75,7 +75,8 @@ BASE_SRCS  := daemon/base/pat_base.c
 BASE_OBJS  := $(BASE_SRCS:%.c=$(B)/%.o)
 BASE_LIB   := $(B)/libpatbase.a
 KV_SRCS    := kvcache/kv_pool.c kvcache/kv_seq.c
-SCHED_SRCS := scheduler/sched_forest.c scheduler/sched_pack.c scheduler/sched_plan.c scheduler/sched_cost.c
+SCHED_SRCS := scheduler/sched_forest.c scheduler/sched_pack.c scheduler/sched_plan.c scheduler/sched_cost.c \
+              scheduler/sched_split.c
 KERN_SRCS  := kernels/kern_backend.c kernels/cpu/kern_cpu.c
 CUDA_SRCS  := kernels/cuda/kern_cuda.cu kernels/cuda/kern_cuda_attn.cu \
               kernels/cuda/kern_cuda_lane.cu kernels/cuda/kern_cuda_kv.cu \

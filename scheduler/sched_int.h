@@ -6,6 +6,9 @@
 #ifndef SCHED_INT_H
 #define SCHED_INT_H
 
+#include <string.h>
+
+#include "pat_base.h"
 #include "sched_forest_int.h"
 #include "sched_plan.h"
 
@@ -144,5 +147,30 @@ static inline uint32_t sched__seg_end(const sched_forest_t *f, const sched__pack
 {
     return sched__node_kv_end(f, p->bottom);
 }
+
+/* Appends one zeroed element to a plan-building vector (host OOM aborts: pat_base.h). */
+static inline sched__row_t *sched__row_push(sched__row_t **v, uint32_t *n, uint32_t *cap)
+{
+    pat_grow((void **)v, cap, *n + 1, sizeof(sched__row_t));
+    return &(*v)[(*n)++];
+}
+
+static inline sched__cta_t *sched__cta_push(sched__cta_t **v, uint32_t *n, uint32_t *cap)
+{
+    pat_grow((void **)v, cap, *n + 1, sizeof(sched__cta_t));
+    sched__cta_t *c = &(*v)[(*n)++];
+    memset(c, 0, sizeof(*c));
+    return c;
+}
+
+static inline sched__seg_t *sched__seg_push(sched__seg_t **v, uint32_t *n, uint32_t *cap)
+{
+    pat_grow((void **)v, cap, *n + 1, sizeof(sched__seg_t));
+    return &(*v)[(*n)++];
+}
+
+/* sched_split.c: pass 2, the long-KV split of the pre-split CTAs into the final list. Returns
+ * whether the min_ctas rule cut below the outlier split's limit (fill: apply that rule). */
+int sched__build_split(sched_t *s, int fill);
 
 #endif

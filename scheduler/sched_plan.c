@@ -6,8 +6,9 @@
  * segment lists, partial slots and the merge list, tile selection and launch order, serialized into
  * one flat buffer (sched_plan_fmt.h).
  *
- * Depends on sched_pack.c (the packs of each policy) and sched_cost.c (the model that scores
- * every choice, and the chunk walk that cuts packs into CTAs); neither depends on this file.
+ * Depends on sched_pack.c (the packs of each policy), sched_cost.c (the model that scores every
+ * choice, and the chunk walk that cuts packs into CTAs) and sched_split.c (pass 2, the long-KV
+ * split); none of them depends on this file.
  * TREE's model is the cost (sched__pre_cost) of the very CTAs build_tree cuts, so tree_cost, which
  * picks TREE's CTA size on it, lives here.
  *
@@ -131,26 +132,6 @@ void sched_get_stats(const sched_t *s, sched_stats_t *ret)
 
 /* ------------------------------------------------------------------ pass 1: CTAs of the packs */
 
-static sched__row_t *row_push(sched__row_t **v, uint32_t *n, uint32_t *cap)
-{
-    pat_grow((void **)v, cap, *n + 1, sizeof(sched__row_t));
-    return &(*v)[(*n)++];
-}
-
-static sched__cta_t *cta_push(sched__cta_t **v, uint32_t *n, uint32_t *cap)
-{
-    pat_grow((void **)v, cap, *n + 1, sizeof(sched__cta_t));
-    sched__cta_t *c = &(*v)[(*n)++];
-    memset(c, 0, sizeof(*c));
-    return c;
-}
-
-static sched__seg_t *seg_push(sched__seg_t **v, uint32_t *n, uint32_t *cap)
-{
-    pat_grow((void **)v, cap, *n + 1, sizeof(sched__seg_t));
-    return &(*v)[(*n)++];
-}
-
 /* Appends to the pre-split segments the stretch [b, e) of `blocks`, b < e, read by the CTA's rows
  * [lo, hi). Pages are copied once, straight into the plan: the segment remembers the run. */
 static void pseg_push(sched_t *s, uint32_t lo, uint32_t hi, uint32_t b, uint32_t e,
@@ -159,7 +140,7 @@ static void pseg_push(sched_t *s, uint32_t lo, uint32_t hi, uint32_t b, uint32_t
     uint32_t bs = s->mdl.bs, p0 = b / bs, p1 = PAT_DIV_UP(e, bs);
     pat_grow((void **)&s->psrc, &s->psrc_cap, s->n_psrc + 1, sizeof(sched__psrc_t));
     s->psrc[s->n_psrc] = (sched__psrc_t){.src = blocks + p0, .n = p1 - p0};
-    *seg_push(&s->pseg, &s->n_pseg, &s->pseg_cap) = (sched__seg_t){
+    *sched__seg_push(&s->pseg, &s->n_pseg, &s->pseg_cap) = (sched__seg_t){
         .kv_begin = b, .kv_end = e, .psrc = s->n_psrc++, .poff = 0, .row_lo = lo, .row_hi = hi};
     s->n_pages += p1 - p0;
 }
@@ -186,7 +167,7 @@ static void pre_close(sched_t *s, uint32_t pack, uint32_t row_begin, uint32_t se
         s->n_prow = row_begin; /* every row's causal limit ends before the KV: nothing to read */
         return;
     }
-    sched__cta_t *c = cta_push(&s->pre, &s->n_pre, &s->pre_cap);
+    sched__cta_t *c = sched__cta_push(&s->pre, &s->n_pre, &s->pre_cap);
     c->row_begin = row_begin;
     c->row_count = s->n_prow - row_begin;
     c->seg_begin = seg_begin;
@@ -264,7 +245,7 @@ static void tree_apart(sched_t *s, uint32_t pack)
         for (uint32_t r = x->lo; r < x->hi; r++) {
             sched__row_t row = s->chunk_rows[r];
             if (row.limit > b) /* causal: rows that end before it read none of it */
-                *row_push(&s->prow, &s->n_prow, &s->prow_cap) = row;
+                *sched__row_push(&s->prow, &s->n_prow, &s->prow_cap) = row;
         }
         pseg_add(s, r0, 0, s->n_prow - r0, b, e, f->q[n->rep].blocks);
         pre_close(s, pack, r0, seg0);
@@ -338,7 +319,7 @@ static void build_tree(sched_t *s, const sched__packset_t *ps)
             uint32_t take = PAT_MIN(q->n_new - tok, cap - at);
             uint32_t first_limit = q->kv_len - q->n_new + 1;
             for (uint32_t i = tok; i < tok + take; i++)
-                *row_push(&s->prow, &s->n_prow, &s->prow_cap) =
+                *sched__row_push(&s->prow, &s->n_prow, &s->prow_cap) =
                     (sched__row_t){.q_tok = q->tok_off + i, .limit = first_limit + i};
             tok += take;
             if (tok == q->n_new) {
@@ -452,156 +433,6 @@ static int pack_update(sched_t *s)
     return 1;
 }
 
-/* ------------------------------------------------------------------ pass 2: long-KV split */
-
-/* Pass 2 copies the pre-split CTAs to the final list, cutting the long ones along KV: a CTA's
- * segments, end to end, are cut into near-equal parts at block boundaries; a part keeps the rows
- * that read any of its stretch (renumbered) and is dropped when none does. */
-
-/* The split's lengths: CTAs above *ret_limit tokens are cut into parts of about *ret_target.
- * fill: apply the tile table's min_ctas rule (see sched_tiles_t). Returns whether that rule cut
- * below the outlier split's limit. */
-static int split_bounds(const sched_t *s, int fill, uint64_t *ret_target, uint64_t *ret_limit)
-{
-    int applied = 0;
-    uint64_t sum = 0;
-    for (uint32_t i = 0; i < s->n_pre; i++)
-        sum += s->pre[i].kv_tokens;
-    uint64_t mean = s->n_pre ? sum / s->n_pre : 0;
-    uint64_t target = PAT_MAX(mean, (uint64_t)s->cfg.split_min_kv);
-    uint64_t limit = target * s->cfg.split_factor; /* outliers only */
-    uint64_t items = (uint64_t)s->n_pre * s->cfg.kv_heads;
-    if (fill && s->tiles.min_ctas && items < s->tiles.min_ctas) {
-        /* too few work items to fill the device: every CTA longer than the length that gives
-         * min_ctas items is cut (never below split_min_kv) */
-        uint64_t fill_len = PAT_DIV_UP(sum * s->cfg.kv_heads, s->tiles.min_ctas);
-        uint64_t t = PAT_MAX(PAT_MIN(target, fill_len), (uint64_t)s->cfg.split_min_kv);
-        applied = t < limit;
-        target = limit = t;
-    }
-    *ret_target = target;
-    *ret_limit = limit;
-    return applied;
-}
-
-/* A pre-split CTA kept whole. */
-static void split_copy(sched_t *s, const sched__cta_t *c)
-{
-    sched__cta_t *pc = cta_push(&s->ctas, &s->n_ctas, &s->ctas_cap);
-    *pc = *c;
-    pc->row_begin = s->n_rows;
-    pc->seg_begin = s->n_segs;
-    for (uint32_t r = 0; r < c->row_count; r++)
-        *row_push(&s->rows, &s->n_rows, &s->rows_cap) = s->prow[c->row_begin + r];
-    for (uint32_t k = 0; k < c->seg_count; k++)
-        *seg_push(&s->segs, &s->n_segs, &s->segs_cap) = s->pseg[c->seg_begin + k];
-}
-
-/* Appends to segs[] the stretch of CTA c's segments from (*k, *pos) on: part_len tokens, cut at
- * block boundaries; advances (*k, *pos) past it. */
-static void split_stretch(sched_t *s, const sched__cta_t *c, uint32_t part_len, uint32_t *k,
-                          uint32_t *pos)
-{
-    const sched__seg_t *sg = s->pseg + c->seg_begin;
-    uint32_t bs = s->mdl.bs, acc = 0;
-    while (*k < c->seg_count && acc < part_len) {
-        const sched__seg_t *x = &sg[*k];
-        uint32_t want = PAT_DIV_UP(*pos + (part_len - acc), bs) * bs;
-        uint32_t e = PAT_MIN(x->kv_end, want);
-        *seg_push(&s->segs, &s->n_segs, &s->segs_cap) =
-            (sched__seg_t){.kv_begin = *pos,
-                           .kv_end = e,
-                           .psrc = x->psrc,
-                           .poff = x->poff + *pos / bs - x->kv_begin / bs,
-                           .row_lo = x->row_lo,
-                           .row_hi = x->row_hi};
-        acc += e - *pos;
-        *pos = e;
-        if (*pos == x->kv_end && ++*k < c->seg_count)
-            *pos = sg[*k].kv_begin;
-    }
-}
-
-/* Closes the part of CTA c whose stretch is segs[seg0, n_segs): its readers are the rows of a
- * segment whose causal limit reaches it, renumbered; each segment's run of rows is renumbered to
- * them and clamped to their limits. A part no row reads is dropped. */
-static void split_close(sched_t *s, const sched__cta_t *c, uint32_t seg0)
-{
-    const sched__row_t *rw = s->prow + c->row_begin;
-    uint32_t *map = s->row_map, row0 = s->n_rows;
-    for (uint32_t r = 0; r < c->row_count; r++)
-        map[r] = UINT32_MAX;
-    for (uint32_t j = seg0; j < s->n_segs; j++)
-        for (uint32_t r = s->segs[j].row_lo; r < s->segs[j].row_hi; r++)
-            if (rw[r].limit > s->segs[j].kv_begin)
-                map[r] = 0;
-    for (uint32_t r = 0; r < c->row_count; r++)
-        if (map[r] == 0) {
-            map[r] = s->n_rows - row0;
-            *row_push(&s->rows, &s->n_rows, &s->rows_cap) = rw[r];
-        }
-    uint32_t out = seg0, kv = 0;
-    for (uint32_t j = seg0; j < s->n_segs; j++) {
-        sched__seg_t x = s->segs[j];
-        uint32_t lo = UINT32_MAX, hi = 0, lim = 0;
-        for (uint32_t r = x.row_lo; r < x.row_hi; r++)
-            if (map[r] != UINT32_MAX && rw[r].limit > x.kv_begin) {
-                lo = PAT_MIN(lo, map[r]);
-                hi = map[r] + 1;
-                lim = PAT_MAX(lim, rw[r].limit);
-            }
-        if (hi == 0)
-            continue;
-        x.row_lo = lo;
-        x.row_hi = hi;
-        x.kv_end = PAT_MIN(x.kv_end, lim);
-        kv += x.kv_end - x.kv_begin;
-        s->segs[out++] = x;
-    }
-    s->n_segs = out;
-    if (s->n_rows == row0) {
-        s->n_segs = seg0;
-        return;
-    }
-    sched__cta_t *pc = cta_push(&s->ctas, &s->n_ctas, &s->ctas_cap);
-    pc->row_begin = row0;
-    pc->row_count = s->n_rows - row0;
-    pc->seg_begin = seg0;
-    pc->seg_count = s->n_segs - seg0;
-    pc->kv_tokens = kv;
-    pc->pack = c->pack;
-}
-
-/* A pre-split CTA cut into parts of about target tokens. */
-static void split_cut(sched_t *s, const sched__cta_t *c, uint64_t target)
-{
-    uint32_t bs = s->mdl.bs;
-    uint32_t parts = (uint32_t)PAT_DIV_UP(c->kv_tokens, target);
-    uint32_t part_len = (uint32_t)PAT_DIV_UP(PAT_DIV_UP(c->kv_tokens, parts), bs) * bs;
-    uint32_t k = 0, pos = s->pseg[c->seg_begin].kv_begin;
-    while (k < c->seg_count) {
-        uint32_t seg0 = s->n_segs;
-        split_stretch(s, c, part_len, &k, &pos);
-        split_close(s, c, seg0);
-    }
-}
-
-/* Pass 2; returns whether the fill rule cut anything beyond the outlier split. */
-static int build_split(sched_t *s, int fill)
-{
-    uint64_t target, limit;
-    int applied = split_bounds(s, fill, &target, &limit);
-    s->n_ctas = s->n_segs = s->n_rows = 0;
-    for (uint32_t i = 0; i < s->n_pre; i++) {
-        const sched__cta_t *c = &s->pre[i];
-        if (s->cfg.split_min_kv == 0 || c->kv_tokens <= limit)
-            split_copy(s, c);
-        else
-            split_cut(s, c, target);
-    }
-    return applied;
-}
-
 /* ------------------------------------------------------------------ partials */
 
 /* What a plan's CTA list adds up to, for the emit. */
@@ -649,7 +480,7 @@ static void time_ctas(sched_t *s, plan_sums_t *sums)
 static int ctas_build(sched_t *s, const sched__packset_t *ps, int fill, plan_sums_t *sums)
 {
     pre_build(s, ps);
-    int applied = build_split(s, fill);
+    int applied = sched__build_split(s, fill);
     count_partials(s, sums);
     time_ctas(s, sums);
     return applied;
