@@ -160,4 +160,3 @@ int sched__build_split(sched_t *s, int fill)
     }
     return applied;
 }
-
