@@ -886,10 +886,10 @@ static void admin_path(const char *control, char *out, size_t len)
         snprintf(out, len, "%s.admin", control);
 }
 
-/* One request on the admin socket, where the daemon knows who asks (SO_PEERCRED): the reply
- * frame, malloc'd. */
-static int admin_call_unix(const char *control, uint32_t op, uint32_t timeout_ms, void **ret_msg,
-                           size_t *ret_len)
+/* One request frame (b, correlation id corr) on the admin socket, where the daemon knows who
+ * asks (SO_PEERCRED): the reply frame, malloc'd. */
+static int admin_call_unix(const char *control, const ipc_buf_t *b, uint64_t corr,
+                           uint32_t timeout_ms, void **ret_msg, size_t *ret_len)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     admin_path(control, sa.sun_path, sizeof(sa.sun_path));
@@ -902,13 +902,7 @@ static int admin_call_unix(const char *control, uint32_t op, uint32_t timeout_ms
         return rc == -ECONNREFUSED || rc == -ENOENT ? -ENOENT : rc;
     }
     const uint64_t deadline = pat_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    ipc_buf_t b;
-    ipc_buf_init(&b);
-    uint64_t corr = (uint64_t)getpid() << 32 | (uint32_t)pat_now_ns();
-    ipc_frame_start(&b, op, 0, corr, 0);
-    ipc_frame_finish(&b);
-    int rc = write(fd, b.data, b.len) == (ssize_t)b.len ? 0 : -ECONNRESET;
-    ipc_buf_done(&b);
+    int rc = write(fd, b->data, b->len) == (ssize_t)b->len ? 0 : -ECONNRESET;
     ipc_hdr_t h;
     uint8_t *msg = NULL;
     if (rc == 0)
@@ -942,18 +936,17 @@ static int admin_call(const char *socket, uint32_t op, uint32_t timeout_ms, pat_
     timeout_ms = timeout_ms ? timeout_ms : 10000;
     void *msg = NULL;
     size_t n = 0;
-    int rc;
-    if (op == IPC_OP_DRAIN || op == IPC_OP_RELOAD || op == IPC_OP_CHECK) {
-        rc = admin_call_unix(path, op, timeout_ms, &msg, &n);
+    int rc, s;
+    ipc_buf_t b;
+    ipc_buf_init(&b);
+    uint64_t corr = (uint64_t)getpid() << 32 | (uint32_t)pat_now_ns();
+    ipc_frame_start(&b, op, 0, corr, 0);
+    ipc_frame_finish(&b);
+    if (ipc_op_changes_state(op)) {
+        rc = admin_call_unix(path, &b, corr, timeout_ms, &msg, &n);
+    } else if ((rc = open_socket(path, timeout_ms, &s)) < 0) {
+        rc = rc == -ECONNREFUSED ? -ENOENT : rc;
     } else {
-        int s;
-        if ((rc = open_socket(path, timeout_ms, &s)) < 0)
-            return rc == -ECONNREFUSED ? -ENOENT : rc;
-        ipc_buf_t b;
-        ipc_buf_init(&b);
-        uint64_t corr = (uint64_t)getpid() << 32 | (uint32_t)pat_now_ns();
-        ipc_frame_start(&b, op, 0, corr, 0);
-        ipc_frame_finish(&b);
         void *nm = NULL;
         if ((rc = send_frame(NULL, s, &b)) == 0 &&
             (rc = recv_reply(NULL, s, corr, timeout_ms, &nm, &n)) == 0) {
@@ -961,9 +954,9 @@ static int admin_call(const char *socket, uint32_t op, uint32_t timeout_ms, pat_
             memcpy(msg, nm, n);
             nn_freemsg(nm);
         }
-        ipc_buf_done(&b);
         nn_close(s);
     }
+    ipc_buf_done(&b);
     if (rc < 0)
         return rc;
     if ((rc = parse_reply(tmp, msg, n, ret_body, ret_len)) < 0) {

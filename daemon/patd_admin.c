@@ -140,7 +140,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         patd_reply_error(d, &rq, -EOPNOTSUPP, "%s is not an admin request", ipc_op_name(h.opcode));
         return;
     }
-    if (patd_admin_op_changes_state(h.opcode) && !may_administer(d, &ac->cred)) {
+    if (ipc_op_changes_state(h.opcode) && !may_administer(d, &ac->cred)) {
         patd_notice("admin: %s refused to uid %u gid %u pid %d", ipc_op_name(h.opcode),
                     (unsigned)ac->cred.uid, (unsigned)ac->cred.gid, (int)ac->cred.pid);
         patd_reply_error(d, &rq, -EPERM,
@@ -224,9 +224,4 @@ void patd_admin_stop(patd_t *d)
     uv_close((uv_handle_t *)&d->admin, NULL);
     unlink(d->admin_path);
     d->admin_on = 0;
-}
-
-int patd_admin_op_changes_state(uint32_t opcode)
-{
-    return opcode == IPC_OP_DRAIN || opcode == IPC_OP_RELOAD || opcode == IPC_OP_CHECK;
 }

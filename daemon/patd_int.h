@@ -197,7 +197,6 @@ void patd_gpu_check_fatal(patd_t *d, int rc);
 /* patd_admin.c: the admin socket (credentials from the kernel) */
 int patd_admin_start(patd_t *d); /* after the control socket; 0 or a negative errno (logged) */
 void patd_admin_stop(patd_t *d);
-int patd_admin_op_changes_state(uint32_t opcode); /* DRAIN, RELOAD, CHECK */
 
 /* patd_metrics.c */
 int patd_metrics_start(patd_t *d);

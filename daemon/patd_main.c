@@ -296,7 +296,7 @@ static void handle_frame(patd_t *d, const uint8_t *buf, size_t len, patd_req_t *
     if (!op_table[h.opcode].session) {
         if (h.session != 0)
             patd_reply_error(d, rq, -EINVAL, "%s carries session 0", ipc_op_name(h.opcode));
-        else if (patd_admin_op_changes_state(h.opcode))
+        else if (ipc_op_changes_state(h.opcode))
             /* nanomsg cannot say who sent this: the admin socket can (patctl uses it) */
             patd_reply_error(d, rq, -EPERM, "%s is served on the admin socket %s only",
                              ipc_op_name(h.opcode), d->admin_path);

@@ -45,6 +45,11 @@ int ipc_op_is_admin(uint32_t opcode)
     return op_table[opcode].admin;
 }
 
+int ipc_op_changes_state(uint32_t opcode)
+{
+    return opcode == IPC_OP_DRAIN || opcode == IPC_OP_RELOAD || opcode == IPC_OP_CHECK;
+}
+
 const char *ipc_err_name(int code)
 {
     for (size_t i = 0; i < PAT_ARRAY_SIZE(err_table); i++)

@@ -252,8 +252,11 @@ typedef struct ipc_buf {
 
 const char *ipc_op_name(uint32_t opcode); /* "?" if unknown */
 int ipc_op_is_admin(uint32_t opcode);     /* 1 admin, 0 session, -1 unknown */
-const char *ipc_err_name(int code);       /* "BAD_MAGIC"...; NULL if not in the table */
-const char *ipc_err_text(int code);       /* table text; NULL if not in the table */
+/* 1 for the admin requests that change the daemon (DRAIN, RELOAD, CHECK): the admin socket
+ * serves them, to patd's user, root and daemon.admin_group only. */
+int ipc_op_changes_state(uint32_t opcode);
+const char *ipc_err_name(int code); /* "BAD_MAGIC"...; NULL if not in the table */
+const char *ipc_err_text(int code); /* table text; NULL if not in the table */
 
 /* Validates a received frame's header against its length. Returns 0 and *ret_hdr (copied), or
  * -EBADMSG (short, magic, reserved, flags), -EPROTONOSUPPORT, -EOPNOTSUPP, -EMSGSIZE (body

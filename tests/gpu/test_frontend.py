@@ -277,24 +277,24 @@ def test_arena(model, sock, bin_path):
     write(2)
     d, s2 = start_daemon(bin_path, rundir, ["--config", conf, "--name=arena"])
     sig = CFG.patd_model()
+
+    def refused_emfile(what):
+        try:
+            patd.Conn(sig, max_batch_tokens=64, socket=s2)
+        except patd.PatError as e:
+            assert e.errno == errno.EMFILE, e
+            return
+        raise AssertionError(what)
     conns = []
     try:
         conns = [patd.Conn(sig, max_batch_tokens=64, socket=s2) for _ in range(2)]
-        try:
-            patd.Conn(sig, max_batch_tokens=64, socket=s2)
-            raise AssertionError("a third session was admitted with max_conns 2")
-        except patd.PatError as e:
-            assert e.errno == errno.EMFILE, e
+        refused_emfile("a third session was admitted with max_conns 2")
         write(4)
         out = patd.admin("reload", socket=s2)
         assert "kept back" in out, out
         assert patd.status(socket=s2)["max_conns"] == 2
         assert "sized for 2 connections" in open(os.path.join(rundir, "patd.log")).read()
-        try:
-            patd.Conn(sig, max_batch_tokens=64, socket=s2)
-            raise AssertionError("a session past the signal arena was admitted")
-        except patd.PatError as e:
-            assert e.errno == errno.EMFILE, e
+        refused_emfile("a session past the signal arena was admitted")
         write(1)
         assert patd.admin("reload", socket=s2) == "reloaded\n"
         assert patd.status(socket=s2)["max_conns"] == 1

@@ -66,6 +66,18 @@ static int run(char *out, size_t cap, const char *fmt, ...)
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* A datagram socket bound at /tmp/patd-<stem>.<pid>, as a service manager's notify socket. */
+static int notify_socket(char *path, size_t len, const char *stem)
+{
+    snprintf(path, len, "/tmp/patd-%s.%d", stem, (int)getpid());
+    unlink(path);
+    int ns = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+    assert_int_equal(bind(ns, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    return ns;
+}
+
 /* Reads the notify socket until a datagram holds `what` or ms pass (its receive timeout must be
  * set). */
 static int notify_seen(int ns, const char *what, uint32_t ms)
@@ -166,12 +178,7 @@ static void test_config_validation(void **state)
 static void test_sd_notify_reload_metrics_events(void **state)
 {
     char sockpath[108];
-    snprintf(sockpath, sizeof(sockpath), "/tmp/patd-notify.%d", (int)getpid());
-    unlink(sockpath);
-    int ns = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sockpath);
-    assert_int_equal(bind(ns, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    int ns = notify_socket(sockpath, sizeof(sockpath), "notify");
     struct timeval tv = {0, 200000};
     setsockopt(ns, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     setenv("NOTIFY_SOCKET", sockpath, 1);
@@ -509,12 +516,7 @@ static void test_admin_rights(void **state)
 static void test_notify_never_read(void **state)
 {
     char sockpath[108];
-    snprintf(sockpath, sizeof(sockpath), "/tmp/patd-notify-full.%d", (int)getpid());
-    unlink(sockpath);
-    int ns = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sockpath);
-    assert_int_equal(bind(ns, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    int ns = notify_socket(sockpath, sizeof(sockpath), "notify-full");
     setenv("NOTIFY_SOCKET", sockpath, 1);
     setenv("WATCHDOG_USEC", "200000", 1); /* a ping every tick */
     unsetenv("WATCHDOG_PID");
