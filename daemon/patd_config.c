@@ -8,7 +8,6 @@
  */
 #include "patd_config.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <grp.h>
 #include <ini.h>
@@ -311,14 +310,17 @@ static int validate(const patd_config_t *c)
         fprintf(stderr, "patd: daemon.liveness must be auto or lease (got '%s')\n", c->liveness);
         return -EINVAL;
     }
-    for (const char *p = c->name; *p; p++)
-        if (!(isalnum((unsigned char)*p) || strchr("-_.@", *p)) || c->name[0] == '.') {
-            fprintf(stderr,
-                    "patd: daemon.name '%s' may hold letters, digits, '-', '_', '@' and '.' (not "
-                    "first) only\n",
-                    c->name);
-            return -EINVAL;
-        }
+    size_t name_ok = c->name[0] == '.' ? 0
+                                       : strspn(c->name, "abcdefghijklmnopqrstuvwxyz"
+                                                         "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                         "0123456789-_.@");
+    if (name_ok != strlen(c->name)) {
+        fprintf(stderr,
+                "patd: daemon.name '%s' may hold letters, digits, '-', '_', '@' and '.' (not "
+                "first) only\n",
+                c->name);
+        return -EINVAL;
+    }
     if (c->socket_group[0] && !getgrnam(c->socket_group)) {
         fprintf(stderr, "patd: daemon.socket_group '%s' does not exist\n", c->socket_group);
         return -EINVAL;
