@@ -24,9 +24,9 @@
  *
  * Math: S = Q.K^T and O += P.V with mma.sync m16n8k16 (fp16 or bf16 in, fp32 accumulate), or,
  * in the KERN_FWD_AUTO kernel on sm_90a, wgmma for CTAs of 33-64 rows and several segments
- * (kern_cuda_wgmma.cuh: one warpgroup, the same loads, softmax and outputs); KERN_FWD_WIDE adds
- * fwd_pair, which runs CTAs of up to 128 rows on two warpgroups (eight warps sharing each KV
- * tile through full/empty mbarriers per stage) and smaller ones two KV heads per block;
+ * (kern_cuda_wgmma.cuh: one warpgroup, the same loads, softmax and outputs); KERN_FWD_WIDE runs
+ * every CTA on fwd_pair instead, the warp-specialized kernel of kern_cuda_fwd_ws.cuh (a producer
+ * warpgroup and two wgmma consumers: CTAs of up to 128 rows, smaller ones two KV heads a block);
  * softmax online in the log2 domain; fully masked rows keep max = -inf and give o = 0 and
  * lse = -inf, never NaN (kern_softmax.h). Output: the final row (dtype) when the row is DIRECT,
  * else an fp32 partial (o normalized, natural-log lse).
@@ -167,13 +167,10 @@ __device__ __forceinline__ void scale4(float4 &acc, float s)
 
 /* ---------------------------------------------------------------- tile geometry */
 
-/* the pair kernel's shared memory: two of the 4-warp kernel's */
-template <int D> __host__ __device__ constexpr int pair_smem();
-
-template <int D, int M, int NTH = KCUDA_THREADS> struct Geom {
+template <int D, int M> struct Geom {
     static constexpr int N = KCUDA_TILE_N;
-    static constexpr int W = NTH / 32; /* warps */
-    static constexpr int T = NTH;
+    static constexpr int W = KCUDA_THREADS / 32; /* warps */
+    static constexpr int T = KCUDA_THREADS;
     static constexpr int WM = M / 16; /* row bands */
     static constexpr int WN = W / WM; /* warps per band, splitting N */
     static constexpr int NW = N / WN; /* KV columns per warp per tile */
@@ -183,16 +180,11 @@ template <int D, int M, int NTH = KCUDA_THREADS> struct Geom {
     static constexpr int STAGE_BYTES = 2 * KV_BYTES; /* K and V */
     /* 3 stages (two tiles in flight while one is computed) when that still leaves room for two
      * CTAs per SM: a CTA alone on its SM (few, long CTAs) is latency-bound; else 2 */
-    static constexpr int STAGES = NTH > KCUDA_THREADS                       ? 4
-                                  : Q_BYTES + 3 * STAGE_BYTES <= 116 * 1024 ? 3
-                                                                            : 2;
+    static constexpr int STAGES = Q_BYTES + 3 * STAGE_BYTES <= 116 * 1024 ? 3 : 2;
     static constexpr int ERS = D + 8;                        /* epilogue row stride (floats) */
     static constexpr int EPI_BYTES = WN * M * (ERS + 2) * 4; /* acc rows + m + l */
     static constexpr int RING_BYTES = STAGES * STAGE_BYTES;
-    /* eight warps: a full and an empty mbarrier per stage after the ring (MB in fwd_cta) */
-    static constexpr int BAR_BYTES = NTH > KCUDA_THREADS ? 2 * STAGES * 8 : 0;
-    static constexpr int SMEM =
-        Q_BYTES + (RING_BYTES > EPI_BYTES ? RING_BYTES : EPI_BYTES) + BAR_BYTES;
+    static constexpr int SMEM = Q_BYTES + (RING_BYTES > EPI_BYTES ? RING_BYTES : EPI_BYTES);
     /* MMA shape rules: rows in 16-row bands, every warp's column slice a multiple of 16 (one
      * k-step of P.V), head_dim a multiple of 16 and of the 8-chunk swizzle period. */
     static_assert(M % 16 == 0 && WM >= 1 && WM <= W && W % WM == 0, "tile m: 16-row bands");
@@ -212,21 +204,14 @@ template <int D> __host__ __device__ constexpr int fwd_smem()
     return s;
 }
 
-template <int D> __host__ __device__ constexpr int pair_smem()
-{
-    return 2 * fwd_smem<D>() > Geom<D, KCUDA_BIG_M, 2 * KCUDA_THREADS>::SMEM
-               ? 2 * fwd_smem<D>()
-               : Geom<D, KCUDA_BIG_M, 2 * KCUDA_THREADS>::SMEM;
-}
-
-/* A barrier of the threads that run one CTA: the whole block (team 0) or one warpgroup of the
- * pair kernel (named barrier `team`, 128 threads). */
-__device__ __forceinline__ void team_sync(int team)
+/* A barrier of the nth threads that run one CTA: the whole block (team 0) or the consumer
+ * warpgroups of fwd_pair (named barrier `team`). */
+__device__ __forceinline__ void team_sync(int team, uint32_t nth)
 {
     if (team == 0)
         __syncthreads();
     else
-        asm volatile("bar.sync %0, %1;\n" ::"r"(team), "r"(KCUDA_THREADS) : "memory");
+        asm volatile("bar.sync %0, %1;\n" ::"r"(team), "r"(nth) : "memory");
 }
 
 /* byte offset of 16-byte chunk c of row r in a swizzled [rows][D] tile */
@@ -276,22 +261,19 @@ __device__ __forceinline__ void fwd_rows_out(const FwdArgs &a, const sched_plan_
 /* ---------------------------------------------------------------- the kernel */
 
 /* One plan CTA for one KV head with tile m = M: attention over its segments, then the direct
- * outputs and partials. Every thread of its team calls it (team_sync: the block, or one
- * warpgroup of the pair kernel); NTH threads. SEGS: several segments (the band skip and the
- * segment cursor); a CTA of one segment runs the loop without them (its row range still masks).
- * WG: every four warps are one warpgroup of 64 rows and the matrix products are wgmma
- * (kern_cuda_wgmma.cuh; m = 64 on one warpgroup or 128 on two that share each KV tile, head_dim
- * <= 128, sm_90a); a warpgroup skips the tiles of a segment none of its rows reads; the tiles use
- * wgmma's swizzle and the rows are written straight from the accumulators. */
-template <typename T, int D, int M, bool SEGS, bool WG = false, int NTH = KCUDA_THREADS>
+ * outputs and partials. Every thread of the block calls it. SEGS: several segments (the band
+ * skip and the segment cursor); a CTA of one segment runs the loop without them (its row range
+ * still masks). WG: the four warps are one warpgroup of 64 rows and the matrix products are
+ * wgmma (kern_cuda_wgmma.cuh; head_dim <= 128, sm_90a); the tiles use wgmma's swizzle and the
+ * rows are written straight from the accumulators. */
+template <typename T, int D, int M, bool SEGS, bool WG = false>
 __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t &cta,
-                                        uint32_t head, uint8_t *smem, int team)
+                                        uint32_t head, uint8_t *smem)
 {
-    using G = Geom<D, M, NTH>;
+    using G = Geom<D, M>;
     constexpr int N = G::N;
-    static_assert(!WG || (KCUDA_WGMMA && M == NTH / 2 && D <= 128 && N == 64),
-                  "the wgmma path: warpgroups of 64 rows, 64-token tiles");
-    static_assert(WG || NTH == KCUDA_THREADS, "eight warps only on wgmma");
+    static_assert(!WG || (KCUDA_WGMMA && M == 64 && D <= 128 && N == 64),
+                  "the wgmma path: a warpgroup of 64 rows, 64-token tiles");
     uint8_t *sq = smem;
     uint8_t *ring = smem + G::Q_BYTES;
     /* where chunk c of row r of the Q tile (M rows) and of a K or V tile (N rows) goes */
@@ -300,7 +282,7 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
     if (WG && (smem_u32(smem) & 1023u))
         __trap(); /* the swizzle needs 1024-byte aligned tiles: a layout bug, never data */
 
-    const int tid = NTH == KCUDA_THREADS && team == 0 ? threadIdx.x : threadIdx.x % NTH;
+    const int tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
     const int wm = warp % G::WM, wn = warp / G::WM;
     const sched_plan_row_t *rows = a.rows + cta.row_begin;
@@ -379,25 +361,11 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
         }
     };
 
-    /* MB (eight warps, two warpgroups): no block barrier per tile. Stage s has a full barrier
-     * (every thread arrives once its copies into s landed) and an empty one (every thread arrives
-     * once it is done reading s); a warpgroup computes a tile when it is full and refills a stage
-     * when it is empty, so one warpgroup may run up to a tile ahead of the other (its softmax
-     * under the other's products) instead of both meeting twice per tile. */
-    constexpr bool MB = NTH > KCUDA_THREADS;
-    const uint32_t full = smem_u32(smem) + G::SMEM - G::BAR_BYTES, empty = full + 8 * G::STAGES;
-    if constexpr (MB) {
-        if (tid < G::STAGES * 2)
-            mb_init(full + 8 * tid, NTH);
-        team_sync(team); /* the barriers exist before anyone arrives */
-    }
 #pragma unroll
     for (int st = 0; st < G::STAGES - 1; st++) {
         if (st < n_tiles) {
             fetch_pages();
             load_tile(st);
-            if constexpr (MB)
-                mb_arrive_cp(full + 8 * st); /* stage 0's also covers Q */
         }
         cp_async_commit(); /* group 0 also holds Q */
     }
@@ -421,7 +389,7 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
         lim0 = (uint32_t)r0 >= lo && (uint32_t)r0 < hi ? min(row_lim0, cend) : 0;
         lim1 = (uint32_t)r1 >= lo && (uint32_t)r1 < hi ? min(row_lim1, cend) : 0;
         /* the rows that compute together: a warp's band, or a warpgroup's 64 rows */
-        const uint32_t b0 = WG ? (warp >> 2) * 64 : wm * 16, b1 = WG ? b0 + 64 : b0 + 16;
+        const uint32_t b0 = WG ? 0 : wm * 16, b1 = b0 + (WG ? 64 : 16);
         band = lo < b1 && hi > b0 && b0 < n_rows;
     };
     if (n_tiles)
@@ -437,34 +405,20 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
     const float sl2 = a.scale * 1.4426950408889634f;
 
     for (int it = 0; it < n_tiles; it++) {
-        const int nx = it + G::STAGES - 1, slot = it % G::STAGES;
-        if (nx < n_tiles) {
-            /* into the slot computed in iteration it - 1 (MB: once every thread left it) */
-            if (MB && nx >= G::STAGES)
-                mb_wait(empty + 8 * (nx % G::STAGES), (nx / G::STAGES - 1) & 1);
-            load_tile(nx);
-            if constexpr (MB)
-                mb_arrive_cp(full + 8 * (nx % G::STAGES));
-        }
-        if (!MB)
-            cp_async_commit();
+        const int nx = it + G::STAGES - 1;
+        if (nx < n_tiles)
+            load_tile(nx); /* into the slot computed in iteration it - 1 */
+        cp_async_commit();
         if (it + G::STAGES < n_tiles)
             fetch_pages();
-        /* one warpgroup (fwd_layer) computes every band: its row limits mask */
-        const bool work = !SEGS || (WG && NTH == KCUDA_THREADS) || band;
-        if constexpr (MB) {
-            if (work)
-                mb_wait(full + 8 * slot, (it / G::STAGES) & 1);
-        } else {
-            cp_async_wait<G::STAGES - 1>();
-        }
+        /* one warpgroup computes every band: its row limits mask */
+        const bool work = !SEGS || WG || band;
+        cp_async_wait<G::STAGES - 1>();
 #if KCUDA_WGMMA
         if constexpr (WG)
-            wg_proxy_fence(); /* the copies (this thread's, or MB everyone's: the full barrier
-                                 made them visible to it) become visible to wgmma's reads */
+            wg_proxy_fence(); /* this thread's copies become visible to wgmma's reads */
 #endif
-        if (!MB)
-            team_sync(team);
+        __syncthreads();
         if (work) {
             const uint8_t *sk = ring + (it % G::STAGES) * G::STAGE_BYTES, *sv = sk + G::KV_BYTES;
             const int cb = wn * G::NW; /* first column of this warp in the tile */
@@ -477,9 +431,7 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
             if constexpr (WG) {
                 float(&sw)[4 * NT] = *reinterpret_cast<float(*)[4 * NT]>(&s[0][0]);
                 /* this warpgroup's 64 rows: 128-byte rows inside each 64-column block */
-                const uint32_t qa = smem_u32(sq) +
-                                    (NTH > KCUDA_THREADS ? (warp >> 2) * 64 * 128 : 0),
-                               ka = smem_u32(sk);
+                const uint32_t qa = smem_u32(sq), ka = smem_u32(sk);
                 wg_fence();
 #pragma unroll
                 for (int ks = 0; ks < D / 16; ks++)
@@ -604,18 +556,13 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
                     }
                 }
         }
-        /* the stage is refilled by the next iteration's loads */
-        if constexpr (MB)
-            mb_arrive(empty + 8 * slot);
-        else
-            team_sync(team);
+        __syncthreads(); /* the stage is refilled by the next iteration's loads */
         ct0 += N;
         if (SEGS && ct0 >= cend && ++ck < n_segs)
             enter_seg();
     }
-    cp_async_commit(); /* MB: the copies of tiles a skipping warpgroup never waited for */
     cp_async_wait<0>();
-    team_sync(team);
+    __syncthreads();
 
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
@@ -646,7 +593,7 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
             el[e1] = l1;
         }
     }
-    team_sync(team);
+    __syncthreads();
 
     constexpr int V4 = D / 4;
     for (int e = tid; e < (int)n_rows * V4; e += G::T) {
@@ -736,7 +683,7 @@ __device__ __forceinline__ void fwd_arrive_merge(const FwdArgs &a, const sched_p
      * scope, which by cumulativity publishes them all, and its acquire half orders the merge's
      * reads after the other CTAs' arrivals: one acq_rel atomic per arriving row instead of a
      * sequentially-consistent __threadfence in every thread */
-    team_sync(team);
+    team_sync(team, nth);
     for (uint32_t r = tid; r < cta.row_count; r += nth) {
         const uint32_t mi = rows[r].merge;
         if (mi == SCHED_ROW_DIRECT)
@@ -747,7 +694,7 @@ __device__ __forceinline__ void fwd_arrive_merge(const FwdArgs &a, const sched_p
             done[atomicAdd(&n_done, 1u)] = mi;
         }
     }
-    team_sync(team);
+    team_sync(team, nth);
     const uint32_t n = n_done;
     if (n == 0)
         return;
@@ -756,21 +703,21 @@ __device__ __forceinline__ void fwd_arrive_merge(const FwdArgs &a, const sched_p
         merge_elem<T, D>(a, a.merges[done[e / (V4 * a.group)]], head, e % (V4 * a.group));
 }
 
-/* One plan CTA of at most KCUDA_SMALL_M rows for one KV head on 4 warps (team: see team_sync;
- * smem: fwd_smem<D>() bytes). WGK (KERN_FWD_AUTO): CTAs of more than 32 rows and several segments
+/* One plan CTA of at most KCUDA_SMALL_M rows for one KV head on the block's 4 warps (smem:
+ * fwd_smem<D>() bytes). WGK (KERN_FWD_AUTO): CTAs of more than 32 rows and several segments
  * use wgmma where compiled for sm_90a at head_dim <= 128: measured 11 % faster on TREE plans and
  * 3 % slower on one-segment packs (RESULTS.md, 2026-11-24). */
 template <typename T, int D, bool WGK>
 __device__ __forceinline__ void fwd_small(const FwdArgs &a, const sched_plan_cta_t &cta,
-                                          uint32_t head, uint8_t *smem, int team)
+                                          uint32_t head, uint8_t *smem)
 {
-    const uint32_t rows = cta.row_count * a.group, tid = threadIdx.x % KCUDA_THREADS;
+    const uint32_t rows = cta.row_count * a.group, tid = threadIdx.x;
 #if KCUDA_WGMMA
     if constexpr (WGK && D <= 128) {
         if (rows > 32 && cta.seg_count > 1) {
-            fwd_cta<T, D, 64, true, true>(a, cta, head, smem, team);
+            fwd_cta<T, D, 64, true, true>(a, cta, head, smem);
             if (a.merge_inside)
-                fwd_arrive_merge<T, D>(a, cta, head, smem, tid, KCUDA_THREADS, team);
+                fwd_arrive_merge<T, D>(a, cta, head, smem, tid, KCUDA_THREADS, 0);
             return;
         }
     }
@@ -779,11 +726,11 @@ __device__ __forceinline__ void fwd_small(const FwdArgs &a, const sched_plan_cta
 #define KCUDA_CASE(m)                                                                              \
     if (rows <= (m)) {                                                                             \
         if (cta.seg_count > 1)                                                                     \
-            fwd_cta<T, D, m, true>(a, cta, head, smem, team);                                      \
+            fwd_cta<T, D, m, true>(a, cta, head, smem);                                            \
         else                                                                                       \
-            fwd_cta<T, D, m, false>(a, cta, head, smem, team);                                     \
+            fwd_cta<T, D, m, false>(a, cta, head, smem);                                           \
         if (a.merge_inside)                                                                        \
-            fwd_arrive_merge<T, D>(a, cta, head, smem, tid, KCUDA_THREADS, team);                  \
+            fwd_arrive_merge<T, D>(a, cta, head, smem, tid, KCUDA_THREADS, 0);                     \
         return;                                                                                    \
     }
     KCUDA_TILE_MS(KCUDA_CASE)
@@ -797,42 +744,15 @@ template <typename T, int D, bool WGK>
 __global__ void __launch_bounds__(KCUDA_THREADS) fwd_layer(const FwdArgs a)
 {
     extern __shared__ __align__(1024) uint8_t smem[];
-    fwd_small<T, D, WGK>(a, a.ctas[blockIdx.x / a.kv_heads], blockIdx.x % a.kv_heads, smem, 0);
+    fwd_small<T, D, WGK>(a, a.ctas[blockIdx.x / a.kv_heads], blockIdx.x % a.kv_heads, smem);
 }
 
-/* One layer of a plan with CTAs of up to KCUDA_BIG_M rows (sm_90a, head_dim <= 128,
- * KERN_FWD_WIDE): grid = n_ctas x kv_heads blocks of two warpgroups, dynamic shared memory
- * pair_smem<D>(). Block b takes plan CTA b / kv_heads and j = b % kv_heads: a CTA of more than
- * KCUDA_SMALL_M rows runs for KV head j on both warpgroups (64 rows each, every KV tile loaded
- * once for both); a smaller one for KV heads 2j and 2j + 1, one warpgroup each in its half of the
- * shared memory with a barrier of its own, as two blocks of fwd_layer would (blocks with
- * 2j >= kv_heads leave at once). */
-template <typename T, int D>
-__global__ void __launch_bounds__(2 * KCUDA_THREADS, 1) fwd_pair(const FwdArgs a)
+} // namespace kcuda
+
+#include "kern_cuda_fwd_ws.cuh" /* fwd_pair: it uses the pieces above */
+
+namespace kcuda
 {
-    extern __shared__ __align__(1024) uint8_t smem[];
-#if KCUDA_WGMMA
-    if constexpr (D <= 128) {
-        const uint32_t j = blockIdx.x % a.kv_heads;
-        const sched_plan_cta_t cta = a.ctas[blockIdx.x / a.kv_heads];
-        if (cta.row_count * a.group > KCUDA_SMALL_M) {
-            if (cta.seg_count > 1)
-                fwd_cta<T, D, KCUDA_BIG_M, true, true, 2 * KCUDA_THREADS>(a, cta, j, smem, 0);
-            else
-                fwd_cta<T, D, KCUDA_BIG_M, false, true, 2 * KCUDA_THREADS>(a, cta, j, smem, 0);
-            if (a.merge_inside)
-                fwd_arrive_merge<T, D>(a, cta, j, smem, threadIdx.x, 2 * KCUDA_THREADS, 0);
-            return;
-        }
-        constexpr int half = fwd_smem<D>();
-        const uint32_t wg = threadIdx.x / KCUDA_THREADS, h = 2 * j + wg;
-        if (h < a.kv_heads)
-            fwd_small<T, D, true>(a, cta, h, smem + wg * half, 1 + (int)wg);
-        return;
-    }
-#endif
-    __trap(); /* never launched: the backend uses it only where compiled for sm_90a */
-}
 
 /* The merge as a launch of its own (KERN_MERGE_LAUNCH): grid = n_merges x kv_heads blocks, each
  * one token's group of q heads for one KV head, after the forward on the same stream. */

@@ -18,9 +18,12 @@
 #define KCUDA_TILE_N     64
 #define KCUDA_THREADS    128
 #define KCUDA_SMALL_M    64 /* the largest m of KCUDA_TILE_MS */
-/* sm_90a, head_dim <= 128: the pair kernel (kern_cuda_fwd.cuh) runs CTAs of up to KCUDA_BIG_M rows
- * on two warpgroups that share every KV tile, and the smaller ones two KV heads at a time */
+/* sm_90a, head_dim <= 128: the pair kernel (kern_cuda_fwd_ws.cuh) runs CTAs of up to KCUDA_BIG_M
+ * rows on two consumer warpgroups that share every KV tile, and the smaller ones two KV heads at a
+ * time; a third warpgroup loads */
 #define KCUDA_BIG_M 128
+#define KCUDA_PAIR_THREADS                                                                         \
+    (3 * KCUDA_THREADS)         /* fwd_pair: a producer and two consumer warpgroups */
 #define KCUDA_MAX_M KCUDA_BIG_M /* bounds a CTA's rows wherever they are listed */
 
 #endif

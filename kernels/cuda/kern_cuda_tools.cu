@@ -77,7 +77,7 @@ extern "C" int kern_cuda_variants(uint32_t head_dim, kern_cuda_variant_info_t *o
         if (n++ >= cap)
             continue;
         kern_cuda_variant_info_t *x = &out[n - 1];
-        const int threads = kind == 2 ? 2 * KCUDA_THREADS : KCUDA_THREADS;
+        const int threads = kind == 2 ? KCUDA_PAIR_THREADS : KCUDA_THREADS;
         const int smem = kind == 2 ? v[dt].pair_smem : v[dt].smem;
         cudaFuncAttributes fa;
         KC_TRY(cudaFuncGetAttributes(&fa, fn), "cudaFuncGetAttributes");

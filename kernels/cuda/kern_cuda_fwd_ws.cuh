@@ -1,0 +1,428 @@
+/*
+ * kern_cuda_fwd_ws.cuh — the warp-specialized Hopper forward, fwd_pair (sm_90a, head_dim <= 128,
+ * KERN_FWD_WIDE). Included by kern_cuda_fwd.cuh after the shared pieces (loads, softmax, outputs,
+ * merge); one kernel per (dtype, head_dim) like fwd_layer.
+ *
+ * A block is three warpgroups. Warpgroup 0 is the producer: it gives most of its registers away
+ * (setmaxnreg), gathers Q and then every KV tile of the CTA by 16-byte cp.async into a ring of
+ * shared-memory slots, and tells the consumers a stage is in through a full mbarrier per stage
+ * (cp.async.mbarrier.arrive: no thread waits for its own copies). Warpgroups 1 and 2 are the
+ * consumers: each owns 64 rows and issues only wgmma and softmax; when done with a stage each of
+ * its threads arrives on the stage's empty mbarrier, on which the producer waits before refilling.
+ *
+ * Two modes, by the CTA's rows (block b: plan CTA b / kv_heads, j = b % kv_heads):
+ *   big   (more than KCUDA_SMALL_M rows): KV head j; consumer c has rows 64c..64c+63; one KV tile
+ *         per stage, read by both (the ring's slots are the stages);
+ *   small (up to KCUDA_SMALL_M rows): KV heads 2j and 2j + 1, consumer c the CTA's rows for head
+ *         2j + c (a block with 2j >= kv_heads leaves at once, one with 2j + 1 == kv_heads runs one
+ *         consumer); a stage is two slots, the tile of each head.
+ *
+ * Each consumer overlaps its softmax with the tensor cores: while O += P_j.V_j runs, S_{j+1} =
+ * Q.K_{j+1}^T has already been issued before it and its softmax runs under P_j.V_j; O is rescaled
+ * once P_j.V_j is done (FlashAttention-3's intra-warpgroup pipelining). Every consumer waits for
+ * every stage to fill before it releases it, also when its rows read none of the tile (band
+ * skip), so no arrival can count toward a later phase of an empty barrier.
+ */
+#ifndef KERN_CUDA_FWD_WS_CUH
+#define KERN_CUDA_FWD_WS_CUH
+
+namespace kcuda
+{
+
+/* shared memory of fwd_pair: Q (128 rows), the ring, a full and an empty barrier per slot */
+template <int D> struct WsGeom {
+    static constexpr int N = KCUDA_TILE_N;
+    static constexpr int CPR = D / 8;
+    static constexpr int Q_BYTES = KCUDA_BIG_M * D * 2;
+    static constexpr int KV_BYTES = N * D * 2; /* K or V of one tile */
+    static constexpr int SLOT_BYTES = 2 * KV_BYTES;
+    static constexpr int MAX_SMEM = 232448; /* sm_90 opt-in shared memory per block */
+    static constexpr int FIT = (MAX_SMEM - Q_BYTES - 256) / SLOT_BYTES;
+    static constexpr int SLOTS = (FIT > 8 ? 8 : FIT) & ~1; /* even: two per small-mode stage */
+    static constexpr int BAR_BYTES = 2 * SLOTS * 8;
+    static constexpr int SMEM = Q_BYTES + SLOTS * SLOT_BYTES + BAR_BYTES;
+    static constexpr int LPT = N * CPR / KCUDA_THREADS; /* 16-byte K (and V) loads per thread */
+    static_assert(SLOTS >= 4, "a ring of at least two small-mode stages");
+    static_assert(SMEM <= MAX_SMEM, "sm_90 opt-in shared memory per block (227 KB)");
+    static_assert((N * CPR) % KCUDA_THREADS == 0, "loads divide evenly");
+};
+
+template <int D> __host__ __device__ constexpr int pair_smem()
+{
+    return WsGeom<D>::SMEM;
+}
+
+#if KCUDA_WGMMA
+/* registers per thread after the producer gives its away: 128 x (56 + 2 x 224) <= 65536 */
+__device__ __forceinline__ void ws_regs_producer()
+{
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 104;\n" ::);
+}
+__device__ __forceinline__ void ws_regs_consumer()
+{
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 192;\n" ::);
+}
+template <int K> __device__ __forceinline__ void wg_hold_u(uint32_t (&d)[K][4])
+{
+#pragma unroll
+    for (int i = 0; i < K; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            asm volatile("" : "+r"(d[i][e])::"memory");
+}
+template <int N> __device__ __forceinline__ void wg_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+/* The producer: Q of the CTA's rows (both heads in small mode), then every tile into the ring. */
+template <typename T, int D>
+__device__ __forceinline__ void ws_produce(const FwdArgs &a, const sched_plan_cta_t &cta,
+                                           uint32_t j, bool small, uint32_t n_heads, uint8_t *smem,
+                                           int n_tiles)
+{
+    using G = WsGeom<D>;
+    constexpr int N = G::N;
+    constexpr uint32_t NO_TOKEN = 0xffffffffu;
+    const int tid = threadIdx.x; /* 0..127 */
+    const sched_plan_row_t *rows = a.rows + cta.row_begin;
+    const uint32_t group = a.group, n_rows = cta.row_count * group;
+    const sched_plan_seg_t *segs = a.segs + cta.seg_begin;
+    const uint32_t n_segs = cta.seg_count;
+    const T *q = static_cast<const T *>(a.q);
+    uint8_t *sq = smem, *ring = smem + G::Q_BYTES;
+    const uint32_t full = smem_u32(smem) + G::SMEM - G::BAR_BYTES, empty = full + 8 * G::SLOTS;
+    const int stages = small ? G::SLOTS / 2 : G::SLOTS;
+
+    /* Q: tile row r is CTA row r of head j (big), or CTA row r % 64 of head 2j + r / 64 */
+    const int q_rows = small ? 64 * (int)n_heads : KCUDA_BIG_M;
+    for (int c = tid; c < q_rows * G::CPR; c += KCUDA_THREADS) {
+        const int r = c / G::CPR, ch = c % G::CPR;
+        const uint32_t rr = small ? r % 64 : r, head = small ? 2 * j + r / 64 : j;
+        const T *src = q;
+        uint32_t bytes = 0;
+        if (rr < n_rows) {
+            src = q +
+                  ((uint64_t)rows[rr / group].q_tok * a.q_heads + head * group + rr % group) * D +
+                  ch * 8;
+            bytes = 16;
+        }
+        cp_async16(smem_u32(sq + wswz<KCUDA_BIG_M>(r, ch)), src, bytes);
+    }
+
+    /* page ids one tile ahead of the loads (fwd_cta's cursor) */
+    uint32_t pg[G::LPT];
+    uint32_t fk = 0, ft0 = 0, fend = 0, fpage0 = 0;
+    const uint32_t *fpages = a.pages;
+    auto fetch_seg = [&]() {
+        const sched_plan_seg_t sg = segs[fk];
+        ft0 = sg.kv_begin;
+        fend = sg.kv_end;
+        fpage0 = sg.kv_begin / KERN_BLOCK_SIZE;
+        fpages = a.pages + sg.page_begin;
+    };
+    auto fetch_pages = [&]() {
+#pragma unroll
+        for (int k = 0; k < G::LPT; k++) {
+            const uint32_t t = ft0 + (tid + k * KCUDA_THREADS) / G::CPR;
+            pg[k] = t < fend ? fpages[t / KERN_BLOCK_SIZE - fpage0] * KERN_BLOCK_SIZE +
+                                   t % KERN_BLOCK_SIZE
+                             : NO_TOKEN;
+        }
+        ft0 += N;
+        if (ft0 >= fend && ++fk < n_segs)
+            fetch_seg();
+    };
+    if (n_tiles) {
+        fetch_seg();
+        fetch_pages();
+    }
+    for (int t = 0; t < n_tiles; t++) {
+        const int st = t % stages;
+        if (t >= stages)
+            mb_wait(empty + 8 * st, (t / stages - 1) & 1);
+        for (uint32_t h = 0; h < n_heads; h++) {
+            uint8_t *sk = ring + (small ? 2 * st + (int)h : st) * G::SLOT_BYTES,
+                    *sv = sk + G::KV_BYTES;
+            const T *kbase =
+                static_cast<const T *>(a.kv) + (uint64_t)(small ? 2 * j + h : j) * a.head_stride;
+#pragma unroll
+            for (int k = 0; k < G::LPT; k++) {
+                const int c = tid + k * KCUDA_THREADS, r = c / G::CPR, ch = c % G::CPR;
+                const T *ks = kbase, *vs = kbase;
+                uint32_t bytes = 0;
+                if (pg[k] != NO_TOKEN) {
+                    ks = kbase + (uint64_t)(pg[k] / KERN_BLOCK_SIZE) * a.block_stride +
+                         (pg[k] % KERN_BLOCK_SIZE) * D + ch * 8;
+                    vs = ks + a.v_offset;
+                    bytes = 16;
+                }
+                cp_async16(smem_u32(sk + wswz<N>(r, ch)), ks, bytes);
+                cp_async16(smem_u32(sv + wswz<N>(r, ch)), vs, bytes);
+            }
+        }
+        mb_arrive_cp(full + 8 * st); /* tile 0's also covers Q */
+        if (t + 1 < n_tiles)
+            fetch_pages();
+    }
+    cp_async_wait<0>();
+}
+
+/* One consumer warpgroup: its 64 rows of the CTA (rows rb.., Q tile rows qb..) for KV head
+ * `head`, reading ring slot `half` of each small-mode stage; then its outputs. */
+template <typename T, int D, bool SEGS>
+__device__ __forceinline__ void ws_consume(const FwdArgs &a, const sched_plan_cta_t &cta,
+                                           uint32_t head, bool small, int c, uint8_t *smem,
+                                           int n_tiles)
+{
+    using G = WsGeom<D>;
+    constexpr int N = G::N, NT = N / 8, DT = D / 8;
+    const int tid = threadIdx.x % KCUDA_THREADS, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, tq = lane & 3;
+    const sched_plan_row_t *rows = a.rows + cta.row_begin;
+    const uint32_t group = a.group, n_rows = cta.row_count * group;
+    const sched_plan_seg_t *segs = a.segs + cta.seg_begin;
+    const uint32_t n_segs = cta.seg_count;
+    uint8_t *ring = smem + G::Q_BYTES;
+    const uint32_t full = smem_u32(smem) + G::SMEM - G::BAR_BYTES, empty = full + 8 * G::SLOTS;
+    const int stages = small ? G::SLOTS / 2 : G::SLOTS;
+    const int rb = small ? 0 : 64 * c; /* first CTA row of this warpgroup */
+    const uint32_t qa = smem_u32(smem) + 64 * c * 128;
+
+    const int r0 = rb + warp * 16 + g, r1 = r0 + 8;
+    const uint32_t row_lim0 = (uint32_t)r0 < n_rows ? rows[r0 / group].limit : 0;
+    const uint32_t row_lim1 = (uint32_t)r1 < n_rows ? rows[r1 / group].limit : 0;
+    /* the cursor: the tile whose S is computed next, its segment's limits and band */
+    uint32_t ck = 0, ct0 = 0, cend = 0, lim0 = 0, lim1 = 0;
+    auto enter_seg = [&]() {
+        const sched_plan_seg_t sg = segs[ck];
+        const uint32_t lo = sg.row_lo * group, hi = sg.row_hi * group;
+        ct0 = sg.kv_begin;
+        cend = sg.kv_end;
+        lim0 = (uint32_t)r0 >= lo && (uint32_t)r0 < hi ? min(row_lim0, cend) : 0;
+        lim1 = (uint32_t)r1 >= lo && (uint32_t)r1 < hi ? min(row_lim1, cend) : 0;
+    };
+    auto advance = [&]() {
+        ct0 += N;
+        if (ct0 >= cend && ++ck < n_segs)
+            enter_seg();
+    };
+    auto slot_of = [&](int t) { return small ? 2 * (t % stages) + c : t % stages; };
+
+    float o[DT][4], s[NT][4];
+    uint32_t pf[N / 16][4];
+#pragma unroll
+    for (int i = 0; i < DT; i++)
+        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    const float sl2 = a.scale * 1.4426950408889634f;
+    float(&sw)[4 * NT] = *reinterpret_cast<float(*)[4 * NT]>(&s[0][0]);
+    float(&ow)[4 * DT] = *reinterpret_cast<float(*)[4 * DT]>(&o[0][0]);
+
+    auto issue_qk = [&](int t) {
+        const uint32_t ka = smem_u32(ring + slot_of(t) * G::SLOT_BYTES);
+        wg_hold(sw);
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++)
+            Wg<T>::ss64(sw, wg_desc(qa + (ks >> 2) * (KCUDA_BIG_M * 128) + (ks & 3) * 32, 16, 1024),
+                        wg_desc(ka + (ks >> 2) * (N * 128) + (ks & 3) * 32, 16, 1024), ks);
+        wg_commit();
+        wg_hold(sw); /* pinned: nothing may copy them while the products run */
+    };
+    auto issue_pv = [&](int t) {
+        const uint32_t va = smem_u32(ring + slot_of(t) * G::SLOT_BYTES + G::KV_BYTES);
+        wg_hold(ow);
+        wg_hold_u(pf);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < N / 16; kk++) {
+            const uint64_t vd = wg_desc(va + kk * 16 * 128, N * 128, 1024);
+            if constexpr (D == 64)
+                Wg<T>::rs64(ow, pf[kk], vd);
+            else
+                Wg<T>::rs128(ow, pf[kk], vd);
+        }
+        wg_commit();
+        wg_hold(ow);
+        wg_hold_u(pf);
+    };
+    /* scale, softcap, mask (the cursor's tile) and the online softmax of s in place: exps in s,
+     * l updated; returns O's correction factors for rows r0 and r1 */
+    auto softmax = [&](float &c0, float &c1) {
+        const bool whole = ct0 + N <= lim0 && ct0 + N <= lim1;
+        float tm0 = -INFINITY, tm1 = -INFINITY;
+#pragma unroll
+        for (int jn = 0; jn < NT; jn++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = s[jn][e];
+                if (a.softcap > 0.f)
+                    v = a.softcap * 1.4426950408889634f * tanhf(v * a.scale / a.softcap);
+                else
+                    v *= sl2;
+                if (!whole) {
+                    const uint32_t t = ct0 + jn * 8 + 2 * tq + (e & 1);
+                    if (t >= (e < 2 ? lim0 : lim1))
+                        v = -INFINITY;
+                }
+                s[jn][e] = v;
+            }
+            tm0 = fmaxf(tm0, fmaxf(s[jn][0], s[jn][1]));
+            tm1 = fmaxf(tm1, fmaxf(s[jn][2], s[jn][3]));
+        }
+        tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 1));
+        tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 2));
+        tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 1));
+        tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 2));
+        const float n0 = fmaxf(m0, tm0), n1 = fmaxf(m1, tm1);
+        const float b0 = kern_sm_base(n0), b1 = kern_sm_base(n1);
+        c0 = exp2f(m0 - b0);
+        c1 = exp2f(m1 - b1);
+        m0 = n0;
+        m1 = n1;
+        l0 *= c0;
+        l1 *= c1;
+#pragma unroll
+        for (int jn = 0; jn < NT; jn++) {
+            s[jn][0] = exp2f(s[jn][0] - b0);
+            s[jn][1] = exp2f(s[jn][1] - b0);
+            s[jn][2] = exp2f(s[jn][2] - b1);
+            s[jn][3] = exp2f(s[jn][3] - b1);
+            l0 += s[jn][0] + s[jn][1];
+            l1 += s[jn][2] + s[jn][3];
+        }
+    };
+    /* P from the S accumulators: the C layout of two n8 tiles is the A layout of one k16 step */
+    auto pack_p = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < N / 16; kk++) {
+            pf[kk][0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+            pf[kk][1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+            pf[kk][2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pf[kk][3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        }
+    };
+
+    /* Straight-line issue and waits (no wgmma or wait under a condition that differs between
+     * iterations: ptxas then cannot tell which group a wait completes and serializes them all), so
+     * every tile is computed, also where none of this warpgroup's rows reads it: the limits mask
+     * those rows (P = 0). */
+    auto rescale_pack = [&](float c0, float c1) {
+#pragma unroll
+        for (int i = 0; i < DT; i++) {
+            o[i][0] *= c0;
+            o[i][1] *= c0;
+            o[i][2] *= c1;
+            o[i][3] *= c1;
+        }
+        pack_p();
+    };
+    if (n_tiles == 0)
+        goto out;
+    enter_seg();
+    mb_wait(full, 0);
+    wg_proxy_fence(); /* the producer's copies (made visible by the barrier) reach wgmma */
+    {
+        issue_qk(0);
+        wg_wait<0>();
+        wg_hold(sw);
+        float c0, c1;
+        softmax(c0, c1);
+        rescale_pack(c0, c1); /* O is 0 */
+        advance();
+    }
+    for (int t = 0; t + 1 < n_tiles; t++) {
+        mb_wait(full + 8 * ((t + 1) % stages), ((t + 1) / stages) & 1);
+        wg_proxy_fence();
+        issue_qk(t + 1);
+        issue_pv(t);
+        wg_wait<1>(); /* S_{t+1}; P_t.V_t may still run */
+        wg_hold(sw);
+        float c0, c1;
+        softmax(c0, c1); /* the cursor is at tile t + 1 */
+        wg_wait<0>();
+        wg_hold(ow);
+        wg_hold_u(pf);
+        mb_arrive(empty + 8 * (t % stages));
+        rescale_pack(c0, c1);
+        advance();
+    }
+    issue_pv(n_tiles - 1);
+    wg_wait<0>();
+    wg_hold(ow);
+    mb_arrive(empty + 8 * ((n_tiles - 1) % stages));
+out:
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    fwd_rows_out<T, D>(a, rows, head, r0, n_rows, m0, l0, o, 0, tq);
+    fwd_rows_out<T, D>(a, rows, head, r1, n_rows, m1, l1, o, 2, tq);
+}
+#endif /* KCUDA_WGMMA */
+
+/* One layer of a plan with CTAs of up to KCUDA_BIG_M rows (sm_90a, head_dim <= 128,
+ * KERN_FWD_WIDE): grid = n_ctas x kv_heads blocks of KCUDA_PAIR_THREADS, dynamic shared memory
+ * pair_smem<D>() (see the top of the file). */
+template <typename T, int D>
+__global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const FwdArgs a)
+{
+    extern __shared__ __align__(1024) uint8_t smem[];
+#if KCUDA_WGMMA
+    if constexpr (D <= 128) {
+        using G = WsGeom<D>;
+        const uint32_t j = blockIdx.x % a.kv_heads;
+        const sched_plan_cta_t cta = a.ctas[blockIdx.x / a.kv_heads];
+        const bool small = cta.row_count * a.group <= KCUDA_SMALL_M;
+        if (small && 2 * j >= a.kv_heads)
+            return;
+        const uint32_t n_heads = small ? min(2u, a.kv_heads - 2 * j) : 1;
+        const int n_cons = small ? (int)n_heads : 2;
+        if (smem_u32(smem) & 1023u)
+            __trap(); /* the swizzle needs 1024-byte aligned tiles: a layout bug, never data */
+        int n_tiles = 0;
+        for (uint32_t k = 0; k < cta.seg_count; k++) {
+            const uint32_t len =
+                a.segs[cta.seg_begin + k].kv_end - a.segs[cta.seg_begin + k].kv_begin;
+            n_tiles += len ? (int)((len + G::N - 1) / G::N) : 1;
+        }
+        const uint32_t full = smem_u32(smem) + G::SMEM - G::BAR_BYTES, empty = full + 8 * G::SLOTS;
+        if (threadIdx.x < G::SLOTS) {
+            mb_init(full + 8 * threadIdx.x, KCUDA_THREADS);
+            mb_init(empty + 8 * threadIdx.x, n_cons * KCUDA_THREADS);
+        }
+        __syncthreads(); /* the barriers exist before anyone arrives */
+        const int wg = threadIdx.x / KCUDA_THREADS;
+        if (wg == 0) {
+            ws_regs_producer();
+            ws_produce<T, D>(a, cta, j, small, n_heads, smem, n_tiles);
+            return;
+        }
+        ws_regs_consumer();
+        const int c = wg - 1;
+        if (c >= n_cons)
+            return;
+        const uint32_t head = small ? 2 * j + c : j;
+        if (cta.seg_count > 1)
+            ws_consume<T, D, true>(a, cta, head, small, c, smem, n_tiles);
+        else
+            ws_consume<T, D, false>(a, cta, head, small, c, smem, n_tiles);
+        if (a.merge_inside) {
+            /* the merge list in this warpgroup's own Q rows (64c..: no other reads them) */
+            if (small)
+                fwd_arrive_merge<T, D>(a, cta, head, smem + c * 8192, threadIdx.x % KCUDA_THREADS,
+                                       KCUDA_THREADS, 1 + c);
+            else
+                fwd_arrive_merge<T, D>(a, cta, head, smem, threadIdx.x - KCUDA_THREADS,
+                                       2 * KCUDA_THREADS, 3);
+        }
+        return;
+    }
+#endif
+    __trap(); /* never launched: the backend uses it only where compiled for sm_90a */
+}
+
+} // namespace kcuda
+
+#endif
