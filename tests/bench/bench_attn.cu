@@ -14,11 +14,13 @@
  *   tree     policy tree: queries in prefix-tree order, a tile's rows per CTA, each CTA reading
  *            its rows' whole paths as block-diagonal segments (auto may choose it too);
  *            tree16 / tree32: the same with CTAs of at most 16 / 32 rows
+ *   wide128  TREE with tile m 128 only (the wide table's largest) on the wide forward
  *   fixed    pack as pat but one fixed tile (m 64; the paper's ablation)
  *   pat      runs the default forward, KERN_FWD_AUTO: on sm_90a wgmma for TREE CTAs of 33-64
  *            rows, mma.sync elsewhere
- *   wide     a backend with KERN_FWD_WIDE (tile m up to 128 on sm_90a, the pair kernel's two
- *            warpgroups) on the plan auto makes for its tile table (wide_rows: its largest CTA)
+ *   wide     a backend with KERN_FWD_WIDE (on sm_90a every CTA on the warp-specialized fwd_pair,
+ *            tile m up to 128) on the plan auto makes for its tile table (wide_rows: its largest
+ *            CTA)
  *   mma      a backend whose forward uses mma.sync for every CTA (KERN_FWD_MMA), on the plan
  *            auto makes for its tile table. (Merging
  *            inside the forward, KERN_MERGE_INSIDE, measured 1.17x slower than the merge launch:
@@ -446,6 +448,15 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     const sched_plan_hdr_t *h_t16, *h_t32;
     REQ(sched_build(s_t16, &h_t16));
     REQ(sched_build(s_t32, &h_t32));
+    /* TREE with CTAs of up to 128 rows only, on the wide forward (where it runs) */
+    sched_tiles_t big = tiles_wide;
+    big.n_m = 1;
+    big.m[0] = (uint16_t)tiles_wide.m[tiles_wide.n_m - 1];
+    sched_t *s_w128 = make_sched(&w, qh, kvh, SCHED_POLICY_TREE, &big);
+    const sched_plan_hdr_t *h_w128;
+    REQ(sched_build(s_w128, &h_w128));
+    sched_traffic_t tr128;
+    sched_plan_traffic(h_w128, qh, kvh, D, 2, &tr128);
     const sched_plan_hdr_t *h_pat, *h_qc, *h_fix, *h_tree;
     REQ(sched_build(s_pat, &h_pat));
     REQ(sched_build(s_tree, &h_tree));
@@ -473,10 +484,14 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     const double us_wide = time_plan(b_wide, h_wide, dq, dout, &p);
     std::vector<__half> o_wide(qo_elems);
     CK(cudaMemcpy(o_wide.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
+    const double us_w128 = time_plan(b_wide, h_w128, dq, dout, &p);
+    std::vector<__half> o_w128(qo_elems);
+    CK(cudaMemcpy(o_w128.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
     const double us_mma = time_plan(b_mma, h_mma, dq, dout, &p);
     std::vector<__half> o_mma(qo_elems);
     CK(cudaMemcpy(o_mma.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
-    const double mma_agree = std::max(rel_err_f16(o_mma, o_pat), rel_err_f16(o_wide, o_pat));
+    const double mma_agree = std::max(
+        {rel_err_f16(o_mma, o_pat), rel_err_f16(o_wide, o_pat), rel_err_f16(o_w128, o_pat)});
     const double us_nm = h_pat->n_merges
                              ? time_plan(b, (const sched_plan_hdr_t *)nomerge.data(), dq, dout, &p)
                              : us_pat;
@@ -508,13 +523,13 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
                 "\"ctas\":%u,\"merges\":%u,\"pat_vs_qc_rel_err\":%.2e,\"read_bw\":%.0f,"
                 "\"mma_us\":%.2f,\"mma_vs_auto_rel_err\":%.2e,\"tree_us\":%.2f,"
                 "\"tree16_us\":%.2f,\"tree32_us\":%.2f,\"wide_us\":%.2f,\"wide_rows\":%u,"
-                "\"policy\":\"%s\"}\n",
+                "\"wide128_us\":%.2f,\"wide128_reread\":%.3f,\"policy\":\"%s\"}\n",
                 spec, qh, kvh, w.n_q, w.q[0].kv_len, us_pat, us_qc, us_fix, us_nm, pk, bytes, flops,
                 floor_bw, floor_tc, floor, bytes / (us_pat * 1e-6) / f.bw,
                 bytes / (us_pat * 1e-6) / 1e12, flops / (us_pat * 1e-6) / 1e12, reread, merge_frac,
                 st.last_model_ns / 1e3, h_pat->n_ctas, h_pat->n_merges, agree, f.bw, us_mma,
-                mma_agree, us_tree, us_t16, us_t32, us_wide, h_wide->max_cta_rows,
-                pol_name[chosen]);
+                mma_agree, us_tree, us_t16, us_t32, us_wide, h_wide->max_cta_rows, us_w128,
+                (double)tr128.kv / bytes, pol_name[chosen]);
     sched_free(s_pat);
     sched_free(s_wide);
     sched_free(s_mma);
@@ -522,6 +537,7 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     sched_free(s_tree);
     sched_free(s_t16);
     sched_free(s_t32);
+    sched_free(s_w128);
     sched_free(s_fix);
     CK(cudaFree(dk));
     CK(cudaFree(dv));

@@ -8,7 +8,7 @@ floor, patd's achieved TB/s and TFLOP/s, KV re-read factor and the merge's share
 then the geometric mean of PAT / patd over the shared-prefix cases, the worst ten, and the issue
 targets with a pass or a miss.
 
-usage: compare_pat.py PATD.jsonl PAT.jsonl [--field pat_us|mma_us|wide_us|tree16_us|tree32_us] [--md OUT.md]
+usage: compare_pat.py PATD.jsonl PAT.jsonl [--field pat_us|mma_us|wide_us|wide128_us|tree16_us|tree32_us] [--md OUT.md]
 (--field: which of bench_attn's patd timings to compare; pat_us is the default backend's)
 """
 import argparse
@@ -47,6 +47,8 @@ def main():
         if a.field != "pat_us":  # the ratios below are of this timing
             scale = r[a.field] / r["pat_us"]
             r = dict(r, pat_us=r[a.field], tbs=r["tbs"] / scale, tflops=r["tflops"] / scale)
+            if a.field == "wide128_us":  # its own plan's KV re-read
+                r["reread"] = r["wide128_reread"]
         rows.append(dict(r, peer_us=p["pat_us"], peer_err=p.get("rel_err", float("nan")),
                          unwritten=p.get("unwritten_rows", 0)))
     if not rows:
