@@ -70,6 +70,25 @@ template <int K> __device__ __forceinline__ void wg_hold_u(uint32_t (&d)[K][4])
         for (int e = 0; e < 4; e++)
             asm volatile("" : "+r"(d[i][e])::"memory");
 }
+#ifndef KCUDA_WS_PINGPONG
+#define KCUDA_WS_PINGPONG 0 /* consumers take turns issuing (named barriers 4 and 5) */
+#endif
+__device__ __forceinline__ void bar_arrive(int id, int n)
+{
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void bar_wait(int id, int n)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+/* 2^x on the special-function unit, subnormal results flushed to 0 (a probability below 2^-126
+ * adds nothing to a row sum of at least 1) */
+__device__ __forceinline__ float ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 template <int N> __device__ __forceinline__ void wg_wait()
 {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
@@ -110,8 +129,10 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const sched_plan_ct
         cp_async16(smem_u32(sq + wswz<KCUDA_BIG_M>(r, ch)), src, bytes);
     }
 
-    /* page ids one tile ahead of the loads (fwd_cta's cursor) */
-    uint32_t pg[G::LPT];
+    /* page ids two tiles ahead of the loads (fwd_cta's cursor): the producer has nothing to
+     * compute while a page-id read is in flight, so one tile ahead would put that read's latency
+     * into every tile */
+    uint32_t pa[G::LPT], pb[G::LPT];
     uint32_t fk = 0, ft0 = 0, fend = 0, fpage0 = 0;
     const uint32_t *fpages = a.pages;
     auto fetch_seg = [&]() {
@@ -121,7 +142,7 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const sched_plan_ct
         fpage0 = sg.kv_begin / KERN_BLOCK_SIZE;
         fpages = a.pages + sg.page_begin;
     };
-    auto fetch_pages = [&]() {
+    auto fetch_pages = [&](uint32_t(&pg)[G::LPT]) {
 #pragma unroll
         for (int k = 0; k < G::LPT; k++) {
             const uint32_t t = ft0 + (tid + k * KCUDA_THREADS) / G::CPR;
@@ -133,11 +154,7 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const sched_plan_ct
         if (ft0 >= fend && ++fk < n_segs)
             fetch_seg();
     };
-    if (n_tiles) {
-        fetch_seg();
-        fetch_pages();
-    }
-    for (int t = 0; t < n_tiles; t++) {
+    auto produce = [&](int t, uint32_t(&pg)[G::LPT]) {
         const int st = t % stages;
         if (t >= stages)
             mb_wait(empty + 8 * st, (t / stages - 1) & 1);
@@ -162,18 +179,29 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const sched_plan_ct
             }
         }
         mb_arrive_cp(full + 8 * st); /* tile 0's also covers Q */
+        if (t + 2 < n_tiles)
+            fetch_pages(pg); /* tile t + 2 */
+    };
+    if (n_tiles) {
+        fetch_seg();
+        fetch_pages(pa);
+        if (n_tiles > 1)
+            fetch_pages(pb);
+    }
+    for (int t = 0; t < n_tiles; t += 2) {
+        produce(t, pa);
         if (t + 1 < n_tiles)
-            fetch_pages();
+            produce(t + 1, pb);
     }
     cp_async_wait<0>();
 }
 
-/* One consumer warpgroup: its 64 rows of the CTA (rows rb.., Q tile rows qb..) for KV head
- * `head`, reading ring slot `half` of each small-mode stage; then its outputs. */
-template <typename T, int D, bool SEGS>
+/* One consumer warpgroup: its 64 rows of the CTA for KV head `head` (consumer c), U tiles per
+ * step (n_tiles a multiple of U); then its outputs. */
+template <typename T, int D, int U>
 __device__ __forceinline__ void ws_consume(const FwdArgs &a, const sched_plan_cta_t &cta,
                                            uint32_t head, bool small, int c, uint8_t *smem,
-                                           int n_tiles)
+                                           int n_tiles, bool pp)
 {
     using G = WsGeom<D>;
     constexpr int N = G::N, NT = N / 8, DT = D / 8;
@@ -192,7 +220,8 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const sched_plan_ct
     const int r0 = rb + warp * 16 + g, r1 = r0 + 8;
     const uint32_t row_lim0 = (uint32_t)r0 < n_rows ? rows[r0 / group].limit : 0;
     const uint32_t row_lim1 = (uint32_t)r1 < n_rows ? rows[r1 / group].limit : 0;
-    /* the cursor: the tile whose S is computed next, its segment's limits and band */
+    /* the cursor: the tile whose scores are masked next, its segment's limits (past the last
+     * segment every token is masked: the producer's padding tile) */
     uint32_t ck = 0, ct0 = 0, cend = 0, lim0 = 0, lim1 = 0;
     auto enter_seg = [&]() {
         const sched_plan_seg_t sg = segs[ck];
@@ -208,95 +237,137 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const sched_plan_ct
             enter_seg();
     };
     auto slot_of = [&](int t) { return small ? 2 * (t % stages) + c : t % stages; };
+    auto wait_full = [&](int t) {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            mb_wait(full + 8 * ((t + u) % stages), ((t + u) / stages) & 1);
+        wg_proxy_fence(); /* the producer's copies (made visible by the barrier) reach wgmma */
+    };
+    auto release = [&](int t) {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            mb_arrive(empty + 8 * ((t + u) % stages));
+    };
 
-    float o[DT][4], s[NT][4];
-    uint32_t pf[N / 16][4];
+    float o[DT][4], s[U * NT][4];
+    uint32_t pf[U * N / 16][4];
 #pragma unroll
     for (int i = 0; i < DT; i++)
         o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
     const float sl2 = a.scale * 1.4426950408889634f;
-    float(&sw)[4 * NT] = *reinterpret_cast<float(*)[4 * NT]>(&s[0][0]);
+    float(&sw)[4 * U * NT] = *reinterpret_cast<float(*)[4 * U * NT]>(&s[0][0]);
     float(&ow)[4 * DT] = *reinterpret_cast<float(*)[4 * DT]>(&o[0][0]);
 
+    /* S = Q.K^T of tiles t.. t + U - 1, one group */
     auto issue_qk = [&](int t) {
-        const uint32_t ka = smem_u32(ring + slot_of(t) * G::SLOT_BYTES);
         wg_hold(sw);
         wg_fence();
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ks++)
-            Wg<T>::ss64(sw, wg_desc(qa + (ks >> 2) * (KCUDA_BIG_M * 128) + (ks & 3) * 32, 16, 1024),
-                        wg_desc(ka + (ks >> 2) * (N * 128) + (ks & 3) * 32, 16, 1024), ks);
+        for (int u = 0; u < U; u++) {
+            float(&su)[4 * NT] = *reinterpret_cast<float(*)[4 * NT]>(&s[u * NT][0]);
+            const uint32_t ka = smem_u32(ring + slot_of(t + u) * G::SLOT_BYTES);
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ks++)
+                Wg<T>::ss64(su,
+                            wg_desc(qa + (ks >> 2) * (KCUDA_BIG_M * 128) + (ks & 3) * 32, 16, 1024),
+                            wg_desc(ka + (ks >> 2) * (N * 128) + (ks & 3) * 32, 16, 1024), ks);
+        }
         wg_commit();
         wg_hold(sw); /* pinned: nothing may copy them while the products run */
     };
+    /* O += P.V over tiles t.., one group */
     auto issue_pv = [&](int t) {
-        const uint32_t va = smem_u32(ring + slot_of(t) * G::SLOT_BYTES + G::KV_BYTES);
         wg_hold(ow);
         wg_hold_u(pf);
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < N / 16; kk++) {
-            const uint64_t vd = wg_desc(va + kk * 16 * 128, N * 128, 1024);
-            if constexpr (D == 64)
-                Wg<T>::rs64(ow, pf[kk], vd);
-            else
-                Wg<T>::rs128(ow, pf[kk], vd);
+        for (int u = 0; u < U; u++) {
+            const uint32_t va = smem_u32(ring + slot_of(t + u) * G::SLOT_BYTES + G::KV_BYTES);
+#pragma unroll
+            for (int kk = 0; kk < N / 16; kk++) {
+                const uint64_t vd = wg_desc(va + kk * 16 * 128, N * 128, 1024);
+                if constexpr (D == 64)
+                    Wg<T>::rs64(ow, pf[u * (N / 16) + kk], vd);
+                else
+                    Wg<T>::rs128(ow, pf[u * (N / 16) + kk], vd);
+            }
         }
         wg_commit();
         wg_hold(ow);
         wg_hold_u(pf);
     };
-    /* scale, softcap, mask (the cursor's tile) and the online softmax of s in place: exps in s,
-     * l updated; returns O's correction factors for rows r0 and r1 */
+    /* scale, softcap, mask (U tiles from the cursor's, which it advances) and the online softmax
+     * of s in place: exps in s, l updated; returns O's correction factors for rows r0 and r1.
+     * Without a softcap (and with a positive scale) the scale rides in the exponent's FMA: the
+     * maximum of the raw scores is taken first, p = 2^(s * scale * log2 e - base), one FFMA and
+     * one MUFU per score. */
+    const bool plain = !(a.softcap > 0.f) && sl2 > 0.f;
     auto softmax = [&](float &c0, float &c1) {
-        const bool whole = ct0 + N <= lim0 && ct0 + N <= lim1;
         float tm0 = -INFINITY, tm1 = -INFINITY;
 #pragma unroll
-        for (int jn = 0; jn < NT; jn++) {
+        for (int u = 0; u < U; u++) {
+            const bool whole = ct0 + N <= lim0 && ct0 + N <= lim1;
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float v = s[jn][e];
-                if (a.softcap > 0.f)
-                    v = a.softcap * 1.4426950408889634f * tanhf(v * a.scale / a.softcap);
-                else
-                    v *= sl2;
-                if (!whole) {
-                    const uint32_t t = ct0 + jn * 8 + 2 * tq + (e & 1);
-                    if (t >= (e < 2 ? lim0 : lim1))
-                        v = -INFINITY;
+            for (int jn = u * NT; jn < (u + 1) * NT; jn++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float v = s[jn][e];
+                    if (!plain)
+                        v = a.softcap > 0.f
+                                ? a.softcap * 1.4426950408889634f * tanhf(v * a.scale / a.softcap)
+                                : v * sl2;
+                    if (!whole) {
+                        const uint32_t t = ct0 + (jn - u * NT) * 8 + 2 * tq + (e & 1);
+                        if (t >= (e < 2 ? lim0 : lim1))
+                            v = -INFINITY;
+                    }
+                    s[jn][e] = v;
                 }
-                s[jn][e] = v;
+                tm0 = fmaxf(tm0, fmaxf(s[jn][0], s[jn][1]));
+                tm1 = fmaxf(tm1, fmaxf(s[jn][2], s[jn][3]));
             }
-            tm0 = fmaxf(tm0, fmaxf(s[jn][0], s[jn][1]));
-            tm1 = fmaxf(tm1, fmaxf(s[jn][2], s[jn][3]));
+            advance();
         }
         tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 1));
         tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 2));
         tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 1));
         tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 2));
-        const float n0 = fmaxf(m0, tm0), n1 = fmaxf(m1, tm1);
+        const float k = plain ? sl2 : 1.f; /* scores still to be scaled by k */
+        const float n0 = fmaxf(m0, tm0 * k), n1 = fmaxf(m1, tm1 * k);
         const float b0 = kern_sm_base(n0), b1 = kern_sm_base(n1);
-        c0 = exp2f(m0 - b0);
-        c1 = exp2f(m1 - b1);
+        c0 = ex2(m0 - b0);
+        c1 = ex2(m1 - b1);
         m0 = n0;
         m1 = n1;
-        l0 *= c0;
-        l1 *= c1;
+        float s0 = 0.f, s1 = 0.f;
 #pragma unroll
-        for (int jn = 0; jn < NT; jn++) {
-            s[jn][0] = exp2f(s[jn][0] - b0);
-            s[jn][1] = exp2f(s[jn][1] - b0);
-            s[jn][2] = exp2f(s[jn][2] - b1);
-            s[jn][3] = exp2f(s[jn][3] - b1);
-            l0 += s[jn][0] + s[jn][1];
-            l1 += s[jn][2] + s[jn][3];
+        for (int jn = 0; jn < U * NT; jn++) {
+            s[jn][0] = ex2(fmaf(s[jn][0], k, -b0));
+            s[jn][1] = ex2(fmaf(s[jn][1], k, -b0));
+            s[jn][2] = ex2(fmaf(s[jn][2], k, -b1));
+            s[jn][3] = ex2(fmaf(s[jn][3], k, -b1));
+            s0 += s[jn][0] + s[jn][1];
+            s1 += s[jn][2] + s[jn][3];
         }
+        l0 = l0 * c0 + s0;
+        l1 = l1 * c1 + s1;
     };
-    /* P from the S accumulators: the C layout of two n8 tiles is the A layout of one k16 step */
-    auto pack_p = [&]() {
+    /* O's correction, then P from the S accumulators (the C layout of two n8 tiles is the A
+     * layout of one k16 step); once the rows' maxima settle most steps leave them, and a warp
+     * none of whose rows moved skips the rescale */
+    auto rescale_pack = [&](float c0, float c1) {
+        if (__any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f)) {
 #pragma unroll
-        for (int kk = 0; kk < N / 16; kk++) {
+            for (int i = 0; i < DT; i++) {
+                o[i][0] *= c0;
+                o[i][1] *= c0;
+                o[i][2] *= c1;
+                o[i][3] *= c1;
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < U * N / 16; kk++) {
             pf[kk][0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
             pf[kk][1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
             pf[kk][2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
@@ -305,24 +376,15 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const sched_plan_ct
     };
 
     /* Straight-line issue and waits (no wgmma or wait under a condition that differs between
-     * iterations: ptxas then cannot tell which group a wait completes and serializes them all), so
+     * steps: ptxas then cannot tell which group a wait completes and serializes them all), so
      * every tile is computed, also where none of this warpgroup's rows reads it: the limits mask
-     * those rows (P = 0). */
-    auto rescale_pack = [&](float c0, float c1) {
-#pragma unroll
-        for (int i = 0; i < DT; i++) {
-            o[i][0] *= c0;
-            o[i][1] *= c0;
-            o[i][2] *= c1;
-            o[i][3] *= c1;
-        }
-        pack_p();
-    };
+     * those rows (P = 0). Step t: S of the next U tiles is issued before P.V of these, and its
+     * softmax runs while P.V does (FlashAttention-3's intra-warpgroup overlap); with pp the two
+     * consumers take turns to issue, so that one's softmax runs under the other's products. */
     if (n_tiles == 0)
         goto out;
     enter_seg();
-    mb_wait(full, 0);
-    wg_proxy_fence(); /* the producer's copies (made visible by the barrier) reach wgmma */
+    wait_full(0);
     {
         issue_qk(0);
         wg_wait<0>();
@@ -330,28 +392,35 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const sched_plan_ct
         float c0, c1;
         softmax(c0, c1);
         rescale_pack(c0, c1); /* O is 0 */
-        advance();
     }
-    for (int t = 0; t + 1 < n_tiles; t++) {
-        mb_wait(full + 8 * ((t + 1) % stages), ((t + 1) / stages) & 1);
-        wg_proxy_fence();
-        issue_qk(t + 1);
+    if (pp && c == 1)
+        bar_arrive(4, 2 * KCUDA_THREADS);
+    for (int t = 0; t + U < n_tiles; t += U) {
+        wait_full(t + U);
+        if (pp)
+            bar_wait(4 + c, 2 * KCUDA_THREADS);
+        issue_qk(t + U);
         issue_pv(t);
-        wg_wait<1>(); /* S_{t+1}; P_t.V_t may still run */
+        if (pp)
+            bar_arrive(5 - c, 2 * KCUDA_THREADS);
+        wg_wait<1>(); /* S of tiles t + U..; P.V of tiles t.. may still run */
         wg_hold(sw);
         float c0, c1;
-        softmax(c0, c1); /* the cursor is at tile t + 1 */
+        softmax(c0, c1);
         wg_wait<0>();
         wg_hold(ow);
         wg_hold_u(pf);
-        mb_arrive(empty + 8 * (t % stages));
+        release(t);
         rescale_pack(c0, c1);
-        advance();
     }
-    issue_pv(n_tiles - 1);
+    if (pp)
+        bar_wait(4 + c, 2 * KCUDA_THREADS);
+    issue_pv(n_tiles - U);
+    if (pp)
+        bar_arrive(5 - c, 2 * KCUDA_THREADS);
     wg_wait<0>();
     wg_hold(ow);
-    mb_arrive(empty + 8 * ((n_tiles - 1) % stages));
+    release(n_tiles - U);
 out:
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
@@ -387,6 +456,8 @@ __global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const FwdArgs 
                 a.segs[cta.seg_begin + k].kv_end - a.segs[cta.seg_begin + k].kv_begin;
             n_tiles += len ? (int)((len + G::N - 1) / G::N) : 1;
         }
+        if (!small)
+            n_tiles += n_tiles & 1; /* two tiles a step: a masked, zero-filled one pads */
         const uint32_t full = smem_u32(smem) + G::SMEM - G::BAR_BYTES, empty = full + 8 * G::SLOTS;
         if (threadIdx.x < G::SLOTS) {
             mb_init(full + 8 * threadIdx.x, KCUDA_THREADS);
@@ -404,10 +475,11 @@ __global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const FwdArgs 
         if (c >= n_cons)
             return;
         const uint32_t head = small ? 2 * j + c : j;
-        if (cta.seg_count > 1)
-            ws_consume<T, D, true>(a, cta, head, small, c, smem, n_tiles);
+        const bool pp = KCUDA_WS_PINGPONG && n_cons == 2;
+        if (small)
+            ws_consume<T, D, 1>(a, cta, head, small, c, smem, n_tiles, pp);
         else
-            ws_consume<T, D, false>(a, cta, head, small, c, smem, n_tiles);
+            ws_consume<T, D, 2>(a, cta, head, small, c, smem, n_tiles, pp);
         if (a.merge_inside) {
             /* the merge list in this warpgroup's own Q rows (64c..: no other reads them) */
             if (small)
