@@ -71,7 +71,7 @@ template <int K> __device__ __forceinline__ void wg_hold_u(uint32_t (&d)[K][4])
             asm volatile("" : "+r"(d[i][e])::"memory");
 }
 #ifndef KCUDA_WS_PINGPONG
-#define KCUDA_WS_PINGPONG 0 /* consumers take turns issuing (named barriers 4 and 5) */
+#define KCUDA_WS_PINGPONG 1 /* consumers take turns issuing (named barriers 4 and 5) */
 #endif
 __device__ __forceinline__ void bar_arrive(int id, int n)
 {
@@ -456,8 +456,6 @@ __global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const FwdArgs 
                 a.segs[cta.seg_begin + k].kv_end - a.segs[cta.seg_begin + k].kv_begin;
             n_tiles += len ? (int)((len + G::N - 1) / G::N) : 1;
         }
-        if (!small)
-            n_tiles += n_tiles & 1; /* two tiles a step: a masked, zero-filled one pads */
         const uint32_t full = smem_u32(smem) + G::SMEM - G::BAR_BYTES, empty = full + 8 * G::SLOTS;
         if (threadIdx.x < G::SLOTS) {
             mb_init(full + 8 * threadIdx.x, KCUDA_THREADS);
@@ -476,10 +474,9 @@ __global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const FwdArgs 
             return;
         const uint32_t head = small ? 2 * j + c : j;
         const bool pp = KCUDA_WS_PINGPONG && n_cons == 2;
-        if (small)
-            ws_consume<T, D, 1>(a, cta, head, small, c, smem, n_tiles, pp);
-        else
-            ws_consume<T, D, 2>(a, cta, head, small, c, smem, n_tiles, pp);
+        /* one tile a step: two (U = 2, the padding tile from the producer) measured 25 % slower
+         * on the tile solver's dense plan (RESULTS.md, 2026-11-25) */
+        ws_consume<T, D, 1>(a, cta, head, small, c, smem, n_tiles, pp);
         if (a.merge_inside) {
             /* the merge list in this warpgroup's own Q rows (64c..: no other reads them) */
             if (small)
