@@ -154,10 +154,10 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const sched_plan_ct
         if (ft0 >= fend && ++fk < n_segs)
             fetch_seg();
     };
+    int st = 0, eph = 0; /* the stage of the next tile, the parity of its empty barrier */
     auto produce = [&](int t, uint32_t(&pg)[G::LPT]) {
-        const int st = t % stages;
         if (t >= stages)
-            mb_wait(empty + 8 * st, (t / stages - 1) & 1);
+            mb_wait(empty + 8 * st, eph);
         for (uint32_t h = 0; h < n_heads; h++) {
             uint8_t *sk = ring + (small ? 2 * st + (int)h : st) * G::SLOT_BYTES,
                     *sv = sk + G::KV_BYTES;
@@ -181,6 +181,10 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const sched_plan_ct
         mb_arrive_cp(full + 8 * st); /* tile 0's also covers Q */
         if (t + 2 < n_tiles)
             fetch_pages(pg); /* tile t + 2 */
+        if (++st == stages) {
+            st = 0;
+            eph ^= (t >= stages); /* the first round waits for nothing */
+        }
     };
     if (n_tiles) {
         fetch_seg();
@@ -196,9 +200,9 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const sched_plan_ct
     cp_async_wait<0>();
 }
 
-/* One consumer warpgroup: its 64 rows of the CTA for KV head `head` (consumer c), U tiles per
- * step (n_tiles a multiple of U); then its outputs. */
-template <typename T, int D, int U>
+/* One consumer warpgroup: its 64 rows of the CTA for KV head `head` (consumer c, warp-uniform);
+ * then its outputs. */
+template <typename T, int D>
 __device__ __forceinline__ void ws_consume(const FwdArgs &a, const sched_plan_cta_t &cta,
                                            uint32_t head, bool small, int c, uint8_t *smem,
                                            int n_tiles, bool pp)
@@ -211,17 +215,14 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const sched_plan_ct
     const uint32_t group = a.group, n_rows = cta.row_count * group;
     const sched_plan_seg_t *segs = a.segs + cta.seg_begin;
     const uint32_t n_segs = cta.seg_count;
-    uint8_t *ring = smem + G::Q_BYTES;
     const uint32_t full = smem_u32(smem) + G::SMEM - G::BAR_BYTES, empty = full + 8 * G::SLOTS;
     const int stages = small ? G::SLOTS / 2 : G::SLOTS;
     const int rb = small ? 0 : 64 * c; /* first CTA row of this warpgroup */
-    const uint32_t qa = smem_u32(smem) + 64 * c * 128;
 
     const int r0 = rb + warp * 16 + g, r1 = r0 + 8;
     const uint32_t row_lim0 = (uint32_t)r0 < n_rows ? rows[r0 / group].limit : 0;
     const uint32_t row_lim1 = (uint32_t)r1 < n_rows ? rows[r1 / group].limit : 0;
-    /* the cursor: the tile whose scores are masked next, its segment's limits (past the last
-     * segment every token is masked: the producer's padding tile) */
+    /* the cursor: the tile whose scores are masked next, its segment's limits */
     uint32_t ck = 0, ct0 = 0, cend = 0, lim0 = 0, lim1 = 0;
     auto enter_seg = [&]() {
         const sched_plan_seg_t sg = segs[ck];
@@ -236,98 +237,102 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const sched_plan_ct
         if (ct0 >= cend && ++ck < n_segs)
             enter_seg();
     };
-    auto slot_of = [&](int t) { return small ? 2 * (t % stages) + c : t % stages; };
-    auto wait_full = [&](int t) {
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            mb_wait(full + 8 * ((t + u) % stages), ((t + u) / stages) & 1);
-        wg_proxy_fence(); /* the producer's copies (made visible by the barrier) reach wgmma */
-    };
-    auto release = [&](int t) {
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            mb_arrive(empty + 8 * ((t + u) % stages));
+
+    /* Descriptors once: a product's operand is one of these plus a constant offset (16-byte
+     * units in the start-address field, which no tile address overflows). Q rows 64c.. of the
+     * Q tile; K and V of ring slot 0, a slot SLOT_BYTES further. */
+    const uint32_t ring = smem_u32(smem) + G::Q_BYTES;
+    const uint64_t qd = wg_desc(smem_u32(smem) + 64 * c * 128, 16, 1024),
+                   kd = wg_desc(ring, 16, 1024), vd = wg_desc(ring + G::KV_BYTES, N * 128, 1024);
+    /* stage and full-barrier parity of the next tile to compute S for, and of the tile whose
+     * P.V runs (released after it) */
+    int nst = 0, nph = 0, cst = 0;
+    auto slot = [&](int st) {
+        return (uint64_t)((small ? 2 * st + c : st) * (G::SLOT_BYTES >> 4));
     };
 
-    float o[DT][4], s[U * NT][4];
-    uint32_t pf[U * N / 16][4];
+    float o[DT][4], s[NT][4];
+    uint32_t pf[N / 16][4];
 #pragma unroll
     for (int i = 0; i < DT; i++)
         o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
     const float sl2 = a.scale * 1.4426950408889634f;
-    float(&sw)[4 * U * NT] = *reinterpret_cast<float(*)[4 * U * NT]>(&s[0][0]);
+    float(&sw)[4 * NT] = *reinterpret_cast<float(*)[4 * NT]>(&s[0][0]);
     float(&ow)[4 * DT] = *reinterpret_cast<float(*)[4 * DT]>(&o[0][0]);
 
-    /* S = Q.K^T of tiles t.. t + U - 1, one group */
-    auto issue_qk = [&](int t) {
+    auto wait_full = [&]() {
+        mb_wait(full + 8 * nst, nph);
+        wg_proxy_fence(); /* the producer's copies (made visible by the barrier) reach wgmma */
+    };
+    /* S = Q.K^T of stage nst (filled: wait_full), one group */
+    auto issue_qk = [&]() {
+        const uint64_t k0 = kd + slot(nst);
+        if (++nst == stages) {
+            nst = 0;
+            nph ^= 1;
+        }
         wg_hold(sw);
         wg_fence();
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            float(&su)[4 * NT] = *reinterpret_cast<float(*)[4 * NT]>(&s[u * NT][0]);
-            const uint32_t ka = smem_u32(ring + slot_of(t + u) * G::SLOT_BYTES);
-#pragma unroll
-            for (int ks = 0; ks < D / 16; ks++)
-                Wg<T>::ss64(su,
-                            wg_desc(qa + (ks >> 2) * (KCUDA_BIG_M * 128) + (ks & 3) * 32, 16, 1024),
-                            wg_desc(ka + (ks >> 2) * (N * 128) + (ks & 3) * 32, 16, 1024), ks);
-        }
+        for (int ks = 0; ks < D / 16; ks++)
+            Wg<T>::ss64(sw, qd + (((ks >> 2) * (KCUDA_BIG_M * 128) + (ks & 3) * 32) >> 4),
+                        k0 + (((ks >> 2) * (N * 128) + (ks & 3) * 32) >> 4), ks);
         wg_commit();
         wg_hold(sw); /* pinned: nothing may copy them while the products run */
     };
-    /* O += P.V over tiles t.., one group */
-    auto issue_pv = [&](int t) {
+    /* O += P.V of stage cst, one group */
+    auto issue_pv = [&]() {
+        const uint64_t v0 = vd + slot(cst);
         wg_hold(ow);
         wg_hold_u(pf);
         wg_fence();
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const uint32_t va = smem_u32(ring + slot_of(t + u) * G::SLOT_BYTES + G::KV_BYTES);
-#pragma unroll
-            for (int kk = 0; kk < N / 16; kk++) {
-                const uint64_t vd = wg_desc(va + kk * 16 * 128, N * 128, 1024);
-                if constexpr (D == 64)
-                    Wg<T>::rs64(ow, pf[u * (N / 16) + kk], vd);
-                else
-                    Wg<T>::rs128(ow, pf[u * (N / 16) + kk], vd);
-            }
+        for (int kk = 0; kk < N / 16; kk++) {
+            if constexpr (D == 64)
+                Wg<T>::rs64(ow, pf[kk], v0 + ((kk * 16 * 128) >> 4));
+            else
+                Wg<T>::rs128(ow, pf[kk], v0 + ((kk * 16 * 128) >> 4));
         }
         wg_commit();
         wg_hold(ow);
         wg_hold_u(pf);
     };
-    /* scale, softcap, mask (U tiles from the cursor's, which it advances) and the online softmax
-     * of s in place: exps in s, l updated; returns O's correction factors for rows r0 and r1.
-     * Without a softcap (and with a positive scale) the scale rides in the exponent's FMA: the
-     * maximum of the raw scores is taken first, p = 2^(s * scale * log2 e - base), one FFMA and
-     * one MUFU per score. */
+    auto release = [&]() {
+        mb_arrive(empty + 8 * cst);
+        cst = cst + 1 == stages ? 0 : cst + 1;
+    };
+    /* scale, softcap, mask (the cursor's tile, which it advances) and the online softmax of s in
+     * place: exps in s, l updated; returns O's correction factors for rows r0 and r1. Without a
+     * softcap (and with a positive scale) the scale rides in the exponent's FMA: the maximum of
+     * the raw scores is taken first, p = 2^(s * scale * log2 e - base), one FFMA and one MUFU per
+     * score. The mask is a branch of its own, taken by a warp only where one of its rows ends
+     * inside the tile (else the compiler selects every score). */
     const bool plain = !(a.softcap > 0.f) && sl2 > 0.f;
     auto softmax = [&](float &c0, float &c1) {
+        if (!plain) {
+#pragma unroll
+            for (int jn = 0; jn < NT; jn++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[jn][e] = a.softcap > 0.f ? a.softcap * 1.4426950408889634f *
+                                                     tanhf(s[jn][e] * a.scale / a.softcap)
+                                               : s[jn][e] * sl2;
+        }
+        if (__any_sync(0xffffffffu, ct0 + N > lim0 || ct0 + N > lim1)) {
+#pragma unroll
+            for (int jn = 0; jn < NT; jn++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (ct0 + jn * 8 + 2 * tq + (e & 1) >= (e < 2 ? lim0 : lim1))
+                        s[jn][e] = -INFINITY;
+        }
+        advance();
         float tm0 = -INFINITY, tm1 = -INFINITY;
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const bool whole = ct0 + N <= lim0 && ct0 + N <= lim1;
-#pragma unroll
-            for (int jn = u * NT; jn < (u + 1) * NT; jn++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float v = s[jn][e];
-                    if (!plain)
-                        v = a.softcap > 0.f
-                                ? a.softcap * 1.4426950408889634f * tanhf(v * a.scale / a.softcap)
-                                : v * sl2;
-                    if (!whole) {
-                        const uint32_t t = ct0 + (jn - u * NT) * 8 + 2 * tq + (e & 1);
-                        if (t >= (e < 2 ? lim0 : lim1))
-                            v = -INFINITY;
-                    }
-                    s[jn][e] = v;
-                }
-                tm0 = fmaxf(tm0, fmaxf(s[jn][0], s[jn][1]));
-                tm1 = fmaxf(tm1, fmaxf(s[jn][2], s[jn][3]));
-            }
-            advance();
+        for (int jn = 0; jn < NT; jn++) {
+            tm0 = fmaxf(tm0, fmaxf(s[jn][0], s[jn][1]));
+            tm1 = fmaxf(tm1, fmaxf(s[jn][2], s[jn][3]));
         }
         tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 1));
         tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 2));
@@ -342,7 +347,7 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const sched_plan_ct
         m1 = n1;
         float s0 = 0.f, s1 = 0.f;
 #pragma unroll
-        for (int jn = 0; jn < U * NT; jn++) {
+        for (int jn = 0; jn < NT; jn++) {
             s[jn][0] = ex2(fmaf(s[jn][0], k, -b0));
             s[jn][1] = ex2(fmaf(s[jn][1], k, -b0));
             s[jn][2] = ex2(fmaf(s[jn][2], k, -b1));
@@ -354,7 +359,7 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const sched_plan_ct
         l1 = l1 * c1 + s1;
     };
     /* O's correction, then P from the S accumulators (the C layout of two n8 tiles is the A
-     * layout of one k16 step); once the rows' maxima settle most steps leave them, and a warp
+     * layout of one k16 step); once the rows' maxima settle most tiles leave them, and a warp
      * none of whose rows moved skips the rescale */
     auto rescale_pack = [&](float c0, float c1) {
         if (__any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f)) {
@@ -367,7 +372,7 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const sched_plan_ct
             }
         }
 #pragma unroll
-        for (int kk = 0; kk < U * N / 16; kk++) {
+        for (int kk = 0; kk < N / 16; kk++) {
             pf[kk][0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
             pf[kk][1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
             pf[kk][2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
@@ -376,17 +381,19 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const sched_plan_ct
     };
 
     /* Straight-line issue and waits (no wgmma or wait under a condition that differs between
-     * steps: ptxas then cannot tell which group a wait completes and serializes them all), so
+     * tiles: ptxas then cannot tell which group a wait completes and serializes them all), so
      * every tile is computed, also where none of this warpgroup's rows reads it: the limits mask
-     * those rows (P = 0). Step t: S of the next U tiles is issued before P.V of these, and its
+     * those rows (P = 0). Tile t: S of tile t + 1 is issued before P.V of tile t, and its
      * softmax runs while P.V does (FlashAttention-3's intra-warpgroup overlap); with pp the two
-     * consumers take turns to issue, so that one's softmax runs under the other's products. */
+     * consumers take turns to issue, so that one's softmax runs under the other's products. A
+     * single tile per step: two (S of 64 x 128, the producer padding to an even count) measured
+     * 25 % slower on the tile solver's dense plan (RESULTS.md, 2026-11-25). */
     if (n_tiles == 0)
         goto out;
     enter_seg();
-    wait_full(0);
     {
-        issue_qk(0);
+        wait_full();
+        issue_qk();
         wg_wait<0>();
         wg_hold(sw);
         float c0, c1;
@@ -395,32 +402,32 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const sched_plan_ct
     }
     if (pp && c == 1)
         bar_arrive(4, 2 * KCUDA_THREADS);
-    for (int t = 0; t + U < n_tiles; t += U) {
-        wait_full(t + U);
+    for (int t = 0; t + 1 < n_tiles; t++) {
+        wait_full();
         if (pp)
             bar_wait(4 + c, 2 * KCUDA_THREADS);
-        issue_qk(t + U);
-        issue_pv(t);
+        issue_qk();
+        issue_pv();
         if (pp)
             bar_arrive(5 - c, 2 * KCUDA_THREADS);
-        wg_wait<1>(); /* S of tiles t + U..; P.V of tiles t.. may still run */
+        wg_wait<1>(); /* S of tile t + 1; P.V of tile t may still run */
         wg_hold(sw);
         float c0, c1;
         softmax(c0, c1);
         wg_wait<0>();
         wg_hold(ow);
         wg_hold_u(pf);
-        release(t);
+        release();
         rescale_pack(c0, c1);
     }
     if (pp)
         bar_wait(4 + c, 2 * KCUDA_THREADS);
-    issue_pv(n_tiles - U);
+    issue_pv();
     if (pp)
         bar_arrive(5 - c, 2 * KCUDA_THREADS);
     wg_wait<0>();
     wg_hold(ow);
-    release(n_tiles - U);
+    release();
 out:
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
@@ -462,7 +469,9 @@ __global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const FwdArgs 
             mb_init(empty + 8 * threadIdx.x, n_cons * KCUDA_THREADS);
         }
         __syncthreads(); /* the barriers exist before anyone arrives */
-        const int wg = threadIdx.x / KCUDA_THREADS;
+        /* broadcast from lane 0: the compiler then knows it is warp-uniform (descriptors and
+         * slot offsets stay in uniform registers) */
+        const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x / KCUDA_THREADS), 0);
         if (wg == 0) {
             ws_regs_producer();
             ws_produce<T, D>(a, cta, j, small, n_heads, smem, n_tiles);
@@ -474,9 +483,7 @@ __global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const FwdArgs 
             return;
         const uint32_t head = small ? 2 * j + c : j;
         const bool pp = KCUDA_WS_PINGPONG && n_cons == 2;
-        /* one tile a step: two (U = 2, the padding tile from the producer) measured 25 % slower
-         * on the tile solver's dense plan (RESULTS.md, 2026-11-25) */
-        ws_consume<T, D, 1>(a, cta, head, small, c, smem, n_tiles, pp);
+        ws_consume<T, D>(a, cta, head, small, c, smem, n_tiles, pp);
         if (a.merge_inside) {
             /* the merge list in this warpgroup's own Q rows (64c..: no other reads them) */
             if (small)
