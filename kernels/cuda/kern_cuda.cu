@@ -261,8 +261,8 @@ int cuda_create(const kern_config_t *cfg, kern_backend_t **ret)
     c->fwd = v[c->dt];
     if (cfg->fwd != KERN_FWD_MMA) /* MMA: mma.sync everywhere */
         c->fwd.fn = c->fwd.wg_fn;
-    if (cfg->fwd != KERN_FWD_WIDE)
-        c->fwd.pair_fn = nullptr; /* CTAs of at most 64 rows */
+    if (cfg->fwd != KERN_FWD_AUTO)
+        c->fwd.pair_fn = nullptr; /* the 4-warp kernels: CTAs of at most 64 rows */
     c->max_m = c->fwd.pair_fn ? KCUDA_BIG_M : KCUDA_SMALL_M;
     if ((r = warm_kernels(c)) < 0)
         goto fail;

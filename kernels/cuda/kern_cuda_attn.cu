@@ -78,7 +78,7 @@ int attend_on(Lane *L, uint32_t layer, const sched_plan_hdr_t *h, const void *q,
     a.softcap = p->softcap;
     a.merge_inside = c->base.cfg.merge == KERN_MERGE_INSIDE;
     void *args[] = {&a};
-    if (c->fwd.pair_fn) /* KERN_FWD_WIDE on sm_90a: every plan on the warp-specialized kernel */
+    if (c->fwd.pair_fn) /* KERN_FWD_AUTO on sm_90a: every plan on the warp-specialized kernel */
         KC_TRY(cudaLaunchKernel(c->fwd.pair_fn, dim3(h->n_ctas * m.kv_heads),
                                 dim3(KCUDA_PAIR_THREADS), args, (size_t)c->fwd.pair_smem, L->main),
                "forward launch (pair)");

@@ -24,9 +24,10 @@
  *
  * Math: S = Q.K^T and O += P.V with mma.sync m16n8k16 (fp16 or bf16 in, fp32 accumulate), or,
  * in the KERN_FWD_AUTO kernel on sm_90a, wgmma for CTAs of 33-64 rows and several segments
- * (kern_cuda_wgmma.cuh: one warpgroup, the same loads, softmax and outputs); KERN_FWD_WIDE runs
- * every CTA on fwd_pair instead, the warp-specialized kernel of kern_cuda_fwd_ws.cuh (a producer
- * warpgroup and two wgmma consumers: CTAs of up to 128 rows, smaller ones two KV heads a block);
+ * (kern_cuda_wgmma.cuh: one warpgroup, the same loads, softmax and outputs) -- KERN_FWD_LAYER;
+ * KERN_FWD_AUTO (the default) runs every CTA on fwd_pair instead where sm_90a code runs at
+ * head_dim <= 128, the warp-specialized kernel of kern_cuda_fwd_ws.cuh (a producer warpgroup and
+ * two wgmma consumers: CTAs of up to 128 rows, smaller ones two KV heads a block);
  * softmax online in the log2 domain; fully masked rows keep max = -inf and give o = 0 and
  * lse = -inf, never NaN (kern_softmax.h). Output: the final row (dtype) when the row is DIRECT,
  * else an fp32 partial (o normalized, natural-log lse).

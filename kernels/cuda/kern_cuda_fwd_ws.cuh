@@ -1,6 +1,6 @@
 /*
  * kern_cuda_fwd_ws.cuh — the warp-specialized Hopper forward, fwd_pair (sm_90a, head_dim <= 128,
- * KERN_FWD_WIDE). Included by kern_cuda_fwd.cuh after the shared pieces (loads, softmax, outputs,
+ * KERN_FWD_AUTO). Included by kern_cuda_fwd.cuh after the shared pieces (loads, softmax, outputs,
  * merge); one kernel per (dtype, head_dim) like fwd_layer.
  *
  * A block is three warpgroups. Warpgroup 0 is the producer: it gives most of its registers away
@@ -439,7 +439,7 @@ out:
 #endif /* KCUDA_WGMMA */
 
 /* One layer of a plan with CTAs of up to KCUDA_BIG_M rows (sm_90a, head_dim <= 128,
- * KERN_FWD_WIDE): grid = n_ctas x kv_heads blocks of KCUDA_PAIR_THREADS, dynamic shared memory
+ * KERN_FWD_AUTO): grid = n_ctas x kv_heads blocks of KCUDA_PAIR_THREADS, dynamic shared memory
  * pair_smem<D>() (see the top of the file). */
 template <typename T, int D>
 __global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const FwdArgs a)

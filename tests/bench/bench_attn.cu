@@ -14,13 +14,13 @@
  *   tree     policy tree: queries in prefix-tree order, a tile's rows per CTA, each CTA reading
  *            its rows' whole paths as block-diagonal segments (auto may choose it too);
  *            tree16 / tree32: the same with CTAs of at most 16 / 32 rows
- *   wide128  TREE with tile m 128 only (the wide table's largest) on the wide forward
+ *   wide128  TREE with tile m 128 only (the default table's largest) on the default forward
  *   fixed    pack as pat but one fixed tile (m 64; the paper's ablation)
- *   pat      runs the default forward, KERN_FWD_AUTO: on sm_90a wgmma for TREE CTAs of 33-64
- *            rows, mma.sync elsewhere
- *   wide     a backend with KERN_FWD_WIDE (on sm_90a every CTA on the warp-specialized fwd_pair,
- *            tile m up to 128) on the plan auto makes for its tile table (wide_rows: its largest
- *            CTA)
+ *   pat      runs the default forward, KERN_FWD_AUTO: on sm_90a every CTA on the warp-specialized
+ *            fwd_pair (tile m up to 128)
+ *   layer    a backend with KERN_FWD_LAYER (the 4-warp kernels: wgmma for TREE CTAs of 33-64 rows,
+ *            mma.sync elsewhere; the default until 2026-11-25) on the plan auto makes for its tile
+ *            table (layer_rows: its largest CTA)
  *   mma      a backend whose forward uses mma.sync for every CTA (KERN_FWD_MMA), on the plan
  *            auto makes for its tile table. (Merging
  *            inside the forward, KERN_MERGE_INSIDE, measured 1.17x slower than the merge launch:
@@ -381,18 +381,18 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     kc.n_blocks = w.next_block;
     kc.max_tokens = 16384;
     kc.max_partials = 64 * w.n_tokens;
-    kern_backend_t *b, *b_mma, *b_wide; /* the default forward (KERN_FWD_AUTO), mma.sync only,
-                                           and CTAs of up to 128 rows (KERN_FWD_WIDE) */
+    kern_backend_t *b, *b_mma, *b_layer; /* the default forward (KERN_FWD_AUTO), mma.sync only,
+                                            and the 4-warp kernels (KERN_FWD_LAYER) */
     REQ(kern_backend_create("cuda", &kc, &b));
     kc.fwd = KERN_FWD_MMA;
     REQ(kern_backend_create("cuda", &kc, &b_mma));
-    kc.fwd = KERN_FWD_WIDE;
-    REQ(kern_backend_create("cuda", &kc, &b_wide));
+    kc.fwd = KERN_FWD_LAYER;
+    REQ(kern_backend_create("cuda", &kc, &b_layer));
     kc.fwd = KERN_FWD_AUTO;
-    sched_tiles_t tiles, tiles_mma, tiles_wide;
+    sched_tiles_t tiles, tiles_mma, tiles_layer;
     kern_tiles(b, &tiles);
     kern_tiles(b_mma, &tiles_mma);
-    kern_tiles(b_wide, &tiles_wide);
+    kern_tiles(b_layer, &tiles_layer);
 
     /* pool: every slot of every block, from one random staging chunk, in both backends */
     const uint64_t chunk_elems = (uint64_t)kc.max_tokens * kvh * D;
@@ -412,10 +412,10 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
             slots[i] = (uint32_t)(s0 + i);
         REQ(kern_append_kv(b, 0, dk, dv, slots.data(), n));
         REQ(kern_append_kv(b_mma, 0, dk, dv, slots.data(), n));
-        REQ(kern_append_kv(b_wide, 0, dk, dv, slots.data(), n));
+        REQ(kern_append_kv(b_layer, 0, dk, dv, slots.data(), n));
     }
     REQ(kern_sync(b_mma));
-    REQ(kern_sync(b_wide));
+    REQ(kern_sync(b_layer));
     const uint64_t qo_elems = (uint64_t)w.n_tokens * qh * D;
     CK(cudaMalloc(&dq, qo_elems * 2));
     CK(cudaMalloc(&dout, qo_elems * 2));
@@ -431,11 +431,11 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     fixed.n_m = 1;
     fixed.m[0] = 64;
     sched_t *s_fix = make_sched(&w, qh, kvh, SCHED_POLICY_AUTO, &fixed);
-    /* mma.sync only and the wide forward, each on the plan auto makes for its tile table */
+    /* mma.sync only and the 4-warp kernels, each on the plan auto makes for its tile table */
     sched_t *s_mma = make_sched(&w, qh, kvh, SCHED_POLICY_AUTO, &tiles_mma);
-    sched_t *s_wide = make_sched(&w, qh, kvh, SCHED_POLICY_AUTO, &tiles_wide);
-    const sched_plan_hdr_t *h_wide, *h_mma;
-    REQ(sched_build(s_wide, &h_wide));
+    sched_t *s_layer = make_sched(&w, qh, kvh, SCHED_POLICY_AUTO, &tiles_layer);
+    const sched_plan_hdr_t *h_layer, *h_mma;
+    REQ(sched_build(s_layer, &h_layer));
     REQ(sched_build(s_mma, &h_mma));
     /* TREE with smaller CTAs: m <= 16 and m <= 32 */
     sched_tiles_t small = tiles;
@@ -448,10 +448,11 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     const sched_plan_hdr_t *h_t16, *h_t32;
     REQ(sched_build(s_t16, &h_t16));
     REQ(sched_build(s_t32, &h_t32));
-    /* TREE with CTAs of up to 128 rows only, on the wide forward (where it runs) */
-    sched_tiles_t big = tiles_wide;
+    /* TREE with the default table's largest CTA only (128 rows where the warp-specialized kernel
+     * runs) */
+    sched_tiles_t big = tiles;
     big.n_m = 1;
-    big.m[0] = (uint16_t)tiles_wide.m[tiles_wide.n_m - 1];
+    big.m[0] = (uint16_t)tiles.m[tiles.n_m - 1];
     sched_t *s_w128 = make_sched(&w, qh, kvh, SCHED_POLICY_TREE, &big);
     const sched_plan_hdr_t *h_w128;
     REQ(sched_build(s_w128, &h_w128));
@@ -481,17 +482,17 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     const double us_tree = time_plan(b, h_tree, dq, dout, &p);
     const double us_t16 = time_plan(b, h_t16, dq, dout, &p);
     const double us_t32 = time_plan(b, h_t32, dq, dout, &p);
-    const double us_wide = time_plan(b_wide, h_wide, dq, dout, &p);
-    std::vector<__half> o_wide(qo_elems);
-    CK(cudaMemcpy(o_wide.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
-    const double us_w128 = time_plan(b_wide, h_w128, dq, dout, &p);
+    const double us_layer = time_plan(b_layer, h_layer, dq, dout, &p);
+    std::vector<__half> o_layer(qo_elems);
+    CK(cudaMemcpy(o_layer.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
+    const double us_w128 = time_plan(b, h_w128, dq, dout, &p);
     std::vector<__half> o_w128(qo_elems);
     CK(cudaMemcpy(o_w128.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
     const double us_mma = time_plan(b_mma, h_mma, dq, dout, &p);
     std::vector<__half> o_mma(qo_elems);
     CK(cudaMemcpy(o_mma.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
     const double mma_agree = std::max(
-        {rel_err_f16(o_mma, o_pat), rel_err_f16(o_wide, o_pat), rel_err_f16(o_w128, o_pat)});
+        {rel_err_f16(o_mma, o_pat), rel_err_f16(o_layer, o_pat), rel_err_f16(o_w128, o_pat)});
     const double us_nm = h_pat->n_merges
                              ? time_plan(b, (const sched_plan_hdr_t *)nomerge.data(), dq, dout, &p)
                              : us_pat;
@@ -522,16 +523,16 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
                 "\"tflops\":%.2f,\"reread\":%.3f,\"merge_frac\":%.4f,\"model_us\":%.2f,"
                 "\"ctas\":%u,\"merges\":%u,\"pat_vs_qc_rel_err\":%.2e,\"read_bw\":%.0f,"
                 "\"mma_us\":%.2f,\"mma_vs_auto_rel_err\":%.2e,\"tree_us\":%.2f,"
-                "\"tree16_us\":%.2f,\"tree32_us\":%.2f,\"wide_us\":%.2f,\"wide_rows\":%u,"
+                "\"tree16_us\":%.2f,\"tree32_us\":%.2f,\"layer_us\":%.2f,\"layer_rows\":%u,"
                 "\"wide128_us\":%.2f,\"wide128_reread\":%.3f,\"policy\":\"%s\"}\n",
                 spec, qh, kvh, w.n_q, w.q[0].kv_len, us_pat, us_qc, us_fix, us_nm, pk, bytes, flops,
                 floor_bw, floor_tc, floor, bytes / (us_pat * 1e-6) / f.bw,
                 bytes / (us_pat * 1e-6) / 1e12, flops / (us_pat * 1e-6) / 1e12, reread, merge_frac,
                 st.last_model_ns / 1e3, h_pat->n_ctas, h_pat->n_merges, agree, f.bw, us_mma,
-                mma_agree, us_tree, us_t16, us_t32, us_wide, h_wide->max_cta_rows, us_w128,
+                mma_agree, us_tree, us_t16, us_t32, us_layer, h_layer->max_cta_rows, us_w128,
                 (double)tr128.kv / bytes, pol_name[chosen]);
     sched_free(s_pat);
-    sched_free(s_wide);
+    sched_free(s_layer);
     sched_free(s_mma);
     sched_free(s_qc);
     sched_free(s_tree);
@@ -545,7 +546,7 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     CK(cudaFree(dout));
     kern_backend_free(b);
     kern_backend_free(b_mma);
-    kern_backend_free(b_wide);
+    kern_backend_free(b_layer);
     tl_world_free(&w);
 }
 

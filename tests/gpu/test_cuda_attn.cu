@@ -313,14 +313,15 @@ static void gen(tl_world_t *w, tl_rng_t *r, const Model &m, bool extend, bool lo
     }
 }
 
-/* whether this GPU runs the pair kernel (KERN_FWD_WIDE offers m 128): an sm_90a build on sm_90 */
+/* whether this GPU runs the warp-specialized kernel (KERN_FWD_AUTO offers m 128): an sm_90a build
+ * on sm_90 */
 static bool wide_runs()
 {
     kern_config_t kc = {};
     kc.model = {1, 8, 1, 128, BS, KERN_F16};
     kc.n_blocks = 4;
     kc.max_tokens = 4;
-    kc.fwd = KERN_FWD_WIDE;
+    kc.fwd = KERN_FWD_AUTO;
     kern_backend_t *b;
     REQ(kern_backend_create("cuda", &kc, &b));
     sched_tiles_t t;
@@ -330,10 +331,11 @@ static bool wide_runs()
 }
 
 /* Random forests over every model and policy with the default forward (KERN_FWD_AUTO: on sm_90a
- * TREE's CTAs of 33-64 rows run on wgmma). fwd KERN_FWD_MMA: the same forests' packing policies
- * on mma.sync only, so that its multi-segment path stays tested on a Hopper GPU too.
- * KERN_FWD_WIDE: every policy with the wide tile table (few random forests have packs of more
- * than 64 rows: test_wide_prefix makes them). */
+ * at head_dim <= 128 the warp-specialized kernel with its tile table of up to 128 rows; few random
+ * forests have packs of more than 64 rows: test_wide_prefix makes them). fwd KERN_FWD_MMA: the
+ * same forests' packing policies on mma.sync only, so that its multi-segment path stays tested on
+ * a Hopper GPU too; KERN_FWD_LAYER: every policy on the 4-warp kernels (wgmma for TREE's CTAs of
+ * 33-64 rows). */
 static void test_random(int rounds, uint64_t seed, kern_fwd_t fwd = KERN_FWD_AUTO)
 {
     tl_rng_t r;
@@ -362,9 +364,9 @@ static void test_random(int rounds, uint64_t seed, kern_fwd_t fwd = KERN_FWD_AUT
             maxkv = g.w.q[i].kv_len > maxkv ? g.w.q[i].kv_len : maxkv;
         char name[200];
         snprintf(name, sizeof(name), "%s %2d q%u/kv%u d%u %s cap%g: %uq kv<=%u %ug %um",
-                 fwd == KERN_FWD_MMA    ? "mma"
-                 : fwd == KERN_FWD_WIDE ? "wide"
-                                        : "random",
+                 fwd == KERN_FWD_MMA     ? "mma"
+                 : fwd == KERN_FWD_LAYER ? "layer"
+                                         : "random",
                  round, mc.q_heads, mc.kv_heads, mc.d, mc.dt == KERN_F16 ? "f16" : "bf16",
                  mc.softcap, g.w.n_q, maxkv, h->n_groups, h->n_merges);
         printf("  (vs cpu %.2e) ", ec);
@@ -476,10 +478,10 @@ static void test_all_split()
  * reads none of a segment skips it). Unsplit: no partials at all; split (split_min 64, every CTA
  * cut along its segments, rows renumbered per part): merged. Both merge modes, every head_dim,
  * GQA 1-16, extend rows in some. */
-/* The pair kernel (KERN_FWD_WIDE) on CTAs of 128 rows: one 256-token prefix, 40 queries with 32
- * private tokens each, tile m 128 only, under TREE (several segments per CTA, extend rows of 3
- * tokens in half the rounds) and PAPER (one segment per CTA), split and not, both merge modes:
- * d 64 and 128, GQA 1, 4 and 8. */
+/* The warp-specialized kernel (KERN_FWD_AUTO on sm_90a) on CTAs of 128 rows: one 256-token prefix,
+ * 40 queries with 32 private tokens each, tile m 128 only, under TREE (several segments per CTA,
+ * extend rows of 3 tokens in half the rounds) and PAPER (one segment per CTA), split and not, both
+ * merge modes: d 64 and 128, GQA 1, 4 and 8. */
 static void test_wide_prefix(tl_rng_t *r)
 {
     if (!wide_runs())
@@ -502,7 +504,7 @@ static void test_wide_prefix(tl_rng_t *r)
         t.n[0] = KCUDA_TILE_N;
         t.n_upto[0] = UINT32_MAX;
         rig_init(g, r, mc, tree ? SCHED_POLICY_TREE : SCHED_POLICY_PAPER, split ? 64 : 0, &t,
-                 k % 4 == 1 ? KERN_MERGE_INSIDE : KERN_MERGE_LAUNCH, KERN_FWD_WIDE);
+                 k % 4 == 1 ? KERN_MERGE_INSIDE : KERN_MERGE_LAUNCH, KERN_FWD_AUTO);
         const sched_plan_hdr_t *h = run(g);
         bool finite;
         double ec = vs_cpu(g, &finite), ef = vs_fp64(g, r, 40);
@@ -744,7 +746,7 @@ static void test_tiles()
     verdict(name, ok);
     /* the shapes the table plans with run resident and unspilled at d 64 and 128 (d 256 holds a
      * 16 x 256 fp32 accumulator per warp: some of its variants spill, see RESULTS.md); the pair
-     * kernel (KERN_FWD_WIDE, 384 threads) may spill in its producer warpgroup */
+     * warp-specialized kernel (384 threads) may spill in its producer warpgroup */
     int used = 0;
     bool vok = true;
     for (uint32_t d : {64u, 128u}) {
@@ -771,7 +773,7 @@ int main(int argc, char **argv)
     if (quick) {
         test_random(4, 11);
         test_random(4, 12, KERN_FWD_MMA);
-        test_random(8, 13, KERN_FWD_WIDE);
+        test_random(8, 13, KERN_FWD_LAYER);
         test_mixed(64);
         test_all_split();
         test_tree();
@@ -780,7 +782,7 @@ int main(int argc, char **argv)
         test_tiles();
         test_random(40, tl_test_seed(0xcafe));
         test_random(20, tl_test_seed(0xbeef), KERN_FWD_MMA);
-        test_random(8, tl_test_seed(0xf00d), KERN_FWD_WIDE);
+        test_random(8, tl_test_seed(0xf00d), KERN_FWD_LAYER);
         test_mixed(0);
         test_mixed(64);
         test_all_split();
