@@ -73,7 +73,7 @@ void cuda_tiles(const kern_backend_t *b, sched_tiles_t *ret)
         prop.name[0] = 0;
         prop.multiProcessorCount = 0;
     }
-    kern_cuda_tiles_for(prop.name, ret);
+    kern_cuda_tiles_for(prop.name, c->fwd.pair_fn != nullptr, ret);
     /* slots: the work items the device holds at once; fill: about 4 waves of them when a plan
      * has fewer items (the time model keeps the fill split only where it pays) */
     const uint32_t slots = (uint32_t)(prop.multiProcessorCount * fwd_resident(c->fwd));

@@ -23,9 +23,10 @@ void *kern_cuda_stream(kern_backend_t *b);
 
 /* The tile table for a device name as CUDA reports it ("NVIDIA H100 80GB HBM3", ...): the
  * compiled shapes (kern_cuda_shapes.h) and the time-model rates tile_solver measured on that GPU
- * (cost.slots is the backend's to fill: it depends on the occupancy of the model's kernel).
- * Returns 1 when the name has measured rates, 0 when the generic ones were used. */
-int kern_cuda_tiles_for(const char *device_name, sched_tiles_t *ret_tiles);
+ * (cost.slots is the backend's to fill: it depends on the occupancy of the model's kernel). ws:
+ * the forward is the warp-specialized kernel (its rates where measured, else the 4-warp
+ * kernels'). Returns 1 when the name has measured rates, 0 when the generic ones were used. */
+int kern_cuda_tiles_for(const char *device_name, int ws, sched_tiles_t *ret_tiles);
 
 /* ---------------------------------------------------------------- tools (libpatcudatools.a) */
 

@@ -12,21 +12,25 @@
 
 typedef struct gpu_cost {
     const char *name_part; /* matched against the CUDA device name */
+    int ws;                /* 1: the rates of the warp-specialized forward, 0: the 4-warp kernels */
     sched_cost_t cost;     /* .slots is filled by the backend (occupancy) */
 } gpu_cost_t;
 
 static const gpu_cost_t measured[] = {
-    /* NVIDIA H200, 2026-11-24, patd-tile-solver; tile_us: the H100's (not yet measured) */
-    {"H200", {4457.3f, 154.6f, 3.60f, 0, 2.0f}},
+    /* NVIDIA H100 80GB HBM3, 2026-11-25, patd-tile-solver on the warp-specialized default */
+    {"H100", 1, {3059.0f, 353.4f, 6.37f, 0, 2.01f}},
+    /* NVIDIA H200, 2026-11-24, patd-tile-solver; tile_us: the H100's (not yet measured); the
+     * warp-specialized forward was not measured on an H200: it gets these rates too */
+    {"H200", 0, {4457.3f, 154.6f, 3.60f, 0, 2.0f}},
     /* NVIDIA H100 80GB HBM3, 2026-11-24, patd-tile-solver; tile_us: the median of its three
      * runs of the day (2.53, 2.64, 2.74) */
-    {"H100", {3054.3f, 167.5f, 3.53f, 0, 2.64f}},
+    {"H100", 0, {3054.3f, 167.5f, 3.53f, 0, 2.64f}},
 };
 
 /* an sm_80-class part: half an H100's bandwidth, a quarter of its rate */
 static const sched_cost_t generic = {1500.0f, 60.0f, 2.5f, 0, 2.0f};
 
-int kern_cuda_tiles_for(const char *device_name, sched_tiles_t *ret)
+int kern_cuda_tiles_for(const char *device_name, int ws, sched_tiles_t *ret)
 {
     static const uint16_t ms[] = {
 #define KCUDA_M(m) m,
@@ -41,7 +45,7 @@ int kern_cuda_tiles_for(const char *device_name, sched_tiles_t *ret)
     ret->n_upto[0] = UINT32_MAX;
     ret->cost = generic;
     for (size_t i = 0; device_name && i < sizeof(measured) / sizeof(measured[0]); i++)
-        if (strstr(device_name, measured[i].name_part)) {
+        if (strstr(device_name, measured[i].name_part) && measured[i].ws <= ws) {
             ret->cost = measured[i].cost;
             return 1;
         }

@@ -441,7 +441,7 @@ static void test_all_split()
             &w, 12, [](uint32_t i) { return 1500u + 97u * i; },
             [](uint32_t i) { return i % 4 == 1 ? 3u : 1u; });
         sched_tiles_t t;
-        kern_cuda_tiles_for("", &t);
+        kern_cuda_tiles_for("", 0, &t);
         t.cost = {};         /* no model: the fill split is kept */
         t.min_ctas = 100000; /* far more items than the plan has: cut every CTA */
         rig_init(g, &r, models[mi], SCHED_POLICY_QUERY, 128, &t, mode);
@@ -736,7 +736,7 @@ static void test_tiles()
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     sched_tiles_t t;
-    int measured = kern_cuda_tiles_for(prop.name, &t);
+    int measured = kern_cuda_tiles_for(prop.name, 1, &t);
     bool ok = t.n_m >= 1 && t.m[0] == 16 && t.n_upto[t.n_n - 1] == UINT32_MAX;
     for (uint32_t i = 0; i < t.n_m; i++)
         ok = ok && t.m[i] % 16 == 0 && t.m[i] <= 128;
