@@ -19,8 +19,9 @@ typedef struct gpu_cost {
 static const gpu_cost_t measured[] = {
     /* NVIDIA H100 80GB HBM3, 2026-11-25, patd-tile-solver on the warp-specialized default */
     {"H100", 1, {3059.0f, 353.4f, 6.37f, 0, 2.01f}},
-    /* NVIDIA H200, 2026-11-24, patd-tile-solver; tile_us: the H100's (not yet measured); the
-     * warp-specialized forward was not measured on an H200: it gets these rates too */
+    /* NVIDIA H200, 2026-11-25, patd-tile-solver on the warp-specialized default */
+    {"H200", 1, {4384.5f, 356.1f, 6.40f, 0, 2.01f}},
+    /* NVIDIA H200, 2026-11-24, patd-tile-solver; tile_us: the H100's (not yet measured) */
     {"H200", 0, {4457.3f, 154.6f, 3.60f, 0, 2.0f}},
     /* NVIDIA H100 80GB HBM3, 2026-11-24, patd-tile-solver; tile_us: the median of its three
      * runs of the day (2.53, 2.64, 2.74) */
