@@ -78,7 +78,10 @@ int attend_on(Lane *L, uint32_t layer, const sched_plan_hdr_t *h, const void *q,
     a.softcap = p->softcap;
     a.merge_inside = c->base.cfg.merge == KERN_MERGE_INSIDE;
     void *args[] = {&a};
-    if (c->fwd.pair_fn) /* KERN_FWD_AUTO on sm_90a: every plan on the warp-specialized kernel */
+    /* KERN_FWD_AUTO on sm_90a: the warp-specialized kernel, but for plans whose CTAs are all of
+     * at most KCUDA_WS_MIN_ROWS rows (unshared decode): its 64-row products would be mostly
+     * padding, and the 4-warp kernels measured faster there (RESULTS.md, 2026-11-25) */
+    if (h->max_cta_rows > KCUDA_SMALL_M || (c->fwd.pair_fn && h->max_cta_rows > KCUDA_WS_MIN_ROWS))
         KC_TRY(cudaLaunchKernel(c->fwd.pair_fn, dim3(h->n_ctas * m.kv_heads),
                                 dim3(KCUDA_PAIR_THREADS), args, (size_t)c->fwd.pair_smem, L->main),
                "forward launch (pair)");

@@ -22,8 +22,11 @@
  * rows on two consumer warpgroups that share every KV tile, and the smaller ones two KV heads at a
  * time; a third warpgroup loads */
 #define KCUDA_BIG_M 128
-#define KCUDA_PAIR_THREADS                                                                         \
-    (3 * KCUDA_THREADS)         /* fwd_pair: a producer and two consumer warpgroups */
-#define KCUDA_MAX_M KCUDA_BIG_M /* bounds a CTA's rows wherever they are listed */
+/* fwd_pair's threads: a producer and two consumer warpgroups */
+#define KCUDA_PAIR_THREADS (3 * KCUDA_THREADS)
+/* plans whose CTAs have at most this many rows run on the 4-warp kernels even where fwd_pair does
+ */
+#define KCUDA_WS_MIN_ROWS 16
+#define KCUDA_MAX_M       KCUDA_BIG_M /* bounds a CTA's rows wherever they are listed */
 
 #endif
