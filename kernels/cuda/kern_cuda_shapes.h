@@ -24,8 +24,7 @@
 #define KCUDA_BIG_M 128
 /* fwd_pair's threads: a producer and two consumer warpgroups */
 #define KCUDA_PAIR_THREADS (3 * KCUDA_THREADS)
-/* plans whose CTAs have at most this many rows run on the 4-warp kernels even where fwd_pair does
- */
+/* plans whose CTAs have at most this many rows run on the 4-warp kernels where fwd_pair runs */
 #define KCUDA_WS_MIN_ROWS 16
 #define KCUDA_MAX_M       KCUDA_BIG_M /* bounds a CTA's rows wherever they are listed */
 
