@@ -660,6 +660,10 @@ int main(int argc, char **argv)
     setvbuf(stderr, NULL, _IOLBF, 0);
     signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN); /* a file-size limit below a staging buffer: EFBIG, refused HELLO */
+    if ((rc = ipc_shm_guard_install()) < 0) { /* a client's ftruncate must not kill the daemon */
+        fprintf(stderr, "patd: SIGBUS handler: %s\n", strerror(-rc));
+        return 1;
+    }
     raise_nofile(&d->cfg);
     d->t_start_ns = pat_now_ns();
     if (getrandom(&d->instance, sizeof(d->instance), 0) != sizeof(d->instance))

@@ -159,6 +159,11 @@ void patd_step_begin(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *b
         step_refuse(d, c, rq, -ESHUTDOWN, "draining: no new steps");
         return;
     }
+    if (ipc_shm_guard_hit(&c->shm) || (d->gpu && ipc_shm_guard_hit(&d->garena))) {
+        step_refuse(d, c, rq, -EFAULT,
+                    "the staging buffer shrank under the daemon (truncated): close the session");
+        return;
+    }
     if (r.n_seqs > c->max_seqs) {
         snprintf(msg, sizeof(msg), "%u sequences in a step; session holds at most %u", r.n_seqs,
                  c->max_seqs);
@@ -545,6 +550,10 @@ static int step_layers_cpu(patd_t *d, patd_conn_t *c, uint32_t exec_id)
     while (st->next_layer < d->model.n_layers) {
         const uint32_t l = st->next_layer;
         st->wait_tick = st->tick_base + l + 1;
+        if (ipc_shm_guard_hit(&c->shm)) { /* its signal words may be ours alone now */
+            rc = -EFAULT;
+            break;
+        }
         if ((rc = wait_ready(d, c, exec_id)) == -EAGAIN) {
             patd_exec_park(&d->exec, step_job, c, step_unpark, &g->ready);
             return -EAGAIN;
@@ -558,6 +567,14 @@ static int step_layers_cpu(patd_t *d, patd_conn_t *c, uint32_t exec_id)
         if (rc == 0)
             rc = kern_attend(d->be, l, st->plan, base + c->lay.q_off, base + c->lay.o_off, &ap);
         pthread_mutex_unlock(&d->be_mu);
+        if (rc == 0 && ipc_shm_guard_hit(&c->shm))
+            rc = -EFAULT; /* read zeros, wrote where the client cannot see */
+        if (rc == -EFAULT) {
+            patd_err("session %016llx: its staging buffer shrank under the daemon (the client "
+                     "truncated it) at layer %u: step failed; the session gets no more steps",
+                     (unsigned long long)c->session, l);
+            break;
+        }
         if (rc < 0) {
             patd_err("session %016llx: backend failed on layer %u: %s",
                      (unsigned long long)c->session, l, strerror(-rc));

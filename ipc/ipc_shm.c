@@ -11,6 +11,9 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -46,6 +49,91 @@ int ipc_layout_compute(uint32_t max_tokens, uint32_t q_heads, uint32_t kv_heads,
     return 0;
 }
 
+/* ------------------------------------------------------------------ the SIGBUS guard */
+
+#define GUARD_SLOTS 8192 /* > limits.max_conns (4096) + the GPU arena */
+
+/* A slot: the range is written (len last) and cleared (len first) by the thread holding
+ * guard_mu; the handler reads it lock-free. */
+static struct {
+    _Atomic uintptr_t base;
+    _Atomic size_t len;
+    _Atomic int hit;
+} guard[GUARD_SLOTS];
+static pthread_mutex_t guard_mu = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int guard_on;
+static size_t guard_page;
+
+static void guard_sigbus(int sig, siginfo_t *si, void *uctx)
+{
+    (void)uctx;
+    const uintptr_t a = (uintptr_t)si->si_addr;
+    for (int i = 0; i < GUARD_SLOTS; i++) {
+        const size_t len = atomic_load(&guard[i].len);
+        const uintptr_t b = atomic_load(&guard[i].base);
+        if (len == 0 || a < b || a - b >= len)
+            continue;
+        void *page = (void *)(a & ~(uintptr_t)(guard_page - 1));
+        /* a raw system call: the page is the daemon's alone from now on, zero-filled */
+        if (mmap(page, guard_page, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS,
+                 -1, 0) == MAP_FAILED)
+            break;
+        atomic_store(&guard[i].hit, 1);
+        return; /* the access runs again, on the private page */
+    }
+    signal(sig, SIG_DFL); /* not a guarded buffer: the fault is real */
+}
+
+int ipc_shm_guard_install(void)
+{
+    guard_page = (size_t)sysconf(_SC_PAGESIZE);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = guard_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGBUS, &sa, NULL) < 0)
+        return -errno;
+    atomic_store(&guard_on, 1);
+    return 0;
+}
+
+static int guard_add(ipc_shm_t *s)
+{
+    if (!atomic_load(&guard_on))
+        return 0;
+    pthread_mutex_lock(&guard_mu);
+    int i;
+    for (i = 0; i < GUARD_SLOTS && atomic_load(&guard[i].len); i++)
+        ;
+    if (i < GUARD_SLOTS) {
+        atomic_store(&guard[i].hit, 0);
+        atomic_store(&guard[i].base, (uintptr_t)s->base);
+        atomic_store(&guard[i].len, s->bytes);
+        s->guard = i + 1;
+    }
+    pthread_mutex_unlock(&guard_mu);
+    return i < GUARD_SLOTS ? 0 : -ENOSPC;
+}
+
+static void guard_remove(ipc_shm_t *s)
+{
+    if (!s->guard)
+        return;
+    pthread_mutex_lock(&guard_mu);
+    atomic_store(&guard[s->guard - 1].len, 0);
+    atomic_store(&guard[s->guard - 1].base, 0);
+    pthread_mutex_unlock(&guard_mu);
+    s->guard = 0;
+}
+
+int ipc_shm_guard_hit(const ipc_shm_t *s)
+{
+    return s->guard ? atomic_load(&guard[s->guard - 1].hit) : 0;
+}
+
+/* ------------------------------------------------------------------ buffers */
+
 int ipc_shm_create(ipc_shm_t *s, const char *name, size_t bytes, unsigned mode, uint32_t n_layers)
 {
     memset(s, 0, sizeof(*s));
@@ -60,6 +148,10 @@ int ipc_shm_create(ipc_shm_t *s, const char *name, size_t bytes, unsigned mode, 
         r = -errno;
         goto fail;
     }
+    /* every page now: tmpfs would otherwise hand them out at first touch, and a full /dev/shm
+     * would then be a SIGBUS in the middle of a step */
+    if ((r = -posix_fallocate(fd, 0, (off_t)bytes)) < 0)
+        goto fail;
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         r = -errno;
@@ -70,6 +162,12 @@ int ipc_shm_create(ipc_shm_t *s, const char *name, size_t bytes, unsigned mode, 
     s->bytes = bytes;
     s->owner = 1;
     snprintf(s->name, sizeof(s->name), "%s", name);
+    if ((r = guard_add(s)) < 0) {
+        munmap(p, bytes);
+        shm_unlink(name);
+        memset(s, 0, sizeof(*s));
+        return r;
+    }
     ipc_sig_t *g = ipc_shm_sig(s);
     g->magic = IPC_SIG_MAGIC;
     g->version = IPC_VERSION;
@@ -153,6 +251,7 @@ void ipc_gsig_init(void *slice, uint32_t n_layers, uint64_t epoch)
 
 void ipc_shm_close(ipc_shm_t *s)
 {
+    guard_remove(s);
     if (s->base)
         munmap(s->base, s->bytes);
     if (s->owner && s->name[0])

@@ -84,11 +84,24 @@ typedef struct ipc_shm {
     void *base;
     size_t bytes;
     int owner; /* created here: unlinked by ipc_shm_close */
+    int guard; /* its slot in the SIGBUS guard + 1, 0: not guarded */
     char name[64];
 } ipc_shm_t;
 
-/* Daemon side: creates (O_EXCL) and maps a zeroed buffer of `bytes` with `mode`, initialises
- * the signal page. Returns 0, or -errno of shm_open/ftruncate/mmap (nothing left behind). */
+/* The SIGBUS guard (daemon side). A client that holds its buffer's fd can ftruncate it: the
+ * daemon's next access past the new end would raise SIGBUS and kill the daemon. With the guard
+ * installed, every buffer ipc_shm_create makes is registered; a SIGBUS inside one replaces the
+ * faulting page of the daemon's mapping with a private zero page (the access completes, on data
+ * that no longer reaches the client) and marks the buffer, which ipc_shm_guard_hit then reports.
+ * A SIGBUS anywhere else keeps its default action. install: once, before any buffer is made;
+ * 0 or -errno. */
+int ipc_shm_guard_install(void);
+/* 1 once a fault inside s was absorbed (the buffer is no longer shared with its client), else 0 */
+int ipc_shm_guard_hit(const ipc_shm_t *s);
+
+/* Daemon side: creates (O_EXCL) and maps a zeroed buffer of `bytes` with `mode`, every page
+ * allocated (a full /dev/shm is -ENOSPC here, never a SIGBUS later), initialises the signal
+ * page. Returns 0, or -errno of shm_open/ftruncate/fallocate/mmap (nothing left behind). */
 int ipc_shm_create(ipc_shm_t *s, const char *name, size_t bytes, unsigned mode, uint32_t n_layers);
 /* Client side: maps an existing buffer, which must be exactly `bytes` long and carry the signal
  * magic. Returns 0, -errno, or -EBADMSG (size or magic wrong). */

@@ -7,9 +7,13 @@
  *   - patd killed and restarted: the client library reports the loss and reconnects;
  *   - a lease that expires, a step that times out, a pool and a connection table that run out;
  *   - sessions that begin a step and never hand a layer over, as many as there are executors
- *     and twice as many: a bystander's checked steps go on at (nearly) its unhindered rate.
+ *     and twice as many: a bystander's checked steps go on at (nearly) its unhindered rate;
+ *   - a client that truncates its own staging buffer and hands a layer over: patd used to die
+ *     of SIGBUS; the step fails, the session gets -EFAULT, a bystander goes on.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -329,6 +333,68 @@ static void test_stalled_sessions(void **state)
     tl_daemon_stop(&d);
 }
 
+/* The file /proc/self/maps shows mapped at addr ("" if none). */
+static void mapped_file(const void *addr, char *path, size_t cap)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    assert_non_null(f);
+    char line[512];
+    path[0] = 0;
+    while (fgets(line, sizeof(line), f)) {
+        uintptr_t lo, hi;
+        char file[400] = "";
+        if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %*s %*s %*s %*s %399s", &lo, &hi, file) >= 2 &&
+            (uintptr_t)addr >= lo && (uintptr_t)addr < hi) {
+            snprintf(path, cap, "%s", file);
+            break;
+        }
+    }
+    fclose(f);
+}
+
+static void test_truncated_staging(void **state)
+{
+    tl_daemon_t d;
+    static const char *const args[] = {NULL};
+    assert_int_equal(tl_daemon_start(&d, args), 0);
+    bystander_t b;
+    by_open(&b, &d);
+    by_step(&b);
+    /* a client with a step open and its layer written shrinks its buffer to the signal page
+     * (any member of the socket group can open the file), then hands the layer over */
+    tl_seq_t s;
+    pat_conn_t *c = stall_one(&d, &s, 9);
+    pat_buffers_t buf;
+    assert_int_equal(pat_buffers(c, &buf), 0);
+    char path[400];
+    mapped_file(buf.k, path, sizeof(path));
+    assert_non_null(strstr(path, "/dev/shm/patd."));
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, 4096), 0);
+    close(fd);
+    assert_true(pat_attend(c, 0) < 0); /* the daemon read past the end: the step failed */
+    pat_step_end(c, 1, NULL);
+    /* patd is alive, serves others, and the session gets no more steps */
+    by_step(&b);
+    uint32_t n_new = 1;
+    tl_seq_push(&s, 77);
+    s.len = s.n_tok - 1;
+    int rc = pat_step_begin(c, &s.seq, &n_new, 1, s.tok + s.len);
+    if (rc == 0)
+        rc = pat_attend(c, 0);
+    assert_int_equal(rc, -EFAULT);
+    pat_step_end(c, 1, NULL);
+    pat_close(c);
+    tl_seq_done(&s);
+    by_step(&b);
+    by_close(&b);
+    assert_int_equal(tl_daemon_status(&d, "connections"), 0);
+    assert_int_equal(tl_daemon_status(&d, "blocks_used"), 0);
+    assert_int_equal(tl_daemon_signal_wait(&d, SIGTERM, 5000), 0);
+    tl_daemon_stop(&d);
+}
+
 static void test_exhaustion(void **state)
 {
     tl_daemon_t d;
@@ -373,9 +439,10 @@ int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_kill_mid_step), cmocka_unit_test(test_sigterm_mid_traffic),
-        cmocka_unit_test(test_restart),       cmocka_unit_test(test_lease_and_step_timeout),
-        cmocka_unit_test(test_exhaustion),    cmocka_unit_test(test_stalled_sessions),
+        cmocka_unit_test(test_kill_mid_step),     cmocka_unit_test(test_sigterm_mid_traffic),
+        cmocka_unit_test(test_restart),           cmocka_unit_test(test_lease_and_step_timeout),
+        cmocka_unit_test(test_exhaustion),        cmocka_unit_test(test_stalled_sessions),
+        cmocka_unit_test(test_truncated_staging),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
