@@ -18,9 +18,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -353,8 +356,11 @@ static void test_sd_notify_reload_metrics_events(void **state)
  * is refused; the kernel's SIGXFSZ used to kill patd there. */
 static void test_fsize_limit(void **state)
 {
-    struct rlimit old, lim = {1u << 20, 1u << 20};
+    struct rlimit old, lim;
     assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    /* the soft limit only: without CAP_SYS_RESOURCE a lowered hard limit could not be raised
+     * back, and the tests after this one would run under it */
+    lim = (struct rlimit){1u << 20, old.rlim_max};
     assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0); /* inherited by the daemon */
     tl_daemon_t d;
     int started = tl_daemon_start(&d, NULL);
@@ -374,6 +380,63 @@ static void test_fsize_limit(void **state)
     pat_close(c);
     assert_int_equal(tl_daemon_signal_wait(&d, SIGTERM, 5000), 0);
     tl_daemon_stop(&d);
+}
+
+/* With /dev/shm nearly full (a small tmpfs in a private mount namespace, the rest taken by a
+ * file), a HELLO whose staging buffer does not fit is refused with the reason, and patd serves
+ * on. Staging used to be a sparse file: the HELLO succeeded and the daemon's first write of O
+ * into a page tmpfs could not supply killed it with SIGBUS. Needs root (skipped otherwise). */
+static void test_shm_full(void **state)
+{
+    if (geteuid() != 0 || unshare(CLONE_NEWNS) != 0) {
+        printf("not root or no mount namespace: skipped\n");
+        return;
+    }
+    assert_int_equal(mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL), 0);
+    assert_int_equal(mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=4m"), 0);
+    tl_daemon_t d;
+    assert_int_equal(tl_daemon_start(&d, NULL), 0);
+    pat_connect_opts_t o = {.size = sizeof(o),
+                            .max_batch_tokens = 64,
+                            .max_seqs = 4,
+                            .timeout_ms = 10000,
+                            .socket = d.sock,
+                            .model = MODEL};
+    pat_conn_t *by = NULL, *c = NULL;
+    char why[256];
+    assert_int_equal(pat_connect(&o, &by, why, sizeof(why)), 0);
+    /* all but 64 KiB of the rest goes to a file */
+    struct statvfs v;
+    assert_int_equal(statvfs("/dev/shm", &v), 0);
+    const size_t fill = (size_t)v.f_bavail * v.f_frsize - (64u << 10);
+    FILE *f = fopen("/dev/shm/filler", "w");
+    assert_non_null(f);
+    char chunk[4096];
+    memset(chunk, 1, sizeof(chunk));
+    for (size_t n = 0; n + sizeof(chunk) <= fill; n += sizeof(chunk))
+        assert_int_equal(fwrite(chunk, 1, sizeof(chunk), f), sizeof(chunk));
+    assert_int_equal(fclose(f), 0);
+    o.max_batch_tokens = 512; /* ~1.3 MiB of staging rows */
+    assert_int_equal(pat_connect(&o, &c, why, sizeof(why)), -ENOMEM);
+    assert_non_null(strstr(why, "No space left"));
+    /* the bystander steps on, checked */
+    tl_seq_t s;
+    tl_seq_init(&s);
+    for (uint32_t t = 0; t < 16; t++)
+        tl_seq_push(&s, 40 + t);
+    assert_int_equal(tl_seq_open(by, &s), 0);
+    tl_seq_t *ps = &s;
+    tl_rng_t rng;
+    tl_rng_seed(&rng, 3);
+    tl_step_result_t r;
+    assert_int_equal(tl_client_step(by, &MODEL, &ps, 1, &rng, 1, &r), 0);
+    assert_true(r.worst < 1e-2);
+    tl_seq_done(&s);
+    pat_close(by);
+    unlink("/dev/shm/filler");
+    assert_int_equal(tl_daemon_signal_wait(&d, SIGTERM, 5000), 0);
+    tl_daemon_stop(&d);
+    assert_int_equal(umount("/dev/shm"), 0);
 }
 
 /* Started under a soft open-file limit of 64 (systemd's default soft limit is 1024, and a
@@ -555,6 +618,7 @@ int main(void)
         cmocka_unit_test(test_sd_notify_reload_metrics_events),
         cmocka_unit_test(test_notify_never_read),
         cmocka_unit_test(test_fsize_limit),
+        cmocka_unit_test(test_shm_full),
         cmocka_unit_test(test_nofile_limit),
         cmocka_unit_test(test_admin_rights),
     };
