@@ -268,6 +268,8 @@ static int call(pat_conn_t *c, uint32_t op, const void *body, size_t len, const 
     if (rc == -ECONNRESET)
         return rc;
     ipc_frame_start(&c->tx, op, 0, ++c->corr, c->session);
+    if (c->session)
+        ipc_frame_set_key(&c->tx, c->hello.key);
     ipc_frame_put(&c->tx, body, len);
     ipc_frame_put(&c->tx, body2, len2);
     ipc_frame_finish(&c->tx);
@@ -618,6 +620,7 @@ int pat_step_begin(pat_conn_t *c, const uint32_t *seqs, const uint32_t *n_new, u
     }
     ipc_step_begin_req_t r = {.n_seqs = n_seqs, .n_tokens = (uint32_t)total};
     ipc_frame_start(&c->tx, IPC_OP_STEP_BEGIN, 0, ++c->corr, c->session);
+    ipc_frame_set_key(&c->tx, c->hello.key);
     ipc_frame_put(&c->tx, &r, sizeof(r));
     for (uint32_t i = 0; i < n_seqs; i++) {
         ipc_step_seq_t s = {seqs[i], n_new[i]};

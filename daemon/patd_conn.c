@@ -141,6 +141,9 @@ static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *
             low = (uint32_t)(pat_now_ns() * 0x9e3779b97f4a7c15ull >> 32);
         c->session = (d->instance & 0xffffffff00000000ull) | low;
     } while ((uint32_t)c->session == 0 || patd_conn_find(d, c->session));
+    while (c->key == 0) /* the capability: never logged, listed or published */
+        if (getrandom(&c->key, sizeof(c->key), 0) != sizeof(c->key))
+            c->key = pat_now_ns() * 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)c;
     c->pid = (pid_t)r->pid;
     c->pidfd = pidfd >= 0 ? pidfd : -1;
     uint32_t lease_ms = r->lease_ms ? r->lease_ms : cfg->lease_ms;
@@ -258,6 +261,7 @@ static void hello_reply(const patd_t *d, const patd_conn_t *c, const char *name,
     rep->v_off = c->lay.v_off;
     rep->o_off = c->lay.o_off;
     rep->instance = d->instance;
+    rep->key = c->key;
     snprintf(rep->shm_name, sizeof(rep->shm_name), "%s", name);
 }
 

@@ -54,6 +54,7 @@ typedef struct patd_seq {
 struct patd_conn {
     patd_t *d;
     uint64_t session; /* instance's top 32 bits | 32 random bits */
+    uint64_t key;     /* 64 random bits: a request acts on the session only with it */
     uint64_t serial;  /* sessions opened before this one + 1 (orders GPU epochs) */
     uint32_t idx;     /* in d->conns */
     pid_t pid;

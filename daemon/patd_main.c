@@ -305,7 +305,7 @@ static void handle_frame(patd_t *d, const uint8_t *buf, size_t len, patd_req_t *
         return;
     }
     patd_conn_t *c = patd_conn_find(d, h.session);
-    if (!c || c->closing) {
+    if (!c || c->closing || h.key != c->key) { /* a wrong key: as if there were no such session */
         patd_reply_error(d, rq, -ENOTCONN, "session %016llx unknown%s",
                          (unsigned long long)h.session,
                          (h.session >> 32) != (d->instance >> 32)

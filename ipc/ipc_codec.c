@@ -11,6 +11,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "pat_base.h"
@@ -72,7 +73,7 @@ int ipc_frame_check(const void *frame, size_t len, int want_reply, ipc_hdr_t *re
     if (len < sizeof(h))
         return -EBADMSG;
     memcpy(&h, frame, sizeof(h));
-    if (h.magic != IPC_MAGIC || h.reserved != 0 || (h.flags & ~IPC_F_KNOWN))
+    if (h.magic != IPC_MAGIC || (h.session == 0 && h.key != 0) || (h.flags & ~IPC_F_KNOWN))
         return -EBADMSG;
     if (!!(h.flags & IPC_F_REPLY) != !!want_reply)
         return -EBADMSG;
@@ -224,6 +225,11 @@ void ipc_frame_start(ipc_buf_t *b, uint32_t opcode, uint32_t flags, uint64_t cor
     buf_reserve(b, sizeof(h));
     memcpy(b->data, &h, sizeof(h));
     b->len = sizeof(h);
+}
+
+void ipc_frame_set_key(ipc_buf_t *b, uint64_t key)
+{
+    memcpy(b->data + offsetof(ipc_hdr_t, key), &key, sizeof(key));
 }
 
 void ipc_frame_put(ipc_buf_t *b, const void *data, size_t len)

@@ -34,7 +34,7 @@
 #endif
 
 #define IPC_MAGIC   0x44544150u /* "PATD" read as a little-endian u32 */
-#define IPC_VERSION 2u
+#define IPC_VERSION 3u          /* 3: the session key (2026-11-25) */
 
 /* Upper bounds of the protocol itself (configs may be lower): they bound what a decoder will
  * even look at before the connection's own limits apply. */
@@ -110,7 +110,8 @@ typedef struct __attribute__((packed)) ipc_hdr {
     uint32_t body_len; /* bytes after the header */
     uint64_t corr;     /* correlation id chosen by the requester, echoed in the reply */
     uint64_t session;  /* from the HELLO reply; 0 for HELLO and admin opcodes */
-    uint64_t reserved; /* must be 0 */
+    uint64_t key;      /* the session's key from the HELLO reply (0 with session 0): the id alone
+                          names a session, id and key together let a request act on it */
 } ipc_hdr_t;
 _Static_assert(sizeof(ipc_hdr_t) == 40, "wire header is 40 bytes");
 
@@ -165,8 +166,9 @@ typedef struct ipc_hello_rep {
     uint8_t dev_uuid[16];               /* IPC_BUF_CUDA_IPC: the GPU (cudaDeviceProp.uuid) */
     uint32_t mps;                       /* 1: the daemon's GPU contexts are MPS clients */
     uint32_t reserved;
+    uint64_t key; /* 64 random bits, never published: every request of the session carries it */
 } ipc_hello_rep_t;
-_Static_assert(sizeof(ipc_hello_rep_t) == 264, "hello reply layout");
+_Static_assert(sizeof(ipc_hello_rep_t) == 272, "hello reply layout");
 
 typedef struct ipc_seq_open_req {
     uint32_t n_tokens; /* followed by uint32_t tokens[n_tokens] (the prompt) */
@@ -273,6 +275,8 @@ void ipc_buf_init(ipc_buf_t *b);
 void ipc_buf_done(ipc_buf_t *b);
 void ipc_frame_start(ipc_buf_t *b, uint32_t opcode, uint32_t flags, uint64_t corr,
                      uint64_t session);
+/* after ipc_frame_start: the session's key into the header */
+void ipc_frame_set_key(ipc_buf_t *b, uint64_t key);
 void ipc_frame_put(ipc_buf_t *b, const void *data, size_t len);
 void ipc_frame_finish(ipc_buf_t *b); /* writes body_len */
 /* An error reply frame for a request header (or a zeroed one for an undecodable frame). */

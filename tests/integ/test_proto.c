@@ -56,6 +56,27 @@ static int raw_socket(void)
 }
 
 /* Sends bytes, returns the error code of the answer (0 for a success reply); body out. */
+/* the keys of the sessions raw HELLOs opened (frame_make puts them in; an unknown session gets
+ * key 0) */
+static struct {
+    uint64_t session, key;
+} g_keys[64];
+
+static uint64_t key_of(uint64_t session)
+{
+    for (size_t i = 0; session && i < sizeof(g_keys) / sizeof(g_keys[0]); i++)
+        if (g_keys[i].session == session)
+            return g_keys[i].key;
+    return 0;
+}
+
+static void key_keep(const ipc_hello_rep_t *rep)
+{
+    static size_t next;
+    g_keys[next % (sizeof(g_keys) / sizeof(g_keys[0]))].session = rep->session;
+    g_keys[next++ % (sizeof(g_keys) / sizeof(g_keys[0]))].key = rep->key;
+}
+
 static int raw_call(int s, const void *frame, size_t len, void *body, size_t body_len)
 {
     assert_int_equal(nn_send(s, frame, len, 0), (int)len);
@@ -75,6 +96,9 @@ static int raw_call(int s, const void *frame, size_t len, void *body, size_t bod
         assert_int_equal(h.body_len, body_len);
         memcpy(body, (uint8_t *)msg + sizeof(h), body_len);
     }
+    if (!(h.flags & IPC_F_ERROR) && h.opcode == IPC_OP_HELLO &&
+        h.body_len == sizeof(ipc_hello_rep_t))
+        key_keep((const ipc_hello_rep_t *)((const uint8_t *)msg + sizeof(h)));
     nn_freemsg(msg);
     return code;
 }
@@ -92,7 +116,8 @@ static void frame_make(frame_t *f, uint32_t op, uint64_t session, const void *bo
                    .opcode = (uint16_t)op,
                    .body_len = (uint32_t)len,
                    .corr = ++corr,
-                   .session = session};
+                   .session = session,
+                   .key = key_of(session)};
     memcpy(f->b, &h, sizeof(h));
     if (len)
         memcpy(f->b + sizeof(h), body, len);
@@ -133,10 +158,20 @@ static void m_magic(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
     frame_make(f, IPC_OP_PING, s, NULL, 0);
     HDR(f)->magic ^= 1;
 }
-static void m_reserved(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+static void m_key_alone(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    frame_make(f, IPC_OP_STATUS, 0, NULL, 0);
+    HDR(f)->key = 1; /* a key with no session */
+}
+static void m_key_wrong(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
 {
     frame_make(f, IPC_OP_PING, s, NULL, 0);
-    HDR(f)->reserved = 1;
+    HDR(f)->key ^= 1; /* the id alone, as whoever learnt it */
+}
+static void m_key_other(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    frame_make(f, IPC_OP_BYE, s, NULL, 0);
+    HDR(f)->key = key_of(o); /* another session's key does not open this one */
 }
 static void m_flags(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
 {
@@ -349,7 +384,9 @@ static const struct {
 } bad_frames[] = {
     {"frame shorter than a header", m_short, -EBADMSG},
     {"bad magic", m_magic, -EBADMSG},
-    {"reserved header field set", m_reserved, -EBADMSG},
+    {"a key without a session", m_key_alone, -EBADMSG},
+    {"a session's id with a wrong key", m_key_wrong, -ENOTCONN},
+    {"BYE with another session's key", m_key_other, -ENOTCONN},
     {"unknown flag bits", m_flags, -EBADMSG},
     {"reply flag on a request", m_replyflag, -EBADMSG},
     {"protocol version + 1", m_version, -EPROTONOSUPPORT},
