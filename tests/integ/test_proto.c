@@ -97,8 +97,11 @@ static int raw_call(int s, const void *frame, size_t len, void *body, size_t bod
         memcpy(body, (uint8_t *)msg + sizeof(h), body_len);
     }
     if (!(h.flags & IPC_F_ERROR) && h.opcode == IPC_OP_HELLO &&
-        h.body_len == sizeof(ipc_hello_rep_t))
-        key_keep((const ipc_hello_rep_t *)((const uint8_t *)msg + sizeof(h)));
+        h.body_len == sizeof(ipc_hello_rep_t)) {
+        ipc_hello_rep_t rep; /* nanomsg's buffer need not be aligned for it */
+        memcpy(&rep, (const uint8_t *)msg + sizeof(h), sizeof(rep));
+        key_keep(&rep);
+    }
     nn_freemsg(msg);
     return code;
 }
