@@ -13,7 +13,6 @@
  * Thread context: the loop thread.
  */
 #include <errno.h>
-#include <grp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -188,24 +187,17 @@ int patd_admin_start(patd_t *d)
     const patd_config_t *cfg = &d->cfg;
     snprintf(d->admin_path, sizeof(d->admin_path), "%.255s/%.63s.admin", cfg->runtime_dir,
              cfg->name);
-    d->admin_gid = (gid_t)-1;
-    if (cfg->admin_group[0]) {
-        struct group *g = getgrnam(cfg->admin_group);
-        if (!g) {
-            patd_err("admin_group '%s' does not exist", cfg->admin_group);
-            return -EINVAL;
-        }
-        d->admin_gid = g->gr_gid;
-    }
+    int rc = patd_group(cfg->admin_group, "admin_group", &d->admin_gid);
+    if (rc < 0)
+        return rc;
     unlink(d->admin_path); /* a stale one of ours: the runtime directory is ours alone */
     uv_pipe_init(&d->loop, &d->admin, 0);
     d->admin.data = d;
     mode_t old = umask(0077);
-    int rc = uv_pipe_bind(&d->admin, d->admin_path);
+    rc = uv_pipe_bind(&d->admin, d->admin_path);
     umask(old);
-    if (rc == 0 && (chmod(d->admin_path, (mode_t)cfg->socket_mode) < 0 ||
-                    (d->gid != (gid_t)-1 && chown(d->admin_path, (uid_t)-1, d->gid) < 0)))
-        rc = -errno;
+    if (rc == 0)
+        rc = patd_socket_own(d, d->admin_path);
     if (rc == 0)
         rc = uv_listen((uv_stream_t *)&d->admin, 16, on_connection);
     if (rc < 0) {

@@ -212,5 +212,9 @@ void patd_reply_ok(patd_t *d, patd_conn_t *c, patd_req_t *to, const void *body, 
 void patd_reply_error(patd_t *d, patd_req_t *to, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 void patd_publish(patd_t *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The group a config option (`key`) names: (gid_t)-1 for "", -EINVAL (logged) if none such. */
+int patd_group(const char *name, const char *key, gid_t *ret_gid);
+/* A socket file just bound: daemon.socket_mode and the socket group (d->gid). 0 or -errno. */
+int patd_socket_own(const patd_t *d, const char *path);
 
 #endif

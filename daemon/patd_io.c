@@ -1,12 +1,17 @@
 /*
  * patd_io.c — what the daemon sends: replies on the raw REP socket (routed by the request's
  * control header, so a reply may leave long after its request, from the loop thread), the
- * kept copy of a session's last reply for resent requests, and event lines on the PUB socket.
+ * kept copy of a session's last reply for resent requests, and event lines on the PUB socket;
+ * and who owns the socket files (their mode and group).
  *
  * Thread context: the loop thread (nanomsg sockets are used from it alone).
  */
+#include <errno.h>
+#include <grp.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -91,4 +96,26 @@ void patd_publish(patd_t *d, const char *fmt, ...)
     va_end(ap);
     if (d->pub >= 0 && n > 0)
         nn_send(d->pub, line, (size_t)PAT_MIN(n, (int)sizeof(line) - 1), NN_DONTWAIT);
+}
+
+int patd_group(const char *name, const char *key, gid_t *ret_gid)
+{
+    *ret_gid = (gid_t)-1;
+    if (!name[0])
+        return 0;
+    struct group *g = getgrnam(name);
+    if (!g) {
+        patd_err("%s '%s' does not exist", key, name);
+        return -EINVAL;
+    }
+    *ret_gid = g->gr_gid;
+    return 0;
+}
+
+int patd_socket_own(const patd_t *d, const char *path)
+{
+    if (chmod(path, (mode_t)d->cfg.socket_mode) < 0 ||
+        (d->gid != (gid_t)-1 && chown(path, (uid_t)-1, d->gid) < 0))
+        return -errno;
+    return 0;
 }

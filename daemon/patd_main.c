@@ -12,7 +12,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <grp.h>
 #include <nanomsg/nn.h>
 #include <nanomsg/pubsub.h>
 #include <nanomsg/reqrep.h>
@@ -500,15 +499,8 @@ static int open_sockets(patd_t *d)
         return rc;
     snprintf(d->sock_path, sizeof(d->sock_path), "%.255s/%.63s.sock", cfg->runtime_dir, cfg->name);
     snprintf(d->ev_path, sizeof(d->ev_path), "%.255s/%.63s.events", cfg->runtime_dir, cfg->name);
-    d->gid = (gid_t)-1;
-    if (cfg->socket_group[0]) {
-        struct group *g = getgrnam(cfg->socket_group);
-        if (!g) {
-            patd_err("socket_group '%s' does not exist", cfg->socket_group);
-            return -EINVAL;
-        }
-        d->gid = g->gr_gid;
-    }
+    if ((rc = patd_group(cfg->socket_group, "socket_group", &d->gid)) < 0)
+        return rc;
     d->rep = nn_socket(AF_SP_RAW, NN_REP);
     d->pub = nn_socket(AF_SP, NN_PUB);
     if (d->rep < 0 || d->pub < 0) {
@@ -534,11 +526,10 @@ static int open_sockets(patd_t *d)
             patd_err("bind %s: %s", url, nn_strerror(nn_errno()));
             return -EADDRINUSE;
         }
-        if (chmod(paths[i], (mode_t)cfg->socket_mode) < 0 ||
-            (d->gid != (gid_t)-1 && chown(paths[i], (uid_t)-1, d->gid) < 0)) {
+        if ((rc = patd_socket_own(d, paths[i])) < 0) {
             umask(old);
-            patd_err("set mode/group of %s: %s", paths[i], strerror(errno));
-            return -errno;
+            patd_err("set mode/group of %s: %s", paths[i], strerror(-rc));
+            return rc;
         }
     }
     umask(old);
