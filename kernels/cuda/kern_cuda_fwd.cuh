@@ -166,6 +166,41 @@ __device__ __forceinline__ void scale4(float4 &acc, float s)
     acc.w *= s;
 }
 
+/* Accumulator rows (the mma.sync m16n8 C layout, which wgmma's repeats): the four lanes of a quad
+ * hold one row's columns, elements 0-1 of each n8 tile are row g of the band and 2-3 row g + 8. */
+__device__ __forceinline__ float quad_max(float x)
+{
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x)
+{
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+/* O's two rows times their softmax corrections c0 and c1 */
+template <int DT>
+__device__ __forceinline__ void rescale_rows(float (&o)[DT][4], float c0, float c1)
+{
+#pragma unroll
+    for (int i = 0; i < DT; i++) {
+        o[i][0] *= c0;
+        o[i][1] *= c0;
+        o[i][2] *= c1;
+        o[i][3] *= c1;
+    }
+}
+/* The A fragment of one k16 step of P.V from S's n8 tiles a and b (the C layout of two n8 tiles is
+ * the A layout of one k16 step) */
+template <typename T>
+__device__ __forceinline__ void pack_p(uint32_t (&pf)[4], const float (&a)[4], const float (&b)[4])
+{
+    pf[0] = Mma<T>::pack(a[0], a[1]);
+    pf[1] = Mma<T>::pack(a[2], a[3]);
+    pf[2] = Mma<T>::pack(b[0], b[1]);
+    pf[3] = Mma<T>::pack(b[2], b[3]);
+}
+
 /* ---------------------------------------------------------------- tile geometry */
 
 template <int D, int M> struct Geom {
@@ -482,10 +517,8 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
                 tm0 = fmaxf(tm0, fmaxf(s[j][0], s[j][1]));
                 tm1 = fmaxf(tm1, fmaxf(s[j][2], s[j][3]));
             }
-            tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 1));
-            tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 2));
-            tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 1));
-            tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 2));
+            tm0 = quad_max(tm0);
+            tm1 = quad_max(tm1);
             const float n0 = fmaxf(m0, tm0), n1 = fmaxf(m1, tm1);
             const float b0 = kern_sm_base(n0), b1 = kern_sm_base(n1);
             const float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
@@ -493,13 +526,7 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
             m1 = n1;
             l0 *= c0;
             l1 *= c1;
-#pragma unroll
-            for (int i = 0; i < DT; i++) {
-                o[i][0] *= c0;
-                o[i][1] *= c0;
-                o[i][2] *= c1;
-                o[i][3] *= c1;
-            }
+            rescale_rows(o, c0, c1);
 #pragma unroll
             for (int j = 0; j < NT; j++) {
                 s[j][0] = exp2f(s[j][0] - b0);
@@ -518,12 +545,8 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
                 const uint32_t va = smem_u32(sv);
                 uint32_t pf[N / 16][4]; /* every A fragment before the fence: none moves after */
 #pragma unroll
-                for (int kk = 0; kk < N / 16; kk++) {
-                    pf[kk][0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-                    pf[kk][1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-                    pf[kk][2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                    pf[kk][3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-                }
+                for (int kk = 0; kk < N / 16; kk++)
+                    pack_p<T>(pf[kk], s[2 * kk], s[2 * kk + 1]);
                 wg_fence();
 #pragma unroll
                 for (int kk = 0; kk < N / 16; kk++) {
@@ -543,10 +566,7 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
 #pragma unroll
                 for (int kk = 0; kk < G::NW / 16; kk++) {
                     uint32_t pf[4];
-                    pf[0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-                    pf[1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-                    pf[2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                    pf[3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                    pack_p<T>(pf, s[2 * kk], s[2 * kk + 1]);
                     const int vr = cb + kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
 #pragma unroll
                     for (int dn = 0; dn < D / 16; dn++) {
@@ -565,10 +585,8 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
     cp_async_wait<0>();
     __syncthreads();
 
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    l0 = quad_sum(l0);
+    l1 = quad_sum(l1);
     if constexpr (WG) {
         /* one warp holds whole rows: straight from the accumulators */
         fwd_rows_out<T, D>(a, rows, head, r0, n_rows, m0, l0, o, 0, tq);

@@ -334,10 +334,8 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const sched_plan_ct
             tm0 = fmaxf(tm0, fmaxf(s[jn][0], s[jn][1]));
             tm1 = fmaxf(tm1, fmaxf(s[jn][2], s[jn][3]));
         }
-        tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 1));
-        tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 2));
-        tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 1));
-        tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 2));
+        tm0 = quad_max(tm0);
+        tm1 = quad_max(tm1);
         const float k = plain ? sl2 : 1.f; /* scores still to be scaled by k */
         const float n0 = fmaxf(m0, tm0 * k), n1 = fmaxf(m1, tm1 * k);
         const float b0 = kern_sm_base(n0), b1 = kern_sm_base(n1);
@@ -362,22 +360,11 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const sched_plan_ct
      * layout of one k16 step); once the rows' maxima settle most tiles leave them, and a warp
      * none of whose rows moved skips the rescale */
     auto rescale_pack = [&](float c0, float c1) {
-        if (__any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f)) {
+        if (__any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f))
+            rescale_rows(o, c0, c1);
 #pragma unroll
-            for (int i = 0; i < DT; i++) {
-                o[i][0] *= c0;
-                o[i][1] *= c0;
-                o[i][2] *= c1;
-                o[i][3] *= c1;
-            }
-        }
-#pragma unroll
-        for (int kk = 0; kk < N / 16; kk++) {
-            pf[kk][0] = Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-            pf[kk][1] = Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-            pf[kk][2] = Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pf[kk][3] = Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        }
+        for (int kk = 0; kk < N / 16; kk++)
+            pack_p<T>(pf[kk], s[2 * kk], s[2 * kk + 1]);
     };
 
     /* Straight-line issue and waits (no wgmma or wait under a condition that differs between
@@ -429,10 +416,8 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const sched_plan_ct
     wg_hold(ow);
     release();
 out:
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    l0 = quad_sum(l0);
+    l1 = quad_sum(l1);
     fwd_rows_out<T, D>(a, rows, head, r0, n_rows, m0, l0, o, 0, tq);
     fwd_rows_out<T, D>(a, rows, head, r1, n_rows, m1, l1, o, 2, tq);
 }
