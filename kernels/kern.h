@@ -78,6 +78,8 @@ typedef struct kern_config {
                                 0 = KERN_DEFAULT_PLAN_BYTES */
     kern_merge_t merge;      /* cuda: where split tokens are merged */
     kern_fwd_t fwd;          /* cuda: matrix instructions of the forward */
+    uint32_t pair_blocks;    /* cuda: blocks of the persistent Hopper forward at most; 0 = one
+                                per SM (tests set a few, so that each block runs many items) */
 } kern_config_t;
 
 typedef struct kern_attn_params {

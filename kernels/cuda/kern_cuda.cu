@@ -258,6 +258,16 @@ int cuda_create(const kern_config_t *cfg, kern_backend_t **ret)
         goto fail;
     if ((r = load_memops(c)) < 0 || (r = fwd_register(m.head_dim, v)) < 0)
         goto fail;
+    {
+        int sms = 0;
+        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c->device) !=
+                cudaSuccess ||
+            sms <= 0)
+            goto fail;
+        c->n_sms = (uint32_t)sms;
+        if (cfg->pair_blocks && cfg->pair_blocks < c->n_sms)
+            c->n_sms = cfg->pair_blocks;
+    }
     c->fwd = v[c->dt];
     if (cfg->fwd != KERN_FWD_MMA) /* MMA: mma.sync everywhere */
         c->fwd.fn = c->fwd.wg_fn;

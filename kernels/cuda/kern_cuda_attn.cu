@@ -71,6 +71,8 @@ int attend_on(Lane *L, uint32_t layer, const sched_plan_hdr_t *h, const void *q,
     a.part_o = L->part_o;
     a.part_lse = L->part_lse;
     a.arrivals = L->arrivals;
+    a.work = L->work;
+    a.n_ctas = h->n_ctas;
     a.q_heads = m.q_heads;
     a.kv_heads = m.kv_heads;
     a.group = h->group;
@@ -81,12 +83,13 @@ int attend_on(Lane *L, uint32_t layer, const sched_plan_hdr_t *h, const void *q,
     /* KERN_FWD_AUTO on sm_90a: the warp-specialized kernel, but for plans whose CTAs are all of
      * at most KCUDA_WS_MIN_ROWS rows (unshared decode): its 64-row products would be mostly
      * padding, and the 4-warp kernels measured faster there (RESULTS.md, 2026-11-25) */
+    const uint32_t items = h->n_ctas * m.kv_heads;
     if (h->max_cta_rows > KCUDA_SMALL_M || (c->fwd.pair_fn && h->max_cta_rows > KCUDA_WS_MIN_ROWS))
-        KC_TRY(cudaLaunchKernel(c->fwd.pair_fn, dim3(h->n_ctas * m.kv_heads),
+        KC_TRY(cudaLaunchKernel(c->fwd.pair_fn, dim3(items < c->n_sms ? items : c->n_sms),
                                 dim3(KCUDA_PAIR_THREADS), args, (size_t)c->fwd.pair_smem, L->main),
                "forward launch (pair)");
     else
-        KC_TRY(cudaLaunchKernel(c->fwd.fn, dim3(h->n_ctas * m.kv_heads), dim3(KCUDA_THREADS), args,
+        KC_TRY(cudaLaunchKernel(c->fwd.fn, dim3(items), dim3(KCUDA_THREADS), args,
                                 (size_t)c->fwd.smem, L->main),
                "forward launch");
     if (!a.merge_inside && h->n_merges)

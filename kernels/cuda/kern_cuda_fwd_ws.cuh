@@ -3,19 +3,32 @@
  * KERN_FWD_AUTO). Included by kern_cuda_fwd.cuh after the shared pieces (loads, softmax, outputs,
  * merge); one kernel per (dtype, head_dim) like fwd_layer.
  *
- * A block is three warpgroups. Warpgroup 0 is the producer: it gives most of its registers away
- * (setmaxnreg), gathers Q and then every KV tile of the CTA by 16-byte cp.async into a ring of
- * shared-memory slots, and tells the consumers a stage is in through a full mbarrier per stage
- * (cp.async.mbarrier.arrive: no thread waits for its own copies). Warpgroups 1 and 2 are the
- * consumers: each owns 64 rows and issues only wgmma and softmax; when done with a stage each of
- * its threads arrives on the stage's empty mbarrier, on which the producer waits before refilling.
+ * Persistent: at most one block per SM (its shared memory fills one), each running work items
+ * until none is left. An item is a block of the non-persistent grid, b = plan CTA b / kv_heads and
+ * KV head j = b % kv_heads; the producer takes them in plan order (longest CTAs first) from a
+ * counter per launch (FwdArgs.work, which the last block out sets back to 0), so the next item's Q
+ * and first tiles load while the consumers finish the current one and write its outputs, instead
+ * of every CTA paying its own fill and drain (6.4 us an item against 2.0 a tile, tile solver,
+ * H100, 2026-11-25).
  *
- * Two modes, by the CTA's rows (block b: plan CTA b / kv_heads, j = b % kv_heads):
+ * A block is three warpgroups and a ring of shared-memory slots. Warpgroup 0 is the producer: it
+ * gives most of its registers away (setmaxnreg) and, item after item, gathers the item's Q into
+ * one slot and then every KV tile into the next ones by 16-byte cp.async; a full mbarrier per slot
+ * tells the consumers it is in (cp.async.mbarrier.arrive: no thread waits for its own copies; the
+ * producer's thread 0 also arrives, a release of the words it wrote beside a Q slot: item id and
+ * tile count). Warpgroups 1 and 2 are the consumers: each owns 64 rows, takes its Q rows into
+ * registers and frees the Q slot at once (so an item of any length streams through the ring),
+ * then issues only wgmma (Q.K^T with Q from registers, P.V) and the softmax; when done with a
+ * slot its threads arrive on the slot's empty mbarrier, on which the producer waits before
+ * refilling.
+ *
+ * Two modes, by the CTA's rows:
  *   big   (more than KCUDA_SMALL_M rows): KV head j; consumer c has rows 64c..64c+63; one KV tile
- *         per stage, read by both (the ring's slots are the stages);
+ *         per stage, one slot read by both;
  *   small (up to KCUDA_SMALL_M rows): KV heads 2j and 2j + 1, consumer c the CTA's rows for head
- *         2j + c (a block with 2j >= kv_heads leaves at once, one with 2j + 1 == kv_heads runs one
- *         consumer); a stage is two slots, the tile of each head.
+ *         2j + c (items of odd j are empty and skipped; where 2j + 1 == kv_heads consumer 1 runs
+ *         masked rows and writes nothing); a stage is two consecutive slots, the tile of each
+ *         head.
  *
  * Each consumer overlaps its softmax with the tensor cores: while O += P_j.V_j runs, S_{j+1} =
  * Q.K_{j+1}^T has already been issued before it and its softmax runs under P_j.V_j; O is rescaled
@@ -29,20 +42,27 @@
 namespace kcuda
 {
 
-/* shared memory of fwd_pair: Q (128 rows), the ring, a full and an empty barrier per slot */
+/* shared memory of fwd_pair: the ring (an item's Q fills a slot, as a tile's K and V do), a full
+ * and an empty barrier per slot, two words per slot, two merge lists */
 template <int D> struct WsGeom {
     static constexpr int N = KCUDA_TILE_N;
     static constexpr int CPR = D / 8;
     static constexpr int Q_BYTES = KCUDA_BIG_M * D * 2;
     static constexpr int KV_BYTES = N * D * 2; /* K or V of one tile */
     static constexpr int SLOT_BYTES = 2 * KV_BYTES;
-    static constexpr int MAX_SMEM = 232448; /* sm_90 opt-in shared memory per block */
-    static constexpr int FIT = (MAX_SMEM - Q_BYTES - 256) / SLOT_BYTES;
-    static constexpr int SLOTS = (FIT > 8 ? 8 : FIT) & ~1; /* even: two per small-mode stage */
-    static constexpr int BAR_BYTES = 2 * SLOTS * 8;
-    static constexpr int SMEM = Q_BYTES + SLOTS * SLOT_BYTES + BAR_BYTES;
+    static constexpr int MAX_SMEM = 232448;               /* sm_90 opt-in shared memory per block */
+    static constexpr int SCRATCH = 4 * (KCUDA_MAX_M + 1); /* fwd_arrive_merge's list */
+    static constexpr int WORDS = 16 * 8;                  /* after 16 barriers */
+    static constexpr int LISTS = WORDS + 8 * 32;          /* after 8 words per slot */
+    static constexpr int BCAST = LISTS + 2 * SCRATCH;     /* the producer's broadcast word */
+    static constexpr int META_BYTES = BCAST + 16;
+    static constexpr int FIT = (MAX_SMEM - META_BYTES) / SLOT_BYTES;
+    static constexpr int SLOTS = FIT > 8 ? 8 : FIT;
+    static constexpr int META = SLOTS * SLOT_BYTES; /* offset of the barriers */
+    static constexpr int SMEM = META + META_BYTES;
     static constexpr int LPT = N * CPR / KCUDA_THREADS; /* 16-byte K (and V) loads per thread */
-    static_assert(SLOTS >= 4, "a ring of at least two small-mode stages");
+    static_assert(SLOTS >= 5, "a Q slot and two small-mode stages");
+    static_assert(Q_BYTES == SLOT_BYTES, "an item's Q fills one slot");
     static_assert(SMEM <= MAX_SMEM, "sm_90 opt-in shared memory per block (227 KB)");
     static_assert((N * CPR) % KCUDA_THREADS == 0, "loads divide evenly");
 };
@@ -94,138 +114,316 @@ template <int N> __device__ __forceinline__ void wg_wait()
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
-/* The producer: Q of the CTA's rows (both heads in small mode), then every tile into the ring. */
+__device__ __forceinline__ void mb_arrive_n(uint32_t bar, uint32_t n)
+{
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar),
+                 "r"(n)
+                 : "memory");
+}
+
+/* A position in the ring: its slot and the parity of that slot's current use. */
+template <int SLOTS> struct RingPos {
+    int s = 0;
+    uint32_t ph = 0;
+    __device__ __forceinline__ void step(int n) /* n <= SLOTS */
+    {
+        s += n;
+        if (s >= SLOTS) {
+            s -= SLOTS;
+            ph ^= 1;
+        }
+    }
+    __device__ __forceinline__ void skip(uint32_t n) /* any n */
+    {
+        n += (uint32_t)s;
+        s = (int)(n % SLOTS);
+        ph ^= (n / SLOTS) & 1;
+    }
+    __device__ __forceinline__ RingPos plus(int n) const
+    {
+        RingPos p = *this;
+        p.step(n);
+        return p;
+    }
+};
+
+/* The block's shared-memory map (WsGeom's sizes). */
+template <int D> struct WsMap {
+    using G = WsGeom<D>;
+    uint8_t *base;
+    __device__ __forceinline__ uint32_t slot(int s) const
+    {
+        return smem_u32(base) + s * G::SLOT_BYTES;
+    }
+    __device__ __forceinline__ uint32_t full(int s) const
+    {
+        return smem_u32(base) + G::META + 8 * s;
+    }
+    __device__ __forceinline__ uint32_t empty(int s) const
+    {
+        return smem_u32(base) + G::META + 8 * (G::SLOTS + s);
+    }
+    /* beside a slot that holds an item's Q: [0] item id, [1] tile count, [2..5] the CTA's
+     * row_begin, row_count, seg_begin, seg_count (the consumers' first global read saved) */
+    __device__ __forceinline__ volatile uint32_t *words(int s) const
+    {
+        return reinterpret_cast<volatile uint32_t *>(base + G::META + G::WORDS + 32 * s);
+    }
+    __device__ __forceinline__ volatile uint32_t *bcast() const
+    {
+        return reinterpret_cast<volatile uint32_t *>(base + G::META + G::BCAST);
+    }
+    __device__ __forceinline__ uint8_t *scratch(int c) const /* merge list c */
+    {
+        return base + G::META + G::LISTS + c * G::SCRATCH;
+    }
+};
+
+/* A work item (a block of the non-persistent grid): plan CTA b / kv_heads, KV head b % kv_heads,
+ * or in small mode KV heads 2j and 2j + 1 (items of odd j are empty). */
+struct WsItem {
+    sched_plan_cta_t cta;
+    uint32_t j, n_heads;
+    bool small;
+};
+__device__ __forceinline__ bool ws_item(const FwdArgs &a, uint32_t b, WsItem &it)
+{
+    it.j = b % a.kv_heads;
+    it.cta = a.ctas[b / a.kv_heads];
+    it.small = it.cta.row_count * a.group <= KCUDA_SMALL_M;
+    it.n_heads = it.small ? min(2u, a.kv_heads - 2 * it.j) : 1;
+    return !(it.small && 2 * it.j >= a.kv_heads);
+}
+__device__ __forceinline__ int ws_tiles(const FwdArgs &a, const sched_plan_cta_t &cta)
+{
+    int n = 0;
+    for (uint32_t k = 0; k < cta.seg_count; k++) {
+        const uint32_t len = a.segs[cta.seg_begin + k].kv_end - a.segs[cta.seg_begin + k].kv_begin;
+        n += len ? (int)((len + KCUDA_TILE_N - 1) / KCUDA_TILE_N) : 1;
+    }
+    return n;
+}
+
+constexpr uint32_t WS_END = 0xffffffffu; /* the item id that ends the consumers' loop */
+
+/* The producer: fetches items from the launch's counter (in plan order) until none is left; for
+ * each, Q of the CTA's rows into a slot (with the item id and tile count beside it), then every
+ * tile into the next ones; at the end a slot whose item id is WS_END. */
 template <typename T, int D>
-__device__ __forceinline__ void ws_produce(const FwdArgs &a, const sched_plan_cta_t &cta,
-                                           uint32_t j, bool small, uint32_t n_heads, uint8_t *smem,
-                                           int n_tiles)
+__device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
 {
     using G = WsGeom<D>;
     constexpr int N = G::N;
     constexpr uint32_t NO_TOKEN = 0xffffffffu;
     const int tid = threadIdx.x; /* 0..127 */
-    const sched_plan_row_t *rows = a.rows + cta.row_begin;
-    const uint32_t group = a.group, n_rows = cta.row_count * group;
-    const sched_plan_seg_t *segs = a.segs + cta.seg_begin;
-    const uint32_t n_segs = cta.seg_count;
+    const uint32_t group = a.group, n_items = a.n_ctas * a.kv_heads;
     const T *q = static_cast<const T *>(a.q);
-    uint8_t *sq = smem, *ring = smem + G::Q_BYTES;
-    const uint32_t full = smem_u32(smem) + G::SMEM - G::BAR_BYTES, empty = full + 8 * G::SLOTS;
-    const int stages = small ? G::SLOTS / 2 : G::SLOTS;
-
-    /* Q: tile row r is CTA row r of head j (big), or CTA row r % 64 of head 2j + r / 64 */
-    const int q_rows = small ? 64 * (int)n_heads : KCUDA_BIG_M;
-    for (int c = tid; c < q_rows * G::CPR; c += KCUDA_THREADS) {
-        const int r = c / G::CPR, ch = c % G::CPR;
-        const uint32_t rr = small ? r % 64 : r, head = small ? 2 * j + r / 64 : j;
-        const T *src = q;
-        uint32_t bytes = 0;
-        if (rr < n_rows) {
-            src = q +
-                  ((uint64_t)rows[rr / group].q_tok * a.q_heads + head * group + rr % group) * D +
-                  ch * 8;
-            bytes = 16;
-        }
-        cp_async16(smem_u32(sq + wswz<KCUDA_BIG_M>(r, ch)), src, bytes);
-    }
-
-    /* page ids two tiles ahead of the loads (fwd_cta's cursor): the producer has nothing to
-     * compute while a page-id read is in flight, so one tile ahead would put that read's latency
-     * into every tile */
-    uint32_t pa[G::LPT], pb[G::LPT];
-    uint32_t fk = 0, ft0 = 0, fend = 0, fpage0 = 0;
-    const uint32_t *fpages = a.pages;
-    auto fetch_seg = [&]() {
-        const sched_plan_seg_t sg = segs[fk];
-        ft0 = sg.kv_begin;
-        fend = sg.kv_end;
-        fpage0 = sg.kv_begin / KERN_BLOCK_SIZE;
-        fpages = a.pages + sg.page_begin;
+    volatile uint32_t *bcast = mp.bcast(); /* thread 0's fetch, to the producer's threads */
+    auto filled = [&](int s) {
+        mb_arrive_cp(mp.full(s)); /* once this thread's copies have landed */
+        if (tid == 0)
+            mb_arrive(mp.full(s)); /* the words written before it */
     };
-    auto fetch_pages = [&](uint32_t(&pg)[G::LPT]) {
-#pragma unroll
-        for (int k = 0; k < G::LPT; k++) {
-            const uint32_t t = ft0 + (tid + k * KCUDA_THREADS) / G::CPR;
-            pg[k] = t < fend ? fpages[t / KERN_BLOCK_SIZE - fpage0] * KERN_BLOCK_SIZE +
-                                   t % KERN_BLOCK_SIZE
-                             : NO_TOKEN;
-        }
-        ft0 += N;
-        if (ft0 >= fend && ++fk < n_segs)
-            fetch_seg();
+    RingPos<G::SLOTS> pos;
+    uint32_t taken = 0;
+    auto take = [&]() {
+        if (taken >= (uint32_t)G::SLOTS)
+            mb_wait(mp.empty(pos.s), pos.ph ^ 1);
+        const int s = pos.s;
+        taken++;
+        pos.step(1);
+        return s;
     };
-    int st = 0, eph = 0; /* the stage of the next tile, the parity of its empty barrier */
-    auto produce = [&](int t, uint32_t(&pg)[G::LPT]) {
-        if (t >= stages)
-            mb_wait(empty + 8 * st, eph);
-        for (uint32_t h = 0; h < n_heads; h++) {
-            uint8_t *sk = ring + (small ? 2 * st + (int)h : st) * G::SLOT_BYTES,
-                    *sv = sk + G::KV_BYTES;
-            const T *kbase =
-                static_cast<const T *>(a.kv) + (uint64_t)(small ? 2 * j + h : j) * a.head_stride;
-#pragma unroll
-            for (int k = 0; k < G::LPT; k++) {
-                const int c = tid + k * KCUDA_THREADS, r = c / G::CPR, ch = c % G::CPR;
-                const T *ks = kbase, *vs = kbase;
-                uint32_t bytes = 0;
-                if (pg[k] != NO_TOKEN) {
-                    ks = kbase + (uint64_t)(pg[k] / KERN_BLOCK_SIZE) * a.block_stride +
-                         (pg[k] % KERN_BLOCK_SIZE) * D + ch * 8;
-                    vs = ks + a.v_offset;
-                    bytes = 16;
-                }
-                cp_async16(smem_u32(sk + wswz<N>(r, ch)), ks, bytes);
-                cp_async16(smem_u32(sv + wswz<N>(r, ch)), vs, bytes);
+
+    for (;;) {
+        uint32_t b;
+        WsItem it;
+        /* the next non-empty item, or the end. Taken only once this block's producer has issued
+         * every load of its current item: a fetch made earlier (a prefetch of the id) reserves
+         * the item while other blocks may be idle, and measured twice the time on TREE plans
+         * whose long CTAs fill one wave */
+        for (;;) {
+            if (tid == 0)
+                *bcast = atomicAdd(a.work, 1u);
+            bar_wait(6, KCUDA_THREADS);
+            b = *bcast;
+            bar_wait(6, KCUDA_THREADS); /* read by all before thread 0 writes again */
+            if (b >= n_items || ws_item(a, b, it))
+                break;
+        }
+        const int qs = take();
+        if (b >= n_items) {
+            if (tid == 0)
+                mp.words(qs)[0] = WS_END;
+            filled(qs);
+            break;
+        }
+        const int n_tiles = ws_tiles(a, it.cta);
+        if (tid == 0) {
+            volatile uint32_t *w = mp.words(qs);
+            w[0] = b;
+            w[1] = (uint32_t)n_tiles;
+            w[2] = it.cta.row_begin;
+            w[3] = it.cta.row_count;
+            w[4] = it.cta.seg_begin;
+            w[5] = it.cta.seg_count;
+        }
+        const sched_plan_row_t *rows = a.rows + it.cta.row_begin;
+        const uint32_t n_rows = it.cta.row_count * group, j = it.j;
+        const bool small = it.small;
+
+        /* Q: tile row r is CTA row r of head j (big), or CTA row r % 64 of head 2j + r / 64 */
+        const uint32_t sq = mp.slot(qs);
+        const int q_rows = small ? 64 * (int)it.n_heads : KCUDA_BIG_M;
+        for (int c = tid; c < q_rows * G::CPR; c += KCUDA_THREADS) {
+            const int r = c / G::CPR, ch = c % G::CPR;
+            const uint32_t rr = small ? r % 64 : r, head = small ? 2 * j + r / 64 : j;
+            const T *src = q;
+            uint32_t bytes = 0;
+            if (rr < n_rows) {
+                src =
+                    q +
+                    ((uint64_t)rows[rr / group].q_tok * a.q_heads + head * group + rr % group) * D +
+                    ch * 8;
+                bytes = 16;
             }
+            cp_async16(sq + wswz<KCUDA_BIG_M>(r, ch), src, bytes);
         }
-        mb_arrive_cp(full + 8 * st); /* tile 0's also covers Q */
-        if (t + 2 < n_tiles)
-            fetch_pages(pg); /* tile t + 2 */
-        if (++st == stages) {
-            st = 0;
-            eph ^= (t >= stages); /* the first round waits for nothing */
+        filled(qs);
+
+        /* page ids two tiles ahead of the loads (fwd_cta's cursor): the producer has nothing to
+         * compute while a page-id read is in flight, so one tile ahead would put that read's
+         * latency into every tile */
+        const sched_plan_seg_t *segs = a.segs + it.cta.seg_begin;
+        const uint32_t n_segs = it.cta.seg_count;
+        uint32_t pa[G::LPT], pb[G::LPT];
+        uint32_t fk = 0, ft0 = 0, fend = 0, fpage0 = 0;
+        const uint32_t *fpages = a.pages;
+        sched_plan_seg_t fsg = n_segs ? segs[0] : sched_plan_seg_t{}; /* a segment ahead */
+        auto fetch_seg = [&]() {
+            const sched_plan_seg_t sg = fsg;
+            if (fk + 1 < n_segs)
+                fsg = segs[fk + 1];
+            ft0 = sg.kv_begin;
+            fend = sg.kv_end;
+            fpage0 = sg.kv_begin / KERN_BLOCK_SIZE;
+            fpages = a.pages + sg.page_begin;
+        };
+        auto fetch_pages = [&](uint32_t(&pg)[G::LPT]) {
+#pragma unroll
+            for (int e = 0; e < G::LPT; e++) {
+                const uint32_t t = ft0 + (tid + e * KCUDA_THREADS) / G::CPR;
+                pg[e] = t < fend ? fpages[t / KERN_BLOCK_SIZE - fpage0] * KERN_BLOCK_SIZE +
+                                       t % KERN_BLOCK_SIZE
+                                 : NO_TOKEN;
+            }
+            ft0 += N;
+            if (ft0 >= fend && ++fk < n_segs)
+                fetch_seg();
+        };
+        auto produce = [&](int t, uint32_t(&pg)[G::LPT]) {
+            for (uint32_t h = 0; h < (small ? 2u : 1u); h++) {
+                const int s = take();
+                if (h < it.n_heads) { /* a small item of one head leaves its second slot as is */
+                    const uint32_t sk = mp.slot(s), sv = sk + G::KV_BYTES;
+                    const T *kbase = static_cast<const T *>(a.kv) +
+                                     (uint64_t)(small ? 2 * j + h : j) * a.head_stride;
+#pragma unroll
+                    for (int e = 0; e < G::LPT; e++) {
+                        const int c = tid + e * KCUDA_THREADS, r = c / G::CPR, ch = c % G::CPR;
+                        const T *ks = kbase, *vs = kbase;
+                        uint32_t bytes = 0;
+                        if (pg[e] != NO_TOKEN) {
+                            ks = kbase + (uint64_t)(pg[e] / KERN_BLOCK_SIZE) * a.block_stride +
+                                 (pg[e] % KERN_BLOCK_SIZE) * D + ch * 8;
+                            vs = ks + a.v_offset;
+                            bytes = 16;
+                        }
+                        cp_async16(sk + wswz<N>(r, ch), ks, bytes);
+                        cp_async16(sv + wswz<N>(r, ch), vs, bytes);
+                    }
+                }
+                filled(s);
+            }
+            if (t + 2 < n_tiles)
+                fetch_pages(pg); /* tile t + 2 */
+        };
+        if (n_tiles) {
+            fetch_seg();
+            fetch_pages(pa);
+            if (n_tiles > 1)
+                fetch_pages(pb);
         }
-    };
-    if (n_tiles) {
-        fetch_seg();
-        fetch_pages(pa);
-        if (n_tiles > 1)
-            fetch_pages(pb);
-    }
-    for (int t = 0; t < n_tiles; t += 2) {
-        produce(t, pa);
-        if (t + 1 < n_tiles)
-            produce(t + 1, pb);
+        for (int t = 0; t < n_tiles; t += 2) {
+            produce(t, pa);
+            if (t + 1 < n_tiles)
+                produce(t + 1, pb);
+        }
     }
     cp_async_wait<0>();
+    /* the last block out leaves the counter at 0 for the next launch: every block's last fetch
+     * (the one past the end) is ordered before its count below */
+    if (tid == 0) {
+        __threadfence();
+        if (atomicAdd(a.work + 1, 1u) == gridDim.x - 1) {
+            a.work[0] = 0;
+            a.work[1] = 0;
+            __threadfence();
+        }
+    }
 }
 
-/* One consumer warpgroup: its 64 rows of the CTA for KV head `head` (consumer c, warp-uniform);
- * then its outputs. */
+/* One consumer warpgroup's part of one item whose Q slot is at rp: its 64 rows of the CTA for
+ * KV head `head`, Q into registers (the slot released), then the item's tiles from the next
+ * slots (rp advanced past them); then its outputs. An idle consumer (a small item of one head,
+ * c == 1) computes masked rows and writes nothing, so that both keep taking turns and releasing
+ * the same stages. */
 template <typename T, int D>
-__device__ __forceinline__ void ws_consume(const FwdArgs &a, const sched_plan_cta_t &cta,
-                                           uint32_t head, bool small, int c, uint8_t *smem,
-                                           int n_tiles, bool pp)
+__device__ __forceinline__ void ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles,
+                                           uint32_t head, int c, bool idle, const WsMap<D> &mp,
+                                           RingPos<WsGeom<D>::SLOTS> &rp, bool pp)
 {
     using G = WsGeom<D>;
     constexpr int N = G::N, NT = N / 8, DT = D / 8;
     const int tid = threadIdx.x % KCUDA_THREADS, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tq = lane & 3;
+    const sched_plan_cta_t &cta = it.cta;
+    const bool small = it.small;
     const sched_plan_row_t *rows = a.rows + cta.row_begin;
-    const uint32_t group = a.group, n_rows = cta.row_count * group;
+    const uint32_t group = a.group, n_rows = idle ? 0 : cta.row_count * group;
     const sched_plan_seg_t *segs = a.segs + cta.seg_begin;
     const uint32_t n_segs = cta.seg_count;
-    const uint32_t full = smem_u32(smem) + G::SMEM - G::BAR_BYTES, empty = full + 8 * G::SLOTS;
-    const int stages = small ? G::SLOTS / 2 : G::SLOTS;
     const int rb = small ? 0 : 64 * c; /* first CTA row of this warpgroup */
+    /* a stage: one slot read by both (big), or a slot per head, this consumer's at +c (small) */
+    const int adv = small ? 2 : 1, off = small ? c : 0;
+    const uint32_t rel = small ? 2 : 1; /* arrivals on the empty barrier: 2 x 128 per stage */
+
+    /* Q: this warp's 16 rows of the warpgroup's 64 (Q slot rows 64c..), the A fragment of every
+     * k-step; then the slot is free */
+    uint32_t qf[D / 16][4];
+    {
+        const uint32_t qs = mp.slot(rp.s);
+        const int r = 64 * c + warp * 16 + (lane & 15);
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++)
+            ldsm_x4(qs + wswz<KCUDA_BIG_M>(r, 2 * ks + (lane >> 4)), qf[ks][0], qf[ks][1],
+                    qf[ks][2], qf[ks][3]);
+        mb_arrive(mp.empty(rp.s));
+        rp.step(1);
+    }
 
     const int r0 = rb + warp * 16 + g, r1 = r0 + 8;
     const uint32_t row_lim0 = (uint32_t)r0 < n_rows ? rows[r0 / group].limit : 0;
     const uint32_t row_lim1 = (uint32_t)r1 < n_rows ? rows[r1 / group].limit : 0;
     /* the cursor: the tile whose scores are masked next, its segment's limits */
     uint32_t ck = 0, ct0 = 0, cend = 0, lim0 = 0, lim1 = 0;
+    /* the next segment's record is read one segment ahead: one-tile segments (the leaves of a
+     * TREE CTA) would otherwise wait for it in every softmax */
+    sched_plan_seg_t nsg = n_segs ? segs[0] : sched_plan_seg_t{};
     auto enter_seg = [&]() {
-        const sched_plan_seg_t sg = segs[ck];
+        const sched_plan_seg_t sg = nsg;
+        if (ck + 1 < n_segs)
+            nsg = segs[ck + 1];
         const uint32_t lo = sg.row_lo * group, hi = sg.row_hi * group;
         ct0 = sg.kv_begin;
         cend = sg.kv_end;
@@ -239,17 +437,13 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const sched_plan_ct
     };
 
     /* Descriptors once: a product's operand is one of these plus a constant offset (16-byte
-     * units in the start-address field, which no tile address overflows). Q rows 64c.. of the
-     * Q tile; K and V of ring slot 0, a slot SLOT_BYTES further. */
-    const uint32_t ring = smem_u32(smem) + G::Q_BYTES;
-    const uint64_t qd = wg_desc(smem_u32(smem) + 64 * c * 128, 16, 1024),
-                   kd = wg_desc(ring, 16, 1024), vd = wg_desc(ring + G::KV_BYTES, N * 128, 1024);
-    /* stage and full-barrier parity of the next tile to compute S for, and of the tile whose
-     * P.V runs (released after it) */
-    int nst = 0, nph = 0, cst = 0;
-    auto slot = [&](int st) {
-        return (uint64_t)((small ? 2 * st + c : st) * (G::SLOT_BYTES >> 4));
-    };
+     * units in the start-address field, which no tile address overflows): K and V of ring slot 0,
+     * a slot SLOT_BYTES further. */
+    const uint32_t ring = mp.slot(0);
+    const uint64_t kd = wg_desc(ring, 16, 1024), vd = wg_desc(ring + G::KV_BYTES, N * 128, 1024);
+    /* the stage of the next tile to compute S for, and of the tile whose P.V runs */
+    RingPos<G::SLOTS> nx = rp.plus(off), cu = nx;
+    auto slot = [&](int s) { return (uint64_t)(s * (G::SLOT_BYTES >> 4)); };
 
     float o[DT][4], s[NT][4];
     uint32_t pf[N / 16][4];
@@ -262,28 +456,26 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const sched_plan_ct
     float(&ow)[4 * DT] = *reinterpret_cast<float(*)[4 * DT]>(&o[0][0]);
 
     auto wait_full = [&]() {
-        mb_wait(full + 8 * nst, nph);
+        mb_wait(mp.full(nx.s), nx.ph);
         wg_proxy_fence(); /* the producer's copies (made visible by the barrier) reach wgmma */
     };
-    /* S = Q.K^T of stage nst (filled: wait_full), one group */
+    /* S = Q.K^T of stage nx (filled: wait_full), one group */
     auto issue_qk = [&]() {
-        const uint64_t k0 = kd + slot(nst);
-        if (++nst == stages) {
-            nst = 0;
-            nph ^= 1;
-        }
+        const uint64_t k0 = kd + slot(nx.s);
+        nx.step(adv);
         wg_hold(sw);
+        wg_hold_u(qf);
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < D / 16; ks++)
-            Wg<T>::ss64(sw, qd + (((ks >> 2) * (KCUDA_BIG_M * 128) + (ks & 3) * 32) >> 4),
-                        k0 + (((ks >> 2) * (N * 128) + (ks & 3) * 32) >> 4), ks);
+            Wg<T>::rsk64(sw, qf[ks], k0 + (((ks >> 2) * (N * 128) + (ks & 3) * 32) >> 4), ks);
         wg_commit();
         wg_hold(sw); /* pinned: nothing may copy them while the products run */
+        wg_hold_u(qf);
     };
-    /* O += P.V of stage cst, one group */
+    /* O += P.V of stage cu, one group */
     auto issue_pv = [&]() {
-        const uint64_t v0 = vd + slot(cst);
+        const uint64_t v0 = vd + slot(cu.s);
         wg_hold(ow);
         wg_hold_u(pf);
         wg_fence();
@@ -299,8 +491,8 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const sched_plan_ct
         wg_hold_u(pf);
     };
     auto release = [&]() {
-        mb_arrive(empty + 8 * cst);
-        cst = cst + 1 == stages ? 0 : cst + 1;
+        mb_arrive_n(mp.empty(cu.s), rel);
+        cu.step(adv);
     };
     /* scale, softcap, mask (the cursor's tile, which it advances) and the online softmax of s in
      * place: exps in s, l updated; returns O's correction factors for rows r0 and r1. Without a
@@ -372,50 +564,53 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const sched_plan_ct
      * every tile is computed, also where none of this warpgroup's rows reads it: the limits mask
      * those rows (P = 0). Tile t: S of tile t + 1 is issued before P.V of tile t, and its
      * softmax runs while P.V does (FlashAttention-3's intra-warpgroup overlap); with pp the two
-     * consumers take turns to issue, so that one's softmax runs under the other's products. A
-     * single tile per step: two (S of 64 x 128, the producer padding to an even count) measured
-     * 25 % slower on the tile solver's dense plan (RESULTS.md, 2026-11-25). */
-    if (n_tiles == 0)
-        goto out;
-    enter_seg();
-    {
-        wait_full();
-        issue_qk();
-        wg_wait<0>();
-        wg_hold(sw);
-        float c0, c1;
-        softmax(c0, c1);
-        rescale_pack(c0, c1); /* O is 0 */
-    }
-    if (pp && c == 1)
-        bar_arrive(4, 2 * KCUDA_THREADS);
-    for (int t = 0; t + 1 < n_tiles; t++) {
-        wait_full();
+     * consumers take turns to issue, so that one's softmax runs under the other's products (the
+     * turn passes on across items: both take one per tile). A single tile per step: two (S of
+     * 64 x 128, the producer padding to an even count) measured 25 % slower on the tile solver's
+     * dense plan (RESULTS.md, 2026-11-25). */
+    if (n_tiles) {
+        enter_seg();
+        {
+            wait_full();
+            issue_qk();
+            wg_wait<0>();
+            wg_hold(sw);
+            wg_hold_u(qf);
+            float c0, c1;
+            softmax(c0, c1);
+            rescale_pack(c0, c1); /* O is 0 */
+        }
+        for (int t = 0; t + 1 < n_tiles; t++) {
+            wait_full();
+            if (pp)
+                bar_wait(4 + c, 2 * KCUDA_THREADS);
+            issue_qk();
+            issue_pv();
+            if (pp)
+                bar_arrive(5 - c, 2 * KCUDA_THREADS);
+            wg_wait<1>(); /* S of tile t + 1; P.V of tile t may still run */
+            wg_hold(sw);
+            wg_hold_u(qf);
+            float c0, c1;
+            softmax(c0, c1);
+            wg_wait<0>();
+            wg_hold(ow);
+            wg_hold_u(pf);
+            release();
+            rescale_pack(c0, c1);
+        }
         if (pp)
             bar_wait(4 + c, 2 * KCUDA_THREADS);
-        issue_qk();
         issue_pv();
         if (pp)
             bar_arrive(5 - c, 2 * KCUDA_THREADS);
-        wg_wait<1>(); /* S of tile t + 1; P.V of tile t may still run */
-        wg_hold(sw);
-        float c0, c1;
-        softmax(c0, c1);
         wg_wait<0>();
         wg_hold(ow);
-        wg_hold_u(pf);
         release();
-        rescale_pack(c0, c1);
     }
-    if (pp)
-        bar_wait(4 + c, 2 * KCUDA_THREADS);
-    issue_pv();
-    if (pp)
-        bar_arrive(5 - c, 2 * KCUDA_THREADS);
-    wg_wait<0>();
-    wg_hold(ow);
-    release();
-out:
+    rp.skip((uint32_t)(adv * n_tiles));
+    if (idle)
+        return;
     l0 = quad_sum(l0);
     l1 = quad_sum(l1);
     fwd_rows_out<T, D>(a, rows, head, r0, n_rows, m0, l0, o, 0, tq);
@@ -424,8 +619,9 @@ out:
 #endif /* KCUDA_WGMMA */
 
 /* One layer of a plan with CTAs of up to KCUDA_BIG_M rows (sm_90a, head_dim <= 128,
- * KERN_FWD_AUTO): grid = n_ctas x kv_heads blocks of KCUDA_PAIR_THREADS, dynamic shared memory
- * pair_smem<D>() (see the top of the file). */
+ * KERN_FWD_AUTO), persistent: grid = at most one block of KCUDA_PAIR_THREADS per SM (dynamic
+ * shared memory pair_smem<D>()), each running items until the launch's counter passes
+ * n_ctas x kv_heads (see the top of the file). */
 template <typename T, int D>
 __global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const FwdArgs a)
 {
@@ -433,25 +629,12 @@ __global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const FwdArgs 
 #if KCUDA_WGMMA
     if constexpr (D <= 128) {
         using G = WsGeom<D>;
-        const uint32_t j = blockIdx.x % a.kv_heads;
-        const sched_plan_cta_t cta = a.ctas[blockIdx.x / a.kv_heads];
-        const bool small = cta.row_count * a.group <= KCUDA_SMALL_M;
-        if (small && 2 * j >= a.kv_heads)
-            return;
-        const uint32_t n_heads = small ? min(2u, a.kv_heads - 2 * j) : 1;
-        const int n_cons = small ? (int)n_heads : 2;
+        const WsMap<D> mp{smem};
         if (smem_u32(smem) & 1023u)
             __trap(); /* the swizzle needs 1024-byte aligned tiles: a layout bug, never data */
-        int n_tiles = 0;
-        for (uint32_t k = 0; k < cta.seg_count; k++) {
-            const uint32_t len =
-                a.segs[cta.seg_begin + k].kv_end - a.segs[cta.seg_begin + k].kv_begin;
-            n_tiles += len ? (int)((len + G::N - 1) / G::N) : 1;
-        }
-        const uint32_t full = smem_u32(smem) + G::SMEM - G::BAR_BYTES, empty = full + 8 * G::SLOTS;
         if (threadIdx.x < G::SLOTS) {
-            mb_init(full + 8 * threadIdx.x, KCUDA_THREADS);
-            mb_init(empty + 8 * threadIdx.x, n_cons * KCUDA_THREADS);
+            mb_init(mp.full(threadIdx.x), KCUDA_THREADS + 1);
+            mb_init(mp.empty(threadIdx.x), 2 * KCUDA_THREADS);
         }
         __syncthreads(); /* the barriers exist before anyone arrives */
         /* broadcast from lane 0: the compiler then knows it is warp-uniform (descriptors and
@@ -459,24 +642,41 @@ __global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const FwdArgs 
         const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x / KCUDA_THREADS), 0);
         if (wg == 0) {
             ws_regs_producer();
-            ws_produce<T, D>(a, cta, j, small, n_heads, smem, n_tiles);
+            ws_produce<T, D>(a, mp);
             return;
         }
         ws_regs_consumer();
         const int c = wg - 1;
-        if (c >= n_cons)
-            return;
-        const uint32_t head = small ? 2 * j + c : j;
-        const bool pp = KCUDA_WS_PINGPONG && n_cons == 2;
-        ws_consume<T, D>(a, cta, head, small, c, smem, n_tiles, pp);
-        if (a.merge_inside) {
-            /* the merge list in this warpgroup's own Q rows (64c..: no other reads them) */
-            if (small)
-                fwd_arrive_merge<T, D>(a, cta, head, smem + c * 8192, threadIdx.x % KCUDA_THREADS,
-                                       KCUDA_THREADS, 1 + c);
-            else
-                fwd_arrive_merge<T, D>(a, cta, head, smem, threadIdx.x - KCUDA_THREADS,
-                                       2 * KCUDA_THREADS, 3);
+        const bool pp = KCUDA_WS_PINGPONG;
+        if (pp && c == 1)
+            bar_arrive(4, 2 * KCUDA_THREADS); /* consumer 0 issues first */
+        RingPos<G::SLOTS> rp;
+        for (;;) {
+            mb_wait(mp.full(rp.s), rp.ph);
+            volatile uint32_t *w = mp.words(rp.s);
+            const uint32_t b = w[0];
+            if (b == WS_END)
+                break;
+            const int n_tiles = (int)w[1];
+            WsItem it;
+            it.cta.row_begin = w[2];
+            it.cta.row_count = w[3];
+            it.cta.seg_begin = w[4];
+            it.cta.seg_count = w[5];
+            it.j = b % a.kv_heads;
+            it.small = it.cta.row_count * a.group <= KCUDA_SMALL_M;
+            it.n_heads = it.small ? min(2u, a.kv_heads - 2 * it.j) : 1;
+            const bool idle = it.small && (uint32_t)c >= it.n_heads;
+            const uint32_t head = it.small ? 2 * it.j + c : it.j;
+            ws_consume<T, D>(a, it, n_tiles, head, c, idle, mp, rp, pp);
+            if (a.merge_inside && !idle) {
+                if (it.small)
+                    fwd_arrive_merge<T, D>(a, it.cta, head, mp.scratch(c),
+                                           threadIdx.x % KCUDA_THREADS, KCUDA_THREADS, 1 + c);
+                else
+                    fwd_arrive_merge<T, D>(a, it.cta, head, mp.scratch(0),
+                                           threadIdx.x - KCUDA_THREADS, 2 * KCUDA_THREADS, 3);
+            }
         }
         return;
     }

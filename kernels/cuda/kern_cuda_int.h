@@ -46,6 +46,8 @@ struct FwdArgs {
     float *part_o;         /* [slot][D] fp32 */
     float *part_lse;       /* [slot] */
     uint32_t *arrivals;    /* [merge][kv_head]: parts written so far; 0 between launches */
+    uint32_t *work;        /* fwd_pair: [0] items taken, [1] blocks done; 0 between launches */
+    uint32_t n_ctas;
     uint32_t q_heads, kv_heads, group;
     float scale, softcap;
     uint32_t merge_inside; /* 1: the last CTA of a split token merges (KERN_MERGE_INSIDE) */
@@ -106,6 +108,7 @@ struct Lane {
     uint64_t *progress_dev;
     float *part_o, *part_lse;
     uint32_t *arrivals; /* max_tokens x kv_heads, zeroed once; kernels leave them 0 */
+    uint32_t *work;     /* 2 words after the arrivals, likewise (FwdArgs.work) */
     uint8_t *check;     /* kern__plan_check's scratch */
     PlanBuf plan[2];
     int cur;           /* plan[cur] holds the last uploaded plan */
@@ -128,6 +131,7 @@ struct Cuda {
     FwdVariant fwd;       /* the model's dtype and head_dim */
     uint32_t max_m;       /* rows a plan's CTA may have: KCUDA_BIG_M with fwd.pair_fn, else 64 */
     int dt;               /* 0 fp16, 1 bf16 */
+    uint32_t n_sms;       /* fwd_pair's blocks at most: one per SM (or kern_config_t's cap) */
     Lane lane0;           /* kern_append_kv, kern_attend, kern_copy_blocks */
     WaitValue64Fn wait64; /* NULL: the device has no 64-bit stream memory operations */
     WriteValue64Fn write64;

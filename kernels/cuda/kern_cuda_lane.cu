@@ -53,13 +53,14 @@ int lane_init(Cuda *c, Lane *L)
     L->c = c;
     L->base.b = &c->base;
     const uint64_t slots = (uint64_t)(cfg->max_partials ? cfg->max_partials : 1) * m.q_heads;
-    const uint64_t arrivals = (uint64_t)cfg->max_tokens * m.kv_heads * sizeof(uint32_t);
+    const uint64_t arrivals = ((uint64_t)cfg->max_tokens * m.kv_heads + 2) * sizeof(uint32_t);
     if (cudaMalloc(&L->part_o, slots * m.head_dim * sizeof(float)) != cudaSuccess ||
         cudaMalloc(&L->part_lse, slots * sizeof(float)) != cudaSuccess ||
         cudaMalloc(&L->arrivals, arrivals) != cudaSuccess)
         goto nomem; /* device memory may legitimately not suffice: -ENOMEM */
     if (cudaMemset(L->arrivals, 0, arrivals) != cudaSuccess)
         goto io;
+    L->work = L->arrivals + (uint64_t)cfg->max_tokens * m.kv_heads;
     for (PlanBuf &pb : L->plan)
         if (cudaMallocHost(&pb.host, cfg->max_plan_bytes) != cudaSuccess ||
             cudaMalloc(&pb.dev, cfg->max_plan_bytes) != cudaSuccess)

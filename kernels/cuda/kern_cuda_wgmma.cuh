@@ -94,6 +94,26 @@ __device__ __forceinline__ void wg_proxy_fence()
                      : "memory");                                                                  \
     }
 
+/* rsk64: d (64 x 64 fp32) = (acc 0) or += A (64 x 16, registers) . B (16 x 64, K-major) */
+#define KCUDA_WG_RSK64(TY)                                                                         \
+    __device__ __forceinline__ static void rsk64(float(&d)[32], const uint32_t(&a)[4],             \
+                                                 uint64_t db, int acc)                             \
+    {                                                                                              \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                  \
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " "                   \
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                     \
+                     "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "          \
+                     "{%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"                                    \
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),     \
+                       "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),   \
+                       "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),            \
+                       "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),            \
+                       "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]),            \
+                       "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])             \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc)               \
+                     : "memory");                                                                  \
+    }
+
 #define KCUDA_WG_RS128(TY)                                                                         \
     __device__ __forceinline__ static void rs128(float(&d)[64], const uint32_t(&a)[4],             \
                                                  uint64_t db)                                      \
@@ -125,15 +145,18 @@ template <typename T> struct Wg;
 template <> struct Wg<__half> {
     KCUDA_WG_SS64("f16")
     KCUDA_WG_RS64("f16")
+    KCUDA_WG_RSK64("f16")
     KCUDA_WG_RS128("f16")
 };
 template <> struct Wg<__nv_bfloat16> {
     KCUDA_WG_SS64("bf16")
     KCUDA_WG_RS64("bf16")
+    KCUDA_WG_RSK64("bf16")
     KCUDA_WG_RS128("bf16")
 };
 #undef KCUDA_WG_SS64
 #undef KCUDA_WG_RS64
+#undef KCUDA_WG_RSK64
 #undef KCUDA_WG_RS128
 #endif /* KCUDA_WGMMA */
 

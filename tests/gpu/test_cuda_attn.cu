@@ -122,6 +122,9 @@ static void fill(Rig &g, uint32_t layer, uint64_t seed)
     }
 }
 
+/* kern_config_t.pair_blocks of the rigs made now (test_persistent) */
+static uint32_t g_pair_blocks = 0;
+
 static void rig_init(Rig &g, tl_rng_t *r, const Model &mc, sched_policy_t pol, uint32_t split_min,
                      const sched_tiles_t *tiles_over = nullptr,
                      kern_merge_t merge = KERN_MERGE_LAUNCH, kern_fwd_t fwd = KERN_FWD_AUTO)
@@ -136,6 +139,7 @@ static void rig_init(Rig &g, tl_rng_t *r, const Model &mc, sched_policy_t pol, u
     kc.n_threads = 0;
     kc.merge = merge;
     kc.fwd = fwd;
+    kc.pair_blocks = g_pair_blocks;
     REQ(kern_backend_create("cpu", &kc, &g.cpu));
     REQ(kern_backend_create("cuda", &kc, &g.gpu));
     sched_tiles_t tiles;
@@ -366,6 +370,7 @@ static void test_random(int rounds, uint64_t seed, kern_fwd_t fwd = KERN_FWD_AUT
         snprintf(name, sizeof(name), "%s %2d q%u/kv%u d%u %s cap%g: %uq kv<=%u %ug %um",
                  fwd == KERN_FWD_MMA     ? "mma"
                  : fwd == KERN_FWD_LAYER ? "layer"
+                 : g_pair_blocks         ? "few blocks"
                                          : "random",
                  round, mc.q_heads, mc.kv_heads, mc.d, mc.dt == KERN_F16 ? "f16" : "bf16",
                  mc.softcap, g.w.n_q, maxkv, h->n_groups, h->n_merges);
@@ -765,6 +770,20 @@ static void test_tiles()
             " (%g kernels)", used);
 }
 
+/* The persistent forward with 1 and 3 blocks: each block runs many items in a row, big and small
+ * ones mixed, its Q buffers and ring wrapping across items, and the launch counter must be back
+ * at 0 for the next layer's launch (two layers per rig, several rigs per backend config). */
+static void test_persistent(int rounds, uint64_t seed)
+{
+    if (!wide_runs())
+        return;
+    for (uint32_t blocks : {1u, 3u}) {
+        g_pair_blocks = blocks;
+        test_random(rounds, seed + blocks);
+    }
+    g_pair_blocks = 0;
+}
+
 int main(int argc, char **argv)
 {
     const bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
@@ -774,6 +793,7 @@ int main(int argc, char **argv)
         test_random(4, 11);
         test_random(4, 12, KERN_FWD_MMA);
         test_random(8, 13, KERN_FWD_LAYER);
+        test_persistent(3, 14);
         test_mixed(64);
         test_all_split();
         test_tree();
@@ -783,6 +803,7 @@ int main(int argc, char **argv)
         test_random(40, tl_test_seed(0xcafe));
         test_random(20, tl_test_seed(0xbeef), KERN_FWD_MMA);
         test_random(8, tl_test_seed(0xf00d), KERN_FWD_LAYER);
+        test_persistent(8, tl_test_seed(0xd00d));
         test_mixed(0);
         test_mixed(64);
         test_all_split();
