@@ -17,7 +17,7 @@ typedef struct gpu_cost {
 } gpu_cost_t;
 
 static const gpu_cost_t measured[] = {
-    /* NVIDIA H100 80GB HBM3, 2026-11-26, patd-tile-solver on the persistent warp-specialized
+    /* NVIDIA H100 80GB HBM3, 2026-11-25, patd-tile-solver on the persistent warp-specialized
      * default (the non-persistent one: 6.37 us per item) */
     {"H100", 1, {3043.5f, 351.9f, 3.67f, 0, 2.00f}},
     /* NVIDIA H200, 2026-11-25, patd-tile-solver on the warp-specialized default before it was
