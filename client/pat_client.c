@@ -392,6 +392,8 @@ static void watcher_stop(pat_conn_t *c)
     c->watch_efd = -1;
 }
 
+static int attach_unix(pat_conn_t *c, const char *control, int *ret_fd);
+
 int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t why_len)
 {
     char tmp[8];
@@ -462,6 +464,18 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
         rc = -EPROTO;
         goto fail_session;
     }
+    int sfd = -1;
+    if ((rc = attach_unix(c, path, &sfd)) < 0) {
+        snprintf(why, why_len, "ATTACH: %s", c->err[0] ? c->err : pat_strerror(rc));
+        goto fail_session;
+    }
+    if (on_gpu ? sfd >= 0 : sfd < 0) {
+        if (sfd >= 0)
+            close(sfd);
+        snprintf(why, why_len, "ATTACH: the daemon %s a staging fd", on_gpu ? "sent" : "sent no");
+        rc = -EPROTO;
+        goto fail_session;
+    }
     if (on_gpu) {
         if ((rc = ipc_shm_open_at(&c->shm, c->hello.shm_name, c->hello.sig_off,
                                   c->hello.sig_bytes)) < 0) {
@@ -479,9 +493,13 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
             snprintf(why, why_len, "watcher thread: %s", strerror(-rc));
             goto fail_session;
         }
-    } else if ((rc = ipc_shm_open(&c->shm, c->hello.shm_name, c->hello.buf_bytes)) < 0) {
-        snprintf(why, why_len, "mapping staging buffer %s: %s", c->hello.shm_name, strerror(-rc));
-        goto fail_session;
+    } else {
+        rc = ipc_shm_map_fd(&c->shm, sfd, c->hello.buf_bytes);
+        close(sfd);
+        if (rc < 0) {
+            snprintf(why, why_len, "mapping the staging buffer: %s", strerror(-rc));
+            goto fail_session;
+        }
     }
     *ret = c;
     return 0;
@@ -926,6 +944,90 @@ static int admin_call_unix(const char *control, const ipc_buf_t *b, uint64_t cor
     }
     *ret_msg = msg;
     *ret_len = sizeof(h) + h.body_len;
+    return 0;
+}
+
+/* ATTACH on the admin socket right after HELLO: the daemon binds the session to this process as
+ * the kernel names it (SO_PEERCRED; the HELLO's pid is only a claim) and, for a cpu session,
+ * passes its staging buffer by fd (SCM_RIGHTS). 0 with *ret_fd (-1: none came), or a negative
+ * errno (the daemon's detail into c->err). */
+static int attach_unix(pat_conn_t *c, const char *control, int *ret_fd)
+{
+    *ret_fd = -1;
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    admin_path(control, sa.sun_path, sizeof(sa.sun_path));
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+        int rc = -errno;
+        close(fd);
+        set_err(c, "admin socket %s: %s", sa.sun_path, strerror(-rc));
+        return rc;
+    }
+    const uint64_t corr = pat_now_ns(), deadline = corr + (uint64_t)c->timeout_ms * 1000000ull;
+    ipc_buf_t b;
+    ipc_buf_init(&b);
+    ipc_frame_start(&b, IPC_OP_ATTACH, 0, corr, c->session);
+    ipc_frame_set_key(&b, c->hello.key);
+    ipc_frame_finish(&b);
+    int rc = write(fd, b.data, b.len) == (ssize_t)b.len ? 0 : -ECONNRESET;
+    ipc_buf_done(&b);
+    /* the header with the fd beside it (the daemon sends both in one message) */
+    uint8_t msg[sizeof(ipc_hdr_t) + sizeof(ipc_err_body_t)];
+    ipc_hdr_t h;
+    int got_fd = -1;
+    while (rc == 0) {
+        uint64_t now = pat_now_ns();
+        struct pollfd p = {fd, POLLIN, 0};
+        int r = now >= deadline ? 0 : poll(&p, 1, (int)((deadline - now) / 1000000ull) + 1);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            rc = r == 0 ? -ETIMEDOUT : -errno;
+            break;
+        }
+        union {
+            struct cmsghdr h;
+            char buf[CMSG_SPACE(sizeof(int))];
+        } ctl;
+        struct iovec iov = {msg, sizeof(h)};
+        struct msghdr m = {.msg_iov = &iov,
+                           .msg_iovlen = 1,
+                           .msg_control = ctl.buf,
+                           .msg_controllen = sizeof(ctl.buf)};
+        ssize_t k = recvmsg(fd, &m, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+        if (k < 0 && errno == EINTR)
+            continue;
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); k > 0 && cm; cm = CMSG_NXTHDR(&m, cm))
+            if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
+                cm->cmsg_len == CMSG_LEN(sizeof(int)))
+                memcpy(&got_fd, CMSG_DATA(cm), sizeof(int));
+        if (k != (ssize_t)sizeof(h) || (m.msg_flags & MSG_CTRUNC))
+            rc = k < 0 ? -errno : -EBADMSG;
+        break;
+    }
+    if (rc == 0) {
+        memcpy(&h, msg, sizeof(h));
+        if (h.corr != corr || h.body_len > sizeof(ipc_err_body_t))
+            rc = -EBADMSG;
+        else if (h.body_len)
+            rc = read_full(fd, msg + sizeof(h), h.body_len, deadline);
+    }
+    if (rc == 0 && ipc_frame_check(msg, sizeof(h) + h.body_len, 1, &h) < 0)
+        rc = -EBADMSG;
+    if (rc == 0) {
+        const void *body;
+        size_t blen;
+        rc = parse_reply(c, msg, sizeof(h) + h.body_len, &body, &blen);
+    }
+    close(fd);
+    if (rc < 0) {
+        if (got_fd >= 0)
+            close(got_fd);
+        return rc;
+    }
+    *ret_fd = got_fd;
     return 0;
 }
 

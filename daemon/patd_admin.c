@@ -8,6 +8,11 @@
  * only to the daemon's own user, root, or members of daemon.admin_group; read-only ones (STATUS,
  * STATS, SEQS, INFO) are served here too, to anyone the socket's mode lets connect. One request
  * per connection: a 40-byte frame header (admin bodies are empty), one reply frame, close.
+ *
+ * ATTACH is served here only: libpat sends it right after HELLO, with the session's id and key
+ * in the header. The session is bound to the process the kernel names (its pid is watched from
+ * then on, whatever pid the HELLO claimed), and a cpu session's reply carries its staging
+ * buffer, a sealed memfd, by SCM_RIGHTS: the buffer has no name another process could open.
  * Bounded: at most ADMIN_MAX_CONNS connections at once, each closed after ADMIN_IDLE_MS.
  *
  * Thread context: the loop thread.
@@ -106,6 +111,57 @@ static int may_administer(const patd_t *d, const struct ucred *cr)
     return ok;
 }
 
+/* ATTACH: the reply frame (header only), with the staging fd where the session has one. */
+static void attach(patd_admin_conn_t *ac, patd_req_t *rq, const ipc_hdr_t *h)
+{
+    patd_t *d = ac->d;
+    patd_conn_t *c = patd_conn_find(d, h->session);
+    if (!c || c->closing || h->key != c->key) {
+        patd_reply_error(d, rq, -ENOTCONN, "session %016llx unknown (closed or expired)",
+                         (unsigned long long)h->session);
+        return;
+    }
+    int rc = patd_conn_attach(d, c, &ac->cred);
+    if (rc < 0) {
+        patd_reply_error(d, rq, rc, "session %016llx is attached already",
+                         (unsigned long long)h->session);
+        return;
+    }
+    ipc_buf_t b;
+    ipc_buf_init(&b);
+    ipc_frame_start(&b, IPC_OP_ATTACH, IPC_F_REPLY, h->corr, c->session);
+    ipc_frame_finish(&b);
+    const int sfd = ipc_shm_fd(&c->shm);
+    uv_os_fd_t fd;
+    struct iovec iov = {b.data, b.len};
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (sfd >= 0) {
+        memset(&ctl, 0, sizeof(ctl));
+        msg.msg_control = ctl.buf;
+        msg.msg_controllen = sizeof(ctl.buf);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &sfd, sizeof(int));
+    }
+    /* one small message into an empty socket buffer: it does not block */
+    ssize_t n = uv_fileno((uv_handle_t *)&ac->pipe, &fd) < 0
+                    ? -1
+                    : sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n != (ssize_t)b.len)
+        patd_warn("session %016llx: ATTACH reply not sent (%s)", (unsigned long long)c->session,
+                  n < 0 ? strerror(errno) : "short write");
+    else
+        ipc_shm_drop_fd(&c->shm); /* the client has it; the daemon keeps its mapping */
+    ipc_buf_done(&b);
+    conn_close(ac);
+}
+
 static void alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *buf)
 {
     patd_admin_conn_t *ac = h->data;
@@ -133,6 +189,10 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     if (rc < 0) {
         rq.hdr.flags = 0;
         patd_reply_error(d, &rq, rc, "admin frame refused: %s", ipc_err_text(rc));
+        return;
+    }
+    if (h.opcode == IPC_OP_ATTACH) {
+        attach(ac, &rq, &h);
         return;
     }
     if (ipc_op_is_admin(h.opcode) != 1 || h.opcode == IPC_OP_HELLO) {

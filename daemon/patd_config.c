@@ -153,6 +153,10 @@ static const opt_t opts[] = {
      "longest lease a client may ask for in its HELLO (longer asks are cut to this)", NULL, NULL},
     {"limits", "step_timeout_ms", T_U32, F(step_timeout_ms), 10, 3600000, "30000", 1,
      "longest wait for a client's next layer before its step is aborted", NULL, NULL},
+    {"limits", "attach_ms", T_U32, F(attach_ms), 50, 600000, "5000", 1,
+     "a session not attached (the admin socket's ATTACH, which libpat makes right after HELLO) "
+     "this long after its HELLO is closed",
+     NULL, NULL},
 };
 _Static_assert(PAT_ARRAY_SIZE(opts) <= 128, "patd_config_t.set holds 128 bits");
 

@@ -7,7 +7,8 @@
  * executor, the step is told to abort (its wait on the ready word is woken) and the reclaim
  * finishes when the executor gives the step back (patd_step_complete), typically within one
  * wait slice (50 ms). Everything the session held goes: sequences (their block references),
- * the forest and plan arena, the staging buffer and its shm name, the pidfd watch.
+ * the forest and plan arena, the staging buffer, the pidfd watch. A session is bound to its
+ * process at ATTACH (patd_conn_attach, from the admin socket), not by the HELLO's claimed pid.
  *
  * Thread context: the loop thread.
  */
@@ -120,15 +121,8 @@ static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *
 {
     const patd_config_t *cfg = &d->cfg;
     const kern_model_t *m = &d->model;
-    int pidfd = ipc_pidfd_open((int)r->pid);
-    if (pidfd == -ESRCH) {
-        WHY("pid %u is not running (in the daemon's pid namespace)", r->pid);
-        return -EINVAL;
-    }
-    if (pidfd >= 0 && !strcmp(cfg->liveness, "lease")) {
-        close(pidfd);
-        pidfd = -EPERM; /* the operator asked for leases only */
-    }
+    /* the pid in the HELLO is the client's word: it is only logged. The pid watched is the one
+     * the kernel names at ATTACH (patd_conn_attach); until then limits.attach_ms applies */
 
     patd_conn_t *c = pat_xcalloc(1, sizeof(*c));
     c->d = d;
@@ -145,7 +139,7 @@ static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *
         if (getrandom(&c->key, sizeof(c->key), 0) != sizeof(c->key))
             c->key = pat_now_ns() * 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)c;
     c->pid = (pid_t)r->pid;
-    c->pidfd = pidfd >= 0 ? pidfd : -1;
+    c->pidfd = -1;
     uint32_t lease_ms = r->lease_ms ? r->lease_ms : cfg->lease_ms;
     lease_ms = PAT_MIN(PAT_MAX(lease_ms, 100u), cfg->max_lease_ms); /* a lease has bounds */
     c->lease_ns = (uint64_t)lease_ms * 1000000;
@@ -188,32 +182,13 @@ static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *
             goto fail;
         }
     } else {
-        uint64_t tag = 0; /* a name that says nothing about the session id */
-        if (getrandom(&tag, sizeof(tag), 0) != sizeof(tag))
-            tag = pat_now_ns() * 0x9e3779b97f4a7c15ull;
-        snprintf(name, IPC_NAME_LEN, "/patd.%.40s.%016llx", cfg->name, (unsigned long long)tag);
-        if ((rc = ipc_shm_create(&c->shm, name, lay->bytes, cfg->socket_mode, m->n_layers)) < 0) {
-            WHY("staging buffer %s (%llu bytes): %s", name, (unsigned long long)lay->bytes,
-                strerror(-rc));
+        /* a sealed memfd, no name: it reaches its one client by fd at ATTACH */
+        name[0] = 0;
+        if ((rc = ipc_shm_create_memfd(&c->shm, lay->bytes, m->n_layers)) < 0) {
+            WHY("staging buffer (%llu bytes): %s", (unsigned long long)lay->bytes, strerror(-rc));
             rc = -ENOMEM;
             goto fail;
         }
-        if (d->gid != (gid_t)-1) {
-            char path[300];
-            snprintf(path, sizeof(path), "/dev/shm%s", name);
-            if (chown(path, (uid_t)-1, d->gid) < 0)
-                patd_warn("chown %s: %s", path, strerror(errno));
-        }
-    }
-    if (c->pidfd >= 0) {
-        uv_poll_init(&d->loop, &c->pid_poll, c->pidfd);
-        c->pid_poll.data = c;
-        uv_poll_start(&c->pid_poll, UV_READABLE, on_pidfd);
-        c->pid_poll_on = 1;
-    } else {
-        patd_notice("session %016llx: cannot watch pid %u (%s); lease of %llu ms applies",
-                    (unsigned long long)c->session, r->pid, strerror(-pidfd),
-                    (unsigned long long)(c->lease_ns / 1000000));
     }
 
     pat_grow((void **)&d->conns, &d->cap_conns, d->n_conns + 1, sizeof(*d->conns));
@@ -226,8 +201,6 @@ fail:
     sched_free(c->sched);
     pat_map_done(&c->seq_map);
     free(c->seqs);
-    if (c->pidfd >= 0)
-        close(c->pidfd);
     free(c);
     return rc;
 #undef WHY
@@ -278,9 +251,9 @@ int patd_conn_hello(patd_t *d, const ipc_hello_req_t *r, ipc_hello_rep_t *rep, c
     if (rc < 0)
         return rc;
     hello_reply(d, c, name, rep);
-    patd_info("session %016llx: up, pid %u '%s', %u seqs, %u batch tokens, %s liveness",
-              (unsigned long long)c->session, r->pid, c->label, max_seqs, r->max_batch_tokens,
-              c->pidfd >= 0 ? "pidfd" : "lease");
+    patd_info("session %016llx: up, pid %u (claimed) '%s', %u seqs, %u batch tokens; waiting "
+              "for ATTACH",
+              (unsigned long long)c->session, r->pid, c->label, max_seqs, r->max_batch_tokens);
     patd_publish(d, "conn up %016llx pid=%u label=%s", (unsigned long long)c->session, r->pid,
                  c->label);
     return 0;
@@ -357,11 +330,55 @@ void patd_conn_close(patd_conn_t *c, const char *reason)
     patd_conn_reap(c);
 }
 
+/* ATTACH (the admin socket, patd_admin.c): binds the session to the connecting process, as the
+ * kernel names it (cr), and watches that pid. 0, -EALREADY (attached before), or -errno. */
+int patd_conn_attach(patd_t *d, patd_conn_t *c, const struct ucred *cr)
+{
+    if (c->attached)
+        return -EALREADY;
+    c->attached = 1;
+    c->pid = cr->pid;
+    c->uid = cr->uid;
+    int pidfd = ipc_pidfd_open((int)cr->pid);
+    if (pidfd >= 0 && !strcmp(d->cfg.liveness, "lease")) {
+        close(pidfd);
+        pidfd = -EPERM; /* the operator asked for leases only */
+    }
+    c->last_seen_ns = pat_now_ns();
+    if (pidfd >= 0) {
+        c->pidfd = pidfd;
+        uv_poll_init(&d->loop, &c->pid_poll, c->pidfd);
+        c->pid_poll.data = c;
+        uv_poll_start(&c->pid_poll, UV_READABLE, on_pidfd);
+        c->pid_poll_on = 1;
+    } else {
+        patd_notice("session %016llx: cannot watch pid %d (%s); lease of %llu ms applies",
+                    (unsigned long long)c->session, (int)cr->pid, strerror(-pidfd),
+                    (unsigned long long)(c->lease_ns / 1000000));
+    }
+    patd_info("session %016llx: attached by pid %d uid %u, %s liveness",
+              (unsigned long long)c->session, (int)cr->pid, (unsigned)cr->uid,
+              c->pidfd >= 0 ? "pidfd" : "lease");
+    return 0;
+}
+
 void patd_conns_tick(patd_t *d, uint64_t now)
 {
     for (uint32_t i = 0; i < d->n_conns; i++) {
         patd_conn_t *c = d->conns[i];
-        if (c->closing || c->pidfd >= 0)
+        if (c->closing)
+            continue;
+        if (!c->attached) {
+            if (now - c->opened_ns > (uint64_t)d->cfg.attach_ms * 1000000) {
+                patd_notice("session %016llx: not attached within %u ms (limits.attach_ms)",
+                            (unsigned long long)c->session, d->cfg.attach_ms);
+                atomic_fetch_add(&d->m.reclaims_lease, 1);
+                patd_conn_close(c, "never attached");
+                i = (uint32_t)-1;
+            }
+            continue;
+        }
+        if (c->pidfd >= 0)
             continue;
         /* a step in flight counts as activity: the executor watches it */
         if (patd_step_busy(&c->step))

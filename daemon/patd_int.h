@@ -57,8 +57,10 @@ struct patd_conn {
     uint64_t key;     /* 64 random bits: a request acts on the session only with it */
     uint64_t serial;  /* sessions opened before this one + 1 (orders GPU epochs) */
     uint32_t idx;     /* in d->conns */
-    pid_t pid;
-    int pidfd; /* -1: lease mode */
+    pid_t pid;        /* the HELLO's claim until ATTACH, then the kernel's word (SO_PEERCRED) */
+    uid_t uid;        /* SO_PEERCRED at ATTACH */
+    int attached;     /* ATTACH done: steps allowed, pid watched */
+    int pidfd;        /* -1: lease mode, or not attached yet */
     uv_poll_t pid_poll;
     int pid_poll_on;
     uint64_t lease_ns, last_seen_ns, opened_ns;
@@ -176,7 +178,9 @@ int patd_conn_hello(patd_t *d, const ipc_hello_req_t *r, ipc_hello_rep_t *rep, c
 patd_conn_t *patd_conn_find(patd_t *d, uint64_t session);
 void patd_conn_close(patd_conn_t *c, const char *reason); /* reclaim now or once the step ends */
 void patd_conn_reap(patd_conn_t *c);                      /* after the step came back */
-void patd_conns_tick(patd_t *d, uint64_t now);            /* lease expiries */
+struct ucred;
+int patd_conn_attach(patd_t *d, patd_conn_t *c, const struct ucred *cr);
+void patd_conns_tick(patd_t *d, uint64_t now); /* lease expiries */
 
 /* patd_seq.c: a session's sequence table */
 int patd_seq_slot(patd_conn_t *c, uint32_t kv);          /* slot or -ENOENT */

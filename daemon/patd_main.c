@@ -288,6 +288,11 @@ static void handle_frame(patd_t *d, const uint8_t *buf, size_t len, patd_req_t *
         patd_reply_error(d, rq, rc, "%s body refused: %s", ipc_op_name(h.opcode), ipc_err_text(rc));
         return;
     }
+    if (h.opcode == IPC_OP_ATTACH) {
+        patd_reply_error(d, rq, -EOPNOTSUPP, "ATTACH is served on the admin socket %s only",
+                         d->admin_path);
+        return;
+    }
     if (!op_table[h.opcode].fn) {
         patd_reply_error(d, rq, -EOPNOTSUPP, "opcode %u", h.opcode);
         return;

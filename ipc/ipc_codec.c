@@ -185,6 +185,7 @@ int ipc_body_check(uint32_t opcode, const void *body, size_t len)
     case IPC_OP_RELOAD:
     case IPC_OP_INFO:
     case IPC_OP_CHECK:
+    case IPC_OP_ATTACH:
         return need_len(len, 0);
     default:
         return -EOPNOTSUPP;

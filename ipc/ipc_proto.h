@@ -10,17 +10,21 @@
  * Who uses it: the daemon (decode requests, encode replies) and libpat (the reverse). Neither
  * trusts the other's lengths: ipc_frame_check() and the body decoders validate every field.
  *
- * Buffers: HELLO names the buffer kind. POSIX shm (cpu backend): one shm per session holds the
- * signal page and the staging rows. CUDA IPC (cuda backend): the staging rows are a range of one
- * device allocation (a 64-byte IPC handle naming the whole allocation, plus the range's offset),
- * and the signal page with the per-layer 64-bit handshake words is a slice of one shm arena
- * (ipc_shm.h, "GPU sessions").
+ * Buffers: HELLO names the buffer kind. Host memory (cpu backend): one sealed memfd per session
+ * holds the signal page and the staging rows; it has no name, and reaches its client by fd in
+ * the reply to ATTACH, which libpat sends on the admin socket right after HELLO (the kernel
+ * names the caller there: its pid is the one watched, not the HELLO's claim). CUDA IPC (cuda
+ * backend): the staging rows are a range of one device allocation (a 64-byte IPC handle naming the
+ * whole allocation, plus the range's offset), and the signal page with the per-layer 64-bit
+ * handshake words is a slice of one shm arena (ipc_shm.h, "GPU sessions").
  *
  * Version 2 (2026-11): the HELLO reply grew the device range, the signal slice and the GPU's
  * UUID. Version 1 peers are refused with -EPROTONOSUPPORT. Opcodes added later within a version
  * (INFO, CHECK) are refused by an older daemon with -EOPNOTSUPP. DRAIN, RELOAD and CHECK are
  * served on the daemon's admin socket (a Unix stream socket, one frame each way, where the
- * kernel names the caller) and refused on the control socket with -EPERM.
+ * kernel names the caller) and refused on the control socket with -EPERM. Version 3: the
+ * session key. Version 4: ATTACH; a session not attached within limits.attach_ms is closed, and
+ * its STEP_BEGIN is refused with -ENOTCONN until then.
  */
 #ifndef IPC_PROTO_H
 #define IPC_PROTO_H
@@ -34,7 +38,7 @@
 #endif
 
 #define IPC_MAGIC   0x44544150u /* "PATD" read as a little-endian u32 */
-#define IPC_VERSION 3u          /* 3: the session key (2026-11-25) */
+#define IPC_VERSION 4u          /* 4: ATTACH, cpu staging passed by fd (2026-11-25) */
 
 /* Upper bounds of the protocol itself (configs may be lower): they bound what a decoder will
  * even look at before the connection's own limits apply. */
@@ -63,13 +67,15 @@
     X(DRAIN, 19, 1)     /* admin: refuse new work, finish in-flight steps, exit */                 \
     X(RELOAD, 20, 1)    /* admin: re-read the config file (as SIGHUP) */                           \
     X(INFO, 21, 1)      /* admin: the daemon's figures as one ipc_info_rep_t */                    \
-    X(CHECK, 22, 1)     /* admin: the KV pool's invariant check (O(blocks)), text */
+    X(CHECK, 22, 1)     /* admin: the KV pool's invariant check (O(blocks)), text */               \
+    X(ATTACH, 23, 2)    /* admin socket only: bind the session to the caller (SO_PEERCRED), and    \
+                           for a cpu session receive its staging buffer's fd (SCM_RIGHTS) */
 
 typedef enum ipc_op {
 #define IPC_OP_ENUM(name, val, admin) IPC_OP_##name = val,
     IPC_OPCODES(IPC_OP_ENUM)
 #undef IPC_OP_ENUM
-        IPC_OP_MAX = 23
+        IPC_OP_MAX = 24
 } ipc_op_t;
 
 /* Error codes on the wire and from every libpat call: a negative errno with a patd meaning.
@@ -95,7 +101,8 @@ typedef enum ipc_op {
     X(CANCELED, ECANCELED, "step aborted before every layer ran")                                  \
     X(LOST, ECONNRESET, "patd went away (crashed, restarted or stopped); reconnect")               \
     X(NOMEM, ENOMEM, "daemon could not allocate the session's buffers")                            \
-    X(PERM, EPERM, "operation not permitted")
+    X(PERM, EPERM, "operation not permitted")                                                      \
+    X(ATTACHED, EALREADY, "the session is attached already")
 
 /* ------------------------------------------------------------------ header */
 #define IPC_F_REPLY 0x1u /* set on every reply */
@@ -147,10 +154,11 @@ typedef struct ipc_hello_req {
 } ipc_hello_req_t;
 _Static_assert(sizeof(ipc_hello_req_t) == 120, "hello layout");
 
-/* Signal words: see ipc_shm.h. IPC_BUF_SHM: offsets are from the start of the shm named
- * shm_name, whose size is buf_bytes. IPC_BUF_CUDA_IPC: q/k/v/o offsets are from dev_off, the
- * start of this session's range (dev_bytes) inside the allocation ipc_handle names; the signal
- * slice is sig_bytes at sig_off of the shm arena named shm_name. */
+/* Signal words: see ipc_shm.h. IPC_BUF_SHM: offsets are from the start of the staging buffer,
+ * of buf_bytes, whose fd the ATTACH reply carries (shm_name is empty: the buffer has no name).
+ * IPC_BUF_CUDA_IPC: q/k/v/o offsets are from dev_off, the start of this session's range (dev_bytes)
+ * inside the allocation ipc_handle names; the signal slice is sig_bytes at sig_off of the shm arena
+ * named shm_name. */
 typedef struct ipc_hello_rep {
     uint64_t session;
     uint32_t daemon_pid;

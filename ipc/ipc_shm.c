@@ -179,6 +179,86 @@ fail:
     return r;
 }
 
+int ipc_shm_create_memfd(ipc_shm_t *s, size_t bytes, uint32_t n_layers)
+{
+    memset(s, 0, sizeof(*s));
+    if (bytes < IPC_ALIGN)
+        return -EINVAL;
+    int fd = memfd_create("patd-staging", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return -errno;
+    int r = 0;
+    void *p = MAP_FAILED;
+    if (ftruncate(fd, (off_t)bytes) < 0) {
+        r = -errno;
+        goto fail;
+    }
+    if ((r = -posix_fallocate(fd, 0, (off_t)bytes)) < 0) /* every page now: never a SIGBUS */
+        goto fail;
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+        r = -errno;
+        goto fail;
+    }
+    p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        r = -errno;
+        goto fail;
+    }
+    s->base = p;
+    s->bytes = bytes;
+    s->fd1 = fd + 1;
+    snprintf(s->name, sizeof(s->name), "memfd:patd-staging");
+    if ((r = guard_add(s)) < 0) { /* sealed, yet the guard stays: defence in depth */
+        munmap(p, bytes);
+        close(fd);
+        memset(s, 0, sizeof(*s));
+        return r;
+    }
+    ipc_sig_t *g = ipc_shm_sig(s);
+    g->magic = IPC_SIG_MAGIC;
+    g->version = IPC_VERSION;
+    g->n_layers = n_layers;
+    return 0;
+fail:
+    close(fd);
+    return r;
+}
+
+int ipc_shm_fd(const ipc_shm_t *s)
+{
+    return s->fd1 - 1;
+}
+
+void ipc_shm_drop_fd(ipc_shm_t *s)
+{
+    if (s->fd1)
+        close(s->fd1 - 1);
+    s->fd1 = 0;
+}
+
+int ipc_shm_map_fd(ipc_shm_t *s, int fd, size_t bytes)
+{
+    memset(s, 0, sizeof(*s));
+    struct stat st;
+    if (fstat(fd, &st) < 0)
+        return -errno;
+    int seals = fcntl(fd, F_GET_SEALS);
+    if ((uint64_t)st.st_size != bytes || bytes < IPC_ALIGN || seals < 0 ||
+        (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+        return -EBADMSG;
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+        return -errno;
+    s->base = p;
+    s->bytes = bytes;
+    snprintf(s->name, sizeof(s->name), "memfd:patd-staging");
+    if (ipc_shm_sig(s)->magic != IPC_SIG_MAGIC) {
+        ipc_shm_close(s);
+        return -EBADMSG;
+    }
+    return 0;
+}
+
 /* Maps `bytes` at `offset` of an existing buffer whose size must be exactly `bytes` (exact; at
  * least one page) or at least offset + bytes, with the signal magic at the start of the mapping.
  * -EBADMSG for a size or magic that does not fit. The callers have checked name and offset. */
@@ -256,6 +336,7 @@ void ipc_shm_close(ipc_shm_t *s)
         munmap(s->base, s->bytes);
     if (s->owner && s->name[0])
         shm_unlink(s->name);
+    ipc_shm_drop_fd(s);
     memset(s, 0, sizeof(*s));
 }
 

@@ -85,6 +85,7 @@ typedef struct ipc_shm {
     size_t bytes;
     int owner; /* created here: unlinked by ipc_shm_close */
     int guard; /* its slot in the SIGBUS guard + 1, 0: not guarded */
+    int fd1;   /* ipc_shm_create_memfd: its fd + 1 until ipc_shm_drop_fd, 0: none */
     char name[64];
 } ipc_shm_t;
 
@@ -103,6 +104,18 @@ int ipc_shm_guard_hit(const ipc_shm_t *s);
  * allocated (a full /dev/shm is -ENOSPC here, never a SIGBUS later), initialises the signal
  * page. Returns 0, or -errno of shm_open/ftruncate/fallocate/mmap (nothing left behind). */
 int ipc_shm_create(ipc_shm_t *s, const char *name, size_t bytes, unsigned mode, uint32_t n_layers);
+/* Daemon side: the same buffer as an anonymous memfd, sealed against shrinking and growing
+ * (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL): no name another process could open, and its one
+ * client, which receives the fd (ATTACH), can neither truncate nor grow what the daemon maps.
+ * The fd stays in s (ipc_shm_fd) until ipc_shm_drop_fd or close. Returns 0, -errno (ENOMEM,
+ * ENOSPC: the pages could not all be had), nothing left behind. */
+int ipc_shm_create_memfd(ipc_shm_t *s, size_t bytes, uint32_t n_layers);
+int ipc_shm_fd(const ipc_shm_t *s); /* -1: none */
+void ipc_shm_drop_fd(ipc_shm_t *s);
+/* Client side: maps the buffer behind fd (not taken: the caller closes it), which must be
+ * exactly `bytes` long, sealed against shrinking and growing, and carry the signal magic.
+ * Returns 0, -errno, or -EBADMSG (size, seals or magic wrong). */
+int ipc_shm_map_fd(ipc_shm_t *s, int fd, size_t bytes);
 /* Client side: maps an existing buffer, which must be exactly `bytes` long and carry the signal
  * magic. Returns 0, -errno, or -EBADMSG (size or magic wrong). */
 int ipc_shm_open(ipc_shm_t *s, const char *name, size_t bytes);

@@ -383,9 +383,9 @@ static void test_fsize_limit(void **state)
 }
 
 /* With /dev/shm nearly full (a small tmpfs in a private mount namespace, the rest taken by a
- * file), a HELLO whose staging buffer does not fit is refused with the reason, and patd serves
- * on. Staging used to be a sparse file: the HELLO succeeded and the daemon's first write of O
- * into a page tmpfs could not supply killed it with SIGBUS. Needs root (skipped otherwise). */
+ * file), sessions still open and step: staging buffers are memfds now, not files in /dev/shm
+ * (they were a sparse file there once, and a full /dev/shm then killed patd with SIGBUS, later
+ * refused the HELLO). Needs root (skipped otherwise). */
 static void test_shm_full(void **state)
 {
     if (geteuid() != 0 || unshare(CLONE_NEWNS) != 0) {
@@ -416,9 +416,9 @@ static void test_shm_full(void **state)
     for (size_t n = 0; n + sizeof(chunk) <= fill; n += sizeof(chunk))
         assert_int_equal(fwrite(chunk, 1, sizeof(chunk), f), sizeof(chunk));
     assert_int_equal(fclose(f), 0);
-    o.max_batch_tokens = 512; /* ~1.3 MiB of staging rows */
-    assert_int_equal(pat_connect(&o, &c, why, sizeof(why)), -ENOMEM);
-    assert_non_null(strstr(why, "No space left"));
+    o.max_batch_tokens = 512; /* ~1.3 MiB of staging rows: more than /dev/shm has left */
+    assert_int_equal(pat_connect(&o, &c, why, sizeof(why)), 0);
+    pat_close(c);
     /* the bystander steps on, checked */
     tl_seq_t s;
     tl_seq_init(&s);

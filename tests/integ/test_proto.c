@@ -14,7 +14,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
+#include <fcntl.h>
 
 #include <cmocka.h>
 
@@ -28,9 +32,14 @@ static const pat_model_t MODEL = {4, 8, 2, 64, PAT_F16, 16, 0};
 
 static int setup(void **state)
 {
-    static const char *const args[] = {"--max-seq-len=512",           "--conn-max-seqs=8",
-                                       "--conn-max-batch-tokens=256", "--blocks=256",
-                                       "--conn-max-blocks=64",        NULL};
+    /* attach-ms: sessions that never ATTACH go away fast enough to test */
+    static const char *const args[] = {"--max-seq-len=512",
+                                       "--conn-max-seqs=8",
+                                       "--conn-max-batch-tokens=256",
+                                       "--blocks=256",
+                                       "--conn-max-blocks=64",
+                                       "--attach-ms=1000",
+                                       NULL};
     return tl_daemon_start(&D, args);
 }
 
@@ -77,6 +86,63 @@ static void key_keep(const ipc_hello_rep_t *rep)
     g_keys[next++ % (sizeof(g_keys) / sizeof(g_keys[0]))].key = rep->key;
 }
 
+/* 1: raw HELLOs are not attached (test_attach); 0: raw_call attaches each session it opens */
+static int g_no_attach;
+
+/* ATTACH on the admin socket beside D.sock: the answer's code; the fd it carried (or -1) into
+ * *ret_fd when given, else closed. */
+static int raw_attach(uint64_t session, uint64_t key, int *ret_fd)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    size_t n = strlen(D.sock);
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%.*s.admin", (int)(n - 5), D.sock);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    ipc_hdr_t h = {.magic = IPC_MAGIC,
+                   .version = IPC_VERSION,
+                   .opcode = IPC_OP_ATTACH,
+                   .corr = 7,
+                   .session = session,
+                   .key = key};
+    assert_int_equal(write(fd, &h, sizeof(h)), (ssize_t)sizeof(h));
+    uint8_t msg[sizeof(ipc_hdr_t) + sizeof(ipc_err_body_t)];
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    struct iovec iov = {msg, sizeof(msg)};
+    struct msghdr m = {.msg_iov = &iov,
+                       .msg_iovlen = 1,
+                       .msg_control = ctl.buf,
+                       .msg_controllen = sizeof(ctl.buf)};
+    ssize_t k = recvmsg(fd, &m, MSG_CMSG_CLOEXEC);
+    assert_true(k >= (ssize_t)sizeof(ipc_hdr_t));
+    int got = -1;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm))
+        if (cm->cmsg_type == SCM_RIGHTS)
+            memcpy(&got, CMSG_DATA(cm), sizeof(int));
+    ipc_hdr_t r;
+    memcpy(&r, msg, sizeof(r));
+    int code = 0;
+    if (r.flags & IPC_F_ERROR) {
+        while (k < (ssize_t)sizeof(msg)) { /* the error body may come in a second read */
+            ssize_t more = read(fd, msg + k, sizeof(msg) - (size_t)k);
+            assert_true(more > 0);
+            k += more;
+        }
+        ipc_err_body_t e;
+        memcpy(&e, msg + sizeof(r), sizeof(e));
+        code = e.code;
+    }
+    close(fd);
+    if (ret_fd)
+        *ret_fd = got;
+    else if (got >= 0)
+        close(got);
+    return code;
+}
+
 static int raw_call(int s, const void *frame, size_t len, void *body, size_t body_len)
 {
     assert_int_equal(nn_send(s, frame, len, 0), (int)len);
@@ -101,6 +167,8 @@ static int raw_call(int s, const void *frame, size_t len, void *body, size_t bod
         ipc_hello_rep_t rep; /* nanomsg's buffer need not be aligned for it */
         memcpy(&rep, (const uint8_t *)msg + sizeof(h), sizeof(rep));
         key_keep(&rep);
+        if (!g_no_attach)
+            assert_int_equal(raw_attach(rep.session, rep.key, NULL), 0);
     }
     nn_freemsg(msg);
     return code;
@@ -324,7 +392,7 @@ static void m_hello_seqs(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
 static void m_hello_pid(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
 {
     ipc_hello_req_t r = good_hello();
-    r.pid = 0x3ffffff0; /* no such process */
+    r.pid = 0; /* not a process id (another one is only a claim: ATTACH names the real pid) */
     frame_make(f, IPC_OP_HELLO, 0, &r, sizeof(r));
 }
 static void m_hello_label(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
@@ -416,7 +484,7 @@ static const struct {
     {"HELLO wrong model id", m_hello_id, -EMEDIUMTYPE},
     {"HELLO batch tokens over quota", m_hello_quota, -EDQUOT},
     {"HELLO sequences over quota", m_hello_seqs, -EDQUOT},
-    {"HELLO pid not running", m_hello_pid, -EINVAL},
+    {"HELLO pid 0", m_hello_pid, -EINVAL},
     {"HELLO label not terminated", m_hello_label, -EBADMSG},
     {"HELLO body truncated", m_hello_short, -EMSGSIZE},
     {"HELLO with a session", m_hello_session, -EINVAL},
@@ -790,6 +858,61 @@ static void test_end_before_begin_answered(void **state)
     assert_int_equal(tl_daemon_status(&D, "pool_check"), 0);
 }
 
+/* ATTACH: a session is bound to the process the kernel names and gets its staging buffer by fd,
+ * a sealed memfd its client can neither shrink nor grow; until then it cannot step, and a
+ * session never attached (a HELLO with someone else's pid, say) is closed after attach_ms. */
+static void test_attach(void **state)
+{
+    g_no_attach = 1;
+    int s = raw_socket();
+    frame_t f;
+    ipc_hello_req_t r = good_hello();
+    r.pid = 1; /* a claim the daemon no longer acts on */
+    ipc_hello_rep_t rep;
+    frame_make(&f, IPC_OP_HELLO, 0, &r, sizeof(r));
+    assert_int_equal(raw_call(s, f.b, f.len, &rep, sizeof(rep)), 0);
+    assert_int_equal(rep.shm_name[0], 0); /* no name anyone could open */
+    uint32_t ob[2 + 1] = {1, 0, 77};
+    frame_make(&f, IPC_OP_SEQ_OPEN, rep.session, ob, sizeof(ob));
+    ipc_seq_rep_t orep;
+    assert_int_equal(raw_call(s, f.b, f.len, &orep, sizeof(orep)), 0);
+    const uint32_t sn[2] = {orep.seq, 1};
+    step_frame(&f, rep.session, 1, 1, sn, 0);
+    assert_int_equal(raw_call(s, f.b, f.len, NULL, 0), -ENOTCONN);
+    /* on the control socket ATTACH is refused; on the admin socket a wrong key is as unknown */
+    frame_make(&f, IPC_OP_ATTACH, rep.session, NULL, 0);
+    assert_int_equal(raw_call(s, f.b, f.len, NULL, 0), -EOPNOTSUPP);
+    assert_int_equal(raw_attach(rep.session, rep.key ^ 1, NULL), -ENOTCONN);
+    int fd = -1;
+    assert_int_equal(raw_attach(rep.session, rep.key, &fd), 0);
+    assert_true(fd >= 0);
+    struct stat st;
+    assert_int_equal(fstat(fd, &st), 0);
+    assert_int_equal((uint64_t)st.st_size, rep.buf_bytes);
+    assert_int_equal(ftruncate(fd, 4096), -1); /* sealed: the daemon's mapping stays whole */
+    assert_int_equal(errno, EPERM);
+    assert_int_equal(ftruncate(fd, (off_t)rep.buf_bytes * 2), -1);
+    assert_int_equal(errno, EPERM);
+    assert_int_equal(fcntl(fd, F_GET_SEALS) & (F_SEAL_SHRINK | F_SEAL_GROW),
+                     F_SEAL_SHRINK | F_SEAL_GROW);
+    close(fd);
+    assert_int_equal(raw_attach(rep.session, rep.key, NULL), -EALREADY);
+    /* four sessions claiming pid 1, never attached: gone after attach_ms (1 s here) */
+    uint64_t gone[4];
+    for (int i = 0; i < 4; i++) {
+        frame_make(&f, IPC_OP_HELLO, 0, &r, sizeof(r));
+        assert_int_equal(raw_call(s, f.b, f.len, &rep, sizeof(rep)), 0);
+        gone[i] = rep.session;
+    }
+    usleep(1600 * 1000);
+    for (int i = 0; i < 4; i++) {
+        frame_make(&f, IPC_OP_PING, gone[i], NULL, 0);
+        assert_int_equal(raw_call(s, f.b, f.len, NULL, 0), -ENOTCONN);
+    }
+    g_no_attach = 0;
+    nn_close(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -799,6 +922,7 @@ int main(void)
         cmocka_unit_test(test_block_quota),
         cmocka_unit_test(test_end_before_begin_answered),
         cmocka_unit_test(test_hello_bounds_and_resends),
+        cmocka_unit_test(test_attach),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
