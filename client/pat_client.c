@@ -469,17 +469,16 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
         snprintf(why, why_len, "ATTACH: %s", c->err[0] ? c->err : pat_strerror(rc));
         goto fail_session;
     }
-    if (on_gpu ? sfd >= 0 : sfd < 0) {
-        if (sfd >= 0)
-            close(sfd);
-        snprintf(why, why_len, "ATTACH: the daemon %s a staging fd", on_gpu ? "sent" : "sent no");
+    if (sfd < 0) {
+        snprintf(why, why_len, "ATTACH: the daemon sent no buffer fd");
         rc = -EPROTO;
         goto fail_session;
     }
     if (on_gpu) {
-        if ((rc = ipc_shm_open_at(&c->shm, c->hello.shm_name, c->hello.sig_off,
-                                  c->hello.sig_bytes)) < 0) {
-            snprintf(why, why_len, "mapping signal words %s: %s", c->hello.shm_name, strerror(-rc));
+        rc = ipc_shm_map_fd_at(&c->shm, sfd, c->hello.sig_off, c->hello.sig_bytes);
+        close(sfd);
+        if (rc < 0) {
+            snprintf(why, why_len, "mapping the signal words: %s", strerror(-rc));
             goto fail_session;
         }
         if ((rc = pat__gpu_open(c->hello.dev_uuid, c->hello.ipc_handle, c->hello.dev_off,

@@ -131,7 +131,9 @@ static void attach(patd_admin_conn_t *ac, patd_req_t *rq, const ipc_hdr_t *h)
     ipc_buf_init(&b);
     ipc_frame_start(&b, IPC_OP_ATTACH, IPC_F_REPLY, h->corr, c->session);
     ipc_frame_finish(&b);
-    const int sfd = ipc_shm_fd(&c->shm);
+    /* a GPU session's fd: the signal arena (kept for the next ones), a cpu session's: its own
+     * staging buffer (dropped once sent) */
+    const int sfd = c->gpu ? ipc_shm_fd(&d->garena) : ipc_shm_fd(&c->shm);
     uv_os_fd_t fd;
     struct iovec iov = {b.data, b.len};
     union {
@@ -156,7 +158,7 @@ static void attach(patd_admin_conn_t *ac, patd_req_t *rq, const ipc_hdr_t *h)
     if (n != (ssize_t)b.len)
         patd_warn("session %016llx: ATTACH reply not sent (%s)", (unsigned long long)c->session,
                   n < 0 ? strerror(errno) : "short write");
-    else
+    else if (!c->gpu)
         ipc_shm_drop_fd(&c->shm); /* the client has it; the daemon keeps its mapping */
     ipc_buf_done(&b);
     conn_close(ac);

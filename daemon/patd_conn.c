@@ -171,7 +171,7 @@ static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *
         goto fail;
     }
     if (d->gpu) {
-        snprintf(name, IPC_NAME_LEN, "%s", d->garena.name);
+        name[0] = 0; /* the arena's fd comes with ATTACH */
         if ((rc = patd_gpu_conn_open(d, c, lay->bytes)) < 0) {
             if (rc == -ENOMEM)
                 WHY("staging rows of %u tokens (%llu bytes) do not fit what is left of the "

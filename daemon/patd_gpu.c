@@ -2,7 +2,7 @@
  * patd_gpu.c — what the cuda backend adds to the daemon (DESIGN.md §2): the MPS check, the two
  * arenas every GPU session takes a piece of, and one kern lane per executor.
  *
- *   signal arena   one POSIX shm of max_conns slices (ipc_gsig_bytes each), mapped into the
+ *   signal arena   one sealed memfd of max_conns slices (ipc_gsig_bytes each), mapped into the
  *                  device once at start (d->sized.max_conns: a reload cannot raise the limit
  *                  past it); a session's handshake words live in its slice, so the
  *                  daemon's CPU can always store to them (releasing a wait without a stream)
@@ -12,8 +12,10 @@
  * Both are allocated once, so a HELLO or a reclaim makes no CUDA call at all: no allocation that
  * could fail late, no cudaFree that could synchronise behind a stalled client's wait, nothing on
  * the loop thread that touches a stream. The price: every client of one daemon can map the whole
- * staging allocation and the whole signal arena (one IPC handle names all of it), so one daemon
- * serves one trust domain; separate tenants get separate daemons (README, deployment).
+ * staging allocation (one IPC handle names all of it) and every attached client gets the whole
+ * signal arena's fd (no name: members of the socket group who never attached cannot open it;
+ * sealed: no client can shrink it under the device's mapping), so one daemon serves one trust
+ * domain; separate tenants get separate daemons (README, deployment).
  *
  * Thread context: start/stop on the main thread before/after the loop; conn_open/close on the
  * loop thread; check_fatal anywhere.
@@ -56,18 +58,11 @@ int patd_gpu_start(patd_t *d, uint32_t n_exec)
     char name[IPC_NAME_LEN];
     snprintf(name, sizeof(name), "/patd.%.40s.gsig", cfg->name);
     ipc_shm_sweep(name); /* a crashed predecessor's arena */
-    rc = ipc_shm_create(&d->garena, name, d->gslice * cfg->max_conns, cfg->socket_mode,
-                        d->model.n_layers);
+    rc = ipc_shm_create_memfd(&d->garena, d->gslice * cfg->max_conns, d->model.n_layers);
     if (rc < 0) {
-        patd_err("cuda: signal arena %s (%llu bytes): %s", name,
+        patd_err("cuda: signal arena (%llu bytes): %s",
                  (unsigned long long)(d->gslice * cfg->max_conns), strerror(-rc));
         return rc;
-    }
-    if (d->gid != (gid_t)-1) {
-        char path[300];
-        snprintf(path, sizeof(path), "/dev/shm%s", name);
-        if (chown(path, (uid_t)-1, d->gid) < 0)
-            patd_warn("chown %s: %s", path, strerror(errno));
     }
     void *dev = NULL;
     if ((rc = kern_host_map(d->be, d->garena.base, d->garena.bytes, &dev)) < 0) {

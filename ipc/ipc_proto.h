@@ -157,8 +157,8 @@ _Static_assert(sizeof(ipc_hello_req_t) == 120, "hello layout");
 /* Signal words: see ipc_shm.h. IPC_BUF_SHM: offsets are from the start of the staging buffer,
  * of buf_bytes, whose fd the ATTACH reply carries (shm_name is empty: the buffer has no name).
  * IPC_BUF_CUDA_IPC: q/k/v/o offsets are from dev_off, the start of this session's range (dev_bytes)
- * inside the allocation ipc_handle names; the signal slice is sig_bytes at sig_off of the shm arena
- * named shm_name. */
+ * inside the allocation ipc_handle names; the signal slice is sig_bytes at sig_off of the
+ * daemon's signal arena, a sealed memfd whose fd the ATTACH reply carries (shm_name is empty). */
 typedef struct ipc_hello_rep {
     uint64_t session;
     uint32_t daemon_pid;

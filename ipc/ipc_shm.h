@@ -116,6 +116,9 @@ void ipc_shm_drop_fd(ipc_shm_t *s);
  * exactly `bytes` long, sealed against shrinking and growing, and carry the signal magic.
  * Returns 0, -errno, or -EBADMSG (size, seals or magic wrong). */
 int ipc_shm_map_fd(ipc_shm_t *s, int fd, size_t bytes);
+/* The same for `bytes` at `offset` (page-aligned) of a sealed buffer at least offset + bytes
+ * long (a GPU session's signal slice of the daemon's arena). */
+int ipc_shm_map_fd_at(ipc_shm_t *s, int fd, uint64_t offset, size_t bytes);
 /* Client side: maps an existing buffer, which must be exactly `bytes` long and carry the signal
  * magic. Returns 0, -errno, or -EBADMSG (size or magic wrong). */
 int ipc_shm_open(ipc_shm_t *s, const char *name, size_t bytes);
