@@ -153,6 +153,10 @@ static const opt_t opts[] = {
      "longest lease a client may ask for in its HELLO (longer asks are cut to this)", NULL, NULL},
     {"limits", "step_timeout_ms", T_U32, F(step_timeout_ms), 10, 3600000, "30000", 1,
      "longest wait for a client's next layer before its step is aborted", NULL, NULL},
+    {"limits", "stall_cut_ms", T_U32, F(stall_cut_ms), 0, 3600000, "250", 1,
+     "a GPU step whose client hands no layer over this long while other steps wait for an "
+     "executor is cut (its client gets -ETIMEDOUT); 0: only step_timeout_ms cuts",
+     NULL, NULL},
     {"limits", "attach_ms", T_U32, F(attach_ms), 50, 600000, "5000", 1,
      "a session not attached (the admin socket's ATTACH, which libpat makes right after HELLO) "
      "this long after its HELLO is closed",

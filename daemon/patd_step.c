@@ -619,13 +619,16 @@ static void pause_us(uint32_t us)
 }
 
 /* Waits until the lane has finished `target` layers. 0, -ECANCELED (abort from the loop),
- * -ETIMEDOUT (no progress for step_timeout_ms: the client stalled). Polls host memory: spins
+ * -ETIMEDOUT (no progress for step_timeout_ms: the client stalled), -EAGAIN (no progress for
+ * stall_cut_ms while other steps wait for an executor: a GPU step holds its executor until it
+ * ends, so a stalled client is cut rather than let it stall the others). Polls host memory: spins
  * for 50 us after progress moved (the next layer usually follows within a hand-off), then naps
  * 10 us, and 100 us after a millisecond without progress. */
 static int lane_wait(patd_t *d, patd_conn_t *c, kern_lane_t *lane, uint64_t target,
                      uint32_t exec_id)
 {
     const uint64_t limit = (uint64_t)d->cfg.step_timeout_ms * 1000000ull;
+    const uint64_t cut = (uint64_t)d->cfg.stall_cut_ms * 1000000ull;
     uint64_t seen = kern_lane_progress(lane), t_moved = pat_now_ns();
     for (uint32_t spins = 0;; spins++) {
         uint64_t p = kern_lane_progress(lane);
@@ -640,6 +643,8 @@ static int lane_wait(patd_t *d, patd_conn_t *c, kern_lane_t *lane, uint64_t targ
             return -ECANCELED;
         if (now - t_moved > limit)
             return -ETIMEDOUT;
+        if (cut && now - t_moved > cut && (spins & 63) == 0 && patd_exec_waiting(&d->exec))
+            return -EAGAIN;
         if (now - t_moved < 50000ull)
             __builtin_ia32_pause();
         else
@@ -766,11 +771,17 @@ static void step_run_gpu(patd_t *d, patd_conn_t *c, uint32_t exec_id)
                 __atomic_store_n(&done[l], 0, __ATOMIC_RELEASE);
         }
     }
+    if (wr == -EAGAIN) {
+        patd_notice("session %016llx: no layer handed over for %u ms (after %u of %u) while "
+                    "other steps wait for an executor (limits.stall_cut_ms); cutting the step",
+                    (unsigned long long)c->session, d->cfg.stall_cut_ms, ran, nl);
+        wr = -ETIMEDOUT;
+    } else if (wr == -ETIMEDOUT) {
+        patd_notice("session %016llx: no layer handed over for %u ms (after %u of %u); "
+                    "releasing the step's waits",
+                    (unsigned long long)c->session, d->cfg.step_timeout_ms, ran, nl);
+    }
     if (wr < 0) {
-        if (wr == -ETIMEDOUT)
-            patd_notice("session %016llx: no layer handed over for %u ms (after %u of %u); "
-                        "releasing the step's waits",
-                        (unsigned long long)c->session, d->cfg.step_timeout_ms, ran, nl);
         gpu_cut(d, c, lane, epoch, wr, exec_id);
         if (st->err == 0)
             st->err = wr;

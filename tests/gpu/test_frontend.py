@@ -10,6 +10,10 @@ PyTorch frontends in other processes (client/python/examples/llama_patd.py), und
              clean) and a fresh client still gets steps through (no lane left blocked)
   graph      a decode step captured in a CUDA graph (hand-offs included) and replayed gives the
              same logits as the eager step, bit for bit
+  arena      the signal arena is sized at start: a reload cannot raise max_conns past it
+  stall      two sessions begin a step and hand no layer over, on a daemon of two executors: a
+             third client's checked steps go on, and the stalled steps are cut after
+             limits.stall_cut_ms (their STEP_END says -ETIMEDOUT), not after step_timeout_ms
 
 Run by tests/gpu/run.sh (which starts MPS). Prints "N passed, N failed"; exit 1 on any failure.
 """
@@ -310,7 +314,56 @@ def test_arena(model, sock, bin_path):
         d.wait(20)
 
 
-TESTS = [("e2e", test_e2e), ("kill", test_kill), ("graph", test_graph), ("arena", test_arena)]
+def test_stall(model, sock, bin_path):
+    rundir = tempfile.mkdtemp(prefix="patd-stall-")
+    d, s2 = start_daemon(bin_path, rundir, ["--name=stall", "--executors=2",
+                                            "--step-timeout-ms=30000", "--stall-cut-ms=200"])
+    sig = CFG.patd_model()
+    stallers = []
+    fe = None
+    try:
+        fe = Frontend(model, s2, slots=4)  # joined and warmed up before anyone stalls
+        for p in shared_prompts(2, random.Random(5), vocab=CFG.vocab):
+            fe.join(p)
+        fe.step()
+        for i in range(2):
+            c = patd.Conn(sig, max_batch_tokens=64, socket=s2, label="staller")
+            prompt = [11, 12, 13, 14 + i]
+            sid, _ = c.seq_open(prompt)
+            c.step_begin([sid], [len(prompt)], prompt)  # and never a layer
+            stallers.append(c)
+        time.sleep(0.3)  # both stalled steps are on the two executors by now
+        t0 = time.time()
+        for _ in range(4):
+            fe.step()
+        dt = time.time() - t0
+        print("stall: 4 steps of a bystander beside 2 stalled sessions on 2 executors: %.2f s"
+              % dt)
+        assert fe.worst < 1e-2
+        # without the cut the first of them waits for step_timeout_ms (30 s)
+        assert dt < 8.0, "the bystander waited %.1f s behind stalled steps" % dt
+        log = open(os.path.join(rundir, "patd.log")).read()
+        assert "limits.stall_cut_ms" in log, "no stalled step was cut"
+        cut = 0
+        for c in stallers:  # a cut step ends with ETIMEDOUT, one never cut is aborted here
+            try:
+                c.step_end()
+            except patd.PatError as e:
+                assert e.errno == errno.ETIMEDOUT, e
+                cut += 1
+        print("stall: %d of 2 stalled steps cut" % cut)
+        assert cut >= 1
+    finally:
+        if fe:
+            fe.close()
+        for c in stallers:
+            c.close()
+        d.send_signal(signal.SIGTERM)
+        d.wait(20)
+
+
+TESTS = [("e2e", test_e2e), ("kill", test_kill), ("graph", test_graph), ("arena", test_arena),
+         ("stall", test_stall)]
 
 
 def main():
