@@ -906,21 +906,32 @@ static void admin_path(const char *control, char *out, size_t len)
         snprintf(out, len, "%s.admin", control);
 }
 
+/* A connected stream socket to the admin socket beside a control socket (its path into sa):
+ * the fd, or a negative errno (connect's). */
+static int admin_connect(const char *control, struct sockaddr_un *sa)
+{
+    *sa = (struct sockaddr_un){.sun_family = AF_UNIX};
+    admin_path(control, sa->sun_path, sizeof(sa->sun_path));
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    if (connect(fd, (struct sockaddr *)sa, sizeof(*sa)) < 0) {
+        int rc = -errno;
+        close(fd);
+        return rc;
+    }
+    return fd;
+}
+
 /* One request frame (b, correlation id corr) on the admin socket, where the daemon knows who
  * asks (SO_PEERCRED): the reply frame, malloc'd. */
 static int admin_call_unix(const char *control, const ipc_buf_t *b, uint64_t corr,
                            uint32_t timeout_ms, void **ret_msg, size_t *ret_len)
 {
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    admin_path(control, sa.sun_path, sizeof(sa.sun_path));
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa;
+    int fd = admin_connect(control, &sa);
     if (fd < 0)
-        return -errno;
-    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-        int rc = -errno;
-        close(fd);
-        return rc == -ECONNREFUSED || rc == -ENOENT ? -ENOENT : rc;
-    }
+        return fd == -ECONNREFUSED || fd == -ENOENT ? -ENOENT : fd;
     const uint64_t deadline = pat_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     int rc = write(fd, b->data, b->len) == (ssize_t)b->len ? 0 : -ECONNRESET;
     ipc_hdr_t h;
@@ -953,16 +964,11 @@ static int admin_call_unix(const char *control, const ipc_buf_t *b, uint64_t cor
 static int attach_unix(pat_conn_t *c, const char *control, int *ret_fd)
 {
     *ret_fd = -1;
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    admin_path(control, sa.sun_path, sizeof(sa.sun_path));
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -errno;
-    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-        int rc = -errno;
-        close(fd);
-        set_err(c, "admin socket %s: %s", sa.sun_path, strerror(-rc));
-        return rc;
+    struct sockaddr_un sa;
+    int fd = admin_connect(control, &sa);
+    if (fd < 0) {
+        set_err(c, "admin socket %s: %s", sa.sun_path, strerror(-fd));
+        return fd;
     }
     const uint64_t corr = pat_now_ns(), deadline = corr + (uint64_t)c->timeout_ms * 1000000ull;
     ipc_buf_t b;

@@ -134,6 +134,26 @@ int ipc_shm_guard_hit(const ipc_shm_t *s)
 
 /* ------------------------------------------------------------------ buffers */
 
+/* The daemon's new buffer mapped at p: registered with the SIGBUS guard and its signal page
+ * initialised. 0, or the guard's error with p unmapped and s cleared (the caller drops the fd or
+ * name). */
+static int buf_adopt(ipc_shm_t *s, void *p, size_t bytes, uint32_t n_layers)
+{
+    s->base = p;
+    s->bytes = bytes;
+    int r = guard_add(s);
+    if (r < 0) {
+        munmap(p, bytes);
+        memset(s, 0, sizeof(*s));
+        return r;
+    }
+    ipc_sig_t *g = ipc_shm_sig(s);
+    g->magic = IPC_SIG_MAGIC;
+    g->version = IPC_VERSION;
+    g->n_layers = n_layers;
+    return 0;
+}
+
 int ipc_shm_create(ipc_shm_t *s, const char *name, size_t bytes, unsigned mode, uint32_t n_layers)
 {
     memset(s, 0, sizeof(*s));
@@ -158,21 +178,11 @@ int ipc_shm_create(ipc_shm_t *s, const char *name, size_t bytes, unsigned mode, 
         goto fail;
     }
     close(fd);
-    s->base = p;
-    s->bytes = bytes;
     s->owner = 1;
     snprintf(s->name, sizeof(s->name), "%s", name);
-    if ((r = guard_add(s)) < 0) {
-        munmap(p, bytes);
+    if ((r = buf_adopt(s, p, bytes, n_layers)) < 0)
         shm_unlink(name);
-        memset(s, 0, sizeof(*s));
-        return r;
-    }
-    ipc_sig_t *g = ipc_shm_sig(s);
-    g->magic = IPC_SIG_MAGIC;
-    g->version = IPC_VERSION;
-    g->n_layers = n_layers;
-    return 0;
+    return r;
 fail:
     close(fd);
     shm_unlink(name);
@@ -204,21 +214,11 @@ int ipc_shm_create_memfd(ipc_shm_t *s, size_t bytes, uint32_t n_layers)
         r = -errno;
         goto fail;
     }
-    s->base = p;
-    s->bytes = bytes;
     s->fd1 = fd + 1;
     snprintf(s->name, sizeof(s->name), "memfd:patd-staging");
-    if ((r = guard_add(s)) < 0) { /* sealed, yet the guard stays: defence in depth */
-        munmap(p, bytes);
+    if ((r = buf_adopt(s, p, bytes, n_layers)) < 0) /* sealed, yet guarded: defence in depth */
         close(fd);
-        memset(s, 0, sizeof(*s));
-        return r;
-    }
-    ipc_sig_t *g = ipc_shm_sig(s);
-    g->magic = IPC_SIG_MAGIC;
-    g->version = IPC_VERSION;
-    g->n_layers = n_layers;
-    return 0;
+    return r;
 fail:
     close(fd);
     return r;
