@@ -13,7 +13,9 @@
  * in the header. The session is bound to the process the kernel names (its pid is watched from
  * then on, whatever pid the HELLO claimed), and a cpu session's reply carries its staging
  * buffer, a sealed memfd, by SCM_RIGHTS: the buffer has no name another process could open.
- * Bounded: at most ADMIN_MAX_CONNS connections at once, each closed after ADMIN_IDLE_MS.
+ * Bounded: at most PATD_ADMIN_MAX_CONNS connections at once and PATD_ADMIN_PER_UID from one
+ * user (the kernel's word), each closed after ADMIN_IDLE_MS: one user's idle connections cannot
+ * keep another's ATTACH out.
  *
  * Thread context: the loop thread.
  */
@@ -29,8 +31,7 @@
 #include "patd_log.h"
 #include "pat_base.h"
 
-#define ADMIN_MAX_CONNS 16u
-#define ADMIN_IDLE_MS   5000u
+#define ADMIN_IDLE_MS 5000u
 
 typedef struct patd_admin_conn {
     uv_pipe_t pipe;
@@ -39,6 +40,7 @@ typedef struct patd_admin_conn {
     uint8_t buf[sizeof(ipc_hdr_t)];
     size_t len;
     struct ucred cred;
+    int slot;             /* in d->admin_uid, -1: none */
     int closing, handles; /* handles still open (pipe, timer) */
 } patd_admin_conn_t;
 
@@ -47,6 +49,8 @@ static void conn_freed(uv_handle_t *h)
     patd_admin_conn_t *ac = h->data;
     if (--ac->handles == 0) {
         ac->d->n_admin--;
+        if (ac->slot >= 0)
+            ac->d->admin_used[ac->slot] = 0;
         free(ac);
     }
 }
@@ -224,6 +228,7 @@ static void on_connection(uv_stream_t *server, int status)
         return;
     patd_admin_conn_t *ac = pat_xcalloc(1, sizeof(*ac));
     ac->d = d;
+    ac->slot = -1;
     uv_pipe_init(&d->loop, &ac->pipe, 0);
     uv_timer_init(&d->loop, &ac->timer);
     ac->pipe.data = ac->timer.data = ac;
@@ -235,11 +240,32 @@ static void on_connection(uv_stream_t *server, int status)
     }
     uv_os_fd_t fd;
     socklen_t sl = sizeof(ac->cred);
-    if (d->n_admin > ADMIN_MAX_CONNS || uv_fileno((uv_handle_t *)&ac->pipe, &fd) < 0 ||
+    if (uv_fileno((uv_handle_t *)&ac->pipe, &fd) < 0 ||
         getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &ac->cred, &sl) < 0) {
         conn_close(ac);
         return;
     }
+    uint32_t same = 0;
+    int free_slot = -1;
+    for (uint32_t i = 0; i < PATD_ADMIN_MAX_CONNS; i++) {
+        if (!d->admin_used[i])
+            free_slot = free_slot < 0 ? (int)i : free_slot;
+        else
+            same += d->admin_uid[i] == ac->cred.uid;
+    }
+    if (free_slot < 0 || same >= PATD_ADMIN_PER_UID) {
+        if (same >= PATD_ADMIN_PER_UID && !d->admin_uid_warned) {
+            patd_notice("admin: uid %u holds %u connections (the most one user may); further "
+                        "ones are closed at once",
+                        (unsigned)ac->cred.uid, same);
+            d->admin_uid_warned = 1;
+        }
+        conn_close(ac);
+        return;
+    }
+    ac->slot = free_slot;
+    d->admin_used[free_slot] = 1;
+    d->admin_uid[free_slot] = ac->cred.uid;
     uv_timer_start(&ac->timer, on_idle, ADMIN_IDLE_MS, 0);
     uv_read_start((uv_stream_t *)&ac->pipe, alloc_cb, on_read);
 }

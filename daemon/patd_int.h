@@ -51,6 +51,11 @@ typedef struct patd_seq {
     uint32_t blocks;    /* blocks this sequence's table holds (for the quota) */
 } patd_seq_t;
 
+/* admin socket: connections at once, and from one uid (a member of the socket group who holds
+ * idle connections takes no ATTACH slot from another user) */
+#define PATD_ADMIN_MAX_CONNS 64u
+#define PATD_ADMIN_PER_UID   4u
+
 struct patd_conn {
     patd_t *d;
     uint64_t session; /* instance's top 32 bits | 32 random bits */
@@ -122,7 +127,11 @@ struct patd {
     uv_pipe_t admin;
     int admin_on;
     uint32_t n_admin; /* its connections now */
-    gid_t admin_gid;  /* daemon.admin_group; (gid_t)-1 when none */
+    /* the uid of each open admin connection's peer, by slot (admin_used); patd_admin.c */
+    uid_t admin_uid[PATD_ADMIN_MAX_CONNS];
+    uint8_t admin_used[PATD_ADMIN_MAX_CONNS];
+    int admin_uid_warned; /* the per-uid cap was logged once */
+    gid_t admin_gid;      /* daemon.admin_group; (gid_t)-1 when none */
     void (*admin_dispatch)(patd_t *d, patd_req_t *rq, const ipc_hdr_t *h);
     gid_t gid;
 

@@ -485,6 +485,99 @@ static void test_nofile_limit(void **state)
     tl_daemon_stop(&d);
 }
 
+/* A connection to d's admin socket, held open: its fd. */
+static int admin_hold(const tl_daemon_t *d)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    size_t n = strlen(d->sock);
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%.*s.admin", (int)(n - 5), d->sock);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    return fd;
+}
+
+/* One session as another user (nobody, in a forked child that drops root): connect (HELLO,
+ * ATTACH) and one checked step. The child's exit status: 0 when all went right. */
+static int step_as_nobody(const tl_daemon_t *d)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (setgroups(0, NULL) || setgid(65534) || setuid(65534))
+            _exit(2);
+        pat_connect_opts_t o = {.size = sizeof(o),
+                                .max_batch_tokens = 64,
+                                .max_seqs = 4,
+                                .timeout_ms = 10000,
+                                .socket = d->sock,
+                                .model = MODEL};
+        pat_conn_t *c = NULL;
+        char why[256];
+        if (pat_connect(&o, &c, why, sizeof(why)) != 0) {
+            fprintf(stderr, "nobody: %s\n", why);
+            _exit(3);
+        }
+        tl_seq_t s;
+        tl_seq_init(&s);
+        for (uint32_t t = 0; t < 8; t++)
+            tl_seq_push(&s, 60 + t);
+        tl_seq_t *ps = &s;
+        tl_rng_t rng;
+        tl_rng_seed(&rng, 4);
+        tl_step_result_t r;
+        int ok = tl_seq_open(c, &s) == 0 && tl_client_step(c, &MODEL, &ps, 1, &rng, 1, &r) == 0 &&
+                 r.worst < 1e-2;
+        pat_close(c);
+        _exit(ok ? 0 : 4);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 100;
+}
+
+/* ATTACH is served on the admin socket, whose connections are bounded: one user holding idle
+ * connections (up to PATD_ADMIN_PER_UID = 4 of them) cannot keep another user's sessions from
+ * attaching; its own next connection is closed at once. Needs root (skipped otherwise). */
+static void test_admin_per_uid(void **state)
+{
+    if (geteuid() != 0) {
+        printf("not root: skipped\n");
+        return;
+    }
+    static const char *const open_args[] = {"--socket-mode=0666", NULL};
+    tl_daemon_t d;
+    assert_int_equal(tl_daemon_start(&d, open_args), 0);
+    chmod(d.dir, 0755);
+    int held[4];
+    for (int i = 0; i < 4; i++)
+        held[i] = admin_hold(&d);
+    usleep(100 * 1000); /* accepted by the daemon's loop */
+    /* a fifth from this uid: closed at once, so this uid's own session cannot attach */
+    int fifth = admin_hold(&d);
+    char b;
+    assert_int_equal(read(fifth, &b, 1), 0);
+    close(fifth);
+    pat_connect_opts_t o = {.size = sizeof(o),
+                            .max_batch_tokens = 64,
+                            .timeout_ms = 3000,
+                            .socket = d.sock,
+                            .model = MODEL};
+    pat_conn_t *c = NULL;
+    char why[256];
+    assert_true(pat_connect(&o, &c, why, sizeof(why)) < 0);
+    assert_non_null(strstr(why, "ATTACH"));
+    /* another user attaches and steps meanwhile */
+    assert_int_equal(step_as_nobody(&d), 0);
+    for (int i = 0; i < 4; i++)
+        close(held[i]);
+    usleep(100 * 1000);
+    assert_int_equal(pat_connect(&o, &c, why, sizeof(why)), 0);
+    pat_close(c);
+    assert_int_equal(tl_daemon_signal_wait(&d, SIGTERM, 5000), 0);
+    tl_daemon_stop(&d);
+}
+
 /* Who may change the daemon: DRAIN, RELOAD and CHECK go to the admin socket, where the kernel
  * names the caller; on the control socket (nanomsg cannot tell who sent a frame) they are
  * refused. Another user (nobody, via setpriv) may read the status but not reload, check or
@@ -621,6 +714,7 @@ int main(void)
         cmocka_unit_test(test_shm_full),
         cmocka_unit_test(test_nofile_limit),
         cmocka_unit_test(test_admin_rights),
+        cmocka_unit_test(test_admin_per_uid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
