@@ -25,6 +25,9 @@
 #include "patd_log.h"
 #include "pat_base.h"
 
+/* an unattached session this old may be closed to make room for a new HELLO */
+#define EVICT_AFTER_NS (200ull * 1000000ull)
+
 patd_conn_t *patd_conn_find(patd_t *d, uint64_t session)
 {
     for (uint32_t i = 0; i < d->n_conns; i++)
@@ -245,6 +248,25 @@ int patd_conn_hello(patd_t *d, const ipc_hello_req_t *r, ipc_hello_rep_t *rep, c
     uint32_t max_seqs;
     patd_conn_t *c;
     char name[IPC_NAME_LEN];
+    if (d->n_conns >= d->cfg.max_conns) {
+        /* a full table: the oldest session that never attached (HELLOs that claim someone
+         * else's pid, say) makes room. A client that attaches does so within milliseconds of
+         * its HELLO, so only sessions older than EVICT_AFTER_NS are taken. */
+        const uint64_t now = pat_now_ns();
+        patd_conn_t *old = NULL;
+        for (uint32_t i = 0; i < d->n_conns; i++) {
+            patd_conn_t *x = d->conns[i];
+            if (!x->attached && !x->closing && now - x->opened_ns > EVICT_AFTER_NS &&
+                (!old || x->opened_ns < old->opened_ns))
+                old = x;
+        }
+        if (old) {
+            patd_notice("session %016llx: never attached; closed to make room for a HELLO",
+                        (unsigned long long)old->session);
+            atomic_fetch_add(&d->m.reclaims_lease, 1);
+            patd_conn_close(old, "evicted: never attached");
+        }
+    }
     int rc = hello_validate(d, r, &lay, &max_seqs, why, why_len);
     if (rc == 0)
         rc = conn_create(d, r, &lay, max_seqs, &c, name, why, why_len);
