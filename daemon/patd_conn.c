@@ -25,7 +25,9 @@
 #include "patd_log.h"
 #include "pat_base.h"
 
-/* an unattached session this old may be closed to make room for a new HELLO */
+/* sessions waiting for their ATTACH at once, and the age at which one may be closed to make
+ * room in a full table (patd_conn_hello) */
+#define MAX_UNATTACHED 8u
 #define EVICT_AFTER_NS (200ull * 1000000ull)
 
 patd_conn_t *patd_conn_find(patd_t *d, uint64_t session)
@@ -248,19 +250,24 @@ int patd_conn_hello(patd_t *d, const ipc_hello_req_t *r, ipc_hello_rep_t *rep, c
     uint32_t max_seqs;
     patd_conn_t *c;
     char name[IPC_NAME_LEN];
-    if (d->n_conns >= d->cfg.max_conns) {
-        /* a full table: the oldest session that never attached (HELLOs that claim someone
-         * else's pid, say) makes room. A client that attaches does so within milliseconds of
-         * its HELLO, so only sessions older than EVICT_AFTER_NS are taken. */
+    {
+        /* Sessions that never attached (HELLOs that claim someone else's pid, say) make room:
+         * at most MAX_UNATTACHED wait for their ATTACH at once, and a full table takes the
+         * oldest one older than EVICT_AFTER_NS. A client attaches within milliseconds of its
+         * HELLO, so a flood of forged HELLOs must outpace that to keep it out. */
         const uint64_t now = pat_now_ns();
         patd_conn_t *old = NULL;
+        uint32_t waiting = 0;
         for (uint32_t i = 0; i < d->n_conns; i++) {
             patd_conn_t *x = d->conns[i];
-            if (!x->attached && !x->closing && now - x->opened_ns > EVICT_AFTER_NS &&
-                (!old || x->opened_ns < old->opened_ns))
+            if (x->attached || x->closing)
+                continue;
+            waiting++;
+            if (!old || x->opened_ns < old->opened_ns)
                 old = x;
         }
-        if (old) {
+        if (old && (waiting >= MAX_UNATTACHED ||
+                    (d->n_conns >= d->cfg.max_conns && now - old->opened_ns > EVICT_AFTER_NS))) {
             patd_notice("session %016llx: never attached; closed to make room for a HELLO",
                         (unsigned long long)old->session);
             atomic_fetch_add(&d->m.reclaims_lease, 1);
