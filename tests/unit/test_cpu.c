@@ -3,9 +3,11 @@
  * reference over each query's logical KV, on random forests (depth 1-5, fan-out 1-64, KV lengths
  * up to 4K, partial last blocks), decode and extend (causal) rows, every head_dim, dtypes fp16,
  * bf16 and fp32, GQA groups 1-16 (non powers of two too), per-layer scale, softcap; outputs
- * poisoned before each run and checked fully written. Also: the semantics of empty ranges and
- * fully masked merges (0, never NaN), copy-on-write block copies, thread-count independence,
- * and every error code of the interface.
+ * poisoned before each run and checked fully written, pool slots outside every query's KV
+ * poisoned with large K and V. Also: TREE plans of many segments per CTA on 16 and 32 workers
+ * (bitwise equal to one worker), the semantics of empty ranges and fully masked merges (0, never
+ * NaN), copy-on-write block copies, thread-count independence, and every error code of the
+ * interface.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -101,25 +103,36 @@ static void fill_pool(rig_t *g, uint32_t layer, uint64_t seed)
     }
 }
 
-static void rig_init(rig_t *g, tl_rng_t *r, const mcase_t *mc, sched_policy_t pol,
-                     uint32_t split_min, uint32_t threads)
+/* Large K and V in every slot of `layer` that no query's logical KV covers (the tails of partial
+ * last blocks, blocks no query uses): a backend that lets a position outside [kv_begin,
+ * min(kv_end, limit)) into a row's softmax fails the float64 check, whatever the memory held. */
+static void poison_unwritten(rig_t *g, uint32_t layer)
 {
-    g->mc = *mc;
-    sched_config_t sc = {.max_queries = g->w.n_q,
-                         .max_tokens = g->w.n_tokens,
-                         .block_size = BS,
-                         .q_heads = mc->q_heads,
-                         .kv_heads = mc->kv_heads,
-                         .head_dim = mc->d,
-                         .kv_elt_bytes = esz(mc->dt),
-                         .policy = pol,
-                         .split_min_kv = split_min};
-    assert_int_equal(sched_create(&sc, &g->s), 0);
-    for (uint32_t i = 0; i < g->w.n_q; i++) {
-        const tl_query_t *q = &g->w.q[i];
-        sched_query_t v = {q->blocks, q->n_blocks, q->kv_len, q->n_new, q->tok_off};
-        assert_int_equal(sched_forest_join(sched_forest(g->s), i, &v), 0);
+    const mcase_t *m = &g->mc;
+    uint32_t n_slots = g->w.next_block * BS;
+    uint8_t *used = calloc(n_slots, 1);
+    for (uint32_t i = 0; i < g->w.n_q; i++)
+        for (uint32_t t = 0; t < g->w.q[i].kv_len; t++)
+            used[g->w.q[i].blocks[t / BS] * BS + t % BS] = 1;
+    uint64_t row = (uint64_t)m->kv_heads * m->d;
+    uint8_t *k = malloc(row * esz(m->dt)), *v = malloc(row * esz(m->dt));
+    for (uint64_t e = 0; e < row; e++) {
+        kern_store(m->dt, k, e, (float)(4.0 * tl_kv_value(g->seed, (uint32_t)e, 0, 0, 0, 2)));
+        kern_store(m->dt, v, e, 50.0f);
     }
+    for (uint32_t slot = 0; slot < n_slots; slot++)
+        if (!used[slot])
+            assert_int_equal(kern_append_kv(g->b, layer, k, v, &slot, 1), 0);
+    free(k);
+    free(v);
+    free(used);
+}
+
+/* g->b: a backend of `threads` workers (0: one per online CPU) holding the world's KV, layer 1 from
+ * g->seed, its unwritten slots poisoned. */
+static void rig_backend(rig_t *g, uint32_t threads)
+{
+    const mcase_t *mc = &g->mc;
     kern_config_t kc = {.model = {.n_layers = LAYERS,
                                   .q_heads = mc->q_heads,
                                   .kv_heads = mc->kv_heads,
@@ -131,9 +144,37 @@ static void rig_init(rig_t *g, tl_rng_t *r, const mcase_t *mc, sched_policy_t po
                         .max_partials = 8 * g->w.n_tokens + 64,
                         .n_threads = threads};
     assert_int_equal(kern_backend_create("cpu", &kc, &g->b), 0);
-    g->seed = tl_rng_u64(r);
     fill_pool(g, 0, g->seed ^ 0x5555); /* layer 0 holds different KV: offsets must be right */
     fill_pool(g, 1, g->seed);
+    poison_unwritten(g, 1);
+}
+
+/* tiles: the scheduler's table (NULL: its default); split_factor: the scheduler's (0: its
+ * default) */
+static void rig_init_tiles(rig_t *g, tl_rng_t *r, const mcase_t *mc, sched_policy_t pol,
+                           uint32_t split_min, uint32_t split_factor, uint32_t threads,
+                           const sched_tiles_t *tiles)
+{
+    g->mc = *mc;
+    sched_config_t sc = {.max_queries = g->w.n_q,
+                         .max_tokens = g->w.n_tokens,
+                         .block_size = BS,
+                         .q_heads = mc->q_heads,
+                         .kv_heads = mc->kv_heads,
+                         .head_dim = mc->d,
+                         .kv_elt_bytes = esz(mc->dt),
+                         .policy = pol,
+                         .tiles = tiles,
+                         .split_min_kv = split_min,
+                         .split_factor = split_factor};
+    assert_int_equal(sched_create(&sc, &g->s), 0);
+    for (uint32_t i = 0; i < g->w.n_q; i++) {
+        const tl_query_t *q = &g->w.q[i];
+        sched_query_t v = {q->blocks, q->n_blocks, q->kv_len, q->n_new, q->tok_off};
+        assert_int_equal(sched_forest_join(sched_forest(g->s), i, &v), 0);
+    }
+    g->seed = tl_rng_u64(r);
+    rig_backend(g, threads);
     g->q_elems = (uint64_t)g->w.n_tokens * mc->q_heads * mc->d;
     g->q = malloc(g->q_elems * esz(mc->dt));
     g->o = malloc(g->q_elems * esz(mc->dt));
@@ -141,6 +182,12 @@ static void rig_init(rig_t *g, tl_rng_t *r, const mcase_t *mc, sched_policy_t po
     for (uint64_t i = 0; i < g->q_elems; i++)
         kern_store(mc->dt, g->q, i, (float)(amp * tl_rng_unit(r)));
     g->scale = 1.0 / sqrt((double)mc->d) * (0.5 + (tl_rng_unit(r) + 1.0) / 2.0);
+}
+
+static void rig_init(rig_t *g, tl_rng_t *r, const mcase_t *mc, sched_policy_t pol,
+                     uint32_t split_min, uint32_t threads)
+{
+    rig_init_tiles(g, r, mc, pol, split_min, 0, threads, NULL);
 }
 
 static void rig_done(rig_t *g)
@@ -276,6 +323,82 @@ static void test_random_forests_vs_fp64(void **state)
         rig_done(&g);
     }
     assert_true(merges_seen > 4 && direct_seen > 4 && segs_seen > 4);
+}
+
+/* TREE plans of the shapes tests/gpu/test_cuda_attn.cu's test_tree() builds on an H100 (--quick):
+ * MHA at d 256 and d 128, up to 24 queries of short shared nodes, CTAs of <= 16 rows reading ~15
+ * segments each, unsplit and split along KV (merges), on 16 and 32 workers, each plan run 7
+ * times. Every token of every run matches the float64 reference (the GPU test checks a sample of
+ * 8 queries against it, every token only against this backend) and is bitwise equal to a
+ * 1-worker run; the pool's unwritten slots are poisoned (rig_backend). */
+static void test_tree_plans_many_threads_vs_fp64(void **state)
+{
+    static const mcase_t mha[] = {
+        {16, 16, 256, KERN_BF16, 20}, /* test_tree's "tree q16/kv16 d256" */
+        {32, 32, 128, KERN_F16, 0},   /* its "tree q32/kv32 d128" */
+    };
+    static const uint32_t workers[] = {16, 32};
+    tl_rng_t r;
+    tl_rng_seed(&r, tl_test_seed(1234));
+    uint32_t multi_seg = 0, merged = 0;
+    for (int k = 0; k < 8; k++) {
+        const mcase_t *mc = &mha[k % 2];
+        const int split = (k / 2) % 2;
+        const uint32_t threads = workers[k / 4];
+        /* CTAs of at most 16 rows (what the H100's time model picks for these worlds), 64-token
+         * KV tiles */
+        const sched_tiles_t tiles = {
+            .n_m = 1, .m = {16}, .n_n = 1, .n = {64}, .n_upto = {UINT32_MAX}};
+        rig_t g;
+        memset(&g, 0, sizeof(g));
+        tl_world_params_t p = {.bs = BS,
+                               .trees = 1 + k % 2,
+                               .depth_lo = 1,
+                               .depth_hi = 4,
+                               .fanout_lo = 2,
+                               .fanout_hi = 12,
+                               .level_tok_lo = 1,
+                               .level_tok_hi = 64,
+                               .leaf_tok_lo = 1,
+                               .leaf_tok_hi = 64,
+                               .new_lo = 1,
+                               .new_hi = k % 3 == 2 ? 5 : 1,
+                               .max_queries = 24,
+                               .spare_blocks = 2};
+        tl_world_gen(&g.w, &r, &p);
+        /* split: every CTA longer than the mean (and 64 tokens) is cut along KV (TREE plans are
+         * never fill-split), its parts merged */
+        rig_init_tiles(&g, &r, mc, SCHED_POLICY_TREE, split ? 64 : 0, split ? 1 : 0, threads,
+                       &tiles);
+        const sched_plan_hdr_t *h;
+        assert_int_equal(sched_build(g.s, &h), 0);
+        multi_seg += h->n_segs > h->n_ctas;
+        merged += h->n_merges > 0;
+        const uint64_t bytes = g.q_elems * esz(mc->dt);
+        run_layer1(&g);
+        double err = check_outputs(&g);
+        if (err >= tol(mc->dt))
+            fprintf(
+                stderr,
+                "tree %d: q%u/kv%u d%u, %u workers, %u CTAs %u segments %u merges: rel err %.3g\n",
+                k, mc->q_heads, mc->kv_heads, mc->d, threads, h->n_ctas, h->n_segs, h->n_merges,
+                err);
+        assert_true(err < tol(mc->dt));
+        uint8_t *first = malloc(bytes);
+        memcpy(first, g.o, bytes);
+        for (int rep = 0; rep < 6; rep++) {
+            run_layer1(&g);
+            assert_memory_equal(g.o, first, bytes);
+        }
+        /* the same pool contents on one worker */
+        kern_backend_free(g.b);
+        rig_backend(&g, 1);
+        run_layer1(&g);
+        assert_memory_equal(g.o, first, bytes);
+        free(first);
+        rig_done(&g);
+    }
+    assert_true(multi_seg >= 6 && merged >= 1); /* seeds 1-16: 8 and >= 2 */
 }
 
 /* Same plan and inputs with 1 and 3 threads, and the plan copied elsewhere: bitwise identical
@@ -555,6 +678,7 @@ int main(void)
         cmocka_unit_test(test_copy_blocks),
         cmocka_unit_test(test_threads_and_plan_copies_do_not_change_results),
         cmocka_unit_test(test_random_forests_vs_fp64),
+        cmocka_unit_test(test_tree_plans_many_threads_vs_fp64),
     };
     return cmocka_run_group_tests_name("cpu backend", tests, NULL, NULL);
 }
