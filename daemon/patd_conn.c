@@ -367,7 +367,6 @@ int patd_conn_attach(patd_t *d, patd_conn_t *c, const struct ucred *cr)
         return -EALREADY;
     c->attached = 1;
     c->pid = cr->pid;
-    c->uid = cr->uid;
     int pidfd = ipc_pidfd_open((int)cr->pid);
     if (pidfd >= 0 && !strcmp(d->cfg.liveness, "lease")) {
         close(pidfd);

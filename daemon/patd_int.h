@@ -63,7 +63,6 @@ struct patd_conn {
     uint64_t serial;  /* sessions opened before this one + 1 (orders GPU epochs) */
     uint32_t idx;     /* in d->conns */
     pid_t pid;        /* the HELLO's claim until ATTACH, then the kernel's word (SO_PEERCRED) */
-    uid_t uid;        /* SO_PEERCRED at ATTACH */
     int attached;     /* ATTACH done: steps allowed, pid watched */
     int pidfd;        /* -1: lease mode, or not attached yet */
     uv_poll_t pid_poll;

@@ -134,61 +134,6 @@ int ipc_shm_guard_hit(const ipc_shm_t *s)
 
 /* ------------------------------------------------------------------ buffers */
 
-/* The daemon's new buffer mapped at p: registered with the SIGBUS guard and its signal page
- * initialised. 0, or the guard's error with p unmapped and s cleared (the caller drops the fd or
- * name). */
-static int buf_adopt(ipc_shm_t *s, void *p, size_t bytes, uint32_t n_layers)
-{
-    s->base = p;
-    s->bytes = bytes;
-    int r = guard_add(s);
-    if (r < 0) {
-        munmap(p, bytes);
-        memset(s, 0, sizeof(*s));
-        return r;
-    }
-    ipc_sig_t *g = ipc_shm_sig(s);
-    g->magic = IPC_SIG_MAGIC;
-    g->version = IPC_VERSION;
-    g->n_layers = n_layers;
-    return 0;
-}
-
-int ipc_shm_create(ipc_shm_t *s, const char *name, size_t bytes, unsigned mode, uint32_t n_layers)
-{
-    memset(s, 0, sizeof(*s));
-    if (strlen(name) >= sizeof(s->name) || name[0] != '/' || bytes < IPC_ALIGN)
-        return -EINVAL;
-    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, (mode_t)mode);
-    if (fd < 0)
-        return -errno;
-    int r = 0;
-    /* shm_open applies the umask; the configured mode is what the operator asked for */
-    if (fchmod(fd, (mode_t)mode) < 0 || ftruncate(fd, (off_t)bytes) < 0) {
-        r = -errno;
-        goto fail;
-    }
-    /* every page now: tmpfs would otherwise hand them out at first touch, and a full /dev/shm
-     * would then be a SIGBUS in the middle of a step */
-    if ((r = -posix_fallocate(fd, 0, (off_t)bytes)) < 0)
-        goto fail;
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-        r = -errno;
-        goto fail;
-    }
-    close(fd);
-    s->owner = 1;
-    snprintf(s->name, sizeof(s->name), "%s", name);
-    if ((r = buf_adopt(s, p, bytes, n_layers)) < 0)
-        shm_unlink(name);
-    return r;
-fail:
-    close(fd);
-    shm_unlink(name);
-    return r;
-}
-
 int ipc_shm_create_memfd(ipc_shm_t *s, size_t bytes, uint32_t n_layers)
 {
     memset(s, 0, sizeof(*s));
@@ -214,11 +159,19 @@ int ipc_shm_create_memfd(ipc_shm_t *s, size_t bytes, uint32_t n_layers)
         r = -errno;
         goto fail;
     }
+    s->base = p;
+    s->bytes = bytes;
+    if ((r = guard_add(s)) < 0) { /* sealed, yet guarded: defence in depth */
+        munmap(p, bytes);
+        memset(s, 0, sizeof(*s));
+        goto fail;
+    }
     s->fd1 = fd + 1;
-    snprintf(s->name, sizeof(s->name), "memfd:patd-staging");
-    if ((r = buf_adopt(s, p, bytes, n_layers)) < 0) /* sealed, yet guarded: defence in depth */
-        close(fd);
-    return r;
+    ipc_sig_t *g = ipc_shm_sig(s);
+    g->magic = IPC_SIG_MAGIC;
+    g->version = IPC_VERSION;
+    g->n_layers = n_layers;
+    return 0;
 fail:
     close(fd);
     return r;
@@ -252,7 +205,6 @@ static int map_fd(ipc_shm_t *s, int fd, uint64_t offset, size_t bytes, int exact
         return -errno;
     s->base = p;
     s->bytes = bytes;
-    snprintf(s->name, sizeof(s->name), "memfd:patd-staging");
     if (ipc_shm_sig(s)->magic != IPC_SIG_MAGIC) {
         ipc_shm_close(s);
         return -EBADMSG;
@@ -270,59 +222,6 @@ int ipc_shm_map_fd_at(ipc_shm_t *s, int fd, uint64_t offset, size_t bytes)
     if (offset > UINT64_MAX - bytes)
         return -EINVAL;
     return map_fd(s, fd, offset, bytes, 0);
-}
-
-/* Maps `bytes` at `offset` of an existing buffer whose size must be exactly `bytes` (exact; at
- * least one page) or at least offset + bytes, with the signal magic at the start of the mapping.
- * -EBADMSG for a size or magic that does not fit. The callers have checked name and offset. */
-static int shm_map(ipc_shm_t *s, const char *name, uint64_t offset, size_t bytes, int exact)
-{
-    int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
-    if (fd < 0)
-        return -errno;
-    struct stat st;
-    int r = 0;
-    if (fstat(fd, &st) < 0) {
-        r = -errno;
-        goto out;
-    }
-    if (exact ? (uint64_t)st.st_size != bytes || bytes < IPC_ALIGN
-              : (uint64_t)st.st_size < offset + bytes) {
-        r = -EBADMSG;
-        goto out;
-    }
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)offset);
-    if (p == MAP_FAILED) {
-        r = -errno;
-        goto out;
-    }
-    s->base = p;
-    s->bytes = bytes;
-    snprintf(s->name, sizeof(s->name), "%s", name);
-    if (ipc_shm_sig(s)->magic != IPC_SIG_MAGIC) {
-        ipc_shm_close(s);
-        r = -EBADMSG;
-    }
-out:
-    close(fd);
-    return r;
-}
-
-int ipc_shm_open(ipc_shm_t *s, const char *name, size_t bytes)
-{
-    memset(s, 0, sizeof(*s));
-    if (strnlen(name, sizeof(s->name)) >= sizeof(s->name) || name[0] != '/')
-        return -EINVAL;
-    return shm_map(s, name, 0, bytes, 1);
-}
-
-int ipc_shm_open_at(ipc_shm_t *s, const char *name, uint64_t offset, size_t bytes)
-{
-    memset(s, 0, sizeof(*s));
-    if (strnlen(name, sizeof(s->name)) >= sizeof(s->name) || name[0] != '/' || offset % IPC_ALIGN ||
-        bytes < IPC_ALIGN || offset > UINT64_MAX - bytes)
-        return -EINVAL;
-    return shm_map(s, name, offset, bytes, 0);
 }
 
 uint64_t ipc_gsig_bytes(uint32_t n_layers)
@@ -347,8 +246,6 @@ void ipc_shm_close(ipc_shm_t *s)
     guard_remove(s);
     if (s->base)
         munmap(s->base, s->bytes);
-    if (s->owner && s->name[0])
-        shm_unlink(s->name);
     ipc_shm_drop_fd(s);
     memset(s, 0, sizeof(*s));
 }

@@ -83,16 +83,14 @@ int ipc_layout_compute(uint32_t max_tokens, uint32_t q_heads, uint32_t kv_heads,
 typedef struct ipc_shm {
     void *base;
     size_t bytes;
-    int owner; /* created here: unlinked by ipc_shm_close */
     int guard; /* its slot in the SIGBUS guard + 1, 0: not guarded */
     int fd1;   /* ipc_shm_create_memfd: its fd + 1 until ipc_shm_drop_fd, 0: none */
-    char name[64];
 } ipc_shm_t;
 
 /* The SIGBUS guard (daemon side). A client that holds its buffer's fd can ftruncate it: the
  * daemon's next access past the new end would raise SIGBUS and kill the daemon. With the guard
- * installed, every buffer ipc_shm_create makes is registered; a SIGBUS inside one replaces the
- * faulting page of the daemon's mapping with a private zero page (the access completes, on data
+ * installed, every buffer ipc_shm_create_memfd makes is registered; a SIGBUS inside one replaces
+ * the faulting page of the daemon's mapping with a private zero page (the access completes, on data
  * that no longer reaches the client) and marks the buffer, which ipc_shm_guard_hit then reports.
  * A SIGBUS anywhere else keeps its default action. install: once, before any buffer is made;
  * 0 or -errno. */
@@ -100,13 +98,10 @@ int ipc_shm_guard_install(void);
 /* 1 once a fault inside s was absorbed (the buffer is no longer shared with its client), else 0 */
 int ipc_shm_guard_hit(const ipc_shm_t *s);
 
-/* Daemon side: creates (O_EXCL) and maps a zeroed buffer of `bytes` with `mode`, every page
- * allocated (a full /dev/shm is -ENOSPC here, never a SIGBUS later), initialises the signal
- * page. Returns 0, or -errno of shm_open/ftruncate/fallocate/mmap (nothing left behind). */
-int ipc_shm_create(ipc_shm_t *s, const char *name, size_t bytes, unsigned mode, uint32_t n_layers);
-/* Daemon side: the same buffer as an anonymous memfd, sealed against shrinking and growing
- * (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL): no name another process could open, and its one
- * client, which receives the fd (ATTACH), can neither truncate nor grow what the daemon maps.
+/* Daemon side: maps a zeroed buffer of `bytes`, every page allocated (no SIGBUS later for want
+ * of memory), and initialises the signal page. An anonymous memfd, sealed against shrinking and
+ * growing (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL): no name another process could open, and its
+ * one client, which receives the fd (ATTACH), can neither truncate nor grow what the daemon maps.
  * The fd stays in s (ipc_shm_fd) until ipc_shm_drop_fd or close. Returns 0, -errno (ENOMEM,
  * ENOSPC: the pages could not all be had), nothing left behind. */
 int ipc_shm_create_memfd(ipc_shm_t *s, size_t bytes, uint32_t n_layers);
@@ -119,15 +114,8 @@ int ipc_shm_map_fd(ipc_shm_t *s, int fd, size_t bytes);
 /* The same for `bytes` at `offset` (page-aligned) of a sealed buffer at least offset + bytes
  * long (a GPU session's signal slice of the daemon's arena). */
 int ipc_shm_map_fd_at(ipc_shm_t *s, int fd, uint64_t offset, size_t bytes);
-/* Client side: maps an existing buffer, which must be exactly `bytes` long and carry the signal
- * magic. Returns 0, -errno, or -EBADMSG (size or magic wrong). */
-int ipc_shm_open(ipc_shm_t *s, const char *name, size_t bytes);
-/* Unmaps; unlinks the name if this side created it. Accepts a zeroed struct. */
+/* Unmaps; closes the fd it still holds. Accepts a zeroed struct. */
 void ipc_shm_close(ipc_shm_t *s);
-/* Client side: maps `bytes` at `offset` (page-aligned) of an existing buffer, which must be at
- * least offset + bytes long and carry the signal magic there (a GPU session's signal slice).
- * Returns 0, -errno, -EINVAL, or -EBADMSG. */
-int ipc_shm_open_at(ipc_shm_t *s, const char *name, uint64_t offset, size_t bytes);
 
 /* Bytes of a GPU session's signal slice for n_layers (a multiple of IPC_ALIGN), 0 if too many. */
 uint64_t ipc_gsig_bytes(uint32_t n_layers);
@@ -144,8 +132,8 @@ static inline uint64_t *ipc_gsig_done(void *slice, uint32_t n_layers)
                         ((uint64_t)n_layers * 8 + IPC_ALIGN - 1) / IPC_ALIGN * IPC_ALIGN);
 }
 
-/* Unlinks every /dev/shm entry whose name starts with prefix (stale buffers of a crashed
- * daemon). Returns how many. */
+/* Unlinks every /dev/shm entry whose name starts with prefix (stale named buffers a crashed
+ * daemon left: the GPU arena of versions before protocol 4). Returns how many. */
 int ipc_shm_sweep(const char *prefix);
 
 static inline ipc_sig_t *ipc_shm_sig(const ipc_shm_t *s)

@@ -1,14 +1,16 @@
 /*
  * test_ipc.c — the wire codec and the shared staging buffers, without a daemon: every header
- * and body rule of ipc_codec.c against hand-made frames; the error table; shm create/open/
- * sweep; futex signal words between two processes.
+ * and body rule of ipc_codec.c against hand-made frames; the error table; sealed memfd buffers
+ * (create, map by fd), the sweep of stale named ones; futex signal words between two processes.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -117,13 +119,14 @@ static void test_shm_and_signals(void **state)
     assert_true(l.k_off >= l.q_off + 100 * l.q_row);
     assert_true(l.bytes >= l.o_off + 100 * l.q_row);
     assert_int_equal(ipc_layout_compute(0, 8, 2, 64, 2, &l), -E2BIG);
-    char name[64];
-    snprintf(name, sizeof(name), "/patd.unittest.%d", (int)getpid());
     ipc_shm_t a, b;
-    assert_int_equal(ipc_shm_create(&a, name, l.bytes, 0600, 4), 0);
-    assert_int_equal(ipc_shm_create(&b, name, l.bytes, 0600, 4), -EEXIST);
-    assert_int_equal(ipc_shm_open(&b, name, l.bytes + 4096), -EBADMSG); /* wrong size */
-    assert_int_equal(ipc_shm_open(&b, name, l.bytes), 0);
+    assert_int_equal(ipc_shm_create_memfd(&a, l.bytes, 4), 0);
+    const int fd = ipc_shm_fd(&a);
+    assert_true(fd >= 0);
+    assert_int_equal(ipc_shm_map_fd(&b, fd, l.bytes + 4096), -EBADMSG); /* wrong size */
+    assert_int_equal(ftruncate(fd, (off_t)l.bytes / 2), -1);            /* sealed */
+    assert_int_equal(errno, EPERM);
+    assert_int_equal(ipc_shm_map_fd(&b, fd, l.bytes), 0);
     assert_int_equal(ipc_shm_sig(&b)->n_layers, 4);
     ipc_sig_t *g = ipc_shm_sig(&a);
     /* a child waits for ready == 3 and answers done = 3 */
@@ -151,13 +154,16 @@ static void test_shm_and_signals(void **state)
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     assert_int_equal(ipc_sig_wait(&g->done, 3, 1000000ull), -ETIMEDOUT);
     ipc_shm_close(&b);
-    /* the sweep removes what a crashed owner left */
-    char prefix[64];
-    snprintf(prefix, sizeof(prefix), "/patd.unittest.%d", (int)getpid());
-    a.owner = 0; /* pretend the owner crashed */
     ipc_shm_close(&a);
-    assert_int_equal(ipc_shm_sweep(prefix), 1);
-    assert_int_equal(ipc_shm_open(&b, name, l.bytes), -ENOENT);
+    /* the sweep removes the named buffers a crashed daemon of an older version left */
+    char name[64];
+    snprintf(name, sizeof(name), "/patd.unittest.%d", (int)getpid());
+    int nfd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    assert_true(nfd >= 0);
+    close(nfd);
+    assert_int_equal(ipc_shm_sweep(name), 1);
+    assert_int_equal(shm_open(name, O_RDWR, 0), -1);
+    assert_int_equal(errno, ENOENT);
 }
 
 int main(void)
