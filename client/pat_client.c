@@ -933,7 +933,7 @@ static int admin_call_unix(const char *control, const ipc_buf_t *b, uint64_t cor
     if (fd < 0)
         return fd == -ECONNREFUSED || fd == -ENOENT ? -ENOENT : fd;
     const uint64_t deadline = pat_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    int rc = write(fd, b->data, b->len) == (ssize_t)b->len ? 0 : -ECONNRESET;
+    int rc = send(fd, b->data, b->len, MSG_NOSIGNAL) == (ssize_t)b->len ? 0 : -ECONNRESET;
     ipc_hdr_t h;
     uint8_t *msg = NULL;
     if (rc == 0)
@@ -976,7 +976,7 @@ static int attach_unix(pat_conn_t *c, const char *control, int *ret_fd)
     ipc_frame_start(&b, IPC_OP_ATTACH, 0, corr, c->session);
     ipc_frame_set_key(&b, c->hello.key);
     ipc_frame_finish(&b);
-    int rc = write(fd, b.data, b.len) == (ssize_t)b.len ? 0 : -ECONNRESET;
+    int rc = send(fd, b.data, b.len, MSG_NOSIGNAL) == (ssize_t)b.len ? 0 : -ECONNRESET;
     ipc_buf_done(&b);
     /* the header with the fd beside it (the daemon sends both in one message) */
     uint8_t msg[sizeof(ipc_hdr_t) + sizeof(ipc_err_body_t)];
