@@ -9,8 +9,9 @@
  * relative error < 1e-2; outputs are poisoned (NaN) before each run and checked fully written.
  * Also: plans mixing 32- and 1024-token queries (several tile shapes, split and unsplit), the
  * device tile table, forced serial vs multi-stream (bitwise equal), copy-on-write block copies,
- * and error codes. `--quick` runs a reduced set (for compute-sanitizer). Ends with
- * "N passed, N failed".
+ * and error codes. `--quick` runs a reduced set (for compute-sanitizer), `--tree` only the TREE
+ * plans (`--tree-quick` small ones) (PATD_TEST_NO_POISON=1 leaves unused pool slots unwritten, for
+ * initcheck). Ends with "N passed, N failed".
  */
 #include <cuda_runtime.h>
 
@@ -88,6 +89,8 @@ static uint32_t esz(const Rig &g)
  * backend is exact there: test_cpu). */
 static void poison(Rig &g, uint32_t layer)
 {
+    if (getenv("PATD_TEST_NO_POISON")) /* compute-sanitizer initcheck: unused slots unwritten */
+        return;
     const Model &m = g.mc;
     const uint32_t n_slots = g.w.next_block * BS;
     std::vector<uint8_t> used(n_slots, 0);
@@ -571,6 +574,49 @@ static void test_wide_prefix(tl_rng_t *r)
     }
 }
 
+/* A failing plan explained: the first tokens and q heads where the GPU differs from the cpu
+ * backend (exact there: test_cpu), each with the CTA rows holding it and that CTA's segments. */
+static void explain(const Rig &g, const sched_plan_hdr_t *h)
+{
+    const uint32_t qh = g.mc.q_heads, d = g.mc.d, group = qh / g.mc.kv_heads;
+    const sched_plan_cta_t *ct = sched_plan_ctas(h);
+    const sched_plan_row_t *rows = sched_plan_rows(h);
+    const sched_plan_seg_t *segs = sched_plan_segs(h);
+    const uint32_t *pages = sched_plan_pages(h);
+    int shown = 0;
+    std::vector<double> a(d), b(d);
+    for (uint32_t t = 0; t < g.w.n_tokens && shown < 4; t++)
+        for (uint32_t x = 0; x < qh && shown < 4; x++) {
+            for (uint32_t e = 0; e < d; e++) {
+                a[e] = kern_load(g.mc.dt, g.o_gpu.data(), ((uint64_t)t * qh + x) * d + e);
+                b[e] = kern_load(g.mc.dt, g.o_cpu.data(), ((uint64_t)t * qh + x) * d + e);
+            }
+            const double err = tl_rel_err(a.data(), b.data(), d);
+            if (err < 1e-2)
+                continue;
+            shown++;
+            printf("    token %u q head %u (kv head %u): rel err %.3f\n", t, x, x / group, err);
+            for (uint32_t c = 0; c < h->n_ctas; c++)
+                for (uint32_t r = 0; r < ct[c].row_count; r++) {
+                    const sched_plan_row_t &rw = rows[ct[c].row_begin + r];
+                    if (rw.q_tok != t)
+                        continue;
+                    printf(
+                        "      CTA %u (%u rows, %u segs, group idx %u) row %u limit %u merge %d\n",
+                        c, ct[c].row_count, ct[c].seg_count, ct[c].group, r, rw.limit,
+                        rw.merge == SCHED_ROW_DIRECT ? -1 : (int)rw.merge);
+                    for (uint32_t k = 0; k < ct[c].seg_count; k++) {
+                        const sched_plan_seg_t &sg = segs[ct[c].seg_begin + k];
+                        printf("        seg %2u [%u, %u) rows [%u, %u) pages", k, sg.kv_begin,
+                               sg.kv_end, sg.row_lo, sg.row_hi);
+                        for (uint32_t p = sg.kv_begin / BS; p * BS < sg.kv_end; p++)
+                            printf(" %u", pages[sg.page_begin + p - sg.kv_begin / BS]);
+                        printf("%s\n", r >= sg.row_lo && r < sg.row_hi ? "  <- read" : "");
+                    }
+                }
+        }
+}
+
 static void test_tree()
 {
     tl_rng_t r;
@@ -610,6 +656,8 @@ static void test_tree()
                  split ? " split" : "", g.w.n_q, h->n_ctas, h->n_segs, h->n_merges);
         printf("  (vs cpu %.2e%s) ", ec, finite ? "" : ", not finite");
         verdict(name, finite && ec < 1e-2 && ef < 1e-2, " fp64 rel err %.2e", ef);
+        if (!(ec < 1e-2))
+            explain(g, h);
         fused += h->n_segs > h->n_ctas;
         rig_done(g);
     }
@@ -836,7 +884,10 @@ int main(int argc, char **argv)
     const bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     g_quick = quick;
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (quick) {
+    if (argc > 1 && strncmp(argv[1], "--tree", 6) == 0) { /* one test; --tree-quick: small */
+        g_quick = strcmp(argv[1], "--tree-quick") == 0;
+        test_tree();
+    } else if (quick) {
         test_random(4, 11);
         test_random(4, 12, KERN_FWD_MMA);
         test_random(8, 13, KERN_FWD_LAYER);
