@@ -55,14 +55,17 @@ typedef enum kern_merge {
 
 /* Which matrix instructions the cuda forward uses (kern_config_t.fwd). */
 typedef enum kern_fwd {
-    KERN_FWD_AUTO = 0,  /* on a device running the build's sm_90a code at head_dim <= 128: the
-                           warp-specialized kernel for every CTA (a loading warpgroup, two wgmma
-                           warpgroups; the tile table offers CTAs of up to 128 rows); elsewhere
-                           as LAYER (tests/bench/RESULTS.md, 2026-11-25) */
-    KERN_FWD_MMA = 1,   /* the 4-warp kernel on mma.sync for every CTA */
-    KERN_FWD_LAYER = 2, /* the 4-warp kernels, CTAs of up to 64 rows: wgmma for those of 33-64
-                           rows and several segments (TREE plans) where sm_90a code runs at
-                           head_dim <= 128, mma.sync elsewhere (the default until 2026-11-25) */
+    KERN_FWD_AUTO = 0,    /* on a device running the build's sm_90a code at head_dim <= 128: the
+                             warp-specialized kernel for every CTA (a loading warpgroup, two wgmma
+                             warpgroups; the tile table offers CTAs of up to 128 rows; KV pages by
+                             the tensor memory accelerator); elsewhere as LAYER
+                             (tests/bench/RESULTS.md, 2026-11-25) */
+    KERN_FWD_MMA = 1,     /* the 4-warp kernel on mma.sync for every CTA */
+    KERN_FWD_LAYER = 2,   /* the 4-warp kernels, CTAs of up to 64 rows: wgmma for those of 33-64
+                             rows and several segments (TREE plans) where sm_90a code runs at
+                             head_dim <= 128, mma.sync elsewhere (the default until 2026-11-25) */
+    KERN_FWD_CPASYNC = 3, /* as AUTO, but the warp-specialized kernel loads KV tiles with 16-byte
+                             cp.async instead of the tensor memory accelerator (for comparison) */
 } kern_fwd_t;
 
 typedef struct kern_config {

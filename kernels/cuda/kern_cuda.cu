@@ -219,6 +219,49 @@ int warm_kernels(Cuda *c)
     return r;
 }
 
+/* The pool as fwd_pair's TMA loads see it (FwdArgs.kv_map): dims, innermost first, D x 16 tokens
+ * x kv_heads x K|V x (layers x blocks); a box is one page of one head, 64 columns (128 bytes, the
+ * wgmma swizzle's row). 0, or -ENOTSUP where the driver has no cuTensorMapEncodeTiled (then the
+ * kernel loads by cp.async). */
+int encode_kv_map(Cuda *c)
+{
+    using EncodeFn = CUresult (*)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                  const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                  const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                  CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static_assert(sizeof(CUtensorMap) == sizeof(c->kv_map), "the map's bytes");
+    const kern_model_t &m = c->base.cfg.model;
+    void *fn = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || !fn) {
+        cudaGetLastError();
+        return -ENOTSUP;
+    }
+    if ((uint64_t)c->base.cfg.n_blocks * m.n_layers > INT32_MAX)
+        return -ENOTSUP; /* the block coordinate is a signed 32-bit int */
+    const uint64_t e = c->elt;
+    const cuuint64_t dims[5] = {m.head_dim, m.block_size, m.kv_heads, 2,
+                                (cuuint64_t)c->base.cfg.n_blocks * m.n_layers};
+    const cuuint64_t strides[4] = {m.head_dim * e, (uint64_t)m.block_size * m.head_dim * e,
+                                   (uint64_t)m.kv_heads * m.block_size * m.head_dim * e,
+                                   c->block_elems * e};
+    const cuuint32_t box[5] = {64, m.block_size, 1, 1, 1}, unit[5] = {1, 1, 1, 1, 1};
+    CUtensorMap map;
+    CUresult r = reinterpret_cast<EncodeFn>(fn)(
+        &map, c->dt == 0 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5,
+        c->pool, dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        kern_cuda_fail_cu("cuTensorMapEncodeTiled (the KV pool)", r);
+        return -ENOTSUP;
+    }
+    memcpy(c->kv_map, &map, sizeof(map));
+    return 0;
+}
+
 int cuda_create(const kern_config_t *cfg, kern_backend_t **ret)
 {
     const kern_model_t &m = cfg->model;
@@ -251,6 +294,13 @@ int cuda_create(const kern_config_t *cfg, kern_backend_t **ret)
     FwdVariant v[2] = {};
     if (cudaMalloc(&c->pool, c->layer_elems * m.n_layers * c->elt) != cudaSuccess)
         goto fail; /* device memory may legitimately not suffice: -ENOMEM */
+    r = -EIO;
+    /* zero, so that every slot holds finite values before its first append: the TMA loads copy
+     * whole pages, a partial block's unwritten tail too, and a masked score's 0 times a NaN of V
+     * would still be NaN */
+    if (cudaMemset(c->pool, 0, c->layer_elems * m.n_layers * c->elt) != cudaSuccess)
+        goto fail;
+    r = -ENOMEM;
     if ((r = lane_init(c, &c->lane0)) < 0)
         goto fail;
     r = -EIO;
@@ -271,9 +321,10 @@ int cuda_create(const kern_config_t *cfg, kern_backend_t **ret)
     c->fwd = v[c->dt];
     if (cfg->fwd != KERN_FWD_MMA) /* MMA: mma.sync everywhere */
         c->fwd.fn = c->fwd.wg_fn;
-    if (cfg->fwd != KERN_FWD_AUTO)
+    if (cfg->fwd != KERN_FWD_AUTO && cfg->fwd != KERN_FWD_CPASYNC)
         c->fwd.pair_fn = nullptr; /* the 4-warp kernels: CTAs of at most 64 rows */
     c->max_m = c->fwd.pair_fn ? KCUDA_BIG_M : KCUDA_SMALL_M;
+    c->tma = c->fwd.pair_fn && cfg->fwd == KERN_FWD_AUTO && encode_kv_map(c) == 0;
     if ((r = warm_kernels(c)) < 0)
         goto fail;
     *ret = &c->base;

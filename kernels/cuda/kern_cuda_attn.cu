@@ -57,6 +57,9 @@ int attend_on(Lane *L, uint32_t layer, const sched_plan_hdr_t *h, const void *q,
         return 0;
     const uint8_t *dp = L->plan[L->cur].dev;
     FwdArgs a;
+    memcpy(&a.kv_map, c->kv_map, sizeof(a.kv_map));
+    a.tma = c->tma;
+    a.tma_block0 = layer * c->base.cfg.n_blocks;
     a.ctas = reinterpret_cast<const sched_plan_cta_t *>(dp + h->off_ctas);
     a.rows = reinterpret_cast<const sched_plan_row_t *>(dp + h->off_rows);
     a.pages = reinterpret_cast<const uint32_t *>(dp + h->off_pages);

@@ -121,6 +121,25 @@ __device__ __forceinline__ void mb_arrive_n(uint32_t bar, uint32_t n)
                  : "memory");
 }
 
+/* The tensor memory accelerator: the next phase of barrier `bar` also waits for `bytes` more
+ * bytes of asynchronous copies (no arrival), and one box of the 5-d map `map` at coordinates
+ * c0..c4 (innermost first) into shared memory at `dst` (1024-byte aligned for the 128-byte
+ * swizzle), counted on `bar` */
+__device__ __forceinline__ void mb_expect_tx(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void tma_load5(uint32_t dst, const void *map, uint32_t bar, int c0,
+                                          int c1, int c2, int c3, int c4)
+{
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                 "r"(c4)
+                 : "memory");
+}
+
 /* A position in the ring: its slot and the parity of that slot's current use. */
 template <int SLOTS> struct RingPos {
     int s = 0;
@@ -297,6 +316,7 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
         const sched_plan_seg_t *segs = a.segs + it.cta.seg_begin;
         const uint32_t n_segs = it.cta.seg_count;
         uint32_t pa[G::LPT], pb[G::LPT];
+        bool aligned_next[2] = {false, false}; /* of pa and pb */
         uint32_t fk = 0, ft0 = 0, fend = 0, fpage0 = 0;
         const uint32_t *fpages = a.pages;
         sched_plan_seg_t fsg = n_segs ? segs[0] : sched_plan_seg_t{}; /* a segment ahead */
@@ -309,7 +329,8 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
             fpage0 = sg.kv_begin / KERN_BLOCK_SIZE;
             fpages = a.pages + sg.page_begin;
         };
-        auto fetch_pages = [&](uint32_t(&pg)[G::LPT]) {
+        auto fetch_pages = [&](uint32_t(&pg)[G::LPT], bool &aligned) {
+            aligned = ft0 % KERN_BLOCK_SIZE == 0; /* tile rows are whole pages: TMA boxes */
 #pragma unroll
             for (int e = 0; e < G::LPT; e++) {
                 const uint32_t t = ft0 + (tid + e * KCUDA_THREADS) / G::CPR;
@@ -321,13 +342,36 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
             if (ft0 >= fend && ++fk < n_segs)
                 fetch_seg();
         };
-        auto produce = [&](int t, uint32_t(&pg)[G::LPT]) {
+        auto produce = [&](int t, uint32_t(&pg)[G::LPT], bool aligned) {
             for (uint32_t h = 0; h < (small ? 2u : 1u); h++) {
                 const int s = take();
-                if (h < it.n_heads) { /* a small item of one head leaves its second slot as is */
+                const uint32_t head = small ? 2 * j + h : j;
+                if (h < it.n_heads && a.tma && aligned) {
+                    /* a box per page, K and V, 64 columns each: thread 0 issues them all, the
+                     * slot's barrier counts their bytes. A page past the segment's end loads
+                     * block 0 of the layer instead (the pool is zeroed at create and holds only
+                     * finite values: its rows are masked), so every tile counts the same bytes */
+                    if (tid == 0) {
+                        const uint32_t sk = mp.slot(s), bar = mp.full(s);
+                        mb_expect_tx(bar, 2 * G::KV_BYTES);
+                        constexpr int PER_PAGE = KERN_BLOCK_SIZE * G::CPR / KCUDA_THREADS;
+#pragma unroll
+                        for (int i = 0; i < N / (int)KERN_BLOCK_SIZE; i++) {
+                            const uint32_t p = pg[i * PER_PAGE];
+                            const int blk =
+                                (int)(a.tma_block0 + (p == NO_TOKEN ? 0 : p / KERN_BLOCK_SIZE));
+#pragma unroll
+                            for (int cb = 0; cb < D / 64; cb++) {
+                                const uint32_t off = cb * (N * 128) + i * KERN_BLOCK_SIZE * 128;
+                                tma_load5(sk + off, &a.kv_map, bar, cb * 64, 0, (int)head, 0, blk);
+                                tma_load5(sk + G::KV_BYTES + off, &a.kv_map, bar, cb * 64, 0,
+                                          (int)head, 1, blk);
+                            }
+                        }
+                    }
+                } else if (h < it.n_heads) { /* a small item of one head leaves its second slot */
                     const uint32_t sk = mp.slot(s), sv = sk + G::KV_BYTES;
-                    const T *kbase = static_cast<const T *>(a.kv) +
-                                     (uint64_t)(small ? 2 * j + h : j) * a.head_stride;
+                    const T *kbase = static_cast<const T *>(a.kv) + (uint64_t)head * a.head_stride;
 #pragma unroll
                     for (int e = 0; e < G::LPT; e++) {
                         const int c = tid + e * KCUDA_THREADS, r = c / G::CPR, ch = c % G::CPR;
@@ -346,18 +390,18 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
                 filled(s);
             }
             if (t + 2 < n_tiles)
-                fetch_pages(pg); /* tile t + 2 */
+                fetch_pages(pg, aligned_next[t & 1]); /* tile t + 2 */
         };
         if (n_tiles) {
             fetch_seg();
-            fetch_pages(pa);
+            fetch_pages(pa, aligned_next[0]);
             if (n_tiles > 1)
-                fetch_pages(pb);
+                fetch_pages(pb, aligned_next[1]);
         }
         for (int t = 0; t < n_tiles; t += 2) {
-            produce(t, pa);
+            produce(t, pa, aligned_next[0]);
             if (t + 1 < n_tiles)
-                produce(t + 1, pb);
+                produce(t + 1, pb, aligned_next[1]);
         }
     }
     cp_async_wait<0>();
@@ -623,7 +667,7 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const WsItem &it, i
  * shared memory pair_smem<D>()), each running items until the launch's counter passes
  * n_ctas x kv_heads (see the top of the file). */
 template <typename T, int D>
-__global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const FwdArgs a)
+__global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const __grid_constant__ FwdArgs a)
 {
     extern __shared__ __align__(1024) uint8_t smem[];
 #if KCUDA_WGMMA

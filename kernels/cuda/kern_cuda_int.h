@@ -32,6 +32,12 @@ namespace kcuda
 
 /* Arguments of one forward launch: every CTA of a plan for every KV head, one layer. */
 struct FwdArgs {
+    /* fwd_pair's KV loads (tma != 0): the whole pool as a 5-d tensor [layer x block][K|V][kv
+     * head][token of the block][D], boxes of 64 x 16 elements in the 128-byte swizzle (one page
+     * of one head, 64 columns); a kernel parameter (__grid_constant__), so first and aligned */
+    CUtensorMap kv_map;
+    uint32_t tma;                 /* 1: fwd_pair loads KV pages with kv_map (where aligned) */
+    uint32_t tma_block0;          /* kv_map's block coordinate of this layer's block 0 */
     const sched_plan_cta_t *ctas; /* device copy of the plan */
     const sched_plan_seg_t *segs;
     const sched_plan_row_t *rows;
@@ -129,6 +135,8 @@ struct Cuda {
     uint64_t layer_elems;
     uint32_t elt;
     FwdVariant fwd;       /* the model's dtype and head_dim */
+    uint64_t kv_map[16];  /* FwdArgs.kv_map's bytes (valid where tma; calloc: 16-byte aligned) */
+    bool tma;             /* fwd_pair loads KV by TMA (KERN_FWD_AUTO, the map encoded) */
     uint32_t max_m;       /* rows a plan's CTA may have: KCUDA_BIG_M with fwd.pair_fn, else 64 */
     int dt;               /* 0 fp16, 1 bf16 */
     uint32_t n_sms;       /* fwd_pair's blocks at most: one per SM (or kern_config_t's cap) */

@@ -83,6 +83,17 @@ static uint32_t esz(const Rig &g)
     return kern_dtype_size(g.mc.dt);
 }
 
+/* Host to device, complete on return. cudaMemcpy from pageable memory may return once the bytes
+ * are staged, before its DMA lands, and the backend's stream (non-blocking) does not wait for the
+ * legacy stream: an append launched right after could read the buffer's previous contents. That
+ * race was the TREE "flake" of 2026-11-23..25: one query's KV wrong on every head, only for
+ * models with much KV per token (MHA 16-32 heads), in a few runs of each (2026-11-25). */
+static void h2d(void *dst, const void *src, size_t n)
+{
+    CK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
+    CK(cudaDeviceSynchronize());
+}
+
 /* Large K and V, the same in both pools, in every slot of `layer` that no query's KV covers
  * (partial blocks' tails, spare blocks): a forward that lets a masked position into a row's
  * softmax then fails the float64 check on every launch, whatever memory held before (the cpu
@@ -115,8 +126,8 @@ static void poison(Rig &g, uint32_t layer)
     void *dk, *dv;
     CK(cudaMalloc(&dk, k.size()));
     CK(cudaMalloc(&dv, v.size()));
-    CK(cudaMemcpy(dk, k.data(), k.size(), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dv, v.data(), v.size(), cudaMemcpyHostToDevice));
+    h2d(dk, k.data(), k.size());
+    h2d(dv, v.data(), v.size());
     for (size_t t = 0; t < slots.size(); t += chunk) {
         const uint32_t c = slots.size() - t < chunk ? (uint32_t)(slots.size() - t) : chunk;
         REQ(kern_append_kv(g.cpu, layer, k.data(), v.data(), slots.data() + t, c));
@@ -153,8 +164,8 @@ static void fill(Rig &g, uint32_t layer, uint64_t seed)
         void *dk, *dv;
         CK(cudaMalloc(&dk, k.size()));
         CK(cudaMalloc(&dv, v.size()));
-        CK(cudaMemcpy(dk, k.data(), k.size(), cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(dv, v.data(), v.size(), cudaMemcpyHostToDevice));
+        h2d(dk, k.data(), k.size());
+        h2d(dv, v.data(), v.size());
         const uint32_t chunk = g.max_tokens;
         const uint64_t row = (uint64_t)m.kv_heads * m.d * esz(g);
         for (uint32_t t = 0; t < n; t += chunk) {
@@ -225,7 +236,7 @@ static void rig_init(Rig &g, tl_rng_t *r, const Model &mc, sched_policy_t pol, u
     g.scale = 1.0 / sqrt((double)mc.d) * (0.5 + (tl_rng_unit(r) + 1.0) / 2.0);
     CK(cudaMalloc(&g.dq, g.q.size()));
     CK(cudaMalloc(&g.dout, g.q.size()));
-    CK(cudaMemcpy(g.dq, g.q.data(), g.q.size(), cudaMemcpyHostToDevice));
+    h2d(g.dq, g.q.data(), g.q.size());
 }
 
 static void rig_done(Rig &g)
@@ -386,7 +397,7 @@ static bool wide_runs()
  * forests have packs of more than 64 rows: test_wide_prefix makes them). fwd KERN_FWD_MMA: the
  * same forests' packing policies on mma.sync only, so that its multi-segment path stays tested on
  * a Hopper GPU too; KERN_FWD_LAYER: every policy on the 4-warp kernels (wgmma for TREE's CTAs of
- * 33-64 rows). */
+ * 33-64 rows); KERN_FWD_CPASYNC: the warp-specialized kernel loading KV by cp.async, not TMA. */
 static void test_random(int rounds, uint64_t seed, kern_fwd_t fwd = KERN_FWD_AUTO)
 {
     tl_rng_t r;
@@ -415,10 +426,11 @@ static void test_random(int rounds, uint64_t seed, kern_fwd_t fwd = KERN_FWD_AUT
             maxkv = g.w.q[i].kv_len > maxkv ? g.w.q[i].kv_len : maxkv;
         char name[200];
         snprintf(name, sizeof(name), "%s %2d q%u/kv%u d%u %s cap%g: %uq kv<=%u %ug %um",
-                 fwd == KERN_FWD_MMA     ? "mma"
-                 : fwd == KERN_FWD_LAYER ? "layer"
-                 : g_pair_blocks         ? "few blocks"
-                                         : "random",
+                 fwd == KERN_FWD_MMA       ? "mma"
+                 : fwd == KERN_FWD_LAYER   ? "layer"
+                 : fwd == KERN_FWD_CPASYNC ? "cp.async"
+                 : g_pair_blocks           ? "few blocks"
+                                           : "random",
                  round, mc.q_heads, mc.kv_heads, mc.d, mc.dt == KERN_F16 ? "f16" : "bf16",
                  mc.softcap, g.w.n_q, maxkv, h->n_groups, h->n_merges);
         printf("  (vs cpu %.2e) ", ec);
@@ -585,8 +597,22 @@ static void explain(const Rig &g, const sched_plan_hdr_t *h)
     const uint32_t *pages = sched_plan_pages(h);
     int shown = 0;
     std::vector<double> a(d), b(d);
-    for (uint32_t t = 0; t < g.w.n_tokens && shown < 4; t++)
-        for (uint32_t x = 0; x < qh && shown < 4; x++) {
+    printf("    wrong (token: q heads):");
+    for (uint32_t t = 0; t < g.w.n_tokens; t++) {
+        uint32_t n_bad = 0;
+        for (uint32_t x = 0; x < qh; x++) {
+            for (uint32_t e = 0; e < d; e++) {
+                a[e] = kern_load(g.mc.dt, g.o_gpu.data(), ((uint64_t)t * qh + x) * d + e);
+                b[e] = kern_load(g.mc.dt, g.o_cpu.data(), ((uint64_t)t * qh + x) * d + e);
+            }
+            n_bad += tl_rel_err(a.data(), b.data(), d) >= 1e-2;
+        }
+        if (n_bad)
+            printf(" %u:%u", t, n_bad);
+    }
+    printf("\n");
+    for (uint32_t t = 0; t < g.w.n_tokens && shown < 1; t++)
+        for (uint32_t x = 0; x < qh && shown < 1; x++) {
             for (uint32_t e = 0; e < d; e++) {
                 a[e] = kern_load(g.mc.dt, g.o_gpu.data(), ((uint64_t)t * qh + x) * d + e);
                 b[e] = kern_load(g.mc.dt, g.o_cpu.data(), ((uint64_t)t * qh + x) * d + e);
@@ -728,8 +754,8 @@ static void test_copy_and_errors()
     void *dk, *dv;
     CK(cudaMalloc(&dk, k.size() * 2));
     CK(cudaMalloc(&dv, v.size() * 2));
-    CK(cudaMemcpy(dk, k.data(), k.size() * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dv, v.data(), v.size() * 2, cudaMemcpyHostToDevice));
+    h2d(dk, k.data(), k.size() * 2);
+    h2d(dv, v.data(), v.size() * 2);
     bool ok = kern_append_kv(b, 0, dk, dv, slots.data(), n) == 0 &&
               kern_append_kv(b, 1, dk, dv, slots.data(), n) == 0;
     uint32_t src = 1, dst = 5;
@@ -780,7 +806,7 @@ static void test_copy_and_errors()
     void *dq, *dout;
     CK(cudaMalloc(&dq, q.size() * 2));
     CK(cudaMalloc(&dout, o.size() * 2));
-    CK(cudaMemcpy(dq, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
+    h2d(dq, q.data(), q.size() * 2);
     kern_attn_params_t p = {0.088f, 0};
     ok = ok && kern_attend(b, 1, &plan.h, dq, dout, &p) == 0 && kern_sync(b) == 0;
     CK(cudaMemcpy(o.data(), dout, o.size() * 2, cudaMemcpyDeviceToHost));
@@ -891,6 +917,7 @@ int main(int argc, char **argv)
         test_random(4, 11);
         test_random(4, 12, KERN_FWD_MMA);
         test_random(8, 13, KERN_FWD_LAYER);
+        test_random(4, 16, KERN_FWD_CPASYNC);
         test_persistent(3, 14);
         test_mixed(64);
         test_all_split();
@@ -901,6 +928,7 @@ int main(int argc, char **argv)
         test_random(40, tl_test_seed(0xcafe));
         test_random(20, tl_test_seed(0xbeef), KERN_FWD_MMA);
         test_random(8, tl_test_seed(0xf00d), KERN_FWD_LAYER);
+        test_random(8, tl_test_seed(0xfeed), KERN_FWD_CPASYNC);
         test_persistent(8, tl_test_seed(0xd00d));
         test_mixed(0);
         test_mixed(64);
