@@ -608,9 +608,10 @@ static int create_pool(patd_t *d)
                         .max_partials = PATD_MAX_PARTIALS(cfg),
                         .n_threads = cfg->threads,
                         .device = (int)cfg->device,
-                        .fwd = !strcmp(cfg->forward, "mma")     ? KERN_FWD_MMA
-                               : !strcmp(cfg->forward, "layer") ? KERN_FWD_LAYER
-                                                                : KERN_FWD_AUTO};
+                        .fwd = !strcmp(cfg->forward, "mma")       ? KERN_FWD_MMA
+                               : !strcmp(cfg->forward, "layer")   ? KERN_FWD_LAYER
+                               : !strcmp(cfg->forward, "cpasync") ? KERN_FWD_CPASYNC
+                                                                  : KERN_FWD_AUTO};
     if (strcmp(backend, "cpu")) {
         /* before the first CUDA call: lazy module loading can hang a first launch behind a
          * queued stream wait (DESIGN.md §2), and more hardware queues keep a lane blocked on its

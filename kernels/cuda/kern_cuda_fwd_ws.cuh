@@ -13,14 +13,18 @@
  *
  * A block is three warpgroups and a ring of shared-memory slots. Warpgroup 0 is the producer: it
  * gives most of its registers away (setmaxnreg) and, item after item, gathers the item's Q into
- * one slot and then every KV tile into the next ones by 16-byte cp.async; a full mbarrier per slot
- * tells the consumers it is in (cp.async.mbarrier.arrive: no thread waits for its own copies; the
- * producer's thread 0 also arrives, a release of the words it wrote beside a Q slot: item id and
- * tile count). Warpgroups 1 and 2 are the consumers: each owns 64 rows, takes its Q rows into
- * registers and frees the Q slot at once (so an item of any length streams through the ring),
- * then issues only wgmma (Q.K^T with Q from registers, P.V) and the softmax; when done with a
- * slot its threads arrive on the slot's empty mbarrier, on which the producer waits before
- * refilling.
+ * one slot by 16-byte cp.async and then every KV tile into the next ones: by the tensor memory
+ * accelerator where the tile starts on a page (always, for the scheduler's plans: one box per
+ * page, K and V, 64 columns each, issued by thread 0, the slot's barrier counting their bytes;
+ * pages past the segment load the layer's block 0, finite and masked: the pool is zeroed at
+ * create), else (and with KERN_FWD_CPASYNC) by 16-byte cp.async, tokens past the segment
+ * zero-filled. A full mbarrier per slot tells the consumers it is in (cp.async.mbarrier.arrive: no
+ * thread waits for its own copies; the producer's thread 0 also arrives, a release of the words it
+ * wrote beside a Q slot: item id and tile count). Warpgroups 1 and 2 are the consumers: each owns
+ * 64 rows, takes its Q rows into registers and frees the Q slot at once (so an item of any length
+ * streams through the ring), then issues only wgmma (Q.K^T with Q from registers, P.V) and the
+ * softmax; when done with a slot its threads arrive on the slot's empty mbarrier, on which the
+ * producer waits before refilling.
  *
  * Two modes, by the CTA's rows:
  *   big   (more than KCUDA_SMALL_M rows): KV head j; consumer c has rows 64c..64c+63; one KV tile
