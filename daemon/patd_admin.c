@@ -126,6 +126,12 @@ static void attach(patd_admin_conn_t *ac, patd_req_t *rq, const ipc_hdr_t *h)
         return;
     }
     int rc = patd_conn_attach(d, c, &ac->cred);
+    if (rc == -EMFILE) {
+        patd_reply_error(d, rq, rc,
+                         "uid %u already holds limits.conns_per_uid sessions; session closed",
+                         (unsigned)ac->cred.uid);
+        return;
+    }
     if (rc < 0) {
         patd_reply_error(d, rq, rc, "session %016llx is attached already",
                          (unsigned long long)h->session);

@@ -365,7 +365,23 @@ int patd_conn_attach(patd_t *d, patd_conn_t *c, const struct ucred *cr)
 {
     if (c->attached)
         return -EALREADY;
+    /* one user's sessions leave room for the others' */
+    const uint32_t cap = d->cfg.conns_per_uid; /* 0: only limits.max_conns */
+    uint32_t held = 0;
+    for (uint32_t i = 0; cap && i < d->n_conns; i++)
+        held += d->conns[i]->attached && !d->conns[i]->closing && d->conns[i]->uid == cr->uid;
+    if (cap && held >= cap) {
+        if (!d->uid_cap_warned) {
+            patd_warn("uid %u holds %u sessions (limits.conns_per_uid %u): its next ATTACHes are "
+                      "refused (logged once)",
+                      (unsigned)cr->uid, held, cap);
+            d->uid_cap_warned = 1;
+        }
+        patd_conn_close(c, "refused: limits.conns_per_uid");
+        return -EMFILE;
+    }
     c->attached = 1;
+    c->uid = cr->uid;
     c->pid = cr->pid;
     int pidfd = ipc_pidfd_open((int)cr->pid);
     if (pidfd >= 0 && !strcmp(d->cfg.liveness, "lease")) {

@@ -64,6 +64,7 @@ struct patd_conn {
     uint32_t idx;     /* in d->conns */
     pid_t pid;        /* the HELLO's claim until ATTACH, then the kernel's word (SO_PEERCRED) */
     int attached;     /* ATTACH done: steps allowed, pid watched */
+    uid_t uid;        /* the kernel's word at ATTACH (limits.conns_per_uid) */
     int pidfd;        /* -1: lease mode, or not attached yet */
     uv_poll_t pid_poll;
     int pid_poll_on;
@@ -130,6 +131,7 @@ struct patd {
     uid_t admin_uid[PATD_ADMIN_MAX_CONNS];
     uint8_t admin_used[PATD_ADMIN_MAX_CONNS];
     int admin_uid_warned; /* the per-uid cap was logged once */
+    int uid_cap_warned;   /* limits.conns_per_uid was logged once */
     gid_t admin_gid;      /* daemon.admin_group; (gid_t)-1 when none */
     void (*admin_dispatch)(patd_t *d, patd_req_t *rq, const ipc_hdr_t *h);
     gid_t gid;

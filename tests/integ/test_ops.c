@@ -499,11 +499,23 @@ static int admin_hold(const tl_daemon_t *d)
 
 /* One session as another user (nobody, in a forked child that drops root): connect (HELLO,
  * ATTACH) and one checked step. The child's exit status: 0 when all went right. */
-static int step_as_nobody(const tl_daemon_t *d)
+/* Forks a child that becomes nobody and, once a byte arrives on *ret_go (at once when ret_go is
+ * NULL), connects, steps and exits 0 if the step was right. Fork it before this process holds a
+ * live connection: a fork copies nanomsg's threads' locks mid-use. */
+static pid_t nobody_child(const tl_daemon_t *d, int *ret_go)
 {
+    int p[2] = {-1, -1};
+    if (ret_go)
+        assert_int_equal(pipe(p), 0);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
+        char b;
+        if (ret_go) {
+            close(p[1]);
+            if (read(p[0], &b, 1) != 1)
+                _exit(5);
+        }
         if (setgroups(0, NULL) || setgid(65534) || setuid(65534))
             _exit(2);
         pat_connect_opts_t o = {.size = sizeof(o),
@@ -531,9 +543,23 @@ static int step_as_nobody(const tl_daemon_t *d)
         pat_close(c);
         _exit(ok ? 0 : 4);
     }
+    if (ret_go) {
+        close(p[0]);
+        *ret_go = p[1];
+    }
+    return pid;
+}
+
+static int nobody_wait(pid_t pid)
+{
     int st = 0;
     assert_int_equal(waitpid(pid, &st, 0), pid);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 100;
+}
+
+static int step_as_nobody(const tl_daemon_t *d)
+{
+    return nobody_wait(nobody_child(d, NULL));
 }
 
 /* ATTACH is served on the admin socket, whose connections are bounded: one user holding idle
@@ -574,6 +600,57 @@ static void test_admin_per_uid(void **state)
     usleep(100 * 1000);
     assert_int_equal(pat_connect(&o, &c, why, sizeof(why)), 0);
     pat_close(c);
+    assert_int_equal(tl_daemon_signal_wait(&d, SIGTERM, 5000), 0);
+    tl_daemon_stop(&d);
+}
+
+/* limits.conns_per_uid: a user's ATTACH past its share is refused with -EMFILE and that session
+ * closed, while another user still attaches and steps (that half needs root: skipped otherwise);
+ * once the user closes one of its sessions it may open another. */
+static void test_conns_per_uid(void **state)
+{
+    static const char *const args[] = {"--socket-mode=0666", "--conns-per-uid=2", NULL};
+    tl_daemon_t d;
+    assert_int_equal(tl_daemon_start(&d, args), 0);
+    chmod(d.dir, 0755);
+    const int root = geteuid() == 0;
+    int go = -1;
+    const pid_t nobody = root ? nobody_child(&d, &go) : -1;
+    pat_connect_opts_t o = {.size = sizeof(o),
+                            .max_batch_tokens = 64,
+                            .max_seqs = 4,
+                            .timeout_ms = 3000,
+                            .socket = d.sock,
+                            .model = MODEL};
+    pat_conn_t *c[3] = {NULL, NULL, NULL};
+    char why[256];
+    assert_int_equal(pat_connect(&o, &c[0], why, sizeof(why)), 0);
+    assert_int_equal(pat_connect(&o, &c[1], why, sizeof(why)), 0);
+    assert_int_equal(pat_connect(&o, &c[2], why, sizeof(why)), -EMFILE);
+    assert_non_null(strstr(why, "conns_per_uid"));
+    if (root) { /* this user is at its cap: another one still attaches and steps */
+        assert_int_equal(write(go, "g", 1), 1);
+        close(go);
+        assert_int_equal(nobody_wait(nobody), 0);
+    } else
+        printf("not root: the other user's half skipped\n");
+    /* the sessions held still work, and closing one makes room */
+    tl_seq_t s;
+    tl_seq_init(&s);
+    for (uint32_t t = 0; t < 8; t++)
+        tl_seq_push(&s, 30 + t);
+    tl_seq_t *ps = &s;
+    tl_rng_t rng;
+    tl_rng_seed(&rng, 9);
+    tl_step_result_t r;
+    assert_int_equal(tl_seq_open(c[1], &s), 0);
+    assert_int_equal(tl_client_step(c[1], &MODEL, &ps, 1, &rng, 1, &r), 0);
+    assert_true(r.worst < 1e-2);
+    pat_close(c[0]);
+    usleep(100 * 1000); /* the BYE reaches the loop */
+    assert_int_equal(pat_connect(&o, &c[2], why, sizeof(why)), 0);
+    pat_close(c[2]);
+    pat_close(c[1]);
     assert_int_equal(tl_daemon_signal_wait(&d, SIGTERM, 5000), 0);
     tl_daemon_stop(&d);
 }
@@ -715,6 +792,7 @@ int main(void)
         cmocka_unit_test(test_nofile_limit),
         cmocka_unit_test(test_admin_rights),
         cmocka_unit_test(test_admin_per_uid),
+        cmocka_unit_test(test_conns_per_uid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
