@@ -46,7 +46,7 @@ extern "C" {
 #endif
 
 #define PAT_VERSION_MAJOR 1
-#define PAT_VERSION_MINOR 4
+#define PAT_VERSION_MINOR 5
 #define PAT_VERSION_PATCH 0
 #define PAT_VERSION       ((PAT_VERSION_MAJOR << 16) | (PAT_VERSION_MINOR << 8) | PAT_VERSION_PATCH)
 

@@ -392,7 +392,7 @@ static void watcher_stop(pat_conn_t *c)
     c->watch_efd = -1;
 }
 
-static int attach_unix(pat_conn_t *c, const char *control, int *ret_fd);
+static int hello_unix(pat_conn_t *c, const char *control, const ipc_hello_req_t *r, int *ret_fd);
 
 int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t why_len)
 {
@@ -441,9 +441,10 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
                                 o->model.model_id};
     if (o->label)
         snprintf(r.label, sizeof(r.label), "%s", o->label);
-    rc = call(c, IPC_OP_HELLO, &r, sizeof(r), NULL, 0, &c->hello, sizeof(c->hello));
+    int sfd = -1;
+    rc = hello_unix(c, path, &r, &sfd);
     if (rc < 0) {
-        snprintf(why, why_len, "%s", c->err[0] ? c->err : pat_strerror(rc));
+        snprintf(why, why_len, "HELLO: %s", c->err[0] ? c->err : pat_strerror(rc));
         goto fail;
     }
     c->session = c->hello.session;
@@ -462,15 +463,12 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
         (on_gpu && c->hello.sig_bytes != ipc_gsig_bytes(o->model.n_layers))) {
         snprintf(why, why_len, "daemon's buffer layout does not match this library's");
         rc = -EPROTO;
-        goto fail_session;
-    }
-    int sfd = -1;
-    if ((rc = attach_unix(c, path, &sfd)) < 0) {
-        snprintf(why, why_len, "ATTACH: %s", c->err[0] ? c->err : pat_strerror(rc));
+        if (sfd >= 0)
+            close(sfd);
         goto fail_session;
     }
     if (sfd < 0) {
-        snprintf(why, why_len, "ATTACH: the daemon sent no buffer fd");
+        snprintf(why, why_len, "HELLO: the daemon sent no buffer fd");
         rc = -EPROTO;
         goto fail_session;
     }
@@ -957,11 +955,11 @@ static int admin_call_unix(const char *control, const ipc_buf_t *b, uint64_t cor
     return 0;
 }
 
-/* ATTACH on the admin socket right after HELLO: the daemon binds the session to this process as
- * the kernel names it (SO_PEERCRED; the HELLO's pid is only a claim) and, for a cpu session,
- * passes its staging buffer by fd (SCM_RIGHTS). 0 with *ret_fd (-1: none came), or a negative
- * errno (the daemon's detail into c->err). */
-static int attach_unix(pat_conn_t *c, const char *control, int *ret_fd)
+/* HELLO on the admin socket (protocol 5): the daemon opens the session bound to this process as
+ * the kernel names it (SO_PEERCRED; the HELLO's pid is only a claim) and passes the session's
+ * buffer by fd (SCM_RIGHTS) beside the reply. 0 with c->hello and *ret_fd (-1: none came), or a
+ * negative errno (the daemon's detail into c->err). */
+static int hello_unix(pat_conn_t *c, const char *control, const ipc_hello_req_t *r, int *ret_fd)
 {
     *ret_fd = -1;
     struct sockaddr_un sa;
@@ -973,23 +971,24 @@ static int attach_unix(pat_conn_t *c, const char *control, int *ret_fd)
     const uint64_t corr = pat_now_ns(), deadline = corr + (uint64_t)c->timeout_ms * 1000000ull;
     ipc_buf_t b;
     ipc_buf_init(&b);
-    ipc_frame_start(&b, IPC_OP_ATTACH, 0, corr, c->session);
-    ipc_frame_set_key(&b, c->hello.key);
+    ipc_frame_start(&b, IPC_OP_HELLO, 0, corr, 0);
+    ipc_frame_put(&b, r, sizeof(*r));
     ipc_frame_finish(&b);
     int rc = send(fd, b.data, b.len, MSG_NOSIGNAL) == (ssize_t)b.len ? 0 : -ECONNRESET;
     ipc_buf_done(&b);
-    /* the header with the fd beside it (the daemon sends both in one message) */
-    uint8_t msg[sizeof(ipc_hdr_t) + sizeof(ipc_err_body_t)];
+    /* the header with the fd beside it (the daemon sends the reply and the fd in one message) */
+    _Static_assert(sizeof(ipc_hello_rep_t) >= sizeof(ipc_err_body_t), "the larger body");
+    uint8_t msg[sizeof(ipc_hdr_t) + sizeof(ipc_hello_rep_t)];
     ipc_hdr_t h;
     int got_fd = -1;
     while (rc == 0) {
         uint64_t now = pat_now_ns();
         struct pollfd p = {fd, POLLIN, 0};
-        int r = now >= deadline ? 0 : poll(&p, 1, (int)((deadline - now) / 1000000ull) + 1);
-        if (r < 0 && errno == EINTR)
+        int pr = now >= deadline ? 0 : poll(&p, 1, (int)((deadline - now) / 1000000ull) + 1);
+        if (pr < 0 && errno == EINTR)
             continue;
-        if (r <= 0) {
-            rc = r == 0 ? -ETIMEDOUT : -errno;
+        if (pr <= 0) {
+            rc = pr == 0 ? -ETIMEDOUT : -errno;
             break;
         }
         union {
@@ -1009,29 +1008,33 @@ static int attach_unix(pat_conn_t *c, const char *control, int *ret_fd)
                 cm->cmsg_len == CMSG_LEN(sizeof(int)))
                 memcpy(&got_fd, CMSG_DATA(cm), sizeof(int));
         if (k != (ssize_t)sizeof(h) || (m.msg_flags & MSG_CTRUNC))
-            rc = k < 0 ? -errno : -EBADMSG;
+            rc = k < 0 ? -errno : k == 0 ? -ECONNRESET : -EBADMSG;
         break;
     }
     if (rc == 0) {
         memcpy(&h, msg, sizeof(h));
-        if (h.corr != corr || h.body_len > sizeof(ipc_err_body_t))
+        if (h.corr != corr || h.body_len > sizeof(msg) - sizeof(h))
             rc = -EBADMSG;
         else if (h.body_len)
             rc = read_full(fd, msg + sizeof(h), h.body_len, deadline);
     }
     if (rc == 0 && ipc_frame_check(msg, sizeof(h) + h.body_len, 1, &h) < 0)
         rc = -EBADMSG;
-    if (rc == 0) {
-        const void *body;
-        size_t blen;
+    const void *body = NULL;
+    size_t blen = 0;
+    if (rc == 0)
         rc = parse_reply(c, msg, sizeof(h) + h.body_len, &body, &blen);
-    }
+    if (rc == 0 && (h.opcode != IPC_OP_HELLO || blen != sizeof(c->hello)))
+        rc = -EBADMSG;
     close(fd);
     if (rc < 0) {
         if (got_fd >= 0)
             close(got_fd);
+        if (rc == -EBADMSG && !c->err[0])
+            set_err(c, "malformed HELLO reply on the admin socket");
         return rc;
     }
+    memcpy(&c->hello, body, sizeof(c->hello));
     *ret_fd = got_fd;
     return 0;
 }

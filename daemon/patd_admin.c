@@ -9,13 +9,16 @@
  * STATS, SEQS, INFO) are served here too, to anyone the socket's mode lets connect. One request
  * per connection: a 40-byte frame header (admin bodies are empty), one reply frame, close.
  *
- * ATTACH is served here only: libpat sends it right after HELLO, with the session's id and key
- * in the header. The session is bound to the process the kernel names (its pid is watched from
- * then on, whatever pid the HELLO claimed), and a cpu session's reply carries its staging
- * buffer, a sealed memfd, by SCM_RIGHTS: the buffer has no name another process could open.
+ * HELLO is served here only (protocol 5): the request is the header and an ipc_hello_req_t, the
+ * reply the header and an ipc_hello_rep_t with the session's buffer fd beside it (SCM_RIGHTS: a
+ * cpu session's staging buffer, a sealed memfd with no name another process could open; a GPU
+ * session's signal arena). The session is bound at once to the process the kernel names (its pid
+ * is watched, whatever pid the HELLO claims) and counted against its uid's limits.conns_per_uid:
+ * every session has an owner the kernel vouches for from its first moment, so HELLOs no one can
+ * attribute cannot fill the table.
  * Bounded: at most PATD_ADMIN_MAX_CONNS connections at once and PATD_ADMIN_PER_UID from one
  * user (the kernel's word), each closed after ADMIN_IDLE_MS: one user's idle connections cannot
- * keep another's ATTACH out.
+ * keep another's HELLO out.
  *
  * Thread context: the loop thread.
  */
@@ -37,8 +40,8 @@ typedef struct patd_admin_conn {
     uv_pipe_t pipe;
     uv_timer_t timer;
     patd_t *d;
-    uint8_t buf[sizeof(ipc_hdr_t)];
-    size_t len;
+    uint8_t buf[sizeof(ipc_hdr_t) + sizeof(ipc_hello_req_t)];
+    size_t len, want; /* bytes read, bytes the request has (the header's, then its body's) */
     struct ucred cred;
     int slot;             /* in d->admin_uid, -1: none */
     int closing, handles; /* handles still open (pipe, timer) */
@@ -115,34 +118,41 @@ static int may_administer(const patd_t *d, const struct ucred *cr)
     return ok;
 }
 
-/* ATTACH: the reply frame (header only), with the staging fd where the session has one. */
-static void attach(patd_admin_conn_t *ac, patd_req_t *rq, const ipc_hdr_t *h)
+/* HELLO: the session opened and bound to the peer, the reply with its buffer's fd beside it
+ * (a GPU session's: the signal arena, kept for the next ones; a cpu session's: its own staging
+ * buffer, dropped once sent). */
+static void hello(patd_admin_conn_t *ac, patd_req_t *rq, const ipc_hdr_t *h, const void *body)
 {
     patd_t *d = ac->d;
-    patd_conn_t *c = patd_conn_find(d, h->session);
-    if (!c || c->closing || h->key != c->key) {
-        patd_reply_error(d, rq, -ENOTCONN, "session %016llx unknown (closed or expired)",
-                         (unsigned long long)h->session);
+    int rc = ipc_body_check(IPC_OP_HELLO, body, h->body_len);
+    if (rc < 0) {
+        patd_reply_error(d, rq, rc, "HELLO body refused: %s", ipc_err_text(rc));
         return;
     }
-    int rc = patd_conn_attach(d, c, &ac->cred);
-    if (rc == -EMFILE) {
-        patd_reply_error(d, rq, rc,
-                         "uid %u already holds limits.conns_per_uid sessions; session closed",
+    if (h->session != 0) {
+        patd_reply_error(d, rq, -EINVAL, "HELLO carries session 0");
+        return;
+    }
+    if (patd_conn_uid_full(d, ac->cred.uid)) {
+        patd_reply_error(d, rq, -EMFILE, "uid %u already holds limits.conns_per_uid sessions",
                          (unsigned)ac->cred.uid);
         return;
     }
-    if (rc < 0) {
-        patd_reply_error(d, rq, rc, "session %016llx is attached already",
-                         (unsigned long long)h->session);
+    ipc_hello_req_t r;
+    ipc_hello_rep_t rep;
+    char why[IPC_ERRMSG_LEN] = "";
+    memcpy(&r, body, sizeof(r));
+    if ((rc = patd_conn_hello(d, &r, &rep, why, sizeof(why))) < 0) {
+        patd_reply_error(d, rq, rc, "%s", why);
         return;
     }
+    patd_conn_t *c = patd_conn_find(d, rep.session);
+    patd_conn_attach(d, c, &ac->cred);
     ipc_buf_t b;
     ipc_buf_init(&b);
-    ipc_frame_start(&b, IPC_OP_ATTACH, IPC_F_REPLY, h->corr, c->session);
+    ipc_frame_start(&b, IPC_OP_HELLO, IPC_F_REPLY, h->corr, c->session);
+    ipc_frame_put(&b, &rep, sizeof(rep));
     ipc_frame_finish(&b);
-    /* a GPU session's fd: the signal arena (kept for the next ones), a cpu session's: its own
-     * staging buffer (dropped once sent) */
     const int sfd = c->gpu ? ipc_shm_fd(&d->garena) : ipc_shm_fd(&c->shm);
     uv_os_fd_t fd;
     struct iovec iov = {b.data, b.len};
@@ -165,11 +175,13 @@ static void attach(patd_admin_conn_t *ac, patd_req_t *rq, const ipc_hdr_t *h)
     ssize_t n = uv_fileno((uv_handle_t *)&ac->pipe, &fd) < 0
                     ? -1
                     : sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n != (ssize_t)b.len)
-        patd_warn("session %016llx: ATTACH reply not sent (%s)", (unsigned long long)c->session,
-                  n < 0 ? strerror(errno) : "short write");
-    else if (!c->gpu)
+    if (n != (ssize_t)b.len) {
+        patd_warn("session %016llx: HELLO reply not sent (%s); closed",
+                  (unsigned long long)c->session, n < 0 ? strerror(errno) : "short write");
+        patd_conn_close(c, "HELLO reply not delivered");
+    } else if (!c->gpu) {
         ipc_shm_drop_fd(&c->shm); /* the client has it; the daemon keeps its mapping */
+    }
     ipc_buf_done(&b);
     conn_close(ac);
 }
@@ -177,7 +189,7 @@ static void attach(patd_admin_conn_t *ac, patd_req_t *rq, const ipc_hdr_t *h)
 static void alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *buf)
 {
     patd_admin_conn_t *ac = h->data;
-    *buf = uv_buf_init((char *)ac->buf + ac->len, (unsigned)(sizeof(ac->buf) - ac->len));
+    *buf = uv_buf_init((char *)ac->buf + ac->len, (unsigned)(ac->want - ac->len));
 }
 
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
@@ -188,26 +200,39 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         return;
     }
     ac->len += (size_t)n;
-    if (ac->len < sizeof(ac->buf))
+    if (ac->len == sizeof(ipc_hdr_t) && ac->want == sizeof(ipc_hdr_t)) {
+        /* a HELLO's body follows its header; every other admin request is a header alone */
+        ipc_hdr_t h;
+        memcpy(&h, ac->buf, sizeof(h));
+        if (h.magic == IPC_MAGIC && h.opcode == IPC_OP_HELLO &&
+            h.body_len == sizeof(ipc_hello_req_t))
+            ac->want = sizeof(ac->buf);
+    }
+    if (ac->len < ac->want)
         return;
     uv_read_stop(s);
     patd_t *d = ac->d;
     patd_req_t rq = {.reply_fn = admin_send, .reply_ud = ac};
     ipc_hdr_t h;
-    int rc = ipc_frame_check(ac->buf, ac->len, 0, &h);
-    if (rc == 0 && h.body_len != 0)
-        rc = -EMSGSIZE; /* admin requests have no body */
     memcpy(&rq.hdr, ac->buf, sizeof(rq.hdr));
+    int rc = ipc_frame_check(ac->buf, ac->len, 0, &h); /* a body not read: -EMSGSIZE */
     if (rc < 0) {
         rq.hdr.flags = 0;
         patd_reply_error(d, &rq, rc, "admin frame refused: %s", ipc_err_text(rc));
         return;
     }
-    if (h.opcode == IPC_OP_ATTACH) {
-        attach(ac, &rq, &h);
+    if (h.opcode < IPC_OP_MAX)
+        atomic_fetch_add(&d->m.frames[h.opcode], 1);
+    if (h.opcode == IPC_OP_HELLO) {
+        hello(ac, &rq, &h, ac->buf + sizeof(h));
         return;
     }
-    if (ipc_op_is_admin(h.opcode) != 1 || h.opcode == IPC_OP_HELLO) {
+    if (h.opcode == IPC_OP_ATTACH) {
+        patd_reply_error(d, &rq, -EOPNOTSUPP,
+                         "ATTACH is retired (protocol 5): HELLO on this socket binds the session");
+        return;
+    }
+    if (ipc_op_is_admin(h.opcode) != 1) {
         patd_reply_error(d, &rq, -EOPNOTSUPP, "%s is not an admin request", ipc_op_name(h.opcode));
         return;
     }
@@ -235,6 +260,7 @@ static void on_connection(uv_stream_t *server, int status)
     patd_admin_conn_t *ac = pat_xcalloc(1, sizeof(*ac));
     ac->d = d;
     ac->slot = -1;
+    ac->want = sizeof(ipc_hdr_t);
     uv_pipe_init(&d->loop, &ac->pipe, 0);
     uv_timer_init(&d->loop, &ac->timer);
     ac->pipe.data = ac->timer.data = ac;

@@ -157,14 +157,10 @@ static const opt_t opts[] = {
      "a GPU step whose client hands no layer over this long while other steps wait for an "
      "executor is cut (its client gets -ETIMEDOUT); 0: only step_timeout_ms cuts",
      NULL, NULL},
-    {"limits", "attach_ms", T_U32, F(attach_ms), 50, 600000, "5000", 1,
-     "a session not attached (the admin socket's ATTACH, which libpat makes right after HELLO) "
-     "this long after its HELLO is closed",
-     NULL, NULL},
     {"limits", "conns_per_uid", T_U32, F(conns_per_uid), 0, 4096, "0", 1,
-     "attached sessions one user (the kernel's uid at ATTACH) may hold; an ATTACH past it is "
-     "refused (-EMFILE) and its session closed, so one user cannot fill limits.max_conns for "
-     "the others on a daemon shared by users (0: no bound but limits.max_conns)",
+     "sessions one user (the kernel's uid at HELLO, on the admin socket) may hold; a HELLO past "
+     "it is refused (-EMFILE), so one user cannot fill limits.max_conns for the others on a "
+     "daemon shared by users (0: no bound but limits.max_conns)",
      NULL, NULL},
 };
 _Static_assert(PAT_ARRAY_SIZE(opts) <= 128, "patd_config_t.set holds 128 bits");

@@ -35,7 +35,7 @@ typedef struct patd_config {
     uint32_t blocks, max_seqs, max_seq_len;
     /* [limits] */
     uint32_t max_conns, conn_max_seqs, conn_max_blocks, conn_max_batch_tokens;
-    uint32_t conn_max_staging_mb, lease_ms, max_lease_ms, step_timeout_ms, attach_ms, stall_cut_ms;
+    uint32_t conn_max_staging_mb, lease_ms, max_lease_ms, step_timeout_ms, stall_cut_ms;
     uint32_t conns_per_uid; /* 0: no bound but max_conns (patd_conn_attach) */
 
     /* bookkeeping */

@@ -8,7 +8,8 @@
  * finishes when the executor gives the step back (patd_step_complete), typically within one
  * wait slice (50 ms). Everything the session held goes: sequences (their block references),
  * the forest and plan arena, the staging buffer, the pidfd watch. A session is bound to its
- * process at ATTACH (patd_conn_attach, from the admin socket), not by the HELLO's claimed pid.
+ * process at HELLO, which only the admin socket serves (patd_conn_attach), not by the HELLO's
+ * claimed pid.
  *
  * Thread context: the loop thread.
  */
@@ -24,11 +25,6 @@
 #include "patd_int.h"
 #include "patd_log.h"
 #include "pat_base.h"
-
-/* sessions waiting for their ATTACH at once, and the age at which one may be closed to make
- * room in a full table (patd_conn_hello) */
-#define MAX_UNATTACHED 8u
-#define EVICT_AFTER_NS (200ull * 1000000ull)
 
 patd_conn_t *patd_conn_find(patd_t *d, uint64_t session)
 {
@@ -127,7 +123,7 @@ static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *
     const patd_config_t *cfg = &d->cfg;
     const kern_model_t *m = &d->model;
     /* the pid in the HELLO is the client's word: it is only logged. The pid watched is the one
-     * the kernel names at ATTACH (patd_conn_attach); until then limits.attach_ms applies */
+     * the kernel names on the admin socket (patd_conn_attach, right after) */
 
     patd_conn_t *c = pat_xcalloc(1, sizeof(*c));
     c->d = d;
@@ -176,7 +172,7 @@ static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *
         goto fail;
     }
     if (d->gpu) {
-        name[0] = 0; /* the arena's fd comes with ATTACH */
+        name[0] = 0; /* the arena's fd comes beside the HELLO reply */
         if ((rc = patd_gpu_conn_open(d, c, lay->bytes)) < 0) {
             if (rc == -ENOMEM)
                 WHY("staging rows of %u tokens (%llu bytes) do not fit what is left of the "
@@ -187,7 +183,7 @@ static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *
             goto fail;
         }
     } else {
-        /* a sealed memfd, no name: it reaches its one client by fd at ATTACH */
+        /* a sealed memfd, no name: it reaches its one client by fd beside the HELLO reply */
         name[0] = 0;
         if ((rc = ipc_shm_create_memfd(&c->shm, lay->bytes, m->n_layers)) < 0) {
             WHY("staging buffer (%llu bytes): %s", (unsigned long long)lay->bytes, strerror(-rc));
@@ -250,38 +246,13 @@ int patd_conn_hello(patd_t *d, const ipc_hello_req_t *r, ipc_hello_rep_t *rep, c
     uint32_t max_seqs;
     patd_conn_t *c;
     char name[IPC_NAME_LEN];
-    {
-        /* Sessions that never attached (HELLOs that claim someone else's pid, say) make room:
-         * at most MAX_UNATTACHED wait for their ATTACH at once, and a full table takes the
-         * oldest one older than EVICT_AFTER_NS. A client attaches within milliseconds of its
-         * HELLO, so a flood of forged HELLOs must outpace that to keep it out. */
-        const uint64_t now = pat_now_ns();
-        patd_conn_t *old = NULL;
-        uint32_t waiting = 0;
-        for (uint32_t i = 0; i < d->n_conns; i++) {
-            patd_conn_t *x = d->conns[i];
-            if (x->attached || x->closing)
-                continue;
-            waiting++;
-            if (!old || x->opened_ns < old->opened_ns)
-                old = x;
-        }
-        if (old && (waiting >= MAX_UNATTACHED ||
-                    (d->n_conns >= d->cfg.max_conns && now - old->opened_ns > EVICT_AFTER_NS))) {
-            patd_notice("session %016llx: never attached; closed to make room for a HELLO",
-                        (unsigned long long)old->session);
-            atomic_fetch_add(&d->m.reclaims_lease, 1);
-            patd_conn_close(old, "evicted: never attached");
-        }
-    }
     int rc = hello_validate(d, r, &lay, &max_seqs, why, why_len);
     if (rc == 0)
         rc = conn_create(d, r, &lay, max_seqs, &c, name, why, why_len);
     if (rc < 0)
         return rc;
     hello_reply(d, c, name, rep);
-    patd_info("session %016llx: up, pid %u (claimed) '%s', %u seqs, %u batch tokens; waiting "
-              "for ATTACH",
+    patd_info("session %016llx: up, pid %u (claimed) '%s', %u seqs, %u batch tokens",
               (unsigned long long)c->session, r->pid, c->label, max_seqs, r->max_batch_tokens);
     patd_publish(d, "conn up %016llx pid=%u label=%s", (unsigned long long)c->session, r->pid,
                  c->label);
@@ -359,27 +330,28 @@ void patd_conn_close(patd_conn_t *c, const char *reason)
     patd_conn_reap(c);
 }
 
-/* ATTACH (the admin socket, patd_admin.c): binds the session to the connecting process, as the
- * kernel names it (cr), and watches that pid. 0, -EALREADY (attached before), or -errno. */
-int patd_conn_attach(patd_t *d, patd_conn_t *c, const struct ucred *cr)
+/* limits.conns_per_uid: whether uid holds its share of the session table (logged once) */
+int patd_conn_uid_full(patd_t *d, uid_t uid)
 {
-    if (c->attached)
-        return -EALREADY;
-    /* one user's sessions leave room for the others' */
     const uint32_t cap = d->cfg.conns_per_uid; /* 0: only limits.max_conns */
     uint32_t held = 0;
     for (uint32_t i = 0; cap && i < d->n_conns; i++)
-        held += d->conns[i]->attached && !d->conns[i]->closing && d->conns[i]->uid == cr->uid;
-    if (cap && held >= cap) {
-        if (!d->uid_cap_warned) {
-            patd_warn("uid %u holds %u sessions (limits.conns_per_uid %u): its next ATTACHes are "
-                      "refused (logged once)",
-                      (unsigned)cr->uid, held, cap);
-            d->uid_cap_warned = 1;
-        }
-        patd_conn_close(c, "refused: limits.conns_per_uid");
-        return -EMFILE;
+        held += d->conns[i]->attached && !d->conns[i]->closing && d->conns[i]->uid == uid;
+    if (!cap || held < cap)
+        return 0;
+    if (!d->uid_cap_warned) {
+        patd_warn("uid %u holds %u sessions (limits.conns_per_uid %u): its next HELLOs are "
+                  "refused (logged once)",
+                  (unsigned)uid, held, cap);
+        d->uid_cap_warned = 1;
     }
+    return 1;
+}
+
+/* HELLO (the admin socket, patd_admin.c): binds the new session to the connecting process, as
+ * the kernel names it (cr), and watches that pid */
+void patd_conn_attach(patd_t *d, patd_conn_t *c, const struct ucred *cr)
+{
     c->attached = 1;
     c->uid = cr->uid;
     c->pid = cr->pid;
@@ -403,7 +375,6 @@ int patd_conn_attach(patd_t *d, patd_conn_t *c, const struct ucred *cr)
     patd_info("session %016llx: attached by pid %d uid %u, %s liveness",
               (unsigned long long)c->session, (int)cr->pid, (unsigned)cr->uid,
               c->pidfd >= 0 ? "pidfd" : "lease");
-    return 0;
 }
 
 void patd_conns_tick(patd_t *d, uint64_t now)
@@ -412,16 +383,6 @@ void patd_conns_tick(patd_t *d, uint64_t now)
         patd_conn_t *c = d->conns[i];
         if (c->closing)
             continue;
-        if (!c->attached) {
-            if (now - c->opened_ns > (uint64_t)d->cfg.attach_ms * 1000000) {
-                patd_notice("session %016llx: not attached within %u ms (limits.attach_ms)",
-                            (unsigned long long)c->session, d->cfg.attach_ms);
-                atomic_fetch_add(&d->m.reclaims_lease, 1);
-                patd_conn_close(c, "never attached");
-                i = (uint32_t)-1;
-            }
-            continue;
-        }
         if (c->pidfd >= 0)
             continue;
         /* a step in flight counts as activity: the executor watches it */

@@ -52,7 +52,7 @@ typedef struct patd_seq {
 } patd_seq_t;
 
 /* admin socket: connections at once, and from one uid (a member of the socket group who holds
- * idle connections takes no ATTACH slot from another user) */
+ * idle connections takes no HELLO slot from another user) */
 #define PATD_ADMIN_MAX_CONNS 64u
 #define PATD_ADMIN_PER_UID   4u
 
@@ -62,9 +62,9 @@ struct patd_conn {
     uint64_t key;     /* 64 random bits: a request acts on the session only with it */
     uint64_t serial;  /* sessions opened before this one + 1 (orders GPU epochs) */
     uint32_t idx;     /* in d->conns */
-    pid_t pid;        /* the HELLO's claim until ATTACH, then the kernel's word (SO_PEERCRED) */
-    int attached;     /* ATTACH done: steps allowed, pid watched */
-    uid_t uid;        /* the kernel's word at ATTACH (limits.conns_per_uid) */
+    pid_t pid;        /* the kernel's word at HELLO (SO_PEERCRED), watched */
+    int attached;     /* bound to its peer (always, once HELLO returns): steps allowed */
+    uid_t uid;        /* the kernel's word at HELLO (limits.conns_per_uid) */
     int pidfd;        /* -1: lease mode, or not attached yet */
     uv_poll_t pid_poll;
     int pid_poll_on;
@@ -189,7 +189,10 @@ patd_conn_t *patd_conn_find(patd_t *d, uint64_t session);
 void patd_conn_close(patd_conn_t *c, const char *reason); /* reclaim now or once the step ends */
 void patd_conn_reap(patd_conn_t *c);                      /* after the step came back */
 struct ucred;
-int patd_conn_attach(patd_t *d, patd_conn_t *c, const struct ucred *cr);
+/* binds a new session to the peer the kernel names at HELLO (the admin socket): its pid watched,
+ * its uid counted (patd_conn_uid_full: 1 when that uid holds limits.conns_per_uid sessions) */
+void patd_conn_attach(patd_t *d, patd_conn_t *c, const struct ucred *cr);
+int patd_conn_uid_full(patd_t *d, uid_t uid);
 void patd_conns_tick(patd_t *d, uint64_t now); /* lease expiries */
 
 /* patd_seq.c: a session's sequence table */

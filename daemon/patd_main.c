@@ -215,21 +215,6 @@ static void op_reload(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *
     reply_text(d, rq, msg, (size_t)n);
 }
 
-static void op_hello(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *body)
-{
-    ipc_hello_req_t r;
-    ipc_hello_rep_t rep;
-    char why[IPC_ERRMSG_LEN] = "";
-    memcpy(&r, body, sizeof(r));
-    int rc = patd_conn_hello(d, &r, &rep, why, sizeof(why));
-    if (rc < 0) {
-        patd_reply_error(d, rq, rc, "%s", why);
-        return;
-    }
-    rq->hdr.session = rep.session;
-    patd_reply_ok(d, patd_conn_find(d, rep.session), rq, &rep, sizeof(rep));
-}
-
 static void op_ping(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *body)
 {
     patd_reply_ok(d, c, rq, NULL, 0);
@@ -248,7 +233,6 @@ static const struct {
     op_handler_fn *fn;
     int session;
 } op_table[IPC_OP_MAX] = {
-    [IPC_OP_HELLO] = {op_hello, 0},
     [IPC_OP_BYE] = {op_bye, 1},
     [IPC_OP_PING] = {op_ping, 1},
     [IPC_OP_SEQ_OPEN] = {patd_seq_request, 1},
@@ -288,8 +272,9 @@ static void handle_frame(patd_t *d, const uint8_t *buf, size_t len, patd_req_t *
         patd_reply_error(d, rq, rc, "%s body refused: %s", ipc_op_name(h.opcode), ipc_err_text(rc));
         return;
     }
-    if (h.opcode == IPC_OP_ATTACH) {
-        patd_reply_error(d, rq, -EOPNOTSUPP, "ATTACH is served on the admin socket %s only",
+    if (h.opcode == IPC_OP_HELLO) {
+        /* nanomsg cannot say who sent it: every session is opened where the kernel can */
+        patd_reply_error(d, rq, -EPERM, "HELLO is served on the admin socket %s only",
                          d->admin_path);
         return;
     }

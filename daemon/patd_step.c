@@ -159,12 +159,6 @@ void patd_step_begin(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *b
         step_refuse(d, c, rq, -ESHUTDOWN, "draining: no new steps");
         return;
     }
-    if (!c->attached) {
-        step_refuse(
-            d, c, rq, -ENOTCONN,
-            "session not attached: ATTACH on the admin socket comes first (libpat does it)");
-        return;
-    }
     if (ipc_shm_guard_hit(&c->shm) || (d->gpu && ipc_shm_guard_hit(&d->garena))) {
         step_refuse(d, c, rq, -EFAULT,
                     "the staging buffer shrank under the daemon (truncated): close the session");

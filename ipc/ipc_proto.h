@@ -12,8 +12,9 @@
  *
  * Buffers: HELLO names the buffer kind. Host memory (cpu backend): one sealed memfd per session
  * holds the signal page and the staging rows; it has no name, and reaches its client by fd in
- * the reply to ATTACH, which libpat sends on the admin socket right after HELLO (the kernel
- * names the caller there: its pid is the one watched, not the HELLO's claim). CUDA IPC (cuda
+ * the HELLO reply: HELLO is served on the admin socket only, where the kernel names the caller
+ * (its pid is the one watched, its uid counts toward limits.conns_per_uid; the pid the HELLO
+ * carries is only logged). CUDA IPC (cuda
  * backend): the staging rows are a range of one device allocation (a 64-byte IPC handle naming the
  * whole allocation, plus the range's offset), and the signal page with the per-layer 64-bit
  * handshake words is a slice of one shm arena (ipc_shm.h, "GPU sessions").
@@ -23,8 +24,10 @@
  * (INFO, CHECK) are refused by an older daemon with -EOPNOTSUPP. DRAIN, RELOAD and CHECK are
  * served on the daemon's admin socket (a Unix stream socket, one frame each way, where the
  * kernel names the caller) and refused on the control socket with -EPERM. Version 3: the
- * session key. Version 4: ATTACH; a session not attached within limits.attach_ms is closed, and
- * its STEP_BEGIN is refused with -ENOTCONN until then.
+ * session key. Version 4: ATTACH. Version 5 (2026-11-25): HELLO on the admin socket, one frame
+ * each way (the reply carries the buffer's fd), the session bound to the caller at once; HELLO on
+ * the control socket is refused with -EPERM and ATTACH is retired (-EOPNOTSUPP): a flood of
+ * HELLOs no one can attribute can no longer fill the session table.
  */
 #ifndef IPC_PROTO_H
 #define IPC_PROTO_H
@@ -38,7 +41,7 @@
 #endif
 
 #define IPC_MAGIC   0x44544150u /* "PATD" read as a little-endian u32 */
-#define IPC_VERSION 4u          /* 4: ATTACH, cpu staging passed by fd (2026-11-25) */
+#define IPC_VERSION 5u          /* 5: HELLO on the admin socket (2026-11-25) */
 
 /* Upper bounds of the protocol itself (configs may be lower): they bound what a decoder will
  * even look at before the connection's own limits apply. */
@@ -52,7 +55,8 @@
 /* Opcodes: name, value, admin (usable without a session). One table; ipc_codec.c sizes each
  * body from it. */
 #define IPC_OPCODES(X)                                                                             \
-    X(HELLO, 1, 1)        /* open a session: model signature, pid, sizes -> buffers */             \
+    X(HELLO, 1, 2)        /* admin socket only: open a session bound to the caller (SO_PEERCRED):  \
+                             model signature, sizes -> layout, key, buffer fd (SCM_RIGHTS) */      \
     X(BYE, 2, 0)          /* close the session; everything it holds is reclaimed */                \
     X(PING, 3, 0)         /* renew the lease */                                                    \
     X(SEQ_OPEN, 4, 0)     /* prompt token ids -> sequence id, cached_len */                        \
@@ -68,8 +72,7 @@
     X(RELOAD, 20, 1)    /* admin: re-read the config file (as SIGHUP) */                           \
     X(INFO, 21, 1)      /* admin: the daemon's figures as one ipc_info_rep_t */                    \
     X(CHECK, 22, 1)     /* admin: the KV pool's invariant check (O(blocks)), text */               \
-    X(ATTACH, 23, 2)    /* admin socket only: bind the session to the caller (SO_PEERCRED), and    \
-                           for a cpu session receive its staging buffer's fd (SCM_RIGHTS) */
+    X(ATTACH, 23, 2)    /* retired in version 5 (HELLO binds the session): -EOPNOTSUPP */
 
 typedef enum ipc_op {
 #define IPC_OP_ENUM(name, val, admin) IPC_OP_##name = val,
@@ -155,10 +158,11 @@ typedef struct ipc_hello_req {
 _Static_assert(sizeof(ipc_hello_req_t) == 120, "hello layout");
 
 /* Signal words: see ipc_shm.h. IPC_BUF_SHM: offsets are from the start of the staging buffer,
- * of buf_bytes, whose fd the ATTACH reply carries (shm_name is empty: the buffer has no name).
+ * of buf_bytes, whose fd comes beside the HELLO reply (shm_name is empty: the buffer has no name).
  * IPC_BUF_CUDA_IPC: q/k/v/o offsets are from dev_off, the start of this session's range (dev_bytes)
  * inside the allocation ipc_handle names; the signal slice is sig_bytes at sig_off of the
- * daemon's signal arena, a sealed memfd whose fd the ATTACH reply carries (shm_name is empty). */
+ * daemon's signal arena, a sealed memfd whose fd comes beside the HELLO reply (shm_name is empty).
+ */
 typedef struct ipc_hello_rep {
     uint64_t session;
     uint32_t daemon_pid;

@@ -101,9 +101,9 @@ int ipc_shm_guard_hit(const ipc_shm_t *s);
 /* Daemon side: maps a zeroed buffer of `bytes`, every page allocated (no SIGBUS later for want
  * of memory), and initialises the signal page. An anonymous memfd, sealed against shrinking and
  * growing (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL): no name another process could open, and its
- * one client, which receives the fd (ATTACH), can neither truncate nor grow what the daemon maps.
- * The fd stays in s (ipc_shm_fd) until ipc_shm_drop_fd or close. Returns 0, -errno (ENOMEM,
- * ENOSPC: the pages could not all be had), nothing left behind. */
+ * one client, which receives the fd (beside the HELLO reply), can neither truncate nor grow what
+ * the daemon maps. The fd stays in s (ipc_shm_fd) until ipc_shm_drop_fd or close. Returns 0, -errno
+ * (ENOMEM, ENOSPC: the pages could not all be had), nothing left behind. */
 int ipc_shm_create_memfd(ipc_shm_t *s, size_t bytes, uint32_t n_layers);
 int ipc_shm_fd(const ipc_shm_t *s); /* -1: none */
 void ipc_shm_drop_fd(ipc_shm_t *s);

@@ -497,9 +497,9 @@ static int admin_hold(const tl_daemon_t *d)
     return fd;
 }
 
-/* One session as another user (nobody, in a forked child that drops root): connect (HELLO,
- * ATTACH) and one checked step. The child's exit status: 0 when all went right. */
-/* Forks a child that becomes nobody and, once a byte arrives on *ret_go (at once when ret_go is
+/* One session as another user (nobody, in a forked child that drops root): connect (HELLO on
+ * the admin socket) and one checked step. The child's exit status: 0 when all went right.
+ * Forks a child that becomes nobody and, once a byte arrives on *ret_go (at once when ret_go is
  * NULL), connects, steps and exits 0 if the step was right. Fork it before this process holds a
  * live connection: a fork copies nanomsg's threads' locks mid-use. */
 static pid_t nobody_child(const tl_daemon_t *d, int *ret_go)
@@ -562,9 +562,9 @@ static int step_as_nobody(const tl_daemon_t *d)
     return nobody_wait(nobody_child(d, NULL));
 }
 
-/* ATTACH is served on the admin socket, whose connections are bounded: one user holding idle
+/* HELLO is served on the admin socket, whose connections are bounded: one user holding idle
  * connections (up to PATD_ADMIN_PER_UID = 4 of them) cannot keep another user's sessions from
- * attaching; its own next connection is closed at once. Needs root (skipped otherwise). */
+ * opening; its own next connection is closed at once. Needs root (skipped otherwise). */
 static void test_admin_per_uid(void **state)
 {
     if (geteuid() != 0) {
@@ -579,7 +579,7 @@ static void test_admin_per_uid(void **state)
     for (int i = 0; i < 4; i++)
         held[i] = admin_hold(&d);
     usleep(100 * 1000); /* accepted by the daemon's loop */
-    /* a fifth from this uid: closed at once, so this uid's own session cannot attach */
+    /* a fifth from this uid: closed at once, so this uid cannot open a session */
     int fifth = admin_hold(&d);
     char b;
     assert_int_equal(read(fifth, &b, 1), 0);
@@ -592,8 +592,8 @@ static void test_admin_per_uid(void **state)
     pat_conn_t *c = NULL;
     char why[256];
     assert_true(pat_connect(&o, &c, why, sizeof(why)) < 0);
-    assert_non_null(strstr(why, "ATTACH"));
-    /* another user attaches and steps meanwhile */
+    assert_non_null(strstr(why, "HELLO"));
+    /* another user opens a session and steps meanwhile */
     assert_int_equal(step_as_nobody(&d), 0);
     for (int i = 0; i < 4; i++)
         close(held[i]);
@@ -604,8 +604,8 @@ static void test_admin_per_uid(void **state)
     tl_daemon_stop(&d);
 }
 
-/* limits.conns_per_uid: a user's ATTACH past its share is refused with -EMFILE and that session
- * closed, while another user still attaches and steps (that half needs root: skipped otherwise);
+/* limits.conns_per_uid: a user's HELLO past its share is refused with -EMFILE, while another
+ * user still opens a session and steps (that half needs root: skipped otherwise);
  * once the user closes one of its sessions it may open another. */
 static void test_conns_per_uid(void **state)
 {
@@ -628,7 +628,7 @@ static void test_conns_per_uid(void **state)
     assert_int_equal(pat_connect(&o, &c[1], why, sizeof(why)), 0);
     assert_int_equal(pat_connect(&o, &c[2], why, sizeof(why)), -EMFILE);
     assert_non_null(strstr(why, "conns_per_uid"));
-    if (root) { /* this user is at its cap: another one still attaches and steps */
+    if (root) { /* this user is at its cap: another one still opens a session and steps */
         assert_int_equal(write(go, "g", 1), 1);
         close(go);
         assert_int_equal(nobody_wait(nobody), 0);

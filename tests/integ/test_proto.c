@@ -32,14 +32,9 @@ static const pat_model_t MODEL = {4, 8, 2, 64, PAT_F16, 16, 0};
 
 static int setup(void **state)
 {
-    /* attach-ms: sessions that never ATTACH go away fast enough to test */
-    static const char *const args[] = {"--max-seq-len=512",
-                                       "--conn-max-seqs=8",
-                                       "--conn-max-batch-tokens=256",
-                                       "--blocks=256",
-                                       "--conn-max-blocks=64",
-                                       "--attach-ms=1000",
-                                       NULL};
+    static const char *const args[] = {"--max-seq-len=512",           "--conn-max-seqs=8",
+                                       "--conn-max-batch-tokens=256", "--blocks=256",
+                                       "--conn-max-blocks=64",        NULL};
     return tl_daemon_start(&D, args);
 }
 
@@ -64,7 +59,6 @@ static int raw_socket(void)
     return s;
 }
 
-/* Sends bytes, returns the error code of the answer (0 for a success reply); body out. */
 /* the keys of the sessions raw HELLOs opened (frame_make puts them in; an unknown session gets
  * key 0) */
 static struct {
@@ -86,12 +80,10 @@ static void key_keep(const ipc_hello_rep_t *rep)
     g_keys[next++ % (sizeof(g_keys) / sizeof(g_keys[0]))].key = rep->key;
 }
 
-/* 1: raw HELLOs are not attached (test_attach); 0: raw_call attaches each session it opens */
-static int g_no_attach;
-
-/* ATTACH on the admin socket beside D.sock: the answer's code; the fd it carried (or -1) into
- * *ret_fd when given, else closed. */
-static int raw_attach(uint64_t session, uint64_t key, int *ret_fd)
+/* A frame on the admin socket beside D.sock (where HELLO is served): the answer's code; a
+ * success reply's body into body (body_len bytes), the fd that came beside it (or -1) into
+ * *ret_fd when given, else closed. A HELLO's session key is kept for frame_make. */
+static int raw_admin(const void *frame, size_t len, void *body, size_t body_len, int *ret_fd)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     size_t n = strlen(D.sock);
@@ -99,43 +91,52 @@ static int raw_attach(uint64_t session, uint64_t key, int *ret_fd)
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     assert_true(fd >= 0);
     assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    ipc_hdr_t h = {.magic = IPC_MAGIC,
-                   .version = IPC_VERSION,
-                   .opcode = IPC_OP_ATTACH,
-                   .corr = 7,
-                   .session = session,
-                   .key = key};
-    assert_int_equal(write(fd, &h, sizeof(h)), (ssize_t)sizeof(h));
-    uint8_t msg[sizeof(ipc_hdr_t) + sizeof(ipc_err_body_t)];
+    assert_int_equal(write(fd, frame, len), (ssize_t)len);
+    uint8_t msg[sizeof(ipc_hdr_t) + sizeof(ipc_hello_rep_t)];
     union {
         struct cmsghdr h;
         char buf[CMSG_SPACE(sizeof(int))];
     } ctl;
-    struct iovec iov = {msg, sizeof(msg)};
+    struct iovec iov = {msg, sizeof(ipc_hdr_t)};
     struct msghdr m = {.msg_iov = &iov,
                        .msg_iovlen = 1,
                        .msg_control = ctl.buf,
                        .msg_controllen = sizeof(ctl.buf)};
-    ssize_t k = recvmsg(fd, &m, MSG_CMSG_CLOEXEC);
-    assert_true(k >= (ssize_t)sizeof(ipc_hdr_t));
+    ssize_t k = recvmsg(fd, &m, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+    assert_int_equal(k, (ssize_t)sizeof(ipc_hdr_t));
     int got = -1;
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm))
         if (cm->cmsg_type == SCM_RIGHTS)
             memcpy(&got, CMSG_DATA(cm), sizeof(int));
     ipc_hdr_t r;
     memcpy(&r, msg, sizeof(r));
-    int code = 0;
-    if (r.flags & IPC_F_ERROR) {
-        while (k < (ssize_t)sizeof(msg)) { /* the error body may come in a second read */
-            ssize_t more = read(fd, msg + k, sizeof(msg) - (size_t)k);
-            assert_true(more > 0);
-            k += more;
-        }
-        ipc_err_body_t e;
-        memcpy(&e, msg + sizeof(r), sizeof(e));
-        code = e.code;
+    assert_true(r.body_len <= sizeof(msg) - sizeof(r));
+    for (size_t have = 0; have < r.body_len;) { /* the body may come in later reads */
+        ssize_t more = read(fd, msg + sizeof(r) + have, r.body_len - have);
+        assert_true(more > 0);
+        have += (size_t)more;
     }
     close(fd);
+    assert_int_equal(ipc_frame_check(msg, sizeof(r) + r.body_len, 1, &r), 0);
+    int code = 0;
+    if (r.flags & IPC_F_ERROR) {
+        ipc_err_body_t e;
+        assert_int_equal(r.body_len, sizeof(e));
+        memcpy(&e, msg + sizeof(r), sizeof(e));
+        code = e.code;
+        assert_non_null(memchr(e.msg, 0, sizeof(e.msg)));
+        assert_int_equal(got, -1); /* no fd comes with a refusal */
+    } else {
+        if (body) {
+            assert_int_equal(r.body_len, body_len);
+            memcpy(body, msg + sizeof(r), body_len);
+        }
+        if (r.opcode == IPC_OP_HELLO && r.body_len == sizeof(ipc_hello_rep_t)) {
+            ipc_hello_rep_t rep;
+            memcpy(&rep, msg + sizeof(r), sizeof(rep));
+            key_keep(&rep);
+        }
+    }
     if (ret_fd)
         *ret_fd = got;
     else if (got >= 0)
@@ -143,8 +144,16 @@ static int raw_attach(uint64_t session, uint64_t key, int *ret_fd)
     return code;
 }
 
+/* Sends a frame, returns the error code of the answer (0 for a success reply); body out. HELLO
+ * frames go to the admin socket, where it is served (raw_admin); the rest to nanomsg socket s. */
 static int raw_call(int s, const void *frame, size_t len, void *body, size_t body_len)
 {
+    ipc_hdr_t fh;
+    if (len >= sizeof(fh)) {
+        memcpy(&fh, frame, sizeof(fh));
+        if (fh.opcode == IPC_OP_HELLO && fh.magic == IPC_MAGIC)
+            return raw_admin(frame, len, body, body_len, NULL);
+    }
     assert_int_equal(nn_send(s, frame, len, 0), (int)len);
     void *msg = NULL;
     int n = nn_recv(s, &msg, NN_MSG, 0);
@@ -161,14 +170,6 @@ static int raw_call(int s, const void *frame, size_t len, void *body, size_t bod
     } else if (body) {
         assert_int_equal(h.body_len, body_len);
         memcpy(body, (uint8_t *)msg + sizeof(h), body_len);
-    }
-    if (!(h.flags & IPC_F_ERROR) && h.opcode == IPC_OP_HELLO &&
-        h.body_len == sizeof(ipc_hello_rep_t)) {
-        ipc_hello_rep_t rep; /* nanomsg's buffer need not be aligned for it */
-        memcpy(&rep, (const uint8_t *)msg + sizeof(h), sizeof(rep));
-        key_keep(&rep);
-        if (!g_no_attach)
-            assert_int_equal(raw_attach(rep.session, rep.key, NULL), 0);
     }
     nn_freemsg(msg);
     return code;
@@ -392,7 +393,7 @@ static void m_hello_seqs(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
 static void m_hello_pid(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
 {
     ipc_hello_req_t r = good_hello();
-    r.pid = 0; /* not a process id (another one is only a claim: ATTACH names the real pid) */
+    r.pid = 0; /* not a process id (another one is only a claim: the kernel names the real one) */
     frame_make(f, IPC_OP_HELLO, 0, &r, sizeof(r));
 }
 static void m_hello_label(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
@@ -858,34 +859,31 @@ static void test_end_before_begin_answered(void **state)
     assert_int_equal(tl_daemon_status(&D, "pool_check"), 0);
 }
 
-/* ATTACH: a session is bound to the process the kernel names and gets its staging buffer by fd,
- * a sealed memfd its client can neither shrink nor grow; until then it cannot step, and a
- * session never attached (a HELLO with someone else's pid, say) is closed after attach_ms. */
-static void test_attach(void **state)
+/* HELLO is served on the admin socket only (protocol 5): on the control socket it is refused,
+ * ATTACH is retired; on the admin socket the session is bound to the caller whatever pid it
+ * claims (its pid is watched: it steps at once), and its staging buffer comes beside the reply,
+ * a sealed memfd its client can neither shrink nor grow. */
+static void test_hello_admin(void **state)
 {
-    g_no_attach = 1;
     int s = raw_socket();
     frame_t f;
     ipc_hello_req_t r = good_hello();
-    r.pid = 1; /* a claim the daemon no longer acts on */
-    ipc_hello_rep_t rep;
+    r.pid = 1; /* a claim the daemon does not act on */
     frame_make(&f, IPC_OP_HELLO, 0, &r, sizeof(r));
-    assert_int_equal(raw_call(s, f.b, f.len, &rep, sizeof(rep)), 0);
-    assert_int_equal(rep.shm_name[0], 0); /* no name anyone could open */
-    uint32_t ob[2 + 1] = {1, 0, 77};
-    frame_make(&f, IPC_OP_SEQ_OPEN, rep.session, ob, sizeof(ob));
-    ipc_seq_rep_t orep;
-    assert_int_equal(raw_call(s, f.b, f.len, &orep, sizeof(orep)), 0);
-    const uint32_t sn[2] = {orep.seq, 1};
-    step_frame(&f, rep.session, 1, 1, sn, 0);
-    assert_int_equal(raw_call(s, f.b, f.len, NULL, 0), -ENOTCONN);
-    /* on the control socket ATTACH is refused; on the admin socket a wrong key is as unknown */
-    frame_make(&f, IPC_OP_ATTACH, rep.session, NULL, 0);
-    assert_int_equal(raw_call(s, f.b, f.len, NULL, 0), -EOPNOTSUPP);
-    assert_int_equal(raw_attach(rep.session, rep.key ^ 1, NULL), -ENOTCONN);
+    /* nanomsg cannot say who sent it */
+    assert_int_equal(nn_send(s, f.b, f.len, 0), (int)f.len);
+    void *msg = NULL;
+    int n = nn_recv(s, &msg, NN_MSG, 0);
+    assert_true(n == (int)(sizeof(ipc_hdr_t) + sizeof(ipc_err_body_t)));
+    ipc_err_body_t e;
+    memcpy(&e, (uint8_t *)msg + sizeof(ipc_hdr_t), sizeof(e));
+    assert_int_equal(e.code, -EPERM);
+    nn_freemsg(msg);
+    ipc_hello_rep_t rep;
     int fd = -1;
-    assert_int_equal(raw_attach(rep.session, rep.key, &fd), 0);
+    assert_int_equal(raw_admin(f.b, f.len, &rep, sizeof(rep), &fd), 0);
     assert_true(fd >= 0);
+    assert_int_equal(rep.shm_name[0], 0); /* no name anyone could open */
     struct stat st;
     assert_int_equal(fstat(fd, &st), 0);
     assert_int_equal((uint64_t)st.st_size, rep.buf_bytes);
@@ -896,39 +894,31 @@ static void test_attach(void **state)
     assert_int_equal(fcntl(fd, F_GET_SEALS) & (F_SEAL_SHRINK | F_SEAL_GROW),
                      F_SEAL_SHRINK | F_SEAL_GROW);
     close(fd);
-    assert_int_equal(raw_attach(rep.session, rep.key, NULL), -EALREADY);
-    /* four sessions claiming pid 1, never attached: gone after attach_ms (1 s here) */
-    uint64_t gone[4];
-    for (int i = 0; i < 4; i++) {
-        frame_make(&f, IPC_OP_HELLO, 0, &r, sizeof(r));
-        assert_int_equal(raw_call(s, f.b, f.len, &rep, sizeof(rep)), 0);
-        gone[i] = rep.session;
-    }
-    usleep(1600 * 1000);
-    for (int i = 0; i < 4; i++) {
-        frame_make(&f, IPC_OP_PING, gone[i], NULL, 0);
-        assert_int_equal(raw_call(s, f.b, f.len, NULL, 0), -ENOTCONN);
-    }
-    /* sessions that never attach cannot keep a real client out: at most 8 wait at once (the
-     * oldest goes), so 20 forged HELLOs leave the table with room */
-    pat_status_t ps = {.size = sizeof(ps)};
-    assert_int_equal(pat_status(D.sock, 2000, &ps), 0);
-    const uint32_t before = ps.connections;
-    uint64_t first = 0;
-    for (uint32_t i = 0; i < 20; i++) {
-        frame_make(&f, IPC_OP_HELLO, 0, &r, sizeof(r));
-        assert_int_equal(raw_call(s, f.b, f.len, &rep, sizeof(rep)), 0);
-        first = i == 0 ? rep.session : first;
-    }
-    usleep(50 * 1000); /* the evicted ones are reaped */
-    assert_int_equal(pat_status(D.sock, 2000, &ps), 0);
-    assert_true(ps.connections <= before + 8);
-    frame_make(&f, IPC_OP_PING, first, NULL, 0);
-    assert_int_equal(raw_call(s, f.b, f.len, NULL, 0), -ENOTCONN); /* the oldest went */
-    pat_conn_t *c = connect_ok(4);
-    assert_non_null(c);
-    pat_close(c);
-    g_no_attach = 0;
+    /* ATTACH is retired, on either socket */
+    frame_make(&f, IPC_OP_ATTACH, rep.session, NULL, 0);
+    assert_int_equal(raw_call(s, f.b, f.len, NULL, 0), -EOPNOTSUPP);
+    assert_int_equal(raw_admin(f.b, f.len, NULL, 0, NULL), -EOPNOTSUPP);
+    /* bound to this process (pid 1 was only claimed): a step begins at once */
+    uint32_t ob[2 + 1] = {1, 0, 77};
+    frame_make(&f, IPC_OP_SEQ_OPEN, rep.session, ob, sizeof(ob));
+    ipc_seq_rep_t orep;
+    assert_int_equal(raw_call(s, f.b, f.len, &orep, sizeof(orep)), 0);
+    const uint32_t sn[2] = {orep.seq, 1};
+    step_frame(&f, rep.session, 1, 1, sn, 0);
+    ipc_step_begin_rep_t brep;
+    assert_int_equal(raw_call(s, f.b, f.len, &brep, sizeof(brep)), 0);
+    ipc_step_end_req_t er = {.step = brep.step, .flags = IPC_STEP_END_ABORT};
+    frame_make(&f, IPC_OP_STEP_END, rep.session, &er, sizeof(er));
+    assert_int_equal(raw_call(s, f.b, f.len, NULL, 0), 0);
+    /* the admin socket's own refusals: a HELLO body of the wrong length, and a body on an
+     * admin request that has none */
+    frame_make(&f, IPC_OP_HELLO, 0, &r, sizeof(r) - 8);
+    assert_int_equal(raw_admin(f.b, f.len, NULL, 0, NULL), -EMSGSIZE);
+    uint32_t x = 1;
+    frame_make(&f, IPC_OP_STATUS, 0, &x, sizeof(x));
+    assert_int_equal(raw_admin(f.b, f.len, NULL, 0, NULL), -EMSGSIZE);
+    frame_make(&f, IPC_OP_BYE, rep.session, NULL, 0);
+    assert_int_equal(raw_call(s, f.b, f.len, NULL, 0), 0);
     nn_close(s);
 }
 
@@ -941,7 +931,7 @@ int main(void)
         cmocka_unit_test(test_block_quota),
         cmocka_unit_test(test_end_before_begin_answered),
         cmocka_unit_test(test_hello_bounds_and_resends),
-        cmocka_unit_test(test_attach),
+        cmocka_unit_test(test_hello_admin),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
