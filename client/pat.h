@@ -21,7 +21,9 @@
  *     restarted daemon starts empty).
  *
  * Staging rows are [max_batch_tokens][heads][head_dim] elements of the model dtype; the rows
- * of a step are its sequences' new tokens in the order given to pat_step_begin().
+ * of a step are its sequences' new tokens in the order given to pat_step_begin(). A NaN or an
+ * infinity in K or V is stored in the KV cache as 0 (the cache never holds one, so it cannot
+ * reach another session's attention through a reused block).
  *
  * GPU sessions (a daemon on the cuda backend; pat_buffers().on_gpu = 1): the staging buffers are
  * device memory of the daemon's GPU, mapped into this process (CUDA IPC); the process needs the

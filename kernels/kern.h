@@ -106,8 +106,11 @@ int kern_backend_create(const char *name, const kern_config_t *cfg, kern_backend
 void kern_backend_free(kern_backend_t *b); /* accepts NULL */
 const char *kern_backend_name(const kern_backend_t *b);
 
-/* Writes n new tokens' K and V of one layer into their slots. Returns 0, -EINVAL (layer or a slot
- * out of range). */
+/* Writes n new tokens' K and V of one layer into their slots; a NaN or an infinity is stored as 0,
+ * so no slot ever holds one (the cuda forward loads whole pages, the tails of partial blocks too,
+ * and a masked score's zero weight times a NaN of V would still be NaN: one client's non-finite
+ * values must not reach another's attention through a reused block). Returns 0, -EINVAL (layer
+ * or a slot out of range). */
 int kern_append_kv(kern_backend_t *b, uint32_t layer, const void *k, const void *v,
                    const uint32_t *slots, uint32_t n);
 

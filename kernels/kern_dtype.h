@@ -46,4 +46,29 @@ static inline void kern_store(kern_dtype_t d, void *p, uint64_t i, float v)
     }
 }
 
+/* Zeroes every NaN and infinity of n elements of dtype d in place (kern_append_kv's rule: a
+ * pool slot never holds one, so a masked score's P = 0 never meets NaN in V); returns how many. */
+static inline uint64_t kern_finite(kern_dtype_t d, void *p, uint64_t n)
+{
+    uint64_t fixed = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        if (d == KERN_F16 || d == KERN_BF16) {
+            uint16_t *x = (uint16_t *)p + i;
+            const uint16_t e = d == KERN_F16 ? 0x7c00u : 0x7f80u;
+            if ((*x & e) == e) {
+                *x = 0;
+                fixed++;
+            }
+        } else {
+            uint32_t x;
+            memcpy(&x, (uint8_t *)p + 4 * i, 4);
+            if ((x & 0x7f800000u) == 0x7f800000u) {
+                memset((uint8_t *)p + 4 * i, 0, 4);
+                fixed++;
+            }
+        }
+    }
+    return fixed;
+}
+
 #endif

@@ -315,8 +315,12 @@ static int cpu_append_kv(kern_backend_t *b, uint32_t layer, const void *k, const
         uint32_t blk = slots[i] / m->block_size, off = slots[i] % m->block_size;
         for (uint32_t h = 0; h < m->kv_heads; h++) {
             uint64_t src = ((uint64_t)i * m->kv_heads + h) * row;
-            memcpy((void *)kv_ptr(c, layer, blk, 0, h, off), (const uint8_t *)k + src, row);
-            memcpy((void *)kv_ptr(c, layer, blk, 1, h, off), (const uint8_t *)v + src, row);
+            void *dk = (void *)kv_ptr(c, layer, blk, 0, h, off);
+            void *dv = (void *)kv_ptr(c, layer, blk, 1, h, off);
+            memcpy(dk, (const uint8_t *)k + src, row);
+            memcpy(dv, (const uint8_t *)v + src, row);
+            kern_finite(m->dtype, dk, m->head_dim); /* NaN and infinity stored as 0 (kern.h) */
+            kern_finite(m->dtype, dv, m->head_dim);
         }
     }
     return 0;

@@ -1,16 +1,32 @@
 /*
  * kern_cuda_kv.cu — KV memory of the cuda backend: the append of a step's new K and V into their
- * pool slots (one kernel per layer, 16-byte copies) and the copy-on-write block copies. The slot
- * list of a step is checked against the pool and uploaded once per step (slots_upload), then
- * every layer's append reads it.
+ * pool slots (one kernel per layer, 16-byte copies, NaN and infinity stored as 0) and the
+ * copy-on-write block copies. The slot list of a step is checked against the pool and uploaded
+ * once per step (slots_upload), then every layer's append reads it.
  */
 #include "kern_cuda_int.h"
 
 #include <errno.h>
 #include <string.h>
 
+#include <type_traits>
+
 namespace kcuda
 {
+
+/* Eight 16-bit elements with every NaN and infinity (exponent all ones: E) set to 0 (kern.h:
+ * no pool slot holds one). */
+template <uint32_t E> __device__ __forceinline__ uint4 finite8(uint4 x)
+{
+    uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint32_t lo = (w[i] & E) == E ? 0u : 0xffffu;
+        const uint32_t hi = ((w[i] >> 16) & E) == E ? 0u : 0xffff0000u;
+        w[i] &= lo | hi;
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
 
 template <typename T, int D>
 __global__ void append_kernel(const T *__restrict__ k, const T *__restrict__ v,
@@ -26,8 +42,9 @@ __global__ void append_kernel(const T *__restrict__ k, const T *__restrict__ v,
         T *dk = kv + blk * block_elems + ((uint64_t)h * KERN_BLOCK_SIZE + off) * D + ch * 8;
         T *dv = dk + (uint64_t)kv_heads * KERN_BLOCK_SIZE * D;
         const uint64_t src = ((uint64_t)i * kv_heads + h) * D + ch * 8;
-        *reinterpret_cast<uint4 *>(dk) = *reinterpret_cast<const uint4 *>(k + src);
-        *reinterpret_cast<uint4 *>(dv) = *reinterpret_cast<const uint4 *>(v + src);
+        constexpr uint32_t E = std::is_same<T, __half>::value ? 0x7c00u : 0x7f80u;
+        *reinterpret_cast<uint4 *>(dk) = finite8<E>(*reinterpret_cast<const uint4 *>(k + src));
+        *reinterpret_cast<uint4 *>(dv) = finite8<E>(*reinterpret_cast<const uint4 *>(v + src));
     }
 }
 

@@ -582,6 +582,79 @@ static void test_copy_blocks(void **state)
     kern_backend_free(b);
 }
 
+/* kern_append_kv stores NaN and infinity as 0 (kern.h: no pool slot holds one), for fp16, bf16
+ * and fp32: attention over tokens whose K or V carried them equals float64 attention with those
+ * elements 0, and is finite. */
+static void test_nonfinite_kv_stored_as_zero(void **state)
+{
+    static const kern_dtype_t dts[] = {KERN_F16, KERN_BF16, KERN_F32};
+    for (int di = 0; di < 3; di++) {
+        const kern_dtype_t dt = dts[di];
+        const uint32_t d = 64, n = 10, esz = kern_dtype_size(dt);
+        kern_config_t kc = {.model = {1, 1, 1, d, BS, dt},
+                            .n_blocks = 2,
+                            .max_tokens = 1,
+                            .max_partials = 4,
+                            .n_threads = 1};
+        kern_backend_t *b;
+        assert_int_equal(kern_backend_create("cpu", &kc, &b), 0);
+        double K[10 * 64], V[10 * 64];
+        uint8_t k[64 * 4], v[64 * 4];
+        for (uint32_t t = 0; t < n; t++) {
+            for (uint32_t i = 0; i < d; i++) {
+                kern_store(dt, k, i, (float)tl_kv_value(3, t, 1, 0, i, 0));
+                kern_store(dt, v, i, (float)tl_kv_value(3, t, 1, 0, i, 1));
+            }
+            /* token 2: NaN in K; 3: +inf in V; 4: -inf in K and NaN in V */
+            if (t == 2)
+                kern_store(dt, k, 5, NAN);
+            if (t == 3)
+                kern_store(dt, v, 7, INFINITY);
+            if (t == 4) {
+                kern_store(dt, k, 0, -INFINITY);
+                kern_store(dt, v, 63, NAN);
+            }
+            for (uint32_t i = 0; i < d; i++) {
+                const float kf = kern_load(dt, k, i), vf = kern_load(dt, v, i);
+                K[t * d + i] = isfinite(kf) ? kf : 0.0;
+                V[t * d + i] = isfinite(vf) ? vf : 0.0;
+            }
+            uint32_t slot = BS + t;
+            assert_int_equal(kern_append_kv(b, 0, k, v, &slot, 1), 0);
+        }
+        sched_config_t sc = {.max_queries = 1,
+                             .max_tokens = 1,
+                             .block_size = BS,
+                             .q_heads = 1,
+                             .kv_heads = 1,
+                             .head_dim = d,
+                             .kv_elt_bytes = esz};
+        sched_t *s;
+        assert_int_equal(sched_create(&sc, &s), 0);
+        uint32_t block = 1;
+        sched_query_t sq = {&block, 1, n, 1, 0};
+        assert_int_equal(sched_forest_join(sched_forest(s), 0, &sq), 0);
+        const sched_plan_hdr_t *h;
+        assert_int_equal(sched_build(s, &h), 0);
+        uint8_t q[64 * 4], o[64 * 4];
+        double qd[64], ref[64], got[64];
+        for (uint32_t i = 0; i < d; i++) {
+            kern_store(dt, q, i, (float)tl_kv_value(9, i, 0, 0, 0, 0));
+            qd[i] = kern_load(dt, q, i);
+        }
+        kern_attn_params_t p = {.scale = 0.125f};
+        assert_int_equal(kern_attend(b, 0, h, q, o, &p), 0);
+        tl_ref_attend(qd, K, V, n, d, 0.125, 0, ref);
+        for (uint32_t i = 0; i < d; i++) {
+            got[i] = kern_load(dt, o, i);
+            assert_true(isfinite(got[i]));
+        }
+        assert_true(tl_rel_err(got, ref, d) < 1e-2);
+        sched_free(s);
+        kern_backend_free(b);
+    }
+}
+
 static void test_errors(void **state)
 {
     kern_config_t kc = {.model = {2, 8, 2, 128, BS, KERN_BF16},
@@ -676,6 +749,7 @@ int main(void)
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_empty_ranges_and_masked_merge),
         cmocka_unit_test(test_copy_blocks),
+        cmocka_unit_test(test_nonfinite_kv_stored_as_zero),
         cmocka_unit_test(test_threads_and_plan_copies_do_not_change_results),
         cmocka_unit_test(test_random_forests_vs_fp64),
         cmocka_unit_test(test_tree_plans_many_threads_vs_fp64),
