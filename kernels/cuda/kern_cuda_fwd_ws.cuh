@@ -16,15 +16,16 @@
  * one slot by 16-byte cp.async and then every KV tile into the next ones: by the tensor memory
  * accelerator where the tile starts on a page (always, for the scheduler's plans: one box per
  * page, K and V, 64 columns each, issued by thread 0, the slot's barrier counting their bytes;
- * pages past the segment load the layer's block 0, finite and masked: the pool is zeroed at
- * create), else (and with KERN_FWD_CPASYNC) by 16-byte cp.async, tokens past the segment
- * zero-filled. A full mbarrier per slot tells the consumers it is in (cp.async.mbarrier.arrive: no
- * thread waits for its own copies; the producer's thread 0 also arrives, a release of the words it
- * wrote beside a Q slot: item id and tile count). Warpgroups 1 and 2 are the consumers: each owns
- * 64 rows, takes its Q rows into registers and frees the Q slot at once (so an item of any length
- * streams through the ring), then issues only wgmma (Q.K^T with Q from registers, P.V) and the
- * softmax; when done with a slot its threads arrive on the slot's empty mbarrier, on which the
- * producer waits before refilling.
+ * pages past the segment load the layer's block 0; every row a tile holds past its segment is
+ * masked, and finite: the pool is zeroed at create and appends store NaN and infinity as 0), else
+ * (and with KERN_FWD_CPASYNC) by 16-byte cp.async, tokens past the segment zero-filled. A full
+ * mbarrier per slot tells the consumers it is in (cp.async.mbarrier.arrive: no thread waits for its
+ * own copies; the producer's thread 0 also arrives, a release of the words it wrote beside a Q
+ * slot: item id and tile count). Warpgroups 1 and 2 are the consumers: each owns 64 rows, takes its
+ * Q rows into registers and frees the Q slot at once (so an item of any length streams through the
+ * ring), then issues only wgmma (Q.K^T with Q from registers, P.V) and the softmax; when done with
+ * a slot its threads arrive on the slot's empty mbarrier, on which the producer waits before
+ * refilling.
  *
  * Two modes, by the CTA's rows:
  *   big   (more than KCUDA_SMALL_M rows): KV head j; consumer c has rows 64c..64c+63; one KV tile
@@ -353,8 +354,8 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
                 if (h < it.n_heads && a.tma && aligned) {
                     /* a box per page, K and V, 64 columns each: thread 0 issues them all, the
                      * slot's barrier counts their bytes. A page past the segment's end loads
-                     * block 0 of the layer instead (the pool is zeroed at create and holds only
-                     * finite values: its rows are masked), so every tile counts the same bytes */
+                     * block 0 of the layer instead (its rows are masked, and finite: the pool
+                     * never holds NaN or infinity, kern.h), so every tile counts the same bytes */
                     if (tid == 0) {
                         const uint32_t sk = mp.slot(s), bar = mp.full(s);
                         mb_expect_tx(bar, 2 * G::KV_BYTES);
