@@ -440,7 +440,8 @@ bench: $(BENCH_BINS) $(PATD_BIN)
 DEB_PKGS := build-essential pkg-config libxxhash-dev libcmocka-dev clang-format clang \
             libclang-rt-14-dev systemd procps libuv1-dev \
             libnanomsg-dev libinih-dev libmicrohttpd-dev libjemalloc-dev libsystemd-dev \
-            python3 python3-numpy libjson-c-dev liblzma-dev gnuplot-nox
+            python3 python3-numpy python3-pip python3-setuptools python3-wheel python3-venv libjson-c-dev \
+            liblzma-dev gnuplot-nox
 deps:
 	$(Q)if ! command -v dpkg >/dev/null; then \
 	  echo "deps: not a Debian system; install the equivalents of: $(DEB_PKGS)"; exit 0; fi; \
@@ -453,6 +454,10 @@ deps:
 	else echo "deps: all present"; fi
 
 SYSTEMD_DIR := $(PREFIX)/lib/systemd/system
+# the Python binding beside it, where Debian's python3 looks for locally installed modules
+# (pip install client/python is the other way: a virtualenv, a wheel)
+PY_DIR ?= $(PREFIX)/lib/python3/dist-packages
+PY_DIR := $(shell /usr/bin/python3 -c 'import sys; print("$(PREFIX)/lib/python3.%d/dist-packages" % sys.version_info[1])' 2>/dev/null || echo $(PY_DIR))
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include \
 	  $(DESTDIR)$(SYSTEMD_DIR) $(DESTDIR)$(PREFIX)/lib/sysusers.d $(DESTDIR)$(PREFIX)/lib/tmpfiles.d \
@@ -471,6 +476,8 @@ install: all
 	install -m 0644 systemd/patd.tmpfiles $(DESTDIR)$(PREFIX)/lib/tmpfiles.d/patd.conf
 	[ -e $(DESTDIR)/etc/patd/patd.conf ] || install -m 0644 systemd/patd.conf $(DESTDIR)/etc/patd/
 	install -m 0644 README.md $(DESTDIR)$(PREFIX)/share/doc/patd/
+	install -d $(DESTDIR)$(PY_DIR)/patd
+	install -m 0644 client/python/patd/*.py $(DESTDIR)$(PY_DIR)/patd/
 
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/patd $(DESTDIR)$(PREFIX)/bin/patctl $(DESTDIR)$(PREFIX)/bin/patload $(DESTDIR)$(PREFIX)/bin/patd-demo \
@@ -478,7 +485,7 @@ uninstall:
 	  $(DESTDIR)$(PREFIX)/lib/pkgconfig/pat.pc $(DESTDIR)$(SYSTEMD_DIR)/patd.service \
 	  $(DESTDIR)$(SYSTEMD_DIR)/patd@.service $(DESTDIR)$(SYSTEMD_DIR)/patd-mps.service \
 	  $(DESTDIR)$(PREFIX)/lib/sysusers.d/patd.conf $(DESTDIR)$(PREFIX)/lib/tmpfiles.d/patd.conf
-	rm -rf $(DESTDIR)$(PREFIX)/share/doc/patd
+	rm -rf $(DESTDIR)$(PREFIX)/share/doc/patd $(DESTDIR)$(PY_DIR)/patd
 	@echo "uninstall: /etc/patd/patd.conf left in place"
 
 FMT_FILES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)

@@ -16,8 +16,8 @@
  * one slot by 16-byte cp.async and then every KV tile into the next ones: by the tensor memory
  * accelerator where the tile starts on a page (always, for the scheduler's plans: one box per
  * page, K and V, 64 columns each, issued by thread 0, the slot's barrier counting their bytes;
- * pages past the segment load the layer's block 0; every row a tile holds past its segment is
- * masked, and finite: the pool is zeroed at create and appends store NaN and infinity as 0), else
+ * a partial page's rows past its segment are masked, and finite: the pool is zeroed at create and
+ * appends store NaN and infinity as 0; pages wholly past the segment are zero-filled), else
  * (and with KERN_FWD_CPASYNC) by 16-byte cp.async, tokens past the segment zero-filled. A full
  * mbarrier per slot tells the consumers it is in (cp.async.mbarrier.arrive: no thread waits for its
  * own copies; the producer's thread 0 also arrives, a release of the words it wrote beside a Q
@@ -322,6 +322,7 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
         const uint32_t n_segs = it.cta.seg_count;
         uint32_t pa[G::LPT], pb[G::LPT];
         bool aligned_next[2] = {false, false}; /* of pa and pb */
+        uint32_t pages_next[2] = {0, 0};       /* their pages holding a token of the segment */
         uint32_t fk = 0, ft0 = 0, fend = 0, fpage0 = 0;
         const uint32_t *fpages = a.pages;
         sched_plan_seg_t fsg = n_segs ? segs[0] : sched_plan_seg_t{}; /* a segment ahead */
@@ -334,8 +335,9 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
             fpage0 = sg.kv_begin / KERN_BLOCK_SIZE;
             fpages = a.pages + sg.page_begin;
         };
-        auto fetch_pages = [&](uint32_t(&pg)[G::LPT], bool &aligned) {
+        auto fetch_pages = [&](uint32_t(&pg)[G::LPT], bool &aligned, uint32_t &n_pages) {
             aligned = ft0 % KERN_BLOCK_SIZE == 0; /* tile rows are whole pages: TMA boxes */
+            n_pages = (min(fend - ft0, (uint32_t)N) + KERN_BLOCK_SIZE - 1) / KERN_BLOCK_SIZE;
 #pragma unroll
             for (int e = 0; e < G::LPT; e++) {
                 const uint32_t t = ft0 + (tid + e * KCUDA_THREADS) / G::CPR;
@@ -347,30 +349,44 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
             if (ft0 >= fend && ++fk < n_segs)
                 fetch_seg();
         };
-        auto produce = [&](int t, uint32_t(&pg)[G::LPT], bool aligned) {
+        auto produce = [&](int t, uint32_t(&pg)[G::LPT], bool aligned, uint32_t n_pages) {
             for (uint32_t h = 0; h < (small ? 2u : 1u); h++) {
                 const int s = take();
                 const uint32_t head = small ? 2 * j + h : j;
                 if (h < it.n_heads && a.tma && aligned) {
-                    /* a box per page, K and V, 64 columns each: thread 0 issues them all, the
-                     * slot's barrier counts their bytes. A page past the segment's end loads
-                     * block 0 of the layer instead (its rows are masked, and finite: the pool
-                     * never holds NaN or infinity, kern.h), so every tile counts the same bytes */
-                    if (tid == 0) {
-                        const uint32_t sk = mp.slot(s), bar = mp.full(s);
-                        mb_expect_tx(bar, 2 * G::KV_BYTES);
+                    /* a box per page holding a token of the segment, K and V, 64 columns each:
+                     * thread 0 issues them all, the slot's barrier counts their bytes (the rows
+                     * of a partial page past the segment's end are masked, and finite: the pool
+                     * never holds NaN or infinity, kern.h). The rows of the pages past the end
+                     * are zero-filled by cp.async (no global read): also masked, they must not
+                     * hold what the slot held before (an item's Q, which a client wrote) */
+                    const uint32_t sk = mp.slot(s);
+                    if (tid == 0 && n_pages) {
+                        const uint32_t bar = mp.full(s);
+                        mb_expect_tx(bar, n_pages * (2 * G::KV_BYTES / (N / KERN_BLOCK_SIZE)));
                         constexpr int PER_PAGE = KERN_BLOCK_SIZE * G::CPR / KCUDA_THREADS;
 #pragma unroll
                         for (int i = 0; i < N / (int)KERN_BLOCK_SIZE; i++) {
-                            const uint32_t p = pg[i * PER_PAGE];
+                            if ((uint32_t)i >= n_pages)
+                                break;
                             const int blk =
-                                (int)(a.tma_block0 + (p == NO_TOKEN ? 0 : p / KERN_BLOCK_SIZE));
+                                (int)(a.tma_block0 + pg[i * PER_PAGE] / KERN_BLOCK_SIZE);
 #pragma unroll
                             for (int cb = 0; cb < D / 64; cb++) {
                                 const uint32_t off = cb * (N * 128) + i * KERN_BLOCK_SIZE * 128;
                                 tma_load5(sk + off, &a.kv_map, bar, cb * 64, 0, (int)head, 0, blk);
                                 tma_load5(sk + G::KV_BYTES + off, &a.kv_map, bar, cb * 64, 0,
                                           (int)head, 1, blk);
+                            }
+                        }
+                    }
+                    if (n_pages < (uint32_t)(N / KERN_BLOCK_SIZE)) {
+#pragma unroll
+                        for (int e = 0; e < G::LPT; e++) {
+                            const int c = tid + e * KCUDA_THREADS, r = c / G::CPR, ch = c % G::CPR;
+                            if ((uint32_t)r / KERN_BLOCK_SIZE >= n_pages) {
+                                cp_async16(sk + wswz<N>(r, ch), a.kv, 0);
+                                cp_async16(sk + G::KV_BYTES + wswz<N>(r, ch), a.kv, 0);
                             }
                         }
                     }
@@ -395,18 +411,18 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
                 filled(s);
             }
             if (t + 2 < n_tiles)
-                fetch_pages(pg, aligned_next[t & 1]); /* tile t + 2 */
+                fetch_pages(pg, aligned_next[t & 1], pages_next[t & 1]); /* tile t + 2 */
         };
         if (n_tiles) {
             fetch_seg();
-            fetch_pages(pa, aligned_next[0]);
+            fetch_pages(pa, aligned_next[0], pages_next[0]);
             if (n_tiles > 1)
-                fetch_pages(pb, aligned_next[1]);
+                fetch_pages(pb, aligned_next[1], pages_next[1]);
         }
         for (int t = 0; t < n_tiles; t += 2) {
-            produce(t, pa, aligned_next[0]);
+            produce(t, pa, aligned_next[0], pages_next[0]);
             if (t + 1 < n_tiles)
-                produce(t + 1, pb, aligned_next[1]);
+                produce(t + 1, pb, aligned_next[1], pages_next[1]);
         }
     }
     cp_async_wait<0>();

@@ -13,7 +13,13 @@
 
 Every libpat error is raised as patd.PatError with .errno (a positive errno value), the
 library's name for it and the daemon's detail. The staging buffers are numpy arrays over the
-shared memory itself: writing them is handing Q/K/V to the daemon (no copies).
+shared memory itself: writing them is handing Q/K/V to the daemon (no copies). A bf16 model's
+are uint16 words (numpy has no bf16: patd.bf16_to_float32 / float32_to_bf16 convert), or, with
+Conn(..., arrays="torch"), torch.bfloat16 tensors over the same memory.
+
+libpat is found through PATD_LIBPAT, else the dynamic linker's search (an installed patd), else
+a built source tree's build/lib; its version must match this binding's major and be at least
+its minor (`python3 -m patd --version` shows both, and the daemon's).
 
 GPU sessions (a daemon on the cuda backend): conn.q/k/v/o are torch tensors over the daemon's
 device memory (CUDA IPC, no copies), and attend(layer, stream) enqueues the hand-off on a torch
@@ -40,32 +46,55 @@ import os
 import numpy as np
 
 __all__ = ["Model", "Conn", "PatError", "admin", "default_socket", "library_version",
-           "F16", "BF16", "F32"]
+           "library_path", "bf16_to_float32", "float32_to_bf16", "F16", "BF16", "F32"]
+
+# The libpat release this binding was written for (client/pat.h's PAT_VERSION): a libpat of
+# another major version, or an older minor one, is refused at import.
+__version__ = "1.5.0"
 
 F16, BF16, F32 = 1, 2, 3
 _ADMIN = {"status": 16, "stats": 17, "seqs": 18, "drain": 19, "reload": 20, "check": 22}
 
 
-def _load():
-    names = []
+def _candidates():
+    """Where libpat is looked for, in order: PATD_LIBPAT (an override), the dynamic linker's
+    search (LD_LIBRARY_PATH, /etc/ld.so.cache: an installed libpat), a source tree's build/lib
+    when this package runs from client/python of a built checkout."""
     if os.environ.get("PATD_LIBPAT"):
-        names.append(os.environ["PATD_LIBPAT"])
-    here = os.path.dirname(os.path.abspath(__file__))
-    names.append(os.path.join(here, "..", "..", "..", "build", "lib", "libpat.so.1"))
-    names.append("libpat.so.1")
+        return [os.environ["PATD_LIBPAT"]]
+    names = ["libpat.so.1"]
     found = ctypes.util.find_library("pat")
     if found:
         names.append(found)
-    last = None
-    for n in names:
+    here = os.path.dirname(os.path.abspath(__file__))
+    tree = os.path.join(here, "..", "..", "..", "build", "lib", "libpat.so.1")
+    if os.path.exists(tree):
+        names.append(os.path.normpath(tree))
+    return names
+
+
+def _load():
+    tried = []
+    for n in _candidates():
         try:
-            return ctypes.CDLL(n)
+            return ctypes.CDLL(n), n
         except OSError as e:
-            last = e
-    raise OSError("libpat.so.1 not found (set PATD_LIBPAT): %s" % last)
+            tried.append(str(e))
+    raise OSError("libpat.so.1 not found: install patd (make install puts it in "
+                  "/usr/local/lib) or set PATD_LIBPAT to its path; tried: %s" % "; ".join(tried))
 
 
-_lib = _load()
+def _check_version(lib_version, want=None):
+    """Raises ImportError unless libpat lib_version (major, minor, patch) can serve this
+    binding: the same major, a minor at least the binding's."""
+    want = want or tuple(int(x) for x in __version__.split("."))
+    if lib_version[0] != want[0] or lib_version[1] < want[1]:
+        raise ImportError("libpat %d.%d.%d (%s) cannot serve this binding, written for libpat "
+                          "%d.%d: install the matching patd release or point PATD_LIBPAT at it"
+                          % (lib_version + (_lib_path,) + want[:2]))
+
+
+_lib, _lib_path = _load()
 _u32, _u64, _p = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p
 
 
@@ -160,6 +189,30 @@ def library_version():
     return (v >> 16, (v >> 8) & 0xff, v & 0xff)
 
 
+def library_path():
+    """The libpat this binding loaded (the name it was found under)."""
+    return _lib_path
+
+
+_check_version(library_version())
+
+
+def bf16_to_float32(a):
+    """A numpy array of bf16 words (uint16, as host staging buffers of a bf16 model hold them)
+    as float32."""
+    w = np.asarray(a, dtype=np.uint16).astype(np.uint32)
+    return np.asarray(w << np.uint32(16), dtype=np.uint32).view(np.float32)
+
+
+def float32_to_bf16(x):
+    """float32 values as bf16 words (uint16), rounded to nearest even; NaN stays NaN."""
+    f = np.asarray(x, dtype=np.float32)
+    u = f.view(np.uint32).astype(np.uint64)
+    s16, one = np.uint64(16), np.uint64(1)
+    r = ((u + np.uint64(0x7fff) + ((u >> s16) & one)) >> s16).astype(np.uint16)
+    return np.where(np.isnan(f), ((u >> s16) | np.uint64(0x40)).astype(np.uint16), r)
+
+
 def default_socket():
     return _default_socket().decode()
 
@@ -194,7 +247,12 @@ class Conn:
     _BUFFERS = {"auto": 0, "host": 1, "gpu": 2}
 
     def __init__(self, model, max_batch_tokens, socket=None, max_seqs=0, timeout_ms=0,
-                 label="python", buffer="auto"):
+                 label="python", buffer="auto", arrays="numpy"):
+        """arrays: what conn.q/k/v/o of a host session are: "numpy" (bf16 as uint16 words:
+        bf16_to_float32 / float32_to_bf16 convert) or "torch" (CPU tensors of the model's
+        dtype, torch.bfloat16 included). GPU sessions always give torch CUDA tensors."""
+        if arrays not in ("numpy", "torch"):
+            raise ValueError("arrays must be 'numpy' or 'torch'")
         self.model = model
         self._h = None
         o = _ConnectOpts()
@@ -219,8 +277,12 @@ class Conn:
         self.on_gpu, self.mps = bool(b.on_gpu), bool(b.mps)
         qshape = (b.max_batch_tokens, model.q_heads, model.head_dim)
         kvshape = (b.max_batch_tokens, model.kv_heads, model.head_dim)
-        view = self._tensor if self.on_gpu else self._view
-        dt = model.dtype if self.on_gpu else model.np_dtype
+        if self.on_gpu:
+            view, dt = self._tensor, model.dtype
+        elif arrays == "torch":
+            view, dt = self._host_tensor, model.dtype
+        else:
+            view, dt = self._view, model.np_dtype
         self.q = view(b.q, dt, qshape)
         self.k = view(b.k, dt, kvshape)
         self.v = view(b.v, dt, kvshape)
@@ -231,6 +293,18 @@ class Conn:
         n = int(np.prod(shape))
         raw = (ctypes.c_char * (n * np.dtype(dt).itemsize)).from_address(ptr)
         return np.frombuffer(raw, dtype=dt, count=n).reshape(shape)
+
+    @staticmethod
+    def _host_tensor(ptr, dtype, shape):
+        """A torch CPU tensor over the host staging buffer at ptr (no copy), of the model's
+        dtype (bf16 included, which numpy lacks)."""
+        import torch
+        n = 1
+        for x in shape:
+            n *= x
+        tdt = {F16: torch.float16, BF16: torch.bfloat16, F32: torch.float32}[dtype]
+        raw = (ctypes.c_char * (n * tdt.itemsize)).from_address(ptr)
+        return torch.frombuffer(raw, dtype=tdt, count=n).view(shape)
 
     @staticmethod
     def _tensor(ptr, dtype, shape):

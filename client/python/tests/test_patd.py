@@ -19,6 +19,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import patd  # noqa: E402
 
 BIN = os.environ.get("PATD_BIN", "build/bin/patd")
+
+
+def _has_torch():
+    try:
+        import torch  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
 MODEL = patd.Model(n_layers=2, q_heads=4, kv_heads=2, head_dim=64, dtype=patd.F16)
 
 
@@ -183,6 +192,58 @@ class DaemonCase(unittest.TestCase):
         self.assertEqual(st["backend"], "cpu")
         self.assertEqual(st["version"] >> 16, patd.library_version()[0])
         self.assertFalse(st["draining"])
+
+    def test_main_prints_versions(self):
+        env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), ".."))
+        out = subprocess.run([sys.executable, "-m", "patd", "--version", "--socket", self.sock],
+                             check=True, capture_output=True, text=True, env=env).stdout
+        self.assertIn("patd binding %s" % patd.__version__, out)
+        self.assertIn("libpat %d.%d.%d" % patd.library_version(), out)
+        self.assertIn("wire protocol 5", out)
+        self.assertIn("cpu backend", out)
+        r = subprocess.run([sys.executable, "-m", "patd", "--socket", self.dir + "/nope.sock"],
+                           capture_output=True, text=True, env=env)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("nothing listens there", r.stdout)
+
+    @unittest.skipUnless(_has_torch(), "torch is not installed")
+    def test_torch_host_arrays(self):
+        import torch
+        with self.conn(arrays="torch") as c:
+            self.assertEqual(c.q.dtype, torch.float16)
+            self.assertEqual(tuple(c.q.shape), (128, 4, 64))
+            c.q[0, 0, 0] = 2.5  # the same memory as the numpy view would be
+            self.assertEqual(float(c.q[0, 0, 0]), 2.5)
+
+
+class OfflineCase(unittest.TestCase):
+    """What needs no daemon: the version rule and the bf16 conversions."""
+
+    def test_version_rule(self):
+        major, minor, _ = (int(x) for x in patd.__version__.split("."))
+        patd._check_version((major, minor, 0))
+        patd._check_version((major, minor + 3, 7))  # a newer minor serves an older binding
+        for bad in ((major + 1, 0, 0), (major - 1, 99, 0), (major, minor - 1, 9)):
+            with self.assertRaises(ImportError) as cm:
+                patd._check_version(bad)
+            self.assertIn("cannot serve this binding", str(cm.exception))
+
+    def test_bf16_conversions(self):
+        self.assertEqual(int(patd.float32_to_bf16(np.float32(1.0))), 0x3F80)
+        self.assertEqual(int(patd.float32_to_bf16(np.float32(-2.0))), 0xC000)
+        # ties round to even: 1 + 2^-8 is halfway between 1 and 1 + 2^-7
+        self.assertEqual(int(patd.float32_to_bf16(np.float32(1 + 2 ** -8))), 0x3F80)
+        self.assertEqual(int(patd.float32_to_bf16(np.float32(1 + 3 * 2 ** -8))), 0x3F82)
+        self.assertTrue(np.isnan(patd.bf16_to_float32(patd.float32_to_bf16(np.float32("nan")))))
+        x = np.random.default_rng(3).standard_normal(1000).astype(np.float32)
+        back = patd.bf16_to_float32(patd.float32_to_bf16(x))
+        self.assertLess(float(np.max(np.abs(back - x) / np.maximum(np.abs(x), 1e-30))), 2 ** -8)
+        self.assertEqual(patd.bf16_to_float32(np.array([0x3F80, 0x4049], np.uint16)).tolist(),
+                         [1.0, 3.140625])
+
+    def test_arrays_argument_checked(self):
+        with self.assertRaises(ValueError):
+            patd.Conn(MODEL, max_batch_tokens=16, socket="/nonexistent", arrays="lists")
 
 
 if __name__ == "__main__":
