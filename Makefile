@@ -348,7 +348,7 @@ ifeq ($(HAVE_CUDA),1)
 ALL_TARGETS += $(B)/libpatcuda.a $(GPU_BINS) $(GPU_TOOLS)
 endif
 
-.PHONY: all check test run-tests test-asan fuzz soak replay systemd-verify demo bench gpu-tests deps install uninstall format format-check clean help FORCE
+.PHONY: all check test run-tests test-asan fuzz soak replay systemd-verify demo bench gpu-tests deps hf-venv install uninstall format format-check clean help FORCE
 # objects of pattern-built programs are kept (no rebuilds after every link)
 .SECONDARY:
 all: $(ALL_TARGETS)
@@ -356,7 +356,7 @@ all: $(ALL_TARGETS)
 
 # The sanitizer build skips the Python tests: CPython cannot load an ASan-built libpat.so.
 TEST_LIST := $(UNIT_BINS) $(DEMO_BIN) $(INTEG_BINS) tests/demo/run_demo.sh tests/integ/test_patload.py \
-             $(if $(filter 1,$(DEBUG)),,tests/integ/test_python.sh)
+             $(if $(filter 1,$(DEBUG)),,tests/integ/test_python.sh tests/integ/test_transformers.sh)
 SAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
            UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 
@@ -440,7 +440,8 @@ bench: $(BENCH_BINS) $(PATD_BIN)
 DEB_PKGS := build-essential pkg-config libxxhash-dev libcmocka-dev clang-format clang \
             libclang-rt-14-dev systemd procps libuv1-dev \
             libnanomsg-dev libinih-dev libmicrohttpd-dev libjemalloc-dev libsystemd-dev \
-            python3 python3-numpy python3-pip python3-setuptools python3-wheel python3-venv libjson-c-dev \
+            python3 python3-numpy python3-pip python3-setuptools python3-wheel python3-venv python3-torch \
+            libjson-c-dev \
             liblzma-dev gnuplot-nox
 deps:
 	$(Q)if ! command -v dpkg >/dev/null; then \
@@ -452,6 +453,27 @@ deps:
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
 	else echo "deps: all present"; fi
+	$(Q)$(MAKE) --no-print-directory hf-venv
+
+# The transformers integration's tests run in a virtualenv over Debian's python3 (its numpy and
+# python3-torch) with transformers from PyPI (HF_PINS: the releases client/python/patd/
+# transformers.py was tested with). Made once by `make deps`; when PyPI cannot be reached the
+# reason goes to $(HF_VENV).log and test_transformers says it was skipped.
+HF_VENV ?= build/hf-venv
+HF_PINS := transformers>=4.48,<4.50
+hf-venv:
+	$(Q)if [ -x $(HF_VENV)/bin/python ] && $(HF_VENV)/bin/python -c 'import torch, transformers' 2>/dev/null; then \
+	  echo "deps: $(HF_VENV) has torch and transformers"; \
+	elif ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then \
+	  echo "deps: no python3-torch: the transformers tests will be skipped" | tee $(HF_VENV).log; \
+	else mkdir -p $(dir $(HF_VENV)); rm -rf $(HF_VENV); \
+	  if /usr/bin/python3 -m venv --system-site-packages $(HF_VENV) >$(HF_VENV).log 2>&1 && \
+	     timeout 600 $(HF_VENV)/bin/pip install --quiet --disable-pip-version-check '$(HF_PINS)' \
+	       >>$(HF_VENV).log 2>&1; then \
+	    echo "deps: $(HF_VENV): $$($(HF_VENV)/bin/python -c 'import transformers as t, torch; print("transformers", t.__version__, "torch", torch.__version__)')"; \
+	  else echo "deps: could not make $(HF_VENV) (see $(HF_VENV).log): the transformers tests will be skipped"; \
+	    rm -rf $(HF_VENV); fi; \
+	fi
 
 SYSTEMD_DIR := $(PREFIX)/lib/systemd/system
 # the Python binding beside it, where Debian's python3 looks for locally installed modules

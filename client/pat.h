@@ -48,7 +48,7 @@ extern "C" {
 #endif
 
 #define PAT_VERSION_MAJOR 1
-#define PAT_VERSION_MINOR 5
+#define PAT_VERSION_MINOR 6
 #define PAT_VERSION_PATCH 0
 #define PAT_VERSION       ((PAT_VERSION_MAJOR << 16) | (PAT_VERSION_MINOR << 8) | PAT_VERSION_PATCH)
 
@@ -148,7 +148,9 @@ typedef struct pat_status {
     uint32_t conn_max_staging_mb, lease_ms, step_timeout_ms;
     uint32_t blocks_total, blocks_free, blocks_used, blocks_cached; /* the KV pool now */
     uint32_t sequences, connections, steps_in_flight;
-    uint64_t reserved[6];
+    float scale;   /* since 1.6: the softmax scale the daemon applies (0: an older daemon) */
+    float softcap; /* since 1.6: its logit soft cap (0: off, or an older daemon) */
+    uint64_t reserved[5];
 } pat_status_t;
 
 PAT_API uint32_t pat_version(void); /* PAT_VERSION of the library actually loaded */

@@ -17,6 +17,7 @@
 #include <nanomsg/reqrep.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +116,8 @@ static void fill_info(patd_t *d, ipc_info_rep_t *r)
     r->blocks_cached = ks.n_cached;
     r->sequences = ks.n_seqs;
     r->connections = d->n_conns;
+    r->scale = cfg->scale > 0 ? cfg->scale : 1.0f / sqrtf((float)d->model.head_dim);
+    r->softcap = cfg->softcap;
     for (uint32_t i = 0; i < d->n_conns; i++)
         r->steps_in_flight += (uint32_t)patd_step_busy(&d->conns[i]->step);
 }
@@ -135,6 +138,7 @@ static void op_status(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *
     fprintf(f, "model layers=%u q_heads=%u kv_heads=%u head_dim=%u dtype=%u block=%u id=%llu\n",
             r.model.n_layers, r.model.q_heads, r.model.kv_heads, r.model.head_dim, r.model.dtype,
             r.model.block_size, (unsigned long long)r.model.model_id);
+    fprintf(f, "scale %g\nsoftcap %g\n", (double)r.scale, (double)r.softcap);
     fprintf(f, "max_seq_len %u\nsocket %s\nevents %s\n", r.max_seq_len, d->sock_path, d->ev_path);
     fprintf(f, "blocks_total %u\nblocks_free %u\nblocks_used %u\nblocks_cached %u\n",
             r.blocks_total, r.blocks_free, r.blocks_used, r.blocks_cached);

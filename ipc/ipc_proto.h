@@ -255,8 +255,11 @@ typedef struct ipc_info_rep {
     /* the pool and the daemon now */
     uint32_t blocks_total, blocks_free, blocks_used, blocks_cached;
     uint32_t sequences, connections, steps_in_flight, reserved1;
+    /* appended in release 1.6 (an older daemon's reply ends before them: read as 0) */
+    float scale;   /* the softmax scale applied now (model.scale, or 1/sqrt(head_dim)) */
+    float softcap; /* the logit soft cap applied now (0: off) */
 } ipc_info_rep_t;
-_Static_assert(sizeof(ipc_info_rep_t) == 152, "info reply layout");
+_Static_assert(sizeof(ipc_info_rep_t) == 160, "info reply layout");
 
 /* ------------------------------------------------------------------ codec (ipc_codec.c) */
 typedef struct ipc_buf {

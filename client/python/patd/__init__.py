@@ -50,7 +50,7 @@ __all__ = ["Model", "Conn", "PatError", "admin", "default_socket", "library_vers
 
 # The libpat release this binding was written for (client/pat.h's PAT_VERSION): a libpat of
 # another major version, or an older minor one, is refused at import.
-__version__ = "1.5.0"
+__version__ = "1.6.0"
 
 F16, BF16, F32 = 1, 2, 3
 _ADMIN = {"status": 16, "stats": 17, "seqs": 18, "drain": 19, "reload": 20, "check": 22}
@@ -137,7 +137,7 @@ class _Status(ctypes.Structure):
                 ("lease_ms", _u32), ("step_timeout_ms", _u32), ("blocks_total", _u32),
                 ("blocks_free", _u32), ("blocks_used", _u32), ("blocks_cached", _u32),
                 ("sequences", _u32), ("connections", _u32), ("steps_in_flight", _u32),
-                ("reserved", _u64 * 6)]
+                ("scale", ctypes.c_float), ("softcap", ctypes.c_float), ("reserved", _u64 * 5)]
 
 
 def _sig(name, res, *args):
@@ -303,7 +303,8 @@ class Conn:
         for x in shape:
             n *= x
         tdt = {F16: torch.float16, BF16: torch.bfloat16, F32: torch.float32}[dtype]
-        raw = (ctypes.c_char * (n * tdt.itemsize)).from_address(ptr)
+        size = torch.empty((), dtype=tdt).element_size()  # dtype.itemsize: torch >= 2.1 only
+        raw = (ctypes.c_char * (n * size)).from_address(ptr)
         return torch.frombuffer(raw, dtype=tdt, count=n).view(shape)
 
     @staticmethod

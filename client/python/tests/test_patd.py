@@ -192,6 +192,10 @@ class DaemonCase(unittest.TestCase):
         self.assertEqual(st["backend"], "cpu")
         self.assertEqual(st["version"] >> 16, patd.library_version()[0])
         self.assertFalse(st["draining"])
+        # since 1.6: the softmax scale and soft cap the daemon applies (defaults here)
+        self.assertAlmostEqual(st["scale"], MODEL.head_dim ** -0.5, places=6)
+        self.assertEqual(st["softcap"], 0.0)
+        self.assertIn("scale 0.125\n", patd.admin("status", socket=self.sock))
 
     def test_main_prints_versions(self):
         env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), ".."))

@@ -1,0 +1,242 @@
+"""transformers models generating through patd (patd.transformers), against the same model with
+transformers' own attention, on a real patd (cpu backend, started here).
+
+Skipped when torch or transformers cannot be imported, unless PATD_REQUIRE_TRANSFORMERS=1
+(tests/integ/test_transformers.sh sets it: there a skip is a failure).
+Run: PATD_BIN=build/bin/patd PATD_LIBPAT=build/lib/libpat.so.1 python3 -m unittest
+     client/python/tests/test_transformers.py
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import patd  # noqa: E402
+
+try:
+    import torch
+    import transformers
+    import patd.transformers as pt
+    WHY_NOT = None
+except ImportError as e:  # noqa: F841
+    WHY_NOT = "torch / transformers not importable: %s" % e
+
+if WHY_NOT and os.environ.get("PATD_REQUIRE_TRANSFORMERS") == "1":
+    raise SystemExit("PATD_REQUIRE_TRANSFORMERS=1 but " + WHY_NOT)
+
+BIN = os.environ.get("PATD_BIN", "build/bin/patd")
+LAYERS, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 2, 4, 2, 64, 512
+
+
+def tiny_llama(seed=7, dtype="float32", **over):
+    """A Llama-shaped model with random weights (large enough that greedy choices are not
+    near-ties), in eval mode, attention "eager" (transformers' own)."""
+    torch.manual_seed(seed)
+    kw = dict(vocab_size=VOCAB, hidden_size=HEADS * HEAD_DIM, intermediate_size=512,
+              num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+              head_dim=HEAD_DIM, max_position_embeddings=1024, initializer_range=0.08,
+              rope_theta=10000.0, attn_implementation="eager")
+    kw.update(over)
+    cfg = transformers.LlamaConfig(**kw)
+    return transformers.LlamaForCausalLM(cfg).to(getattr(torch, dtype)).eval()
+
+
+def reference_logits(model, tokens, n_new):
+    """transformers' own attention over the whole sequence: the next-token logits after each
+    of the last n_new + 1 prefixes (teacher-forced with tokens)."""
+    ids = torch.tensor([tokens])
+    with torch.no_grad():
+        out = model(input_ids=ids, use_cache=False).logits[0].float()
+    return out[len(tokens) - n_new - 1:]
+
+
+@unittest.skipIf(WHY_NOT is not None, WHY_NOT or "")
+class TransformersCase(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="patd-hf.")
+        cls.sock = os.path.join(cls.dir, "patd.sock")
+        cls.log = open(os.path.join(cls.dir, "patd.log"), "w")
+        cls.proc = subprocess.Popen(
+            [BIN, "--runtime-dir=" + cls.dir, "--metrics-port=0", "--backend=cpu",
+             "--layers=%d" % LAYERS, "--q-heads=%d" % HEADS, "--kv-heads=%d" % KV_HEADS,
+             "--head-dim=%d" % HEAD_DIM, "--dtype=f32", "--blocks=2048", "--threads=2"],
+            stderr=cls.log)
+        for _ in range(200):
+            try:
+                patd.admin("status", socket=cls.sock, timeout_ms=200)
+                return
+            except (patd.PatError, OSError):
+                time.sleep(0.025)
+        raise RuntimeError("patd did not start")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.proc.send_signal(signal.SIGTERM)
+        assert cls.proc.wait(timeout=5) == 0
+        cls.log.close()
+        subprocess.run(["rm", "-rf", cls.dir], check=False)
+
+    def engine(self, model, **kw):
+        return pt.Engine(model, socket=self.sock, **kw)
+
+    def pool_check(self):
+        self.assertEqual(patd.admin("check", socket=self.sock).split()[1], "ok")
+
+    def check_against_reference(self, ref_model, prompt, new, logits, tol):
+        """patd's tokens are what transformers' attention picks greedily, and its logits agree
+        within tol (max abs, relative to the logits' scale) at every step."""
+        ref = reference_logits(ref_model, prompt + new[:-1], len(new) - 1)
+        got = torch.stack(logits)
+        self.assertEqual(ref.shape, got.shape)
+        err = float((ref - got).abs().max() / ref.abs().max())
+        self.assertLess(err, tol, "logits differ from transformers' attention by %.2e" % err)
+        return err
+
+    def test_requests_share_prefix_join_and_leave(self):
+        """Greedy generation for requests sharing a system prompt, joining and leaving
+        mid-run, a prompt longer than one step's budget (chunked prefill), beside one that
+        shares nothing: tokens identical to transformers' own attention, logits within fp32
+        tolerance, the prefix cache used, the pool consistent after every step."""
+        model = tiny_llama()
+        g = torch.Generator().manual_seed(1)
+        system = torch.randint(0, VOCAB, (48,), generator=g).tolist()
+        tails = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (5, 9, 3, 7)]
+        other = torch.randint(0, VOCAB, (21,), generator=g).tolist()
+        longp = torch.randint(0, VOCAB, (150,), generator=g).tolist()
+        # (prompt, step it joins at, tokens it generates)
+        plan = [(system + tails[0], 0, 6), (system + tails[1], 0, 14), (system + tails[2], 3, 8),
+                (other, 5, 5), (longp, 2, 4), (system + tails[3], 9, 5)]
+        with self.engine(model, max_batch_tokens=96) as eng:
+            live, done, step = {}, [], 0
+            while step < 200 and (live or any(j >= step for _, j, _ in plan)):
+                for i, (p, j, _) in enumerate(plan):
+                    if j == step:
+                        r = eng.add(p)
+                        live[r] = (i, [], [])
+                        if i == 2:  # the system prompt's full blocks are in the cache by now
+                            self.assertEqual(r.cached_len, 48, "shared system prompt reused")
+                for r, lg in eng.step().items():
+                    i, toks, lgs = live[r]
+                    tok = int(torch.argmax(lg))
+                    toks.append(tok)
+                    lgs.append(lg)
+                    if len(toks) == plan[i][2]:
+                        eng.release(r)
+                        done.append((i, toks, lgs))
+                        del live[r]
+                    else:
+                        eng.append(r, tok)
+                self.pool_check()
+                step += 1
+            self.assertEqual(sorted(i for i, _, _ in done), list(range(len(plan))))
+            self.assertGreater(eng.conn.stats()["cached_tokens"], 0)
+        model.config._attn_implementation = "eager"
+        worst = 0.0
+        for i, toks, lgs in done:
+            worst = max(worst, self.check_against_reference(model, plan[i][0], toks, lgs, 1e-4))
+        print("  6 requests, %d tokens: identical to transformers' eager attention, max logit "
+              "error %.1e" % (sum(len(t) for _, t, _ in done), worst))
+
+    def test_generate_and_fork_sampling(self):
+        """generate(): greedy for two prompts; then n = 3 samples per prompt through fork (the
+        children share the prompt's KV): each sample's logits match transformers' attention over
+        that sample's own tokens, and patd holds nothing afterwards."""
+        model = tiny_llama(seed=11)
+        g = torch.Generator().manual_seed(2)
+        prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (40, 17)]
+        with self.engine(model) as eng:
+            greedy = eng.generate(prompts, max_new_tokens=10)
+            samples = eng.generate(prompts, max_new_tokens=6, n=3, temperature=1.5,
+                                   generator=torch.Generator().manual_seed(3))
+            self.assertEqual(eng.requests, [])
+        self.assertEqual(patd.status(socket=self.sock)["sequences"], 0)
+        model.config._attn_implementation = "eager"
+        for p, (toks,) in zip(prompts, greedy):
+            # greedy with transformers' attention alone (model.generate() cannot run on Debian
+            # 12's torch 1.13 under Python 3.11: its torch.distributed import fails)
+            ref = list(p)
+            with torch.no_grad():
+                for _ in range(10):
+                    lg = model(input_ids=torch.tensor([ref]), use_cache=False).logits[0, -1]
+                    ref.append(int(torch.argmax(lg)))
+            self.assertEqual(toks, ref[len(p):], "greedy tokens equal transformers' own")
+        for p, group in zip(prompts, samples):
+            self.assertEqual(len(group), 3)
+            self.assertTrue(all(len(s) == 6 for s in group))
+            self.assertGreater(len(set(map(tuple, group))), 1, "samples differ")
+            for s in group:  # every sample's tokens are probable under the reference
+                ref = reference_logits(model, p + s[:-1], len(s) - 1)
+                prob = torch.softmax(ref / 1.5, dim=-1)
+                for k, tok in enumerate(s):
+                    self.assertGreater(float(prob[k, tok]), 1e-6, "sampled token %d" % k)
+
+    def test_bf16_model(self):
+        """A bf16 model on a f32 daemon is refused (the dtype is part of the model signature),
+        with the daemon's reason."""
+        model = tiny_llama(dtype="bfloat16")
+        with self.assertRaises(patd.PatError) as cm:
+            self.engine(model)
+        self.assertIn("dtype", str(cm.exception).lower() + cm.exception.detail.lower())
+
+    def test_refused_features(self):
+        """What patd does not serve is refused before connecting, naming the feature."""
+        cases = [
+            (tiny_llama(head_dim=32, hidden_size=HEADS * 32), "head_dim 32"),
+            (tiny_llama(num_key_value_heads=3, num_attention_heads=6, hidden_size=6 * 64),
+             None),  # a valid shape the daemon does not serve: connect refuses it
+            (transformers.MistralForCausalLM(transformers.MistralConfig(
+                vocab_size=64, hidden_size=128, intermediate_size=128, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                sliding_window=4096)), "sliding-window"),
+            (transformers.BloomForCausalLM(transformers.BloomConfig(
+                vocab_size=64, hidden_size=128, n_layer=1, n_head=2)), "ALiBi"),
+            (transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+                vocab_size=64, hidden_size=128, intermediate_size=128, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1, head_dim=64)), "sliding-window"),
+            (transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+                vocab_size=64, hidden_size=128, intermediate_size=128, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                sliding_window=None)), "soft-capping"),
+        ]
+        rescaled = tiny_llama()
+        for m in rescaled.modules():
+            if hasattr(m, "scaling") and hasattr(m, "layer_idx"):
+                m.scaling = 0.2  # a scale the daemon (1/sqrt(64) = 0.125) does not apply
+        cases.append((rescaled, "softmax scale of 0.2"))
+        for model, feature in cases:
+            if feature is None:
+                with self.assertRaises(patd.PatError) as cm:
+                    self.engine(model)
+                self.assertEqual(cm.exception.errno, __import__("errno").EMEDIUMTYPE)
+                continue
+            with self.assertRaises(pt.UnsupportedModel) as cm:
+                self.engine(model)
+            self.assertIn(feature, str(cm.exception))
+        # a Mistral without sliding window is served
+        m = transformers.MistralForCausalLM(transformers.MistralConfig(
+            vocab_size=64, hidden_size=HEADS * HEAD_DIM, intermediate_size=128,
+            num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+            head_dim=HEAD_DIM, sliding_window=None)).eval()
+        with self.engine(m) as eng:
+            (toks,), = eng.generate([[1, 2, 3, 4, 5]], max_new_tokens=3)
+            self.assertEqual(len(toks), 3)
+
+    def test_attention_outside_engine_refused(self):
+        """A model switched to patd's attention but run outside an Engine says so."""
+        model = tiny_llama()
+        pt.register()
+        model.config._attn_implementation = "patd"
+        with self.assertRaises(RuntimeError) as cm:
+            with torch.no_grad():
+                model(input_ids=torch.tensor([[1, 2, 3]]), use_cache=False)
+        self.assertIn("outside", str(cm.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
