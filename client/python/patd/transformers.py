@@ -221,7 +221,10 @@ class Engine:
                               max_seqs=max_seqs, label=label, timeout_ms=timeout_ms,
                               arrays="torch")
         self.max_batch_tokens = self.conn.max_batch_tokens
-        model.config._attn_implementation = NAME
+        if hasattr(model, "set_attn_implementation"):  # newer transformers (untested here)
+            model.set_attn_implementation(NAME)
+        else:
+            model.config._attn_implementation = NAME
         params = inspect.signature(model.forward).parameters
         self._keep = "logits_to_keep" if "logits_to_keep" in params else None
         self._reqs = []
