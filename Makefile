@@ -440,7 +440,7 @@ bench: $(BENCH_BINS) $(PATD_BIN)
 DEB_PKGS := build-essential pkg-config libxxhash-dev libcmocka-dev clang-format clang \
             libclang-rt-14-dev systemd procps libuv1-dev \
             libnanomsg-dev libinih-dev libmicrohttpd-dev libjemalloc-dev libsystemd-dev \
-            python3 python3-numpy python3-pip python3-setuptools python3-wheel python3-venv python3-torch \
+            python3 python3-numpy python3-pip python3-setuptools python3-wheel python3-venv python3-torch python3-prometheus-client \
             libjson-c-dev \
             liblzma-dev gnuplot-nox
 deps:

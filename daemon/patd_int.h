@@ -103,8 +103,10 @@ typedef struct patd_metrics {
     _Atomic uint64_t steps, steps_failed, steps_aborted, tokens;
     _Atomic uint64_t step_ns_sum, step_ns_bucket[12]; /* begin -> last layer */
     _Atomic uint64_t pack_ns_sum, packs, pack_reuses;
-    _Atomic uint64_t layer_ns_sum, layers; /* append + attend per layer */
-    _Atomic uint64_t kv_bytes, qc_bytes;   /* per layer, summed */
+    _Atomic uint64_t packs_policy[5]; /* packs built, by sched_policy_t used */
+    _Atomic uint64_t plan_ctas, plan_merges, plan_partials; /* summed over the plans built */
+    _Atomic uint64_t layer_ns_sum, layers;                  /* append + attend per layer */
+    _Atomic uint64_t kv_bytes, qc_bytes;                    /* per layer, summed */
     _Atomic uint64_t conns_opened, conns_closed, reclaims_dead, reclaims_lease;
     _Atomic uint64_t reclaim_ns_max, reclaim_ns_last;
 } patd_metrics_t;
@@ -116,6 +118,7 @@ struct patd {
     char **argv;
     uint64_t instance;
     uint64_t t_start_ns;
+    uint64_t t_start_unix; /* time(NULL) at start (patd_start_time_seconds) */
     uv_loop_t loop;
     int rep, pub; /* nanomsg sockets */
     uv_poll_t rep_poll;

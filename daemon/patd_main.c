@@ -20,6 +20,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <string.h>
 #include <sys/random.h>
 #include <sys/resource.h>
@@ -652,6 +653,7 @@ int main(int argc, char **argv)
     }
     raise_nofile(&d->cfg);
     d->t_start_ns = pat_now_ns();
+    d->t_start_unix = (uint64_t)time(NULL);
     if (getrandom(&d->instance, sizeof(d->instance), 0) != sizeof(d->instance))
         d->instance = d->t_start_ns ^ ((uint64_t)getpid() << 40);
     d->instance |= 1ull << 63; /* never 0 */

@@ -21,6 +21,7 @@
 
 #include "patd_int.h"
 #include "patd_log.h"
+#include "pat.h"
 #include "pat_base.h"
 
 void patd_metrics_error(patd_t *d, int code)
@@ -38,6 +39,20 @@ static void metric(FILE *f, const char *name, const char *type, const char *help
     fprintf(f, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", name, help, name, type, name, v);
 }
 
+/* The HELP and TYPE lines of a family whose samples carry labels (written by the caller): the
+ * family name alone, never a label set (the text format's grammar; a TYPE line with labels
+ * makes Prometheus reject the whole scrape) */
+static void family(FILE *f, const char *name, const char *type, const char *help)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static const char *policy_name(int k)
+{
+    static const char *names[] = {"auto", "bytes", "paper", "query", "tree"};
+    return k >= 0 && k < (int)PAT_ARRAY_SIZE(names) ? names[k] : "?";
+}
+
 char *patd_metrics_text(patd_t *d, size_t *ret_len)
 {
     char *out = NULL;
@@ -49,6 +64,12 @@ char *patd_metrics_text(patd_t *d, size_t *ret_len)
     kv_pool_stats(d->pool, &ks);
     pthread_mutex_unlock(&d->pool_mu);
 
+    family(f, "patd_build_info", "gauge", "the daemon's release, protocol and backend (value 1)");
+    fprintf(f, "patd_build_info{version=\"%u.%u.%u\",protocol=\"%u\",backend=\"%s\"} 1\n",
+            PAT_VERSION_MAJOR, PAT_VERSION_MINOR, PAT_VERSION_PATCH, (unsigned)IPC_VERSION,
+            kern_backend_name(d->be));
+    metric(f, "patd_start_time_seconds", "gauge", "when the daemon started (Unix time)",
+           (unsigned long long)d->t_start_unix);
     metric(f, "patd_up_seconds", "gauge", "seconds since start",
            (unsigned long long)((pat_now_ns() - d->t_start_ns) / 1000000000ull));
     metric(f, "patd_steps_total", "counter", "steps committed", LD(m->steps));
@@ -73,6 +94,18 @@ char *patd_metrics_text(patd_t *d, size_t *ret_len)
     metric(f, "patd_pack_total", "counter", "plans built", LD(m->packs));
     metric(f, "patd_pack_reused_total", "counter", "plans that reused the previous pack (lazy)",
            LD(m->pack_reuses));
+    family(f, "patd_pack_policy_total", "counter",
+           "packs built, by the policy that made them (auto picks one per step)");
+    for (int k = 1; k < 5; k++)
+        fprintf(f, "patd_pack_policy_total{policy=\"%s\"} %llu\n", policy_name(k),
+                LD(m->packs_policy[k]));
+    metric(f, "patd_plan_ctas_total", "counter", "CTAs of the plans built (one layer each)",
+           LD(m->plan_ctas));
+    metric(f, "patd_plan_merges_total", "counter",
+           "query tokens whose output merges partials of split CTAs, over the plans built",
+           LD(m->plan_merges));
+    metric(f, "patd_plan_partials_total", "counter",
+           "partial-output slots of split CTAs, over the plans built", LD(m->plan_partials));
     metric(f, "patd_pack_nanoseconds_total", "counter", "CPU time building plans",
            LD(m->pack_ns_sum));
     metric(f, "patd_layer_nanoseconds_total", "counter", "KV append + attention time, all layers",
@@ -86,6 +119,17 @@ char *patd_metrics_text(patd_t *d, size_t *ret_len)
     metric(f, "patd_kv_blocks_used", "gauge", "blocks referenced by sequences", ks.n_used);
     metric(f, "patd_kv_blocks_cached", "gauge", "unreferenced blocks kept in the prefix cache",
            ks.n_cached);
+    metric(f, "patd_kv_blocks_logical", "gauge",
+           "block-table entries of the open sequences: the blocks they would hold unshared",
+           ks.n_logical);
+    metric(f, "patd_kv_blocks_saved_by_sharing", "gauge",
+           "blocks prefix sharing and fork save now (logical minus used)",
+           ks.n_logical > ks.n_used ? ks.n_logical - ks.n_used : 0);
+    metric(f, "patd_kv_published_blocks_total", "counter", "blocks stored in the prefix cache",
+           ks.published);
+    metric(f, "patd_kv_duplicate_blocks_total", "counter",
+           "full blocks not published because the same content was already cached (twins)",
+           ks.duplicates);
     metric(f, "patd_sequences", "gauge", "open sequences", ks.n_seqs);
     metric(f, "patd_prefix_hit_blocks_total", "counter", "prompt blocks found in the cache",
            ks.hit_blocks);
@@ -95,8 +139,8 @@ char *patd_metrics_text(patd_t *d, size_t *ret_len)
     metric(f, "patd_connections", "gauge", "sessions open",
            LD(m->conns_opened) - LD(m->conns_closed));
     metric(f, "patd_connections_opened_total", "counter", "sessions opened", LD(m->conns_opened));
-    metric(f, "patd_reclaims_total{reason=\"client_died\"}", "counter",
-           "sessions reclaimed after their client died", LD(m->reclaims_dead));
+    family(f, "patd_reclaims_total", "counter", "sessions reclaimed, by why");
+    fprintf(f, "patd_reclaims_total{reason=\"client_died\"} %llu\n", LD(m->reclaims_dead));
     fprintf(f, "patd_reclaims_total{reason=\"lease_expired\"} %llu\n", LD(m->reclaims_lease));
     metric(f, "patd_reclaim_nanoseconds_max", "gauge", "longest reclaim of a session",
            LD(m->reclaim_ns_max));
@@ -116,6 +160,7 @@ char *patd_metrics_text(patd_t *d, size_t *ret_len)
     mallctl("epoch", &epoch, &sz, &epoch, sz);
     const char *names[] = {"stats.allocated", "stats.active", "stats.resident", "stats.mapped"};
     metric(f, "patd_jemalloc_enabled", "gauge", "1 when jemalloc is the allocator", 1);
+    family(f, "patd_jemalloc_bytes", "gauge", "jemalloc's statistics (stats.<stat>)");
     for (size_t i = 0; i < PAT_ARRAY_SIZE(names); i++) {
         size_t v = 0;
         sz = sizeof(v);

@@ -463,6 +463,12 @@ static int step_prepare(patd_conn_t *c)
             atomic_fetch_add(&d->m.pack_ns_sum, after.last_plan_ns);
             if (st->pack_reused)
                 atomic_fetch_add(&d->m.pack_reuses, 1);
+            for (int k = 0; k < 5; k++)
+                if (after.chosen[k] != before.chosen[k])
+                    atomic_fetch_add(&d->m.packs_policy[k], after.chosen[k] - before.chosen[k]);
+            atomic_fetch_add(&d->m.plan_ctas, st->plan->n_ctas);
+            atomic_fetch_add(&d->m.plan_merges, st->plan->n_merges);
+            atomic_fetch_add(&d->m.plan_partials, st->plan->n_partials);
             sched_traffic_t pt, qt;
             sched_plan_traffic(st->plan, d->model.q_heads, d->model.kv_heads, d->model.head_dim,
                                kern_dtype_size(d->model.dtype), &pt);

@@ -281,6 +281,7 @@ void kv_pool_stats(const kv_pool_t *p, kv_stats_t *ret)
     ret->n_cached = p->n_cached;
     ret->n_evictable = p->heap_len;
     ret->n_seqs = p->cfg.max_seqs - p->n_seq_free;
+    ret->n_logical = p->n_logical;
 }
 
 /* ------------------------------------------------------------------ invariants */
@@ -295,6 +296,7 @@ int kv_pool_check(const kv_pool_t *p)
     uint32_t *nchild = pat_xcalloc(n, sizeof(uint32_t));
     uint8_t *on_free = pat_xcalloc(n, 1);
     uint32_t cnt[3] = {0, 0, 0}, npub = 0, open = 0;
+    uint64_t logical = 0;
 
     /* references from block tables; chains published as prefixes */
     for (uint32_t s = 0; s < p->cfg.max_seqs; s++) {
@@ -302,6 +304,7 @@ int kv_pool_check(const kv_pool_t *p)
         if (!q->open)
             continue;
         open++;
+        logical += q->n_blocks;
         CHECK(q->len <= q->n_blocks * bs, "seq slot %u: len %u beyond capacity %u", s, q->len,
               q->n_blocks * bs);
         CHECK(q->len <= p->cfg.max_seq_len, "seq slot %u: len %u over max_seq_len", s, q->len);
@@ -322,6 +325,8 @@ int kv_pool_check(const kv_pool_t *p)
             prev_pub = k->published;
         }
     }
+    CHECK(logical == p->n_logical, "block-table entries %llu vs counter %llu",
+          (unsigned long long)logical, (unsigned long long)p->n_logical);
     CHECK(open + p->n_seq_free == p->cfg.max_seqs, "open seqs %u + free slots %u != max_seqs %u",
           open, p->n_seq_free, p->cfg.max_seqs);
 

@@ -60,6 +60,9 @@ typedef struct kv_stats {
     uint64_t published;   /* blocks stored in the prefix cache */
     uint64_t duplicates;  /* full blocks not published: same content already cached */
     uint64_t evictions;
+    /* block-table entries over the open sequences: the blocks they would hold without sharing
+     * (n_logical - n_used is what prefix sharing and fork save), kept as a counter */
+    uint64_t n_logical;
 } kv_stats_t;
 
 /* A block copy the backend must perform before the destination is read (copy-on-write). */

@@ -39,6 +39,7 @@ struct kv_pool {
 
     uint32_t *free_stack; /* FREE block ids; top at n_free */
     uint32_t n_free, n_used, n_cached;
+    uint64_t n_logical; /* block-table entries over open sequences (kv_stats_t) */
 
     pat_map_t map; /* prefix cache: chain hash -> published block */
 

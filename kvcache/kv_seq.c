@@ -81,6 +81,7 @@ int kv_seq_open(kv_pool_t *p, const uint32_t *tokens, uint32_t n, uint32_t *ret_
         h = nh;
     }
     q->n_blocks = matched;
+    p->n_logical += matched;
     q->len = matched * bs;
     seq_fit_tokens(q, q->len);
     if (q->len)
@@ -106,6 +107,7 @@ int kv_seq_reserve(kv_pool_t *p, uint32_t id, uint32_t n_new)
     if (need - q->n_blocks > kv_pool_available(p))
         return -ENOSPC;
     seq_fit_blocks(q, need);
+    p->n_logical += need - q->n_blocks;
     while (q->n_blocks < need)
         q->blocks[q->n_blocks++] = kv__block_take(p);
     return 0;
@@ -165,6 +167,7 @@ int kv_seq_fork(kv_pool_t *p, uint32_t id, uint32_t *ret_child, kv_copy_t *ret_c
         ret_copy->dst = b;
     }
     c->n_blocks = full + partial;
+    p->n_logical += c->n_blocks;
     c->len = q->len;
     seq_fit_tokens(c, c->len);
     if (c->len)
@@ -201,8 +204,10 @@ int kv_seq_truncate(kv_pool_t *p, uint32_t id, uint32_t new_len, kv_copy_t *ret_
         q->blocks[last] = b;
     }
     /* release from the end so a chain's blocks enter the LRU leaves first */
-    while (q->n_blocks > keep)
+    while (q->n_blocks > keep) {
         kv__block_unref(p, q->blocks[--q->n_blocks]);
+        p->n_logical--;
+    }
     q->len = new_len;
     return 0;
 }
@@ -212,6 +217,7 @@ int kv_seq_close(kv_pool_t *p, uint32_t id)
     kv__seq_t *q = kv__seq_get(p, id);
     if (!q)
         return -ENOENT;
+    p->n_logical -= q->n_blocks;
     while (q->n_blocks > 0)
         kv__block_unref(p, q->blocks[--q->n_blocks]);
     q->open = 0;

@@ -214,11 +214,19 @@ static void test_fork_copies_partial_block(void **state)
     assert_int_equal(cp.src, ia.blocks[2]);
     assert_int_equal(cp.dst, ic.blocks[2]);
     assert_int_not_equal(cp.src, cp.dst);
+    /* the parent's two full blocks are shared: 6 block-table entries over 4 blocks */
+    kv_stats_t ks;
+    kv_pool_stats(p, &ks);
+    assert_int_equal(ks.n_logical, 6);
+    assert_int_equal(ks.n_used, 4);
     /* block-aligned: nothing to copy */
     uint32_t c2, a2 = prefill(p, tok, 32, NULL);
     assert_int_equal(kv_seq_fork(p, a2, &c2, &cp), 0);
     assert_int_equal(cp.src, KV_NONE);
-    assert_int_equal(kv_pool_check(p), 0);
+    assert_int_equal(kv_pool_check(p), 0); /* the counter against the block tables too */
+    assert_int_equal(kv_seq_close(p, child), 0);
+    kv_pool_stats(p, &ks);
+    assert_int_equal(ks.n_logical, 3 + 2 + 2);
     kv_pool_free(p);
 }
 

@@ -197,6 +197,40 @@ class DaemonCase(unittest.TestCase):
         self.assertEqual(st["softcap"], 0.0)
         self.assertIn("scale 0.125\n", patd.admin("status", socket=self.sock))
 
+    def test_metrics_parse(self):
+        """/metrics (here through STATS, the same text) is valid Prometheus exposition by
+        prometheus_client's parser, with the sharing figures: two sequences over one cached
+        prompt hold fewer blocks than their block tables name."""
+        from prometheus_client.parser import text_string_to_metric_families
+        with self.conn() as c:
+            prompt = list(range(1, 50))  # 3 full blocks + 1 token
+            a, _ = c.seq_open(prompt)
+            c.step_begin([a], [len(prompt)], prompt)
+            for layer in range(MODEL.n_layers):
+                c.attend(layer)
+            c.step_end()
+            b, cached = c.seq_open(prompt)
+            self.assertEqual(cached, 48)
+            c.seq_fork(a)
+            text = patd.admin("stats", socket=self.sock)
+        fams = {f.name: f for f in text_string_to_metric_families(text)}
+        val = {f.name: f.samples[0].value for f in fams.values() if len(f.samples) == 1}
+        info = fams["patd_build_info"].samples[0].labels
+        self.assertEqual(info["version"], "%d.%d.%d" % patd.library_version())
+        self.assertEqual(info["backend"], "cpu")
+        self.assertEqual(sorted(s.labels["reason"] for s in fams["patd_reclaims"].samples
+                                if s.name == "patd_reclaims_total"),
+                         ["client_died", "lease_expired"])
+        # a: 4 blocks, b: the 3 cached ones, the fork: a's 3 full ones + a copy of the 4th
+        self.assertGreaterEqual(val["patd_kv_blocks_logical"], 4 + 3 + 4)
+        self.assertGreaterEqual(val["patd_kv_blocks_saved_by_sharing"], 6)
+        self.assertIn("patd_kv_duplicate_blocks", fams)
+        pol = {s.labels["policy"]: s.value for s in fams["patd_pack_policy"].samples
+               if s.name == "patd_pack_policy_total"}
+        self.assertEqual(sorted(pol), ["bytes", "paper", "query", "tree"])
+        self.assertGreater(sum(pol.values()), 0)
+        self.assertGreater(val["patd_plan_ctas"], 0)
+
     def test_main_prints_versions(self):
         env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), ".."))
         out = subprocess.run([sys.executable, "-m", "patd", "--version", "--socket", self.sock],
