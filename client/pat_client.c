@@ -99,14 +99,41 @@ uint32_t pat_version(void)
     return PAT_VERSION;
 }
 
+/* What each code means from any public call that returns it (pat.h documents which call returns
+ * what). The daemon's error table (ipc_err_text) names what a request was refused for; a few of
+ * its codes mean something else from the library's own calls (-ENOENT from pat_connect is no
+ * daemon, not an unknown sequence; -ENOTSUP from pat_attend_async is a host session), so these
+ * texts cover every call's meaning. */
+static const struct {
+    int code;
+    const char *text;
+} client_errors[] = {
+    {-ENOENT, "not found: no daemon at the socket (pat_connect, pat_status, pat_admin), or a "
+              "sequence id this session does not hold"},
+    {-EOPNOTSUPP, "not supported: a GPU call on a host-memory session, or a request this daemon "
+                  "does not offer (older release, retired opcode)"},
+    {-ESRCH, "no step open (or no such step in flight)"},
+    {-ETIMEDOUT, "timed out waiting for patd (a request, or a layer of the step)"},
+    {-EIO, "a CUDA call failed (pat_last_error says which)"},
+    {-EINVAL, "invalid argument or field value"},
+    {-EPERM, "not permitted: only patd's user, root or daemon.admin_group may do this"},
+    {-ECONNREFUSED, "no daemon listens at the socket (a stale socket file)"},
+    {-EACCES, "permission denied on the socket (not in its group?)"},
+};
+
 const char *pat_strerror(int err)
 {
+    if (err == 0)
+        return "success";
+    if (err > 0)
+        err = -err;
+    for (size_t i = 0; i < PAT_ARRAY_SIZE(client_errors); i++)
+        if (client_errors[i].code == err)
+            return client_errors[i].text;
     const char *t = ipc_err_text(err);
     if (t)
         return t;
-    if (err == 0)
-        return "success";
-    return strerror(err < 0 ? -err : err);
+    return strerror(-err);
 }
 
 const char *pat_default_socket(void)

@@ -565,6 +565,67 @@ static pat_conn_t *connect_ok(uint32_t max_seqs)
     return c;
 }
 
+/* pat_strerror says what each code means from every public call that documents it (pat.h):
+ * one row per (call, code), the word its text must hold; and the texts of real returns */
+static void test_strerror_table(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *call;
+        int code;
+        const char *word;
+    } rows[] = {
+        {"pat_connect", -ENOENT, "no daemon"},
+        {"pat_connect", -ETIMEDOUT, "timed out"},
+        {"pat_connect", -EMEDIUMTYPE, "model"},
+        {"pat_connect", -EDQUOT, "quota"},
+        {"pat_connect", -EMFILE, "too many"},
+        {"pat_connect", -ESHUTDOWN, "draining"},
+        {"pat_connect", -EINVAL, "invalid"},
+        {"pat_seq_open", -EMFILE, "sequences"},
+        {"pat_seq_close", -ENOENT, "sequence id"},
+        {"pat_step_begin", -E2BIG, "exceeds"},
+        {"pat_step_begin", -EBUSY, "step"},
+        {"pat_attend", -ENOSPC, "out of blocks"},
+        {"pat_attend", -EDQUOT, "quota"},
+        {"pat_attend", -ENOENT, "sequence id"},
+        {"pat_attend", -ETIMEDOUT, "layer"},
+        {"pat_attend", -ECANCELED, "aborted"},
+        {"pat_attend", -ESHUTDOWN, "shutting down"},
+        {"pat_attend", -ECONNRESET, "went away"},
+        {"pat_attend_async", -ESRCH, "no step"},
+        {"pat_attend_async", -EIO, "CUDA"},
+        {"pat_attend_async", -ENOTSUP, "host-memory session"},
+        {"pat_step_replayed", -ESRCH, "no step"},
+        {"pat_admin", -EPERM, "admin_group"},
+        {"pat_status", -ENOENT, "no daemon"},
+        {"pat_status", -EOPNOTSUPP, "older release"},
+    };
+    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+        const char *t = pat_strerror(rows[i].code);
+        if (!strstr(t, rows[i].word))
+            fail_msg("%s's %d: pat_strerror says \"%s\", no \"%s\"", rows[i].call, rows[i].code, t,
+                     rows[i].word);
+        assert_string_equal(pat_strerror(-rows[i].code), t); /* either sign */
+    }
+    /* real returns: no daemon at a path, an id this session does not hold */
+    pat_connect_opts_t o = {.size = sizeof(o),
+                            .max_batch_tokens = 64,
+                            .timeout_ms = 2000,
+                            .socket = "/nonexistent/patd.sock",
+                            .model = MODEL};
+    pat_conn_t *c = NULL;
+    char why[256];
+    int rc = pat_connect(&o, &c, why, sizeof(why));
+    assert_int_equal(rc, -ENOENT);
+    assert_non_null(strstr(pat_strerror(rc), "no daemon"));
+    c = connect_ok(4);
+    rc = pat_seq_close(c, 12345);
+    assert_int_equal(rc, -ENOENT);
+    assert_non_null(strstr(pat_strerror(rc), "sequence id"));
+    pat_close(c);
+}
+
 static void test_connect_refusals(void **state)
 {
     pat_connect_opts_t o = {
@@ -932,6 +993,7 @@ int main(void)
         cmocka_unit_test(test_end_before_begin_answered),
         cmocka_unit_test(test_hello_bounds_and_resends),
         cmocka_unit_test(test_hello_admin),
+        cmocka_unit_test(test_strerror_table),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
