@@ -305,7 +305,13 @@ static void test_stalled_sessions(void **state)
              tl_daemon_status(&d, "steps_in_flight") < n && pat_now_ns() - t0 < 2000000000ull;)
             sleep_ms(5);
         assert_true(tl_daemon_status(&d, "steps_in_flight") >= n);
-        with[round] = by_rate(&b, 60);
+        /* the best of up to 3 windows: a loaded CI machine's dip in one window is not the
+         * failure this guards against (0 steps/s for the step timeout) */
+        with[round] = 0;
+        for (int w = 0; w < 3 && with[round] < 0.9 * alone; w++) {
+            double r = by_rate(&b, 60);
+            with[round] = r > with[round] ? r : with[round];
+        }
         printf("bystander: %.0f steps/s alone, %.0f with %u stalled sessions (%.0f%%)\n", alone,
                with[round], n, 100.0 * with[round] / alone);
     }
