@@ -166,7 +166,7 @@ static void *exec_main(void *p)
         while (!x->q_len && !x->stopping) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 100000000;
+            ts.tv_nsec += (long)PATD_EXEC_IDLE_NS;
             if (ts.tv_nsec >= 1000000000) {
                 ts.tv_sec++;
                 ts.tv_nsec -= 1000000000;

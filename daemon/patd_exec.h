@@ -25,7 +25,8 @@
 
 #define PATD_EXEC_MAX 64u /* executors at most (daemon.executors' bound) */
 
-#define PATD_EXEC_WATCH_NS 20000000ull /* the watcher's longest sleep: deadlines' resolution */
+#define PATD_EXEC_IDLE_NS  100000000ull /* an idle executor's heartbeat period */
+#define PATD_EXEC_WATCH_NS 20000000ull  /* the watcher's longest sleep: deadlines' resolution */
 
 typedef void patd_job_fn(void *arg, uint32_t exec_id);
 /* Whether a parked job may run again: reads shared state only (atomics), never blocks. */
@@ -46,9 +47,9 @@ typedef struct patd_exec {
     void **done; /* posts, oldest first */
     uint32_t n_done, cap_done;
     pthread_t *threads;
-    uint32_t n; /* executors running */
-    int stopping;
-    uv_async_t *wake; /* fired after every post (any thread) */
+    uint32_t n;           /* executors running */
+    _Atomic int stopping; /* written under q_mu; read without it by the watchdog */
+    uv_async_t *wake;     /* fired after every post (any thread) */
     pthread_mutex_t park_mu;
     pthread_cond_t park_cv;
     patd_job_t *parked;
