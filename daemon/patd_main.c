@@ -580,6 +580,12 @@ static int create_pool(patd_t *d)
 #ifdef PATD_HAVE_CUDA_BACKEND
         backend = "cuda";
 #else
+        if (patd_config_was_set(cfg, "device")) {
+            patd_err("backend auto: gpu.device = %u was asked for and this build has no cuda "
+                     "backend; not falling back to the cpu backend",
+                     cfg->device);
+            return -ENODEV;
+        }
         backend = "cpu";
         patd_notice("backend auto: this build has no cuda backend; using the cpu backend");
 #endif
@@ -618,6 +624,17 @@ static int create_pool(patd_t *d)
         setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
     }
     rc = kern_backend_create(backend, &kc, &d->be);
+    /* auto falls back to the cpu backend where no GPU is, unless a device was named (gpu.device
+     * in the file or --device): a GPU the operator asked for that is not there is an error,
+     * not a daemon quietly serving from the CPU (patd@N.service once asked for ordinal N of the
+     * one GPU CUDA_VISIBLE_DEVICES=N leaves visible) */
+    if (rc == -ENODEV && !strcmp(cfg->backend, "auto") && patd_config_was_set(cfg, "device")) {
+        patd_err("backend auto: gpu.device = %u was asked for and there is no such CUDA device "
+                 "(CUDA_VISIBLE_DEVICES=%s); not falling back to the cpu backend",
+                 cfg->device, getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES")
+                                                             : "(unset)");
+        return rc;
+    }
     if (rc == -ENODEV && !strcmp(cfg->backend, "auto")) {
         patd_notice("backend auto: no CUDA device %u here; using the cpu backend", cfg->device);
         backend = "cpu";
