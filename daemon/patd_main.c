@@ -631,8 +631,8 @@ static int create_pool(patd_t *d)
     if (rc == -ENODEV && !strcmp(cfg->backend, "auto") && patd_config_was_set(cfg, "device")) {
         patd_err("backend auto: gpu.device = %u was asked for and there is no such CUDA device "
                  "(CUDA_VISIBLE_DEVICES=%s); not falling back to the cpu backend",
-                 cfg->device, getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES")
-                                                             : "(unset)");
+                 cfg->device,
+                 getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "(unset)");
         return rc;
     }
     if (rc == -ENODEV && !strcmp(cfg->backend, "auto")) {
