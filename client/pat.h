@@ -169,6 +169,13 @@ PAT_API void pat_close(pat_conn_t *c);
 PAT_API int pat_buffers(const pat_conn_t *c, pat_buffers_t *ret);
 PAT_API const char *pat_last_error(const pat_conn_t *c);
 PAT_API int pat_ping(pat_conn_t *c);
+/* Since 1.6: the daemon instance this session is with (random per daemon start, as
+ * pat_status().instance) and, if ret_start_unix_s is not NULL, when it started. A client that
+ * reconnects compares it with the old session's to learn whether it talks to the same daemon.
+ * Every call of a session whose daemon restarted returns -ESTALE (another instance answers at
+ * the socket: this session's sequences and KV are gone; reconnect), one whose daemon went away
+ * with nothing answering -ECONNRESET; both stay so. */
+PAT_API uint64_t pat_instance(const pat_conn_t *c, uint64_t *ret_start_unix_s);
 
 PAT_API int pat_seq_open(pat_conn_t *c, const uint32_t *tokens, uint32_t n, uint32_t *ret_seq,
                          uint32_t *ret_cached_len);

@@ -50,9 +50,11 @@ enum { ST_IDLE, ST_SENT, ST_BEGUN, ST_FAILED };
 
 struct pat_conn {
     int sock;
-    int lost;      /* the daemon went away: sticky -ECONNRESET */
-    int gone;      /* the daemon forgot the session (-ENOTCONN): sticky */
-    int transport; /* the last call failed locally (timeout, send), not by the daemon's answer */
+    int lost;       /* the daemon went away: sticky lost_rc */
+    int lost_rc;    /* -ESTALE: another patd instance answers at the socket; else -ECONNRESET */
+    char path[256]; /* the control socket (to ask who answers there now) */
+    int gone;       /* the daemon forgot the session (-ENOTCONN): sticky */
+    int transport;  /* the last call failed locally (timeout, send), not by the daemon's answer */
     int daemon_pidfd;
     pid_t daemon_pid;
     uint32_t timeout_ms;
@@ -118,6 +120,8 @@ static const struct {
     {-EINVAL, "invalid argument or field value"},
     {-EPERM, "not permitted: only patd's user, root or daemon.admin_group may do this"},
     {-ECONNREFUSED, "no daemon listens at the socket (a stale socket file)"},
+    {-ESTALE, "patd restarted since this session began (another instance answers): its "
+              "sequences and KV are gone; reconnect"},
     {-EACCES, "permission denied on the socket (not in its group?)"},
 };
 
@@ -163,29 +167,75 @@ static void set_err(pat_conn_t *c, const char *fmt, ...)
     va_end(ap);
 }
 
+uint64_t pat_instance(const pat_conn_t *c, uint64_t *ret_start_unix_s)
+{
+    if (ret_start_unix_s)
+        *ret_start_unix_s = c ? c->hello.start_unix_s : 0;
+    return c ? c->instance : 0;
+}
+
 const char *pat_last_error(const pat_conn_t *c)
 {
     return c ? c->err : "";
 }
 
 /* 1 if the daemon is known gone. */
+/* The daemon this session was with is gone (its error text set): once, asks who answers at
+ * the socket now. Another instance: the daemon restarted (-ESTALE); none: it went away
+ * (-ECONNRESET). Both sticky. */
+static void mark_lost(pat_conn_t *c, uint64_t other_instance, uint64_t other_start_ms)
+{
+    if (c->lost && c->lost_rc)
+        return;
+    c->lost = 1;
+    if (!other_instance && c->path[0]) {
+        pat_status_t st = {.size = sizeof(st)};
+        if (pat_status(c->path, 500, &st) == 0 && st.instance != c->instance) {
+            other_instance = st.instance;
+            other_start_ms = 0;
+        }
+    }
+    if (other_instance && other_instance != c->instance) {
+        c->lost_rc = -ESTALE;
+        if (other_start_ms)
+            set_err(c,
+                    "patd restarted: instance %016llx (started at %llu.%03llu) answers, this "
+                    "session was with %016llx (pid %d); its sequences are gone: reconnect",
+                    (unsigned long long)other_instance, (unsigned long long)(other_start_ms / 1000),
+                    (unsigned long long)(other_start_ms % 1000), (unsigned long long)c->instance,
+                    (int)c->daemon_pid);
+        else
+            set_err(c,
+                    "patd restarted: instance %016llx answers, this session was with %016llx "
+                    "(pid %d); its sequences are gone: reconnect",
+                    (unsigned long long)other_instance, (unsigned long long)c->instance,
+                    (int)c->daemon_pid);
+    } else {
+        c->lost_rc = -ECONNRESET;
+        set_err(c, "patd (pid %d) went away; reconnect", (int)c->daemon_pid);
+    }
+}
+
 static int daemon_gone(pat_conn_t *c)
 {
     if (atomic_load(&c->lost_async))
         c->lost = 1;
-    if (c->lost) {
-        set_err(c, "patd (pid %d) went away; reconnect", (int)c->daemon_pid);
-        return 1;
-    }
-    if (c->daemon_pidfd >= 0) {
-        struct pollfd p = {c->daemon_pidfd, POLLIN, 0};
-        if (poll(&p, 1, 0) == 1)
+    if (!c->lost) {
+        if (c->daemon_pidfd >= 0) {
+            struct pollfd p = {c->daemon_pidfd, POLLIN, 0};
+            if (poll(&p, 1, 0) == 1)
+                c->lost = 1;
+        } else if (c->daemon_pid > 0 && kill(c->daemon_pid, 0) < 0 && errno == ESRCH) {
             c->lost = 1;
-    } else if (c->daemon_pid > 0 && kill(c->daemon_pid, 0) < 0 && errno == ESRCH) {
-        c->lost = 1;
+        }
     }
-    if (c->lost)
-        set_err(c, "patd (pid %d) went away; reconnect", (int)c->daemon_pid);
+    if (c->lost && !c->lost_rc)
+        mark_lost(c, 0, 0);
+    else if (c->lost)
+        set_err(c, "%s",
+                c->lost_rc == -ESTALE ? "patd restarted since this session began: "
+                                        "reconnect"
+                                      : "patd went away; reconnect");
     return c->lost;
 }
 
@@ -239,7 +289,7 @@ static int recv_reply(pat_conn_t *c, int sock, uint64_t corr, uint32_t timeout_m
         if (e != ETIMEDOUT && e != EAGAIN && e != EINTR)
             return -e;
         if (c && daemon_gone(c))
-            return -ECONNRESET;
+            return c->lost_rc;
         if (pat_now_ns() > deadline)
             return -ETIMEDOUT;
     }
@@ -271,6 +321,14 @@ static int parse_reply(pat_conn_t *c, const void *msg, size_t len, const void **
         if (e.code >= 0 || e.code < -4095)
             return -EBADMSG;
         set_err(c, "%s", e.msg);
+        /* an answer from another daemon instance than the session's: it restarted (and this
+         * session's id reached the new one) */
+        if (c && c->instance && e.instance && e.instance != c->instance) {
+            c->lost = 1;
+            c->lost_rc = 0;
+            mark_lost(c, e.instance, e.start_unix_ms);
+            return c->lost_rc;
+        }
         return e.code;
     }
     *ret_body = body;
@@ -288,7 +346,7 @@ static int call(pat_conn_t *c, uint32_t op, const void *body, size_t len, const 
 {
     c->transport = 1;
     if (daemon_gone(c))
-        return -ECONNRESET;
+        return c->lost_rc;
     if (c->gone && op != IPC_OP_HELLO)
         return -ENOTCONN;
     int rc = collect_pending(c);
@@ -302,7 +360,7 @@ static int call(pat_conn_t *c, uint32_t op, const void *body, size_t len, const 
     ipc_frame_finish(&c->tx);
     if ((rc = send_frame(c, c->sock, &c->tx)) < 0) {
         if (daemon_gone(c))
-            return -ECONNRESET;
+            return c->lost_rc;
         set_err(c, "sending %s: %s", ipc_op_name(op), strerror(-rc));
         return rc;
     }
@@ -444,6 +502,7 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
     c->timeout_ms = o->timeout_ms ? o->timeout_ms : 30000;
     c->model = o->model;
     ipc_buf_init(&c->tx);
+    snprintf(c->path, sizeof(c->path), "%s", path);
     int rc = open_socket(path, c->timeout_ms, &c->sock);
     if (rc < 0) {
         snprintf(why, why_len, "cannot reach patd at %s: %s", path, strerror(-rc));
@@ -636,7 +695,7 @@ int pat_step_begin(pat_conn_t *c, const uint32_t *seqs, const uint32_t *n_new, u
     if (!c || !seqs || !n_new || !tokens || n_seqs == 0)
         return -EINVAL;
     if (daemon_gone(c))
-        return -ECONNRESET;
+        return c->lost_rc;
     if (c->gone)
         return -ENOTCONN;
     if (c->step_state != ST_IDLE) {
@@ -672,7 +731,7 @@ int pat_step_begin(pat_conn_t *c, const uint32_t *seqs, const uint32_t *n_new, u
     ipc_frame_finish(&c->tx);
     int rc = send_frame(c, c->sock, &c->tx);
     if (rc < 0)
-        return daemon_gone(c) ? -ECONNRESET : rc;
+        return daemon_gone(c) ? c->lost_rc : rc;
     c->pend_corr = c->corr;
     c->step_state = ST_SENT;
     c->n_tokens = (uint32_t)total;
@@ -693,7 +752,7 @@ int pat_attend_async(pat_conn_t *c, uint32_t layer, void *stream)
         return -ENOTSUP;
     }
     if (daemon_gone(c))
-        return -ECONNRESET;
+        return c->lost_rc;
     if (layer >= c->model.n_layers) {
         set_err(c, "layer %u of %u", layer, c->model.n_layers);
         return -EINVAL;
@@ -765,11 +824,11 @@ int pat_attend(pat_conn_t *c, uint32_t layer)
         if (rc == 0 && (rc = pat__gpu_sync(c->gpu, NULL)) < 0)
             set_err(c, "%s", pat__gpu_error(c->gpu));
         if (rc == 0 && daemon_gone(c))
-            rc = -ECONNRESET;
+            rc = c->lost_rc;
         return rc;
     }
     if (daemon_gone(c))
-        return -ECONNRESET;
+        return c->lost_rc;
     int rc = collect_pending(c);
     if (rc < 0)
         return rc;
@@ -807,7 +866,7 @@ int pat_attend(pat_conn_t *c, uint32_t layer)
             continue;
         }
         if (daemon_gone(c))
-            return -ECONNRESET;
+            return c->lost_rc;
         if (pat_now_ns() > deadline) {
             set_err(c, "layer %u: no answer within %u ms", layer, c->timeout_ms);
             return -ETIMEDOUT;
@@ -821,7 +880,7 @@ int pat_step_end(pat_conn_t *c, int abort, pat_step_info_t *ret)
     if (!c)
         return -EINVAL;
     if (daemon_gone(c))
-        return -ECONNRESET;
+        return c->lost_rc;
     if (c->gpu && c->step_state != ST_IDLE) {
         /* every layer must be handed over for the daemon's stream to go through: the rest go on
          * the stream of the last one (their O is not used) */

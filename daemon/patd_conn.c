@@ -235,6 +235,7 @@ static void hello_reply(const patd_t *d, const patd_conn_t *c, const char *name,
     rep->v_off = c->lay.v_off;
     rep->o_off = c->lay.o_off;
     rep->instance = d->instance;
+    rep->start_unix_s = (uint32_t)d->t_start_unix;
     rep->key = c->key;
     snprintf(rep->shm_name, sizeof(rep->shm_name), "%s", name);
 }

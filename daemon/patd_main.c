@@ -675,10 +675,16 @@ int main(int argc, char **argv)
     }
     raise_nofile(&d->cfg);
     d->t_start_ns = pat_now_ns();
-    d->t_start_unix = (uint64_t)time(NULL);
     if (getrandom(&d->instance, sizeof(d->instance), 0) != sizeof(d->instance))
         d->instance = d->t_start_ns ^ ((uint64_t)getpid() << 40);
     d->instance |= 1ull << 63; /* never 0 */
+    {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        d->t_start_unix = (uint64_t)now.tv_sec;
+        ipc_set_origin(d->instance,
+                       (uint64_t)now.tv_sec * 1000ull + (uint64_t)now.tv_nsec / 1000000ull);
+    }
     pthread_mutex_init(&d->pool_mu, NULL);
     pthread_mutex_init(&d->be_mu, NULL);
     uv_loop_init(&d->loop);

@@ -247,9 +247,18 @@ void ipc_frame_finish(ipc_buf_t *b)
     memcpy(b->data + offsetof(ipc_hdr_t, body_len), &body, sizeof(body));
 }
 
+static uint64_t origin_instance, origin_start_ms; /* set once by the daemon at start */
+
+void ipc_set_origin(uint64_t instance, uint64_t start_unix_ms)
+{
+    origin_instance = instance;
+    origin_start_ms = start_unix_ms;
+}
+
 void ipc_frame_error(ipc_buf_t *b, const ipc_hdr_t *req, int code, const char *fmt, ...)
 {
-    ipc_err_body_t e = {.code = code};
+    ipc_err_body_t e = {
+        .code = code, .instance = origin_instance, .start_unix_ms = origin_start_ms};
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(e.msg, sizeof(e.msg), fmt, ap);

@@ -50,7 +50,7 @@
 #define IPC_MAX_SEQS_STEP 65536u      /* sequences in one step */
 #define IPC_NAME_LEN      64u         /* shm names, client labels (NUL-terminated) */
 #define IPC_HANDLE_LEN    64u         /* a cudaIpcMemHandle_t is 64 bytes */
-#define IPC_ERRMSG_LEN    200u
+#define IPC_ERRMSG_LEN    184u
 
 /* Opcodes: name, value, admin (usable without a session). One table; ipc_codec.c sizes each
  * body from it. */
@@ -129,6 +129,11 @@ typedef struct ipc_err_body {
     int32_t code; /* negative errno from IPC_ERRORS */
     uint32_t reserved;
     char msg[IPC_ERRMSG_LEN]; /* NUL-terminated detail for humans */
+    /* since release 1.6 (the layout's size unchanged: msg was 200 bytes, zero past its NUL, so
+     * an older daemon's reply reads 0 here): who answered, so a client tells a daemon that
+     * restarted between two of its calls from one that refused the call */
+    uint64_t instance;      /* the answering daemon's instance (as in the HELLO reply) */
+    uint64_t start_unix_ms; /* when it started */
 } ipc_err_body_t;
 _Static_assert(sizeof(ipc_err_body_t) == 208, "error body layout");
 
@@ -177,7 +182,7 @@ typedef struct ipc_hello_rep {
     uint64_t sig_bytes;                 /* IPC_BUF_CUDA_IPC: the signal slice */
     uint8_t dev_uuid[16];               /* IPC_BUF_CUDA_IPC: the GPU (cudaDeviceProp.uuid) */
     uint32_t mps;                       /* 1: the daemon's GPU contexts are MPS clients */
-    uint32_t reserved;
+    uint32_t start_unix_s;              /* when the daemon started (since 1.6; 0 before) */
     uint64_t key; /* 64 random bits, never published: every request of the session carries it */
 } ipc_hello_rep_t;
 _Static_assert(sizeof(ipc_hello_rep_t) == 272, "hello reply layout");
@@ -294,6 +299,8 @@ void ipc_frame_start(ipc_buf_t *b, uint32_t opcode, uint32_t flags, uint64_t cor
 void ipc_frame_set_key(ipc_buf_t *b, uint64_t key);
 void ipc_frame_put(ipc_buf_t *b, const void *data, size_t len);
 void ipc_frame_finish(ipc_buf_t *b); /* writes body_len */
+/* The daemon, once at start: the instance and start time every error reply carries. */
+void ipc_set_origin(uint64_t instance, uint64_t start_unix_ms);
 /* An error reply frame for a request header (or a zeroed one for an undecodable frame). */
 void ipc_frame_error(ipc_buf_t *b, const ipc_hdr_t *req, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

@@ -195,22 +195,44 @@ static void test_restart(void **state)
     bystander_t b;
     by_open(&b, &d);
     by_step(&b);
+    /* killed and nothing back yet: the next call says it went away */
     assert_true(tl_daemon_signal_wait(&d, SIGKILL, 5000) >= 0);
-    assert_int_equal(tl_daemon_restart(&d, NULL), 0);
     uint64_t t0 = pat_now_ns();
     int rc = pat_ping(b.c);
     assert_int_equal(rc, -ECONNRESET);
     assert_true(pat_now_ns() - t0 < 2000000000ull);
     assert_non_null(strstr(pat_last_error(b.c), "went away"));
-    tl_step_result_t r;
-    assert_int_equal(tl_client_step(b.c, &MODEL, b.ps, 2, &b.rng, 1, &r), -ECONNRESET);
     by_close(&b);
-    /* a fresh connection to the new daemon works; its cache starts empty */
-    by_open(&b, &d);
-    assert_int_equal(b.s[0].cached, 0);
-    by_step(&b);
-    by_step(&b);
-    by_close(&b);
+    assert_int_equal(tl_daemon_restart(&d, NULL), 0);
+    /* killed and restarted between two steps: the next call says it restarted (-ESTALE, not a
+     * refusal or a hiccup), 100 times out of 100, and a new session is with another instance */
+    uint32_t detected = 0;
+    for (int i = 0; i < 100; i++) {
+        by_open(&b, &d);
+        by_step(&b);
+        uint64_t start_s = 0, was = pat_instance(b.c, &start_s);
+        assert_true(was != 0 && start_s != 0);
+        assert_true(tl_daemon_signal_wait(&d, SIGKILL, 5000) >= 0);
+        assert_int_equal(tl_daemon_restart(&d, NULL), 0);
+        tl_step_result_t r;
+        rc = tl_client_step(b.c, &MODEL, b.ps, 2, &b.rng, 1, &r);
+        if (rc == -ESTALE && strstr(pat_last_error(b.c), "restarted"))
+            detected++;
+        else
+            printf("restart %d: %s (%s)\n", i, pat_strerror(rc), pat_last_error(b.c));
+        assert_int_equal(pat_ping(b.c), -ESTALE); /* and it stays so */
+        by_close(&b);
+        by_open(&b, &d);
+        assert_true(pat_instance(b.c, NULL) != was);
+        if (i == 99) { /* a fresh connection works; the new daemon's cache starts empty */
+            assert_int_equal(b.s[0].cached, 0);
+            by_step(&b);
+            by_step(&b);
+        }
+        by_close(&b);
+    }
+    printf("restart between two steps detected %u times out of 100\n", detected);
+    assert_int_equal(detected, 100);
     assert_int_equal(tl_daemon_status(&d, "pool_check"), 0);
     assert_int_equal(tl_daemon_signal_wait(&d, SIGTERM, 5000), 0);
     tl_daemon_stop(&d);
@@ -293,7 +315,13 @@ static void test_stalled_sessions(void **state)
     bystander_t b;
     by_open(&b, &d);
     by_step(&b);
-    double alone = by_rate(&b, 60);
+    /* the median of 3 windows alone; with stalls the best of up to 5: a loaded machine's rate
+     * swings by tens of percent from window to window, the failure guarded against is 0 steps/s
+     * for the 60 s step timeout */
+    double a3[3];
+    for (int w = 0; w < 3; w++)
+        a3[w] = by_rate(&b, 60);
+    double alone = PAT_MAX(PAT_MIN(a3[0], a3[1]), PAT_MIN(PAT_MAX(a3[0], a3[1]), a3[2]));
     pat_conn_t *st[4];
     tl_seq_t ss[4];
     double with[2];
@@ -305,10 +333,8 @@ static void test_stalled_sessions(void **state)
              tl_daemon_status(&d, "steps_in_flight") < n && pat_now_ns() - t0 < 2000000000ull;)
             sleep_ms(5);
         assert_true(tl_daemon_status(&d, "steps_in_flight") >= n);
-        /* the best of up to 3 windows: a loaded CI machine's dip in one window is not the
-         * failure this guards against (0 steps/s for the step timeout) */
         with[round] = 0;
-        for (int w = 0; w < 3 && with[round] < 0.9 * alone; w++) {
+        for (int w = 0; w < 5 && with[round] < 0.9 * alone; w++) {
             double r = by_rate(&b, 60);
             with[round] = r > with[round] ? r : with[round];
         }

@@ -166,6 +166,7 @@ _attend = _sig("pat_attend", ctypes.c_int, _p, _u32)
 _attend_async = _sig("pat_attend_async", ctypes.c_int, _p, _u32, _p)
 _step_replayed = _sig("pat_step_replayed", ctypes.c_int, _p, _p)
 _gpu_epoch = _sig("pat_gpu_epoch", _u64, _p)
+_instance = _sig("pat_instance", _u64, _p, ctypes.POINTER(_u64))
 _step_end = _sig("pat_step_end", ctypes.c_int, _p, ctypes.c_int, ctypes.POINTER(_StepInfo))
 _stats = _sig("pat_stats", ctypes.c_int, _p, ctypes.POINTER(_ConnStats))
 _status = _sig("pat_status", ctypes.c_int, ctypes.c_char_p, _u32, ctypes.POINTER(_Status))
@@ -389,6 +390,14 @@ class Conn:
     def replayed(self, stream=None):
         """GPU sessions: a captured graph handed over every layer of this step."""
         self._check(_step_replayed(self._h, self._stream_handle(stream)))
+
+    @property
+    def instance(self):
+        """(instance, start time in Unix seconds) of the daemon this session is with: a new
+        session with another instance talks to a restarted daemon. Every call of a session
+        whose daemon restarted raises PatError with errno ESTALE."""
+        start = _u64()
+        return _instance(self._h, ctypes.byref(start)), start.value
 
     @property
     def epoch(self):

@@ -197,6 +197,14 @@ class DaemonCase(unittest.TestCase):
         self.assertEqual(st["softcap"], 0.0)
         self.assertIn("scale 0.125\n", patd.admin("status", socket=self.sock))
 
+    def test_instance(self):
+        """A session names its daemon instance, the one pat_status reports."""
+        with self.conn() as c:
+            inst, start = c.instance
+            self.assertEqual(inst, patd.status(socket=self.sock)["instance"])
+            self.assertLessEqual(start, time.time())
+            self.assertGreater(start, time.time() - 3600)
+
     def test_metrics_parse(self):
         """/metrics (here through STATS, the same text) is valid Prometheus exposition by
         prometheus_client's parser, with the sharing figures: two sequences over one cached
