@@ -87,8 +87,19 @@ typedef struct pat_connect_opts {
     const char *socket;        /* control socket path; NULL = $PATD_SOCKET, else the default */
     const char *label;         /* shown by `patctl seqs`; may be NULL */
     pat_model_t model;
-    uint64_t reserved[8];
+    uint32_t pack_policy; /* since 1.6: PAT_PACK_*; 0 = the daemon's daemon.pack_policy */
+    uint32_t reserved0;
+    uint64_t reserved[7];
 } pat_connect_opts_t;
+
+/* How the daemon packs a session's queries into CTAs (pat_connect_opts_t.pack_policy, and the
+ * one that built a step's pack in pat_step_info_t.pack_policy). Since 1.6. */
+#define PAT_PACK_DEFAULT 0u /* the daemon's daemon.pack_policy */
+#define PAT_PACK_AUTO    1u /* per step, the least modelled time of the four below */
+#define PAT_PACK_BYTES   2u /* exact bytes per decision, GQA rows and tile overflow */
+#define PAT_PACK_PAPER   3u /* PAT's TreeHeuristic */
+#define PAT_PACK_QUERY   4u /* one pack per query over its whole KV (query-centric baseline) */
+#define PAT_PACK_TREE    5u /* queries in prefix-tree order, up to a tile's rows per CTA */
 
 typedef struct pat_buffers {
     void *q, *k, *v, *o;   /* staging buffers, valid until pat_close() */
@@ -110,9 +121,11 @@ typedef struct pat_step_info {
     uint64_t kv_bytes;    /* K+V bytes the plan reads per layer */
     uint64_t qc_bytes;    /* ... and what query-centric attention would read */
     uint32_t layers_done;
-    uint32_t committed; /* 1: the tokens are now part of their sequences */
-    uint64_t step_ns;   /* daemon: STEP_BEGIN received -> last layer done */
-    uint64_t reserved[4];
+    uint32_t committed;   /* 1: the tokens are now part of their sequences */
+    uint64_t step_ns;     /* daemon: STEP_BEGIN received -> last layer done */
+    uint32_t pack_policy; /* since 1.6: the PAT_PACK_* that built this step's pack (0: older) */
+    uint32_t reserved0;
+    uint64_t reserved[3];
 } pat_step_info_t;
 
 typedef struct pat_conn_stats {

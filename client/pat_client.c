@@ -522,6 +522,13 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
                                         : o->buffer == PAT_BUFFER_GPU ? IPC_BUF_CUDA_IPC
                                                                       : 0,
                          .lease_ms = o->lease_ms};
+    if (o->pack_policy > PAT_PACK_TREE) {
+        snprintf(why, why_len, "opts.pack_policy %u is not a PAT_PACK_* value", o->pack_policy);
+        nn_close(c->sock);
+        free(c);
+        return -EINVAL;
+    }
+    r.flags = o->pack_policy & IPC_HELLO_PACK_MASK;
     r.model = (ipc_model_sig_t){o->model.n_layers, o->model.q_heads, o->model.kv_heads,
                                 o->model.head_dim, o->model.dtype,   o->model.block_size,
                                 o->model.model_id};
@@ -937,6 +944,7 @@ int pat_step_end(pat_conn_t *c, int abort, pat_step_info_t *ret)
         ret->step = c->step_id;
         ret->n_tokens = c->begin_rep.n_tokens;
         ret->pack_reused = c->begin_rep.pack_reused;
+        ret->pack_policy = c->begin_rep.pack_policy;
         ret->kv_bytes = c->begin_rep.kv_bytes;
         ret->qc_bytes = c->begin_rep.qc_bytes;
         ret->layers_done = rep.layers_done;

@@ -91,6 +91,11 @@ static const opt_t opts[] = {
      "auto: watch each client's pid with a pidfd, a lease when it cannot be watched; lease: "
      "always the lease (clients must send a request every lease_ms)",
      NULL, NULL},
+    {"daemon", "pack_policy", T_STR, F(pack_policy), 1, 15, "auto", 1,
+     "how queries are packed into CTAs for sessions that do not choose: auto (the least modelled "
+     "time of the four, per step), bytes, paper (PAT's heuristic), query (one CTA per query: "
+     "the baseline), tree (prefix-tree order); a reload applies to sessions opened after it",
+     NULL, NULL},
     {"daemon", "threads", T_U32, F(threads), 0, 1024, "0", 0,
      "cpu backend worker threads (0: one per online CPU)", NULL, NULL},
     {"daemon", "executors", T_U32, F(executors), 1, 64, "2", 0,
@@ -318,6 +323,12 @@ static int validate(const patd_config_t *c)
         strcmp(c->forward, "cpasync") && strcmp(c->forward, "wide")) {
         fprintf(stderr, "patd: gpu.forward must be auto, cpasync, layer or mma (got '%s')\n",
                 c->forward);
+        return -EINVAL;
+    }
+    if (patd_pack_policy(c->pack_policy) < 0) {
+        fprintf(stderr,
+                "patd: daemon.pack_policy must be auto, bytes, paper, query or tree (got '%s')\n",
+                c->pack_policy);
         return -EINVAL;
     }
     if (strcmp(c->liveness, "auto") && strcmp(c->liveness, "lease")) {
@@ -578,6 +589,15 @@ void patd_config_print(const patd_config_t *c, FILE *f)
         }
         }
     }
+}
+
+int patd_pack_policy(const char *name)
+{
+    static const char *const names[] = {"auto", "bytes", "paper", "query", "tree"};
+    for (int i = 0; i < (int)(sizeof(names) / sizeof(names[0])); i++)
+        if (!strcmp(name, names[i]))
+            return i;
+    return -1;
 }
 
 int patd_config_was_set(const patd_config_t *c, const char *key)

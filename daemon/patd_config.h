@@ -18,6 +18,7 @@ typedef struct patd_config {
     char admin_group[64]; /* besides patd's user and root, who may drain, reload, check */
     char backend[16];     /* auto | cpu | cuda */
     char liveness[16];    /* auto | lease */
+    char pack_policy[16]; /* auto | bytes | paper | query | tree: sessions' default */
     uint32_t threads, executors;
     uint32_t log_level; /* syslog priority: 3 err .. 7 debug */
     uint32_t metrics_port;
@@ -59,5 +60,7 @@ int patd_config_load(patd_config_t *c, int argc, char **argv);
 int patd_config_reload(patd_config_t *c, const patd_sized_t *sized, int argc, char **argv);
 void patd_config_print(const patd_config_t *c, FILE *f);
 int patd_config_was_set(const patd_config_t *c, const char *key);
+/* sched_policy_t of a pack_policy name, or -1 */
+int patd_pack_policy(const char *name);
 
 #endif

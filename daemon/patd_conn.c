@@ -166,7 +166,10 @@ static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *
                          .kv_elt_bytes = kern_dtype_size(m->dtype),
                          .split_min_kv = 256,
                          .max_partials = PATD_MAX_PARTIALS(cfg),
-                         .tiles = &d->tiles};
+                         .tiles = &d->tiles,
+                         .policy = (r->flags & IPC_HELLO_PACK_MASK)
+                                       ? (sched_policy_t)((r->flags & IPC_HELLO_PACK_MASK) - 1)
+                                       : (sched_policy_t)patd_pack_policy(cfg->pack_policy)};
     if ((rc = sched_create(&sc, &c->sched)) < 0) {
         WHY("scheduler: %s", strerror(-rc));
         goto fail;

@@ -85,6 +85,7 @@ struct patd_conn {
     uint64_t dev_off;  /* offset of the staging range in the arena allocation */
     uint8_t *dev_base; /* device address of the range: lay offsets apply */
     sched_t *sched;
+    uint32_t pack_policy; /* sched_policy_t + 1 of the last pack built (step info) */
     uint32_t next_tick;
     uint64_t next_step;
     patd_step_t step;

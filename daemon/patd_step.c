@@ -317,7 +317,8 @@ int patd_step_complete(patd_conn_t *c)
                                         .n_tokens = st->n_tokens,
                                         .kv_bytes = st->kv_bytes,
                                         .qc_bytes = st->qc_bytes,
-                                        .pack_reused = (uint32_t)st->pack_reused};
+                                        .pack_reused = (uint32_t)st->pack_reused,
+                                        .pack_policy = st->pack_policy};
             patd_reply_ok(d, c, &rq, &rep, sizeof(rep));
         } else {
             const char *why = st->err == -ENOSPC   ? "KV pool out of blocks"
@@ -464,8 +465,11 @@ static int step_prepare(patd_conn_t *c)
             if (st->pack_reused)
                 atomic_fetch_add(&d->m.pack_reuses, 1);
             for (int k = 0; k < 5; k++)
-                if (after.chosen[k] != before.chosen[k])
+                if (after.chosen[k] != before.chosen[k]) {
                     atomic_fetch_add(&d->m.packs_policy[k], after.chosen[k] - before.chosen[k]);
+                    c->pack_policy = (uint32_t)k + 1; /* a reused pack keeps the last one */
+                }
+            st->pack_policy = c->pack_policy;
             atomic_fetch_add(&d->m.plan_ctas, st->plan->n_ctas);
             atomic_fetch_add(&d->m.plan_merges, st->plan->n_merges);
             atomic_fetch_add(&d->m.plan_partials, st->plan->n_partials);

@@ -79,6 +79,7 @@ typedef struct patd_step {
     uint64_t t_recv_ns, t_begun_ns, t_done_ns;
     uint64_t kv_bytes, qc_bytes;
     int pack_reused;
+    uint32_t pack_policy;          /* sched_policy_t + 1 of the pack this step's plan used */
     patd_req_t begin_req, end_req; /* replies owed: ctl != NULL */
     uint32_t end_flags;
 } patd_step_t;

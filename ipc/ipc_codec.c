@@ -96,7 +96,8 @@ static int need_len(size_t len, uint64_t want)
 
 static int check_hello(const ipc_hello_req_t *r)
 {
-    if (r->flags != 0 || memchr(r->label, 0, sizeof(r->label)) == NULL)
+    if ((r->flags & ~IPC_HELLO_PACK_MASK) || (r->flags & IPC_HELLO_PACK_MASK) > 5 ||
+        memchr(r->label, 0, sizeof(r->label)) == NULL)
         return -EBADMSG;
     for (const char *p = r->label; *p; p++) /* it goes into logs and SEQS lines verbatim */
         if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e)

@@ -157,10 +157,13 @@ typedef struct ipc_hello_req {
     uint32_t max_seqs;         /* open sequences wanted; 0 = the quota */
     uint32_t buffer_kind;      /* IPC_BUF_*, 0 = what the backend uses */
     uint32_t lease_ms;         /* 0 = the daemon's default; bounded by its min/max */
-    uint32_t flags;            /* must be 0 */
+    uint32_t flags;            /* IPC_HELLO_PACK bits; every other bit must be 0 */
     char label[IPC_NAME_LEN];  /* printable ASCII for logs and `patctl seqs` (else -EINVAL) */
 } ipc_hello_req_t;
 _Static_assert(sizeof(ipc_hello_req_t) == 120, "hello layout");
+/* HELLO flags bits 0-2 (since 1.6): the session's pack policy, sched_policy_t + 1 (1 auto,
+ * 2 bytes, 3 paper, 4 query, 5 tree); 0: the daemon's daemon.pack_policy */
+#define IPC_HELLO_PACK_MASK 0x7u
 
 /* Signal words: see ipc_shm.h. IPC_BUF_SHM: offsets are from the start of the staging buffer,
  * of buf_bytes, whose fd comes beside the HELLO reply (shm_name is empty: the buffer has no name).
@@ -223,7 +226,7 @@ typedef struct ipc_step_begin_rep {
     uint64_t kv_bytes;  /* K+V bytes the plan reads per layer */
     uint64_t qc_bytes;  /* ... and what query-centric execution would read */
     uint32_t pack_reused;
-    uint32_t reserved;
+    uint32_t pack_policy; /* the policy that built the step's pack: sched_policy_t + 1 (1.6) */
 } ipc_step_begin_rep_t;
 
 #define IPC_STEP_END_ABORT 1u

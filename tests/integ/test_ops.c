@@ -119,6 +119,8 @@ static void test_config_validation(void **state)
     assert_non_null(strstr(out, "layers = 6"));     /* the command line wins */
     assert_non_null(strstr(out, "head_dim = 128")); /* the file */
     assert_non_null(strstr(out, "executors = 3"));
+    assert_int_equal(run(out, sizeof(out), "%s --pack-policy=tree --print-config", patd_bin()), 0);
+    assert_non_null(strstr(out, "pack_policy = tree"));
     static const struct {
         const char *text, *why;
     } bad[] = {
@@ -130,6 +132,7 @@ static void test_config_validation(void **state)
         {"[daemon\n", "syntax error"},
         {"[daemon]\nliveness = sometimes\n", "liveness"},
         {"[gpu]\nforward = fastest\n", "gpu.forward must be auto, cpasync, layer or mma"},
+        {"[daemon]\npack_policy = fastest\n", "pack_policy must be auto, bytes, paper, query"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         write_file(path, bad[i].text);

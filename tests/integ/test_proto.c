@@ -396,6 +396,18 @@ static void m_hello_pid(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
     r.pid = 0; /* not a process id (another one is only a claim: the kernel names the real one) */
     frame_make(f, IPC_OP_HELLO, 0, &r, sizeof(r));
 }
+static void m_hello_pack(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    ipc_hello_req_t r = good_hello();
+    r.flags = 6; /* pack policy bits past PAT_PACK_TREE */
+    frame_make(f, IPC_OP_HELLO, 0, &r, sizeof(r));
+}
+static void m_hello_flags(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    ipc_hello_req_t r = good_hello();
+    r.flags = 0x10; /* an unknown bit */
+    frame_make(f, IPC_OP_HELLO, 0, &r, sizeof(r));
+}
 static void m_hello_label(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
 {
     ipc_hello_req_t r = good_hello();
@@ -487,6 +499,8 @@ static const struct {
     {"HELLO sequences over quota", m_hello_seqs, -EDQUOT},
     {"HELLO pid 0", m_hello_pid, -EINVAL},
     {"HELLO label not terminated", m_hello_label, -EBADMSG},
+    {"HELLO pack policy 6", m_hello_pack, -EBADMSG},
+    {"HELLO unknown flag", m_hello_flags, -EBADMSG},
     {"HELLO body truncated", m_hello_short, -EMSGSIZE},
     {"HELLO with a session", m_hello_session, -EINVAL},
     {"HELLO unknown buffer kind", m_hello_kind, -EINVAL},

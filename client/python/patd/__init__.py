@@ -107,7 +107,7 @@ class _ConnectOpts(ctypes.Structure):
     _fields_ = [("size", _u32), ("max_batch_tokens", _u32), ("max_seqs", _u32),
                 ("timeout_ms", _u32), ("lease_ms", _u32), ("buffer", _u32),
                 ("socket", ctypes.c_char_p), ("label", ctypes.c_char_p), ("model", _Model),
-                ("reserved", _u64 * 8)]
+                ("pack_policy", _u32), ("reserved0", _u32), ("reserved", _u64 * 7)]
 
 
 class _Buffers(ctypes.Structure):
@@ -120,7 +120,8 @@ class _Buffers(ctypes.Structure):
 class _StepInfo(ctypes.Structure):
     _fields_ = [("step", _u64), ("n_tokens", _u32), ("pack_reused", _u32), ("kv_bytes", _u64),
                 ("qc_bytes", _u64), ("layers_done", _u32), ("committed", _u32),
-                ("step_ns", _u64), ("reserved", _u64 * 4)]
+                ("step_ns", _u64), ("pack_policy", _u32), ("reserved0", _u32),
+                ("reserved", _u64 * 3)]
 
 
 class _ConnStats(ctypes.Structure):
@@ -246,14 +247,17 @@ class Conn:
     """One session with patd. Not for concurrent use by several threads."""
 
     _BUFFERS = {"auto": 0, "host": 1, "gpu": 2}
+    PACK_POLICIES = ("default", "auto", "bytes", "paper", "query", "tree")  # PAT_PACK_* order
 
     def __init__(self, model, max_batch_tokens, socket=None, max_seqs=0, timeout_ms=0,
-                 label="python", buffer="auto", arrays="numpy"):
+                 label="python", buffer="auto", arrays="numpy", pack_policy="default"):
         """arrays: what conn.q/k/v/o of a host session are: "numpy" (bf16 as uint16 words:
         bf16_to_float32 / float32_to_bf16 convert) or "torch" (CPU tensors of the model's
         dtype, torch.bfloat16 included). GPU sessions always give torch CUDA tensors."""
         if arrays not in ("numpy", "torch"):
             raise ValueError("arrays must be 'numpy' or 'torch'")
+        if pack_policy not in self.PACK_POLICIES:
+            raise ValueError("pack_policy must be one of %s" % ", ".join(self.PACK_POLICIES))
         self.model = model
         self._h = None
         o = _ConnectOpts()
@@ -265,6 +269,7 @@ class Conn:
         o.label = label.encode() if label else None
         o.model = model._c()
         o.buffer = self._BUFFERS[buffer]
+        o.pack_policy = self.PACK_POLICIES.index(pack_policy)
         h = _p()
         why = ctypes.create_string_buffer(256)
         rc = _connect(ctypes.byref(o), ctypes.byref(h), why, len(why))
@@ -407,7 +412,10 @@ class Conn:
     def step_end(self, abort=False):
         info = _StepInfo()
         self._check(_step_end(self._h, 1 if abort else 0, ctypes.byref(info)))
-        return {f: getattr(info, f) for f, _ in _StepInfo._fields_ if f != "reserved"}
+        out = {f: getattr(info, f) for f, _ in _StepInfo._fields_ if not f.startswith("reserved")}
+        out["pack_policy"] = (self.PACK_POLICIES[info.pack_policy]
+                              if info.pack_policy < len(self.PACK_POLICIES) else info.pack_policy)
+        return out
 
     def stats(self):
         s = _ConnStats()

@@ -35,7 +35,8 @@ static const abi_row_t rows[] = {
     FIELD(pat_connect_opts_t, max_seqs) FIELD(pat_connect_opts_t, timeout_ms)
     FIELD(pat_connect_opts_t, lease_ms) FIELD(pat_connect_opts_t, buffer)
     FIELD(pat_connect_opts_t, socket) FIELD(pat_connect_opts_t, label)
-    FIELD(pat_connect_opts_t, model) FIELD(pat_connect_opts_t, reserved)
+    FIELD(pat_connect_opts_t, model) FIELD(pat_connect_opts_t, pack_policy)
+    FIELD(pat_connect_opts_t, reserved0) FIELD(pat_connect_opts_t, reserved)
 
     SIZE(pat_buffers_t)
     FIELD(pat_buffers_t, q) FIELD(pat_buffers_t, k) FIELD(pat_buffers_t, v)
@@ -49,6 +50,7 @@ static const abi_row_t rows[] = {
     FIELD(pat_step_info_t, pack_reused) FIELD(pat_step_info_t, kv_bytes)
     FIELD(pat_step_info_t, qc_bytes) FIELD(pat_step_info_t, layers_done)
     FIELD(pat_step_info_t, committed) FIELD(pat_step_info_t, step_ns)
+    FIELD(pat_step_info_t, pack_policy) FIELD(pat_step_info_t, reserved0)
     FIELD(pat_step_info_t, reserved)
 
     SIZE(pat_conn_stats_t)

@@ -197,6 +197,35 @@ class DaemonCase(unittest.TestCase):
         self.assertEqual(st["softcap"], 0.0)
         self.assertIn("scale 0.125\n", patd.admin("status", socket=self.sock))
 
+    def test_pack_policy(self):
+        """A session chooses its pack policy (else the daemon's daemon.pack_policy, auto here);
+        the step reports the one that built its pack, the metrics count it."""
+        def one_step(c):
+            a, _ = c.seq_open([5, 6, 7, 8] * 9)
+            b, _ = c.seq_open([5, 6, 7, 8] * 9)
+            c.step_begin([a, b], [36, 36], [5, 6, 7, 8] * 18)
+            for layer in range(MODEL.n_layers):
+                c.attend(layer)
+            return c.step_end()["pack_policy"]
+
+        def query_packs():
+            text = patd.admin("stats", socket=self.sock)
+            line = [x for x in text.splitlines()
+                    if x.startswith('patd_pack_policy_total{policy="query"}')]
+            return int(line[0].split()[1])
+
+        before = query_packs()
+        with self.conn(pack_policy="query") as c:
+            self.assertEqual(one_step(c), "query")
+        self.assertEqual(query_packs(), before + 1)
+        for name in ("tree", "paper", "bytes"):
+            with self.conn(pack_policy=name) as c:
+                self.assertEqual(one_step(c), name)
+        with self.conn() as c:  # auto picks one of the four
+            self.assertIn(one_step(c), ("bytes", "paper", "query", "tree"))
+        with self.assertRaises(ValueError):
+            self.conn(pack_policy="fastest")
+
     def test_instance(self):
         """A session names its daemon instance, the one pat_status reports."""
         with self.conn() as c:
