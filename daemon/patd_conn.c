@@ -152,7 +152,7 @@ static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *
     c->lay = *lay;
     c->seqs = pat_xmalloc(max_seqs * sizeof(patd_seq_t));
     for (uint32_t i = 0; i < max_seqs; i++)
-        c->seqs[i] = (patd_seq_t){KV_NONE, 0, KV_NONE, 0};
+        c->seqs[i] = (patd_seq_t){KV_NONE, 0, KV_NONE, 0, 0};
     pat_map_init(&c->seq_map, max_seqs);
     c->next_tick = 1;
 

@@ -45,10 +45,11 @@
 #define PATD_MAX_PARTIALS(cfg) (2u * (cfg)->conn_max_batch_tokens)
 
 typedef struct patd_seq {
-    uint32_t kv;        /* kv sequence id; KV_NONE when the slot is free */
-    uint32_t in_step;   /* part of the step in flight */
-    uint32_t forest_kv; /* kv id joined in the session's forest at this slot, KV_NONE if none */
-    uint32_t blocks;    /* blocks this sequence's table holds (for the quota) */
+    uint32_t kv;         /* kv sequence id; KV_NONE when the slot is free */
+    uint32_t in_step;    /* part of the step in flight */
+    uint32_t forest_kv;  /* kv id joined in the session's forest at this slot, KV_NONE if none */
+    uint32_t blocks;     /* blocks this sequence's table holds (for the quota) */
+    uint32_t forest_ver; /* the kv table version the forest holds (kv_seq_info_t.version) */
 } patd_seq_t;
 
 /* admin socket: connections at once, and from one uid (a member of the socket group who holds

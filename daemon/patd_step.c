@@ -438,7 +438,7 @@ static int step_prepare(patd_conn_t *c)
         }
         sched_query_t q = {info.blocks, info.n_blocks, info.len + st->n_new[i], st->n_new[i], tok};
         patd_seq_t *s = &c->seqs[st->slot[i]];
-        if (s->forest_kv == st->kv[i]) {
+        if (s->forest_kv == st->kv[i] && s->forest_ver == info.version) {
             rc = sched_forest_grow(f, st->slot[i], &q);
             if (rc == -EINVAL) { /* shrank or changed (truncate, copy-on-write) */
                 sched_forest_leave(f, st->slot[i]);
@@ -450,6 +450,7 @@ static int step_prepare(patd_conn_t *c)
             rc = sched_forest_join(f, st->slot[i], &q);
         }
         s->forest_kv = rc == 0 ? st->kv[i] : KV_NONE;
+        s->forest_ver = info.version; /* a twin's copy shared at commit: joined afresh above */
         tok += st->n_new[i];
     }
     if (rc == 0) {

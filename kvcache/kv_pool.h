@@ -58,7 +58,7 @@ typedef struct kv_stats {
     uint64_t hit_blocks;  /* prompt blocks found in the prefix cache at open */
     uint64_t miss_blocks; /* full prompt blocks not found (and so to be prefilled) */
     uint64_t published;   /* blocks stored in the prefix cache */
-    uint64_t duplicates;  /* full blocks not published: same content already cached */
+    uint64_t duplicates;  /* full blocks a twin had published first: shared, ours freed */
     uint64_t evictions;
     /* block-table entries over the open sequences: the blocks they would hold without sharing
      * (n_logical - n_used is what prefix sharing and fork save), kept as a counter */
@@ -76,6 +76,8 @@ typedef struct kv_seq_info {
     uint32_t len;      /* committed tokens (KV written) */
     uint32_t capacity; /* tokens the block table can hold (n_blocks * block_size) */
     uint32_t n_blocks;
+    uint32_t version;       /* changes when an entry before the last one changes (kv_seq_commit
+                             * sharing a twin's published copy): a cached copy of the table is stale */
     const uint32_t *blocks; /* block table: logical block i -> physical block id */
 } kv_seq_info_t;
 

@@ -53,6 +53,7 @@ static kv__seq_t *seq_alloc(kv_pool_t *p)
     q->open = 1;
     q->len = 0;
     q->n_blocks = 0;
+    q->version = 0;
     return q;
 }
 
@@ -131,8 +132,22 @@ int kv_seq_commit(kv_pool_t *p, uint32_t id, const uint32_t *tokens, uint32_t n)
         q->hashes[i] = kv__chain_hash(p, parent_h, q->tokens + (size_t)i * bs);
         /* publish only as a prefix: a private predecessor keeps the rest of the chain private */
         int prev_pub = i == 0 || p->blk[q->blocks[i - 1]].published;
-        if (prev_pub)
-            kv__publish(p, q->blocks[i], q->hashes[i], i ? q->blocks[i - 1] : KV_NONE);
+        if (!prev_pub)
+            continue;
+        /* a twin (another sequence that computed the same chain, opened before either had
+         * committed it) published this block first: share its copy and free ours, so the chain
+         * stays published and this sequence's continuation is cached under it too. Only frees:
+         * nothing here can run out of blocks. */
+        uint32_t other = kv__map_find(p, q->hashes[i]);
+        if (other != KV_NONE && other != q->blocks[i]) {
+            kv__block_ref(p, other);
+            kv__block_unref(p, q->blocks[i]);
+            q->blocks[i] = other;
+            q->version++;
+            p->st.duplicates++;
+            continue;
+        }
+        kv__publish(p, q->blocks[i], q->hashes[i], i ? q->blocks[i - 1] : KV_NONE);
     }
     return 0;
 }
@@ -233,6 +248,7 @@ int kv_seq_info(const kv_pool_t *p, uint32_t id, kv_seq_info_t *ret)
         return -ENOENT;
     ret->len = q->len;
     ret->n_blocks = q->n_blocks;
+    ret->version = q->version;
     ret->capacity = q->n_blocks * p->cfg.block_size;
     ret->blocks = q->blocks;
     return 0;

@@ -325,11 +325,94 @@ static void test_reload_limits_under_load(void **state)
     unlink(conf_path);
 }
 
+/* Twins through a real daemon: n_twins sessions open the same new 1,000-token prompt before any
+ * of them commits it (each gets cached_len 0 and prefills all of it), then each decodes its own
+ * reply, every output row of every layer checked against float64 and the pool's invariants
+ * after every step. The blocks in use end at the ideal plus one partial block per twin, and a
+ * follow-up turn over any twin's reply finds all of its full blocks in the cache. */
+static void twins_run(uint32_t n_twins, uint32_t base)
+{
+    enum { PROMPT = 1000, REPLY = 20 };
+    pat_conn_t *c[4];
+    tl_seq_t s[4], *ps[1];
+    tl_rng_t rng;
+    tl_rng_seed(&rng, base);
+    worker_t w;
+    for (uint32_t t = 0; t < n_twins; t++) {
+        memset(&w, 0, sizeof(w));
+        c[t] = worker_connect(&w, "twin", 1024);
+        if (w.rc < 0)
+            fail_msg("twin %u: %s: %s", t, pat_strerror(w.rc), w.err);
+        tl_seq_init(&s[t]);
+        for (uint32_t k = 0; k < PROMPT; k++)
+            tl_seq_push(&s[t], base + k);
+        assert_int_equal(tl_seq_open(c[t], &s[t]), 0);
+        assert_int_equal(s[t].cached, 0); /* nobody has committed it yet */
+    }
+    tl_step_result_t r;
+    double worst = 0;
+    for (uint32_t t = 0; t < n_twins; t++) { /* their prefills, one after the other */
+        ps[0] = &s[t];
+        assert_int_equal(tl_client_step(c[t], &MODEL, ps, 1, &rng, 1, &r), 0);
+        worst = PAT_MAX(worst, r.worst);
+        assert_int_equal(tl_daemon_status(&D, "pool_check"), 0);
+    }
+    long used = tl_daemon_status(&D, "blocks_used");
+    const long ideal = (PROMPT + 15) / 16;
+    for (uint32_t k = 0; k < REPLY; k++)
+        for (uint32_t t = 0; t < n_twins; t++) {
+            tl_seq_push(&s[t], base + 100000 + t * 1000 + k); /* each twin its own reply */
+            ps[0] = &s[t];
+            assert_int_equal(tl_client_step(c[t], &MODEL, ps, 1, &rng, 1, &r), 0);
+            worst = PAT_MAX(worst, r.worst);
+            assert_int_equal(tl_daemon_status(&D, "pool_check"), 0);
+        }
+    for (uint32_t t = 0; t < n_twins; t++) { /* the next turn over each twin's reply */
+        tl_seq_t f;
+        tl_seq_init(&f);
+        for (uint32_t k = 0; k < s[t].n_tok; k++)
+            tl_seq_push(&f, s[t].tok[k]);
+        for (uint32_t k = 0; k < 9; k++)
+            tl_seq_push(&f, base + 200000 + k);
+        assert_int_equal(tl_seq_open(c[t], &f), 0);
+        if (f.cached != (PROMPT + REPLY) / 16 * 16)
+            fail_msg("%u twins: the turn after twin %u's reply found %u of %u tokens", n_twins, t,
+                     f.cached, (PROMPT + REPLY) / 16 * 16);
+        ps[0] = &f;
+        assert_int_equal(tl_client_step(c[t], &MODEL, ps, 1, &rng, 1, &r), 0);
+        worst = PAT_MAX(worst, r.worst);
+        assert_int_equal(pat_seq_close(c[t], f.seq), 0);
+        tl_seq_done(&f);
+    }
+    printf("%u twins: %ld blocks in use after their prefills (ideal %ld), worst row error %.2e\n",
+           n_twins, used, ideal, worst);
+    if (used > ideal + (long)n_twins - 1)
+        fail_msg("%u twins hold %ld blocks, ideal %ld + one partial each", n_twins, used, ideal);
+    assert_true(worst < 1e-2);
+    for (uint32_t t = 0; t < n_twins; t++) {
+        pat_close(c[t]);
+        tl_seq_done(&s[t]);
+    }
+}
+
+static void test_twins_share(void **state)
+{
+    static const char *const args[] = {"--layers=3", "--dtype=bf16", "--model-id=9", NULL};
+    assert_int_equal(tl_daemon_start(&D, args), 0);
+    twins_run(2, 1000000);
+    twins_run(4, 2000000);
+    assert_int_equal(tl_daemon_status(&D, "sequences"), 0);
+    assert_int_equal(tl_daemon_status(&D, "pool_check"), 0);
+    assert_int_equal(tl_daemon_signal_wait(&D, SIGTERM, 5000), 0);
+    tl_daemon_stop(&D);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_clients_share_prefixes),
         cmocka_unit_test(test_reload_limits_under_load),
+        cmocka_unit_test(test_twins_share),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -93,9 +93,10 @@ static void test_prefix_reuse_and_counters(void **state)
     kv_seq_info_t ia, ib;
     kv_seq_info(p, a, &ia);
     kv_seq_info(p, b, &ib);
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++) /* ... so b now shares a's copy: its own went back */
         assert_int_equal(ia.blocks[i], ib.blocks[i]);
-    assert_int_not_equal(ia.blocks[4], ib.blocks[4]);
+    assert_int_equal(ib.version, 1);
+    assert_int_equal(st.n_used, 5);
 
     /* a different 3rd block: only two blocks match */
     tok[40] ^= 7;
@@ -117,6 +118,80 @@ static void test_prefix_reuse_and_counters(void **state)
     kv_seq_close(p, d);
     assert_int_equal(kv_pool_check(p), 0);
     kv_pool_free(p);
+}
+
+/* Twins: sequences that open the same new prompt before either commits it (both get cached_len
+ * 0 and prefill all of it). Whichever commits second shares the first one's published blocks
+ * and frees its own, so they end with the ideal blocks plus one partial block each; and the
+ * second twin's continuation is published under the shared chain, so a follow-up over either
+ * twin's reply finds all of it. 2 and 4 twins, simultaneous (all open before any commit) and
+ * staggered (one opens while another's prefill is half committed). */
+static void twins_case(uint32_t n_twins, int staggered)
+{
+    const uint32_t n = 1000, bs = 16, reply = 40;
+    kv_pool_t *p = mk_pool(1024, 16);
+    uint32_t *tok = calloc(n + reply * n_twins + 64, sizeof(uint32_t));
+    fill_tokens(tok, n, 77);
+    uint32_t seq[4], done[4], cached;
+    for (uint32_t t = 0; t < n_twins; t++) {
+        assert_int_equal(kv_seq_open(p, tok, n, &seq[t], &done[t]), 0);
+        /* staggered: the later twins find the first one's committed half in the cache */
+        assert_int_equal(done[t], staggered && t ? (n / 2 / bs) * bs : 0);
+        assert_int_equal(kv_seq_reserve(p, seq[t], n - done[t]), 0);
+        if (staggered && t == 0) { /* the first twin's prefill is half in when the others open */
+            assert_int_equal(kv_seq_commit(p, seq[0], tok, n / 2), 0);
+            done[0] = n / 2;
+        }
+    }
+    for (uint32_t t = 0; t < n_twins; t++) {
+        assert_int_equal(kv_seq_commit(p, seq[t], tok + done[t], n - done[t]), 0);
+        assert_int_equal(kv_pool_check(p), 0);
+    }
+    kv_stats_t st;
+    kv_pool_stats(p, &st);
+    uint32_t ideal = (n + bs - 1) / bs;
+    if (st.n_used > ideal + n_twins - 1)
+        fail_msg("%u twins: %u blocks used, ideal %u + one partial per twin", n_twins, st.n_used,
+                 ideal);
+    /* each twin replies differently; a follow-up turn over any twin's reply finds it all */
+    for (uint32_t t = 0; t < n_twins; t++) {
+        uint32_t r[40];
+        for (uint32_t k = 0; k < reply; k++)
+            r[k] = 5000 + t * 100 + k;
+        assert_int_equal(kv_seq_reserve(p, seq[t], reply), 0);
+        assert_int_equal(kv_seq_commit(p, seq[t], r, reply), 0);
+    }
+    assert_int_equal(kv_pool_check(p), 0);
+    for (uint32_t t = 0; t < n_twins; t++) {
+        uint32_t len = n + reply, follow[1064], f;
+        memcpy(follow, tok, n * sizeof(uint32_t));
+        for (uint32_t k = 0; k < reply; k++)
+            follow[n + k] = 5000 + t * 100 + k;
+        follow[len] = 1; /* the next user turn */
+        for (uint32_t k = 1; k < 24; k++)
+            follow[len + k] = k;
+        assert_int_equal(kv_seq_open(p, follow, len + 24, &f, &cached), 0);
+        if (cached != (len / bs) * bs)
+            fail_msg("%u twins%s: follow-up over twin %u's reply found %u of %u tokens", n_twins,
+                     staggered ? " (staggered)" : "", t, cached, (len / bs) * bs);
+        kv_seq_close(p, f);
+    }
+    printf("%u twins%s: %u blocks used (ideal %u), %llu shared at commit\n", n_twins,
+           staggered ? " (staggered)" : "", st.n_used, ideal, (unsigned long long)st.duplicates);
+    for (uint32_t t = 0; t < n_twins; t++)
+        kv_seq_close(p, seq[t]);
+    assert_int_equal(kv_pool_check(p), 0);
+    free(tok);
+    kv_pool_free(p);
+}
+
+static void test_twins_share(void **state)
+{
+    (void)state;
+    twins_case(2, 0);
+    twins_case(4, 0);
+    twins_case(2, 1);
+    twins_case(4, 1);
 }
 
 static void test_model_id_separates_caches(void **state)
@@ -529,6 +604,7 @@ int main(void)
         cmocka_unit_test(test_create_rejects_bad_config),
         cmocka_unit_test(test_prefix_reuse_and_counters),
         cmocka_unit_test(test_model_id_separates_caches),
+        cmocka_unit_test(test_twins_share),
         cmocka_unit_test(test_enospc_changes_nothing),
         cmocka_unit_test(test_bad_ids_and_limits),
         cmocka_unit_test(test_fork_copies_partial_block),

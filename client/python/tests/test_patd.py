@@ -88,7 +88,9 @@ class DaemonCase(unittest.TestCase):
         with self.conn() as c:
             self.assertEqual(c.q.shape, (128, 4, 64))
             self.assertEqual(c.q.dtype, np.float16)
-            prompts = [list(range(100, 140)), list(range(100, 130)) + [7, 8, 9]]
+            # random K/V stand for a model's: prompts sharing a full block would share its KV
+            # in patd (the prefix cache's premise: the same tokens have the same KV)
+            prompts = [list(range(100, 140)), list(range(300, 330)) + [7, 8, 9]]
             seqs = [c.seq_open(p)[0] for p in prompts]
             # logical KV per sequence, per layer, per KV head: what the daemon must attend over
             kv = [[{"k": [], "v": []} for _ in range(MODEL.n_layers)] for _ in seqs]
