@@ -188,6 +188,19 @@ static void mark_lost(pat_conn_t *c, uint64_t other_instance, uint64_t other_sta
     if (c->lost && c->lost_rc)
         return;
     c->lost = 1;
+    /* a daemon that drained (SIGTERM, patctl drain) ended the session first and said so in its
+     * signal page: that is the cause, whatever answers at the socket now */
+    if (!other_instance && !c->gpu && c->shm.base) {
+        ipc_sig_t *g = ipc_shm_sig(&c->shm);
+        if (atomic_load(&g->state) == IPC_STATE_CLOSED && atomic_load(&g->err) == -ESHUTDOWN) {
+            c->lost_rc = -ESHUTDOWN;
+            set_err(c,
+                    "patd (pid %d) shut down (drained) and ended this session; reconnect once "
+                    "it is back",
+                    (int)c->daemon_pid);
+            return;
+        }
+    }
     if (!other_instance && c->path[0]) {
         pat_status_t st = {.size = sizeof(st)};
         if (pat_status(c->path, 500, &st) == 0 && st.instance != c->instance) {
@@ -233,9 +246,9 @@ static int daemon_gone(pat_conn_t *c)
         mark_lost(c, 0, 0);
     else if (c->lost)
         set_err(c, "%s",
-                c->lost_rc == -ESTALE ? "patd restarted since this session began: "
-                                        "reconnect"
-                                      : "patd went away; reconnect");
+                c->lost_rc == -ESTALE      ? "patd restarted since this session began: reconnect"
+                : c->lost_rc == -ESHUTDOWN ? "patd shut down (drained) and ended this session"
+                                           : "patd went away; reconnect");
     return c->lost;
 }
 

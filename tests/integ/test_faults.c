@@ -238,6 +238,25 @@ static void test_restart(void **state)
     tl_daemon_stop(&d);
 }
 
+/* An idle session open while patd drains is ended with the daemon: its next call says the
+ * daemon shut down (-ESHUTDOWN), not that it vanished (-ECONNRESET) */
+static void test_idle_session_drain(void **state)
+{
+    tl_daemon_t d;
+    assert_int_equal(tl_daemon_start(&d, NULL), 0);
+    bystander_t b;
+    by_open(&b, &d);
+    by_step(&b);
+    assert_int_equal(tl_daemon_signal_wait(&d, SIGTERM, 5000), 0); /* drained, exited 0 */
+    tl_step_result_t r;
+    int rc = tl_client_step(b.c, &MODEL, b.ps, 2, &b.rng, 1, &r);
+    if (rc != -ESHUTDOWN || !strstr(pat_last_error(b.c), "shut down"))
+        fail_msg("idle session after a drain: %s (%s)", pat_strerror(rc), pat_last_error(b.c));
+    assert_int_equal(pat_ping(b.c), -ESHUTDOWN);
+    by_close(&b);
+    tl_daemon_stop(&d);
+}
+
 static void test_lease_and_step_timeout(void **state)
 {
     tl_daemon_t d;
@@ -477,9 +496,13 @@ int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_kill_mid_step),     cmocka_unit_test(test_sigterm_mid_traffic),
-        cmocka_unit_test(test_restart),           cmocka_unit_test(test_lease_and_step_timeout),
-        cmocka_unit_test(test_exhaustion),        cmocka_unit_test(test_stalled_sessions),
+        cmocka_unit_test(test_kill_mid_step),
+        cmocka_unit_test(test_sigterm_mid_traffic),
+        cmocka_unit_test(test_restart),
+        cmocka_unit_test(test_idle_session_drain),
+        cmocka_unit_test(test_lease_and_step_timeout),
+        cmocka_unit_test(test_exhaustion),
+        cmocka_unit_test(test_stalled_sessions),
         cmocka_unit_test(test_truncated_staging),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
