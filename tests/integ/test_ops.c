@@ -654,6 +654,7 @@ static void test_conns_per_uid(void **state)
     assert_int_equal(pat_connect(&o, &c[2], why, sizeof(why)), 0);
     pat_close(c[2]);
     pat_close(c[1]);
+    tl_seq_done(&s);
     assert_int_equal(tl_daemon_signal_wait(&d, SIGTERM, 5000), 0);
     tl_daemon_stop(&d);
 }
