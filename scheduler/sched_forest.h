@@ -41,7 +41,10 @@ void sched_forest_free(sched_forest_t *f); /* accepts NULL */
 int sched_forest_join(sched_forest_t *f, uint32_t qid, const sched_query_t *q);
 int sched_forest_leave(sched_forest_t *f, uint32_t qid);
 /* The KV grew (kv_len >= the previous one, blocks only appended); anything else is a leave and
- * a join. Errors as join, plus -EINVAL when kv_len shrank or the last full block changed. */
+ * a join. Errors as join, plus -EINVAL when kv_len shrank or the last full block changed. Only
+ * the last full block is compared: a caller whose table changed before it (kvcache's
+ * kv_seq_info_t.version changed: a twin's published copy replaced a block at commit) must
+ * leave and join, not grow. */
 int sched_forest_grow(sched_forest_t *f, uint32_t qid, const sched_query_t *q);
 void sched_forest_clear(sched_forest_t *f);
 

@@ -362,8 +362,8 @@ static uint32_t *prompt_tokens(replay_t *R, uint32_t i, uint32_t n)
 
 static int is_fatal(int rc)
 {
-    return rc == -ECONNRESET || rc == -ESHUTDOWN || rc == -ETIMEDOUT || rc == -EPROTO ||
-           rc == -EBADMSG || rc == -EIO || rc == -ENOMEM;
+    return rc == -ECONNRESET || rc == -ESTALE || rc == -ESHUTDOWN || rc == -ETIMEDOUT ||
+           rc == -EPROTO || rc == -EBADMSG || rc == -EIO || rc == -ENOMEM;
 }
 
 /* Opens sequences for queued requests while there is room. */

@@ -7,7 +7,7 @@
  *                                 0 idle between steps, 1 step begun, 2 layer 0 done (a layer
  *                                 hand-off outstanding). Then sleeps until killed.
  *   tc_client SOCKET loop         connect and run checked decode steps until an error; exit 0
- *                                 if that error is a clean one (-ESHUTDOWN, -ECONNRESET,
+ *                                 if that error is a clean one (-ESHUTDOWN, -ECONNRESET, -ESTALE,
  *                                 -ENOTCONN), 1 otherwise (the test times the exit).
  */
 #include <errno.h>
@@ -90,7 +90,7 @@ int main(int argc, char **argv)
             fflush(stdout);
         }
     }
-    int clean = rc == -ESHUTDOWN || rc == -ECONNRESET || rc == -ENOTCONN;
+    int clean = rc == -ESHUTDOWN || rc == -ECONNRESET || rc == -ESTALE || rc == -ENOTCONN;
     fprintf(stderr, "tc_client: stopped by %s (%s): %s\n", pat_strerror(rc),
             clean ? "clean" : "NOT clean", pat_last_error(c));
     pat_close(c);

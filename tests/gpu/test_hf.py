@@ -1,0 +1,144 @@
+"""GPU version of the transformers integration test (client/python/tests/test_transformers.py):
+a Llama-3-8B-shaped transformers model (bf16, random weights, 32 layers, 32/8 heads, d 128)
+generates greedily through patd.transformers against a real patd on the cuda backend (in another
+process, under MPS), beside the same model with transformers' own "sdpa" attention.
+
+Requests share a 512-token system prompt, join at different steps and leave after different
+numbers of tokens. Checks, per request and step (teacher-forced on patd's tokens): the logits
+agree with sdpa's within bf16 tolerance (max abs error / max abs logit < 5e-2), and patd's token
+is sdpa's argmax wherever sdpa's top-two margin exceeds four times that step's logit error
+(a closer call is a bf16 tie either way and is counted, not failed).
+
+Run by tests/gpu/run.sh (MPS started there). Prints "N passed, N failed"; exit 1 on failure.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+import patd  # noqa: E402
+import patd.transformers as pt  # noqa: E402
+
+SHAPE = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+             num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+             max_position_embeddings=8192, rope_theta=500000.0)
+
+
+def start_daemon(bin_path, rundir, layers, backend):
+    args = [bin_path, "--backend=" + backend, "--runtime-dir=" + rundir, "--name=hf",
+            "--metrics-port=0", "--layers=%d" % layers, "--q-heads=32", "--kv-heads=8",
+            "--head-dim=128", "--dtype=bf16", "--blocks=4096", "--conn-max-batch-tokens=8192",
+            "--staging-mb=2048", "--conn-max-staging-mb=1024",
+            "--step-timeout-ms=%d" % (20000 if backend == "cuda" else 600000)]
+    log = open(os.path.join(rundir, "patd.log"), "w")
+    p = subprocess.Popen(args, stderr=log, stdout=log)
+    sock = os.path.join(rundir, "hf.sock")
+    for _ in range(600):
+        if p.poll() is not None:
+            break
+        try:
+            patd.admin("status", socket=sock, timeout_ms=1000)
+            return p, sock
+        except (patd.PatError, OSError):
+            time.sleep(0.1)
+    raise RuntimeError("patd did not come up:\n" + open(os.path.join(rundir, "patd.log")).read())
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--patd", required=True)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--cpu", action="store_true",
+                    help="a smoke run without a GPU: cpu backend, model on the CPU, eager "
+                         "attention as the reference where sdpa is missing")
+    args = ap.parse_args()
+    dev = "cpu" if args.cpu else "cuda"
+    print("transformers", transformers.__version__, "torch", torch.__version__)
+    rundir = tempfile.mkdtemp(prefix="patd-hf-gpu.")
+    proc, sock = start_daemon(args.patd, rundir, args.layers, "cpu" if args.cpu else "cuda")
+    passed = failed = 0
+    try:
+        torch.manual_seed(0)
+        cfg = transformers.LlamaConfig(**dict(SHAPE, num_hidden_layers=args.layers))
+        if args.cpu:
+            model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+        else:
+            with torch.device("cuda"):
+                model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+        g = torch.Generator().manual_seed(1)
+        system = torch.randint(0, cfg.vocab_size, (512,), generator=g).tolist()
+        plan = []  # (prompt, join step, tokens to generate)
+        for i in range(8):
+            tail = torch.randint(0, cfg.vocab_size, (16 + 9 * i,), generator=g).tolist()
+            plan.append((system + tail, 0 if i < 5 else 3 + i, 6 + 2 * i))
+        t0 = time.time()
+        eng = pt.Engine(model, socket=sock, max_batch_tokens=8192)
+        live, done, step = {}, [], 0
+        while step < 200 and (live or any(j >= step for _, j, _ in plan)):
+            for i, (p, j, _) in enumerate(plan):
+                if j == step:
+                    r = eng.add(p)
+                    live[r] = (i, [], [])
+            for r, lg in eng.step().items():
+                i, toks, lgs = live[r]
+                tok = int(torch.argmax(lg))
+                toks.append(tok)
+                lgs.append(lg.float().cpu())
+                if len(toks) == plan[i][2]:
+                    eng.release(r)
+                    done.append((i, toks, lgs))
+                    del live[r]
+                else:
+                    eng.append(r, tok)
+            step += 1
+        print("patd: %d requests, %d steps in %.1f s; cached tokens %d"
+              % (len(done), eng.steps, time.time() - t0, eng.conn.stats()["cached_tokens"]))
+        eng.close()
+        ref_impl = "eager" if args.cpu else "sdpa"
+        model.config._attn_implementation = ref_impl
+        if hasattr(model, "set_attn_implementation"):
+            model.set_attn_implementation(ref_impl)
+        worst, ties, wrong = 0.0, 0, []
+        for i, toks, lgs in sorted(done):
+            seq = plan[i][0] + toks[:-1]
+            with torch.no_grad():
+                ref = model(input_ids=torch.tensor([seq], device=dev),
+                            use_cache=False).logits[0, len(plan[i][0]) - 1:].float().cpu()
+            for k, (tok, lg) in enumerate(zip(toks, lgs)):
+                err = float((ref[k] - lg).abs().max() / ref[k].abs().max())
+                worst = max(worst, err)
+                top = torch.topk(ref[k], 2)
+                margin = float(top.values[0] - top.values[1])
+                if tok != int(top.indices[0]):
+                    if margin > 4 * err * float(ref[k].abs().max()):
+                        wrong.append((i, k, tok, int(top.indices[0]), margin))
+                    else:
+                        ties += 1
+        n_tok = sum(len(t) for _, t, _ in done)
+        print("vs " + ref_impl + ": %d tokens, worst logit error %.2e, %d bf16 ties, %d clear mismatches"
+              % (n_tok, worst, ties, len(wrong)))
+        ok = len(done) == len(plan) and worst < 5e-2 and not wrong
+        for w in wrong[:10]:
+            print("  request %d token %d: patd %d, sdpa %d (margin %.3f)" % w)
+        passed += ok
+        failed += not ok
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        subprocess.run(["rm", "-rf", rundir], check=False)
+    print("%d passed, %d failed" % (passed, failed))
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
