@@ -9,7 +9,8 @@
 # sanitizers, solver and the attention benchmark with PAT, nothing cross-process; --attn-bench:
 # the tile solver and the attention benchmark with PAT; --smoke: test_cuda_attn --quick and
 # bench_attn --quick, a few minutes); then, under MPS, the cross-process tests (a real patd on
-# the cuda backend and PyTorch frontends: tests/gpu/test_frontend.py) and, unless --no-bench, the
+# the cuda backend and PyTorch frontends: tests/gpu/test_frontend.py, and a transformers model
+# through patd.transformers: tests/gpu/test_hf.py) and, unless --no-bench, the
 # hand-off and frontend benchmarks. --frontend: only the cross-process part.
 # --replay: only patload under MPS (tests/gpu/replay.sh: the CI replay tests on the cuda backend,
 # then trace replays with a Llama-3-8B-shaped model; "quick": the tests and one short replay).
@@ -167,6 +168,12 @@ if [ $bench = 4 ]; then
     exit
 fi
 run test_frontend python3 tests/gpu/test_frontend.py --patd $B/bin/patd
+# a transformers Llama-3-8B-shaped model generating through patd.transformers vs its own sdpa
+# (needs transformers in the GPU host's python; .whl/ may bring a wheel: installed if missing)
+if ! python3 -c 'import transformers' 2>/dev/null && ls .whl/transformers-*.whl >/dev/null 2>&1; then
+    python3 -m pip install --quiet --no-index --find-links .whl transformers >/dev/null 2>&1
+fi
+run test_hf python3 tests/gpu/test_hf.py --patd $B/bin/patd
 if [ $bench != 0 ]; then
     run handoff_mps $B/bench/bench_handoff --patd $B/bin/patd --label MPS \
         --json "$out/handoff.jsonl"

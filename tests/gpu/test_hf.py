@@ -59,8 +59,9 @@ def main():
     ap.add_argument("--patd", required=True)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--cpu", action="store_true",
-                    help="a smoke run without a GPU: cpu backend, model on the CPU, eager "
-                         "attention as the reference where sdpa is missing")
+                    help="a smoke run without a GPU: cpu backend, model on the CPU with the "
+                         "attention's shape but a small hidden size, FFN and vocabulary, eager "
+                         "attention as the reference")
     args = ap.parse_args()
     dev = "cpu" if args.cpu else "cuda"
     print("transformers", transformers.__version__, "torch", torch.__version__)
@@ -69,7 +70,10 @@ def main():
     passed = failed = 0
     try:
         torch.manual_seed(0)
-        cfg = transformers.LlamaConfig(**dict(SHAPE, num_hidden_layers=args.layers))
+        shape = dict(SHAPE, num_hidden_layers=args.layers)
+        if args.cpu:  # the smoke run: the attention's shape, a small rest
+            shape.update(hidden_size=512, intermediate_size=1024, vocab_size=4096)
+        cfg = transformers.LlamaConfig(**shape)
         if args.cpu:
             model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
         else:
