@@ -12,7 +12,8 @@
 # the cuda backend and PyTorch frontends: tests/gpu/test_frontend.py, and a transformers model
 # through patd.transformers: tests/gpu/test_hf.py) and, unless --no-bench, the
 # hand-off and frontend benchmarks. --frontend: only the cross-process part.
-# --replay: only patload under MPS (tests/gpu/replay.sh: the CI replay tests on the cuda backend,
+# --e2e: only tests/bench/bench_e2e.py under MPS (a Llama-3-8B-shaped decode step through patd,
+# in-process FlashInfer from .whl/, and a dense in-process cache). --replay: only patload under MPS (tests/gpu/replay.sh: the CI replay tests on the cuda backend,
 # then trace replays with a Llama-3-8B-shaped model; "quick": the tests and one short replay).
 # Results (logs, JSON, tables) go to $OUT when it is set (the device tool), else
 # build/gpu-results. Ends with "N passed, N failed" over the GPU programs and sanitizer runs.
@@ -32,6 +33,7 @@ case "${1:-}" in
 --attn) bench=5 ;;
 --attn-bench) bench=5 attn_only=1 ;;
 --smoke) bench=6 ;;
+--e2e) bench=7 ;;
 esac
 
 # PAT's reference kernel (../shared/peers/pat): built in the background while patd builds and
@@ -152,11 +154,21 @@ export CUDA_MPS_PIPE_DIRECTORY=/tmp/patd-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/pa
 mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
 export PATD_LIBPAT=$PWD/$B/lib/libpat.so.1
 mps_stop() { echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; sleep 1; }
-if [ $bench != 0 ] && [ $bench != 4 ]; then # the floor and patd's round trip without MPS first
+if [ $bench != 0 ] && [ $bench != 4 ] && [ $bench != 7 ]; then # the floor and patd's round trip without MPS first
     run handoff_nomps $B/bench/bench_handoff --patd $B/bin/patd --label no-MPS \
         --json "$out/handoff.jsonl"
 fi
 nvidia-cuda-mps-control -d && sleep 1
+if [ $bench = 7 ]; then # --e2e: tests/bench/bench_e2e.py (patd vs in-process FlashInfer)
+    if ! python3 -c 'import flashinfer' 2>/dev/null && ls .whl/flashinfer_python-*.whl >/dev/null 2>&1; then
+        python3 -m pip install --quiet --no-deps --no-index .whl/*.whl >>"$out/gpu.log" 2>&1
+    fi
+    run bench_e2e python3 tests/bench/bench_e2e.py --patd $B/bin/patd --json "$out/e2e.jsonl"
+    mps_stop
+    echo "$passed passed, $failed failed" | tee -a "$out/gpu.log"
+    [ "$failed" -eq 0 ]
+    exit
+fi
 if [ $bench = 4 ]; then
     export PATD_BIN=$B/bin/patd PATLOAD_BIN=$B/bin/patload PATCTL_BIN=$B/bin/patctl \
         PATLOAD_NO_GNUPLOT_OK=1

@@ -1,0 +1,390 @@
+"""End-to-end decode steps of a Llama-3-8B-shaped model (bf16, random weights, 32 layers, 32/8
+heads, d 128, FFN 14336, vocabulary 128256; client/python/examples/llama_patd.py's model code)
+three ways, on the same GPU in the same run:
+
+  patd        attention in patd across processes (under MPS: tests/gpu/run.sh starts it), the
+              projections written straight into the session's staging tensors
+  flashinfer  in-process FlashInfer paged decode (BatchDecodeWithPagedKVCacheWrapper, tensor
+              cores on, pages of 16 tokens; requests that share a system prompt share its pages
+              in their page tables, read once per request: the decode kernel is not
+              prefix-aware)
+  dense       in-process attention over a dense per-request cache padded to the longest
+              context (llama_patd.DenseAttention: what the example frontend compares with).
+              Not transformers' sdpa: that needs the model's own code (test_hf.py runs it for
+              correctness); this keeps the model code the same for all three.
+
+Batches 1, 16, 64 and 256, each with and without a shared 2,048-token system prompt (with: every
+request is the system prompt + 32 own tokens; without: 512 own tokens). Per case: the median
+decode step (CUDA-synchronised wall time, 16 steps after 4 warm-ups), the attention share (CUDA
+events around every layer's attention call), for patd the hand-off share (attention calls minus
+the daemon's own layer time, from its metrics), tokens/s, and patd / flashinfer. A case whose
+caches do not fit the GPU beside the model is reported as skipped, with its size.
+
+    python3 tests/bench/bench_e2e.py --patd build/gpu/bin/patd [--json FILE] [--layers 32]
+      [--batches 1,16,64,256] [--ways patd,flashinfer,dense]
+
+Not yet run on a GPU (written 2026-11-25 without device time): expect to fix it on first use.
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+sys.path.insert(0, os.path.join(ROOT, "client", "python", "examples"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
+
+import torch  # noqa: E402
+
+import patd  # noqa: E402
+from llama_patd import Config, DenseAttention, Llama, PatdAttention  # noqa: E402
+
+PAGE = 16
+SYS_LEN, OWN_SHARED, OWN_UNSHARED, DECODE = 2048, 32, 512, 20
+
+
+def make_model(cfg, seed=1):
+    """llama_patd.Llama with its random weights made on the GPU (8B parameters drawn on the
+    host would take minutes): the same scaling as Llama.__init__."""
+    m = Llama.__new__(Llama)
+    m.cfg = cfg
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dt, H, F = cfg.dtype, cfg.hidden, cfg.ffn
+
+    def w(*shape, fan_in):
+        return (torch.randn(*shape, generator=g, device="cuda") / math.sqrt(fan_in)).to(dt)
+
+    def norm():
+        return (1.0 + 0.1 * torch.randn(H, generator=g, device="cuda")).to(dt)
+
+    m.embed = torch.randn(cfg.vocab, H, generator=g, device="cuda").to(dt)
+    m.layers = []
+    for _ in range(cfg.layers):
+        m.layers.append({
+            "n1": norm(), "n2": norm(),
+            "wq": w(H, cfg.q_heads * cfg.head_dim, fan_in=H),
+            "wk": w(H, cfg.kv_heads * cfg.head_dim, fan_in=H),
+            "wv": w(H, cfg.kv_heads * cfg.head_dim, fan_in=H),
+            "wo": w(cfg.q_heads * cfg.head_dim, H, fan_in=H),
+            "w1": w(H, F, fan_in=H), "w3": w(H, F, fan_in=H), "w2": w(F, H, fan_in=F)})
+    m.final_norm = norm()
+    m.head = w(H, cfg.vocab, fan_in=H)
+    half = cfg.head_dim // 2
+    m.inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(half, device="cuda").float() / half))
+    return m
+
+
+class Timed:
+    """Wraps an attention back-end: CUDA events around every attend() call."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.events = []
+        self.on = False
+
+    def buffers(self, n):
+        return self.inner.buffers(n)
+
+    def attend(self, layer, q, k, v):
+        if not self.on:
+            return self.inner.attend(layer, q, k, v)
+        a, b = torch.cuda.Event(True), torch.cuda.Event(True)
+        a.record()
+        o = self.inner.attend(layer, q, k, v)
+        b.record()
+        self.events.append((a, b))
+        return o
+
+    def take_ms(self):
+        torch.cuda.synchronize()
+        t = sum(a.elapsed_time(b) for a, b in self.events)
+        self.events = []
+        return t
+
+
+class FlashInferAttention:
+    """In-process paged KV (pages of PAGE tokens) and FlashInfer's batch decode. Prefill (not
+    timed) attends over the request's gathered pages in PyTorch; decode appends the step's K/V
+    to each request's page and runs the wrapper planned for the step."""
+
+    def __init__(self, cfg, n_pages):
+        import flashinfer
+        self.cfg = cfg
+        shape = (cfg.layers, n_pages, PAGE, cfg.kv_heads, cfg.head_dim)
+        self.K = torch.zeros(shape, dtype=cfg.dtype, device="cuda")
+        self.V = torch.zeros(shape, dtype=cfg.dtype, device="cuda")
+        self.free = list(range(n_pages - 1, -1, -1))
+        self.ws = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
+        self.w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.ws, "NHD",
+                                                               use_tensor_cores=True)
+        self.tables, self.lens = [], []
+        self.mode = None
+
+    def new_request(self, prefix_of=None, prefix_len=0):
+        """A request whose page table starts with another's first prefix_len tokens (whole
+        pages), or empty."""
+        t = list(self.tables[prefix_of][:prefix_len // PAGE]) if prefix_of is not None else []
+        self.tables.append(t)
+        self.lens.append(len(t) * PAGE)
+        return len(self.tables) - 1
+
+    def _grow(self, r, new_len):
+        while len(self.tables[r]) * PAGE < new_len:
+            self.tables[r].append(self.free.pop())
+
+    def buffers(self, n):
+        c = self.cfg
+        return (torch.empty(n, c.q_heads, c.head_dim, device="cuda", dtype=c.dtype),
+                torch.empty(n, c.kv_heads, c.head_dim, device="cuda", dtype=c.dtype),
+                torch.empty(n, c.kv_heads, c.head_dim, device="cuda", dtype=c.dtype))
+
+    def _slots(self, r, start, n):
+        pos = torch.arange(start, start + n, device="cuda")
+        pages = torch.tensor(self.tables[r], device="cuda", dtype=torch.long)[pos // PAGE]
+        return pages, pos % PAGE
+
+    def begin_prefill(self, r, n):
+        self.mode = ("prefill", r, self.lens[r], n)
+        self._grow(r, self.lens[r] + n)
+
+    def begin_decode(self, reqs):
+        for r in reqs:
+            self._grow(r, self.lens[r] + 1)
+        indptr, indices, last = [0], [], []
+        for r in reqs:
+            n = self.lens[r] + 1
+            pages = self.tables[r][:(n + PAGE - 1) // PAGE]
+            indices += pages
+            indptr.append(len(indices))
+            last.append(n - (len(pages) - 1) * PAGE)
+        c = self.cfg
+        i32 = dict(dtype=torch.int32, device="cuda")
+        self.w.plan(torch.tensor(indptr, **i32), torch.tensor(indices, **i32),
+                    torch.tensor(last, **i32), c.q_heads, c.kv_heads, c.head_dim, PAGE,
+                    q_data_type=c.dtype, kv_data_type=c.dtype)
+        pg, sl = [], []
+        for r in reqs:
+            pos = self.lens[r]
+            pg.append(self.tables[r][pos // PAGE])
+            sl.append(pos % PAGE)
+        self.mode = ("decode", torch.tensor(pg, device="cuda"), torch.tensor(sl, device="cuda"))
+
+    def end_step(self, reqs_or_r, n=1):
+        for r in (reqs_or_r if isinstance(reqs_or_r, list) else [reqs_or_r]):
+            self.lens[r] += n
+
+    def attend(self, layer, q, k, v):
+        c = self.cfg
+        if self.mode[0] == "decode":
+            _, pg, sl = self.mode
+            self.K[layer, pg, sl] = k
+            self.V[layer, pg, sl] = v
+            return self.w.run(q, (self.K[layer], self.V[layer]))
+        _, r, c0, n = self.mode
+        pg, sl = self._slots(r, c0, n)
+        self.K[layer, pg, sl] = k
+        self.V[layer, pg, sl] = v
+        apg, asl = self._slots(r, 0, c0 + n)
+        K = self.K[layer, apg, asl].transpose(0, 1)  # [kvh, L, d]
+        V = self.V[layer, apg, asl].transpose(0, 1)
+        g = c.q_heads // c.kv_heads
+        K = K.repeat_interleave(g, 0)
+        V = V.repeat_interleave(g, 0)
+        i = torch.arange(n, device="cuda")[:, None]
+        j = torch.arange(c0 + n, device="cuda")[None, :]
+        mask = j <= c0 + i
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(0, 1), K, V, attn_mask=mask)  # [h, n, d]
+        return o.transpose(0, 1).contiguous()
+
+
+def prompts_for(batch, shared, vocab, rng):
+    if shared:
+        system = [rng.randrange(vocab) for _ in range(SYS_LEN)]
+        return [system + [rng.randrange(vocab) for _ in range(OWN_SHARED)] for _ in range(batch)]
+    return [[rng.randrange(vocab) for _ in range(OWN_UNSHARED)] for _ in range(batch)]
+
+
+def decode_loop(model, attn, begin, end, batch, lens0):
+    """4 warm-up + 16 timed decode steps; returns (median step s, median attention ms)."""
+    toks = [1 + i % 50 for i in range(batch)]
+    lens = list(lens0)
+    steps, att = [], []
+    for step in range(4 + 16):
+        tt = torch.tensor(toks, device="cuda")
+        pp = torch.tensor(lens, device="cuda")
+        torch.cuda.synchronize()
+        attn.on = step >= 4
+        t0 = time.perf_counter()
+        begin(toks)
+        logits = model.forward(tt, pp, attn)
+        end()
+        torch.cuda.synchronize()
+        if step >= 4:
+            steps.append(time.perf_counter() - t0)
+            att.append(attn.take_ms())
+        toks = logits.argmax(-1).tolist()
+        lens = [x + 1 for x in lens]
+    med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
+    return med(steps), med(att)
+
+
+def metric(sock, name):
+    for line in patd.admin("stats", socket=sock).splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def run_patd(cfg, model, sock, prompts):
+    conn = patd.Conn(model=cfg.patd_model(), max_batch_tokens=4096, socket=sock, label="e2e")
+    attn = Timed(PatdAttention(conn))
+    seqs, lens, pend = [], [], []
+    for phase in (prompts[:1], prompts[1:]):  # the first alone: the others find its prefix
+        for p in phase:
+            s, c = conn.seq_open(p)
+            seqs.append(s)
+            lens.append(c)
+            pend.append(p[c:])
+        while any(pend):
+            ids, n_new, flat, pos, take = [], [], [], [], 4096
+            for i, t in enumerate(pend):
+                if t and take > 0:
+                    k = min(len(t), take)
+                    ids.append(seqs[i])
+                    n_new.append(k)
+                    flat += t[:k]
+                    pos += [lens[i] + j for j in range(k)]
+                    lens[i] += k
+                    pend[i] = t[k:]
+                    take -= k
+            conn.step_begin(ids, n_new, flat)
+            model.forward(torch.tensor(flat, device="cuda"), torch.tensor(pos, device="cuda"),
+                          attn)
+            conn.step_end()
+    b = len(seqs)
+    l0 = metric(sock, "patd_layer_nanoseconds_total")
+    n0 = metric(sock, "patd_layers_total")
+    step, att = decode_loop(model, attn, lambda toks: conn.step_begin(seqs, [1] * b, toks),
+                            lambda: conn.step_end(), b, lens)
+    layer_ns = (metric(sock, "patd_layer_nanoseconds_total") - l0) / \
+        max(1.0, metric(sock, "patd_layers_total") - n0)
+    for s in seqs:
+        conn.seq_close(s)
+    conn.close()
+    return step, att, layer_ns * cfg.layers / 1e6
+
+
+def run_flashinfer(cfg, model, prompts, shared):
+    need = sum((len(p) + DECODE + 24 + PAGE - 1) // PAGE for p in prompts)
+    if shared:
+        need = (SYS_LEN // PAGE) + len(prompts) * ((OWN_SHARED + DECODE + 24) // PAGE + 2)
+    fi = FlashInferAttention(cfg, need + 8)
+    attn = Timed(fi)
+    reqs = []
+    for i, p in enumerate(prompts):
+        if shared and i > 0:
+            r = fi.new_request(prefix_of=0, prefix_len=SYS_LEN)
+        else:
+            r = fi.new_request()
+        c0 = fi.lens[r]
+        rest = p[c0:]
+        fi.begin_prefill(r, len(rest))
+        model.forward(torch.tensor(rest, device="cuda"),
+                      torch.arange(c0, len(p), device="cuda"), attn)
+        fi.end_step(r, len(rest))
+        reqs.append(r)
+    lens = [fi.lens[r] for r in reqs]
+    step, att = decode_loop(model, attn, lambda toks: fi.begin_decode(reqs),
+                            lambda: fi.end_step(reqs), len(reqs), lens)
+    del fi
+    torch.cuda.empty_cache()
+    return step, att
+
+
+def run_dense(cfg, model, prompts):
+    b, L = len(prompts), max(map(len, prompts)) + DECODE + 8
+    bytes_ = 2 * b * cfg.layers * L * cfg.kv_heads * cfg.head_dim * 2
+    free, _ = torch.cuda.mem_get_info()
+    if bytes_ > free - (4 << 30):
+        return None, "dense cache of %.1f GB does not fit beside the model" % (bytes_ / 1e9)
+    ref = Timed(DenseAttention(cfg, b, L))
+    for i, p in enumerate(prompts):
+        ref.inner.begin([i], [0], [len(p)])
+        model.forward(torch.tensor(p, device="cuda"), torch.arange(len(p), device="cuda"), ref)
+    lens = [len(p) for p in prompts]
+    st = {"lens": list(lens)}
+
+    def begin(toks):
+        ref.inner.begin(list(range(b)), st["lens"], [1] * b)
+
+    def end():
+        st["lens"] = [x + 1 for x in st["lens"]]
+
+    step, att = decode_loop(model, ref, begin, end, b, lens)
+    del ref
+    torch.cuda.empty_cache()
+    return (step, att), None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--patd", required=True)
+    ap.add_argument("--json")
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--batches", default="1,16,64,256")
+    ap.add_argument("--ways", default="patd,flashinfer,dense")
+    a = ap.parse_args()
+    import test_frontend as tf
+    cfg = Config(layers=a.layers, q_heads=32, kv_heads=8, head_dim=128, ffn=14336, vocab=128256,
+                 rope_theta=500000.0)
+    tf.CFG = cfg
+    ways = a.ways.split(",")
+    rundir = tempfile.mkdtemp(prefix="patd-e2e-")
+    daemon, sock = tf.start_daemon(a.patd, rundir, extra=["--step-timeout-ms=60000",
+                                                          "--blocks=12288"])
+    print("device %s; model %d layers, 32/8 heads, d 128, FFN 14336, vocab 128256, bf16"
+          % (torch.cuda.get_device_name(), cfg.layers), flush=True)
+    model = make_model(cfg)
+    js = open(a.json, "a") if a.json else None
+    try:
+        for shared in (False, True):
+            for batch in [int(x) for x in a.batches.split(",")]:
+                prompts = prompts_for(batch, shared, cfg.vocab, random.Random(batch))
+                res = {"batch": batch, "shared_prompt": SYS_LEN if shared else 0,
+                       "layers": cfg.layers, "device": torch.cuda.get_device_name()}
+                if "patd" in ways:
+                    s, att, daemon_ms = run_patd(cfg, model, sock, prompts)
+                    res.update(patd_step_ms=s * 1e3, patd_attn_ms=att,
+                               patd_daemon_ms=daemon_ms, patd_handoff_ms=att - daemon_ms,
+                               patd_tok_s=batch / s)
+                if "flashinfer" in ways:
+                    s, att = run_flashinfer(cfg, model, prompts, shared)
+                    res.update(fi_step_ms=s * 1e3, fi_attn_ms=att, fi_tok_s=batch / s)
+                if "dense" in ways:
+                    r, why = run_dense(cfg, model, prompts)
+                    if r:
+                        res.update(dense_step_ms=r[0] * 1e3, dense_attn_ms=r[1],
+                                   dense_tok_s=batch / r[0])
+                    else:
+                        res["dense_skipped"] = why
+                if "patd_step_ms" in res and "fi_step_ms" in res:
+                    res["patd_over_fi"] = res["patd_step_ms"] / res["fi_step_ms"]
+                print(json.dumps(res), flush=True)
+                if js:
+                    js.write(json.dumps(res) + "\n")
+    finally:
+        daemon.terminate()
+        daemon.wait(30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
