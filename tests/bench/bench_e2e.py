@@ -28,7 +28,6 @@ Not yet run on a GPU (written 2026-11-25 without device time): expect to fix it 
 
 import argparse
 import json
-import math
 import os
 import random
 import sys
@@ -43,42 +42,12 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
 
 import torch  # noqa: E402
 
+import bench_frontend  # noqa: E402
 import patd  # noqa: E402
 from llama_patd import Config, DenseAttention, Llama, PatdAttention  # noqa: E402
 
 PAGE = 16
 SYS_LEN, OWN_SHARED, OWN_UNSHARED, DECODE = 2048, 32, 512, 20
-
-
-def make_model(cfg, seed=1):
-    """llama_patd.Llama with its random weights made on the GPU (8B parameters drawn on the
-    host would take minutes): the same scaling as Llama.__init__."""
-    m = Llama.__new__(Llama)
-    m.cfg = cfg
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    dt, H, F = cfg.dtype, cfg.hidden, cfg.ffn
-
-    def w(*shape, fan_in):
-        return (torch.randn(*shape, generator=g, device="cuda") / math.sqrt(fan_in)).to(dt)
-
-    def norm():
-        return (1.0 + 0.1 * torch.randn(H, generator=g, device="cuda")).to(dt)
-
-    m.embed = torch.randn(cfg.vocab, H, generator=g, device="cuda").to(dt)
-    m.layers = []
-    for _ in range(cfg.layers):
-        m.layers.append({
-            "n1": norm(), "n2": norm(),
-            "wq": w(H, cfg.q_heads * cfg.head_dim, fan_in=H),
-            "wk": w(H, cfg.kv_heads * cfg.head_dim, fan_in=H),
-            "wv": w(H, cfg.kv_heads * cfg.head_dim, fan_in=H),
-            "wo": w(cfg.q_heads * cfg.head_dim, H, fan_in=H),
-            "w1": w(H, F, fan_in=H), "w3": w(H, F, fan_in=H), "w2": w(F, H, fan_in=F)})
-    m.final_norm = norm()
-    m.head = w(H, cfg.vocab, fan_in=H)
-    half = cfg.head_dim // 2
-    m.inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(half, device="cuda").float() / half))
-    return m
 
 
 class Timed:
@@ -253,22 +222,7 @@ def run_patd(cfg, model, sock, prompts):
             seqs.append(s)
             lens.append(c)
             pend.append(p[c:])
-        while any(pend):
-            ids, n_new, flat, pos, take = [], [], [], [], 4096
-            for i, t in enumerate(pend):
-                if t and take > 0:
-                    k = min(len(t), take)
-                    ids.append(seqs[i])
-                    n_new.append(k)
-                    flat += t[:k]
-                    pos += [lens[i] + j for j in range(k)]
-                    lens[i] += k
-                    pend[i] = t[k:]
-                    take -= k
-            conn.step_begin(ids, n_new, flat)
-            model.forward(torch.tensor(flat, device="cuda"), torch.tensor(pos, device="cuda"),
-                          attn)
-            conn.step_end()
+        bench_frontend.prefill(conn, model, attn, seqs, lens, pend)
     b = len(seqs)
     l0 = metric(sock, "patd_layer_nanoseconds_total")
     n0 = metric(sock, "patd_layers_total")
@@ -352,7 +306,7 @@ def main():
                                                           "--blocks=12288"])
     print("device %s; model %d layers, 32/8 heads, d 128, FFN 14336, vocab 128256, bf16"
           % (torch.cuda.get_device_name(), cfg.layers), flush=True)
-    model = make_model(cfg)
+    model = Llama(cfg, seed=1, draw_on="cuda")  # 8B parameters: drawn on the GPU
     js = open(a.json, "a") if a.json else None
     try:
         for shared in (False, True):

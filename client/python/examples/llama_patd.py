@@ -54,18 +54,21 @@ class Config:
 class Llama:
     """Weights and the forward pass; attention is delegated per layer."""
 
-    def __init__(self, cfg, seed=1, device="cuda"):
+    def __init__(self, cfg, seed=1, device="cuda", draw_on="cpu"):
+        """draw_on: where the random weights are drawn ("cpu": the same weights on every GPU;
+        "cuda": fast for billions of parameters, which take minutes on the host)."""
         self.cfg = cfg
-        g = torch.Generator(device="cpu").manual_seed(seed)
+        g = torch.Generator(device=draw_on).manual_seed(seed)
         dt, H, F = cfg.dtype, cfg.hidden, cfg.ffn
 
         def w(*shape, fan_in):
-            return (torch.randn(*shape, generator=g) / math.sqrt(fan_in)).to(device, dt)
+            x = torch.randn(*shape, generator=g, device=draw_on)
+            return (x / math.sqrt(fan_in)).to(device, dt)
 
         def norm():
-            return (1.0 + 0.1 * torch.randn(H, generator=g)).to(device, dt)
+            return (1.0 + 0.1 * torch.randn(H, generator=g, device=draw_on)).to(device, dt)
 
-        self.embed = torch.randn(cfg.vocab, H, generator=g).to(device, dt)
+        self.embed = torch.randn(cfg.vocab, H, generator=g, device=draw_on).to(device, dt)
         self.layers = []
         for _ in range(cfg.layers):
             self.layers.append({

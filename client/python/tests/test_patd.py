@@ -6,10 +6,8 @@ Run: PATD_BIN=build/bin/patd PATD_LIBPAT=build/lib/libpat.so.1 python3 -m unitte
 
 import errno
 import os
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
@@ -17,8 +15,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import patd  # noqa: E402
+from daemon_fixture import start_daemon, stop_daemon  # noqa: E402
 
-BIN = os.environ.get("PATD_BIN", "build/bin/patd")
 
 
 def _has_torch():
@@ -41,26 +39,12 @@ def reference(q, K, V, n_ctx, scale):
 class DaemonCase(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="patd-py.")
-        cls.sock = os.path.join(cls.dir, "patd.sock")
-        cls.log = open(os.path.join(cls.dir, "patd.log"), "w")
-        cls.proc = subprocess.Popen(
-            [BIN, "--runtime-dir=" + cls.dir, "--metrics-port=0", "--layers=2", "--q-heads=4",
-             "--kv-heads=2", "--conn-max-seqs=8"], stderr=cls.log)
-        for _ in range(200):
-            try:
-                patd.admin("status", socket=cls.sock, timeout_ms=200)
-                return
-            except (patd.PatError, OSError):
-                time.sleep(0.025)
-        raise RuntimeError("patd did not start")
+        start_daemon(cls, "patd-py.", ["--layers=2", "--q-heads=4", "--kv-heads=2",
+                                       "--conn-max-seqs=8"])
 
     @classmethod
     def tearDownClass(cls):
-        cls.proc.send_signal(signal.SIGTERM)
-        assert cls.proc.wait(timeout=5) == 0
-        cls.log.close()
-        subprocess.run(["rm", "-rf", cls.dir], check=False)
+        stop_daemon(cls)
 
     def conn(self, **kw):
         return patd.Conn(MODEL, max_batch_tokens=kw.pop("max_batch_tokens", 128),

@@ -8,15 +8,13 @@ Run: PATD_BIN=build/bin/patd PATD_LIBPAT=build/lib/libpat.so.1 python3 -m unitte
 """
 
 import os
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import patd  # noqa: E402
+from daemon_fixture import start_daemon, stop_daemon  # noqa: E402
 
 try:
     import torch
@@ -29,7 +27,6 @@ except ImportError as e:  # noqa: F841
 if WHY_NOT and os.environ.get("PATD_REQUIRE_TRANSFORMERS") == "1":
     raise SystemExit("PATD_REQUIRE_TRANSFORMERS=1 but " + WHY_NOT)
 
-BIN = os.environ.get("PATD_BIN", "build/bin/patd")
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 2, 4, 2, 64, 512
 
 
@@ -59,28 +56,14 @@ def reference_logits(model, tokens, n_new):
 class TransformersCase(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="patd-hf.")
-        cls.sock = os.path.join(cls.dir, "patd.sock")
-        cls.log = open(os.path.join(cls.dir, "patd.log"), "w")
-        cls.proc = subprocess.Popen(
-            [BIN, "--runtime-dir=" + cls.dir, "--metrics-port=0", "--backend=cpu",
-             "--layers=%d" % LAYERS, "--q-heads=%d" % HEADS, "--kv-heads=%d" % KV_HEADS,
-             "--head-dim=%d" % HEAD_DIM, "--dtype=f32", "--blocks=2048", "--threads=2"],
-            stderr=cls.log)
-        for _ in range(200):
-            try:
-                patd.admin("status", socket=cls.sock, timeout_ms=200)
-                return
-            except (patd.PatError, OSError):
-                time.sleep(0.025)
-        raise RuntimeError("patd did not start")
+        start_daemon(cls, "patd-hf.", [
+            "--backend=cpu", "--layers=%d" % LAYERS, "--q-heads=%d" % HEADS,
+            "--kv-heads=%d" % KV_HEADS, "--head-dim=%d" % HEAD_DIM, "--dtype=f32",
+            "--blocks=2048", "--threads=2"])
 
     @classmethod
     def tearDownClass(cls):
-        cls.proc.send_signal(signal.SIGTERM)
-        assert cls.proc.wait(timeout=5) == 0
-        cls.log.close()
-        subprocess.run(["rm", "-rf", cls.dir], check=False)
+        stop_daemon(cls)
 
     def engine(self, model, **kw):
         return pt.Engine(model, socket=self.sock, **kw)
