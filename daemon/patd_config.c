@@ -20,7 +20,8 @@
 
 #include "ipc_proto.h" /* IPC_VERSION */
 #include "kern.h"
-#include "pat.h" /* PAT_VERSION_*: the release version, written once */
+#include "sched_plan.h" /* sched_policy_parse */
+#include "pat.h"        /* PAT_VERSION_*: the release version, written once */
 #include "patd_log.h"
 #include "pat_base.h"
 
@@ -325,7 +326,7 @@ static int validate(const patd_config_t *c)
                 c->forward);
         return -EINVAL;
     }
-    if (patd_pack_policy(c->pack_policy) < 0) {
+    if (sched_policy_parse(c->pack_policy) < 0) {
         fprintf(stderr,
                 "patd: daemon.pack_policy must be auto, bytes, paper, query or tree (got '%s')\n",
                 c->pack_policy);
@@ -589,15 +590,6 @@ void patd_config_print(const patd_config_t *c, FILE *f)
         }
         }
     }
-}
-
-int patd_pack_policy(const char *name)
-{
-    static const char *const names[] = {"auto", "bytes", "paper", "query", "tree"};
-    for (int i = 0; i < (int)(sizeof(names) / sizeof(names[0])); i++)
-        if (!strcmp(name, names[i]))
-            return i;
-    return -1;
 }
 
 int patd_config_was_set(const patd_config_t *c, const char *key)

@@ -60,7 +60,5 @@ int patd_config_load(patd_config_t *c, int argc, char **argv);
 int patd_config_reload(patd_config_t *c, const patd_sized_t *sized, int argc, char **argv);
 void patd_config_print(const patd_config_t *c, FILE *f);
 int patd_config_was_set(const patd_config_t *c, const char *key);
-/* sched_policy_t of a pack_policy name, or -1 */
-int patd_pack_policy(const char *name);
 
 #endif

@@ -152,7 +152,7 @@ static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *
     c->lay = *lay;
     c->seqs = pat_xmalloc(max_seqs * sizeof(patd_seq_t));
     for (uint32_t i = 0; i < max_seqs; i++)
-        c->seqs[i] = (patd_seq_t){KV_NONE, 0, KV_NONE, 0, 0};
+        c->seqs[i] = (patd_seq_t){KV_NONE, 0, KV_NONE, 0};
     pat_map_init(&c->seq_map, max_seqs);
     c->next_tick = 1;
 
@@ -169,7 +169,7 @@ static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *
                          .tiles = &d->tiles,
                          .policy = (r->flags & IPC_HELLO_PACK_MASK)
                                        ? (sched_policy_t)((r->flags & IPC_HELLO_PACK_MASK) - 1)
-                                       : (sched_policy_t)patd_pack_policy(cfg->pack_policy)};
+                                       : (sched_policy_t)sched_policy_parse(cfg->pack_policy)};
     if ((rc = sched_create(&sc, &c->sched)) < 0) {
         WHY("scheduler: %s", strerror(-rc));
         goto fail;

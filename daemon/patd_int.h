@@ -21,6 +21,7 @@
 #ifndef PATD_INT_H
 #define PATD_INT_H
 
+#include <math.h>
 #include <nanomsg/nn.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -45,11 +46,10 @@
 #define PATD_MAX_PARTIALS(cfg) (2u * (cfg)->conn_max_batch_tokens)
 
 typedef struct patd_seq {
-    uint32_t kv;         /* kv sequence id; KV_NONE when the slot is free */
-    uint32_t in_step;    /* part of the step in flight */
-    uint32_t forest_kv;  /* kv id joined in the session's forest at this slot, KV_NONE if none */
-    uint32_t blocks;     /* blocks this sequence's table holds (for the quota) */
-    uint32_t forest_ver; /* the kv table version the forest holds (kv_seq_info_t.version) */
+    uint32_t kv;        /* kv sequence id; KV_NONE when the slot is free */
+    uint32_t in_step;   /* part of the step in flight */
+    uint32_t forest_kv; /* kv id joined in the session's forest at this slot, KV_NONE if none */
+    uint32_t blocks;    /* blocks this sequence's table holds (for the quota) */
 } patd_seq_t;
 
 /* admin socket: connections at once, and from one uid (a member of the socket group who holds
@@ -120,7 +120,7 @@ struct patd {
     char **argv;
     uint64_t instance;
     uint64_t t_start_ns;
-    uint64_t t_start_unix; /* time(NULL) at start (patd_start_time_seconds) */
+    uint64_t t_start_unix; /* CLOCK_REALTIME seconds at start (patd_start_time_seconds) */
     uv_loop_t loop;
     int rep, pub; /* nanomsg sockets */
     uv_poll_t rep_poll;
@@ -180,6 +180,12 @@ struct patd {
     kern_lane_t **lanes;  /* [n_lanes]: lane i belongs to executor i */
     uint32_t n_lanes;
 };
+
+/* The softmax scale applied now: model.scale, or 1/sqrt(head_dim) where it is 0 */
+static inline float patd_softmax_scale(const patd_t *d)
+{
+    return d->cfg.scale > 0 ? d->cfg.scale : 1.0f / sqrtf((float)d->model.head_dim);
+}
 
 /* The session's signal page (the shm's first page, or the GPU signal slice's). */
 static inline ipc_sig_t *patd_conn_sig(patd_conn_t *c)

@@ -17,7 +17,6 @@
 #include <nanomsg/reqrep.h>
 #include <signal.h>
 #include <stdarg.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -117,7 +116,7 @@ static void fill_info(patd_t *d, ipc_info_rep_t *r)
     r->blocks_cached = ks.n_cached;
     r->sequences = ks.n_seqs;
     r->connections = d->n_conns;
-    r->scale = cfg->scale > 0 ? cfg->scale : 1.0f / sqrtf((float)d->model.head_dim);
+    r->scale = patd_softmax_scale(d);
     r->softcap = cfg->softcap;
     for (uint32_t i = 0; i < d->n_conns; i++)
         r->steps_in_flight += (uint32_t)patd_step_busy(&d->conns[i]->step);

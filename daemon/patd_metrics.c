@@ -47,12 +47,6 @@ static void family(FILE *f, const char *name, const char *type, const char *help
     fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-static const char *policy_name(int k)
-{
-    static const char *names[] = {"auto", "bytes", "paper", "query", "tree"};
-    return k >= 0 && k < (int)PAT_ARRAY_SIZE(names) ? names[k] : "?";
-}
-
 char *patd_metrics_text(patd_t *d, size_t *ret_len)
 {
     char *out = NULL;
@@ -97,8 +91,8 @@ char *patd_metrics_text(patd_t *d, size_t *ret_len)
     family(f, "patd_pack_policy_total", "counter",
            "packs built, by the policy that made them (auto picks one per step)");
     for (int k = 1; k < 5; k++)
-        fprintf(f, "patd_pack_policy_total{policy=\"%s\"} %llu\n", policy_name(k),
-                LD(m->packs_policy[k]));
+        fprintf(f, "patd_pack_policy_total{policy=\"%s\"} %llu\n",
+                sched_policy_name((sched_policy_t)k), LD(m->packs_policy[k]));
     metric(f, "patd_plan_ctas_total", "counter", "CTAs of the plans built (one layer each)",
            LD(m->plan_ctas));
     metric(f, "patd_plan_merges_total", "counter",
@@ -127,9 +121,10 @@ char *patd_metrics_text(patd_t *d, size_t *ret_len)
            ks.n_logical > ks.n_used ? ks.n_logical - ks.n_used : 0);
     metric(f, "patd_kv_published_blocks_total", "counter", "blocks stored in the prefix cache",
            ks.published);
-    metric(f, "patd_kv_duplicate_blocks_total", "counter",
-           "full blocks not published because the same content was already cached (twins)",
-           ks.duplicates);
+    metric(
+        f, "patd_kv_duplicate_blocks_total", "counter",
+        "full blocks a twin had published first: shared at commit, the sequence's own copy freed",
+        ks.duplicates);
     metric(f, "patd_sequences", "gauge", "open sequences", ks.n_seqs);
     metric(f, "patd_prefix_hit_blocks_total", "counter", "prompt blocks found in the cache",
            ks.hit_blocks);

@@ -436,11 +436,12 @@ static int step_prepare(patd_conn_t *c)
             uint32_t pos = info.len + k;
             st->kvslot[tok + k] = info.blocks[pos / bs] * bs + pos % bs;
         }
-        sched_query_t q = {info.blocks, info.n_blocks, info.len + st->n_new[i], st->n_new[i], tok};
+        sched_query_t q = {info.blocks,  info.n_blocks, info.len + st->n_new[i],
+                           st->n_new[i], tok,           info.version};
         patd_seq_t *s = &c->seqs[st->slot[i]];
-        if (s->forest_kv == st->kv[i] && s->forest_ver == info.version) {
+        if (s->forest_kv == st->kv[i]) {
             rc = sched_forest_grow(f, st->slot[i], &q);
-            if (rc == -EINVAL) { /* shrank or changed (truncate, copy-on-write) */
+            if (rc == -EINVAL) { /* shrank or changed (truncate, copy-on-write, a twin's copy) */
                 sched_forest_leave(f, st->slot[i]);
                 rc = sched_forest_join(f, st->slot[i], &q);
             }
@@ -450,7 +451,6 @@ static int step_prepare(patd_conn_t *c)
             rc = sched_forest_join(f, st->slot[i], &q);
         }
         s->forest_kv = rc == 0 ? st->kv[i] : KV_NONE;
-        s->forest_ver = info.version; /* a twin's copy shared at commit: joined afresh above */
         tok += st->n_new[i];
     }
     if (rc == 0) {
@@ -554,9 +554,7 @@ static int step_layers_cpu(patd_t *d, patd_conn_t *c, uint32_t exec_id)
     patd_step_t *st = &c->step;
     ipc_sig_t *g = patd_conn_sig(c);
     uint8_t *base = c->shm.base;
-    kern_attn_params_t ap = {.scale = d->cfg.scale > 0 ? d->cfg.scale
-                                                       : 1.0f / sqrtf((float)d->model.head_dim),
-                             .softcap = d->cfg.softcap};
+    kern_attn_params_t ap = {.scale = patd_softmax_scale(d), .softcap = d->cfg.softcap};
     int rc = 0;
     while (st->next_layer < d->model.n_layers) {
         const uint32_t l = st->next_layer;
@@ -736,9 +734,7 @@ static void step_run_gpu(patd_t *d, patd_conn_t *c, uint32_t exec_id)
         .k = c->dev_base + c->lay.k_off,
         .v = c->dev_base + c->lay.v_off,
         .o = c->dev_base + c->lay.o_off,
-        .params = {.scale =
-                       d->cfg.scale > 0 ? d->cfg.scale : 1.0f / sqrtf((float)d->model.head_dim),
-                   .softcap = d->cfg.softcap},
+        .params = {.scale = patd_softmax_scale(d), .softcap = d->cfg.softcap},
         .wait_value = epoch,
         .post_value = epoch,
     };

@@ -257,6 +257,7 @@ int sched_forest_join(sched_forest_t *f, uint32_t qid, const sched_query_t *q)
     s->kv_len = q->kv_len;
     s->n_new = q->n_new;
     s->tok_off = q->tok_off;
+    s->table_version = q->table_version;
     s->in = 1;
     f->in_pos[qid] = f->n_in;
     f->in_list[f->n_in++] = qid;
@@ -324,7 +325,7 @@ int sched_forest_grow(sched_forest_t *f, uint32_t qid, const sched_query_t *q)
     sched__query_t *s = &f->q[qid];
     if (!s->in)
         return -ENOENT;
-    if (!q || q->kv_len < s->kv_len)
+    if (!q || q->kv_len < s->kv_len || q->table_version != s->table_version)
         return -EINVAL;
     uint32_t old_nfull = s->nfull;
     if (old_nfull > 0 && (q->n_blocks < old_nfull || !q->blocks ||

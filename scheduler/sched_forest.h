@@ -30,6 +30,9 @@ typedef struct sched_query {
     uint32_t kv_len;        /* KV tokens after this step's new tokens are written, >= 1 */
     uint32_t n_new;         /* query tokens this step: 1 for decode, more for prefill/extend */
     uint32_t tok_off;       /* index of its first query token in the step's Q/O rows */
+    uint32_t table_version; /* changes when an entry of the table before its end changes
+                             * (kvcache's kv_seq_info_t.version: a twin's copy shared at
+                             * commit); 0 for callers whose tables only grow */
 } sched_query_t;
 
 /* Returns 0 or -EINVAL (block_size 0, max_queries 0). */
@@ -41,10 +44,8 @@ void sched_forest_free(sched_forest_t *f); /* accepts NULL */
 int sched_forest_join(sched_forest_t *f, uint32_t qid, const sched_query_t *q);
 int sched_forest_leave(sched_forest_t *f, uint32_t qid);
 /* The KV grew (kv_len >= the previous one, blocks only appended); anything else is a leave and
- * a join. Errors as join, plus -EINVAL when kv_len shrank or the last full block changed. Only
- * the last full block is compared: a caller whose table changed before it (kvcache's
- * kv_seq_info_t.version changed: a twin's published copy replaced a block at commit) must
- * leave and join, not grow. */
+ * a join. Errors as join, plus -EINVAL when kv_len shrank, the last full block changed or the
+ * table_version differs from the one joined or grown with (an earlier entry changed). */
 int sched_forest_grow(sched_forest_t *f, uint32_t qid, const sched_query_t *q);
 void sched_forest_clear(sched_forest_t *f);
 

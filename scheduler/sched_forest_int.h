@@ -28,6 +28,7 @@ typedef struct sched__query {
     uint32_t n_blocks; /* ceil(kv_len / bs) */
     uint32_t nfull;    /* kv_len / bs */
     uint32_t kv_len, n_new, tok_off;
+    uint32_t table_version; /* sched_query_t.table_version when joined or last grown */
 } sched__query_t;
 
 struct sched_forest {

@@ -34,6 +34,21 @@ static const sched_tiles_t default_tiles = {
     .n_upto = {256, 2048, UINT32_MAX},
 };
 
+static const char *const policy_names[] = {"auto", "bytes", "paper", "query", "tree"};
+
+const char *sched_policy_name(sched_policy_t p)
+{
+    return (unsigned)p < PAT_ARRAY_SIZE(policy_names) ? policy_names[p] : "?";
+}
+
+int sched_policy_parse(const char *name)
+{
+    for (int i = 0; i < (int)PAT_ARRAY_SIZE(policy_names); i++)
+        if (!strcmp(name, policy_names[i]))
+            return i;
+    return -1;
+}
+
 const sched_tiles_t *sched_tiles_default(void)
 {
     return &default_tiles;

@@ -36,6 +36,12 @@ typedef enum sched_policy {
                                segments): no partials unless a CTA is split along KV */
 } sched_policy_t;
 
+/* "auto", "bytes", "paper", "query", "tree" (config keys, metrics labels, reports); "?" past them
+ */
+const char *sched_policy_name(sched_policy_t p);
+/* The policy of one of those names, or -1 */
+int sched_policy_parse(const char *name);
+
 typedef struct sched_config {
     uint32_t max_queries; /* sequences per step */
     uint32_t max_tokens;  /* query tokens per step (rows of Q/O) */

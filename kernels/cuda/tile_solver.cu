@@ -92,7 +92,7 @@ static double measure_plan(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t
     for (uint32_t i = 0; i < nq; i++) {
         for (uint32_t k = 0; k < blocks_per; k++)
             tbl[k] = shared ? k : i * blocks_per + k;
-        sched_query_t qq = {tbl.data(), blocks_per, kv_len, 1, i};
+        sched_query_t qq = {tbl.data(), blocks_per, kv_len, 1, i, 0};
         REQ(sched_forest_join(sched_forest(s), i, &qq));
     }
     const sched_plan_hdr_t *h;
@@ -158,7 +158,7 @@ static double measure_tree_chain(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq)
     REQ(sched_create(&sc, &s));
     for (uint32_t i = 0; i < nq; i++) {
         uint32_t tbl[2] = {0, 1 + i};
-        sched_query_t qq = {tbl, 2, 32, 1, i};
+        sched_query_t qq = {tbl, 2, 32, 1, i, 0};
         REQ(sched_forest_join(sched_forest(s), i, &qq));
     }
     const sched_plan_hdr_t *h;

@@ -267,7 +267,7 @@ static sched_t *make_sched(const tl_world_t *w, uint32_t qh, uint32_t kvh, sched
     REQ(sched_create(&sc, &s));
     for (uint32_t i = 0; i < w->n_q; i++) {
         const tl_query_t *q = &w->q[i];
-        sched_query_t v = {q->blocks, q->n_blocks, q->kv_len, q->n_new, q->tok_off};
+        sched_query_t v = {q->blocks, q->n_blocks, q->kv_len, q->n_new, q->tok_off, 0};
         REQ(sched_forest_join(sched_forest(s), i, &v));
     }
     return s;

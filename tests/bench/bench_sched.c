@@ -101,7 +101,7 @@ static void join_all(sched_t *s, const tl_world_t *w)
 {
     for (uint32_t i = 0; i < w->n_q; i++) {
         const tl_query_t *q = &w->q[i];
-        sched_query_t v = {q->blocks, q->n_blocks, q->kv_len, q->n_new, q->tok_off};
+        sched_query_t v = {q->blocks, q->n_blocks, q->kv_len, q->n_new, q->tok_off, 0};
         if (sched_forest_join(sched_forest(s), i, &v) < 0)
             abort();
     }
@@ -109,7 +109,6 @@ static void join_all(sched_t *s, const tl_world_t *w)
 
 static void traffic_row(const char *name, const tl_world_t *w, FILE *json)
 {
-    static const char *pn[] = {"auto", "bytes", "paper", "query", "tree"};
     sched_traffic_t qc;
     printf("  %-34s", name);
     for (int p = 0; p < 5; p++) {
@@ -121,12 +120,13 @@ static void traffic_row(const char *name, const tl_world_t *w, FILE *json)
         sched_traffic_t t;
         sched_plan_traffic(h, 32, 8, 128, 2, &t);
         sched_query_centric_traffic(s, &qc);
-        printf(" %6s %7.1f MB", pn[p], t.total / 1e6);
+        printf(" %6s %7.1f MB", sched_policy_name((sched_policy_t)p), t.total / 1e6);
         if (json)
             fprintf(json,
                     "  {\"case\": \"%s\", \"policy\": \"%s\", \"plan_bytes\": %llu, "
                     "\"query_centric_bytes\": %llu},\n",
-                    name, pn[p], (unsigned long long)t.total, (unsigned long long)qc.total);
+                    name, sched_policy_name((sched_policy_t)p), (unsigned long long)t.total,
+                    (unsigned long long)qc.total);
         sched_free(s);
     }
     printf("   (query-centric %.1f MB)\n", qc.total / 1e6);
@@ -198,7 +198,7 @@ int main(int argc, char **argv)
             for (uint32_t i = 0; i < w.n_q; i++) {
                 tl_world_grow(&w, i, 1);
                 const tl_query_t *q = &w.q[i];
-                sched_query_t sv = {q->blocks, q->n_blocks, q->kv_len, 1, q->tok_off};
+                sched_query_t sv = {q->blocks, q->n_blocks, q->kv_len, 1, q->tok_off, 0};
                 sched_forest_grow(sched_forest(s), i, &sv);
             }
             sched_build(s, &h);

@@ -42,7 +42,6 @@
 typedef struct req {
     uint32_t seq;        /* kvcache sequence */
     uint32_t slot;       /* forest slot */
-    uint32_t kv_ver;     /* the kv table version the forest holds */
     int state;           /* 0 waiting, 1 running, 2 done */
     uint32_t *tok;       /* all token ids: prompt then generated */
     uint64_t *hash;      /* hash of tok[0..i] for each i: names the KV of position i */
@@ -184,16 +183,14 @@ int main(int argc, char **argv)
             }
             kv_seq_info_t info;
             kv_seq_info(pool, r->seq, &info);
-            sched_query_t sq = {info.blocks, info.n_blocks, r->len + r->n_new, r->n_new,
-                                r->tok_off};
-            /* a twin's copy shared at commit (the table version changed): the forest's copy
-             * of the table is stale, re-join */
-            rc = info.version == r->kv_ver ? sched_forest_grow(forest, r->slot, &sq) : -EINVAL;
+            sched_query_t sq = {info.blocks, info.n_blocks, r->len + r->n_new,
+                                r->n_new,    r->tok_off,    info.version};
+            rc = sched_forest_grow(forest, r->slot, &sq);
+            /* changed, not grown (a twin's copy shared at commit): leave and join afresh */
             if (rc == -EINVAL && sched_forest_leave(forest, r->slot) == 0)
                 rc = -ENOENT;
             if (rc == -ENOENT)
                 rc = sched_forest_join(forest, r->slot, &sq);
-            r->kv_ver = info.version;
             if (rc < 0) {
                 fprintf(stderr, "forest: %s\n", strerror(-rc));
                 return 1;

@@ -221,7 +221,7 @@ static void rig_init(Rig &g, tl_rng_t *r, const Model &mc, sched_policy_t pol, u
     REQ(sched_create(&sc, &g.s));
     for (uint32_t i = 0; i < g.w.n_q; i++) {
         const tl_query_t *q = &g.w.q[i];
-        sched_query_t v = {q->blocks, q->n_blocks, q->kv_len, q->n_new, q->tok_off};
+        sched_query_t v = {q->blocks, q->n_blocks, q->kv_len, q->n_new, q->tok_off, 0};
         REQ(sched_forest_join(sched_forest(g.s), i, &v));
     }
     g.seed = tl_rng_u64(r);

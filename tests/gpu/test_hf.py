@@ -23,12 +23,14 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+sys.path.insert(0, os.path.join(ROOT, "client", "python", "tests"))
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import patd  # noqa: E402
 import patd.transformers as pt  # noqa: E402
+from hf_drive import greedy_plan  # noqa: E402
 
 SHAPE = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
              num_attention_heads=32, num_key_value_heads=8, head_dim=128,
@@ -88,24 +90,7 @@ def main():
             plan.append((system + tail, 0 if i < 5 else 3 + i, 6 + 2 * i))
         t0 = time.time()
         eng = pt.Engine(model, socket=sock, max_batch_tokens=8192)
-        live, done, step = {}, [], 0
-        while step < 200 and (live or any(j >= step for _, j, _ in plan)):
-            for i, (p, j, _) in enumerate(plan):
-                if j == step:
-                    r = eng.add(p)
-                    live[r] = (i, [], [])
-            for r, lg in eng.step().items():
-                i, toks, lgs = live[r]
-                tok = int(torch.argmax(lg))
-                toks.append(tok)
-                lgs.append(lg.float().cpu())
-                if len(toks) == plan[i][2]:
-                    eng.release(r)
-                    done.append((i, toks, lgs))
-                    del live[r]
-                else:
-                    eng.append(r, tok)
-            step += 1
+        done = greedy_plan(eng, plan)
         print("patd: %d requests, %d steps in %.1f s; cached tokens %d"
               % (len(done), eng.steps, time.time() - t0, eng.conn.stats()["cached_tokens"]))
         eng.close()

@@ -170,7 +170,7 @@ static void rig_init_tiles(rig_t *g, tl_rng_t *r, const mcase_t *mc, sched_polic
     assert_int_equal(sched_create(&sc, &g->s), 0);
     for (uint32_t i = 0; i < g->w.n_q; i++) {
         const tl_query_t *q = &g->w.q[i];
-        sched_query_t v = {q->blocks, q->n_blocks, q->kv_len, q->n_new, q->tok_off};
+        sched_query_t v = {q->blocks, q->n_blocks, q->kv_len, q->n_new, q->tok_off, 0};
         assert_int_equal(sched_forest_join(sched_forest(g->s), i, &v), 0);
     }
     g->seed = tl_rng_u64(r);
@@ -569,7 +569,7 @@ static void test_copy_blocks(void **state)
         for (int w = 0; w < 2; w++) {
             sched_t *s;
             assert_int_equal(sched_create(&sc, &s), 0);
-            sched_query_t sq = {&blocks[w], 1, 10, 1, 0};
+            sched_query_t sq = {&blocks[w], 1, 10, 1, 0, 0};
             sched_forest_join(sched_forest(s), 0, &sq);
             const sched_plan_hdr_t *h;
             assert_int_equal(sched_build(s, &h), 0);
@@ -632,7 +632,7 @@ static void test_nonfinite_kv_stored_as_zero(void **state)
         sched_t *s;
         assert_int_equal(sched_create(&sc, &s), 0);
         uint32_t block = 1;
-        sched_query_t sq = {&block, 1, n, 1, 0};
+        sched_query_t sq = {&block, 1, n, 1, 0, 0};
         assert_int_equal(sched_forest_join(sched_forest(s), 0, &sq), 0);
         const sched_plan_hdr_t *h;
         assert_int_equal(sched_build(s, &h), 0);
@@ -706,7 +706,7 @@ static void test_errors(void **state)
     sched_t *s;
     assert_int_equal(sched_create(&sc, &s), 0);
     uint32_t blocks_a[3] = {0, 1, 2}, blocks_b[3] = {0, 1, 5};
-    sched_query_t qa = {blocks_a, 3, 40, 1, 0}, qb = {blocks_b, 3, 40, 1, 1};
+    sched_query_t qa = {blocks_a, 3, 40, 1, 0, 0}, qb = {blocks_b, 3, 40, 1, 1, 0};
     sched_forest_join(sched_forest(s), 0, &qa);
     sched_forest_join(sched_forest(s), 1, &qb);
     const sched_plan_hdr_t *h;

@@ -54,6 +54,13 @@ static void test_errors(void **state)
     q.kv_len = 41;
     blocks[1] = 99; /* last full block changed: not a growth */
     assert_int_equal(sched_forest_grow(f, 0, &q), -EINVAL);
+    blocks[1] = 2;
+    blocks[0] = 77; /* an earlier entry changed (a twin's copy): the table version says so */
+    q.table_version = 1;
+    assert_int_equal(sched_forest_grow(f, 0, &q), -EINVAL);
+    blocks[0] = 1;
+    q.table_version = 0;
+    assert_int_equal(sched_forest_grow(f, 0, &q), 0); /* unchanged: a growth */
     assert_int_equal(sched_forest_check(f), 0);
     sched_forest_free(f);
 }

@@ -50,7 +50,7 @@ static void join_all(sched_t *s, const tl_world_t *w)
 {
     for (uint32_t i = 0; i < w->n_q; i++) {
         const tl_query_t *q = &w->q[i];
-        sched_query_t v = {q->blocks, q->n_blocks, q->kv_len, q->n_new, q->tok_off};
+        sched_query_t v = {q->blocks, q->n_blocks, q->kv_len, q->n_new, q->tok_off, 0};
         assert_int_equal(sched_forest_join(sched_forest(s), i, &v), 0);
     }
 }
@@ -405,7 +405,7 @@ static sched_t *fig_sched(const fig_q_t *qs, uint32_t nq, dims_t d, sched_policy
     sched_t *s;
     assert_int_equal(sched_create(&c, &s), 0);
     for (uint32_t i = 0; i < nq; i++) {
-        sched_query_t v = {qs[i].blocks, qs[i].n, qs[i].kv_len, 1, i};
+        sched_query_t v = {qs[i].blocks, qs[i].n, qs[i].kv_len, 1, i, 0};
         assert_int_equal(sched_forest_join(sched_forest(s), i, &v), 0);
     }
     const sched_plan_hdr_t *h;
@@ -514,7 +514,7 @@ static void test_lazy_update_across_decode(void **state)
         for (uint32_t i = 0; i < w.n_q; i++) {
             tl_world_grow(&w, i, 1);
             const tl_query_t *q = &w.q[i];
-            sched_query_t v = {q->blocks, q->n_blocks, q->kv_len, 1, q->tok_off};
+            sched_query_t v = {q->blocks, q->n_blocks, q->kv_len, 1, q->tok_off, 0};
             assert_int_equal(sched_forest_grow(sched_forest(s), i, &v), 0);
         }
         assert_int_equal(sched_build(s, &h), 0);
@@ -666,7 +666,7 @@ static void test_errors(void **state)
     const sched_plan_hdr_t *h;
     assert_int_equal(sched_build(s, &h), -ENODATA);
     uint32_t b1[2] = {1, 2}, b2[2] = {3, 4};
-    sched_query_t q1 = {b1, 2, 20, 4, 0}, q2 = {b2, 2, 20, 4, 2}; /* rows 2,3 overlap */
+    sched_query_t q1 = {b1, 2, 20, 4, 0, 0}, q2 = {b2, 2, 20, 4, 2, 0}; /* rows 2,3 overlap */
     sched_forest_join(sched_forest(s), 0, &q1);
     sched_forest_join(sched_forest(s), 1, &q2);
     assert_int_equal(sched_build(s, &h), -EINVAL);
@@ -704,7 +704,7 @@ static uint32_t tree_rows(uint32_t nq, uint32_t prefix, uint32_t q_heads, uint32
         tbl[k] = k;
     for (uint32_t i = 0; i < nq; i++) {
         tbl[prefix] = prefix + i;
-        sched_query_t v = {tbl, prefix + 1, (prefix + 1) * BS, 1, i};
+        sched_query_t v = {tbl, prefix + 1, (prefix + 1) * BS, 1, i, 0};
         assert_int_equal(sched_forest_join(sched_forest(s), i, &v), 0);
     }
     free(tbl);

@@ -20,6 +20,7 @@ try:
     import torch
     import transformers
     import patd.transformers as pt
+    from hf_drive import greedy_plan
     WHY_NOT = None
 except ImportError as e:  # noqa: F841
     WHY_NOT = "torch / transformers not importable: %s" % e
@@ -95,28 +96,12 @@ class TransformersCase(unittest.TestCase):
         # (prompt, step it joins at, tokens it generates)
         plan = [(system + tails[0], 0, 6), (system + tails[1], 0, 14), (system + tails[2], 3, 8),
                 (other, 5, 5), (longp, 2, 4), (system + tails[3], 9, 5)]
+        def on_add(i, r):
+            if i == 2:  # the system prompt's full blocks are in the cache by now
+                self.assertEqual(r.cached_len, 48, "shared system prompt reused")
+
         with self.engine(model, max_batch_tokens=96) as eng:
-            live, done, step = {}, [], 0
-            while step < 200 and (live or any(j >= step for _, j, _ in plan)):
-                for i, (p, j, _) in enumerate(plan):
-                    if j == step:
-                        r = eng.add(p)
-                        live[r] = (i, [], [])
-                        if i == 2:  # the system prompt's full blocks are in the cache by now
-                            self.assertEqual(r.cached_len, 48, "shared system prompt reused")
-                for r, lg in eng.step().items():
-                    i, toks, lgs = live[r]
-                    tok = int(torch.argmax(lg))
-                    toks.append(tok)
-                    lgs.append(lg)
-                    if len(toks) == plan[i][2]:
-                        eng.release(r)
-                        done.append((i, toks, lgs))
-                        del live[r]
-                    else:
-                        eng.append(r, tok)
-                self.pool_check()
-                step += 1
+            done = greedy_plan(eng, plan, on_add, self.pool_check)
             self.assertEqual(sorted(i for i, _, _ in done), list(range(len(plan))))
             self.assertGreater(eng.conn.stats()["cached_tokens"], 0)
         model.config._attn_implementation = "eager"
