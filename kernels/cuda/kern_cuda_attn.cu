@@ -12,6 +12,56 @@
 namespace kcuda
 {
 
+/* KV tiles of a segment as the pair kernel counts them (ws_tiles) */
+static uint32_t seg_tiles(const sched_plan_seg_t &g)
+{
+    const uint32_t len = g.kv_end - g.kv_begin;
+    return len ? (len + KCUDA_TILE_N - 1) / KCUDA_TILE_N : 1;
+}
+
+/* Writes the segments of h into the copy dst (same layout) in the order the pair kernel runs
+ * best: in a CTA of more than KCUDA_SMALL_M rows each consumer warpgroup owns 64 rows and skips
+ * the tiles none of its rows reads (kern_cuda_fwd_ws.cuh), so the segments both halves read come
+ * first, then those of one half only, alternating between the halves by tiles so far: the two
+ * consumers then compute their own leaves at the same time instead of one after the other (a
+ * prefix tree's DFS order lists every leaf of the first half before the second's). The plan's
+ * meaning does not depend on the order of a CTA's segments (sched_plan_fmt.h). */
+static void order_segs(const sched_plan_hdr_t *h, sched_plan_hdr_t *dst)
+{
+    const sched_plan_cta_t *ct = sched_plan_ctas(h);
+    const sched_plan_seg_t *src = sched_plan_segs(h);
+    sched_plan_seg_t *out =
+        reinterpret_cast<sched_plan_seg_t *>(reinterpret_cast<uint8_t *>(dst) + h->off_segs);
+    const uint32_t half = KCUDA_SMALL_M / h->group; /* rows (query tokens) of consumer 0 */
+    for (uint32_t i = 0; i < h->n_ctas; i++) {
+        const sched_plan_cta_t &c = ct[i];
+        if (c.row_count * h->group <= KCUDA_SMALL_M || c.seg_count < 3)
+            continue;
+        const sched_plan_seg_t *sg = src + c.seg_begin;
+        sched_plan_seg_t *o = out + c.seg_begin;
+        uint32_t n = 0;
+        for (uint32_t k = 0; k < c.seg_count; k++)
+            if (sg[k].row_lo < half && sg[k].row_hi > half)
+                o[n++] = sg[k];
+        uint32_t k0 = 0, k1 = 0, tiles0 = 0, tiles1 = 0;
+        for (;;) {
+            while (k0 < c.seg_count && sg[k0].row_hi > half)
+                k0++; /* the next segment of half 0 only */
+            while (k1 < c.seg_count && sg[k1].row_lo < half)
+                k1++; /* of half 1 only */
+            if (k0 == c.seg_count && k1 == c.seg_count)
+                break;
+            if (k1 == c.seg_count || (k0 < c.seg_count && tiles0 <= tiles1)) {
+                tiles0 += seg_tiles(sg[k0]);
+                o[n++] = sg[k0++];
+            } else {
+                tiles1 += seg_tiles(sg[k1]);
+                o[n++] = sg[k1++];
+            }
+        }
+    }
+}
+
 /* Checks the plan (kern__plan_check, then what only this backend needs: rows per CTA within the
  * largest compiled m) and uploads it when it changed. Called by the lane's owner only. */
 int plan_upload(Lane *L, const sched_plan_hdr_t *h)
@@ -37,6 +87,7 @@ int plan_upload(Lane *L, const sched_plan_hdr_t *h)
     if (pb->used)
         KC_TRY(cudaEventSynchronize(pb->copied), "plan buffer");
     memcpy(pb->host, h, h->total_bytes);
+    order_segs(h, reinterpret_cast<sched_plan_hdr_t *>(pb->host));
     KC_TRY(cudaMemcpyAsync(pb->dev, pb->host, h->total_bytes, cudaMemcpyHostToDevice, L->main),
            "plan upload");
     KC_TRY(cudaEventRecord(pb->copied, L->main), "plan event");

@@ -265,7 +265,8 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
         /* the next non-empty item, or the end. Taken only once this block's producer has issued
          * every load of its current item: a fetch made earlier (a prefetch of the id) reserves
          * the item while other blocks may be idle, and measured twice the time on TREE plans
-         * whose long CTAs fill one wave */
+         * whose long CTAs fill one wave (and fetching early after short items only, at most 8
+         * tiles, left the fixed cost per item as it was: 3.68 us, H200, 2026-11-25) */
         for (;;) {
             if (tid == 0)
                 *bcast = atomicAdd(a.work, 1u);
@@ -482,6 +483,7 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const WsItem &it, i
     const uint32_t row_lim1 = (uint32_t)r1 < n_rows ? rows[r1 / group].limit : 0;
     /* the cursor: the tile whose scores are masked next, its segment's limits */
     uint32_t ck = 0, ct0 = 0, cend = 0, lim0 = 0, lim1 = 0;
+    bool clive = false; /* the cursor's segment is read by one of this warpgroup's rows */
     /* the next segment's record is read one segment ahead: one-tile segments (the leaves of a
      * TREE CTA) would otherwise wait for it in every softmax */
     sched_plan_seg_t nsg = n_segs ? segs[0] : sched_plan_seg_t{};
@@ -494,7 +496,9 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const WsItem &it, i
         cend = sg.kv_end;
         lim0 = (uint32_t)r0 >= lo && (uint32_t)r0 < hi ? min(row_lim0, cend) : 0;
         lim1 = (uint32_t)r1 >= lo && (uint32_t)r1 < hi ? min(row_lim1, cend) : 0;
+        clive = !idle && lo < (uint32_t)rb + 64 && hi > (uint32_t)rb;
     };
+    auto live = [&]() { return clive; };
     auto advance = [&]() {
         ct0 += N;
         if (ct0 >= cend && ++ck < n_segs)
@@ -624,17 +628,37 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const WsItem &it, i
             pack_p<T>(pf[kk], s[2 * kk], s[2 * kk + 1]);
     };
 
-    /* Straight-line issue and waits (no wgmma or wait under a condition that differs between
-     * tiles: ptxas then cannot tell which group a wait completes and serializes them all), so
-     * every tile is computed, also where none of this warpgroup's rows reads it: the limits mask
-     * those rows (P = 0). Tile t: S of tile t + 1 is issued before P.V of tile t, and its
-     * softmax runs while P.V does (FlashAttention-3's intra-warpgroup overlap); with pp the two
-     * consumers take turns to issue, so that one's softmax runs under the other's products (the
-     * turn passes on across items: both take one per tile). A single tile per step: two (S of
-     * 64 x 128, the producer padding to an even count) measured 25 % slower on the tile solver's
-     * dense plan (RESULTS.md, 2026-11-25). */
-    if (n_tiles) {
+    /* Runs of tiles. A tile none of this warpgroup's rows reads (a segment of the other
+     * consumer's rows in big mode, every tile of an idle consumer) is only waited for and
+     * released, its turn passed on, so the other consumer computes it alone: a TREE CTA's leaves
+     * cost one consumer each, and the backend interleaves the two halves' segments (plan_upload)
+     * so that both compute at once. Each run of tiles it reads is one straight line of issue and
+     * waits (prologue, loop, epilogue: no wgmma or wait under a condition that differs between
+     * tiles, else ptxas cannot tell which group a wait completes and serializes them all); rows of
+     * the warpgroup that a tile of the run does not reach are masked by their limits (P = 0).
+     * Tile t: S of tile t + 1 is issued before P.V of tile t, and its softmax runs while P.V does
+     * (FlashAttention-3's intra-warpgroup overlap); with pp the two consumers take turns to issue,
+     * so that one's softmax runs under the other's products (the turn passes on across items:
+     * both take one per tile, a skipped one too). A single tile per step: two (S of 64 x 128, the
+     * producer padding to an even count) measured 25 % slower on the tile solver's dense plan
+     * (RESULTS.md, 2026-11-25). */
+    int t = 0;
+    if (n_tiles)
         enter_seg();
+    while (t < n_tiles) {
+        while (t < n_tiles && !live()) {
+            wait_full();
+            nx.step(adv);
+            if (pp) {
+                bar_wait(4 + c, 2 * KCUDA_THREADS);
+                bar_arrive(5 - c, 2 * KCUDA_THREADS);
+            }
+            release();
+            advance();
+            t++;
+        }
+        if (t == n_tiles)
+            break;
         {
             wait_full();
             issue_qk();
@@ -643,9 +667,9 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const WsItem &it, i
             wg_hold_u(qf);
             float c0, c1;
             softmax(c0, c1);
-            rescale_pack(c0, c1); /* O is 0 */
+            rescale_pack(c0, c1);
         }
-        for (int t = 0; t + 1 < n_tiles; t++) {
+        for (; t + 1 < n_tiles && live(); t++) {
             wait_full();
             if (pp)
                 bar_wait(4 + c, 2 * KCUDA_THREADS);
@@ -672,6 +696,7 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const WsItem &it, i
         wg_wait<0>();
         wg_hold(ow);
         release();
+        t++;
     }
     rp.skip((uint32_t)(adv * n_tiles));
     if (idle)
