@@ -117,9 +117,10 @@ static const opt_t opts[] = {
      "can leave queued)",
      NULL, NULL},
     {"gpu", "forward", T_STR, F(forward), 1, 15, "auto", 0,
-     "cuda backend's forward: auto (sm_90a, head_dim <= 128: a loading warpgroup, KV pages by "
-     "TMA, and two wgmma warpgroups, CTAs of up to 128 rows; elsewhere as layer), cpasync (as "
-     "auto, KV by cp.async), layer (4-warp kernels: wgmma for TREE's CTAs of 33-64 rows on "
+     "cuda backend's forward: auto (sm_90a, head_dim <= 128: a loading warpgroup, KV by "
+     "cp.async, and two wgmma warpgroups, CTAs of up to 128 rows; elsewhere as layer), cpasync "
+     "(auto's explicit name), tma (as auto, KV pages by the tensor memory accelerator), layer "
+     "(4-warp kernels: wgmma for TREE's CTAs of 33-64 rows on "
      "sm_90a, mma.sync elsewhere) or mma (mma.sync only); wide is read as auto",
      NULL, NULL},
     {"model", "layers", T_U32, F(layers), 1, 1024, "4", 0, "transformer layers", NULL, NULL},
@@ -321,8 +322,8 @@ static int validate(const patd_config_t *c)
     }
     /* wide: before 2026-11-25 the opt-in name of what auto is now (patd_main reads it as auto) */
     if (strcmp(c->forward, "auto") && strcmp(c->forward, "mma") && strcmp(c->forward, "layer") &&
-        strcmp(c->forward, "cpasync") && strcmp(c->forward, "wide")) {
-        fprintf(stderr, "patd: gpu.forward must be auto, cpasync, layer or mma (got '%s')\n",
+        strcmp(c->forward, "cpasync") && strcmp(c->forward, "tma") && strcmp(c->forward, "wide")) {
+        fprintf(stderr, "patd: gpu.forward must be auto, cpasync, tma, layer or mma (got '%s')\n",
                 c->forward);
         return -EINVAL;
     }

@@ -611,6 +611,7 @@ static int create_pool(patd_t *d)
                         .fwd = !strcmp(cfg->forward, "mma")       ? KERN_FWD_MMA
                                : !strcmp(cfg->forward, "layer")   ? KERN_FWD_LAYER
                                : !strcmp(cfg->forward, "cpasync") ? KERN_FWD_CPASYNC
+                               : !strcmp(cfg->forward, "tma")     ? KERN_FWD_TMA
                                                                   : KERN_FWD_AUTO};
     if (strcmp(backend, "cpu")) {
         /* before the first CUDA call: lazy module loading can hang a first launch behind a

@@ -57,15 +57,17 @@ typedef enum kern_merge {
 typedef enum kern_fwd {
     KERN_FWD_AUTO = 0,    /* on a device running the build's sm_90a code at head_dim <= 128: the
                              warp-specialized kernel for every CTA (a loading warpgroup, two wgmma
-                             warpgroups; the tile table offers CTAs of up to 128 rows; KV pages by
-                             the tensor memory accelerator); elsewhere as LAYER
-                             (tests/bench/RESULTS.md, 2026-11-25) */
+                             warpgroups; the tile table offers CTAs of up to 128 rows; KV tiles by
+                             16-byte cp.async); elsewhere as LAYER (tests/bench/RESULTS.md,
+                             2026-11-25) */
     KERN_FWD_MMA = 1,     /* the 4-warp kernel on mma.sync for every CTA */
     KERN_FWD_LAYER = 2,   /* the 4-warp kernels, CTAs of up to 64 rows: wgmma for those of 33-64
                              rows and several segments (TREE plans) where sm_90a code runs at
                              head_dim <= 128, mma.sync elsewhere (the default until 2026-11-25) */
-    KERN_FWD_CPASYNC = 3, /* as AUTO, but the warp-specialized kernel loads KV tiles with 16-byte
-                             cp.async instead of the tensor memory accelerator (for comparison) */
+    KERN_FWD_CPASYNC = 3, /* as AUTO (its explicit name) */
+    KERN_FWD_TMA = 4,     /* as AUTO, but the warp-specialized kernel loads KV pages by the tensor
+                             memory accelerator (the default on 2026-11-25 only: cp.async measured
+                             faster in the same call on the H100 and the H200, RESULTS.md) */
 } kern_fwd_t;
 
 typedef struct kern_config {

@@ -53,7 +53,7 @@ int kern_backend_create(const char *name, const kern_config_t *cfg, kern_backend
         cfg->max_cta_rows > KERN_MAX_CTA_ROWS || cfg->n_threads > KERN_MAX_THREADS ||
         (cfg->merge != KERN_MERGE_LAUNCH && cfg->merge != KERN_MERGE_INSIDE) ||
         (cfg->fwd != KERN_FWD_AUTO && cfg->fwd != KERN_FWD_MMA && cfg->fwd != KERN_FWD_LAYER &&
-         cfg->fwd != KERN_FWD_CPASYNC))
+         cfg->fwd != KERN_FWD_CPASYNC && cfg->fwd != KERN_FWD_TMA))
         return -EINVAL;
     int r = kern_supported(&cfg->model);
     if (r < 0)

@@ -321,10 +321,10 @@ int cuda_create(const kern_config_t *cfg, kern_backend_t **ret)
     c->fwd = v[c->dt];
     if (cfg->fwd != KERN_FWD_MMA) /* MMA: mma.sync everywhere */
         c->fwd.fn = c->fwd.wg_fn;
-    if (cfg->fwd != KERN_FWD_AUTO && cfg->fwd != KERN_FWD_CPASYNC)
+    if (cfg->fwd != KERN_FWD_AUTO && cfg->fwd != KERN_FWD_CPASYNC && cfg->fwd != KERN_FWD_TMA)
         c->fwd.pair_fn = nullptr; /* the 4-warp kernels: CTAs of at most 64 rows */
     c->max_m = c->fwd.pair_fn ? KCUDA_BIG_M : KCUDA_SMALL_M;
-    c->tma = c->fwd.pair_fn && cfg->fwd == KERN_FWD_AUTO && encode_kv_map(c) == 0;
+    c->tma = c->fwd.pair_fn && cfg->fwd == KERN_FWD_TMA && encode_kv_map(c) == 0;
     if ((r = warm_kernels(c)) < 0)
         goto fail;
     *ret = &c->base;

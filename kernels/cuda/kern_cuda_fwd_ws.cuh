@@ -1,7 +1,7 @@
 /*
  * kern_cuda_fwd_ws.cuh — the warp-specialized Hopper forward, fwd_pair (sm_90a, head_dim <= 128,
- * KERN_FWD_AUTO). Included by kern_cuda_fwd.cuh after the shared pieces (loads, softmax, outputs,
- * merge); one kernel per (dtype, head_dim) like fwd_layer.
+ * KERN_FWD_AUTO, KERN_FWD_TMA). Included by kern_cuda_fwd.cuh after the shared pieces (loads,
+ * softmax, outputs, merge); one kernel per (dtype, head_dim) like fwd_layer.
  *
  * Persistent: at most one block per SM (its shared memory fills one), each running work items
  * until none is left. An item is a block of the non-persistent grid, b = plan CTA b / kv_heads and
@@ -13,12 +13,13 @@
  *
  * A block is three warpgroups and a ring of shared-memory slots. Warpgroup 0 is the producer: it
  * gives most of its registers away (setmaxnreg) and, item after item, gathers the item's Q into
- * one slot by 16-byte cp.async and then every KV tile into the next ones: by the tensor memory
- * accelerator where the tile starts on a page (always, for the scheduler's plans: one box per
- * page, K and V, 64 columns each, issued by thread 0, the slot's barrier counting their bytes;
- * a partial page's rows past its segment are masked, and finite: the pool is zeroed at create and
- * appends store NaN and infinity as 0; pages wholly past the segment are zero-filled), else
- * (and with KERN_FWD_CPASYNC) by 16-byte cp.async, tokens past the segment zero-filled. A full
+ * one slot by 16-byte cp.async and then every KV tile into the next ones: by 16-byte cp.async,
+ * tokens past the segment zero-filled, or (KERN_FWD_TMA) by the tensor memory accelerator where
+ * the tile starts on a page (always, for the scheduler's plans: one box per page, K and V, 64
+ * columns each, issued by thread 0, the slot's barrier counting their bytes; a partial page's rows
+ * past its segment are masked, and finite: the pool is zeroed at create and appends store NaN and
+ * infinity as 0; pages wholly past the segment are zero-filled). TMA measured 1-3 % slower than
+ * cp.async against PAT in the same call on the H100 and the H200 (RESULTS.md, 2026-11-25). A full
  * mbarrier per slot tells the consumers it is in (cp.async.mbarrier.arrive: no thread waits for its
  * own copies; the producer's thread 0 also arrives, a release of the words it wrote beside a Q
  * slot: item id and tile count). Warpgroups 1 and 2 are the consumers: each owns 64 rows, takes its
@@ -44,6 +45,13 @@
 #ifndef KERN_CUDA_FWD_WS_CUH
 #define KERN_CUDA_FWD_WS_CUH
 
+/* Ablations for timing only (tests/gpu/ablate.sh builds them; the results are wrong by design):
+ * 1 = the consumers compute and write nothing (every tile only waited for and released: the
+ * load pipeline alone), 2 = the producer loads no KV tiles (the products alone, on whatever the
+ * ring holds), 3 = the producer gathers no Q. 0, the default, is the kernel. */
+#ifndef KCUDA_ABLATE
+#define KCUDA_ABLATE 0
+#endif
 namespace kcuda
 {
 
@@ -312,7 +320,8 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
                     ch * 8;
                 bytes = 16;
             }
-            cp_async16(sq + wswz<KCUDA_BIG_M>(r, ch), src, bytes);
+            if (KCUDA_ABLATE != 3)
+                cp_async16(sq + wswz<KCUDA_BIG_M>(r, ch), src, bytes);
         }
         filled(qs);
 
@@ -354,7 +363,8 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
             for (uint32_t h = 0; h < (small ? 2u : 1u); h++) {
                 const int s = take();
                 const uint32_t head = small ? 2 * j + h : j;
-                if (h < it.n_heads && a.tma && aligned) {
+                if (KCUDA_ABLATE == 2) {
+                } else if (h < it.n_heads && a.tma && aligned) {
                     /* a box per page holding a token of the segment, K and V, 64 columns each:
                      * thread 0 issues them all, the slot's barrier counts their bytes (the rows
                      * of a partial page past the segment's end are masked, and finite: the pool
@@ -496,7 +506,7 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const WsItem &it, i
         cend = sg.kv_end;
         lim0 = (uint32_t)r0 >= lo && (uint32_t)r0 < hi ? min(row_lim0, cend) : 0;
         lim1 = (uint32_t)r1 >= lo && (uint32_t)r1 < hi ? min(row_lim1, cend) : 0;
-        clive = !idle && lo < (uint32_t)rb + 64 && hi > (uint32_t)rb;
+        clive = KCUDA_ABLATE != 1 && !idle && lo < (uint32_t)rb + 64 && hi > (uint32_t)rb;
     };
     auto live = [&]() { return clive; };
     auto advance = [&]() {
@@ -699,7 +709,7 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const WsItem &it, i
         t++;
     }
     rp.skip((uint32_t)(adv * n_tiles));
-    if (idle)
+    if (idle || KCUDA_ABLATE == 1)
         return;
     l0 = quad_sum(l0);
     l1 = quad_sum(l1);

@@ -17,8 +17,8 @@
  *   wide128  TREE with tile m 128 only (the default table's largest) on the default forward
  *   fixed    pack as pat but one fixed tile (m 64; the paper's ablation)
  *   pat      runs the default forward, KERN_FWD_AUTO: on sm_90a every CTA on the warp-specialized
- *            fwd_pair (tile m up to 128, KV pages by TMA)
- *   cpasync  pat's plan on a backend with KERN_FWD_CPASYNC (fwd_pair loading KV by cp.async)
+ *            fwd_pair (tile m up to 128, KV tiles by cp.async)
+ *   tma      pat's plan on a backend with KERN_FWD_TMA (fwd_pair loading KV pages by TMA)
  *   layer    a backend with KERN_FWD_LAYER (the 4-warp kernels: wgmma for TREE CTAs of 33-64 rows,
  *            mma.sync elsewhere; the default until 2026-11-25) on the plan auto makes for its tile
  *            table (layer_rows: its largest CTA)
@@ -383,11 +383,11 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     kc.max_tokens = 16384;
     kc.max_partials = 64 * w.n_tokens;
     /* the default forward (KERN_FWD_AUTO), mma.sync only, the 4-warp kernels (KERN_FWD_LAYER),
-     * and the default with its KV loads by cp.async instead of TMA (KERN_FWD_CPASYNC) */
-    kern_backend_t *b, *b_mma, *b_layer, *b_cpa;
+     * and the default with its KV pages by TMA instead of cp.async (KERN_FWD_TMA) */
+    kern_backend_t *b, *b_mma, *b_layer, *b_tma;
     REQ(kern_backend_create("cuda", &kc, &b));
-    kc.fwd = KERN_FWD_CPASYNC;
-    REQ(kern_backend_create("cuda", &kc, &b_cpa));
+    kc.fwd = KERN_FWD_TMA;
+    REQ(kern_backend_create("cuda", &kc, &b_tma));
     kc.fwd = KERN_FWD_MMA;
     REQ(kern_backend_create("cuda", &kc, &b_mma));
     kc.fwd = KERN_FWD_LAYER;
@@ -417,11 +417,11 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
         REQ(kern_append_kv(b, 0, dk, dv, slots.data(), n));
         REQ(kern_append_kv(b_mma, 0, dk, dv, slots.data(), n));
         REQ(kern_append_kv(b_layer, 0, dk, dv, slots.data(), n));
-        REQ(kern_append_kv(b_cpa, 0, dk, dv, slots.data(), n));
+        REQ(kern_append_kv(b_tma, 0, dk, dv, slots.data(), n));
     }
     REQ(kern_sync(b_mma));
     REQ(kern_sync(b_layer));
-    REQ(kern_sync(b_cpa));
+    REQ(kern_sync(b_tma));
     const uint64_t qo_elems = (uint64_t)w.n_tokens * qh * D;
     CK(cudaMalloc(&dq, qo_elems * 2));
     CK(cudaMalloc(&dout, qo_elems * 2));
@@ -498,11 +498,11 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     std::vector<__half> o_mma(qo_elems);
     CK(cudaMemcpy(o_mma.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
     /* the same plan as the default, its KV loaded by cp.async: the loads' own share */
-    const double us_cpa = time_plan(b_cpa, h_pat, dq, dout, &p);
-    std::vector<__half> o_cpa(qo_elems);
-    CK(cudaMemcpy(o_cpa.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
+    const double us_tma = time_plan(b_tma, h_pat, dq, dout, &p);
+    std::vector<__half> o_tma(qo_elems);
+    CK(cudaMemcpy(o_tma.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
     const double mma_agree = std::max({rel_err_f16(o_mma, o_pat), rel_err_f16(o_layer, o_pat),
-                                       rel_err_f16(o_w128, o_pat), rel_err_f16(o_cpa, o_pat)});
+                                       rel_err_f16(o_w128, o_pat), rel_err_f16(o_tma, o_pat)});
     const double us_nm = h_pat->n_merges
                              ? time_plan(b, (const sched_plan_hdr_t *)nomerge.data(), dq, dout, &p)
                              : us_pat;
@@ -534,14 +534,14 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
                 "\"ctas\":%u,\"merges\":%u,\"pat_vs_qc_rel_err\":%.2e,\"read_bw\":%.0f,"
                 "\"mma_us\":%.2f,\"mma_vs_auto_rel_err\":%.2e,\"tree_us\":%.2f,"
                 "\"tree16_us\":%.2f,\"tree32_us\":%.2f,\"layer_us\":%.2f,\"layer_rows\":%u,"
-                "\"wide128_us\":%.2f,\"wide128_reread\":%.3f,\"cpasync_us\":%.2f,"
+                "\"wide128_us\":%.2f,\"wide128_reread\":%.3f,\"tma_us\":%.2f,"
                 "\"policy\":\"%s\"}\n",
                 spec, qh, kvh, w.n_q, w.q[0].kv_len, us_pat, us_qc, us_fix, us_nm, pk, bytes, flops,
                 floor_bw, floor_tc, floor, bytes / (us_pat * 1e-6) / f.bw,
                 bytes / (us_pat * 1e-6) / 1e12, flops / (us_pat * 1e-6) / 1e12, reread, merge_frac,
                 st.last_model_ns / 1e3, h_pat->n_ctas, h_pat->n_merges, agree, f.bw, us_mma,
                 mma_agree, us_tree, us_t16, us_t32, us_layer, h_layer->max_cta_rows, us_w128,
-                (double)tr128.kv / bytes, us_cpa, pol_name[chosen]);
+                (double)tr128.kv / bytes, us_tma, pol_name[chosen]);
     sched_free(s_pat);
     sched_free(s_layer);
     sched_free(s_mma);
@@ -558,7 +558,7 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     kern_backend_free(b);
     kern_backend_free(b_mma);
     kern_backend_free(b_layer);
-    kern_backend_free(b_cpa);
+    kern_backend_free(b_tma);
     tl_world_free(&w);
 }
 

@@ -398,7 +398,7 @@ static bool wide_runs()
  * forests have packs of more than 64 rows: test_wide_prefix makes them). fwd KERN_FWD_MMA: the
  * same forests' packing policies on mma.sync only, so that its multi-segment path stays tested on
  * a Hopper GPU too; KERN_FWD_LAYER: every policy on the 4-warp kernels (wgmma for TREE's CTAs of
- * 33-64 rows); KERN_FWD_CPASYNC: the warp-specialized kernel loading KV by cp.async, not TMA. */
+ * 33-64 rows); KERN_FWD_TMA: the warp-specialized kernel loading KV pages by TMA, not cp.async. */
 static void test_random(int rounds, uint64_t seed, kern_fwd_t fwd = KERN_FWD_AUTO)
 {
     tl_rng_t r;
@@ -427,11 +427,11 @@ static void test_random(int rounds, uint64_t seed, kern_fwd_t fwd = KERN_FWD_AUT
             maxkv = g.w.q[i].kv_len > maxkv ? g.w.q[i].kv_len : maxkv;
         char name[200];
         snprintf(name, sizeof(name), "%s %2d q%u/kv%u d%u %s cap%g: %uq kv<=%u %ug %um",
-                 fwd == KERN_FWD_MMA       ? "mma"
-                 : fwd == KERN_FWD_LAYER   ? "layer"
-                 : fwd == KERN_FWD_CPASYNC ? "cp.async"
-                 : g_pair_blocks           ? "few blocks"
-                                           : "random",
+                 fwd == KERN_FWD_MMA     ? "mma"
+                 : fwd == KERN_FWD_LAYER ? "layer"
+                 : fwd == KERN_FWD_TMA   ? "tma"
+                 : g_pair_blocks         ? "few blocks"
+                                         : "random",
                  round, mc.q_heads, mc.kv_heads, mc.d, mc.dt == KERN_F16 ? "f16" : "bf16",
                  mc.softcap, g.w.n_q, maxkv, h->n_groups, h->n_merges);
         printf("  (vs cpu %.2e) ", ec);
@@ -719,17 +719,26 @@ static void test_tree()
 }
 
 /* NaN and infinity in appended K and V are stored as 0 by both backends (kern.h): tokens whose
- * K or V carried them give finite outputs equal to the cpu backend's, through the default forward
- * (TMA: whole pages, masked tails included) and the 4-warp kernels (d 256). */
+ * K or V carried them give finite outputs equal to the cpu backend's, through the default forward,
+ * its TMA loads (whole pages, masked tails included) and the 4-warp kernels (d 256). */
 static void test_nonfinite_kv()
 {
     tl_rng_t r;
     tl_rng_seed(&r, 77);
-    for (int k : {0, 1, 3}) { /* d 64 f16, d 128 bf16, d 256 bf16 */
-        const Model &mc = models[k];
+    const struct {
+        int model;
+        kern_fwd_t fwd;
+    } runs[] = {{0, KERN_FWD_AUTO},
+                {1, KERN_FWD_AUTO},
+                {3, KERN_FWD_AUTO}, /* d 64, 128, 256 */
+                {0, KERN_FWD_TMA},
+                {1, KERN_FWD_TMA}};
+    for (const auto &run_ : runs) {
+        const Model &mc = models[run_.model];
+        const kern_fwd_t fwd = run_.fwd;
         Rig g;
         gen(&g.w, &r, mc, false, false);
-        rig_init(g, &r, mc, SCHED_POLICY_AUTO, 0);
+        rig_init(g, &r, mc, SCHED_POLICY_AUTO, 0, nullptr, KERN_MERGE_LAUNCH, fwd);
         /* one token in three of each query's KV: a NaN, +inf or -inf in K or V, every head */
         const uint64_t row = (uint64_t)mc.kv_heads * mc.d, rb = row * esz(g);
         std::vector<uint32_t> slots;
@@ -765,8 +774,8 @@ static void test_nonfinite_kv()
         bool finite;
         const double ec = vs_cpu(g, &finite);
         char name[160];
-        snprintf(name, sizeof(name), "non-finite K/V stored as 0, q%u/kv%u d%u: %u tokens",
-                 mc.q_heads, mc.kv_heads, mc.d, n);
+        snprintf(name, sizeof(name), "non-finite K/V stored as 0, q%u/kv%u d%u%s: %u tokens",
+                 mc.q_heads, mc.kv_heads, mc.d, fwd == KERN_FWD_TMA ? " tma" : "", n);
         verdict(name, finite && ec < 1e-2, " vs cpu %.2e", ec);
         rig_done(g);
     }
@@ -972,7 +981,7 @@ int main(int argc, char **argv)
         test_random(4, 11);
         test_random(4, 12, KERN_FWD_MMA);
         test_random(8, 13, KERN_FWD_LAYER);
-        test_random(4, 16, KERN_FWD_CPASYNC);
+        test_random(4, 16, KERN_FWD_TMA);
         test_persistent(3, 14);
         test_mixed(64);
         test_all_split();
@@ -984,7 +993,7 @@ int main(int argc, char **argv)
         test_random(40, tl_test_seed(0xcafe));
         test_random(20, tl_test_seed(0xbeef), KERN_FWD_MMA);
         test_random(8, tl_test_seed(0xf00d), KERN_FWD_LAYER);
-        test_random(8, tl_test_seed(0xfeed), KERN_FWD_CPASYNC);
+        test_random(8, tl_test_seed(0xfeed), KERN_FWD_TMA);
         test_persistent(8, tl_test_seed(0xd00d));
         test_mixed(0);
         test_mixed(64);

@@ -131,7 +131,7 @@ static void test_config_validation(void **state)
         {"[limits]\nconn_max_seqs = 9000\n", "exceeds pool.max_seqs"},
         {"[daemon\n", "syntax error"},
         {"[daemon]\nliveness = sometimes\n", "liveness"},
-        {"[gpu]\nforward = fastest\n", "gpu.forward must be auto, cpasync, layer or mma"},
+        {"[gpu]\nforward = fastest\n", "gpu.forward must be auto, cpasync, tma, layer or mma"},
         {"[daemon]\npack_policy = fastest\n", "pack_policy must be auto, bytes, paper, query"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Timing ablations of the Hopper forward (kern_cuda_fwd_ws.cuh, KCUDA_ABLATE), run on the GPU
+# machine from the repository root: builds the tile solver four times (the kernel, then without
+# its products, without its KV loads (TMA or cp.async), without its Q gather), in parallel, and prints each one's
+# rates. What each part costs is the difference to the kernel; the ablated kernels' outputs are
+# wrong by design, so only their times mean anything. Results go to $OUT/ablate.log when set.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-build/gpu-results}
+mkdir -p "$out"
+export CUDA_MODULE_LOADING=EAGER PATH=/usr/local/cuda/bin:$PATH
+if [ -d .devdeps ] && ! [ -e /usr/include/xxhash.h ]; then # as tests/gpu/run.sh
+    P=/opt/patd-deps
+    mkdir -p $P
+    for f in .devdeps/*.deb; do dpkg -x "$f" $P; done
+    L=$P/usr/lib/x86_64-linux-gnu
+    for l in $L/*.so; do
+        [ -e "$l" ] && continue
+        t=/usr/lib/x86_64-linux-gnu/$(basename "$(readlink "$l")")
+        [ -e "$t" ] || t=$(ls /usr/lib/x86_64-linux-gnu/"$(basename "$l")".[0-9]* 2>/dev/null | head -1)
+        [ -n "$t" ] && ln -sf "$t" "$l"
+    done
+    export CPATH=$P/usr/include LIBRARY_PATH=$L LD_LIBRARY_PATH=$L \
+        PKG_CONFIG_SYSROOT_DIR=$P PKG_CONFIG_PATH=$L/pkgconfig:$P/usr/share/pkgconfig
+fi
+names=("kernel" "no products" "no KV loads" "no Q gather")
+for i in 0 1 2 3; do
+    make -j4 B=build/ablate$i CUDA=1 CUDA_ARCHS=90a NVCC="nvcc -DKCUDA_ABLATE=$i" \
+        build/ablate$i/bin/patd-tile-solver >"$out/ablate_build$i.log" 2>&1 &
+done
+wait
+for i in 0 1 2 3; do
+    echo "== ablation $i: ${names[$i]}"
+    if ! [ -x build/ablate$i/bin/patd-tile-solver ]; then
+        tail -5 "$out/ablate_build$i.log"
+        continue
+    fi
+    build/ablate$i/bin/patd-tile-solver 2>&1 | grep -E 'tensor rate|tile chain'
+done 2>&1 | tee "$out/ablate.log"
