@@ -9,20 +9,7 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-build/gpu-results}
 mkdir -p "$out"
 export CUDA_MODULE_LOADING=EAGER PATH=/usr/local/cuda/bin:$PATH
-if [ -d .devdeps ] && ! [ -e /usr/include/xxhash.h ]; then # as tests/gpu/run.sh
-    P=/opt/patd-deps
-    mkdir -p $P
-    for f in .devdeps/*.deb; do dpkg -x "$f" $P; done
-    L=$P/usr/lib/x86_64-linux-gnu
-    for l in $L/*.so; do
-        [ -e "$l" ] && continue
-        t=/usr/lib/x86_64-linux-gnu/$(basename "$(readlink "$l")")
-        [ -e "$t" ] || t=$(ls /usr/lib/x86_64-linux-gnu/"$(basename "$l")".[0-9]* 2>/dev/null | head -1)
-        [ -n "$t" ] && ln -sf "$t" "$l"
-    done
-    export CPATH=$P/usr/include LIBRARY_PATH=$L LD_LIBRARY_PATH=$L \
-        PKG_CONFIG_SYSROOT_DIR=$P PKG_CONFIG_PATH=$L/pkgconfig:$P/usr/share/pkgconfig
-fi
+. tests/gpu/devdeps.sh
 names=("kernel" "no products" "no KV loads" "no Q gather")
 for i in 0 1 2 3; do
     make -j4 B=build/ablate$i CUDA=1 CUDA_ARCHS=90a NVCC="nvcc -DKCUDA_ABLATE=$i" \
