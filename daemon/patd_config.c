@@ -148,7 +148,9 @@ static const opt_t opts[] = {
     {"limits", "conn_max_seqs", T_U32, F(conn_max_seqs), 1, 65536, "256", 1,
      "open sequences per connection", NULL, NULL},
     {"limits", "conn_max_blocks", T_U32, F(conn_max_blocks), 0, 1u << 31, "0", 1,
-     "KV blocks one connection may hold (0: the whole pool)", NULL, NULL},
+     "KV blocks one connection may hold, each counted once however many of its sequences name it "
+     "(0: the whole pool)",
+     NULL, NULL},
     {"limits", "conn_max_batch_tokens", T_U32, F(conn_max_batch_tokens), 1, 1u << 20, "4096", 0,
      "query tokens per step per connection (sizes staging buffers and the backend workspace)", NULL,
      NULL},

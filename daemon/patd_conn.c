@@ -150,9 +150,12 @@ static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *
     c->max_batch_tokens = r->max_batch_tokens;
     c->max_blocks = cfg->conn_max_blocks ? cfg->conn_max_blocks : cfg->blocks;
     c->lay = *lay;
-    c->seqs = pat_xmalloc(max_seqs * sizeof(patd_seq_t));
-    for (uint32_t i = 0; i < max_seqs; i++)
-        c->seqs[i] = (patd_seq_t){KV_NONE, 0, KV_NONE, 0};
+    c->seqs = pat_xcalloc(max_seqs, sizeof(patd_seq_t));
+    for (uint32_t i = 0; i < max_seqs; i++) {
+        c->seqs[i].kv = KV_NONE;
+        c->seqs[i].forest_kv = KV_NONE;
+    }
+    c->blk_refs = pat_xcalloc(cfg->blocks, sizeof(uint32_t)); /* 4 bytes per pool block */
     pat_map_init(&c->seq_map, max_seqs);
     c->next_tick = 1;
 
@@ -204,7 +207,7 @@ static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *
 fail:
     sched_free(c->sched);
     pat_map_done(&c->seq_map);
-    free(c->seqs);
+    patd_seq_free_all(c);
     free(c);
     return rc;
 #undef WHY
@@ -285,7 +288,7 @@ void patd_conn_reap(patd_conn_t *c)
     patd_seq_close_all(d, c, &closed);
     sched_free(c->sched);
     pat_map_done(&c->seq_map);
-    free(c->seqs);
+    patd_seq_free_all(c);
     ipc_shm_close(&c->shm);
     patd_gpu_conn_close(d, c);
     /* out of the table: swap with the last */

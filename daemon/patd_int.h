@@ -49,7 +49,12 @@ typedef struct patd_seq {
     uint32_t kv;        /* kv sequence id; KV_NONE when the slot is free */
     uint32_t in_step;   /* part of the step in flight */
     uint32_t forest_kv; /* kv id joined in the session's forest at this slot, KV_NONE if none */
-    uint32_t blocks;    /* blocks this sequence's table holds (for the quota) */
+    /* the quota's view of its block table: the entries counted in the session's blk_refs, as they
+     * were when counted (patd_seq_set_blocks diffs the table against them) */
+    uint32_t blocks;  /* entries counted */
+    uint32_t version; /* the table's kv version when counted */
+    uint32_t *counted;
+    uint32_t counted_cap;
 } patd_seq_t;
 
 /* admin socket: connections at once, and from one uid (a member of the socket group who holds
@@ -75,7 +80,10 @@ struct patd_conn {
     patd_seq_t *seqs;
     pat_map_t seq_map; /* kv id -> slot */
     uint32_t n_open;
-    uint32_t blocks_held; /* under pool_mu */
+    /* the block quota (max_blocks) counts distinct blocks: a block the session's sequences share
+     * (a prompt they all reuse, a fork's full blocks) counts once. Under pool_mu */
+    uint32_t blocks_held; /* blocks with blk_refs[b] > 0 */
+    uint32_t *blk_refs;   /* per pool block: entries of the session's tables naming it */
     ipc_shm_t shm;        /* cpu backend: signal page + staging rows */
     ipc_layout_t lay;
     /* GPU sessions: the signal slice (host and device addresses) and the staging range */
@@ -209,6 +217,10 @@ void patd_conns_tick(patd_t *d, uint64_t now); /* lease expiries */
 /* patd_seq.c: a session's sequence table */
 int patd_seq_slot(patd_conn_t *c, uint32_t kv);          /* slot or -ENOENT */
 void patd_seq_set_blocks(patd_conn_t *c, uint32_t slot); /* under pool_mu */
+void patd_seq_free_all(patd_conn_t *c); /* the sequence table's memory (after close_all) */
+/* Recounts the session's block quota from its sequences' tables: 0, or -EUCLEAN after logging
+ * the first difference. Under pool_mu; O(pool blocks + table entries). */
+int patd_seq_check(patd_conn_t *c);
 void patd_seq_request(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *body);
 void patd_seq_close_all(patd_t *d, patd_conn_t *c, uint32_t *ret_closed);
 

@@ -156,13 +156,16 @@ static void op_info(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *bo
     patd_reply_ok(d, NULL, rq, &r, sizeof(r));
 }
 
-/* The pool's invariant check, O(blocks + table entries) under pool_mu: an admin's explicit
- * request, never on a path that clients or monitors poll. */
+/* The pool's invariant check and every session's quota recount, O(blocks x sessions + table
+ * entries) under pool_mu: an admin's explicit request, never on a path that clients or monitors
+ * poll. */
 static void op_check(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *body)
 {
     uint64_t t0 = pat_now_ns();
     pthread_mutex_lock(&d->pool_mu);
     int rc = kv_pool_check(d->pool);
+    for (uint32_t i = 0; i < d->n_conns && rc == 0; i++)
+        rc = patd_seq_check(d->conns[i]); /* each session's quota count */
     pthread_mutex_unlock(&d->pool_mu);
     char msg[128];
     int n = snprintf(msg, sizeof(msg), "pool_check %s (%.1f ms)\n", rc == 0 ? "ok" : "FAILED",

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "patd_int.h"
+#include "patd_log.h"
 #include "pat_base.h"
 
 int patd_seq_slot(patd_conn_t *c, uint32_t kv)
@@ -20,15 +21,78 @@ int patd_seq_slot(patd_conn_t *c, uint32_t kv)
     return s == PAT_MAP_NONE ? -ENOENT : (int)s;
 }
 
+/* Brings the session's distinct-block count up to date with the slot's block table. Only what
+ * changed since the last count is visited: the kv table's version moves only when an entry
+ * before its last one changes (a twin's published copy shared at commit), so with the version
+ * unchanged every entry but the last of the shorter table is as counted; else (rare) the whole
+ * table is counted again. A step's append or a truncate costs the blocks it adds or drops. */
 void patd_seq_set_blocks(patd_conn_t *c, uint32_t slot)
 {
     patd_seq_t *s = &c->seqs[slot];
-    kv_seq_info_t info;
-    uint32_t now = 0;
-    if (s->kv != KV_NONE && kv_seq_info(c->d->pool, s->kv, &info) == 0)
-        now = info.n_blocks;
-    c->blocks_held = c->blocks_held - s->blocks + now;
-    s->blocks = now;
+    kv_seq_info_t info = {0};
+    if (s->kv == KV_NONE || kv_seq_info(c->d->pool, s->kv, &info) < 0)
+        info.n_blocks = 0;
+    uint32_t keep = 0;
+    if (info.version == s->version) {
+        keep = PAT_MIN(s->blocks, info.n_blocks);
+        while (keep && s->counted[keep - 1] != info.blocks[keep - 1])
+            keep--;
+    }
+    for (uint32_t i = keep; i < s->blocks; i++)
+        if (--c->blk_refs[s->counted[i]] == 0)
+            c->blocks_held--;
+    if (info.n_blocks > s->counted_cap) {
+        s->counted_cap = PAT_MAX(info.n_blocks, 2 * s->counted_cap);
+        s->counted = pat_xrealloc(s->counted, (size_t)s->counted_cap * sizeof(uint32_t));
+    }
+    for (uint32_t i = keep; i < info.n_blocks; i++) {
+        const uint32_t b = info.blocks[i];
+        if (c->blk_refs[b]++ == 0)
+            c->blocks_held++;
+        s->counted[i] = b;
+    }
+    s->blocks = info.n_blocks;
+    s->version = info.version;
+}
+
+int patd_seq_check(patd_conn_t *c)
+{
+    const uint32_t n_blocks = c->d->cfg.blocks;
+    uint32_t *refs = pat_xcalloc(n_blocks, sizeof(uint32_t)), held = 0;
+    int rc = 0;
+    for (uint32_t i = 0; i < c->max_seqs && rc == 0; i++) {
+        const patd_seq_t *s = &c->seqs[i];
+        kv_seq_info_t info = {0};
+        if (s->kv != KV_NONE && kv_seq_info(c->d->pool, s->kv, &info) < 0)
+            rc = -EUCLEAN;
+        else if (s->blocks != info.n_blocks ||
+                 (info.n_blocks &&
+                  memcmp(s->counted, info.blocks, info.n_blocks * sizeof(uint32_t))))
+            rc = -EUCLEAN;
+        for (uint32_t k = 0; k < info.n_blocks && rc == 0; k++)
+            held += refs[info.blocks[k]]++ == 0;
+        if (rc < 0)
+            patd_err("session %016llx: slot %u's counted blocks differ from its table",
+                     (unsigned long long)c->session, i);
+    }
+    if (rc == 0 && (held != c->blocks_held || memcmp(refs, c->blk_refs, n_blocks * 4))) {
+        patd_err("session %016llx: %u blocks held by its count, %u by its tables",
+                 (unsigned long long)c->session, c->blocks_held, held);
+        rc = -EUCLEAN;
+    }
+    free(refs);
+    return rc;
+}
+
+void patd_seq_free_all(patd_conn_t *c)
+{
+    if (c->seqs)
+        for (uint32_t i = 0; i < c->max_seqs; i++)
+            free(c->seqs[i].counted);
+    free(c->seqs);
+    free(c->blk_refs);
+    c->seqs = NULL;
+    c->blk_refs = NULL;
 }
 
 static int copy_blocks(patd_t *d, const kv_copy_t *cp)
@@ -145,8 +209,8 @@ void patd_seq_request(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *
             rc = -ESHUTDOWN;
         else if (c->n_open >= c->max_seqs || cs < 0)
             rc = -EDQUOT;
-        else if (c->blocks_held + info.n_blocks > c->max_blocks)
-            rc = -EDQUOT;
+        else if (c->blocks_held + (info.len % d->model.block_size != 0) > c->max_blocks)
+            rc = -EDQUOT; /* the child shares every full block; a partial last one is copied */
         else if ((rc = kv_seq_fork(d->pool, r.seq, &child, &cp)) == 0) {
             seq_attach(c, (uint32_t)cs, child);
             rep.seq = child;

@@ -25,9 +25,9 @@ caches do not fit the GPU beside the model is reported as skipped, with its size
     python3 tests/bench/bench_e2e.py --patd build/gpu/bin/patd [--json FILE] [--layers 32]
       [--batches 1,16,64,256] [--ways patd,flashinfer,dense]
 
-A case patd refuses (the session's block quota counts every block a sequence references, shared
-ones too, so 256 requests over a 2,048-token prompt need 33K blocks of quota) is reported as
-skipped with the daemon's error.
+A case patd refuses is reported as skipped with the daemon's error (the first GPU run's batch
+256 over the shared prompt was, by a block quota that counted shared blocks once per sequence;
+it counts distinct blocks since).
 """
 
 import argparse
@@ -311,7 +311,7 @@ def main():
                     try:
                         s, att = run_patd(cfg, model, sock, prompts)
                         res.update(patd_step_ms=s * 1e3, patd_attn_ms=att, patd_tok_s=batch / s)
-                    except patd.PatError as e:  # e.g. the session's block quota (logical blocks)
+                    except patd.PatError as e:  # e.g. the session's block quota
                         res["patd_skipped"] = str(e)
                 if "flashinfer" in ways:
                     s, att = run_flashinfer(cfg, model, prompts, shared)

@@ -846,6 +846,70 @@ static void test_block_quota(void **state)
     assert_int_equal(tl_daemon_status(&D, "pool_check"), 0);
 }
 
+/* The quota counts distinct blocks: sequences that reuse one committed prompt, and forks of it,
+ * hold its 30 blocks once. Six sequences over a 480-token prompt name 186 blocks in their tables
+ * but hold 36, within the session's 64 (counted per table entry, the third one's open passed 64
+ * and the step that followed was refused); a seventh with a prompt of its own still meets it. */
+static void test_block_quota_shared(void **state)
+{
+    pat_conn_t *c = connect_ok(8);
+    tl_rng_t rng;
+    tl_rng_seed(&rng, 10);
+    tl_step_result_t r;
+    tl_seq_t s[7];
+    tl_seq_t *ps[6];
+    for (int i = 0; i < 7; i++)
+        tl_seq_init(&s[i]);
+    for (int i = 0; i < 6; i++)
+        ps[i] = &s[i];
+    /* the prompt, prefilled in two chunks of 240 (the session's batch is 256) and so published */
+    for (uint32_t t = 0; t < 240; t++)
+        tl_seq_push(&s[0], 9000 + t);
+    assert_int_equal(tl_seq_open(c, &s[0]), 0);
+    assert_int_equal(tl_client_step(c, &MODEL, ps, 1, &rng, 0, &r), 0);
+    for (uint32_t t = 240; t < 480; t++)
+        tl_seq_push(&s[0], 9000 + t);
+    assert_int_equal(tl_client_step(c, &MODEL, ps, 1, &rng, 1, &r), 0);
+    assert_true(r.worst < 1e-2);
+    /* three more requests with the same prompt and a token of their own: 30 blocks reused */
+    for (int i = 1; i < 4; i++) {
+        for (uint32_t t = 0; t < 480; t++)
+            tl_seq_push(&s[i], 9000 + t);
+        tl_seq_push(&s[i], 100 + (uint32_t)i);
+        assert_int_equal(tl_seq_open(c, &s[i]), 0);
+        assert_int_equal(s[i].cached, 480);
+    }
+    assert_int_equal(tl_client_step(c, &MODEL, ps + 1, 3, &rng, 1, &r), 0);
+    assert_true(r.worst < 1e-2);
+    /* two forks of the prompt (block-aligned: nothing copied) */
+    for (int i = 4; i < 6; i++) {
+        for (uint32_t t = 0; t < s[0].n_tok; t++)
+            tl_seq_push(&s[i], s[0].tok[t]);
+        s[i].len = s[0].len;
+        assert_int_equal(pat_seq_fork(c, s[0].seq, &s[i].seq), 0);
+    }
+    /* a decode step of all six: a block more for s[0] and each fork, checked */
+    for (int i = 0; i < 6; i++)
+        tl_seq_push(&s[i], 300 + (uint32_t)i);
+    assert_int_equal(tl_client_step(c, &MODEL, ps, 6, &rng, 1, &r), 0);
+    assert_true(r.worst < 1e-2);
+    /* private blocks still count: 36 held, 16 more fit, 15 after them do not */
+    tl_seq_t *one[1] = {&s[6]};
+    for (uint32_t t = 0; t < 256; t++)
+        tl_seq_push(&s[6], 30000 + t);
+    assert_int_equal(tl_seq_open(c, &s[6]), 0);
+    assert_int_equal(tl_client_step(c, &MODEL, one, 1, &rng, 0, &r), 0);
+    for (uint32_t t = 256; t < 496; t++)
+        tl_seq_push(&s[6], 30000 + t);
+    assert_int_equal(tl_client_step(c, &MODEL, one, 1, &rng, 0, &r), -EDQUOT);
+    assert_non_null(strstr(pat_last_error(c), "quota"));
+    pat_close(c);
+    for (int i = 0; i < 7; i++)
+        tl_seq_done(&s[i]);
+    assert_int_equal(tl_daemon_status(&D, "blocks_used"), 0);
+    assert_int_equal(tl_daemon_status(&D, "pool_check"), 0);
+}
+
 /* A session with one open sequence on its own socket, and a STEP_BEGIN frame for it. */
 typedef struct raw_sess {
     int sock;
@@ -1004,6 +1068,7 @@ int main(void)
         cmocka_unit_test(test_connect_refusals),
         cmocka_unit_test(test_sequences_and_quotas),
         cmocka_unit_test(test_block_quota),
+        cmocka_unit_test(test_block_quota_shared),
         cmocka_unit_test(test_end_before_begin_answered),
         cmocka_unit_test(test_hello_bounds_and_resends),
         cmocka_unit_test(test_hello_admin),
