@@ -14,8 +14,12 @@ three ways, on the same GPU in the same run:
               correctness); this keeps the model code the same for all three.
 
 Batches 1, 16, 64 and 256, each with and without a shared 2,048-token system prompt (with: every
-request is the system prompt + 32 own tokens; without: 512 own tokens). Per case: the median
-decode step (CUDA-synchronised wall time, 16 steps after 4 warm-ups), the attention share (CUDA
+request is the system prompt + 32 own tokens; without: 512 own tokens). patd and FlashInfer run
+each case twice: eagerly, then with the model's forward captured in one CUDA graph and replayed
+(patd's hand-offs inside the graph, pat_attend_async; FlashInfer's planned for graphs); the
+eager steps are bound by the model's Python and launches, the replayed ones by the GPU. Per
+case: the median decode step of each (CUDA-synchronised wall time, 16 steps after 4 warm-ups;
+the replayed step includes the CPU's step_begin / plan and step_end), the attention share (CUDA
 events around every layer's attention call, hand-off included for patd), tokens/s, and patd /
 flashinfer. (The daemon's layer-time metric runs from the layer's start, so it counts the wait
 for the client's Q too: it cannot split out the hand-off, and the first GPU run's attempt
@@ -51,7 +55,9 @@ import patd  # noqa: E402
 from llama_patd import Config, DenseAttention, Llama, PatdAttention  # noqa: E402
 
 PAGE = 16
-SYS_LEN, OWN_SHARED, OWN_UNSHARED, DECODE = 2048, 32, 512, 20
+SYS_LEN, OWN_SHARED, OWN_UNSHARED = 2048, 32, 512
+STEPS = 20  # decode steps of each loop (4 warm-up + 16 timed): eager, then replayed from a graph
+DECODE = 2 * STEPS
 
 
 class Timed:
@@ -87,7 +93,7 @@ class FlashInferAttention:
     timed) attends over the request's gathered pages in PyTorch; decode appends the step's K/V
     to each request's page and runs the wrapper planned for the step."""
 
-    def __init__(self, cfg, n_pages):
+    def __init__(self, cfg, n_pages, batch):
         import flashinfer
         self.cfg = cfg
         shape = (cfg.layers, n_pages, PAGE, cfg.kv_heads, cfg.head_dim)
@@ -97,6 +103,18 @@ class FlashInferAttention:
         self.ws = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
         self.w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.ws, "NHD",
                                                                use_tensor_cores=True)
+        # the same decode for CUDA graphs: fixed batch, page tables in buffers the plan fills,
+        # the step's KV slots in tensors updated in place (graph_on)
+        i32 = dict(dtype=torch.int32, device="cuda")
+        self.ws_g = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
+        self.wg = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.ws_g, "NHD", use_cuda_graph=True, use_tensor_cores=True,
+            paged_kv_indptr_buffer=torch.zeros(batch + 1, **i32),
+            paged_kv_indices_buffer=torch.zeros(n_pages, **i32),
+            paged_kv_last_page_len_buffer=torch.zeros(batch, **i32))
+        self.pg_g = torch.zeros(batch, dtype=torch.long, device="cuda")
+        self.sl_g = torch.zeros(batch, dtype=torch.long, device="cuda")
+        self.graph_on = False
         self.tables, self.lens = [], []
         self.mode = None
 
@@ -139,15 +157,22 @@ class FlashInferAttention:
             last.append(n - (len(pages) - 1) * PAGE)
         c = self.cfg
         i32 = dict(dtype=torch.int32, device="cuda")
-        self.w.plan(torch.tensor(indptr, **i32), torch.tensor(indices, **i32),
-                    torch.tensor(last, **i32), c.q_heads, c.kv_heads, c.head_dim, PAGE,
-                    q_data_type=c.dtype, kv_data_type=c.dtype)
+        w = self.wg if self.graph_on else self.w
+        w.plan(torch.tensor(indptr, **i32), torch.tensor(indices, **i32),
+               torch.tensor(last, **i32), c.q_heads, c.kv_heads, c.head_dim, PAGE,
+               q_data_type=c.dtype, kv_data_type=c.dtype)
         pg, sl = [], []
         for r in reqs:
             pos = self.lens[r]
             pg.append(self.tables[r][pos // PAGE])
             sl.append(pos % PAGE)
-        self.mode = ("decode", torch.tensor(pg, device="cuda"), torch.tensor(sl, device="cuda"))
+        if self.graph_on:
+            self.pg_g.copy_(torch.tensor(pg))
+            self.sl_g.copy_(torch.tensor(sl))
+            self.mode = ("decode", self.pg_g, self.sl_g)
+        else:
+            self.mode = ("decode", torch.tensor(pg, device="cuda"),
+                         torch.tensor(sl, device="cuda"))
 
     def end_step(self, reqs_or_r, n=1):
         for r in (reqs_or_r if isinstance(reqs_or_r, list) else [reqs_or_r]):
@@ -159,7 +184,7 @@ class FlashInferAttention:
             _, pg, sl = self.mode
             self.K[layer, pg, sl] = k
             self.V[layer, pg, sl] = v
-            return self.w.run(q, (self.K[layer], self.V[layer]))
+            return (self.wg if self.graph_on else self.w).run(q, (self.K[layer], self.V[layer]))
         _, r, c0, n = self.mode
         pg, sl = self._slots(r, c0, n)
         self.K[layer, pg, sl] = k
@@ -209,6 +234,50 @@ def decode_loop(model, attn, begin, end, batch, lens0):
     return med(steps), med(att)
 
 
+def graph_loop(model, attn, begin, end, abort, batch, lens0):
+    """STEPS decode steps replayed from one CUDA graph of the model's forward (hand-offs and
+    attention included; captured once, after a warm-up step that commits nothing); the median of
+    the last 16 (CUDA-synchronised wall time, the CPU's per-step begin and end included)."""
+    tok = torch.zeros(batch, dtype=torch.long, device="cuda")
+    pos = torch.zeros(batch, dtype=torch.long, device="cuda")
+    toks = [1 + i % 50 for i in range(batch)]
+    lens = list(lens0)
+
+    def load():
+        tok.copy_(torch.tensor(toks))
+        pos.copy_(torch.tensor(lens))
+
+    load()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # allocations before the capture
+        begin(toks)
+        model.forward(tok, pos, attn)
+        abort()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    begin(toks)  # a plan for the capture to read (FlashInfer); patd captures outside a step
+    abort()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = model.forward(tok, pos, attn)
+    steps = []
+    for step in range(STEPS):
+        load()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        begin(toks)
+        g.replay()
+        end()
+        torch.cuda.synchronize()
+        if step >= 4:
+            steps.append(time.perf_counter() - t0)
+        toks = out.argmax(-1).tolist()
+        lens = [x + 1 for x in lens]
+    del g
+    return sorted(steps)[len(steps) // 2]
+
+
 def run_patd(cfg, model, sock, prompts):
     conn = patd.Conn(model=cfg.patd_model(), max_batch_tokens=4096, socket=sock, label="e2e")
     attn = Timed(PatdAttention(conn))
@@ -223,17 +292,35 @@ def run_patd(cfg, model, sock, prompts):
     b = len(seqs)
     step, att = decode_loop(model, attn, lambda toks: conn.step_begin(seqs, [1] * b, toks),
                             lambda: conn.step_end(), b, lens)
+    lens = [x + STEPS for x in lens]
+    in_step = [False]
+
+    def begin(toks):
+        conn.step_begin(seqs, [1] * b, toks)
+        in_step[0] = True
+
+    def abort():
+        if in_step[0]:
+            conn.step_end(abort=True)
+        in_step[0] = False
+
+    def end():
+        conn.replayed()
+        conn.step_end()
+        in_step[0] = False
+
+    gstep = graph_loop(model, PatdAttention(conn), begin, end, abort, b, lens)
     for s in seqs:
         conn.seq_close(s)
     conn.close()
-    return step, att
+    return step, att, gstep
 
 
 def run_flashinfer(cfg, model, prompts, shared):
     need = sum((len(p) + DECODE + 24 + PAGE - 1) // PAGE for p in prompts)
     if shared:
         need = (SYS_LEN // PAGE) + len(prompts) * ((OWN_SHARED + DECODE + 24) // PAGE + 2)
-    fi = FlashInferAttention(cfg, need + 8)
+    fi = FlashInferAttention(cfg, need + 8, len(prompts))
     attn = Timed(fi)
     reqs = []
     for i, p in enumerate(prompts):
@@ -251,9 +338,12 @@ def run_flashinfer(cfg, model, prompts, shared):
     lens = [fi.lens[r] for r in reqs]
     step, att = decode_loop(model, attn, lambda toks: fi.begin_decode(reqs),
                             lambda: fi.end_step(reqs), len(reqs), lens)
+    fi.graph_on = True
+    gstep = graph_loop(model, fi, lambda toks: fi.begin_decode(reqs), lambda: fi.end_step(reqs),
+                       lambda: None, len(reqs), [fi.lens[r] for r in reqs])
     del fi
     torch.cuda.empty_cache()
-    return step, att
+    return step, att, gstep
 
 
 def run_dense(cfg, model, prompts):
@@ -309,13 +399,15 @@ def main():
                        "layers": cfg.layers, "device": torch.cuda.get_device_name()}
                 if "patd" in ways:
                     try:
-                        s, att = run_patd(cfg, model, sock, prompts)
-                        res.update(patd_step_ms=s * 1e3, patd_attn_ms=att, patd_tok_s=batch / s)
+                        s, att, gs = run_patd(cfg, model, sock, prompts)
+                        res.update(patd_step_ms=s * 1e3, patd_attn_ms=att, patd_tok_s=batch / s,
+                                   patd_graph_step_ms=gs * 1e3, patd_graph_tok_s=batch / gs)
                     except patd.PatError as e:  # e.g. the session's block quota
                         res["patd_skipped"] = str(e)
                 if "flashinfer" in ways:
-                    s, att = run_flashinfer(cfg, model, prompts, shared)
-                    res.update(fi_step_ms=s * 1e3, fi_attn_ms=att, fi_tok_s=batch / s)
+                    s, att, gs = run_flashinfer(cfg, model, prompts, shared)
+                    res.update(fi_step_ms=s * 1e3, fi_attn_ms=att, fi_tok_s=batch / s,
+                               fi_graph_step_ms=gs * 1e3, fi_graph_tok_s=batch / gs)
                 if "dense" in ways:
                     r, why = run_dense(cfg, model, prompts)
                     if r:
@@ -325,6 +417,7 @@ def main():
                         res["dense_skipped"] = why
                 if "patd_step_ms" in res and "fi_step_ms" in res:
                     res["patd_over_fi"] = res["patd_step_ms"] / res["fi_step_ms"]
+                    res["patd_over_fi_graph"] = res["patd_graph_step_ms"] / res["fi_graph_step_ms"]
                 print(json.dumps(res), flush=True)
                 if js:
                     js.write(json.dumps(res) + "\n")
