@@ -93,7 +93,7 @@ class FlashInferAttention:
     timed) attends over the request's gathered pages in PyTorch; decode appends the step's K/V
     to each request's page and runs the wrapper planned for the step."""
 
-    def __init__(self, cfg, n_pages, batch):
+    def __init__(self, cfg, n_pages, batch, max_indices):
         import flashinfer
         self.cfg = cfg
         shape = (cfg.layers, n_pages, PAGE, cfg.kv_heads, cfg.head_dim)
@@ -110,7 +110,7 @@ class FlashInferAttention:
         self.wg = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.ws_g, "NHD", use_cuda_graph=True, use_tensor_cores=True,
             paged_kv_indptr_buffer=torch.zeros(batch + 1, **i32),
-            paged_kv_indices_buffer=torch.zeros(n_pages, **i32),
+            paged_kv_indices_buffer=torch.zeros(max_indices, **i32),
             paged_kv_last_page_len_buffer=torch.zeros(batch, **i32))
         self.pg_g = torch.zeros(batch, dtype=torch.long, device="cuda")
         self.sl_g = torch.zeros(batch, dtype=torch.long, device="cuda")
@@ -320,7 +320,9 @@ def run_flashinfer(cfg, model, prompts, shared):
     need = sum((len(p) + DECODE + 24 + PAGE - 1) // PAGE for p in prompts)
     if shared:
         need = (SYS_LEN // PAGE) + len(prompts) * ((OWN_SHARED + DECODE + 24) // PAGE + 2)
-    fi = FlashInferAttention(cfg, need + 8, len(prompts))
+    # the graph plan's page list names a shared page once per request
+    logical = sum((len(p) + DECODE + 24 + PAGE - 1) // PAGE for p in prompts)
+    fi = FlashInferAttention(cfg, need + 8, len(prompts), logical + 8)
     attn = Timed(fi)
     reqs = []
     for i, p in enumerate(prompts):
