@@ -1,6 +1,6 @@
 """End-to-end decode steps of a Llama-3-8B-shaped model (bf16, random weights, 32 layers, 32/8
 heads, d 128, FFN 14336, vocabulary 128256; client/python/examples/llama_patd.py's model code)
-three ways, on the same GPU in the same run:
+four ways, on the same GPU in the same run:
 
   patd        attention in patd across processes (under MPS: tests/gpu/run.sh starts it), the
               projections written straight into the session's staging tensors
@@ -8,10 +8,13 @@ three ways, on the same GPU in the same run:
               cores on, pages of 16 tokens; requests that share a system prompt share its pages
               in their page tables, read once per request: the decode kernel is not
               prefix-aware)
-  dense       in-process attention over a dense per-request cache padded to the longest
-              context (llama_patd.DenseAttention: what the example frontend compares with).
-              Not transformers' sdpa: that needs the model's own code (test_hf.py runs it for
-              correctness); this keeps the model code the same for all three.
+  sdpa        transformers' own sdpa attention function (sdpa_attention_forward) over a dense
+              per-request cache padded to the longest context, padding masked: what a
+              transformers model with attn_implementation="sdpa" and a static cache runs, in
+              this file's model code so that only the attention differs (SdpaAttention; not yet
+              run on a GPU as of 2026-11-25)
+  dense       the same dense cache with llama_patd.DenseAttention's einsum attention (what the
+              example frontend compares with)
 
 Batches 1, 16, 64 and 256, each with and without a shared 2,048-token system prompt (with: every
 request is the system prompt + 32 own tokens; without: 512 own tokens). patd and FlashInfer run
@@ -36,6 +39,7 @@ it counts distinct blocks since).
 
 import argparse
 import json
+import math
 import os
 import random
 import sys
@@ -203,6 +207,38 @@ class FlashInferAttention:
         return o.transpose(0, 1).contiguous()
 
 
+class SdpaAttention(DenseAttention):
+    """DenseAttention whose decode steps attend through transformers' own sdpa attention function
+    (transformers.integrations.sdpa_attention.sdpa_attention_forward: GQA by repeat_kv, then
+    torch's scaled_dot_product_attention), over the same dense cache padded to the longest
+    context, with the padding masked: the attention a transformers model with its "sdpa"
+    implementation and a static cache runs, inside this file's model code (prefill, not timed,
+    stays DenseAttention's)."""
+
+    def __init__(self, cfg, slots, max_len):
+        super().__init__(cfg, slots, max_len)
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        self.sdpa = sdpa_attention_forward
+        self.module = torch.nn.Module()
+        self.module.num_key_value_groups = cfg.q_heads // cfg.kv_heads
+        self.module.is_causal = True
+
+    def attend(self, layer, q, k, v):
+        if not self.batched:
+            return super().attend(layer, q, k, v)
+        c = self.cfg
+        B = len(self.step[0])
+        rows = torch.arange(B, device=q.device)
+        self.K[rows, layer, self.len_t - 1] = k
+        self.V[rows, layer, self.len_t - 1] = v
+        key = self.K[:B, layer, :self.lmax].transpose(1, 2)  # [B, kvh, L, d]
+        value = self.V[:B, layer, :self.lmax].transpose(1, 2)
+        query = q.view(B, 1, c.q_heads, c.head_dim).transpose(1, 2)  # [B, qh, 1, d]
+        o, _ = self.sdpa(self.module, query, key, value, self.mask[:, None, None, :],
+                         scaling=1.0 / math.sqrt(c.head_dim), is_causal=False)
+        return o.reshape(B, c.q_heads, c.head_dim)
+
+
 def prompts_for(batch, shared, vocab, rng):
     if shared:
         system = [rng.randrange(vocab) for _ in range(SYS_LEN)]
@@ -348,13 +384,13 @@ def run_flashinfer(cfg, model, prompts, shared):
     return step, att, gstep
 
 
-def run_dense(cfg, model, prompts):
+def run_dense(cfg, model, prompts, cls=DenseAttention):
     b, L = len(prompts), max(map(len, prompts)) + DECODE + 8
     bytes_ = 2 * b * cfg.layers * L * cfg.kv_heads * cfg.head_dim * 2
     free, _ = torch.cuda.mem_get_info()
     if bytes_ > free - (4 << 30):
         return None, "dense cache of %.1f GB does not fit beside the model" % (bytes_ / 1e9)
-    ref = Timed(DenseAttention(cfg, b, L))
+    ref = Timed(cls(cfg, b, L))
     for i, p in enumerate(prompts):
         ref.inner.begin([i], [0], [len(p)])
         model.forward(torch.tensor(p, device="cuda"), torch.arange(len(p), device="cuda"), ref)
@@ -379,7 +415,7 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--batches", default="1,16,64,256")
-    ap.add_argument("--ways", default="patd,flashinfer,dense")
+    ap.add_argument("--ways", default="patd,flashinfer,sdpa,dense")
     a = ap.parse_args()
     import test_frontend as tf
     cfg = Config(layers=a.layers, q_heads=32, kv_heads=8, head_dim=128, ffn=14336, vocab=128256,
@@ -410,13 +446,19 @@ def main():
                     s, att, gs = run_flashinfer(cfg, model, prompts, shared)
                     res.update(fi_step_ms=s * 1e3, fi_attn_ms=att, fi_tok_s=batch / s,
                                fi_graph_step_ms=gs * 1e3, fi_graph_tok_s=batch / gs)
-                if "dense" in ways:
-                    r, why = run_dense(cfg, model, prompts)
+                for way, cls in (("dense", DenseAttention), ("sdpa", SdpaAttention)):
+                    if way not in ways:
+                        continue
+                    try:
+                        r, why = run_dense(cfg, model, prompts, cls)
+                    except Exception as e:  # noqa: BLE001 (reported, the other ways go on)
+                        r, why = None, "%s: %s" % (type(e).__name__, e)
                     if r:
-                        res.update(dense_step_ms=r[0] * 1e3, dense_attn_ms=r[1],
-                                   dense_tok_s=batch / r[0])
+                        res.update({way + "_step_ms": r[0] * 1e3, way + "_attn_ms": r[1],
+                                    way + "_tok_s": batch / r[0]})
                     else:
-                        res["dense_skipped"] = why
+                        res[way + "_skipped"] = why
+                    torch.cuda.empty_cache()
                 if "patd_step_ms" in res and "fi_step_ms" in res:
                     res["patd_over_fi"] = res["patd_step_ms"] / res["fi_step_ms"]
                     res["patd_over_fi_graph"] = res["patd_graph_step_ms"] / res["fi_graph_step_ms"]
