@@ -138,6 +138,11 @@ static const opt_t opts[] = {
     {"model", "softcap", T_F32, F(softcap), 0, 0, "0", 1, "logit soft cap (0: off)", NULL, NULL},
     {"pool", "blocks", T_U32, F(blocks), 16, 1u << 31, "4096", 0, "KV pool capacity in blocks",
      NULL, NULL},
+    {"pool", "prefix_scope", T_STR, F(prefix_scope), 1, 7, "uid", 0,
+     "who shares KV blocks through the prefix cache: uid (sessions of the same user only; a "
+     "client's KV for a prompt never reaches another user's sequences) or all (every session: "
+     "only where every client that may connect is trusted to send true K and V)",
+     NULL, NULL},
     {"pool", "max_seqs", T_U32, F(max_seqs), 1, 1u << 20, "4096", 0,
      "open sequences, all connections together", NULL, NULL},
     {"pool", "max_seq_len", T_U32, F(max_seq_len), 1, 1u << 22, "32768", 0, "tokens per sequence",
@@ -327,6 +332,10 @@ static int validate(const patd_config_t *c)
         strcmp(c->forward, "cpasync") && strcmp(c->forward, "tma") && strcmp(c->forward, "wide")) {
         fprintf(stderr, "patd: gpu.forward must be auto, cpasync, tma, layer or mma (got '%s')\n",
                 c->forward);
+        return -EINVAL;
+    }
+    if (strcmp(c->prefix_scope, "uid") && strcmp(c->prefix_scope, "all")) {
+        fprintf(stderr, "patd: pool.prefix_scope must be uid or all (got '%s')\n", c->prefix_scope);
         return -EINVAL;
     }
     if (sched_policy_parse(c->pack_policy) < 0) {

@@ -161,7 +161,12 @@ static void seq_open(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *b
     memcpy(tok, body + sizeof(r), (size_t)r.n_tokens * 4);
     pthread_mutex_lock(&d->pool_mu);
     uint32_t seq, cached;
-    int rc = kv_seq_open(d->pool, tok, r.n_tokens, &seq, &cached);
+    /* the prefix cache's scope: the kernel's word for the client's user (SO_PEERCRED), so that
+     * one user's K and V for a prompt never reach another's sequences; 0 for every session
+     * where pool.prefix_scope = all */
+    const uint64_t scope =
+        strcmp(d->cfg.prefix_scope, "all") ? 0x7573657200000000ull | (uint64_t)c->uid : 0;
+    int rc = kv_seq_open_scoped(d->pool, scope, tok, r.n_tokens, &seq, &cached);
     if (rc == 0) {
         seq_attach(c, (uint32_t)slot, seq);
         rep.seq = seq;

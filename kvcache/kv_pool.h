@@ -107,6 +107,12 @@ uint32_t kv_pool_evict(kv_pool_t *pool, uint32_t n);
 int kv_seq_open(kv_pool_t *pool, const uint32_t *tokens, uint32_t n, uint32_t *ret_seq,
                 uint32_t *ret_cached_len);
 
+/* kv_seq_open in a scope: the prefix cache gives a sequence only blocks published by sequences
+ * of the same scope (a block's chain hash covers it), and its own blocks only to them; twins
+ * share at commit only within it. kv_seq_open is scope 0. Forks keep their parent's scope. */
+int kv_seq_open_scoped(kv_pool_t *pool, uint64_t scope, const uint32_t *tokens, uint32_t n,
+                       uint32_t *ret_seq, uint32_t *ret_cached_len);
+
 /* Makes room for n_new tokens after the committed ones (capacity >= len + n_new), allocating
  * blocks. Idempotent: reserving again for the same n_new allocates nothing. Returns 0, -ENOENT
  * (unknown seq), -EINVAL (over max_seq_len), -ENOSPC (not enough blocks; nothing changed). */

@@ -27,6 +27,7 @@ typedef struct kv__seq {
     uint32_t len;      /* committed tokens */
     uint32_t n_blocks; /* block-table entries (reserved capacity / block_size) */
     uint32_t version;  /* bumped when a committed entry changes (a twin's copy shared) */
+    uint64_t scope;    /* its chains' root: only sequences of the same scope share blocks */
     uint32_t blk_cap;  /* allocated entries of blocks[] and hashes[] */
     uint32_t *blocks;  /* block table */
     uint64_t *hashes;  /* chain hash of each full block (valid for i < len / block_size) */

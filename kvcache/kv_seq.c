@@ -60,6 +60,12 @@ static kv__seq_t *seq_alloc(kv_pool_t *p)
 int kv_seq_open(kv_pool_t *p, const uint32_t *tokens, uint32_t n, uint32_t *ret_seq,
                 uint32_t *ret_cached_len)
 {
+    return kv_seq_open_scoped(p, 0, tokens, n, ret_seq, ret_cached_len);
+}
+
+int kv_seq_open_scoped(kv_pool_t *p, uint64_t scope, const uint32_t *tokens, uint32_t n,
+                       uint32_t *ret_seq, uint32_t *ret_cached_len)
+{
     if (!tokens || n == 0 || n > p->cfg.max_seq_len || !ret_seq)
         return -EINVAL;
     kv__seq_t *q = seq_alloc(p);
@@ -69,7 +75,8 @@ int kv_seq_open(kv_pool_t *p, const uint32_t *tokens, uint32_t n, uint32_t *ret_
     uint32_t bs = p->cfg.block_size;
     uint32_t eligible = (n - 1) / bs; /* full blocks that still leave one token to compute */
     uint32_t matched = 0;
-    uint64_t h = 0;
+    uint64_t h = scope; /* the chain's root: a block's hash covers its scope */
+    q->scope = scope;
     seq_fit_blocks(q, eligible);
     for (; matched < eligible; matched++) {
         uint64_t nh = kv__chain_hash(p, h, tokens + (size_t)matched * bs);
@@ -128,7 +135,7 @@ int kv_seq_commit(kv_pool_t *p, uint32_t id, const uint32_t *tokens, uint32_t n)
     q->len += n;
     uint32_t new_full = q->len / bs;
     for (uint32_t i = old_full; i < new_full; i++) {
-        uint64_t parent_h = i ? q->hashes[i - 1] : 0;
+        uint64_t parent_h = i ? q->hashes[i - 1] : q->scope;
         q->hashes[i] = kv__chain_hash(p, parent_h, q->tokens + (size_t)i * bs);
         /* publish only as a prefix: a private predecessor keeps the rest of the chain private */
         int prev_pub = i == 0 || p->blk[q->blocks[i - 1]].published;
@@ -167,6 +174,7 @@ int kv_seq_fork(kv_pool_t *p, uint32_t id, uint32_t *ret_child, kv_copy_t *ret_c
         return -ENOSPC;
     kv__seq_t *c = seq_alloc(p);
     q = kv__seq_get(p, id); /* slots do not move, but keep the pointer honest */
+    c->scope = q->scope;
     seq_fit_blocks(c, full + partial);
     for (uint32_t i = 0; i < full; i++) {
         kv__block_ref(p, q->blocks[i]);

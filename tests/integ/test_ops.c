@@ -565,6 +565,103 @@ static int step_as_nobody(const tl_daemon_t *d)
     return nobody_wait(nobody_child(d, NULL));
 }
 
+/* A session as nobody (a forked child) that commits the 48-token prompt 70.. and exits; with
+ * lie != 0 the K and V it hands over are not the prompt's (a client that lies: every position's
+ * values are drawn for another token history). The child's exit status: 0 when its step ran. */
+static pid_t prompt_as_nobody(const tl_daemon_t *d, int lie)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (setgroups(0, NULL) || setgid(65534) || setuid(65534))
+            _exit(2);
+        pat_connect_opts_t o = {.size = sizeof(o),
+                                .max_batch_tokens = 64,
+                                .max_seqs = 4,
+                                .timeout_ms = 10000,
+                                .socket = d->sock,
+                                .model = MODEL};
+        pat_conn_t *c = NULL;
+        char why[256];
+        if (pat_connect(&o, &c, why, sizeof(why)) != 0)
+            _exit(3);
+        tl_seq_t s;
+        tl_seq_init(&s);
+        for (uint32_t t = 0; t < 48; t++)
+            tl_seq_push(&s, 70 + t);
+        if (lie)
+            for (uint32_t t = 0; t < 48; t++)
+                s.hash[t] ^= 0x5a5a5a5aull;
+        tl_seq_t *ps = &s;
+        tl_rng_t rng;
+        tl_rng_seed(&rng, 6);
+        tl_step_result_t r;
+        int ok = tl_seq_open(c, &s) == 0 && tl_client_step(c, &MODEL, &ps, 1, &rng, 0, &r) == 0;
+        pat_close(c);
+        _exit(ok ? 0 : 4);
+    }
+    return pid;
+}
+
+/* The same prompt opened here (root) after nobody committed it: its cached length, and the step
+ * that computes the rest checked against float64 (0: right). */
+static uint32_t prompt_as_root(const tl_daemon_t *d, int *ret_right)
+{
+    pat_connect_opts_t o = {.size = sizeof(o),
+                            .max_batch_tokens = 64,
+                            .max_seqs = 4,
+                            .timeout_ms = 10000,
+                            .socket = d->sock,
+                            .model = MODEL};
+    pat_conn_t *c = NULL;
+    char why[256];
+    assert_int_equal(pat_connect(&o, &c, why, sizeof(why)), 0);
+    tl_seq_t s;
+    tl_seq_init(&s);
+    for (uint32_t t = 0; t < 48; t++)
+        tl_seq_push(&s, 70 + t);
+    tl_seq_t *ps = &s;
+    tl_rng_t rng;
+    tl_rng_seed(&rng, 7);
+    tl_step_result_t r;
+    assert_int_equal(tl_seq_open(c, &s), 0);
+    const uint32_t cached = s.cached;
+    int rc = tl_client_step(c, &MODEL, &ps, 1, &rng, 1, &r);
+    *ret_right = rc == 0 && r.worst < 1e-2;
+    pat_close(c);
+    tl_seq_done(&s);
+    return cached;
+}
+
+/* pool.prefix_scope = uid (the default): one user's K and V for a prompt never reach another
+ * user's sequences. nobody commits a prompt with K and V that are not the prompt's; root opens
+ * the same prompt, gets nothing from the cache and a right answer (with the scope of every
+ * session, it got 32 cached tokens of the lie and a wrong answer). With prefix_scope = all an
+ * honest nobody's prompt is found (32 tokens): the sharing trusted deployments may choose. Needs
+ * root (skipped otherwise). */
+static void test_prefix_scope(void **state)
+{
+    if (geteuid() != 0) {
+        printf("not root: skipped\n");
+        return;
+    }
+    static const char *const uid_args[] = {"--socket-mode=0666", NULL};
+    static const char *const all_args[] = {"--socket-mode=0666", "--prefix-scope=all", NULL};
+    for (int all = 0; all < 2; all++) {
+        tl_daemon_t d;
+        assert_int_equal(tl_daemon_start(&d, all ? all_args : uid_args), 0);
+        chmod(d.dir, 0755);
+        assert_int_equal(nobody_wait(prompt_as_nobody(&d, !all)), 0);
+        int right = 0;
+        const uint32_t cached = prompt_as_root(&d, &right);
+        assert_int_equal(cached, all ? 32 : 0);
+        assert_true(right);
+        assert_int_equal(tl_daemon_status(&d, "pool_check"), 0);
+        assert_int_equal(tl_daemon_signal_wait(&d, SIGTERM, 5000), 0);
+        tl_daemon_stop(&d);
+    }
+}
+
 /* HELLO is served on the admin socket, whose connections are bounded: one user holding idle
  * connections (up to PATD_ADMIN_PER_UID = 4 of them) cannot keep another user's sessions from
  * opening; its own next connection is closed at once. Needs root (skipped otherwise). */
@@ -812,6 +909,7 @@ int main(void)
         cmocka_unit_test(test_admin_rights),
         cmocka_unit_test(test_admin_per_uid),
         cmocka_unit_test(test_conns_per_uid),
+        cmocka_unit_test(test_prefix_scope),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -54,6 +54,52 @@ static uint32_t prefill(kv_pool_t *p, const uint32_t *tok, uint32_t n, uint32_t 
     return s;
 }
 
+/* Scopes: a prompt committed in scope 1 is found in scope 1 (and by a fork's continuation, which
+ * keeps its parent's scope), never in scope 2 or by kv_seq_open (scope 0); two twins of
+ * different scopes keep their own copies at commit. */
+static void test_scopes_separate_prefixes(void **state)
+{
+    kv_pool_t *p = mk_pool(64, 16);
+    uint32_t tok[64], s, f, o2, o0, cached;
+    fill_tokens(tok, 64, 5);
+    assert_int_equal(kv_seq_open_scoped(p, 1, tok, 48, &s, &cached), 0);
+    assert_int_equal(cached, 0);
+    assert_int_equal(kv_seq_reserve(p, s, 48), 0);
+    assert_int_equal(kv_seq_commit(p, s, tok, 48), 0);
+    uint32_t again;
+    assert_int_equal(kv_seq_open_scoped(p, 1, tok, 49, &again, &cached), 0);
+    assert_int_equal(cached, 48);
+    assert_int_equal(kv_seq_open_scoped(p, 2, tok, 49, &o2, &cached), 0);
+    assert_int_equal(cached, 0);
+    assert_int_equal(kv_seq_open(p, tok, 49, &o0, &cached), 0);
+    assert_int_equal(cached, 0);
+    /* a fork of s continues in scope 1: its next full block is found by scope 1 only */
+    kv_copy_t cp;
+    assert_int_equal(kv_seq_fork(p, s, &f, &cp), 0);
+    assert_int_equal(kv_seq_reserve(p, f, 16), 0);
+    assert_int_equal(kv_seq_commit(p, f, tok + 48, 16), 0);
+    uint32_t x;
+    assert_int_equal(kv_seq_open_scoped(p, 1, tok, 64, &x, &cached), 0);
+    assert_int_equal(cached, 48); /* 64 tokens: the last block stays to compute */
+    assert_int_equal(kv_seq_close(p, x), 0);
+    /* twins: o2 (scope 2) and o0 (scope 0) commit the same tokens, each keeps its own blocks */
+    kv_stats_t st0, st1;
+    kv_pool_stats(p, &st0);
+    assert_int_equal(kv_seq_reserve(p, o2, 49), 0);
+    assert_int_equal(kv_seq_commit(p, o2, tok, 49), 0);
+    assert_int_equal(kv_seq_reserve(p, o0, 49), 0);
+    assert_int_equal(kv_seq_commit(p, o0, tok, 49), 0);
+    kv_pool_stats(p, &st1);
+    assert_int_equal(st1.duplicates, st0.duplicates);
+    kv_seq_info_t a, b;
+    assert_int_equal(kv_seq_info(p, o2, &a), 0);
+    assert_int_equal(kv_seq_info(p, o0, &b), 0);
+    for (uint32_t i = 0; i < 3; i++)
+        assert_int_not_equal(a.blocks[i], b.blocks[i]);
+    assert_int_equal(kv_pool_check(p), 0);
+    kv_pool_free(p);
+}
+
 static void test_create_rejects_bad_config(void **state)
 {
     kv_pool_config_t c = {.n_blocks = 8, .block_size = 0, .max_seqs = 4, .max_seq_len = 64};
@@ -604,6 +650,7 @@ int main(void)
         cmocka_unit_test(test_create_rejects_bad_config),
         cmocka_unit_test(test_prefix_reuse_and_counters),
         cmocka_unit_test(test_model_id_separates_caches),
+        cmocka_unit_test(test_scopes_separate_prefixes),
         cmocka_unit_test(test_twins_share),
         cmocka_unit_test(test_enospc_changes_nothing),
         cmocka_unit_test(test_bad_ids_and_limits),
