@@ -23,7 +23,7 @@
 #include <stdint.h>
 #include <uv.h>
 
-#define PATD_EXEC_MAX 64u /* executors at most (daemon.executors' bound) */
+#define PATD_EXEC_MAX 64u /* executors at most (daemon.executors' bound; PATD_WD_MAX too) */
 
 #define PATD_EXEC_IDLE_NS  100000000ull /* an idle executor's heartbeat period */
 #define PATD_EXEC_WATCH_NS 20000000ull  /* the watcher's longest sleep: deadlines' resolution */

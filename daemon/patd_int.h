@@ -168,7 +168,7 @@ struct patd {
     patd_notify_t notify; /* the service manager (sd_notify's protocol, never blocking) */
     int watchdog, watchdog_warned;
     uint64_t watchdog_usec;
-    uint64_t beat_seen[PATD_EXEC_MAX], beat_moved_ns[PATD_EXEC_MAX];
+    patd_watchdog_t wd; /* the executors' heartbeats as the watchdog last saw them */
     uint64_t last_ping_ns, last_status_ns;
     void *mhd;
     patd_metrics_t m;

@@ -393,31 +393,24 @@ static void on_signal(uv_signal_t *s, int signum)
     start_drain(d, strsignal(signum));
 }
 
-/* systemd's watchdog: WATCHDOG=1 every quarter of WatchdogSec while every executor moves (an
- * idle one beats every 100 ms, a busy one on every wait slice and layer); an executor whose
- * heartbeat has not moved for half of WatchdogSec, and for at least three idle beats and two
- * ticks (so the beat's and this check's own 100 ms periods never look like a stall, as they did
- * at start and at drain with WatchdogSec=200ms), is stuck: no ping (systemd restarts patd once
- * the period passes) and one warning per episode. Executors that have stopped (the end of a
- * drain) are not stalls. */
+/* systemd's watchdog: WATCHDOG=1 every quarter of WatchdogSec while every executor moves; one
+ * the watchdog judges stuck (patd_notify.h: its heartbeat still for half of WatchdogSec, and for
+ * at least three idle beats and two ticks, so that the beat's and this check's own 100 ms
+ * periods never look like a stall, as they did at start and at drain with WatchdogSec=200ms)
+ * means no ping (systemd restarts patd once the period passes) and one warning per episode.
+ * Executors that have stopped (the end of a drain) are not stalls. */
+_Static_assert(PATD_EXEC_MAX <= PATD_WD_MAX, "the watchdog sees every executor");
 static void watchdog_tick(patd_t *d, uint64_t now)
 {
     const uint64_t period_ns = d->watchdog_usec * 1000ull;
-    const uint64_t floor_ns = 3 * PATD_EXEC_IDLE_NS + 2ull * TICK_MS * 1000000ull;
-    const uint64_t stuck_ns = PAT_MAX(period_ns / 2, floor_ns);
-    uint32_t stuck = 0;
-    for (uint32_t i = 0; i < d->exec.n; i++) {
-        uint64_t b = atomic_load(&d->exec.beat[i]);
-        if (b != d->beat_seen[i] || !d->beat_moved_ns[i]) {
-            d->beat_seen[i] = b;
-            d->beat_moved_ns[i] = now;
-        }
-        stuck += now - d->beat_moved_ns[i] > stuck_ns && !d->exec.stopping;
-    }
+    uint64_t beats[PATD_WD_MAX];
+    for (uint32_t i = 0; i < d->exec.n; i++)
+        beats[i] = atomic_load(&d->exec.beat[i]);
+    uint32_t stuck = patd_watchdog_check(&d->wd, beats, d->exec.n, now, d->exec.stopping);
     if (stuck) {
         if (!d->watchdog_warned)
             patd_warn("watchdog: %u executor(s) have not moved for %llu ms; not pinging", stuck,
-                      (unsigned long long)(stuck_ns / 1000000ull));
+                      (unsigned long long)(d->wd.stuck_ns / 1000000ull));
         d->watchdog_warned = 1;
         return;
     }
@@ -721,6 +714,7 @@ int main(int argc, char **argv)
     }
     d->watchdog = sd_watchdog_enabled(0, &d->watchdog_usec) > 0;
     patd_notify_open(&d->notify);
+    patd_watchdog_init(&d->wd, d->watchdog_usec * 1000ull, PATD_EXEC_IDLE_NS, TICK_MS * 1000000ull);
     if (d->watchdog && d->watchdog_usec / 1000 < 2 * TICK_MS)
         patd_warn("WatchdogSec below %u ms is shorter than the check period", 2 * TICK_MS);
     patd_notice("ready: control ipc://%s, events ipc://%s, %u executors, metrics %s%u",

@@ -88,3 +88,24 @@ void patd_notify_flush(patd_notify_t *n)
     if (n->pending[0] && send_text(n, n->pending) != -EAGAIN)
         n->pending[0] = 0;
 }
+
+void patd_watchdog_init(patd_watchdog_t *w, uint64_t period_ns, uint64_t idle_ns, uint64_t tick_ns)
+{
+    memset(w, 0, sizeof(*w));
+    const uint64_t floor_ns = 3 * idle_ns + 2 * tick_ns;
+    w->stuck_ns = period_ns / 2 > floor_ns ? period_ns / 2 : floor_ns;
+}
+
+uint32_t patd_watchdog_check(patd_watchdog_t *w, const uint64_t *beats, uint32_t n, uint64_t now,
+                             int stopping)
+{
+    uint32_t stuck = 0;
+    for (uint32_t i = 0; i < n && i < PATD_WD_MAX; i++) {
+        if (beats[i] != w->seen[i] || !w->moved_ns[i]) {
+            w->seen[i] = beats[i];
+            w->moved_ns[i] = now;
+        }
+        stuck += now - w->moved_ns[i] > w->stuck_ns && !stopping;
+    }
+    return stuck;
+}

@@ -39,4 +39,22 @@ void patd_notify_state(patd_notify_t *n, const char *fmt, ...)
 /* Resends a kept state change (each tick). */
 void patd_notify_flush(patd_notify_t *n);
 
+/* The watchdog's judgement of the executors' heartbeats (each a counter an executor bumps: every
+ * idle_ns while idle, on every wait slice and layer while busy), made by a check every tick_ns:
+ * an executor is stuck when its counter has not moved for stuck_ns = max(half the watchdog
+ * period, three idle beats and two ticks). The floor keeps the beat's and the check's own
+ * periods from looking like a stall: between two checks that see a counter move, up to
+ * idle_ns + tick_ns pass with nothing wrong, plus either side's lateness. */
+#define PATD_WD_MAX 64
+typedef struct patd_watchdog {
+    uint64_t stuck_ns;
+    uint64_t seen[PATD_WD_MAX], moved_ns[PATD_WD_MAX];
+} patd_watchdog_t;
+
+void patd_watchdog_init(patd_watchdog_t *w, uint64_t period_ns, uint64_t idle_ns, uint64_t tick_ns);
+/* One check at `now` of n <= PATD_WD_MAX counters: how many executors are stuck (0 while
+ * `stopping`: executors that ended are not stalls). */
+uint32_t patd_watchdog_check(patd_watchdog_t *w, const uint64_t *beats, uint32_t n, uint64_t now,
+                             int stopping);
+
 #endif

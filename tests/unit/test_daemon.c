@@ -17,6 +17,7 @@
 
 #include "patd_config.h"
 #include "patd_log.h"
+#include "patd_notify.h"
 #include "patd_range.h"
 #include "patd_step.h"
 #include "pat_base.h"
@@ -215,6 +216,43 @@ static void check_free_list(const patd_ranges_t *rs)
     }
 }
 
+/* The watchdog's judgement on a simulated minute: four idle executors beating every 100 ms from
+ * random phases, each beat up to 15 ms late, checked every 100 ms (up to 15 ms late) under
+ * WatchdogSec=200ms: never stuck (half the period alone, 100 ms, called them stuck at start and at
+ * drain). Then one executor stops beating: stuck within the threshold and two checks, and no
+ * executor is stuck while the executors are stopping. */
+static void test_watchdog_sim(void **state)
+{
+    const uint64_t ms = 1000000ull, idle = 100 * ms, tick = 100 * ms;
+    tl_rng_t r;
+    tl_rng_seed(&r, 31);
+    for (int round = 0; round < 20; round++) {
+        patd_watchdog_t w;
+        patd_watchdog_init(&w, 200 * ms, idle, tick);
+        uint64_t next_beat[4], beats[4] = {0, 0, 0, 0};
+        for (int i = 0; i < 4; i++)
+            next_beat[i] = tl_rng_below(&r, 100) * ms;
+        const uint64_t stall_at = 40000 * ms;
+        uint64_t found = 0;
+        for (uint64_t j = 1; j <= 600; j++) {
+            const uint64_t now = j * tick + tl_rng_below(&r, 16) * ms;
+            for (int i = 0; i < 4; i++)
+                while (next_beat[i] <= now && !(i == 2 && next_beat[i] >= stall_at)) {
+                    beats[i]++;
+                    next_beat[i] += idle + tl_rng_below(&r, 16) * ms;
+                }
+            const uint32_t stuck = patd_watchdog_check(&w, beats, 4, now, 0);
+            if (now < stall_at)
+                assert_int_equal(stuck, 0);
+            else if (stuck && !found)
+                found = now;
+            assert_int_equal(patd_watchdog_check(&w, beats, 4, now, 1), 0); /* stopping */
+        }
+        assert_true(found > stall_at);
+        assert_true(found <= stall_at + w.stuck_ns + 2 * tick + 32 * ms);
+    }
+}
+
 static void test_ranges(void **state)
 {
     enum { ALIGN = 4096, UNITS = 256, LIVE = 64 };
@@ -287,6 +325,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_config_parse, cfg_setup, cfg_teardown),
         cmocka_unit_test_setup_teardown(test_config_reload, cfg_setup, cfg_teardown),
         cmocka_unit_test(test_ranges),
+        cmocka_unit_test(test_watchdog_sim),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
