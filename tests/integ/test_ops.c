@@ -500,6 +500,60 @@ static int admin_hold(const tl_daemon_t *d)
     return fd;
 }
 
+/* A session on d with the small options these tests use (4 sequences, 64 batch tokens), or NULL
+ * (the daemon's reason in why). */
+static pat_conn_t *small_session(const tl_daemon_t *d, char *why, size_t why_len)
+{
+    pat_connect_opts_t o = {.size = sizeof(o),
+                            .max_batch_tokens = 64,
+                            .max_seqs = 4,
+                            .timeout_ms = 10000,
+                            .socket = d->sock,
+                            .model = MODEL};
+    pat_conn_t *c = NULL;
+    return pat_connect(&o, &c, why, why_len) == 0 ? c : NULL;
+}
+
+/* In a forked child: become nobody and open a small session, or _exit (2: the uid, 3: HELLO). */
+static pat_conn_t *nobody_session(const tl_daemon_t *d)
+{
+    if (setgroups(0, NULL) || setgid(65534) || setuid(65534))
+        _exit(2);
+    char why[256];
+    pat_conn_t *c = small_session(d, why, sizeof(why));
+    if (!c) {
+        fprintf(stderr, "nobody: %s\n", why);
+        _exit(3);
+    }
+    return c;
+}
+
+/* One sequence of the n tokens first.. opened on c and stepped once: 1 when the step ran (and,
+ * with check, agreed with float64). With lie != 0 the K and V handed over are not the prompt's
+ * (a client that lies: every position's values drawn for another token history). *ret_cached
+ * (if given): the cached length at open. */
+static int prompt_step(pat_conn_t *c, uint32_t first, uint32_t n, uint64_t lie, int check,
+                       uint32_t *ret_cached)
+{
+    tl_seq_t s;
+    tl_seq_init(&s);
+    for (uint32_t t = 0; t < n; t++)
+        tl_seq_push(&s, first + t);
+    for (uint32_t t = 0; t < n && lie; t++)
+        s.hash[t] ^= lie;
+    tl_seq_t *ps = &s;
+    tl_rng_t rng;
+    tl_rng_seed(&rng, first);
+    tl_step_result_t r;
+    int ok = tl_seq_open(c, &s) == 0;
+    if (ret_cached)
+        *ret_cached = s.cached;
+    ok =
+        ok && tl_client_step(c, &MODEL, &ps, 1, &rng, check, &r) == 0 && (!check || r.worst < 1e-2);
+    tl_seq_done(&s);
+    return ok;
+}
+
 /* One session as another user (nobody, in a forked child that drops root): connect (HELLO on
  * the admin socket) and one checked step. The child's exit status: 0 when all went right.
  * Forks a child that becomes nobody and, once a byte arrives on *ret_go (at once when ret_go is
@@ -519,30 +573,8 @@ static pid_t nobody_child(const tl_daemon_t *d, int *ret_go)
             if (read(p[0], &b, 1) != 1)
                 _exit(5);
         }
-        if (setgroups(0, NULL) || setgid(65534) || setuid(65534))
-            _exit(2);
-        pat_connect_opts_t o = {.size = sizeof(o),
-                                .max_batch_tokens = 64,
-                                .max_seqs = 4,
-                                .timeout_ms = 10000,
-                                .socket = d->sock,
-                                .model = MODEL};
-        pat_conn_t *c = NULL;
-        char why[256];
-        if (pat_connect(&o, &c, why, sizeof(why)) != 0) {
-            fprintf(stderr, "nobody: %s\n", why);
-            _exit(3);
-        }
-        tl_seq_t s;
-        tl_seq_init(&s);
-        for (uint32_t t = 0; t < 8; t++)
-            tl_seq_push(&s, 60 + t);
-        tl_seq_t *ps = &s;
-        tl_rng_t rng;
-        tl_rng_seed(&rng, 4);
-        tl_step_result_t r;
-        int ok = tl_seq_open(c, &s) == 0 && tl_client_step(c, &MODEL, &ps, 1, &rng, 1, &r) == 0 &&
-                 r.worst < 1e-2;
+        pat_conn_t *c = nobody_session(d);
+        int ok = prompt_step(c, 60, 8, 0, 1, NULL);
         pat_close(c);
         _exit(ok ? 0 : 4);
     }
@@ -565,71 +597,31 @@ static int step_as_nobody(const tl_daemon_t *d)
     return nobody_wait(nobody_child(d, NULL));
 }
 
-/* A session as nobody (a forked child) that commits the 48-token prompt 70.. and exits; with
- * lie != 0 the K and V it hands over are not the prompt's (a client that lies: every position's
- * values are drawn for another token history). The child's exit status: 0 when its step ran. */
+/* A session as nobody (a forked child) that commits the 48-token prompt 70.. and exits, with
+ * K and V that are not the prompt's when lie. The child's exit status: 0 when its step ran. */
 static pid_t prompt_as_nobody(const tl_daemon_t *d, int lie)
 {
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
-        if (setgroups(0, NULL) || setgid(65534) || setuid(65534))
-            _exit(2);
-        pat_connect_opts_t o = {.size = sizeof(o),
-                                .max_batch_tokens = 64,
-                                .max_seqs = 4,
-                                .timeout_ms = 10000,
-                                .socket = d->sock,
-                                .model = MODEL};
-        pat_conn_t *c = NULL;
-        char why[256];
-        if (pat_connect(&o, &c, why, sizeof(why)) != 0)
-            _exit(3);
-        tl_seq_t s;
-        tl_seq_init(&s);
-        for (uint32_t t = 0; t < 48; t++)
-            tl_seq_push(&s, 70 + t);
-        if (lie)
-            for (uint32_t t = 0; t < 48; t++)
-                s.hash[t] ^= 0x5a5a5a5aull;
-        tl_seq_t *ps = &s;
-        tl_rng_t rng;
-        tl_rng_seed(&rng, 6);
-        tl_step_result_t r;
-        int ok = tl_seq_open(c, &s) == 0 && tl_client_step(c, &MODEL, &ps, 1, &rng, 0, &r) == 0;
+        pat_conn_t *c = nobody_session(d);
+        int ok = prompt_step(c, 70, 48, lie ? 0x5a5a5a5aull : 0, 0, NULL);
         pat_close(c);
         _exit(ok ? 0 : 4);
     }
     return pid;
 }
 
-/* The same prompt opened here (root) after nobody committed it: its cached length, and the step
- * that computes the rest checked against float64 (0: right). */
+/* The same prompt opened here (root) after nobody committed it: its cached length, and whether
+ * the step that computes the rest agreed with float64. */
 static uint32_t prompt_as_root(const tl_daemon_t *d, int *ret_right)
 {
-    pat_connect_opts_t o = {.size = sizeof(o),
-                            .max_batch_tokens = 64,
-                            .max_seqs = 4,
-                            .timeout_ms = 10000,
-                            .socket = d->sock,
-                            .model = MODEL};
-    pat_conn_t *c = NULL;
     char why[256];
-    assert_int_equal(pat_connect(&o, &c, why, sizeof(why)), 0);
-    tl_seq_t s;
-    tl_seq_init(&s);
-    for (uint32_t t = 0; t < 48; t++)
-        tl_seq_push(&s, 70 + t);
-    tl_seq_t *ps = &s;
-    tl_rng_t rng;
-    tl_rng_seed(&rng, 7);
-    tl_step_result_t r;
-    assert_int_equal(tl_seq_open(c, &s), 0);
-    const uint32_t cached = s.cached;
-    int rc = tl_client_step(c, &MODEL, &ps, 1, &rng, 1, &r);
-    *ret_right = rc == 0 && r.worst < 1e-2;
+    pat_conn_t *c = small_session(d, why, sizeof(why));
+    assert_non_null(c);
+    uint32_t cached = 0;
+    *ret_right = prompt_step(c, 70, 48, 0, 1, &cached);
     pat_close(c);
-    tl_seq_done(&s);
     return cached;
 }
 
