@@ -121,15 +121,17 @@ static double measure_plan(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t
     return shared ? flops / sec : sec;
 }
 
-/* Median seconds of one layer of a TREE plan of m = 64 CTAs (8/8 heads, d 128 fp16): nq queries
- * share one 16-token block and each has a private 16-token block, so every CTA walks 65 one-tile
- * segments of little data (the tile chain's latency, kern's tile_us). */
-static double measure_tree_chain(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq)
+/* Median seconds of one layer of a TREE plan of CTAs of m rows (8/8 heads, d 128 fp16).
+ * chain: nq queries share one 16-token block and each has a private 16-token block, so every CTA
+ * of m = 64 walks 65 one-tile segments of little data (the tile chain's latency, kern's tile_us).
+ * Else each run of m queries shares a 16-token block and has nothing private: CTAs of m rows and
+ * one one-tile segment, which fwd_pair runs (m > KCUDA_WS_MIN_ROWS): its cost per item. */
+static double measure_tree(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t m, bool chain)
 {
     const uint32_t dd = 128, qh = 8, kvh = 8;
     kern_config_t kc = {};
     kc.model = {1, qh, kvh, dd, 16, KERN_F16};
-    kc.n_blocks = 1 + nq;
+    kc.n_blocks = chain ? 1 + nq : (nq + m - 1) / m;
     kc.max_tokens = nq;
     kc.max_partials = 1;
     kern_backend_t *b;
@@ -141,8 +143,8 @@ static double measure_tree_chain(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq)
     CK(cudaDeviceSynchronize());
     sched_tiles_t tiles;
     kern_tiles(b, &tiles);
-    tiles.n_m = 1; /* CTAs of 64 rows only */
-    tiles.m[0] = 64;
+    tiles.n_m = 1; /* CTAs of m rows only */
+    tiles.m[0] = (uint16_t)m;
     sched_config_t sc = {};
     sc.max_queries = nq;
     sc.max_tokens = nq;
@@ -157,8 +159,8 @@ static double measure_tree_chain(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq)
     sched_t *s;
     REQ(sched_create(&sc, &s));
     for (uint32_t i = 0; i < nq; i++) {
-        uint32_t tbl[2] = {0, 1 + i};
-        sched_query_t qq = {tbl, 2, 32, 1, i, 0};
+        uint32_t tbl[2] = {chain ? 0 : i / m, 1 + i};
+        sched_query_t qq = {tbl, chain ? 2u : 1u, chain ? 32u : 16u, 1, i, 0};
         REQ(sched_forest_join(sched_forest(s), i, &qq));
     }
     const sched_plan_hdr_t *h;
@@ -275,7 +277,12 @@ int main(int argc, char **argv)
     const double cta_us = t_small / waves;
     /* one wave of 65-tile TREE CTAs: 64 queries per CTA x 8 KV heads = slots items */
     const uint32_t chain_q = 64 * ((dev.cost.slots + 7) / 8);
-    const double t_chain = measure_tree_chain(e0, e1, chain_q);
+    const double t_chain = measure_tree(e0, e1, chain_q, 64, true);
+    /* fwd_pair's own cost per item: CTAs of 32 rows (small mode: two KV heads an item), one
+     * one-tile segment each, many waves */
+    const uint32_t pair_q = 32 * 1024;
+    const double t_pair = measure_tree(e0, e1, pair_q, 32, false);
+    const double pair_items = (pair_q / 32.0) * 8 / 2, pair_blocks = dev.cost.slots / 2.0;
     const double tile_us = (t_chain - cta_us) / 65;
     printf(
         "\ntensor rate: 512 queries x 64/8 heads over one shared 2,048-token prefix (the default "
@@ -288,6 +295,11 @@ int main(int argc, char **argv)
     printf("tile chain: %u queries of a private 16-token block under a shared one, TREE CTAs of 64 "
            "rows (65 one-tile segments each, one wave): %.1f us -> %.2f us per tile\n",
            chain_q, t_chain * 1e6, tile_us * 1e6);
+    printf("fwd_pair's fixed cost: %u queries in runs of 32 sharing a 16-token block, TREE CTAs of "
+           "32 rows (%.0f items of one tile, %.0f blocks): %.1f us -> %.2f us per item and block "
+           "(not yet in the time model, which charges every item the 4-warp kernel's above)\n",
+           pair_q, pair_items, pair_blocks, t_pair * 1e6,
+           t_pair * 1e6 / (pair_items / pair_blocks));
     printf("\n/* %s, tile_solver */\n{\"%s\", {%.1ff, %.1ff, %.2ff, 0, %.2ff}},\n", prop.name,
            prop.name, bw / 1e9, mma / 1e12, cta_us * 1e6, tile_us * 1e6);
     return 0;
