@@ -12,13 +12,6 @@
 namespace kcuda
 {
 
-/* KV tiles of a segment as the pair kernel counts them (ws_tiles) */
-static uint32_t seg_tiles(const sched_plan_seg_t &g)
-{
-    const uint32_t len = g.kv_end - g.kv_begin;
-    return len ? (len + KCUDA_TILE_N - 1) / KCUDA_TILE_N : 1;
-}
-
 /* Writes the segments of h into the copy dst (same layout) in the order the pair kernel runs
  * best: in a CTA of more than KCUDA_SMALL_M rows each consumer warpgroup owns 64 rows and skips
  * the tiles none of its rows reads (kern_cuda_fwd_ws.cuh), so the segments both halves read come

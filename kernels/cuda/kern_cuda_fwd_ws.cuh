@@ -229,10 +229,8 @@ __device__ __forceinline__ bool ws_item(const FwdArgs &a, uint32_t b, WsItem &it
 __device__ __forceinline__ int ws_tiles(const FwdArgs &a, const sched_plan_cta_t &cta)
 {
     int n = 0;
-    for (uint32_t k = 0; k < cta.seg_count; k++) {
-        const uint32_t len = a.segs[cta.seg_begin + k].kv_end - a.segs[cta.seg_begin + k].kv_begin;
-        n += len ? (int)((len + KCUDA_TILE_N - 1) / KCUDA_TILE_N) : 1;
-    }
+    for (uint32_t k = 0; k < cta.seg_count; k++)
+        n += (int)seg_tiles(a.segs[cta.seg_begin + k]);
     return n;
 }
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Timing ablations of the Hopper forward (kern_cuda_fwd_ws.cuh, KCUDA_ABLATE), run on the GPU
 # machine from the repository root: builds the tile solver four times (the kernel, then without
-# its products, without its KV loads (TMA or cp.async), without its Q gather), in parallel, and prints each one's
-# rates. What each part costs is the difference to the kernel; the ablated kernels' outputs are
-# wrong by design, so only their times mean anything. Results go to $OUT/ablate.log when set.
+# its products, without its KV loads (TMA or cp.async), without its Q gather), in parallel, and
+# prints each one's rates. What each part costs is the difference to the kernel; the ablated
+# kernels' outputs are wrong by design, so only their times mean anything. Results go to
+# $OUT/ablate.log when set.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-build/gpu-results}
