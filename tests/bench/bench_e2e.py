@@ -246,28 +246,52 @@ def prompts_for(batch, shared, vocab, rng):
     return [[rng.randrange(vocab) for _ in range(OWN_UNSHARED)] for _ in range(batch)]
 
 
-def decode_loop(model, attn, begin, end, batch, lens0):
-    """4 warm-up + 16 timed decode steps; returns (median step s, median attention ms)."""
-    toks = [1 + i % 50 for i in range(batch)]
+def median(v):
+    return sorted(v)[len(v) // 2]
+
+
+def first_tokens(batch):
+    """The tokens every way's first decode step feeds."""
+    return [1 + i % 50 for i in range(batch)]
+
+
+def timed_steps(batch, lens0, load, run, after=lambda: None):
+    """STEPS decode steps from first_tokens: load(toks, lens) before the clock, then
+    run(toks, loaded, timed) -> logits (loaded: what load returned; timed for the last 16),
+    CUDA-synchronised; after() once a timed step is done. Returns the timed steps' wall times."""
+    toks = first_tokens(batch)
     lens = list(lens0)
-    steps, att = [], []
-    for step in range(4 + 16):
-        tt = torch.tensor(toks, device="cuda")
-        pp = torch.tensor(lens, device="cuda")
+    times = []
+    for step in range(STEPS):
+        loaded = load(toks, lens)
         torch.cuda.synchronize()
-        attn.on = step >= 4
         t0 = time.perf_counter()
-        begin(toks)
-        logits = model.forward(tt, pp, attn)
-        end()
+        logits = run(toks, loaded, step >= 4)
         torch.cuda.synchronize()
         if step >= 4:
-            steps.append(time.perf_counter() - t0)
-            att.append(attn.take_ms())
+            times.append(time.perf_counter() - t0)
+            after()
         toks = logits.argmax(-1).tolist()
         lens = [x + 1 for x in lens]
-    med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
-    return med(steps), med(att)
+    return times
+
+
+def decode_loop(model, attn, begin, end, batch, lens0):
+    """4 warm-up + 16 timed decode steps; returns (median step s, median attention ms)."""
+    att = []
+
+    def run(toks, loaded, timed):
+        attn.on = timed
+        begin(toks)
+        logits = model.forward(loaded[0], loaded[1], attn)
+        end()
+        return logits
+
+    times = timed_steps(batch, lens0,
+                        lambda toks, lens: (torch.tensor(toks, device="cuda"),
+                                            torch.tensor(lens, device="cuda")),
+                        run, lambda: att.append(attn.take_ms()))
+    return median(times), median(att)
 
 
 def graph_loop(model, attn, begin, end, abort, batch, lens0):
@@ -276,14 +300,13 @@ def graph_loop(model, attn, begin, end, abort, batch, lens0):
     the last 16 (CUDA-synchronised wall time, the CPU's per-step begin and end included)."""
     tok = torch.zeros(batch, dtype=torch.long, device="cuda")
     pos = torch.zeros(batch, dtype=torch.long, device="cuda")
-    toks = [1 + i % 50 for i in range(batch)]
-    lens = list(lens0)
 
-    def load():
+    def load(toks, lens):
         tok.copy_(torch.tensor(toks))
         pos.copy_(torch.tensor(lens))
 
-    load()
+    toks = first_tokens(batch)
+    load(toks, lens0)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # allocations before the capture
@@ -297,21 +320,16 @@ def graph_loop(model, attn, begin, end, abort, batch, lens0):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         out = model.forward(tok, pos, attn)
-    steps = []
-    for step in range(STEPS):
-        load()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
+
+    def run(toks, loaded, timed):
         begin(toks)
         g.replay()
         end()
-        torch.cuda.synchronize()
-        if step >= 4:
-            steps.append(time.perf_counter() - t0)
-        toks = out.argmax(-1).tolist()
-        lens = [x + 1 for x in lens]
+        return out
+
+    times = timed_steps(batch, lens0, load, run)
     del g
-    return sorted(steps)[len(steps) // 2]
+    return median(times)
 
 
 def run_patd(cfg, model, sock, prompts):
