@@ -23,5 +23,5 @@ for i in 0 1 2 3; do
         tail -5 "$out/ablate_build$i.log"
         continue
     fi
-    build/ablate$i/bin/patd-tile-solver 2>&1 | grep -E 'tensor rate|tile chain'
+    build/ablate$i/bin/patd-tile-solver 2>&1 | grep -E 'tensor rate|tile chain|fixed cost'
 done 2>&1 | tee "$out/ablate.log"

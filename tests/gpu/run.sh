@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # GPU test and benchmark driver, run on the GPU machine from the repository root:
 #   tests/gpu/run.sh [--no-bench | --quick-bench | --attn | --attn-bench | --smoke | --frontend |
-#                     --replay [quick]]
+#                     --sanitize | --replay [quick]]
 # builds the CUDA parts, runs every GPU test, compute-sanitizer memcheck and racecheck on a
 # reduced set, the tile solver, and the attention benchmark (bench_attn + PAT's kernel on the same
 # GPU when .peers/ holds it (../shared/peers/pat/README.md), joined by tests/bench/compare_pat.py,
 # + PyTorch SDPA; --quick-bench: a few trees, --no-bench: none; --attn: the GPU tests,
 # sanitizers, solver and the attention benchmark with PAT, nothing cross-process; --attn-bench:
 # the tile solver and the attention benchmark with PAT; --smoke: test_cuda_attn --quick and
-# bench_attn --quick, a few minutes); then, under MPS, the cross-process tests (a real patd on
+# bench_attn --quick, a few minutes; --sanitize: test_cuda_attn --quick, memcheck and racecheck
+# on it, the tile solver); then, under MPS, the cross-process tests (a real patd on
 # the cuda backend and PyTorch frontends: tests/gpu/test_frontend.py, and a transformers model
 # through patd.transformers: tests/gpu/test_hf.py) and, unless --no-bench, the
 # hand-off and frontend benchmarks. --frontend: only the cross-process part.
@@ -34,6 +35,7 @@ case "${1:-}" in
 --attn-bench) bench=5 attn_only=1 ;;
 --smoke) bench=6 ;;
 --e2e) bench=7 ;;
+--sanitize) bench=8 ;;
 esac
 
 # PAT's reference kernel (../shared/peers/pat): built in the background while patd builds and
@@ -83,6 +85,18 @@ if [ $bench = 6 ]; then # --smoke [TREES [HEADS]]: bench_attn --quick, or those 
     run bench_attn $B/bench/bench_attn $([ -n "${2:-}" ] && echo --trees "$2" || echo --quick) \
         $([ -n "${3:-}" ] && echo --heads "$3") --json "$out/bench_attn.jsonl"
     echo "$passed passed, $failed failed" | tee -a "$out/gpu.log"
+    [ "$failed" -eq 0 ]
+    exit
+fi
+if [ $bench = 8 ]; then # --sanitize: the quick GPU tests, both sanitizers on them, the tile solver
+    run test_cuda_attn $B/tests/gpu/test_cuda_attn --quick
+    run memcheck_attn compute-sanitizer --tool memcheck --error-exitcode 3 \
+        $B/tests/gpu/test_cuda_attn --quick
+    run racecheck_attn compute-sanitizer --tool racecheck --error-exitcode 3 \
+        $B/tests/gpu/test_cuda_attn --quick
+    run tile_solver $B/bin/patd-tile-solver
+    echo "$passed passed, $failed failed" | tee -a "$out/gpu.log"
+    (cd "$out" && tar -cJf logs.tar.xz --remove-files $(ls *.log | grep -v '^gpu.log$'))
     [ "$failed" -eq 0 ]
     exit
 fi
