@@ -328,14 +328,25 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t
     const T *kbase = static_cast<const T *>(a.kv) + (uint64_t)head * a.head_stride;
     const T *q = static_cast<const T *>(a.q);
 
-    /* Q rows, gathered: row i = token i / group, q head h * group + i % group */
-    for (int c = tid; c < M * G::CPR; c += G::T) {
-        const int r = c / G::CPR, ch = c % G::CPR;
+    /* Q rows, gathered: row i = token i / group, q head h * group + i % group. Every row's token
+     * is read before the first copy is issued: a copy is an asm statement that clobbers memory,
+     * so a read after it waits for its own round trip, one per chunk */
+    constexpr int QPT = M * G::CPR / G::T;
+    static_assert(M * G::CPR % G::T == 0, "Q chunks divide evenly");
+    uint32_t qtok[QPT];
+#pragma unroll
+    for (int e = 0; e < QPT; e++) {
+        const uint32_t r = (uint32_t)(tid + e * G::T) / G::CPR;
+        qtok[e] = r < n_rows ? rows[r / group].q_tok : 0u;
+    }
+#pragma unroll
+    for (int e = 0; e < QPT; e++) {
+        const int c = tid + e * G::T, r = c / G::CPR, ch = c % G::CPR;
         const T *src = q;
         uint32_t bytes = 0;
         if ((uint32_t)r < n_rows) {
-            const uint32_t tok = rows[r / group].q_tok, qh = head * group + r % group;
-            src = q + ((uint64_t)tok * a.q_heads + qh) * D + ch * 8;
+            const uint32_t qh = head * group + r % group;
+            src = q + ((uint64_t)qtok[e] * a.q_heads + qh) * D + ch * 8;
             bytes = 16;
         }
         cp_async16(smem_u32(sq + qoff(r, ch)), src, bytes);

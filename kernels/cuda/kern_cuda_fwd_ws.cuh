@@ -78,6 +78,8 @@ template <int D> struct WsGeom {
     static_assert(Q_BYTES == SLOT_BYTES, "an item's Q fills one slot");
     static_assert(SMEM <= MAX_SMEM, "sm_90 opt-in shared memory per block (227 KB)");
     static_assert((N * CPR) % KCUDA_THREADS == 0, "loads divide evenly");
+    static_assert(32 % CPR == 0 && KCUDA_BIG_M == KCUDA_THREADS,
+                  "a warp's Q copies cover 32 rows, one per lane");
 };
 
 template <int D> __host__ __device__ constexpr int pair_smem()
@@ -303,19 +305,33 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
         const uint32_t n_rows = it.cta.row_count * group, j = it.j;
         const bool small = it.small;
 
-        /* Q: tile row r is CTA row r of head j (big), or CTA row r % 64 of head 2j + r / 64 */
+        /* Q: tile row r is CTA row r of head j (big), or CTA row r % 64 of head 2j + r / 64.
+         * The copies of a warp cover 32 rows: each lane reads one of those rows' tokens first,
+         * and every copy takes its row's from that lane (a shuffle). A copy is an asm statement
+         * that clobbers memory, so global reads between copies each waited for their own round
+         * trip: the gather cost 3.8 of fwd_pair's 8.5 us per one-tile item (tile solver, H200);
+         * unrolled reads spilled the producer's 104 registers, and tokens through shared memory
+         * cost a barrier that made 1-row items slower. */
         const uint32_t sq = mp.slot(qs);
         const int q_rows = small ? 64 * (int)it.n_heads : KCUDA_BIG_M;
-        for (int c = tid; c < q_rows * G::CPR; c += KCUDA_THREADS) {
-            const int r = c / G::CPR, ch = c % G::CPR;
+        constexpr int RPW = 32 / G::CPR, RPI = KCUDA_THREADS / G::CPR; /* rows a warp, a pass */
+        const int lane = tid & 31, w = tid >> 5;
+        uint32_t my_tok = NO_TOKEN;
+        {
+            const int r = w * RPW + lane % RPW + lane / RPW * RPI;
+            const uint32_t rr = small ? r % 64 : r;
+            if (r < q_rows && rr < n_rows)
+                my_tok = rows[rr / group].q_tok;
+        }
+        const int passes = q_rows * G::CPR / KCUDA_THREADS; /* the same in every lane */
+        for (int e = 0; e < passes; e++) {
+            const int c = tid + e * KCUDA_THREADS, r = c / G::CPR, ch = c % G::CPR;
+            const uint32_t tok = __shfl_sync(0xffffffffu, my_tok, e * RPW + lane / G::CPR);
             const uint32_t rr = small ? r % 64 : r, head = small ? 2 * j + r / 64 : j;
             const T *src = q;
             uint32_t bytes = 0;
-            if (rr < n_rows) {
-                src =
-                    q +
-                    ((uint64_t)rows[rr / group].q_tok * a.q_heads + head * group + rr % group) * D +
-                    ch * 8;
+            if (tok != NO_TOKEN) {
+                src = q + ((uint64_t)tok * a.q_heads + head * group + rr % group) * D + ch * 8;
                 bytes = 16;
             }
             if (KCUDA_ABLATE != 3)
