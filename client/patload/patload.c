@@ -48,7 +48,7 @@ static struct {
     double speed, scale, duration, layer_us, tflops, progress;
     uint32_t skip, limit, concurrency, batch, chunk, max_input, max_output, shared_prefix;
     uint32_t trace_block, hidden, ffn, seed, timeout_ms;
-    int loop, spread, quiet, dry_run, replot, help;
+    int loop, spread, quiet, dry_run, replot, help, wait_twins;
 } O = {
     .speed = 1,
     .scale = 1,
@@ -77,6 +77,10 @@ static const struct opt {
     {"spread", O_FLAG, &O.spread, 0, 0, NULL,
      "spread requests with equal timestamps evenly until the next timestamp (Mooncake's are "
      "quantised to ~3 s)"},
+    {"wait-twins", O_FLAG, &O.wait_twins, 0, 0, NULL,
+     "admit a request whose prompt shares whole blocks with a running request still prefilling "
+     "them once that request has written them, so that the prefix cache gives them (a "
+     "frontend's wait for a twin; the summary's twins line says what it could save)"},
     {"skip", O_U32, &O.skip, 0, 4e9, "N", "skip the first N requests of the file"},
     {"limit", O_U32, &O.limit, 0, 4e9, "N", "replay at most N requests (0 = all)"},
     {"concurrency", O_U32, &O.concurrency, 1, 65536, "N",
@@ -360,6 +364,40 @@ static uint32_t *prompt_tokens(replay_t *R, uint32_t i, uint32_t n)
     return R->prompt;
 }
 
+/* Prompt tokens past `cached` that the request being admitted (its tokens in R->prompt, `target`
+ * of them) shares in whole blocks with a running request that is still prefilling: blocks a
+ * twin is computing right now, which patd's open does not count (only published blocks are
+ * found). Bounded like kv_seq_open's match: at least one prompt token is left to compute. */
+static uint32_t twin_shared(const replay_t *R, const running_t *o, uint32_t target)
+{
+    const uint32_t eligible = (target - 1) / R->block * R->block;
+    const uint32_t lim = PAT_MIN(eligible, o->target), ti = R->rep.rec[o->rec].trace_idx;
+    uint32_t n = 0;
+    while (n < lim && pl_req_token(R->t, &R->shape, ti, n) == R->prompt[n])
+        n++;
+    return n / R->block * R->block;
+}
+
+static uint32_t inflight_twin(const replay_t *R, uint32_t target, uint32_t cached)
+{
+    uint32_t best = cached;
+    for (uint32_t k = 0; k < R->n_run; k++)
+        if (R->run[k].prefilled < R->run[k].target) /* else its prompt is cached already */
+            best = PAT_MAX(best, twin_shared(R, &R->run[k], target));
+    return best - cached;
+}
+
+/* --wait-twins: a running request is still prefilling whole blocks this prompt shares */
+static int twin_pending(const replay_t *R, uint32_t target)
+{
+    for (uint32_t k = 0; k < R->n_run; k++) {
+        const running_t *o = &R->run[k];
+        if (o->prefilled < o->target && twin_shared(R, o, target) > o->prefilled)
+            return 1;
+    }
+    return 0;
+}
+
 static int is_fatal(int rc)
 {
     return rc == -ECONNRESET || rc == -ESTALE || rc == -ESHUTDOWN || rc == -ETIMEDOUT ||
@@ -379,7 +417,8 @@ static void admit(replay_t *R, double t)
     uint64_t held = 0;
     for (uint32_t k = 0; k < R->n_run; k++)
         held += PAT_DIV_UP(R->run[k].target + 1, R->block);
-    while (R->q_len && R->n_run < R->conc) {
+    uint32_t passed = 0; /* queued requests moved behind the others for a twin, this call */
+    while (R->q_len && R->n_run < R->conc && passed < R->q_len) {
         uint32_t rec = R->queue[R->q_head];
         pl_rec_t *q = &R->rep.rec[rec];
         uint32_t target = q->in_len + q->generated;
@@ -393,8 +432,15 @@ static void admit(replay_t *R, double t)
             continue;
         }
         uint32_t seq, cached;
-        int rc =
-            pat_seq_open(R->conn, prompt_tokens(R, q->trace_idx, target), target, &seq, &cached);
+        const uint32_t *toks = prompt_tokens(R, q->trace_idx, target);
+        if (O.wait_twins && twin_pending(R, target)) {
+            queue_pop(R);
+            queue_push(R, rec, 0);
+            passed++;
+            R->rep.twin_waits++;
+            continue;
+        }
+        int rc = pat_seq_open(R->conn, toks, target, &seq, &cached);
         if (rc == -EMFILE || rc == -EDQUOT || rc == -ENOSPC) {
             pl_report_count_err(R->rep.step_errs, &R->rep.n_step_errs, rc);
             if (R->n_run == 0) { /* nothing to wait for: it can never be admitted */
@@ -417,6 +463,7 @@ static void admit(replay_t *R, double t)
         if (q->t_admit < 0) {
             q->t_admit = t;
             q->cached = cached;
+            q->inflight = inflight_twin(R, target, cached);
         }
         R->run[R->n_run++] =
             (running_t){.rec = rec, .seq = seq, .target = target, .prefilled = cached};

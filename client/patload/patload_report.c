@@ -87,6 +87,8 @@ enum { L_TTFT, L_TPOT, L_E2E, N_LAT };
 typedef struct summary {
     uint32_t done, failed;
     uint64_t prompt, cached, out_tokens;
+    uint64_t inflight;   /* tokens of in-flight twin blocks at admission */
+    uint32_t n_inflight; /* requests admitted with some */
     lat_t lat[N_LAT];
     pl_errcount_t req_errs[PL_MAX_ERR_KINDS];
     uint32_t n_req_errs;
@@ -121,6 +123,8 @@ static void summarize(const pl_report_t *r, summary_t *s)
         if (q->t_admit >= 0) {
             s->prompt += q->in_len;
             s->cached += q->cached;
+            s->inflight += q->inflight;
+            s->n_inflight += q->inflight > 0;
         }
         s->out_tokens += q->generated;
     }
@@ -178,6 +182,11 @@ void pl_report_print(const pl_report_t *r, FILE *f)
             "%llu, output %llu\n",
             (unsigned long long)s.prompt, (unsigned long long)s.cached, pct(s.cached, s.prompt),
             (unsigned long long)r->prefill_tokens, (unsigned long long)s.out_tokens);
+    fprintf(f,
+            "  twins        %u opened while another request prefilled their prefix: %llu tokens "
+            "(%.1f %%) a wait or an attach could have cached; %llu admissions put off\n",
+            s.n_inflight, (unsigned long long)s.inflight, pct(s.inflight, s.prompt),
+            (unsigned long long)r->twin_waits);
     fprintf(f, "  throughput   %.1f output tok/s, %.1f tok/s through attention\n", s.out_tokens / w,
             r->step_tokens / w);
     fprintf(f,
@@ -269,6 +278,9 @@ int pl_report_json(const pl_report_t *r, const char *path)
     ADD(o, "prompt_tokens", json_object_new_int64((int64_t)s.prompt));
     ADD(o, "cached_tokens", json_object_new_int64((int64_t)s.cached));
     ADD(o, "prefix_hit", json_object_new_double(s.prompt ? (double)s.cached / s.prompt : 0));
+    ADD(o, "inflight_tokens", json_object_new_int64((int64_t)s.inflight));
+    ADD(o, "inflight_requests", json_object_new_int64((int64_t)s.n_inflight));
+    ADD(o, "twin_waits", json_object_new_int64((int64_t)r->twin_waits));
     ADD(o, "prefill_tokens", json_object_new_int64((int64_t)r->prefill_tokens));
     ADD(o, "output_tokens", json_object_new_int64((int64_t)s.out_tokens));
     ADD(o, "output_tok_per_s", json_object_new_double(s.out_tokens / w));

@@ -14,6 +14,9 @@ typedef struct pl_rec {
     uint32_t trace_idx, pass, line;
     uint32_t in_len, out_len; /* replayed lengths */
     uint32_t cached;          /* prompt tokens the prefix cache held at (the last) admission */
+    uint32_t inflight;        /* ... and the whole blocks past them another running request was
+                               * prefilling then (what waiting for or attaching to a twin's
+                               * blocks could have added to cached: issue 19's measurement) */
     uint32_t generated;       /* output tokens produced */
     uint32_t preempted;       /* times it lost its KV to make room and was re-admitted */
     int err;                  /* 0, or the negative errno it failed with */
@@ -57,6 +60,7 @@ typedef struct pl_report {
     uint64_t pack_reused;
     double step_wall_ms_sum, daemon_ms_sum;
     uint64_t preemptions;
+    uint64_t twin_waits; /* --wait-twins: admissions put off because a twin was prefilling */
     pl_errcount_t step_errs[PL_MAX_ERR_KINDS]; /* refusals of whole steps (e.g. -ENOSPC) */
     uint32_t n_step_errs;
     uint32_t not_started; /* requests never admitted (duration ran out, interrupted) */

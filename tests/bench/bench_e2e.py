@@ -11,8 +11,8 @@ four ways, on the same GPU in the same run:
   sdpa        transformers' own sdpa attention function (sdpa_attention_forward) over a dense
               per-request cache padded to the longest context, padding masked: what a
               transformers model with attn_implementation="sdpa" and a static cache runs, in
-              this file's model code so that only the attention differs (SdpaAttention; not yet
-              run on a GPU as of 2026-11-25)
+              this file's model code so that only the attention differs (SdpaAttention; first
+              run on a GPU 2026-11-26, tests/bench/RESULTS.md)
   dense       the same dense cache with llama_patd.DenseAttention's einsum attention (what the
               example frontend compares with)
 

@@ -251,40 +251,70 @@ class PatloadCase(unittest.TestCase):
         self.assertIn("(interrupted)", out)
         self.assert_clean()
 
+    def own_patd_replay(self, patd_args, trace, args):
+        """A fresh patd of its own (an empty prefix cache; patd_args added), one patload replay
+        against it (--json summary); returns (summary, the daemon's final status with the pool
+        check). The daemon must stop cleanly."""
+        d = tempfile.mkdtemp(prefix="patload-own.")
+        sock = os.path.join(d, "patd.sock")
+        with open(os.path.join(d, "patd.log"), "w") as log:
+            proc = subprocess.Popen([PATD, "--runtime-dir=" + d, "--metrics-port=0"] + patd_args,
+                                    stderr=log)
+        try:
+            deadline = time.time() + 20
+            while self.status_of(sock).get("state") != "serving":
+                self.assertLess(time.time(), deadline, "own patd did not start")
+                time.sleep(0.05)
+            out = os.path.join(d, "s.json")
+            p = subprocess.run([PATLOAD, "--socket", sock, "--quiet", "--json", out,
+                                os.path.join(TRACES, trace)] + args,
+                               capture_output=True, text=True, timeout=240, check=False)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            with open(out) as f:
+                return json.load(f), self.status_of(sock, check=True)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            self.assertEqual(proc.wait(timeout=15), 0)
+            subprocess.run(["rm", "-rf", d], check=False)
+
+    def assert_drained(self, st):
+        self.assertEqual((st.get("sequences"), st.get("blocks_used"), st.get("pool_check")),
+                         ("0", "0", "ok"))
+
     def test_pool_pressure_preempts_and_finishes(self):
         # a pool far smaller than the burst's working set: admission waits for room, refused
         # steps preempt, and every request still finishes (no livelock, nothing leaked). At scale
         # 0.125 the burst holds up to ~224 distinct blocks; 150 blocks preempted 10 times in 4 s
         # (-O2). The earlier 0.25 scale on 200 blocks preempted 42 times and took minutes under
         # ASan on CI's two cores
-        d = tempfile.mkdtemp(prefix="patload-small.")
-        sock = os.path.join(d, "patd.sock")
-        with open(os.path.join(d, "patd.log"), "w") as log:
-            proc = subprocess.Popen([PATD, "--runtime-dir=" + d, "--metrics-port=0",
-                                     "--blocks=150"], stderr=log)
-        try:
-            deadline = time.time() + 20
-            while self.status_of(sock).get("state") != "serving":
-                self.assertLess(time.time(), deadline, "small patd did not start")
-                time.sleep(0.05)
-            out = os.path.join(d, "s.json")
-            p = subprocess.run([PATLOAD, "--socket", sock, "--quiet", "--json", out,
-                                os.path.join(TRACES, "gsp_multiturn_sample.jsonl.xz"), "--scale",
-                                "0.125", "--speed", "0", "--concurrency", "64"],
-                               capture_output=True, text=True, timeout=240, check=False)
-            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
-            with open(out) as f:
-                s = json.load(f)
-            self.assertEqual((s["done"], s["failed"]), (64, 0))
-            self.assertGreater(s["preemptions"], 0)
-            self.assertLessEqual(s["kv_blocks_peak"], 150)
-            st = self.status_of(sock, check=True)
-            self.assertEqual((st.get("sequences"), st.get("blocks_used"), st.get("pool_check")),
-                             ("0", "0", "ok"))
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            self.assertEqual(proc.wait(timeout=15), 0)
-            subprocess.run(["rm", "-rf", d], check=False)
+        s, st = self.own_patd_replay(["--blocks=150"], "gsp_multiturn_sample.jsonl.xz",
+                                     ["--scale", "0.125", "--speed", "0", "--concurrency", "64"])
+        self.assertEqual((s["done"], s["failed"]), (64, 0))
+        self.assertGreater(s["preemptions"], 0)
+        self.assertLessEqual(s["kv_blocks_peak"], 150)
+        self.assert_drained(st)
+
+    def test_wait_twins(self):
+        # a burst of 16 requests over 4 shared prompts, all at once, on an empty cache: opened
+        # together, twins find nothing published and each prefills the prompt again (the summary
+        # counts those in-flight tokens); with --wait-twins patload admits a twin once the first
+        # has written the shared blocks, and the cache gives them (measured: 0 % -> 70.6 % of the
+        # prompts cached, 4352 -> 1280 tokens prefilled)
+        args = ["--scale", "0.125", "--speed", "0", "--limit", "16"]
+        plain, st = self.own_patd_replay([], "gsp_default_sample.jsonl.xz", args)
+        self.assert_drained(st)
+        wait, st = self.own_patd_replay([], "gsp_default_sample.jsonl.xz", args + ["--wait-twins"])
+        self.assert_drained(st)
+        for s in (plain, wait):
+            self.assertEqual((s["done"], s["failed"]), (16, 0))
+        self.assertEqual(plain["twin_waits"], 0)
+        self.assertGreater(plain["inflight_tokens"], 0)
+        self.assertGreater(wait["twin_waits"], 0)
+        self.assertEqual(wait["inflight_tokens"], 0)
+        # what the plain run could have had from its twins, the waiting run had from the cache
+        self.assertGreaterEqual(wait["cached_tokens"],
+                                plain["cached_tokens"] + plain["inflight_tokens"])
+        self.assertLess(wait["prefill_tokens"], plain["prefill_tokens"])
 
     def test_bad_traces(self):
         cases = [
