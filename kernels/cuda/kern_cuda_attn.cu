@@ -25,9 +25,15 @@ static void order_segs(const sched_plan_hdr_t *h, sched_plan_hdr_t *dst)
     const sched_plan_seg_t *src = sched_plan_segs(h);
     sched_plan_seg_t *out =
         reinterpret_cast<sched_plan_seg_t *>(reinterpret_cast<uint8_t *>(dst) + h->off_segs);
+    sched_plan_cta_t *cout =
+        reinterpret_cast<sched_plan_cta_t *>(reinterpret_cast<uint8_t *>(dst) + h->off_ctas);
     const uint32_t half = KCUDA_SMALL_M / h->group; /* rows (query tokens) of consumer 0 */
     for (uint32_t i = 0; i < h->n_ctas; i++) {
         const sched_plan_cta_t &c = ct[i];
+        uint32_t tiles = 0; /* the device copy's `reserved`: fwd_pair's producer reads it */
+        for (uint32_t k = 0; k < c.seg_count; k++)
+            tiles += seg_tiles(src[c.seg_begin + k]);
+        cout[i].reserved = tiles;
         if (c.row_count * h->group <= KCUDA_SMALL_M || c.seg_count < 3)
             continue;
         const sched_plan_seg_t *sg = src + c.seg_begin;

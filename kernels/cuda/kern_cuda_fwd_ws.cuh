@@ -228,12 +228,11 @@ __device__ __forceinline__ bool ws_item(const FwdArgs &a, uint32_t b, WsItem &it
     it.n_heads = it.small ? min(2u, a.kv_heads - 2 * it.j) : 1;
     return !(it.small && 2 * it.j >= a.kv_heads);
 }
-__device__ __forceinline__ int ws_tiles(const FwdArgs &a, const sched_plan_cta_t &cta)
+/* the CTA's tile count: plan_upload leaves it in the device copy's `reserved` (walking a TREE
+ * CTA's segments here cost one round trip per segment, each read waiting for the last) */
+__device__ __forceinline__ int ws_tiles(const FwdArgs &, const sched_plan_cta_t &cta)
 {
-    int n = 0;
-    for (uint32_t k = 0; k < cta.seg_count; k++)
-        n += (int)seg_tiles(a.segs[cta.seg_begin + k]);
-    return n;
+    return (int)cta.reserved;
 }
 
 constexpr uint32_t WS_END = 0xffffffffu; /* the item id that ends the consumers' loop */

@@ -176,9 +176,9 @@ void cuda_lane_free(kern_lane_t *l);
 int cuda_lane_begin(kern_lane_t *l, const sched_plan_hdr_t *h, const uint32_t *slots, uint32_t n);
 int cuda_lane_layer(kern_lane_t *l, const kern_lane_layer_t *ly);
 
-/* KV tiles the pair kernel runs for a segment (one for an empty one): its producer's count
- * (ws_tiles) and the backend's segment order (plan_upload) */
-__host__ __device__ inline uint32_t seg_tiles(const sched_plan_seg_t &g)
+/* KV tiles the pair kernel runs for a segment (one for an empty one): the CTA's count that
+ * plan_upload leaves for the producer (ws_tiles), and its segment order */
+inline uint32_t seg_tiles(const sched_plan_seg_t &g)
 {
     const uint32_t len = g.kv_end - g.kv_begin;
     return len ? (len + KCUDA_TILE_N - 1) / KCUDA_TILE_N : 1;
