@@ -84,7 +84,7 @@ typedef struct sched_plan_cta {
     uint32_t kv_tokens; /* sum of its segments' lengths (the KV it reads per KV head) */
     uint32_t group;     /* index in groups[] (its tile shape) */
     uint32_t pack;      /* pack it came from (diagnostics, split parts share it) */
-    uint32_t reserved;
+    uint32_t reserved;  /* 0 here; the cuda backend's device copy keeps the CTA's tile count */
 } sched_plan_cta_t;
 SCHED_STATIC_ASSERT(sizeof(sched_plan_cta_t) == 32, "cta layout");
 

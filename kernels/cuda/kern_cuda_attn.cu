@@ -12,14 +12,23 @@
 namespace kcuda
 {
 
-/* Writes the segments of h into the copy dst (same layout) in the order the pair kernel runs
- * best: in a CTA of more than KCUDA_SMALL_M rows each consumer warpgroup owns 64 rows and skips
- * the tiles none of its rows reads (kern_cuda_fwd_ws.cuh), so the segments both halves read come
- * first, then those of one half only, alternating between the halves by tiles so far: the two
- * consumers then compute their own leaves at the same time instead of one after the other (a
- * prefix tree's DFS order lists every leaf of the first half before the second's). The plan's
- * meaning does not depend on the order of a CTA's segments (sched_plan_fmt.h). */
-static void order_segs(const sched_plan_hdr_t *h, sched_plan_hdr_t *dst)
+/* KV tiles the pair kernel runs for a segment (one for an empty one) */
+static uint32_t seg_tiles(const sched_plan_seg_t &g)
+{
+    const uint32_t len = g.kv_end - g.kv_begin;
+    return len ? (len + KCUDA_TILE_N - 1) / KCUDA_TILE_N : 1;
+}
+
+/* Prepares the device copy dst of h (same layout): each CTA's tile count in its `reserved` word
+ * (fwd_pair's producer reads it there instead of walking the segments), and the segments in the
+ * order the pair kernel runs best: in a CTA of more than KCUDA_SMALL_M rows each consumer
+ * warpgroup owns 64 rows and skips the tiles none of its rows reads (kern_cuda_fwd_ws.cuh), so
+ * the segments both halves read come first, then those of one half only, alternating between the
+ * halves by tiles so far: the two consumers then compute their own leaves at the same time
+ * instead of one after the other (a prefix tree's DFS order lists every leaf of the first half
+ * before the second's). The plan's meaning does not depend on the order of a CTA's segments
+ * (sched_plan_fmt.h). */
+static void prepare_copy(const sched_plan_hdr_t *h, sched_plan_hdr_t *dst)
 {
     const sched_plan_cta_t *ct = sched_plan_ctas(h);
     const sched_plan_seg_t *src = sched_plan_segs(h);
@@ -30,7 +39,7 @@ static void order_segs(const sched_plan_hdr_t *h, sched_plan_hdr_t *dst)
     const uint32_t half = KCUDA_SMALL_M / h->group; /* rows (query tokens) of consumer 0 */
     for (uint32_t i = 0; i < h->n_ctas; i++) {
         const sched_plan_cta_t &c = ct[i];
-        uint32_t tiles = 0; /* the device copy's `reserved`: fwd_pair's producer reads it */
+        uint32_t tiles = 0;
         for (uint32_t k = 0; k < c.seg_count; k++)
             tiles += seg_tiles(src[c.seg_begin + k]);
         cout[i].reserved = tiles;
@@ -86,7 +95,7 @@ int plan_upload(Lane *L, const sched_plan_hdr_t *h)
     if (pb->used)
         KC_TRY(cudaEventSynchronize(pb->copied), "plan buffer");
     memcpy(pb->host, h, h->total_bytes);
-    order_segs(h, reinterpret_cast<sched_plan_hdr_t *>(pb->host));
+    prepare_copy(h, reinterpret_cast<sched_plan_hdr_t *>(pb->host));
     KC_TRY(cudaMemcpyAsync(pb->dev, pb->host, h->total_bytes, cudaMemcpyHostToDevice, L->main),
            "plan upload");
     KC_TRY(cudaEventRecord(pb->copied, L->main), "plan event");

@@ -230,7 +230,7 @@ __device__ __forceinline__ bool ws_item(const FwdArgs &a, uint32_t b, WsItem &it
 }
 /* the CTA's tile count: plan_upload leaves it in the device copy's `reserved` (walking a TREE
  * CTA's segments here cost one round trip per segment, each read waiting for the last) */
-__device__ __forceinline__ int ws_tiles(const FwdArgs &, const sched_plan_cta_t &cta)
+__device__ __forceinline__ int ws_tiles(const sched_plan_cta_t &cta)
 {
     return (int)cta.reserved;
 }
@@ -290,7 +290,7 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
             filled(qs);
             break;
         }
-        const int n_tiles = ws_tiles(a, it.cta);
+        const int n_tiles = ws_tiles(it.cta);
         if (tid == 0) {
             volatile uint32_t *w = mp.words(qs);
             w[0] = b;

@@ -176,14 +176,6 @@ void cuda_lane_free(kern_lane_t *l);
 int cuda_lane_begin(kern_lane_t *l, const sched_plan_hdr_t *h, const uint32_t *slots, uint32_t n);
 int cuda_lane_layer(kern_lane_t *l, const kern_lane_layer_t *ly);
 
-/* KV tiles the pair kernel runs for a segment (one for an empty one): the CTA's count that
- * plan_upload leaves for the producer (ws_tiles), and its segment order */
-inline uint32_t seg_tiles(const sched_plan_seg_t &g)
-{
-    const uint32_t len = g.kv_end - g.kv_begin;
-    return len ? (len + KCUDA_TILE_N - 1) / KCUDA_TILE_N : 1;
-}
-
 template <typename T> __device__ inline void store4(T *dst, float4 v);
 template <> __device__ inline void store4<float>(float *dst, float4 v)
 {
