@@ -364,10 +364,9 @@ static uint32_t *prompt_tokens(replay_t *R, uint32_t i, uint32_t n)
     return R->prompt;
 }
 
-/* Prompt tokens past `cached` that the request being admitted (its tokens in R->prompt, `target`
- * of them) shares in whole blocks with a running request that is still prefilling: blocks a
- * twin is computing right now, which patd's open does not count (only published blocks are
- * found). Bounded like kv_seq_open's match: at least one prompt token is left to compute. */
+/* Tokens the request being admitted (its tokens in R->prompt, `target` of them) shares with the
+ * running request o, in whole blocks, bounded like kv_seq_open's match: at least one prompt
+ * token is left to compute. */
 static uint32_t twin_shared(const replay_t *R, const running_t *o, uint32_t target)
 {
     const uint32_t eligible = (target - 1) / R->block * R->block;
@@ -378,6 +377,9 @@ static uint32_t twin_shared(const replay_t *R, const running_t *o, uint32_t targ
     return n / R->block * R->block;
 }
 
+/* Prompt tokens past `cached` that it shares with a running request still prefilling: blocks a
+ * twin is computing right now, which patd's open does not count (only published blocks are
+ * found). */
 static uint32_t inflight_twin(const replay_t *R, uint32_t target, uint32_t cached)
 {
     uint32_t best = cached;
