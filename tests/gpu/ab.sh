@@ -53,11 +53,7 @@ for d in base new; do
         grep -E 'tensor rate|fixed cost|tile chain'
 done | tee "$out/ab_solver.log"
 if [ -x .peers/tools/run.sh ]; then
-    bw=$(python3 -c 'import json,sys; print(round(json.loads(open(sys.argv[1]).readline())["read_bw"]/1e9))' "$out/new1.jsonl")
-    trees=$(python3 -c 'import json,sys; print(";".join(dict.fromkeys(json.loads(l)["tree"] for l in open(sys.argv[1]))))' "$out/new1.jsonl")
-    hs=$(python3 -c 'import json,sys; print(",".join(dict.fromkeys("%d/%d" % (json.loads(l)["q_heads"], json.loads(l)["kv_heads"]) for l in open(sys.argv[1]))))' "$out/new1.jsonl")
-    .peers/tools/run.sh bench --read-bw "$bw" --trees "$trees" --heads "$hs" --json "$out/pat.jsonl" \
-        >"$out/pat_bench.log" 2>&1
+    tests/gpu/pat_bench.sh "$out/new1.jsonl" "$out/pat.jsonl" >"$out/pat_bench.log" 2>&1
     for r in base1 new1 base2 new2; do
         echo "== $r: $(python3 tests/bench/compare_pat.py "$out/$r.jsonl" "$out/pat.jsonl" \
             --md "$out/compare_$r.md" | grep 'geometric mean')"

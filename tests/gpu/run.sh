@@ -118,11 +118,7 @@ if [ $bench != 0 ]; then
     run bench_attn $B/bench/bench_attn $([ $bench = 2 ] && echo --quick) --json "$out/bench_attn.jsonl"
     if [ -x .peers/tools/run.sh ]; then
         [ -n "$pat_pid" ] && { wait $pat_pid || tail -20 "$out/pat_build.log"; }
-        bw=$(python3 -c 'import json,sys; print(round(json.loads(open(sys.argv[1]).readline())["read_bw"]/1e9))' "$out/bench_attn.jsonl")
-        trees=$(python3 -c 'import json,sys; print(";".join(dict.fromkeys(json.loads(l)["tree"] for l in open(sys.argv[1]))))' "$out/bench_attn.jsonl")
-        heads=$(python3 -c 'import json,sys; print(",".join(dict.fromkeys("%d/%d" % (json.loads(l)["q_heads"], json.loads(l)["kv_heads"]) for l in open(sys.argv[1]))))' "$out/bench_attn.jsonl")
-        run pat_bench .peers/tools/run.sh bench --read-bw "$bw" --trees "$trees" --heads "$heads" \
-            --json "$out/pat.jsonl"
+        run pat_bench tests/gpu/pat_bench.sh "$out/bench_attn.jsonl" "$out/pat.jsonl"
         run compare_pat python3 tests/bench/compare_pat.py "$out/bench_attn.jsonl" "$out/pat.jsonl" \
             --md "$out/compare_pat.md"
         run compare_mma python3 tests/bench/compare_pat.py "$out/bench_attn.jsonl" \
