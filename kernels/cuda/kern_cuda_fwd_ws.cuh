@@ -283,35 +283,29 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
             if (b >= n_items || ws_item(a, b, it))
                 break;
         }
-        const int qs = take();
         if (b >= n_items) {
+            const int qs = take();
             if (tid == 0)
                 mp.words(qs)[0] = WS_END;
             filled(qs);
             break;
         }
         const int n_tiles = ws_tiles(it.cta);
-        if (tid == 0) {
-            volatile uint32_t *w = mp.words(qs);
-            w[0] = b;
-            w[1] = (uint32_t)n_tiles;
-            w[2] = it.cta.row_begin;
-            w[3] = it.cta.row_count;
-            w[4] = it.cta.seg_begin;
-            w[5] = it.cta.seg_count;
-        }
         const sched_plan_row_t *rows = a.rows + it.cta.row_begin;
         const uint32_t n_rows = it.cta.row_count * group, j = it.j;
         const bool small = it.small;
 
-        /* Q: tile row r is CTA row r of head j (big), or CTA row r % 64 of head 2j + r / 64.
-         * The copies of a warp cover 32 rows: each lane reads one of those rows' tokens first,
-         * and every copy takes its row's from that lane (a shuffle). A copy is an asm statement
-         * that clobbers memory, so global reads between copies each waited for their own round
-         * trip: the gather cost 3.8 of fwd_pair's 8.5 us per one-tile item (tile solver, H200);
-         * unrolled reads spilled the producer's 104 registers, and tokens through shared memory
-         * cost a barrier that made 1-row items slower. */
-        const uint32_t sq = mp.slot(qs);
+        /* Every read the item's first copies wait for goes out before anything waits: the Q rows'
+         * tokens, the first segment and the first two tiles' page ids; then the Q slot (a wait on
+         * the ring) and the copies. Read after the Q copies (asm statements that clobber memory),
+         * the segment and the page ids were two more round trips an item after the tokens'.
+         *
+         * Q: tile row r is CTA row r of head j (big), or CTA row r % 64 of head 2j + r / 64.
+         * The copies of a warp cover 32 rows: each lane reads one of those rows' tokens, and
+         * every copy takes its row's from that lane (a shuffle). Reads between copies each
+         * waited for their own round trip: the gather cost 3.8 of fwd_pair's 8.5 us per one-tile
+         * item (tile solver, H200); unrolled reads spilled the producer's 104 registers, and
+         * tokens through shared memory cost a barrier that made 1-row items slower. */
         const int q_rows = small ? 64 * (int)it.n_heads : KCUDA_BIG_M;
         constexpr int RPW = 32 / G::CPR, RPI = KCUDA_THREADS / G::CPR; /* rows a warp, a pass */
         const int lane = tid & 31, w = tid >> 5;
@@ -322,23 +316,8 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
             if (r < q_rows && rr < n_rows)
                 my_tok = rows[rr / group].q_tok;
         }
-        const int passes = q_rows * G::CPR / KCUDA_THREADS; /* the same in every lane */
-        for (int e = 0; e < passes; e++) {
-            const int c = tid + e * KCUDA_THREADS, r = c / G::CPR, ch = c % G::CPR;
-            const uint32_t tok = __shfl_sync(0xffffffffu, my_tok, e * RPW + lane / G::CPR);
-            const uint32_t rr = small ? r % 64 : r, head = small ? 2 * j + r / 64 : j;
-            const T *src = q;
-            uint32_t bytes = 0;
-            if (tok != NO_TOKEN) {
-                src = q + ((uint64_t)tok * a.q_heads + head * group + rr % group) * D + ch * 8;
-                bytes = 16;
-            }
-            if (KCUDA_ABLATE != 3)
-                cp_async16(sq + wswz<KCUDA_BIG_M>(r, ch), src, bytes);
-        }
-        filled(qs);
 
-        /* page ids two tiles ahead of the loads (fwd_cta's cursor): the producer has nothing to
+        /* page ids two tiles ahead of the copies (fwd_cta's cursor): the producer has nothing to
          * compute while a page-id read is in flight, so one tile ahead would put that read's
          * latency into every tile */
         const sched_plan_seg_t *segs = a.segs + it.cta.seg_begin;
@@ -372,6 +351,40 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
             if (ft0 >= fend && ++fk < n_segs)
                 fetch_seg();
         };
+        if (n_tiles) {
+            fetch_seg();
+            fetch_pages(pa, aligned_next[0], pages_next[0]);
+            if (n_tiles > 1)
+                fetch_pages(pb, aligned_next[1], pages_next[1]);
+        }
+
+        const int qs = take();
+        if (tid == 0) {
+            volatile uint32_t *wd = mp.words(qs);
+            wd[0] = b;
+            wd[1] = (uint32_t)n_tiles;
+            wd[2] = it.cta.row_begin;
+            wd[3] = it.cta.row_count;
+            wd[4] = it.cta.seg_begin;
+            wd[5] = it.cta.seg_count;
+        }
+        const uint32_t sq = mp.slot(qs);
+        const int passes = q_rows * G::CPR / KCUDA_THREADS; /* the same in every lane */
+        for (int e = 0; e < passes; e++) {
+            const int c = tid + e * KCUDA_THREADS, r = c / G::CPR, ch = c % G::CPR;
+            const uint32_t tok = __shfl_sync(0xffffffffu, my_tok, e * RPW + lane / G::CPR);
+            const uint32_t rr = small ? r % 64 : r, head = small ? 2 * j + r / 64 : j;
+            const T *src = q;
+            uint32_t bytes = 0;
+            if (tok != NO_TOKEN) {
+                src = q + ((uint64_t)tok * a.q_heads + head * group + rr % group) * D + ch * 8;
+                bytes = 16;
+            }
+            if (KCUDA_ABLATE != 3)
+                cp_async16(sq + wswz<KCUDA_BIG_M>(r, ch), src, bytes);
+        }
+        filled(qs);
+
         auto produce = [&](int t, uint32_t(&pg)[G::LPT], bool aligned, uint32_t n_pages) {
             for (uint32_t h = 0; h < (small ? 2u : 1u); h++) {
                 const int s = take();
@@ -437,12 +450,6 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
             if (t + 2 < n_tiles)
                 fetch_pages(pg, aligned_next[t & 1], pages_next[t & 1]); /* tile t + 2 */
         };
-        if (n_tiles) {
-            fetch_seg();
-            fetch_pages(pa, aligned_next[0], pages_next[0]);
-            if (n_tiles > 1)
-                fetch_pages(pb, aligned_next[1], pages_next[1]);
-        }
         for (int t = 0; t < n_tiles; t += 2) {
             produce(t, pa, aligned_next[0], pages_next[0]);
             if (t + 1 < n_tiles)
