@@ -17,9 +17,9 @@
  * reports (sched_plan_traffic, sched_query_centric_traffic) count them.
  *
  * Time model (sched_tiles_t.cost, measured per GPU): per work item (a CTA for one KV head)
- * max(bytes / bandwidth share, FLOPs / tensor-rate share, tiles x tile_us) + cta_us, and a
- * makespan over the device's resident slots. Without a cost model (the cpu backend) the time is
- * the bytes.
+ * max(bytes / bandwidth share, FLOPs / tensor-rate share, tiles x tile_us) + cta_us (the pair
+ * kernel's items: pair_cta_us), and a makespan over the device's resident slots. Without a cost
+ * model (the cpu backend) the time is the bytes.
  *
  * Cost: linear in the chunks and rows walked; no allocation.
  */
@@ -90,7 +90,12 @@ static double item_ns(const sched_t *s, uint64_t kv_tokens, uint64_t tiles, uint
     double t_mma = flops * share / (c->mma_tflops * 1e3); /* TFLOP/s = 1e3 FLOP per ns */
     double t_chain = (double)tiles * c->tile_us * 1e3;    /* latency, not a shared rate */
     double t = t_mem > t_mma ? t_mem : t_mma;
-    return (t > t_chain ? t : t_chain) + c->cta_us * 1e3;
+    /* the pair kernel's fixed cost is one block's per item: the two items of a small-mode block
+     * item share it, as the two slots of a big one do */
+    const float fixed = s->tiles.pair_from_m && m >= s->tiles.pair_from_m && c->pair_cta_us > 0
+                            ? c->pair_cta_us
+                            : c->cta_us;
+    return (t > t_chain ? t : t_chain) + fixed * 1e3;
 }
 
 /* Makespan of n_items items (in slot units) of total sum_ns (units x time) and longest max_ns. */

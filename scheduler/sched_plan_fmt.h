@@ -128,6 +128,8 @@ typedef struct sched_cost {
     float tile_us;    /* the shortest time one KV tile costs its CTA: the chain wait for the
                          tile, products, softmax, barrier that nothing inside the CTA overlaps;
                          it bounds CTAs of many short segments (0: not modelled) */
+    float pair_cta_us; /* cta_us of an item the pair kernel runs (sched_tiles_t.pair_from_m), per
+                          item and block (0: cta_us) */
 } sched_cost_t;
 
 /* The compiled tile shapes of a backend on one GPU and the rule that picks n: the backend
@@ -139,12 +141,15 @@ typedef struct sched_tiles {
     uint16_t n[SCHED_MAX_TILE_N];      /* KV tile sizes */
     uint32_t n_upto[SCHED_MAX_TILE_N]; /* choose n[i] for the first i with kv_len <= n_upto[i];
                                           the last entry should be UINT32_MAX */
-    uint32_t min_ctas; /* when a plan has fewer CTA x KV-head work items than this, its CTAs are
-                          split (down to split_min_kv tokens) until it has about this many: a GPU
-                          with few, long CTAs idles in its last wave; 0 = never. With a cost model
-                          the split is kept only when the model says it is faster */
-    uint32_t pair_m;   /* a CTA of more than pair_m rows holds two slots (the cuda pair kernel:
-                          one block of two warpgroups per SM runs it); 0 = every CTA one slot */
+    uint32_t min_ctas;    /* when a plan has fewer CTA x KV-head work items than this, its CTAs are
+                             split (down to split_min_kv tokens) until it has about this many: a GPU
+                             with few, long CTAs idles in its last wave; 0 = never. With a cost model
+                             the split is kept only when the model says it is faster */
+    uint32_t pair_m;      /* a CTA of more than pair_m rows holds two slots (the cuda pair kernel:
+                             one block of two warpgroups per SM runs it); 0 = every CTA one slot */
+    uint32_t pair_from_m; /* items with an m-row tile of at least this run on the pair kernel
+                             and cost cost.pair_cta_us; 0 = none (a plan whose CTAs all have
+                             fewer rows runs on the 4-warp kernels) */
     sched_cost_t cost;
 } sched_tiles_t;
 

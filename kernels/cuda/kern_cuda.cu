@@ -81,6 +81,9 @@ void cuda_tiles(const kern_backend_t *b, sched_tiles_t *ret)
     if (c->max_m > KCUDA_SMALL_M && ret->n_m < SCHED_MAX_TILE_M) {
         ret->m[ret->n_m++] = (uint16_t)c->max_m; /* the pair kernel's two warpgroups */
         ret->pair_m = KCUDA_SMALL_M;             /* one block per SM: two slots */
+        for (uint32_t i = 0; i < ret->n_m && !ret->pair_from_m; i++)
+            if (ret->m[i] > KCUDA_WS_MIN_ROWS)
+                ret->pair_from_m = ret->m[i]; /* kern_cuda_attn.cu runs fwd_pair from there */
     }
     if (ret->min_ctas == 0)
         ret->min_ctas = 4 * slots;

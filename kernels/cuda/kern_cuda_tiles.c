@@ -18,20 +18,22 @@ typedef struct gpu_cost {
 
 static const gpu_cost_t measured[] = {
     /* NVIDIA H100 80GB HBM3, 2026-11-25, patd-tile-solver on the persistent warp-specialized
-     * default (the non-persistent one: 6.37 us per item) */
-    {"H100", 1, {3043.5f, 351.9f, 3.67f, 0, 2.00f}},
+     * default (the non-persistent one: 6.37 us per item); pair_cta_us: fwd_pair's per item and
+     * block, 2026-11-26 (call 10, RESULTS.md) */
+    {"H100", 1, {3043.5f, 351.9f, 3.67f, 0, 2.00f, 6.56f}},
     /* NVIDIA H200, 2026-11-25, patd-tile-solver on the persistent warp-specialized default (the
-     * non-persistent one: 6.40 us per item) */
-    {"H200", 1, {4345.3f, 351.7f, 3.79f, 0, 2.03f}},
+     * non-persistent one: 6.40 us per item); pair_cta_us: 2026-11-26, after the producer's
+     * early reads (RESULTS.md) */
+    {"H200", 1, {4345.3f, 351.7f, 3.79f, 0, 2.03f, 6.83f}},
     /* NVIDIA H200, 2026-11-24, patd-tile-solver; tile_us: the H100's (not yet measured) */
-    {"H200", 0, {4457.3f, 154.6f, 3.60f, 0, 2.0f}},
+    {"H200", 0, {4457.3f, 154.6f, 3.60f, 0, 2.0f, 0}},
     /* NVIDIA H100 80GB HBM3, 2026-11-24, patd-tile-solver; tile_us: the median of its three
      * runs of the day (2.53, 2.64, 2.74) */
-    {"H100", 0, {3054.3f, 167.5f, 3.53f, 0, 2.64f}},
+    {"H100", 0, {3054.3f, 167.5f, 3.53f, 0, 2.64f, 0}},
 };
 
 /* an sm_80-class part: half an H100's bandwidth, a quarter of its rate */
-static const sched_cost_t generic = {1500.0f, 60.0f, 2.5f, 0, 2.0f};
+static const sched_cost_t generic = {1500.0f, 60.0f, 2.5f, 0, 2.0f, 0};
 
 int kern_cuda_tiles_for(const char *device_name, int ws, sched_tiles_t *ret)
 {

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -687,7 +688,7 @@ static void test_errors(void **state)
 static uint32_t tree_rows(uint32_t nq, uint32_t prefix, uint32_t q_heads, uint32_t kv_heads)
 {
     sched_tiles_t t = {.n_m = 3, .m = {16, 32, 64}, .n_n = 1, .n = {64}, .n_upto = {UINT32_MAX}};
-    t.cost = (sched_cost_t){3054.3f, 167.5f, 3.53f, 264, 2.0f};
+    t.cost = (sched_cost_t){3054.3f, 167.5f, 3.53f, 264, 2.0f, 0.0f};
     sched_config_t c = {.max_queries = nq,
                         .max_tokens = nq,
                         .block_size = BS,
@@ -726,10 +727,57 @@ static void test_tree_cta_size(void **state)
     assert_int_equal(tree_rows(1024, 128, 64, 8), 64);
 }
 
+/* Modelled ns of one layer for one query of `group` q heads over one KV head and 4 blocks, under
+ * the H100's rates with the pair kernel from m = pair_from_m at pair_cta_us. */
+static double one_query_model_ns(uint32_t group, uint32_t pair_from_m, float pair_cta_us)
+{
+    sched_tiles_t t = {.n_m = 4,
+                       .m = {16, 32, 64, 128},
+                       .n_n = 1,
+                       .n = {64},
+                       .n_upto = {UINT32_MAX},
+                       .pair_m = 64,
+                       .pair_from_m = pair_from_m};
+    t.cost = (sched_cost_t){3054.3f, 167.5f, 3.53f, 264, 2.0f, pair_cta_us};
+    sched_config_t c = {.max_queries = 1,
+                        .max_tokens = 1,
+                        .block_size = BS,
+                        .q_heads = group,
+                        .kv_heads = 1,
+                        .head_dim = 128,
+                        .kv_elt_bytes = 2,
+                        .tiles = &t};
+    sched_t *s;
+    assert_int_equal(sched_create(&c, &s), 0);
+    uint32_t tbl[4] = {0, 1, 2, 3};
+    sched_query_t v = {tbl, 4, 4 * BS, 1, 0, 0};
+    assert_int_equal(sched_forest_join(sched_forest(s), 0, &v), 0);
+    const sched_plan_hdr_t *h;
+    assert_int_equal(sched_build(s, &h), 0);
+    assert_int_equal(h->n_ctas, 1);
+    sched_stats_t st;
+    sched_get_stats(s, &st);
+    sched_free(s);
+    return st.last_model_ns;
+}
+
+/* The pair kernel's fixed cost per item (pair_cta_us) is charged to items of at least
+ * pair_from_m rows, and only to them: cta_us stays the 4-warp kernels' */
+static void test_pair_fixed_cost(void **state)
+{
+    (void)state;
+    const double base32 = one_query_model_ns(32, 0, 0.0f);
+    assert_true(fabs(one_query_model_ns(32, 32, 10.0f) - base32 - (10.0 - 3.53) * 1e3) < 1.0);
+    assert_true(fabs(one_query_model_ns(32, 32, 0.0f) - base32) < 1e-6); /* 0: cta_us */
+    const double base16 = one_query_model_ns(16, 0, 0.0f);
+    assert_true(fabs(one_query_model_ns(16, 32, 10.0f) - base16) < 1e-6);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_pair_fixed_cost),
         cmocka_unit_test(test_paper_figure6),
         cmocka_unit_test(test_gqa_short_prefix_not_packed),
         cmocka_unit_test(test_random_coverage_all_policies),
