@@ -816,7 +816,11 @@ template <typename T, int D> int fwd_prepare(FwdVariant *v)
         auto pf = fwd_pair<T, D>;
         cudaFuncAttributes fa;
         KC_TRY(cudaFuncGetAttributes(&fa, pf), "cudaFuncGetAttributes(fwd, pair)");
-        if (fa.binaryVersion == 90) { /* the sm_90a code runs: the wgmma path is there */
+        /* the sm_90a code runs (the wgmma path is there), and its block's registers hold what
+         * its warpgroups take after setmaxnreg (kern_cuda_fwd_ws.cuh), else it would hang */
+        if (fa.binaryVersion == 90 &&
+            fa.numRegs * KCUDA_PAIR_THREADS >=
+                KCUDA_THREADS * (WS_REGS_PRODUCER + 2 * WS_REGS_CONSUMER)) {
             KC_TRY(cudaFuncSetAttribute(pf, cudaFuncAttributeMaxDynamicSharedMemorySize, ps),
                    "cudaFuncSetAttribute(fwd, pair)");
             v->pair_fn = reinterpret_cast<const void *>(pf);

@@ -87,15 +87,23 @@ template <int D> __host__ __device__ constexpr int pair_smem()
     return WsGeom<D>::SMEM;
 }
 
+/* registers per thread after the producer gives its away. The consumers' increase waits until
+ * the block's pool (its threads x the kernel's registers, 168 by ptxas) holds theirs, so
+ * 128 x (WS_REGS_PRODUCER + 2 x WS_REGS_CONSUMER) must fit in it (at 128 the consumers waited for
+ * ever); fwd_prepare refuses the kernel where it does not. */
+#define WS_REGS_PRODUCER 120
+#define WS_REGS_CONSUMER 192
+#define WS_STR_(x)       #x
+#define WS_STR(x)        WS_STR_(x)
+
 #if KCUDA_WGMMA
-/* registers per thread after the producer gives its away: 128 x (56 + 2 x 224) <= 65536 */
 __device__ __forceinline__ void ws_regs_producer()
 {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 104;\n" ::);
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 " WS_STR(WS_REGS_PRODUCER) ";\n" ::);
 }
 __device__ __forceinline__ void ws_regs_consumer()
 {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 192;\n" ::);
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 " WS_STR(WS_REGS_CONSUMER) ";\n" ::);
 }
 template <int K> __device__ __forceinline__ void wg_hold_u(uint32_t (&d)[K][4])
 {
@@ -301,21 +309,21 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
          * the segment and the page ids were two more round trips an item after the tokens'.
          *
          * Q: tile row r is CTA row r of head j (big), or CTA row r % 64 of head 2j + r / 64.
-         * The copies of a warp cover 32 rows: each lane reads one of those rows' tokens, and
-         * every copy takes its row's from that lane (a shuffle). Reads between copies each
+         * The copies of a warp cover 32 rows: each lane reads one of those rows' tokens and
+         * computes its row index in Q ([token][q head]) once, and every copy takes its row's from
+         * that lane (a shuffle): per copy, the division by the group cost 30 % of the producer's
+         * time on one-tile items (ncu, H200, 2026-11-26). Reads between copies each
          * waited for their own round trip: the gather cost 3.8 of fwd_pair's 8.5 us per one-tile
          * item (tile solver, H200); unrolled reads spilled the producer's 104 registers, and
          * tokens through shared memory cost a barrier that made 1-row items slower. */
         const int q_rows = small ? 64 * (int)it.n_heads : KCUDA_BIG_M;
         constexpr int RPW = 32 / G::CPR, RPI = KCUDA_THREADS / G::CPR; /* rows a warp, a pass */
         const int lane = tid & 31, w = tid >> 5;
-        uint32_t my_tok = NO_TOKEN;
-        {
-            const int r = w * RPW + lane % RPW + lane / RPW * RPI;
-            const uint32_t rr = small ? r % 64 : r;
-            if (r < q_rows && rr < n_rows)
-                my_tok = rows[rr / group].q_tok;
-        }
+        uint32_t my_q = NO_TOKEN;
+        const int my_r = w * RPW + lane % RPW + lane / RPW * RPI;
+        const uint32_t my_rr = small ? my_r % 64 : my_r;
+        const bool my_live = my_r < q_rows && my_rr < n_rows;
+        const uint32_t my_tok = my_live ? rows[my_rr / group].q_tok : NO_TOKEN;
 
         /* page ids two tiles ahead of the copies (fwd_cta's cursor): the producer has nothing to
          * compute while a page-id read is in flight, so one tile ahead would put that read's
@@ -369,15 +377,19 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
             wd[5] = it.cta.seg_count;
         }
         const uint32_t sq = mp.slot(qs);
+        if (my_live) {
+            const uint32_t head = small ? 2 * j + my_r / 64 : j;
+            my_q = my_tok * a.q_heads + head * group + my_rr % group;
+        }
         const int passes = q_rows * G::CPR / KCUDA_THREADS; /* the same in every lane */
+        const int ch = tid % G::CPR;                        /* the same in every pass */
         for (int e = 0; e < passes; e++) {
-            const int c = tid + e * KCUDA_THREADS, r = c / G::CPR, ch = c % G::CPR;
-            const uint32_t tok = __shfl_sync(0xffffffffu, my_tok, e * RPW + lane / G::CPR);
-            const uint32_t rr = small ? r % 64 : r, head = small ? 2 * j + r / 64 : j;
+            const int r = (tid + e * KCUDA_THREADS) / G::CPR;
+            const uint32_t qr = __shfl_sync(0xffffffffu, my_q, e * RPW + lane / G::CPR);
             const T *src = q;
             uint32_t bytes = 0;
-            if (tok != NO_TOKEN) {
-                src = q + ((uint64_t)tok * a.q_heads + head * group + rr % group) * D + ch * 8;
+            if (qr != NO_TOKEN) {
+                src = q + (uint64_t)qr * D + ch * 8;
                 bytes = 16;
             }
             if (KCUDA_ABLATE != 3)
