@@ -118,7 +118,7 @@ PAT_ABI_LAYOUT := $(B)/tests/pat_abi_layout
 
 CORE_SRCS := $(KV_SRCS) $(SCHED_SRCS) $(KERN_SRCS)
 CORE_OBJS := $(CORE_SRCS:%.c=$(B)/%.o)
-GPU_TESTS := test_cuda_attn
+GPU_TESTS := test_cuda_attn test_vmm_share
 GPU_TOOLS := $(B)/bin/patd-tile-solver $(B)/bench/bench_attn $(B)/bench/bench_handoff
 GPU_BINS  := $(GPU_TESTS:%=$(B)/tests/gpu/%)
 ifeq ($(HAVE_CUDA),1)

@@ -1,0 +1,302 @@
+/*
+ * test_vmm_share.cu — can a session's GPU staging be its own allocation, handed to its one client
+ * as a file descriptor? (issue 17: today one CUDA IPC handle names the whole staging arena, so
+ * every GPU client of a daemon can map every session's rows.) A parent process plays the daemon:
+ * it creates two allocations with the driver's virtual memory management (cuMemCreate, POSIX
+ * file-descriptor handles), "session A" and "session B", maps both and fills them; it exports
+ * A's handle as a descriptor and passes it by SCM_RIGHTS to a child that plays A's client. The
+ * child imports and maps it, checks the parent's bytes and writes its own. Checked:
+ *   - the child reads A's bytes and its writes reach the parent (the sharing works, also under
+ *     MPS when the script starts it);
+ *   - the imported handle maps A's size and no more (mapping twice its size fails);
+ *   - a descriptor that is not an exported allocation (a pipe) is refused, without harm;
+ *   - B, whose descriptor the child never got, is untouched.
+ * Driver functions come from cudaGetDriverEntryPointByVersion (no link against libcuda, as the
+ * backend). Ends with "N passed, N failed"; exit status 1 if any failed.
+ */
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <errno.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int passed, failed;
+
+static void check(bool ok, const char *what)
+{
+    printf("%-64s %s\n", what, ok ? "ok" : "FAILED");
+    ok ? passed++ : failed++;
+}
+
+typedef CUresult (*GranFn)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
+typedef CUresult (*CreateFn)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                             unsigned long long);
+typedef CUresult (*ExportFn)(void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType,
+                             unsigned long long);
+typedef CUresult (*ImportFn)(CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType);
+typedef CUresult (*ReserveFn)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+typedef CUresult (*MapFn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                          unsigned long long);
+typedef CUresult (*AccessFn)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+typedef CUresult (*UnmapFn)(CUdeviceptr, size_t);
+typedef CUresult (*ReleaseFn)(CUmemGenericAllocationHandle);
+typedef CUresult (*FreeFn)(CUdeviceptr, size_t);
+
+static struct {
+    GranFn gran;
+    CreateFn create;
+    ExportFn exp;
+    ImportFn imp;
+    ReserveFn reserve;
+    MapFn map;
+    AccessFn access;
+    UnmapFn unmap;
+    ReleaseFn release;
+    FreeFn free;
+} drv;
+
+static bool entry(const char *name, void **fn)
+{
+    cudaDriverEntryPointQueryResult q;
+    return cudaGetDriverEntryPointByVersion(name, fn, 12000, cudaEnableDefault, &q) ==
+               cudaSuccess &&
+           q == cudaDriverEntryPointSuccess && *fn;
+}
+
+static bool load_driver(void)
+{
+    return entry("cuMemGetAllocationGranularity", (void **)&drv.gran) &&
+           entry("cuMemCreate", (void **)&drv.create) &&
+           entry("cuMemExportToShareableHandle", (void **)&drv.exp) &&
+           entry("cuMemImportFromShareableHandle", (void **)&drv.imp) &&
+           entry("cuMemAddressReserve", (void **)&drv.reserve) &&
+           entry("cuMemMap", (void **)&drv.map) && entry("cuMemSetAccess", (void **)&drv.access) &&
+           entry("cuMemUnmap", (void **)&drv.unmap) &&
+           entry("cuMemRelease", (void **)&drv.release) &&
+           entry("cuMemAddressFree", (void **)&drv.free);
+}
+
+static CUmemAllocationProp prop_for(int dev)
+{
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof(p));
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = dev;
+    p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    return p;
+}
+
+/* Maps handle h (size bytes) at a fresh address, read-write for device dev; 0 on failure. */
+static CUdeviceptr map_rw(CUmemGenericAllocationHandle h, size_t size, int dev, CUresult *why)
+{
+    CUdeviceptr va = 0;
+    CUresult r = drv.reserve(&va, size, 0, 0, 0);
+    if (r == CUDA_SUCCESS && (r = drv.map(va, size, 0, h, 0)) == CUDA_SUCCESS) {
+        CUmemAccessDesc a;
+        memset(&a, 0, sizeof(a));
+        a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        a.location.id = dev;
+        a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        if ((r = drv.access(va, size, &a, 1)) == CUDA_SUCCESS) {
+            *why = r;
+            return va;
+        }
+        drv.unmap(va, size);
+    }
+    if (va)
+        drv.free(va, size);
+    *why = r;
+    return 0;
+}
+
+static int send_fd(int sock, int fd)
+{
+    char byte = 'f';
+    struct iovec iov = {&byte, 1};
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } u;
+    memset(&u, 0, sizeof(u));
+    struct msghdr m;
+    memset(&m, 0, sizeof(m));
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = u.buf;
+    m.msg_controllen = sizeof(u.buf);
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    return sendmsg(sock, &m, 0) == 1 ? 0 : -errno;
+}
+
+static int recv_fd(int sock)
+{
+    char byte;
+    struct iovec iov = {&byte, 1};
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } u;
+    struct msghdr m;
+    memset(&m, 0, sizeof(m));
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = u.buf;
+    m.msg_controllen = sizeof(u.buf);
+    if (recvmsg(sock, &m, 0) != 1)
+        return -1;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    if (!c || c->cmsg_type != SCM_RIGHTS)
+        return -1;
+    int fd;
+    memcpy(&fd, CMSG_DATA(c), sizeof(int));
+    return fd;
+}
+
+enum { PAT_A = 0x0a0a0a0a, PAT_B = 0x0b0b0b0b, PAT_C = 0x0c0c0c0c };
+
+static bool all_words(CUdeviceptr va, size_t size, uint32_t want)
+{
+    uint32_t *h = (uint32_t *)malloc(size);
+    bool ok = h && cudaMemcpy(h, (void *)va, size, cudaMemcpyDeviceToHost) == cudaSuccess;
+    for (size_t i = 0; ok && i < size / 4; i++)
+        ok = h[i] == want;
+    free(h);
+    return ok;
+}
+
+/* The client: bit 0 import, 1 read A's bytes, 2 write, 3 oversize map refused, 4 pipe refused. */
+static int child(int sock)
+{
+    int fd = recv_fd(sock);
+    uint64_t size = 0;
+    if (fd < 0 || read(sock, &size, sizeof(size)) != (ssize_t)sizeof(size))
+        return 0;
+    if (cudaSetDevice(0) != cudaSuccess || cudaFree(0) != cudaSuccess || !load_driver())
+        return 0;
+    int got = 0;
+    CUmemGenericAllocationHandle h;
+    CUresult r = drv.imp(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "child: cuMemImportFromShareableHandle: %d\n", (int)r);
+        return got;
+    }
+    got |= 1;
+    CUresult why;
+    CUdeviceptr va = map_rw(h, size, 0, &why);
+    if (va && all_words(va, size, PAT_A))
+        got |= 2;
+    if (va && cudaMemset((void *)va, 0x0c, size) == cudaSuccess &&
+        cudaDeviceSynchronize() == cudaSuccess)
+        got |= 4;
+    CUdeviceptr big = map_rw(h, 2 * size, 0, &why);
+    if (!big)
+        got |= 8;
+    int p[2];
+    if (pipe(p) == 0) {
+        CUmemGenericAllocationHandle hp;
+        if (drv.imp(&hp, (void *)(uintptr_t)p[0], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) !=
+            CUDA_SUCCESS)
+            got |= 16;
+        else
+            drv.release(hp);
+        close(p[0]);
+        close(p[1]);
+    }
+    if (va) {
+        drv.unmap(va, size);
+        drv.free(va, size);
+    }
+    drv.release(h);
+    close(fd);
+    return got;
+}
+
+int main(void)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0) {
+        perror("socketpair");
+        return 1;
+    }
+    /* forked before any CUDA call: the child makes its own context, as a client does */
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(sv[0]);
+        const int got = child(sv[1]);
+        const ssize_t w = write(sv[1], &got, sizeof(got));
+        _exit(w == (ssize_t)sizeof(got) ? 0 : 1);
+    }
+    close(sv[1]);
+    if (cudaSetDevice(0) != cudaSuccess || cudaFree(0) != cudaSuccess || !load_driver()) {
+        printf("no device or no VMM entry points\n0 passed, 1 failed\n");
+        kill(pid, SIGKILL);
+        return 1;
+    }
+    const CUmemAllocationProp prop = prop_for(0);
+    size_t gran = 0;
+    check(drv.gran(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS && gran,
+          "allocation granularity with POSIX descriptors");
+    const size_t size = gran ? 2 * gran : 4u << 20;
+    CUmemGenericAllocationHandle ha = 0, hb = 0;
+    CUresult ra = drv.create(&ha, size, &prop, 0), rb = drv.create(&hb, size, &prop, 0);
+    check(ra == CUDA_SUCCESS && rb == CUDA_SUCCESS, "cuMemCreate of two sessions' staging");
+    CUresult why = CUDA_SUCCESS;
+    CUdeviceptr va = ra == CUDA_SUCCESS ? map_rw(ha, size, 0, &why) : 0;
+    CUdeviceptr vb = rb == CUDA_SUCCESS ? map_rw(hb, size, 0, &why) : 0;
+    check(va && vb, "both mapped in the daemon");
+    if (va && vb) {
+        cudaMemset((void *)va, 0x0a, size);
+        cudaMemset((void *)vb, 0x0b, size);
+        cudaDeviceSynchronize();
+    }
+    int fd = -1;
+    CUresult re = ra == CUDA_SUCCESS ? drv.exp(&fd, ha, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)
+                                     : CUDA_ERROR_INVALID_VALUE;
+    check(re == CUDA_SUCCESS && fd >= 0, "A exported as a file descriptor");
+    int got = 0;
+    if (fd >= 0) {
+        uint64_t sz = size;
+        if (send_fd(sv[0], fd) == 0 &&
+            write(sv[0], &sz, sizeof(sz)) == (ssize_t)sizeof(sz) &&
+            read(sv[0], &got, sizeof(got)) != (ssize_t)sizeof(got))
+            got = 0;
+        close(fd);
+    }
+    int status = 0;
+    if (fd < 0)
+        kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    check(got & 1, "the client imports A's descriptor");
+    check(got & 2, "the client reads the daemon's bytes of A");
+    check(got & 4, "the client writes A");
+    check(va && all_words(va, size, PAT_C), "the daemon sees the client's writes to A");
+    check(got & 8, "mapping twice A's size from its handle is refused");
+    check(got & 16, "a descriptor that is no allocation (a pipe) is refused");
+    check(vb && all_words(vb, size, PAT_B), "B, never exported, is untouched");
+    if (va) {
+        drv.unmap(va, size);
+        drv.free(va, size);
+    }
+    if (vb) {
+        drv.unmap(vb, size);
+        drv.free(vb, size);
+    }
+    if (ha)
+        drv.release(ha);
+    if (hb)
+        drv.release(hb);
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
