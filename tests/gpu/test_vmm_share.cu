@@ -117,46 +117,41 @@ static CUdeviceptr map_rw(CUmemGenericAllocationHandle h, size_t size, int dev, 
     return 0;
 }
 
+/* One byte with room for one descriptor beside it (SCM_RIGHTS). */
+struct FdMsg {
+    char byte = 'f';
+    struct iovec iov;
+    alignas(struct cmsghdr) char buf[CMSG_SPACE(sizeof(int))];
+    struct msghdr m;
+    FdMsg()
+    {
+        memset(buf, 0, sizeof(buf));
+        memset(&m, 0, sizeof(m));
+        iov = {&byte, 1};
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        m.msg_control = buf;
+        m.msg_controllen = sizeof(buf);
+    }
+};
+
 static int send_fd(int sock, int fd)
 {
-    char byte = 'f';
-    struct iovec iov = {&byte, 1};
-    union {
-        struct cmsghdr h;
-        char buf[CMSG_SPACE(sizeof(int))];
-    } u;
-    memset(&u, 0, sizeof(u));
-    struct msghdr m;
-    memset(&m, 0, sizeof(m));
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = u.buf;
-    m.msg_controllen = sizeof(u.buf);
-    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    FdMsg f;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&f.m);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
     c->cmsg_len = CMSG_LEN(sizeof(int));
     memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    return sendmsg(sock, &m, 0) == 1 ? 0 : -errno;
+    return sendmsg(sock, &f.m, 0) == 1 ? 0 : -errno;
 }
 
 static int recv_fd(int sock)
 {
-    char byte;
-    struct iovec iov = {&byte, 1};
-    union {
-        struct cmsghdr h;
-        char buf[CMSG_SPACE(sizeof(int))];
-    } u;
-    struct msghdr m;
-    memset(&m, 0, sizeof(m));
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = u.buf;
-    m.msg_controllen = sizeof(u.buf);
-    if (recvmsg(sock, &m, 0) != 1)
+    FdMsg f;
+    if (recvmsg(sock, &f.m, 0) != 1)
         return -1;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    struct cmsghdr *c = CMSG_FIRSTHDR(&f.m);
     if (!c || c->cmsg_type != SCM_RIGHTS)
         return -1;
     int fd;
@@ -268,8 +263,7 @@ int main(void)
     int got = 0;
     if (fd >= 0) {
         uint64_t sz = size;
-        if (send_fd(sv[0], fd) == 0 &&
-            write(sv[0], &sz, sizeof(sz)) == (ssize_t)sizeof(sz) &&
+        if (send_fd(sv[0], fd) == 0 && write(sv[0], &sz, sizeof(sz)) == (ssize_t)sizeof(sz) &&
             read(sv[0], &got, sizeof(got)) != (ssize_t)sizeof(got))
             got = 0;
         close(fd);
