@@ -9,7 +9,8 @@
 # sanitizers, solver and the attention benchmark with PAT, nothing cross-process; --attn-bench:
 # the tile solver and the attention benchmark with PAT; --smoke: test_cuda_attn --quick and
 # bench_attn --quick, a few minutes; --sanitize: test_cuda_attn --quick, memcheck and racecheck
-# on it, the tile solver); then, under MPS, the cross-process tests (a real patd on
+# on it, the tile solver); then test_vmm_share without MPS and under it (a session's staging as
+# its own allocation passed by descriptor, issue 17), and under MPS the cross-process tests (a real patd on
 # the cuda backend and PyTorch frontends: tests/gpu/test_frontend.py, and a transformers model
 # through patd.transformers: tests/gpu/test_hf.py) and, unless --no-bench, the
 # hand-off and frontend benchmarks. --frontend: only the cross-process part.
@@ -58,7 +59,8 @@ fi
 } | tee "$out/gpu.log"
 B=build/gpu
 if ! make -j"$(nproc)" B=$B CUDA=1 CUDA_ARCHS=90a \
-    $B/tests/gpu/test_cuda_attn $B/bin/patd-tile-solver $B/bench/bench_attn $B/bin/patd \
+    $B/tests/gpu/test_cuda_attn $B/tests/gpu/test_vmm_share $B/bin/patd-tile-solver \
+    $B/bench/bench_attn $B/bin/patd \
     $B/lib/libpat.so.1 $B/bench/bench_handoff $B/bin/patload $B/bin/patctl \
     >>"$out/gpu.log" 2>&1; then
     tail -30 "$out/gpu.log"
@@ -154,7 +156,11 @@ if [ $bench != 0 ] && [ $bench != 4 ] && [ $bench != 7 ]; then # the floor and p
     run handoff_nomps $B/bench/bench_handoff --patd $B/bin/patd --label no-MPS \
         --json "$out/handoff.jsonl"
 fi
+# per-session GPU staging by descriptor (issue 17): does the driver share a VMM allocation with
+# one other process, without MPS and under it
+run vmm_share_nomps $B/tests/gpu/test_vmm_share
 nvidia-cuda-mps-control -d && sleep 1
+run vmm_share_mps $B/tests/gpu/test_vmm_share
 if [ $bench = 7 ]; then # --e2e: tests/bench/bench_e2e.py (patd vs in-process FlashInfer)
     if ! python3 -c 'import flashinfer' 2>/dev/null && ls .whl/flashinfer_python-*.whl >/dev/null 2>&1; then
         python3 -m pip install --quiet --no-deps --no-index .whl/*.whl >>"$out/gpu.log" 2>&1
