@@ -48,7 +48,7 @@ extern "C" {
 #endif
 
 #define PAT_VERSION_MAJOR 1
-#define PAT_VERSION_MINOR 6
+#define PAT_VERSION_MINOR 7
 #define PAT_VERSION_PATCH 0
 #define PAT_VERSION       ((PAT_VERSION_MAJOR << 16) | (PAT_VERSION_MINOR << 8) | PAT_VERSION_PATCH)
 
@@ -192,6 +192,16 @@ PAT_API uint64_t pat_instance(const pat_conn_t *c, uint64_t *ret_start_unix_s);
 
 PAT_API int pat_seq_open(pat_conn_t *c, const uint32_t *tokens, uint32_t n, uint32_t *ret_seq,
                          uint32_t *ret_cached_len);
+/* Since 1.7: pat_seq_open, and in *ret_pending_len the prompt tokens past *ret_cached_len (whole
+ * blocks) that other open sequences of this user's prefix scope, in any session, are about to
+ * write: they were opened with the same prompt blocks and have not yet committed them (twins;
+ * the same new prompt sent twice in a burst). patd never waits for them; a frontend that does
+ * (closes this sequence and opens it again once they are written, e.g. after its twin's next
+ * step) prefills that many tokens less. 0 from a daemon older than 1.7 (-EOPNOTSUPP there:
+ * this call then opens with SEQ_OPEN). ret_cached_len and ret_pending_len may be NULL. */
+PAT_API int pat_seq_open_pending(pat_conn_t *c, const uint32_t *tokens, uint32_t n,
+                                 uint32_t *ret_seq, uint32_t *ret_cached_len,
+                                 uint32_t *ret_pending_len);
 PAT_API int pat_seq_fork(pat_conn_t *c, uint32_t seq, uint32_t *ret_child);
 PAT_API int pat_seq_truncate(pat_conn_t *c, uint32_t seq, uint32_t new_len);
 PAT_API int pat_seq_close(pat_conn_t *c, uint32_t seq);

@@ -682,6 +682,34 @@ int pat_seq_open(pat_conn_t *c, const uint32_t *tokens, uint32_t n, uint32_t *re
     return 0;
 }
 
+int pat_seq_open_pending(pat_conn_t *c, const uint32_t *tokens, uint32_t n, uint32_t *ret_seq,
+                         uint32_t *ret_cached_len, uint32_t *ret_pending_len)
+{
+    if (!c || !tokens || !n || !ret_seq)
+        return -EINVAL;
+    ipc_seq_open_req_t r = {.n_tokens = n};
+    ipc_seq_open_rep_t rep;
+    int rc =
+        call(c, IPC_OP_SEQ_OPEN_PENDING, &r, sizeof(r), tokens, (size_t)n * 4, &rep, sizeof(rep));
+    if (rc == -EOPNOTSUPP) { /* a daemon older than 1.7 */
+        rep.pending = 0;
+        rc = pat_seq_open(c, tokens, n, &rep.seq, &rep.len);
+        if (rc < 0)
+            return rc;
+    } else if (rc < 0) {
+        return rc;
+    } else {
+        c->stats.prompt_tokens += n;
+        c->stats.cached_tokens += rep.len;
+    }
+    *ret_seq = rep.seq;
+    if (ret_cached_len)
+        *ret_cached_len = rep.len;
+    if (ret_pending_len)
+        *ret_pending_len = rep.pending;
+    return 0;
+}
+
 static int seq_op(pat_conn_t *c, uint32_t op, uint32_t seq, uint32_t arg, uint32_t *ret_seq)
 {
     if (!c)

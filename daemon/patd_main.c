@@ -243,6 +243,7 @@ static const struct {
     [IPC_OP_BYE] = {op_bye, 1},
     [IPC_OP_PING] = {op_ping, 1},
     [IPC_OP_SEQ_OPEN] = {patd_seq_request, 1},
+    [IPC_OP_SEQ_OPEN_PENDING] = {patd_seq_request, 1},
     [IPC_OP_SEQ_FORK] = {patd_seq_request, 1},
     [IPC_OP_SEQ_TRUNCATE] = {patd_seq_request, 1},
     [IPC_OP_SEQ_CLOSE] = {patd_seq_request, 1},

@@ -135,7 +135,7 @@ static void seq_detach(patd_conn_t *c, uint32_t slot)
 static void seq_open(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *body)
 {
     ipc_seq_open_req_t r;
-    ipc_seq_rep_t rep = {0};
+    ipc_seq_open_rep_t rep = {0};
     memcpy(&r, body, sizeof(r));
     if (d->draining) {
         patd_reply_error(d, rq, -ESHUTDOWN, "draining: no new sequences");
@@ -160,17 +160,18 @@ static void seq_open(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *b
     uint32_t *tok = pat_xmalloc((size_t)r.n_tokens * 4);
     memcpy(tok, body + sizeof(r), (size_t)r.n_tokens * 4);
     pthread_mutex_lock(&d->pool_mu);
-    uint32_t seq, cached;
+    uint32_t seq, cached, pending;
     /* the prefix cache's scope: the kernel's word for the client's user (SO_PEERCRED), so that
      * one user's K and V for a prompt never reach another's sequences; 0 for every session
      * where pool.prefix_scope = all */
     const uint64_t scope =
         strcmp(d->cfg.prefix_scope, "all") ? 0x7573657200000000ull | (uint64_t)c->uid : 0;
-    int rc = kv_seq_open_scoped(d->pool, scope, tok, r.n_tokens, &seq, &cached);
+    int rc = kv_seq_open_pending(d->pool, scope, tok, r.n_tokens, &seq, &cached, &pending);
     if (rc == 0) {
         seq_attach(c, (uint32_t)slot, seq);
         rep.seq = seq;
         rep.len = cached;
+        rep.pending = pending;
     }
     pthread_mutex_unlock(&d->pool_mu);
     free(tok);
@@ -178,14 +179,16 @@ static void seq_open(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *b
         patd_reply_error(d, rq, -EMFILE, "pool.max_seqs sequences open daemon-wide");
     else if (rc < 0)
         patd_reply_error(d, rq, rc, "open: %s", strerror(-rc));
-    else
-        patd_reply_ok(d, c, rq, &rep, sizeof(rep));
+    else /* SEQ_OPEN's reply is the first 8 bytes (ipc_seq_rep_t) */
+        patd_reply_ok(d, c, rq, &rep,
+                      rq->hdr.opcode == IPC_OP_SEQ_OPEN_PENDING ? sizeof(rep)
+                                                                : sizeof(ipc_seq_rep_t));
 }
 
 void patd_seq_request(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *body)
 {
     uint32_t op = rq->hdr.opcode;
-    if (op == IPC_OP_SEQ_OPEN) {
+    if (op == IPC_OP_SEQ_OPEN || op == IPC_OP_SEQ_OPEN_PENDING) {
         seq_open(d, c, rq, body);
         return;
     }
@@ -239,8 +242,10 @@ void patd_seq_request(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *
     if (rc < 0)
         patd_reply_error(d, rq, rc, "%s of sequence %u (length %u): %s", ipc_op_name(op), r.seq,
                          info.len, rc == -ERANGE ? "beyond its length" : strerror(-rc));
-    else
-        patd_reply_ok(d, c, rq, &rep, sizeof(rep));
+    else /* SEQ_OPEN's reply is the first 8 bytes (ipc_seq_rep_t) */
+        patd_reply_ok(d, c, rq, &rep,
+                      rq->hdr.opcode == IPC_OP_SEQ_OPEN_PENDING ? sizeof(rep)
+                                                                : sizeof(ipc_seq_rep_t));
 }
 
 void patd_seq_close_all(patd_t *d, patd_conn_t *c, uint32_t *ret_closed)

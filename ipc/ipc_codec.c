@@ -119,7 +119,8 @@ int ipc_body_check(uint32_t opcode, const void *body, size_t len)
         memcpy(&r, body, sizeof(r));
         return check_hello(&r);
     }
-    case IPC_OP_SEQ_OPEN: {
+    case IPC_OP_SEQ_OPEN:
+    case IPC_OP_SEQ_OPEN_PENDING: {
         ipc_seq_open_req_t r;
         if (len < sizeof(r))
             return -EMSGSIZE;

@@ -63,22 +63,23 @@
     X(SEQ_FORK, 5, 0)     /* share all full blocks, copy the partial one */                        \
     X(SEQ_TRUNCATE, 6, 0) /* roll back to a length */                                              \
     X(SEQ_CLOSE, 7, 0)                                                                             \
-    X(STEP_BEGIN, 8, 0) /* sequences, new-token counts and ids -> step id */                       \
-    X(STEP_END, 9, 0)   /* commit the step's KV, or abort it */                                    \
-    X(STATUS, 16, 1)    /* admin: text, one "key value" per line */                                \
-    X(STATS, 17, 1)     /* admin: counters, one "name value" per line */                           \
-    X(SEQS, 18, 1)      /* admin: open sequences, one per line */                                  \
-    X(DRAIN, 19, 1)     /* admin: refuse new work, finish in-flight steps, exit */                 \
-    X(RELOAD, 20, 1)    /* admin: re-read the config file (as SIGHUP) */                           \
-    X(INFO, 21, 1)      /* admin: the daemon's figures as one ipc_info_rep_t */                    \
-    X(CHECK, 22, 1)     /* admin: the KV pool's invariant check (O(blocks)), text */               \
-    X(ATTACH, 23, 2)    /* retired in version 5 (HELLO binds the session): -EOPNOTSUPP */
+    X(STEP_BEGIN, 8, 0)        /* sequences, new-token counts and ids -> step id */                \
+    X(STEP_END, 9, 0)          /* commit the step's KV, or abort it */                             \
+    X(STATUS, 16, 1)           /* admin: text, one "key value" per line */                         \
+    X(STATS, 17, 1)            /* admin: counters, one "name value" per line */                    \
+    X(SEQS, 18, 1)             /* admin: open sequences, one per line */                           \
+    X(DRAIN, 19, 1)            /* admin: refuse new work, finish in-flight steps, exit */          \
+    X(RELOAD, 20, 1)           /* admin: re-read the config file (as SIGHUP) */                    \
+    X(INFO, 21, 1)             /* admin: the daemon's figures as one ipc_info_rep_t */             \
+    X(CHECK, 22, 1)            /* admin: the KV pool's invariant check (O(blocks)), text */        \
+    X(ATTACH, 23, 2)           /* retired in version 5 (HELLO binds the session): -EOPNOTSUPP */   \
+    X(SEQ_OPEN_PENDING, 24, 0) /* since 1.7: SEQ_OPEN's body -> ipc_seq_open_rep_t (+ pending) */
 
 typedef enum ipc_op {
 #define IPC_OP_ENUM(name, val, admin) IPC_OP_##name = val,
     IPC_OPCODES(IPC_OP_ENUM)
 #undef IPC_OP_ENUM
-        IPC_OP_MAX = 24
+        IPC_OP_MAX = 25
 } ipc_op_t;
 
 /* Error codes on the wire and from every libpat call: a negative errno with a patd meaning.
@@ -199,6 +200,18 @@ typedef struct ipc_seq_rep {
     uint32_t seq;
     uint32_t len; /* cached_len for open; the length after the op otherwise */
 } ipc_seq_rep_t;
+
+/* SEQ_OPEN_PENDING's reply: SEQ_OPEN's, and the prompt tokens past cached_len that other open
+ * sequences of the session's prefix scope are about to write (kv_seq_open_pending) */
+typedef struct ipc_seq_open_rep {
+    uint32_t seq;
+    uint32_t len; /* cached_len */
+    uint32_t pending;
+    uint32_t reserved;
+} ipc_seq_open_rep_t;
+_Static_assert(sizeof(ipc_seq_open_rep_t) == 16, "open reply layout");
+_Static_assert(offsetof(ipc_seq_open_rep_t, len) == offsetof(ipc_seq_rep_t, len),
+               "SEQ_OPEN's reply is the first 8 bytes of SEQ_OPEN_PENDING's");
 
 typedef struct ipc_seq_req {
     uint32_t seq;

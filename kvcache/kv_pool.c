@@ -216,6 +216,7 @@ int kv_pool_create(const kv_pool_config_t *cfg, kv_pool_t **ret_pool)
     p->n_free = n;
 
     pat_map_init(&p->map, n);
+    pat_map_init(&p->intent, n);
     p->heap = pat_xmalloc((size_t)n * sizeof(uint32_t));
 
     p->seq = pat_xcalloc(cfg->max_seqs, sizeof(kv__seq_t));
@@ -236,12 +237,14 @@ void kv_pool_free(kv_pool_t *p)
             free(p->seq[i].blocks);
             free(p->seq[i].hashes);
             free(p->seq[i].tokens);
+            free(p->seq[i].intent);
         }
     }
     free(p->seq);
     free(p->seq_free);
     free(p->heap);
     pat_map_done(&p->map);
+    pat_map_done(&p->intent);
     free(p->free_stack);
     free(p->blk);
     free(p);
@@ -325,6 +328,25 @@ int kv_pool_check(const kv_pool_t *p)
             prev_pub = k->published;
         }
     }
+    /* every outstanding intent is counted under its hash, and the counts hold nothing else */
+    uint64_t outstanding = 0, counted = 0;
+    for (uint32_t s = 0; s < p->cfg.max_seqs; s++) {
+        const kv__seq_t *q = &p->seq[s];
+        if (!q->open)
+            continue;
+        CHECK(q->intent_done <= q->n_intent, "seq slot %u: %u intents released of %u", s,
+              q->intent_done, q->n_intent);
+        for (uint32_t i = q->intent_done; i < q->n_intent; i++) {
+            uint32_t c = pat_map_get(&p->intent, q->intent[i]);
+            CHECK(c != PAT_MAP_NONE && c > 0, "seq slot %u: intent %u not counted", s, i);
+            outstanding++;
+        }
+    }
+    for (uint32_t i = 0; i <= p->intent.mask; i++)
+        if (p->intent.key[i] != PAT_MAP_EMPTY)
+            counted += p->intent.val[i];
+    CHECK(outstanding == counted, "intents: %llu outstanding but %llu counted",
+          (unsigned long long)outstanding, (unsigned long long)counted);
     CHECK(logical == p->n_logical, "block-table entries %llu vs counter %llu",
           (unsigned long long)logical, (unsigned long long)p->n_logical);
     CHECK(open + p->n_seq_free == p->cfg.max_seqs, "open seqs %u + free slots %u != max_seqs %u",

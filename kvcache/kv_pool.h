@@ -113,6 +113,16 @@ int kv_seq_open(kv_pool_t *pool, const uint32_t *tokens, uint32_t n, uint32_t *r
 int kv_seq_open_scoped(kv_pool_t *pool, uint64_t scope, const uint32_t *tokens, uint32_t n,
                        uint32_t *ret_seq, uint32_t *ret_cached_len);
 
+/* kv_seq_open_scoped, and *ret_pending_len (if not NULL): the prompt tokens past the cached ones,
+ * in whole blocks and within the eligible ones, that other open sequences of the scope are about
+ * to write: their prompts hold the same chain of full blocks and they have not committed them
+ * yet (twins, or a request opened while another with the same new prompt still prefills). This
+ * sequence's own full prompt blocks past its cached prefix count for later openers in the same
+ * way until it commits them, truncates or closes. The pool never waits on another sequence;
+ * a caller that waits (closes, and opens again once they are written) reuses them. */
+int kv_seq_open_pending(kv_pool_t *pool, uint64_t scope, const uint32_t *tokens, uint32_t n,
+                        uint32_t *ret_seq, uint32_t *ret_cached_len, uint32_t *ret_pending_len);
+
 /* Makes room for n_new tokens after the committed ones (capacity >= len + n_new), allocating
  * blocks. Idempotent: reserving again for the same n_new allocates nothing. Returns 0, -ENOENT
  * (unknown seq), -EINVAL (over max_seq_len), -ENOSPC (not enough blocks; nothing changed). */

@@ -33,6 +33,14 @@ typedef struct kv__seq {
     uint64_t *hashes;  /* chain hash of each full block (valid for i < len / block_size) */
     uint32_t *tokens;  /* token ids of the committed tokens */
     uint32_t tok_cap;
+    /* intents: the chain hashes of its prompt's full blocks past the cached prefix, from block
+     * intent_first on, each counted in the pool's intent map until committed (or the sequence
+     * truncated or closed); registration stops where the map is full */
+    uint64_t *intent;
+    uint32_t intent_cap;
+    uint32_t intent_first;
+    uint32_t n_intent;    /* registered */
+    uint32_t intent_done; /* released: intent[intent_done..n_intent) are outstanding */
 } kv__seq_t;
 
 struct kv_pool {
@@ -43,7 +51,9 @@ struct kv_pool {
     uint32_t n_free, n_used, n_cached;
     uint64_t n_logical; /* block-table entries over open sequences (kv_stats_t) */
 
-    pat_map_t map; /* prefix cache: chain hash -> published block */
+    pat_map_t map;    /* prefix cache: chain hash -> published block */
+    pat_map_t intent; /* chain hash -> open sequences about to write that block (at most
+                         n_blocks hashes): what kv_seq_open_pending reports as pending */
 
     /* LRU: binary min-heap on last_use over CACHED blocks with nchild == 0 */
     uint32_t *heap;

@@ -1,5 +1,6 @@
 /*
- * kv_seq.c — sequences of patd's KV cache: open (with prefix-cache lookup), reserve, commit
+ * kv_seq.c — sequences of patd's KV cache: open (with prefix-cache lookup and the blocks other
+ * sequences are about to write), reserve, commit
  * (publishing completed blocks), fork (copy-on-write of the partial last block), truncate and
  * close. Block states and the prefix cache are kv_pool.c's.
  *
@@ -44,6 +45,34 @@ static void seq_fit_tokens(kv__seq_t *q, uint32_t need)
     pat_grow((void **)&q->tokens, &q->tok_cap, need, sizeof(uint32_t));
 }
 
+/* Counts one more sequence about to write the block of chain hash h; 0 where the intent map
+ * is full (a new hash beyond n_blocks of them). */
+static int intent_add(kv_pool_t *p, uint64_t h)
+{
+    uint32_t c = pat_map_get(&p->intent, h);
+    if (c == PAT_MAP_NONE) {
+        if (p->intent.count >= p->cfg.n_blocks)
+            return 0;
+        c = 0;
+    }
+    pat_map_put(&p->intent, h, c + 1);
+    return 1;
+}
+
+/* Releases q's outstanding intents for blocks before `upto` (UINT32_MAX: all of them). */
+static void intents_release(kv_pool_t *p, kv__seq_t *q, uint32_t upto)
+{
+    for (; q->intent_done < q->n_intent && q->intent_first + q->intent_done < upto;
+         q->intent_done++) {
+        uint64_t h = q->intent[q->intent_done];
+        uint32_t c = pat_map_get(&p->intent, h);
+        if (c <= 1)
+            pat_map_del(&p->intent, h);
+        else
+            pat_map_put(&p->intent, h, c - 1);
+    }
+}
+
 static kv__seq_t *seq_alloc(kv_pool_t *p)
 {
     if (p->n_seq_free == 0)
@@ -54,6 +83,7 @@ static kv__seq_t *seq_alloc(kv_pool_t *p)
     q->len = 0;
     q->n_blocks = 0;
     q->version = 0;
+    q->n_intent = q->intent_done = q->intent_first = 0;
     return q;
 }
 
@@ -65,6 +95,12 @@ int kv_seq_open(kv_pool_t *p, const uint32_t *tokens, uint32_t n, uint32_t *ret_
 
 int kv_seq_open_scoped(kv_pool_t *p, uint64_t scope, const uint32_t *tokens, uint32_t n,
                        uint32_t *ret_seq, uint32_t *ret_cached_len)
+{
+    return kv_seq_open_pending(p, scope, tokens, n, ret_seq, ret_cached_len, NULL);
+}
+
+int kv_seq_open_pending(kv_pool_t *p, uint64_t scope, const uint32_t *tokens, uint32_t n,
+                        uint32_t *ret_seq, uint32_t *ret_cached_len, uint32_t *ret_pending_len)
 {
     if (!tokens || n == 0 || n > p->cfg.max_seq_len || !ret_seq)
         return -EINVAL;
@@ -88,6 +124,26 @@ int kv_seq_open_scoped(kv_pool_t *p, uint64_t scope, const uint32_t *tokens, uin
         q->hashes[matched] = nh;
         h = nh;
     }
+    /* past the cached prefix: the blocks other open sequences of the scope are about to write
+     * (counted while contiguous and eligible), then this one's own intents for every full
+     * prompt block it will write */
+    uint32_t full = n / bs, pending = 0;
+    int counting = 1;
+    if (full > matched && q->intent_cap < full - matched) {
+        q->intent_cap = full - matched;
+        q->intent = pat_xrealloc(q->intent, (size_t)q->intent_cap * sizeof(uint64_t));
+    }
+    q->intent_first = matched;
+    uint64_t ih = h;
+    for (uint32_t i = matched; i < full; i++) {
+        uint64_t nh = kv__chain_hash(p, ih, tokens + (size_t)i * bs);
+        counting = counting && i < eligible && pat_map_get(&p->intent, nh) != PAT_MAP_NONE;
+        pending += (uint32_t)counting;
+        if (!intent_add(p, nh))
+            break;
+        q->intent[q->n_intent++] = nh;
+        ih = nh;
+    }
     q->n_blocks = matched;
     p->n_logical += matched;
     q->len = matched * bs;
@@ -99,6 +155,8 @@ int kv_seq_open_scoped(kv_pool_t *p, uint64_t scope, const uint32_t *tokens, uin
     *ret_seq = seq_id(p, q);
     if (ret_cached_len)
         *ret_cached_len = q->len;
+    if (ret_pending_len)
+        *ret_pending_len = pending * bs;
     return 0;
 }
 
@@ -134,6 +192,7 @@ int kv_seq_commit(kv_pool_t *p, uint32_t id, const uint32_t *tokens, uint32_t n)
     memcpy(q->tokens + q->len, tokens, (size_t)n * sizeof(uint32_t));
     q->len += n;
     uint32_t new_full = q->len / bs;
+    intents_release(p, q, new_full); /* written: no longer about to be */
     for (uint32_t i = old_full; i < new_full; i++) {
         uint64_t parent_h = i ? q->hashes[i - 1] : q->scope;
         q->hashes[i] = kv__chain_hash(p, parent_h, q->tokens + (size_t)i * bs);
@@ -232,6 +291,7 @@ int kv_seq_truncate(kv_pool_t *p, uint32_t id, uint32_t new_len, kv_copy_t *ret_
         p->n_logical--;
     }
     q->len = new_len;
+    intents_release(p, q, UINT32_MAX); /* rolled back: what it will write is unknown */
     return 0;
 }
 
@@ -243,6 +303,7 @@ int kv_seq_close(kv_pool_t *p, uint32_t id)
     p->n_logical -= q->n_blocks;
     while (q->n_blocks > 0)
         kv__block_unref(p, q->blocks[--q->n_blocks]);
+    intents_release(p, q, UINT32_MAX);
     q->open = 0;
     q->len = 0;
     p->seq_free[p->n_seq_free++] = (uint32_t)(q - p->seq);

@@ -275,6 +275,16 @@ static void m_open_trunc(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
     uint32_t b[2 + 5] = {10, 0, 1, 2, 3, 4, 5}; /* announces 10 tokens, carries 5 */
     frame_make(f, IPC_OP_SEQ_OPEN, s, b, sizeof(b));
 }
+static void m_openp_trunc(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    uint32_t b[2 + 5] = {10, 0, 1, 2, 3, 4, 5};
+    frame_make(f, IPC_OP_SEQ_OPEN_PENDING, s, b, sizeof(b));
+}
+static void m_openp_reserved(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    uint32_t b[3] = {1, 1, 7}; /* the request's reserved word set */
+    frame_make(f, IPC_OP_SEQ_OPEN_PENDING, s, b, sizeof(b));
+}
 static void m_open_huge(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
 {
     uint32_t b[3] = {IPC_MAX_TOKENS + 1, 0, 1};
@@ -480,6 +490,8 @@ static const struct {
     {"SEQ_OPEN count beyond protocol bound", m_open_huge, -E2BIG},
     {"SEQ_OPEN prompt longer than max_seq_len", m_open_long, -E2BIG},
     {"SEQ_OPEN of zero tokens", m_open_zero, -EINVAL},
+    {"SEQ_OPEN_PENDING announces more tokens than carried", m_openp_trunc, -EMSGSIZE},
+    {"SEQ_OPEN_PENDING with its reserved word set", m_openp_reserved, -EBADMSG},
     {"STEP_BEGIN with no sequences", m_step_zero, -EINVAL},
     {"STEP_BEGIN counts do not add up", m_step_sum, -EINVAL},
     {"STEP_BEGIN flags set", m_step_flags, -EBADMSG},
@@ -597,6 +609,7 @@ static void test_strerror_table(void **state)
         {"pat_connect", -ESHUTDOWN, "draining"},
         {"pat_connect", -EINVAL, "invalid"},
         {"pat_seq_open", -EMFILE, "sequences"},
+        {"pat_seq_open_pending", -EMFILE, "sequences"},
         {"pat_seq_close", -ENOENT, "sequence id"},
         {"pat_step_begin", -E2BIG, "exceeds"},
         {"pat_step_begin", -EBUSY, "step"},
@@ -638,6 +651,63 @@ static void test_strerror_table(void **state)
     assert_int_equal(rc, -ENOENT);
     assert_non_null(strstr(pat_strerror(rc), "sequence id"));
     pat_close(c);
+}
+
+/* Twins in two sessions of one user: a prompt opened while another session's sequence is about
+ * to write its full blocks reports them as pending (pat_seq_open_pending), nothing cached; once
+ * that sequence commits them they are cached, nothing pending, and a step over them checks
+ * clean against float64. SEQ_OPEN's reply keeps its 8 bytes. */
+static void test_pending_twins(void **state)
+{
+    (void)state;
+    pat_conn_t *a = connect_ok(4), *b = connect_ok(4);
+    tl_rng_t rng;
+    tl_rng_seed(&rng, 11);
+    tl_seq_t first;
+    tl_seq_init(&first);
+    uint32_t tok[40];
+    for (uint32_t t = 0; t < 40; t++) {
+        tok[t] = 9000 + t;
+        tl_seq_push(&first, tok[t]);
+    }
+    assert_int_equal(tl_seq_open(a, &first), 0); /* about to write blocks 0 and 1 */
+    uint32_t seq, cached = 99, pending = 99;
+    assert_int_equal(pat_seq_open_pending(b, tok, 40, &seq, &cached, &pending), 0);
+    assert_int_equal(cached, 0);
+    assert_int_equal(pending, 32);              /* (40 - 1) / 16 = 2 eligible blocks */
+    assert_int_equal(pat_seq_close(b, seq), 0); /* a frontend that waits */
+    tl_seq_t *ps[1] = {&first};
+    tl_step_result_t r;
+    assert_int_equal(tl_client_step(a, &MODEL, ps, 1, &rng, 1, &r), 0);
+    assert_true(r.worst < 1e-2);
+    tl_seq_t twin;
+    tl_seq_init(&twin);
+    for (uint32_t t = 0; t < 40; t++)
+        tl_seq_push(&twin, tok[t]);
+    assert_int_equal(pat_seq_open_pending(b, tok, 40, &twin.seq, &cached, &pending), 0);
+    assert_int_equal(cached, 32);
+    assert_int_equal(pending, 0);
+    twin.cached = twin.len = cached;
+    ps[0] = &twin;
+    assert_int_equal(tl_client_step(b, &MODEL, ps, 1, &rng, 1, &r), 0);
+    assert_true(r.worst < 1e-2);
+    /* SEQ_OPEN, raw: an 8-byte reply as before 1.7 */
+    int s = raw_socket();
+    const uint64_t session = raw_hello(s);
+    frame_t f;
+    uint32_t body[2 + 40] = {40, 0};
+    memcpy(body + 2, tok, sizeof(tok));
+    ipc_seq_rep_t old;
+    frame_make(&f, IPC_OP_SEQ_OPEN, session, body, sizeof(body));
+    assert_int_equal(raw_call(s, f.b, f.len, &old, sizeof(old)), 0);
+    assert_int_equal(old.len, 32);
+    frame_make(&f, IPC_OP_BYE, session, NULL, 0);
+    assert_int_equal(raw_call(s, f.b, f.len, NULL, 0), 0);
+    nn_close(s);
+    tl_seq_done(&first);
+    tl_seq_done(&twin);
+    pat_close(a);
+    pat_close(b);
 }
 
 static void test_connect_refusals(void **state)
@@ -1067,6 +1137,7 @@ int main(void)
         cmocka_unit_test(test_malformed_frames),
         cmocka_unit_test(test_connect_refusals),
         cmocka_unit_test(test_sequences_and_quotas),
+        cmocka_unit_test(test_pending_twins),
         cmocka_unit_test(test_block_quota),
         cmocka_unit_test(test_block_quota_shared),
         cmocka_unit_test(test_end_before_begin_answered),

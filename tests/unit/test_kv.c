@@ -240,6 +240,57 @@ static void test_twins_share(void **state)
     twins_case(4, 1);
 }
 
+/* Pending: a prompt's full blocks that another open sequence of the scope is about to write
+ * are reported to a later opener until written (then they are cached), truncated or closed;
+ * another scope sees none; the intent counts stay consistent (kv_pool_check) throughout. */
+static uint32_t open_pending(kv_pool_t *p, uint64_t scope, const uint32_t *tok, uint32_t n,
+                             uint32_t want_cached, uint32_t want_pending)
+{
+    uint32_t s, cached = 99, pending = 99;
+    assert_int_equal(kv_seq_open_pending(p, scope, tok, n, &s, &cached, &pending), 0);
+    assert_int_equal(cached, want_cached);
+    assert_int_equal(pending, want_pending);
+    assert_int_equal(kv_pool_check(p), 0);
+    return s;
+}
+
+static void test_pending_blocks(void **state)
+{
+    (void)state;
+    kv_pool_t *p = mk_pool(64, 12);
+    uint32_t tok[57], two[40];
+    fill_tokens(tok, 57, 5); /* 3 full blocks, all eligible */
+    fill_tokens(two, 40, 6);
+    uint32_t a = open_pending(p, 0, tok, 57, 0, 0);
+    uint32_t b = open_pending(p, 0, tok, 57, 0, 48);       /* a twin: all three about to be */
+    uint32_t g = open_pending(p, 7, tok, 57, 0, 0);        /* another scope sees nothing */
+    uint32_t shorter = open_pending(p, 0, tok, 40, 0, 32); /* eligible: (40 - 1) / 16 = 2 */
+    assert_int_equal(kv_seq_reserve(p, a, 57), 0);
+    assert_int_equal(kv_seq_commit(p, a, tok, 20), 0); /* block 0 written */
+    assert_int_equal(kv_pool_check(p), 0);
+    uint32_t c = open_pending(p, 0, tok, 57, 16, 32); /* block 0 cached, 1 and 2 still pending */
+    assert_int_equal(kv_seq_close(p, b), 0);
+    uint32_t d = open_pending(p, 0, tok, 57, 16, 32); /* a and c still intend them */
+    assert_int_equal(kv_seq_commit(p, a, tok + 20, 37), 0);
+    assert_int_equal(kv_pool_check(p), 0);
+    uint32_t e = open_pending(p, 0, tok, 57, 48, 0); /* all written: cached, nothing pending */
+    uint32_t ids[] = {a, c, d, e, g, shorter};
+    for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++)
+        assert_int_equal(kv_seq_close(p, ids[i]), 0);
+    assert_int_equal(kv_pool_check(p), 0);
+    /* truncating releases what it was about to write */
+    uint32_t h = open_pending(p, 0, two, 40, 0, 0);
+    kv_copy_t cp;
+    assert_int_equal(kv_seq_truncate(p, h, 0, &cp), 0);
+    uint32_t i2 = open_pending(p, 0, two, 40, 0, 0);
+    uint32_t j = open_pending(p, 0, two, 40, 0, 32);
+    assert_int_equal(kv_seq_close(p, h), 0);
+    assert_int_equal(kv_seq_close(p, i2), 0);
+    assert_int_equal(kv_seq_close(p, j), 0);
+    assert_int_equal(kv_pool_check(p), 0);
+    kv_pool_free(p);
+}
+
 static void test_model_id_separates_caches(void **state)
 {
     uint32_t tok[40];
@@ -652,6 +703,7 @@ int main(void)
         cmocka_unit_test(test_model_id_separates_caches),
         cmocka_unit_test(test_scopes_separate_prefixes),
         cmocka_unit_test(test_twins_share),
+        cmocka_unit_test(test_pending_blocks),
         cmocka_unit_test(test_enospc_changes_nothing),
         cmocka_unit_test(test_bad_ids_and_limits),
         cmocka_unit_test(test_fork_copies_partial_block),

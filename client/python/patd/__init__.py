@@ -50,7 +50,7 @@ __all__ = ["Model", "Conn", "PatError", "admin", "default_socket", "library_vers
 
 # The libpat release this binding was written for (client/pat.h's PAT_VERSION): a libpat of
 # another major version, or an older minor one, is refused at import.
-__version__ = "1.6.0"
+__version__ = "1.7.0"
 
 F16, BF16, F32 = 1, 2, 3
 _ADMIN = {"status": 16, "stats": 17, "seqs": 18, "drain": 19, "reload": 20, "check": 22}
@@ -159,6 +159,7 @@ _buffers = _sig("pat_buffers", ctypes.c_int, _p, ctypes.POINTER(_Buffers))
 _last_error = _sig("pat_last_error", ctypes.c_char_p, _p)
 _ping = _sig("pat_ping", ctypes.c_int, _p)
 _seq_open = _sig("pat_seq_open", ctypes.c_int, _p, _P32, _u32, _P32, _P32)
+_seq_open_pending = _sig("pat_seq_open_pending", ctypes.c_int, _p, _P32, _u32, _P32, _P32, _P32)
 _seq_fork = _sig("pat_seq_fork", ctypes.c_int, _p, _u32, _P32)
 _seq_truncate = _sig("pat_seq_truncate", ctypes.c_int, _p, _u32, _u32)
 _seq_close = _sig("pat_seq_close", ctypes.c_int, _p, _u32)
@@ -366,6 +367,16 @@ class Conn:
         self._check(_seq_open(self._h, _arr(tokens), len(tokens), ctypes.byref(seq),
                               ctypes.byref(cached)))
         return seq.value, cached.value
+
+    def seq_open_pending(self, tokens):
+        """Opens a sequence with its prompt; returns (seq id, cached_len, pending_len):
+        pending_len prompt tokens past the cached ones are about to be written by other open
+        sequences of this user (twins). patd does not wait for them; a caller that does (closes
+        this sequence and opens it again once they are written) prefills that much less."""
+        seq, cached, pending = _u32(), _u32(), _u32()
+        self._check(_seq_open_pending(self._h, _arr(tokens), len(tokens), ctypes.byref(seq),
+                                      ctypes.byref(cached), ctypes.byref(pending)))
+        return seq.value, cached.value, pending.value
 
     def seq_fork(self, seq):
         child = _u32()

@@ -138,6 +138,23 @@ class DaemonCase(unittest.TestCase):
             self.assertEqual(cached, 47 // 16 * 16)  # at least one token is left to compute
             b.seq_close(s2)
 
+    def test_pending_twins(self):
+        prompt = list(range(7000, 7040))  # 2 full blocks, both eligible
+        with self.conn() as a, self.conn() as b:
+            s, cached, pending = a.seq_open_pending(prompt)
+            self.assertEqual((cached, pending), (0, 0))
+            t, cached, pending = b.seq_open_pending(prompt)  # a twin in another session
+            self.assertEqual((cached, pending), (0, 32))
+            b.seq_close(t)
+            a.step_begin([s], [40], prompt)
+            for layer in range(MODEL.n_layers):
+                a.attend(layer)
+            a.step_end()
+            t, cached, pending = b.seq_open_pending(prompt)  # written: cached now
+            self.assertEqual((cached, pending), (32, 0))
+            b.seq_close(t)
+            a.seq_close(s)
+
     def test_unknown_sequence_and_abort(self):
         with self.conn() as c:
             with self.assertRaises(patd.PatError) as cm:
