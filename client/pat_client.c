@@ -55,6 +55,7 @@ struct pat_conn {
     char path[256]; /* the control socket (to ask who answers there now) */
     int gone;       /* the daemon forgot the session (-ENOTCONN): sticky */
     int transport;  /* the last call failed locally (timeout, send), not by the daemon's answer */
+    int old_daemon; /* SEQ_OPEN_PENDING refused (a daemon older than 1.7): SEQ_OPEN only */
     int daemon_pidfd;
     pid_t daemon_pid;
     uint32_t timeout_ms;
@@ -689,9 +690,12 @@ int pat_seq_open_pending(pat_conn_t *c, const uint32_t *tokens, uint32_t n, uint
         return -EINVAL;
     ipc_seq_open_req_t r = {.n_tokens = n};
     ipc_seq_open_rep_t rep;
-    int rc =
-        call(c, IPC_OP_SEQ_OPEN_PENDING, &r, sizeof(r), tokens, (size_t)n * 4, &rep, sizeof(rep));
-    if (rc == -EOPNOTSUPP) { /* a daemon older than 1.7 */
+    int rc = c->old_daemon ? -EOPNOTSUPP
+                           : call(c, IPC_OP_SEQ_OPEN_PENDING, &r, sizeof(r), tokens, (size_t)n * 4,
+                                  &rep, sizeof(rep));
+    if (rc == -EOPNOTSUPP) { /* a daemon older than 1.7: asked once per session */
+        c->old_daemon = 1;
+        c->err[0] = 0;
         rep.pending = 0;
         rc = pat_seq_open(c, tokens, n, &rep.seq, &rep.len);
         if (rc < 0)

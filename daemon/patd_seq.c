@@ -242,10 +242,8 @@ void patd_seq_request(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *
     if (rc < 0)
         patd_reply_error(d, rq, rc, "%s of sequence %u (length %u): %s", ipc_op_name(op), r.seq,
                          info.len, rc == -ERANGE ? "beyond its length" : strerror(-rc));
-    else /* SEQ_OPEN's reply is the first 8 bytes (ipc_seq_rep_t) */
-        patd_reply_ok(d, c, rq, &rep,
-                      rq->hdr.opcode == IPC_OP_SEQ_OPEN_PENDING ? sizeof(rep)
-                                                                : sizeof(ipc_seq_rep_t));
+    else
+        patd_reply_ok(d, c, rq, &rep, sizeof(rep));
 }
 
 void patd_seq_close_all(patd_t *d, patd_conn_t *c, uint32_t *ret_closed)

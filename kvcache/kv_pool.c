@@ -300,6 +300,7 @@ int kv_pool_check(const kv_pool_t *p)
     uint8_t *on_free = pat_xcalloc(n, 1);
     uint32_t cnt[3] = {0, 0, 0}, npub = 0, open = 0;
     uint64_t logical = 0;
+    pat_map_t tally = {0}; /* the outstanding intents, hash by hash */
 
     /* references from block tables; chains published as prefixes */
     for (uint32_t s = 0; s < p->cfg.max_seqs; s++) {
@@ -328,25 +329,34 @@ int kv_pool_check(const kv_pool_t *p)
             prev_pub = k->published;
         }
     }
-    /* every outstanding intent is counted under its hash, and the counts hold nothing else */
-    uint64_t outstanding = 0, counted = 0;
+    /* the intent map counts, hash by hash, exactly the open sequences' outstanding intents */
+    uint64_t outstanding = 0;
     for (uint32_t s = 0; s < p->cfg.max_seqs; s++) {
         const kv__seq_t *q = &p->seq[s];
         if (!q->open)
             continue;
         CHECK(q->intent_done <= q->n_intent, "seq slot %u: %u intents released of %u", s,
               q->intent_done, q->n_intent);
-        for (uint32_t i = q->intent_done; i < q->n_intent; i++) {
-            uint32_t c = pat_map_get(&p->intent, q->intent[i]);
-            CHECK(c != PAT_MAP_NONE && c > 0, "seq slot %u: intent %u not counted", s, i);
-            outstanding++;
+        outstanding += q->n_intent - q->intent_done;
+    }
+    CHECK(outstanding <= UINT32_MAX / 2, "intents: %llu outstanding",
+          (unsigned long long)outstanding);
+    pat_map_init(&tally, (uint32_t)outstanding + 1);
+    for (uint32_t s = 0; s < p->cfg.max_seqs; s++) {
+        const kv__seq_t *q = &p->seq[s];
+        for (uint32_t i = q->intent_done; q->open && i < q->n_intent; i++) {
+            uint32_t c = pat_map_get(&tally, q->intent[i]);
+            pat_map_put(&tally, q->intent[i], c == PAT_MAP_NONE ? 1 : c + 1);
         }
     }
+    CHECK(tally.count == p->intent.count, "intents: %u hashes outstanding but %u counted",
+          tally.count, p->intent.count);
     for (uint32_t i = 0; i <= p->intent.mask; i++)
         if (p->intent.key[i] != PAT_MAP_EMPTY)
-            counted += p->intent.val[i];
-    CHECK(outstanding == counted, "intents: %llu outstanding but %llu counted",
-          (unsigned long long)outstanding, (unsigned long long)counted);
+            CHECK(pat_map_get(&tally, p->intent.key[i]) == p->intent.val[i],
+                  "intents: hash %016llx counted %u times, %u outstanding",
+                  (unsigned long long)p->intent.key[i], p->intent.val[i],
+                  pat_map_get(&tally, p->intent.key[i]));
     CHECK(logical == p->n_logical, "block-table entries %llu vs counter %llu",
           (unsigned long long)logical, (unsigned long long)p->n_logical);
     CHECK(open + p->n_seq_free == p->cfg.max_seqs, "open seqs %u + free slots %u != max_seqs %u",
@@ -399,6 +409,7 @@ int kv_pool_check(const kv_pool_t *p)
     for (uint32_t i = 1; i < p->heap_len; i++)
         CHECK(!heap_less(p, p->heap[i], p->heap[(i - 1) / 2]), "heap order broken at %u", i);
 out:
+    pat_map_done(&tally);
     free(refs);
     free(nchild);
     free(on_free);

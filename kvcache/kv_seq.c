@@ -290,8 +290,11 @@ int kv_seq_truncate(kv_pool_t *p, uint32_t id, uint32_t new_len, kv_copy_t *ret_
         kv__block_unref(p, q->blocks[--q->n_blocks]);
         p->n_logical--;
     }
+    /* rolled back below its length: what it writes next is no longer its prompt. At the same
+     * length (the daemon giving back a failed or aborted step's reservation) it still is. */
+    if (new_len < q->len)
+        intents_release(p, q, UINT32_MAX);
     q->len = new_len;
-    intents_release(p, q, UINT32_MAX); /* rolled back: what it will write is unknown */
     return 0;
 }
 
