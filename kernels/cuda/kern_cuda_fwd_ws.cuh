@@ -314,7 +314,7 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
          * that lane (a shuffle): per copy, the division by the group cost 30 % of the producer's
          * time on one-tile items (ncu, H200, 2026-11-26). Reads between copies each
          * waited for their own round trip: the gather cost 3.8 of fwd_pair's 8.5 us per one-tile
-         * item (tile solver, H200); unrolled reads spilled the producer's 104 registers, and
+         * item (tile solver, H200); unrolled reads spilled the producer's registers (then 104), and
          * tokens through shared memory cost a barrier that made 1-row items slower. */
         const int q_rows = small ? 64 * (int)it.n_heads : KCUDA_BIG_M;
         constexpr int RPW = 32 / G::CPR, RPI = KCUDA_THREADS / G::CPR; /* rows a warp, a pass */
