@@ -19,16 +19,23 @@ static uint32_t seg_tiles(const sched_plan_seg_t &g)
     return len ? (len + KCUDA_TILE_N - 1) / KCUDA_TILE_N : 1;
 }
 
-/* Prepares the device copy dst of h (same layout): each CTA's tile count in its `reserved` word
- * (fwd_pair's producer reads it there instead of walking the segments), and the segments in the
- * order the pair kernel runs best: in a CTA of more than KCUDA_SMALL_M rows each consumer
- * warpgroup owns 64 rows and skips the tiles none of its rows reads (kern_cuda_fwd_ws.cuh), so
- * the segments both halves read come first, then those of one half only, alternating between the
- * halves by tiles so far: the two consumers then compute their own leaves at the same time
- * instead of one after the other (a prefix tree's DFS order lists every leaf of the first half
- * before the second's). The plan's meaning does not depend on the order of a CTA's segments
- * (sched_plan_fmt.h). */
-static void prepare_copy(const sched_plan_hdr_t *h, sched_plan_hdr_t *dst)
+/* Prepares the device copy dst of h (same layout) and returns how many of its CTAs have more than
+ * KCUDA_SMALL_M rows:
+ *  - those CTAs first, then the others, each run in plan order (longest first): fwd_pair numbers
+ *    its work items without gaps from that order (ws_ref: a big CTA is an item per KV head, a
+ *    small one an item per two). Nothing else names a CTA by its index: rows, segments and merges
+ *    are reached through the CTA's own fields. Putting the plan's first CTA's mode first instead
+ *    measured 1.7 % slower on the PAT trees (H100, 2026-11-26);
+ *  - each CTA's tile count in its `reserved` word (fwd_pair's producer reads it there instead of
+ *    walking the segments);
+ *  - the segments in the order the pair kernel runs best: in a CTA of more than KCUDA_SMALL_M rows
+ *    each consumer warpgroup owns 64 rows and skips the tiles none of its rows reads
+ *    (kern_cuda_fwd_ws.cuh), so the segments both halves read come first, then those of one half
+ *    only, alternating between the halves by tiles so far: the two consumers then compute their
+ *    own leaves at the same time instead of one after the other (a prefix tree's DFS order lists
+ *    every leaf of the first half before the second's). The plan's meaning does not depend on the
+ *    order of its CTAs or of a CTA's segments (sched_plan_fmt.h). */
+static uint32_t prepare_copy(const sched_plan_hdr_t *h, sched_plan_hdr_t *dst)
 {
     const sched_plan_cta_t *ct = sched_plan_ctas(h);
     const sched_plan_seg_t *src = sched_plan_segs(h);
@@ -37,13 +44,22 @@ static void prepare_copy(const sched_plan_hdr_t *h, sched_plan_hdr_t *dst)
     sched_plan_cta_t *cout =
         reinterpret_cast<sched_plan_cta_t *>(reinterpret_cast<uint8_t *>(dst) + h->off_ctas);
     const uint32_t half = KCUDA_SMALL_M / h->group; /* rows (query tokens) of consumer 0 */
+    auto small = [&](uint32_t i) { return ct[i].row_count * h->group <= KCUDA_SMALL_M; };
+    uint32_t n_big = 0, at = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (uint32_t i = 0; i < h->n_ctas; i++) {
+            if (small(i) != (pass == 1))
+                continue;
+            n_big += !small(i);
+            sched_plan_cta_t &d = cout[at++];
+            d = ct[i];
+            d.reserved = 0;
+            for (uint32_t k = 0; k < d.seg_count; k++)
+                d.reserved += seg_tiles(src[d.seg_begin + k]);
+        }
     for (uint32_t i = 0; i < h->n_ctas; i++) {
         const sched_plan_cta_t &c = ct[i];
-        uint32_t tiles = 0;
-        for (uint32_t k = 0; k < c.seg_count; k++)
-            tiles += seg_tiles(src[c.seg_begin + k]);
-        cout[i].reserved = tiles;
-        if (c.row_count * h->group <= KCUDA_SMALL_M || c.seg_count < 3)
+        if (small(i) || c.seg_count < 3)
             continue;
         const sched_plan_seg_t *sg = src + c.seg_begin;
         sched_plan_seg_t *o = out + c.seg_begin;
@@ -68,6 +84,7 @@ static void prepare_copy(const sched_plan_hdr_t *h, sched_plan_hdr_t *dst)
             }
         }
     }
+    return n_big;
 }
 
 /* Checks the plan (kern__plan_check, then what only this backend needs: rows per CTA within the
@@ -95,7 +112,7 @@ int plan_upload(Lane *L, const sched_plan_hdr_t *h)
     if (pb->used)
         KC_TRY(cudaEventSynchronize(pb->copied), "plan buffer");
     memcpy(pb->host, h, h->total_bytes);
-    prepare_copy(h, reinterpret_cast<sched_plan_hdr_t *>(pb->host));
+    pb->n_big = prepare_copy(h, reinterpret_cast<sched_plan_hdr_t *>(pb->host));
     KC_TRY(cudaMemcpyAsync(pb->dev, pb->host, h->total_bytes, cudaMemcpyHostToDevice, L->main),
            "plan upload");
     KC_TRY(cudaEventRecord(pb->copied, L->main), "plan event");
@@ -135,6 +152,7 @@ int attend_on(Lane *L, uint32_t layer, const sched_plan_hdr_t *h, const void *q,
     a.arrivals = L->arrivals;
     a.work = L->work;
     a.n_ctas = h->n_ctas;
+    a.n_big = L->plan[L->cur].n_big;
     a.q_heads = m.q_heads;
     a.kv_heads = m.kv_heads;
     a.group = h->group;
@@ -145,13 +163,14 @@ int attend_on(Lane *L, uint32_t layer, const sched_plan_hdr_t *h, const void *q,
     /* KERN_FWD_AUTO on sm_90a: the warp-specialized kernel, but for plans whose CTAs are all of
      * at most KCUDA_WS_MIN_ROWS rows (unshared decode): its 64-row products would be mostly
      * padding, and the 4-warp kernels measured faster there (RESULTS.md, 2026-11-25) */
-    const uint32_t items = h->n_ctas * m.kv_heads;
-    if (h->max_cta_rows > KCUDA_SMALL_M || (c->fwd.pair_fn && h->max_cta_rows > KCUDA_WS_MIN_ROWS))
+    if (h->max_cta_rows > KCUDA_SMALL_M ||
+        (c->fwd.pair_fn && h->max_cta_rows > KCUDA_WS_MIN_ROWS)) {
+        const uint32_t items = ws_items(a);
         KC_TRY(cudaLaunchKernel(c->fwd.pair_fn, dim3(items < c->n_sms ? items : c->n_sms),
                                 dim3(KCUDA_PAIR_THREADS), args, (size_t)c->fwd.pair_smem, L->main),
                "forward launch (pair)");
-    else
-        KC_TRY(cudaLaunchKernel(c->fwd.fn, dim3(items), dim3(KCUDA_THREADS), args,
+    } else
+        KC_TRY(cudaLaunchKernel(c->fwd.fn, dim3(h->n_ctas * m.kv_heads), dim3(KCUDA_THREADS), args,
                                 (size_t)c->fwd.smem, L->main),
                "forward launch");
     if (!a.merge_inside && h->n_merges)

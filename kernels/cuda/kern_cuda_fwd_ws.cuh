@@ -4,12 +4,12 @@
  * softmax, outputs, merge); one kernel per (dtype, head_dim) like fwd_layer.
  *
  * Persistent: at most one block per SM (its shared memory fills one), each running work items
- * until none is left. An item is a block of the non-persistent grid, b = plan CTA b / kv_heads and
- * KV head j = b % kv_heads; the producer takes them in plan order (longest CTAs first) from a
- * counter per launch (FwdArgs.work, which the last block out sets back to 0), so the next item's Q
- * and first tiles load while the consumers finish the current one and write its outputs, instead
- * of every CTA paying its own fill and drain (6.4 us an item against 2.0 a tile, tile solver,
- * H100, 2026-11-25).
+ * until none is left. An item is a CTA for one KV head (big mode) or two (small mode), numbered
+ * without gaps (ws_ref); the producer takes them in order (big mode's CTAs, then small mode's, each
+ * longest first) from a counter per launch (FwdArgs.work, which the last block out sets back to 0),
+ * so the next item's Q and first tiles load while the consumers finish the current one and write
+ * its outputs, instead of every CTA paying its own fill and drain (6.4 us an item against 2.0 a
+ * tile, tile solver, H100, 2026-11-25).
  *
  * A block is three warpgroups and a ring of shared-memory slots. Warpgroup 0 is the producer: it
  * gives most of its registers away (setmaxnreg) and, item after item, gathers the item's Q into
@@ -32,9 +32,8 @@
  *   big   (more than KCUDA_SMALL_M rows): KV head j; consumer c has rows 64c..64c+63; one KV tile
  *         per stage, one slot read by both;
  *   small (up to KCUDA_SMALL_M rows): KV heads 2j and 2j + 1, consumer c the CTA's rows for head
- *         2j + c (items of odd j are empty and skipped; where 2j + 1 == kv_heads consumer 1 runs
- *         masked rows and writes nothing); a stage is two consecutive slots, the tile of each
- *         head.
+ *         2j + c (where 2j + 1 == kv_heads consumer 1 runs masked rows and writes nothing); a
+ *         stage is two consecutive slots, the tile of each head.
  *
  * Each consumer overlaps its softmax with the tensor cores: while O += P_j.V_j runs, S_{j+1} =
  * Q.K_{j+1}^T has already been issued before it and its softmax runs under P_j.V_j; O is rescaled
@@ -221,20 +220,35 @@ template <int D> struct WsMap {
     }
 };
 
-/* A work item (a block of the non-persistent grid): plan CTA b / kv_heads, KV head b % kv_heads,
- * or in small mode KV heads 2j and 2j + 1 (items of odd j are empty). */
+/* A work item: a device CTA for KV head j (more than KCUDA_SMALL_M rows: big mode) or for KV heads
+ * 2j and 2j + 1 (small mode). prepare_copy puts the n_big CTAs of big mode first, then the
+ * others, each run in plan order, so that the items are numbered without gaps: a CTA's items are
+ * consecutive, big mode's before small mode's (with the CTAs in plan order a small CTA's items
+ * past its last pair of heads were empty, and every one a block fetched cost it a round trip of
+ * the counter and the CTA record). ws_ref gives the CTA's index, ws_item reads its record. */
 struct WsItem {
     sched_plan_cta_t cta;
     uint32_t j, n_heads;
     bool small;
 };
-__device__ __forceinline__ bool ws_item(const FwdArgs &a, uint32_t b, WsItem &it)
+__device__ __forceinline__ uint32_t ws_ref(const FwdArgs &a, uint32_t b, WsItem &it)
 {
-    it.j = b % a.kv_heads;
-    it.cta = a.ctas[b / a.kv_heads];
-    it.small = it.cta.row_count * a.group <= KCUDA_SMALL_M;
-    it.n_heads = it.small ? min(2u, a.kv_heads - 2 * it.j) : 1;
-    return !(it.small && 2 * it.j >= a.kv_heads);
+    const uint32_t nb = a.n_big * a.kv_heads;
+    it.small = b >= nb;
+    if (!it.small) {
+        it.j = b % a.kv_heads;
+        it.n_heads = 1;
+        return b / a.kv_heads;
+    }
+    const uint32_t hk = (a.kv_heads + 1) / 2;
+    b -= nb;
+    it.j = b % hk;
+    it.n_heads = min(2u, a.kv_heads - 2 * it.j);
+    return a.n_big + b / hk;
+}
+__device__ __forceinline__ void ws_item(const FwdArgs &a, uint32_t b, WsItem &it)
+{
+    it.cta = a.ctas[ws_ref(a, b, it)];
 }
 /* the CTA's tile count: plan_upload leaves it in the device copy's `reserved` (walking a TREE
  * CTA's segments here cost one round trip per segment, each read waiting for the last) */
@@ -255,7 +269,7 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
     constexpr int N = G::N;
     constexpr uint32_t NO_TOKEN = 0xffffffffu;
     const int tid = threadIdx.x; /* 0..127 */
-    const uint32_t group = a.group, n_items = a.n_ctas * a.kv_heads;
+    const uint32_t group = a.group, n_items = ws_items(a);
     const T *q = static_cast<const T *>(a.q);
     volatile uint32_t *bcast = mp.bcast(); /* thread 0's fetch, to the producer's threads */
     auto filled = [&](int s) {
@@ -277,20 +291,18 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
     for (;;) {
         uint32_t b;
         WsItem it;
-        /* the next non-empty item, or the end. Taken only once this block's producer has issued
+        /* the next item, or the end. Taken only once this block's producer has issued
          * every load of its current item: a fetch made earlier (a prefetch of the id) reserves
          * the item while other blocks may be idle, and measured twice the time on TREE plans
          * whose long CTAs fill one wave (and fetching early after short items only, at most 8
          * tiles, left the fixed cost per item as it was: 3.68 us, H200, 2026-11-25) */
-        for (;;) {
-            if (tid == 0)
-                *bcast = atomicAdd(a.work, 1u);
-            bar_wait(6, KCUDA_THREADS);
-            b = *bcast;
-            bar_wait(6, KCUDA_THREADS); /* read by all before thread 0 writes again */
-            if (b >= n_items || ws_item(a, b, it))
-                break;
-        }
+        if (tid == 0)
+            *bcast = atomicAdd(a.work, 1u);
+        bar_wait(6, KCUDA_THREADS);
+        b = *bcast;
+        bar_wait(6, KCUDA_THREADS); /* read by all before thread 0 writes again */
+        if (b < n_items)
+            ws_item(a, b, it);
         if (b >= n_items) {
             const int qs = take();
             if (tid == 0)
@@ -753,7 +765,7 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const WsItem &it, i
 /* One layer of a plan with CTAs of up to KCUDA_BIG_M rows (sm_90a, head_dim <= 128,
  * KERN_FWD_AUTO), persistent: grid = at most one block of KCUDA_PAIR_THREADS per SM (dynamic
  * shared memory pair_smem<D>()), each running items until the launch's counter passes
- * n_ctas x kv_heads (see the top of the file). */
+ * ws_items(a) (see the top of the file). */
 template <typename T, int D>
 __global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const __grid_constant__ FwdArgs a)
 {
@@ -791,13 +803,11 @@ __global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const __grid_c
                 break;
             const int n_tiles = (int)w[1];
             WsItem it;
+            ws_ref(a, b, it);
             it.cta.row_begin = w[2];
             it.cta.row_count = w[3];
             it.cta.seg_begin = w[4];
             it.cta.seg_count = w[5];
-            it.j = b % a.kv_heads;
-            it.small = it.cta.row_count * a.group <= KCUDA_SMALL_M;
-            it.n_heads = it.small ? min(2u, a.kv_heads - 2 * it.j) : 1;
             const bool idle = it.small && (uint32_t)c >= it.n_heads;
             const uint32_t head = it.small ? 2 * it.j + c : it.j;
             ws_consume<T, D>(a, it, n_tiles, head, c, idle, mp, rp, pp);

@@ -54,10 +54,19 @@ struct FwdArgs {
     uint32_t *arrivals;    /* [merge][kv_head]: parts written so far; 0 between launches */
     uint32_t *work;        /* fwd_pair: [0] items taken, [1] blocks done; 0 between launches */
     uint32_t n_ctas;
+    uint32_t
+        n_big; /* fwd_pair: the device copy's CTAs of more than KCUDA_SMALL_M rows come first */
     uint32_t q_heads, kv_heads, group;
     float scale, softcap;
     uint32_t merge_inside; /* 1: the last CTA of a split token merges (KERN_MERGE_INSIDE) */
 };
+
+/* fwd_pair's work items, numbered without gaps (ws_ref): one per KV head of each of the first
+ * n_big CTAs (more than KCUDA_SMALL_M rows), then one per pair of KV heads of each other CTA */
+__host__ __device__ __forceinline__ uint32_t ws_items(const FwdArgs &a)
+{
+    return a.n_big * a.kv_heads + (a.n_ctas - a.n_big) * ((a.kv_heads + 1) / 2);
+}
 
 /* The forward of one (dtype, head_dim): one kernel for every tile shape. */
 struct FwdVariant {
@@ -97,6 +106,7 @@ struct PlanBuf {
     uint8_t *host; /* pinned */
     uint8_t *dev;
     cudaEvent_t copied; /* the H2D copy from host has completed */
+    uint32_t n_big;     /* CTAs of more than KCUDA_SMALL_M rows, first in the copy (prepare_copy) */
     bool used;
 };
 
