@@ -26,7 +26,8 @@
  * reach another session's attention through a reused block).
  *
  * GPU sessions (a daemon on the cuda backend; pat_buffers().on_gpu = 1): the staging buffers are
- * device memory of the daemon's GPU, mapped into this process (CUDA IPC); the process needs the
+ * device memory of the daemon's GPU, the session's own allocation mapped into this process from
+ * the descriptor HELLO brought (CUDA virtual memory); the process needs the
  * CUDA driver and must see that GPU. Per layer the frontend writes Q, K, V on its stream and
  * calls pat_attend_async(layer, stream): the hand-off is enqueued on the stream and the call
  * returns at once; work enqueued after it sees O. Nothing waits on the CPU until pat_step_end(),
@@ -48,7 +49,7 @@ extern "C" {
 #endif
 
 #define PAT_VERSION_MAJOR 1
-#define PAT_VERSION_MINOR 7
+#define PAT_VERSION_MINOR 8
 #define PAT_VERSION_PATCH 0
 #define PAT_VERSION       ((PAT_VERSION_MAJOR << 16) | (PAT_VERSION_MINOR << 8) | PAT_VERSION_PATCH)
 
@@ -68,7 +69,7 @@ typedef struct pat_conn pat_conn_t;
 /* Where the staging buffers live (pat_connect_opts_t.buffer). */
 #define PAT_BUFFER_AUTO 0u
 #define PAT_BUFFER_HOST 1u /* POSIX shm: a daemon on the cpu backend */
-#define PAT_BUFFER_GPU  2u /* device memory (CUDA IPC): a daemon on the cuda backend */
+#define PAT_BUFFER_GPU  2u /* device memory (by descriptor): a daemon on the cuda backend */
 
 typedef struct pat_model {
     uint32_t n_layers, q_heads, kv_heads, head_dim;

@@ -491,7 +491,7 @@ static void watcher_stop(pat_conn_t *c)
     c->watch_efd = -1;
 }
 
-static int hello_unix(pat_conn_t *c, const char *control, const ipc_hello_req_t *r, int *ret_fd);
+static int hello_unix(pat_conn_t *c, const char *control, const ipc_hello_req_t *r, int ret_fds[2]);
 
 int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t why_len)
 {
@@ -533,7 +533,7 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
                          .max_batch_tokens = o->max_batch_tokens,
                          .max_seqs = o->max_seqs,
                          .buffer_kind = o->buffer == PAT_BUFFER_HOST  ? IPC_BUF_SHM
-                                        : o->buffer == PAT_BUFFER_GPU ? IPC_BUF_CUDA_IPC
+                                        : o->buffer == PAT_BUFFER_GPU ? IPC_BUF_CUDA
                                                                       : 0,
                          .lease_ms = o->lease_ms};
     if (o->pack_policy > PAT_PACK_TREE) {
@@ -548,8 +548,8 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
                                 o->model.model_id};
     if (o->label)
         snprintf(r.label, sizeof(r.label), "%s", o->label);
-    int sfd = -1;
-    rc = hello_unix(c, path, &r, &sfd);
+    int fds[2];
+    rc = hello_unix(c, path, &r, fds);
     if (rc < 0) {
         snprintf(why, why_len, "HELLO: %s", c->err[0] ? c->err : pat_strerror(rc));
         goto fail;
@@ -561,47 +561,45 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
     c->hello.shm_name[sizeof(c->hello.shm_name) - 1] = 0;
     uint32_t elt = o->model.dtype == PAT_F32 ? 4 : 2;
     const ipc_layout_t *l = &c->lay;
-    const int on_gpu = c->hello.buffer_kind == IPC_BUF_CUDA_IPC;
+    const int on_gpu = c->hello.buffer_kind == IPC_BUF_CUDA;
+    const int sfd = fds[0], gfd = fds[1];
     if (ipc_layout_compute(c->hello.max_batch_tokens, o->model.q_heads, o->model.kv_heads,
                            o->model.head_dim, elt, &c->lay) < 0 ||
-        (on_gpu ? l->bytes != c->hello.dev_bytes : l->bytes != c->hello.buf_bytes) ||
+        (on_gpu ? l->bytes != c->hello.dev_bytes || l->bytes > c->hello.dev_map_bytes
+                : l->bytes != c->hello.buf_bytes) ||
         l->q_off != c->hello.q_off || l->k_off != c->hello.k_off || l->v_off != c->hello.v_off ||
         l->o_off != c->hello.o_off || (c->hello.buffer_kind != IPC_BUF_SHM && !on_gpu) ||
         (on_gpu && c->hello.sig_bytes != ipc_gsig_bytes(o->model.n_layers))) {
         snprintf(why, why_len, "daemon's buffer layout does not match this library's");
         rc = -EPROTO;
-        if (sfd >= 0)
-            close(sfd);
-        goto fail_session;
-    }
-    if (sfd < 0) {
-        snprintf(why, why_len, "HELLO: the daemon sent no buffer fd");
+    } else if (sfd < 0 || (on_gpu && gfd < 0) || (!on_gpu && gfd >= 0)) {
+        snprintf(why, why_len, "HELLO: the daemon sent %s buffer fds than a %s session has",
+                 sfd < 0 || gfd < 0 ? "fewer" : "more", on_gpu ? "GPU" : "cpu");
         rc = -EPROTO;
-        goto fail_session;
-    }
-    if (on_gpu) {
+    } else if (on_gpu) {
         rc = ipc_shm_map_fd_at(&c->shm, sfd, c->hello.sig_off, c->hello.sig_bytes);
-        close(sfd);
-        if (rc < 0) {
+        if (rc < 0)
             snprintf(why, why_len, "mapping the signal words: %s", strerror(-rc));
-            goto fail_session;
-        }
-        if ((rc = pat__gpu_open(c->hello.dev_uuid, c->hello.ipc_handle, c->hello.dev_off,
-                                c->hello.dev_bytes, c->shm.base, c->hello.sig_bytes, &c->gpu, why,
-                                why_len)) < 0)
-            goto fail_session;
+        else
+            rc = pat__gpu_open(c->hello.dev_uuid, gfd, c->hello.dev_map_bytes, c->shm.base,
+                               c->hello.sig_bytes, &c->gpu, why, why_len);
+    } else {
+        rc = ipc_shm_map_fd(&c->shm, sfd, c->hello.buf_bytes);
+        if (rc < 0)
+            snprintf(why, why_len, "mapping the staging buffer: %s", strerror(-rc));
+    }
+    /* the mappings (and the GPU import) hold what the descriptors named */
+    for (int i = 0; i < 2; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    if (rc < 0)
+        goto fail_session;
+    if (on_gpu) {
         c->gready = ipc_gsig_ready(c->shm.base);
         c->gdone = ipc_gsig_done(c->shm.base, o->model.n_layers);
         c->epoch = atomic_load(&ipc_shm_sig(&c->shm)->epoch);
         if ((rc = watcher_start(c)) < 0) {
             snprintf(why, why_len, "watcher thread: %s", strerror(-rc));
-            goto fail_session;
-        }
-    } else {
-        rc = ipc_shm_map_fd(&c->shm, sfd, c->hello.buf_bytes);
-        close(sfd);
-        if (rc < 0) {
-            snprintf(why, why_len, "mapping the staging buffer: %s", strerror(-rc));
             goto fail_session;
         }
     }
@@ -1082,8 +1080,9 @@ static int admin_call_unix(const char *control, const ipc_buf_t *b, uint64_t cor
         memcpy(msg, &h, sizeof(h));
         rc = read_full(fd, msg + sizeof(h), h.body_len, deadline);
     }
-    if (rc == 0 && ipc_frame_check(msg, sizeof(h) + h.body_len, 1, &h) < 0)
-        rc = -EBADMSG;
+    if (rc == 0 && (rc = ipc_frame_check(msg, sizeof(h) + h.body_len, 1, &h)) < 0 &&
+        rc != -EPROTONOSUPPORT)
+        rc = -EBADMSG; /* another version's daemon: its own error */
     close(fd);
     if (rc < 0) {
         free(msg);
@@ -1096,11 +1095,12 @@ static int admin_call_unix(const char *control, const ipc_buf_t *b, uint64_t cor
 
 /* HELLO on the admin socket (protocol 5): the daemon opens the session bound to this process as
  * the kernel names it (SO_PEERCRED; the HELLO's pid is only a claim) and passes the session's
- * buffer by fd (SCM_RIGHTS) beside the reply. 0 with c->hello and *ret_fd (-1: none came), or a
- * negative errno (the daemon's detail into c->err). */
-static int hello_unix(pat_conn_t *c, const char *control, const ipc_hello_req_t *r, int *ret_fd)
+ * buffers by fd (SCM_RIGHTS) beside the reply: a cpu session's staging memfd, or (protocol 6) a
+ * GPU session's signal arena and staging allocation. 0 with c->hello and ret_fds (-1: none
+ * came), or a negative errno (the daemon's detail into c->err). */
+static int hello_unix(pat_conn_t *c, const char *control, const ipc_hello_req_t *r, int ret_fds[2])
 {
-    *ret_fd = -1;
+    ret_fds[0] = ret_fds[1] = -1;
     struct sockaddr_un sa;
     int fd = admin_connect(control, &sa);
     if (fd < 0) {
@@ -1115,11 +1115,12 @@ static int hello_unix(pat_conn_t *c, const char *control, const ipc_hello_req_t 
     ipc_frame_finish(&b);
     int rc = send(fd, b.data, b.len, MSG_NOSIGNAL) == (ssize_t)b.len ? 0 : -ECONNRESET;
     ipc_buf_done(&b);
-    /* the header with the fd beside it (the daemon sends the reply and the fd in one message) */
+    /* the header with the fds beside it (the daemon sends the reply and its fds in one message:
+     * one for a cpu session, two for a GPU session) */
     _Static_assert(sizeof(ipc_hello_rep_t) >= sizeof(ipc_err_body_t), "the larger body");
     uint8_t msg[sizeof(ipc_hdr_t) + sizeof(ipc_hello_rep_t)];
     ipc_hdr_t h;
-    int got_fd = -1;
+    int got[2] = {-1, -1}, n_got = 0;
     while (rc == 0) {
         uint64_t now = pat_now_ns();
         struct pollfd p = {fd, POLLIN, 0};
@@ -1132,7 +1133,7 @@ static int hello_unix(pat_conn_t *c, const char *control, const ipc_hello_req_t 
         }
         union {
             struct cmsghdr h;
-            char buf[CMSG_SPACE(sizeof(int))];
+            char buf[CMSG_SPACE(2 * sizeof(int))];
         } ctl;
         struct iovec iov = {msg, sizeof(h)};
         struct msghdr m = {.msg_iov = &iov,
@@ -1143,9 +1144,12 @@ static int hello_unix(pat_conn_t *c, const char *control, const ipc_hello_req_t 
         if (k < 0 && errno == EINTR)
             continue;
         for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); k > 0 && cm; cm = CMSG_NXTHDR(&m, cm))
-            if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
-                cm->cmsg_len == CMSG_LEN(sizeof(int)))
-                memcpy(&got_fd, CMSG_DATA(cm), sizeof(int));
+            if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS && n_got == 0 &&
+                (cm->cmsg_len == CMSG_LEN(sizeof(int)) ||
+                 cm->cmsg_len == CMSG_LEN(2 * sizeof(int)))) {
+                n_got = cm->cmsg_len == CMSG_LEN(sizeof(int)) ? 1 : 2;
+                memcpy(got, CMSG_DATA(cm), n_got * sizeof(int));
+            }
         if (k != (ssize_t)sizeof(h) || (m.msg_flags & MSG_CTRUNC))
             rc = k < 0 ? -errno : k == 0 ? -ECONNRESET : -EBADMSG;
         break;
@@ -1157,7 +1161,12 @@ static int hello_unix(pat_conn_t *c, const char *control, const ipc_hello_req_t 
         else if (h.body_len)
             rc = read_full(fd, msg + sizeof(h), h.body_len, deadline);
     }
-    if (rc == 0 && ipc_frame_check(msg, sizeof(h) + h.body_len, 1, &h) < 0)
+    if (rc == 0 && (rc = ipc_frame_check(msg, sizeof(h) + h.body_len, 1, &h)) == -EPROTONOSUPPORT)
+        set_err(c,
+                "the daemon speaks wire protocol %u, this libpat %u: use a libpat of the "
+                "daemon's release",
+                (unsigned)h.version, (unsigned)IPC_VERSION);
+    else if (rc < 0)
         rc = -EBADMSG;
     const void *body = NULL;
     size_t blen = 0;
@@ -1167,14 +1176,15 @@ static int hello_unix(pat_conn_t *c, const char *control, const ipc_hello_req_t 
         rc = -EBADMSG;
     close(fd);
     if (rc < 0) {
-        if (got_fd >= 0)
-            close(got_fd);
+        for (int i = 0; i < n_got; i++)
+            close(got[i]);
         if (rc == -EBADMSG && !c->err[0])
             set_err(c, "malformed HELLO reply on the admin socket");
         return rc;
     }
     memcpy(&c->hello, body, sizeof(c->hello));
-    *ret_fd = got_fd;
+    ret_fds[0] = got[0];
+    ret_fds[1] = got[1];
     return 0;
 }
 

@@ -19,9 +19,15 @@ typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
 typedef struct CUctx_st *CUcontext;
 typedef struct CUstream_st *CUstream;
+typedef unsigned long long CUmemGenericAllocationHandle;
 typedef struct {
-    char reserved[64];
-} CUipcMemHandle;
+    int type; /* CU_MEM_LOCATION_TYPE_* */
+    int id;
+} CUmemLocation;
+typedef struct {
+    CUmemLocation location;
+    int flags; /* CU_MEM_ACCESS_FLAGS_* */
+} CUmemAccessDesc;
 typedef struct {
     char bytes[16];
 } CUuuid;
@@ -32,7 +38,9 @@ typedef struct {
 #define CU_STREAM_CAPTURE_STATUS_NONE                     0
 #define CU_MEMHOSTREGISTER_PORTABLE                       0x01
 #define CU_MEMHOSTREGISTER_DEVICEMAP                      0x02
-#define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS                0x1
+#define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR          0x1
+#define CU_MEM_LOCATION_TYPE_DEVICE                       0x1
+#define CU_MEM_ACCESS_FLAGS_PROT_READWRITE                0x3
 #define CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL               9
 #define CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS 122
 
@@ -52,8 +60,15 @@ typedef struct {
     X(mem_alloc, "cuMemAlloc_v2", (CUdeviceptr *, size_t))                                         \
     X(mem_free, "cuMemFree_v2", (CUdeviceptr))                                                     \
     X(htod, "cuMemcpyHtoD_v2", (CUdeviceptr, const void *, size_t))                                \
-    X(ipc_open, "cuIpcOpenMemHandle_v2", (CUdeviceptr *, CUipcMemHandle, unsigned))                \
-    X(ipc_close, "cuIpcCloseMemHandle", (CUdeviceptr))                                             \
+    X(mem_import, "cuMemImportFromShareableHandle", (CUmemGenericAllocationHandle *, void *, int)) \
+    X(va_reserve, "cuMemAddressReserve",                                                           \
+      (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long))                            \
+    X(va_free, "cuMemAddressFree", (CUdeviceptr, size_t))                                          \
+    X(mem_map, "cuMemMap",                                                                         \
+      (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))             \
+    X(mem_unmap, "cuMemUnmap", (CUdeviceptr, size_t))                                              \
+    X(mem_access, "cuMemSetAccess", (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))        \
+    X(mem_release, "cuMemRelease", (CUmemGenericAllocationHandle))                                 \
     X(host_register, "cuMemHostRegister_v2", (void *, size_t, unsigned))                           \
     X(host_unregister, "cuMemHostUnregister", (void *))                                            \
     X(host_devptr, "cuMemHostGetDevicePointer_v2", (CUdeviceptr *, void *, unsigned))              \

@@ -1,7 +1,8 @@
 /*
- * pat_gpu.c — the CUDA half of a GPU session in libpat: import the daemon's staging range (CUDA
- * IPC) and signal slice (host memory mapped into the device), and enqueue the per-layer hand-off
- * as stream memory operations on the caller's stream (ipc_shm.h, "GPU sessions").
+ * pat_gpu.c — the CUDA half of a GPU session in libpat: import the session's staging allocation
+ * (a CUDA virtual-memory descriptor the daemon passed beside HELLO) and signal slice (host memory
+ * mapped into the device), and enqueue the per-layer hand-off as stream memory operations on the
+ * caller's stream (ipc_shm.h, "GPU sessions").
  *
  * The driver API is reached through the shim in pat_cuda_shim.h (dlopen of libcuda.so.1), so
  * libpat builds without the CUDA toolkit and loads on machines without a driver; only a GPU
@@ -22,8 +23,8 @@ struct pat_gpu {
     const pat__cu_api_t *cu; /* the driver's entry points */
     CUdevice dev;
     CUcontext ctx;
-    CUdeviceptr ipc_base; /* the whole exported allocation */
-    uint8_t *staging;     /* this session's range */
+    CUdeviceptr staging; /* the session's allocation, mapped here */
+    uint64_t map_bytes;
     void *sig_host;
     CUdeviceptr sig_dev;
     int sig_registered;
@@ -52,8 +53,10 @@ void pat__gpu_close(pat_gpu_t *g)
     if (g->ctx && g->cu->ctx_push(g->ctx) == 0) {
         if (g->sig_registered)
             g->cu->host_unregister(g->sig_host);
-        if (g->ipc_base)
-            g->cu->ipc_close(g->ipc_base);
+        if (g->staging) {
+            g->cu->mem_unmap(g->staging, g->map_bytes);
+            g->cu->va_free(g->staging, g->map_bytes);
+        }
         CUcontext popped;
         g->cu->ctx_pop(&popped);
     }
@@ -62,9 +65,40 @@ void pat__gpu_close(pat_gpu_t *g)
     free(g);
 }
 
-int pat__gpu_open(const uint8_t uuid[16], const uint8_t handle[64], uint64_t dev_off,
-                  uint64_t dev_bytes, void *sig_host, uint64_t sig_bytes, pat_gpu_t **ret,
-                  char *why, size_t why_len)
+/* Maps g's staging allocation from descriptor fd: import (a handle of our own), reserve an
+ * address range, map, grant the device read-write access; the handle is released once mapped
+ * (the mapping holds the memory) */
+static int map_staging(pat_gpu_t *g, int fd, uint64_t map_bytes)
+{
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r =
+        g->cu->mem_import(&h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (r != 0)
+        return fail(g, "importing the staging allocation (cuMemImportFromShareableHandle)", r);
+    CUdeviceptr va = 0;
+    const char *what = "cuMemAddressReserve";
+    if ((r = g->cu->va_reserve(&va, map_bytes, 0, 0, 0)) == 0) {
+        what = "mapping the staging allocation (cuMemMap)";
+        if ((r = g->cu->mem_map(va, map_bytes, 0, h, 0)) == 0) {
+            CUmemAccessDesc a = {{CU_MEM_LOCATION_TYPE_DEVICE, g->dev},
+                                 CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+            what = "cuMemSetAccess";
+            if ((r = g->cu->mem_access(va, map_bytes, &a, 1)) == 0) {
+                g->cu->mem_release(h);
+                g->staging = va;
+                g->map_bytes = map_bytes;
+                return 0;
+            }
+            g->cu->mem_unmap(va, map_bytes);
+        }
+        g->cu->va_free(va, map_bytes);
+    }
+    g->cu->mem_release(h);
+    return fail(g, what, r);
+}
+
+int pat__gpu_open(const uint8_t uuid[16], int staging_fd, uint64_t map_bytes, void *sig_host,
+                  uint64_t sig_bytes, pat_gpu_t **ret, char *why, size_t why_len)
 {
     int err = 0;
     const char *no_driver = NULL;
@@ -114,25 +148,17 @@ int pat__gpu_open(const uint8_t uuid[16], const uint8_t handle[64], uint64_t dev
         rc = fail(g, "cuCtxPushCurrent", r);
         goto out;
     }
-    CUipcMemHandle h;
-    memcpy(h.reserved, handle, 64);
-    if ((r = g->cu->ipc_open(&g->ipc_base, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)) != 0) {
-        g->ipc_base = 0;
-        rc = fail(g, "opening patd's staging memory (cuIpcOpenMemHandle)", r);
-    } else if ((r = g->cu->host_register(sig_host, sig_bytes,
-                                         CU_MEMHOSTREGISTER_PORTABLE |
-                                             CU_MEMHOSTREGISTER_DEVICEMAP)) != 0) {
+    rc = map_staging(g, staging_fd, map_bytes);
+    if (rc == 0 && (r = g->cu->host_register(sig_host, sig_bytes,
+                                             CU_MEMHOSTREGISTER_PORTABLE |
+                                                 CU_MEMHOSTREGISTER_DEVICEMAP)) != 0) {
         rc = fail(g, "mapping the signal words into the GPU (cuMemHostRegister)", r);
-    } else {
+    } else if (rc == 0) {
         g->sig_registered = 1;
         if ((r = g->cu->host_devptr(&g->sig_dev, sig_host, 0)) != 0)
             rc = fail(g, "cuMemHostGetDevicePointer", r);
-        else
-            rc = 0;
     }
     g->sig_host = sig_host;
-    g->staging = (uint8_t *)(uintptr_t)(g->ipc_base + dev_off);
-    (void)dev_bytes;
     CUcontext popped;
     g->cu->ctx_pop(&popped);
 out:
@@ -147,7 +173,7 @@ out:
 
 uint8_t *pat__gpu_staging(const pat_gpu_t *g)
 {
-    return g->staging;
+    return (uint8_t *)(uintptr_t)g->staging;
 }
 
 static CUdeviceptr dev_addr(const pat_gpu_t *g, const void *host)

@@ -11,13 +11,14 @@
 
 typedef struct pat_gpu pat_gpu_t;
 
-/* Opens the daemon's GPU (by UUID) in its primary context, maps the staging range (IPC handle +
- * offset) and the signal slice (host memory, mapped into the device). Returns 0 and *ret, or
- * -ENOSYS (no libcuda), -ENODEV (no device with that UUID), -ENOTSUP (no 64-bit stream memory
- * operations), -EIO (a CUDA call failed; why says which). */
-int pat__gpu_open(const uint8_t uuid[16], const uint8_t handle[64], uint64_t dev_off,
-                  uint64_t dev_bytes, void *sig_host, uint64_t sig_bytes, pat_gpu_t **ret,
-                  char *why, size_t why_len);
+/* Opens the daemon's GPU (by UUID) in its primary context, maps the session's staging allocation
+ * (staging_fd, a CUDA virtual-memory descriptor of map_bytes; the caller keeps and closes the fd)
+ * and the signal slice (host memory, mapped into the device). Returns 0 and *ret, or -ENOSYS
+ * (no libcuda), -ENODEV (no device with that UUID), -ENOTSUP (no 64-bit stream memory
+ * operations), -EIO (a CUDA call failed, the descriptor was no allocation or a smaller one; why
+ * says which). */
+int pat__gpu_open(const uint8_t uuid[16], int staging_fd, uint64_t map_bytes, void *sig_host,
+                  uint64_t sig_bytes, pat_gpu_t **ret, char *why, size_t why_len);
 void pat__gpu_close(pat_gpu_t *g); /* NULL ok */
 
 /* Device address of the session's staging range. */

@@ -118,9 +118,9 @@ static int may_administer(const patd_t *d, const struct ucred *cr)
     return ok;
 }
 
-/* HELLO: the session opened and bound to the peer, the reply with its buffer's fd beside it
- * (a GPU session's: the signal arena, kept for the next ones; a cpu session's: its own staging
- * buffer, dropped once sent). */
+/* HELLO: the session opened and bound to the peer, the reply with its buffers' fds beside it
+ * (a GPU session's: the signal arena, kept for the next ones, and its own staging allocation,
+ * closed once sent; a cpu session's: its own staging buffer, dropped once sent). */
 static void hello(patd_admin_conn_t *ac, patd_req_t *rq, const ipc_hdr_t *h, const void *body)
 {
     patd_t *d = ac->d;
@@ -153,23 +153,25 @@ static void hello(patd_admin_conn_t *ac, patd_req_t *rq, const ipc_hdr_t *h, con
     ipc_frame_start(&b, IPC_OP_HELLO, IPC_F_REPLY, h->corr, c->session);
     ipc_frame_put(&b, &rep, sizeof(rep));
     ipc_frame_finish(&b);
-    const int sfd = c->gpu ? ipc_shm_fd(&d->garena) : ipc_shm_fd(&c->shm);
+    const int sfd[2] = {c->gpu ? ipc_shm_fd(&d->garena) : ipc_shm_fd(&c->shm),
+                        c->gpu ? c->share.fd : -1};
+    const int n_fds = sfd[0] < 0 ? 0 : sfd[1] < 0 ? 1 : 2;
     uv_os_fd_t fd;
     struct iovec iov = {b.data, b.len};
     union {
         struct cmsghdr h;
-        char buf[CMSG_SPACE(sizeof(int))];
+        char buf[CMSG_SPACE(2 * sizeof(int))];
     } ctl;
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (sfd >= 0) {
+    if (n_fds) {
         memset(&ctl, 0, sizeof(ctl));
         msg.msg_control = ctl.buf;
-        msg.msg_controllen = sizeof(ctl.buf);
+        msg.msg_controllen = CMSG_SPACE(n_fds * sizeof(int));
         struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
         cm->cmsg_level = SOL_SOCKET;
         cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(cm), &sfd, sizeof(int));
+        cm->cmsg_len = CMSG_LEN(n_fds * sizeof(int));
+        memcpy(CMSG_DATA(cm), sfd, n_fds * sizeof(int));
     }
     /* one small message into an empty socket buffer: it does not block */
     ssize_t n = uv_fileno((uv_handle_t *)&ac->pipe, &fd) < 0
@@ -181,6 +183,9 @@ static void hello(patd_admin_conn_t *ac, patd_req_t *rq, const ipc_hdr_t *h, con
         patd_conn_close(c, "HELLO reply not delivered");
     } else if (!c->gpu) {
         ipc_shm_drop_fd(&c->shm); /* the client has it; the daemon keeps its mapping */
+    } else {
+        close(c->share.fd); /* likewise: the client imports it, the daemon keeps its mapping */
+        c->share.fd = -1;
     }
     ipc_buf_done(&b);
     conn_close(ac);

@@ -110,8 +110,9 @@ static const opt_t opts[] = {
     {"gpu", "device", T_U32, F(device), 0, 1023, "0", 0,
      "cuda backend: CUDA device ordinal (as CUDA_VISIBLE_DEVICES numbers them)", NULL, NULL},
     {"gpu", "staging_mb", T_U32, F(staging_mb), 1, 1u << 20, "1024", 0,
-     "cuda backend: device memory for every session's Q/K/V/O staging rows together (MiB)", NULL,
-     NULL},
+     "cuda backend: device memory the sessions' Q/K/V/O staging allocations may hold together "
+     "(MiB; each is its own, rounded up to the driver's granularity)",
+     NULL, NULL},
     {"gpu", "enqueue_depth", T_U32, F(enqueue_depth), 1, 64, "16", 0,
      "cuda backend: layers an executor enqueues ahead of the GPU (bounds what a stalled client "
      "can leave queued)",

@@ -72,17 +72,17 @@ static int hello_validate(patd_t *d, const ipc_hello_req_t *r, ipc_layout_t *ret
             (unsigned)m->dtype, m->block_size, (unsigned long long)cfg->model_id);
         return -EMEDIUMTYPE;
     }
-    if (r->buffer_kind == IPC_BUF_CUDA_IPC && !d->gpu) {
-        WHY("buffer kind cuda-ipc needs the cuda backend; this daemon runs %s",
+    if (r->buffer_kind == IPC_BUF_CUDA && !d->gpu) {
+        WHY("buffer kind cuda needs the cuda backend; this daemon runs %s",
             kern_backend_name(d->be));
         return -EINVAL;
     }
     if (r->buffer_kind == IPC_BUF_SHM && d->gpu) {
-        WHY("buffer kind shm needs the cpu backend; this daemon serves GPU sessions (cuda-ipc): "
+        WHY("buffer kind shm needs the cpu backend; this daemon serves GPU sessions (cuda): "
             "connect from a process with CUDA");
         return -EINVAL;
     }
-    if (r->buffer_kind > IPC_BUF_CUDA_IPC) {
+    if (r->buffer_kind > IPC_BUF_CUDA) {
         WHY("unknown buffer kind %u", r->buffer_kind);
         return -EINVAL;
     }
@@ -180,12 +180,18 @@ static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *
     if (d->gpu) {
         name[0] = 0; /* the arena's fd comes beside the HELLO reply */
         if ((rc = patd_gpu_conn_open(d, c, lay->bytes)) < 0) {
-            if (rc == -ENOMEM)
-                WHY("staging rows of %u tokens (%llu bytes) do not fit what is left of the "
-                    "staging arena (gpu.staging_mb %u)",
-                    r->max_batch_tokens, (unsigned long long)lay->bytes, cfg->staging_mb);
-            else
+            if (rc == -ENOSPC)
+                WHY("staging rows of %u tokens (%llu bytes) do not fit what is left of "
+                    "gpu.staging_mb (%u MiB, %llu bytes in use)",
+                    r->max_batch_tokens, (unsigned long long)lay->bytes, cfg->staging_mb,
+                    (unsigned long long)d->staging_used);
+            else if (rc == -ENOMEM)
+                WHY("staging rows of %u tokens (%llu bytes): the GPU has no free memory left",
+                    r->max_batch_tokens, (unsigned long long)lay->bytes);
+            else if (rc == -EMFILE)
                 WHY("no free signal slice (limits.max_conns %u at start)", d->sized.max_conns);
+            else
+                WHY("staging allocation: %s", strerror(-rc));
             goto fail;
         }
     } else {
@@ -224,12 +230,11 @@ static void hello_reply(const patd_t *d, const patd_conn_t *c, const char *name,
     rep->max_seqs = c->max_seqs;
     rep->max_batch_tokens = c->max_batch_tokens;
     rep->max_blocks = c->max_blocks;
-    rep->buffer_kind = d->gpu ? IPC_BUF_CUDA_IPC : IPC_BUF_SHM;
+    rep->buffer_kind = d->gpu ? IPC_BUF_CUDA : IPC_BUF_SHM;
     rep->buf_bytes = c->lay.bytes;
     if (d->gpu) {
         rep->buf_bytes = d->garena.bytes;
-        memcpy(rep->ipc_handle, d->staging_handle, IPC_HANDLE_LEN);
-        rep->dev_off = c->dev_off;
+        rep->dev_map_bytes = c->share.map_bytes;
         rep->dev_bytes = c->lay.bytes;
         rep->sig_bytes = d->gslice;
         memcpy(rep->dev_uuid, d->dev_uuid, sizeof(rep->dev_uuid));

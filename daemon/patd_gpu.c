@@ -6,16 +6,25 @@
  *                  device once at start (d->sized.max_conns: a reload cannot raise the limit
  *                  past it); a session's handshake words live in its slice, so the
  *                  daemon's CPU can always store to them (releasing a wait without a stream)
- *   staging arena  one device allocation of gpu.staging_mb, exported once with a CUDA IPC handle;
- *                  a session's Q/K/V/O rows are a range of it (first fit, coalescing free list)
+ *   staging        a session's Q/K/V/O rows are an allocation of its own (kern_share_alloc: CUDA
+ *                  virtual memory with a POSIX descriptor handle), made at HELLO and exported as
+ *                  a descriptor that goes to its one client beside the reply and is closed here
+ *                  once sent; importing it maps that session's rows and nothing else, so one
+ *                  client cannot read or write another's (until protocol 5 one CUDA IPC handle
+ *                  named a single arena of every session's rows). gpu.staging_mb bounds what the
+ *                  open sessions' allocations add up to.
  *
- * Both are allocated once, so a HELLO or a reclaim makes no CUDA call at all: no allocation that
- * could fail late, no cudaFree that could synchronise behind a stalled client's wait, nothing on
- * the loop thread that touches a stream. The price: every client of one daemon can map the whole
- * staging allocation (one IPC handle names all of it) and every attached client gets the whole
- * signal arena's fd (no name: members of the socket group who never attached cannot open it;
- * sealed: no client can shrink it under the device's mapping), so one daemon serves one trust
- * domain; separate tenants get separate daemons (README, deployment).
+ * HELLO therefore makes CUDA calls on the loop thread (create, map, export) and so does a
+ * reclaim (unmap, release): none of them is a stream call or waits for the device's work
+ * (tests/gpu/test_vmm_share.cu times them beside a running kernel), and a reclaim runs only once
+ * the session's executor has drained its lane (patd_conn_reap). A client that keeps its import
+ * mapped after its session ends keeps that memory in its own process until it exits; it is no
+ * longer counted here, and another session's allocation is never the same memory.
+ *
+ * The signal arena stays one memfd: every attached GPU client gets its fd (no name: members of
+ * the socket group who never attached cannot open it; sealed: no client can shrink it under the
+ * device's mapping), so an attached client can write another session's handshake words
+ * (README, deployment).
  *
  * Thread context: start/stop on the main thread before/after the loop; conn_open/close on the
  * loop thread; check_fatal anywhere.
@@ -29,8 +38,6 @@
 #include "patd_int.h"
 #include "patd_log.h"
 #include "pat_base.h"
-
-#define RANGE_ALIGN (64u << 10) /* staging ranges start on 64 KiB: rows stay 16-byte aligned */
 
 int patd_gpu_start(patd_t *d, uint32_t n_exec)
 {
@@ -74,12 +81,18 @@ int patd_gpu_start(patd_t *d, uint32_t n_exec)
     d->sized.max_conns = cfg->max_conns; /* a reload may lower it, never raise it past this */
 
     d->staging_bytes = (uint64_t)cfg->staging_mb << 20;
-    if ((rc = kern_ipc_alloc(d->be, d->staging_bytes, &d->staging_dev, d->staging_handle)) < 0) {
-        patd_err("cuda: staging arena of %u MiB: %s (lower gpu.staging_mb or pool.blocks)",
-                 cfg->staging_mb, strerror(-rc));
-        return rc;
+    d->staging_used = 0;
+    { /* the driver must share device memory by descriptor: probe it once, now */
+        kern_share_t probe;
+        if ((rc = kern_share_alloc(d->be, 1, &probe)) < 0) {
+            patd_err("cuda: a staging allocation shared by descriptor: %s%s", strerror(-rc),
+                     rc == -ENOTSUP ? " (the driver or GPU has no virtual memory management "
+                                      "with POSIX descriptor handles)"
+                                    : "");
+            return rc;
+        }
+        kern_share_free(d->be, &probe);
     }
-    patd_ranges_init(&d->ranges, d->staging_bytes, RANGE_ALIGN);
 
     d->lanes = pat_xcalloc(n_exec, sizeof(*d->lanes));
     for (uint32_t i = 0; i < n_exec; i++, d->n_lanes++)
@@ -88,7 +101,7 @@ int patd_gpu_start(patd_t *d, uint32_t n_exec)
                      rc == -ENOTSUP ? " (the device has no 64-bit stream memory operations)" : "");
             return rc;
         }
-    patd_notice("cuda: %u lanes, staging arena %u MiB, signal arena %u slices of %llu bytes, "
+    patd_notice("cuda: %u lanes, staging up to %u MiB, signal arena %u slices of %llu bytes, "
                 "enqueue depth %u",
                 n_exec, cfg->staging_mb, cfg->max_conns, (unsigned long long)d->gslice,
                 cfg->enqueue_depth);
@@ -104,15 +117,12 @@ void patd_gpu_stop(patd_t *d)
     d->n_lanes = 0;
     free(d->lanes);
     d->lanes = NULL;
-    kern_ipc_free(d->be, d->staging_dev);
-    d->staging_dev = NULL;
     if (d->garena_dev)
         kern_host_unmap(d->be, d->garena.base);
     d->garena_dev = NULL;
     ipc_shm_close(&d->garena);
     free(d->gslot_used);
     d->gslot_used = NULL;
-    patd_ranges_done(&d->ranges);
 }
 
 int patd_gpu_conn_open(patd_t *d, patd_conn_t *c, uint64_t bytes)
@@ -122,14 +132,22 @@ int patd_gpu_conn_open(patd_t *d, patd_conn_t *c, uint64_t bytes)
         s++;
     if (s == d->sized.max_conns)
         return -EMFILE;
-    if (patd_ranges_alloc(&d->ranges, bytes, &c->dev_off) < 0)
-        return -ENOMEM;
+    if (bytes > d->staging_bytes - d->staging_used)
+        return -ENOSPC;
+    int rc = kern_share_alloc(d->be, bytes, &c->share);
+    if (rc < 0)
+        return rc;
+    if (c->share.map_bytes > d->staging_bytes - d->staging_used) {
+        kern_share_free(d->be, &c->share);
+        return -ENOSPC;
+    }
+    d->staging_used += c->share.map_bytes;
     d->gslot_used[s] = 1;
     c->gpu = 1;
     c->gslot = s;
     c->gsig = (uint8_t *)d->garena.base + s * d->gslice;
     c->gsig_dev = d->garena_dev + s * d->gslice;
-    c->dev_base = (uint8_t *)d->staging_dev + c->dev_off;
+    c->dev_base = c->share.dev;
     /* session serials grow: 2^24 epoch bumps per session before the next one's range */
     ipc_gsig_init(c->gsig, d->model.n_layers, (c->serial & 0xffffffffull) << 24);
     return 0;
@@ -142,7 +160,9 @@ void patd_gpu_conn_close(patd_t *d, patd_conn_t *c)
     /* a client that is still alive sees the session closed; its words stay released */
     ipc_sig_t *g = c->gsig;
     atomic_store(&g->state, IPC_STATE_CLOSED);
-    patd_ranges_free(&d->ranges, c->dev_off, c->lay.bytes);
+    d->staging_used -= c->share.map_bytes;
+    kern_share_free(d->be, &c->share);
+    c->dev_base = NULL;
     d->gslot_used[c->gslot] = 0;
     c->gpu = 0;
 }

@@ -37,7 +37,6 @@
 #include "patd_config.h"
 #include "patd_exec.h"
 #include "patd_notify.h"
-#include "patd_range.h"
 #include "patd_step.h"
 #include "sched_plan.h"
 
@@ -86,13 +85,13 @@ struct patd_conn {
     uint32_t *blk_refs;   /* per pool block: entries of the session's tables naming it */
     ipc_shm_t shm;        /* cpu backend: signal page + staging rows */
     ipc_layout_t lay;
-    /* GPU sessions: the signal slice (host and device addresses) and the staging range */
+    /* GPU sessions: the signal slice (host and device addresses) and the staging allocation */
     int gpu;
-    uint32_t gslot;    /* index of the signal slice in the arena */
-    void *gsig;        /* host address of the slice */
-    uint8_t *gsig_dev; /* its device address */
-    uint64_t dev_off;  /* offset of the staging range in the arena allocation */
-    uint8_t *dev_base; /* device address of the range: lay offsets apply */
+    uint32_t gslot;     /* index of the signal slice in the arena */
+    void *gsig;         /* host address of the slice */
+    uint8_t *gsig_dev;  /* its device address */
+    kern_share_t share; /* the session's own staging allocation; its fd until HELLO's reply */
+    uint8_t *dev_base;  /* = share.dev: lay offsets apply */
     sched_t *sched;
     uint32_t pack_policy; /* sched_policy_t + 1 of the last pack built (step info) */
     uint32_t next_tick;
@@ -179,13 +178,11 @@ struct patd {
     uint8_t dev_uuid[16];
     ipc_shm_t garena; /* signal slices, one per possible connection */
     uint8_t *garena_dev;
-    uint64_t gslice;     /* bytes per slice */
-    uint8_t *gslot_used; /* [cfg.max_conns] */
-    void *staging_dev;   /* the exported allocation */
-    uint64_t staging_bytes;
-    uint8_t staging_handle[IPC_HANDLE_LEN];
-    patd_ranges_t ranges; /* free ranges of the allocation */
-    kern_lane_t **lanes;  /* [n_lanes]: lane i belongs to executor i */
+    uint64_t gslice;        /* bytes per slice */
+    uint8_t *gslot_used;    /* [cfg.max_conns] */
+    uint64_t staging_bytes; /* gpu.staging_mb: what every session's staging may add up to */
+    uint64_t staging_used;  /* what the open sessions' allocations hold (map_bytes) */
+    kern_lane_t **lanes;    /* [n_lanes]: lane i belongs to executor i */
     uint32_t n_lanes;
 };
 

@@ -104,7 +104,7 @@ static int check_hello(const ipc_hello_req_t *r)
             return -EINVAL;
     if (r->max_batch_tokens == 0 || r->max_batch_tokens > IPC_MAX_TOKENS)
         return -E2BIG;
-    if (r->buffer_kind > IPC_BUF_CUDA_IPC)
+    if (r->buffer_kind > IPC_BUF_CUDA)
         return -EINVAL;
     return 0;
 }

@@ -14,13 +14,15 @@
  * holds the signal page and the staging rows; it has no name, and reaches its client by fd in
  * the HELLO reply: HELLO is served on the admin socket only, where the kernel names the caller
  * (its pid is the one watched, its uid counts toward limits.conns_per_uid; the pid the HELLO
- * carries is only logged). CUDA IPC (cuda
- * backend): the staging rows are a range of one device allocation (a 64-byte IPC handle naming the
- * whole allocation, plus the range's offset), and the signal page with the per-layer 64-bit
- * handshake words is a slice of one shm arena (ipc_shm.h, "GPU sessions").
+ * carries is only logged). Device memory (cuda backend, since version 6): the staging rows are
+ * an allocation of the session's own, whose descriptor comes beside the HELLO reply (until
+ * version 5 they were a range of one allocation that one CUDA IPC handle named whole, for every
+ * client), and the signal page with the per-layer 64-bit handshake words is a slice of one shm
+ * arena (ipc_shm.h, "GPU sessions").
  *
  * Version 2 (2026-11): the HELLO reply grew the device range, the signal slice and the GPU's
- * UUID. Version 1 peers are refused with -EPROTONOSUPPORT. Opcodes added later within a version
+ * UUID. Version 6 (2026-11-26): a GPU session's staging by descriptor (IPC_BUF_CUDA). A peer of
+ * another version is refused with -EPROTONOSUPPORT. Opcodes added later within a version
  * (INFO, CHECK) are refused by an older daemon with -EOPNOTSUPP. DRAIN, RELOAD and CHECK are
  * served on the daemon's admin socket (a Unix stream socket, one frame each way, where the
  * kernel names the caller) and refused on the control socket with -EPERM. Version 3: the
@@ -41,7 +43,7 @@
 #endif
 
 #define IPC_MAGIC   0x44544150u /* "PATD" read as a little-endian u32 */
-#define IPC_VERSION 5u          /* 5: HELLO on the admin socket (2026-11-25) */
+#define IPC_VERSION 6u /* 6: a GPU session's staging is its own allocation, by fd (2026-11-26) */
 
 /* Upper bounds of the protocol itself (configs may be lower): they bound what a decoder will
  * even look at before the connection's own limits apply. */
@@ -49,7 +51,6 @@
 #define IPC_MAX_TOKENS    (1u << 22)  /* token ids in one frame */
 #define IPC_MAX_SEQS_STEP 65536u      /* sequences in one step */
 #define IPC_NAME_LEN      64u         /* shm names, client labels (NUL-terminated) */
-#define IPC_HANDLE_LEN    64u         /* a cudaIpcMemHandle_t is 64 bytes */
 #define IPC_ERRMSG_LEN    184u
 
 /* Opcodes: name, value, admin (usable without a session). One table; ipc_codec.c sizes each
@@ -148,8 +149,8 @@ typedef struct ipc_model_sig {
 } ipc_model_sig_t;
 _Static_assert(sizeof(ipc_model_sig_t) == 32, "model signature layout");
 
-#define IPC_BUF_SHM      1u /* POSIX shm, host memory (cpu backend) */
-#define IPC_BUF_CUDA_IPC 2u /* device memory exported with a CUDA IPC handle (cuda backend) */
+#define IPC_BUF_SHM  1u /* POSIX shm, host memory (cpu backend) */
+#define IPC_BUF_CUDA 2u /* device memory of the session's own, by fd (cuda backend) */
 
 typedef struct ipc_hello_req {
     ipc_model_sig_t model;
@@ -168,10 +169,10 @@ _Static_assert(sizeof(ipc_hello_req_t) == 120, "hello layout");
 
 /* Signal words: see ipc_shm.h. IPC_BUF_SHM: offsets are from the start of the staging buffer,
  * of buf_bytes, whose fd comes beside the HELLO reply (shm_name is empty: the buffer has no name).
- * IPC_BUF_CUDA_IPC: q/k/v/o offsets are from dev_off, the start of this session's range (dev_bytes)
- * inside the allocation ipc_handle names; the signal slice is sig_bytes at sig_off of the
- * daemon's signal arena, a sealed memfd whose fd comes beside the HELLO reply (shm_name is empty).
- */
+ * IPC_BUF_CUDA: two fds come beside the reply, in this order: the daemon's signal arena (a sealed
+ * memfd; the session's slice is sig_bytes at sig_off) and the session's staging allocation (a
+ * CUDA virtual-memory allocation's POSIX descriptor: import it, map dev_map_bytes of it; q/k/v/o
+ * offsets are from its start, the layout's dev_bytes). shm_name is empty. */
 typedef struct ipc_hello_rep {
     uint64_t session;
     uint32_t daemon_pid;
@@ -181,12 +182,13 @@ typedef struct ipc_hello_rep {
     uint64_t sig_off, q_off, k_off, v_off, o_off; /* rows: [max_batch_tokens][heads][head_dim] */
     uint64_t instance; /* random per daemon start: tells a restart apart */
     char shm_name[IPC_NAME_LEN];
-    uint8_t ipc_handle[IPC_HANDLE_LEN]; /* IPC_BUF_CUDA_IPC only */
-    uint64_t dev_off, dev_bytes;        /* IPC_BUF_CUDA_IPC: this session's range */
-    uint64_t sig_bytes;                 /* IPC_BUF_CUDA_IPC: the signal slice */
-    uint8_t dev_uuid[16];               /* IPC_BUF_CUDA_IPC: the GPU (cudaDeviceProp.uuid) */
-    uint32_t mps;                       /* 1: the daemon's GPU contexts are MPS clients */
-    uint32_t start_unix_s;              /* when the daemon started (since 1.6; 0 before) */
+    uint64_t dev_map_bytes; /* IPC_BUF_CUDA: the staging allocation's size */
+    uint8_t reserved[64];   /* 0 (until protocol 5: a CUDA IPC handle) */
+    uint64_t dev_bytes;     /* IPC_BUF_CUDA: the layout's bytes, <= dev_map_bytes */
+    uint64_t sig_bytes;     /* IPC_BUF_CUDA: the signal slice */
+    uint8_t dev_uuid[16];   /* IPC_BUF_CUDA: the GPU (cudaDeviceProp.uuid) */
+    uint32_t mps;           /* 1: the daemon's GPU contexts are MPS clients */
+    uint32_t start_unix_s;  /* when the daemon started (since 1.6; 0 before) */
     uint64_t key; /* 64 random bits, never published: every request of the session carries it */
 } ipc_hello_rep_t;
 _Static_assert(sizeof(ipc_hello_rep_t) == 272, "hello reply layout");

@@ -7,7 +7,8 @@
  *
  * rows are [max_batch_tokens][heads][head_dim] elements of the model dtype, in the order of the
  * step's tokens. The cpu backend reads Q/K/V and writes O in place; a GPU build exports device
- * memory with the same layout through a CUDA IPC handle (ipc_proto.h, IPC_BUF_CUDA_IPC).
+ * memory with the same layout, an allocation per session passed by descriptor (ipc_proto.h,
+ * IPC_BUF_CUDA).
  *
  * The hand-off of layer L of a step with tick base T:
  *   client: write Q/K/V of layer L; ready = T+L+1 (release); wake ready
@@ -17,7 +18,7 @@
  * other. `state` carries what is not a layer: the step aborted, the session or daemon closing.
  * Waits are sliced so a waiter also notices its peer's death (pidfd) and its own cancel flag.
  *
- * GPU sessions (cuda backend, IPC_BUF_CUDA_IPC): the staging rows are device memory and the
+ * GPU sessions (cuda backend, IPC_BUF_CUDA): the staging rows are device memory and the
  * hand-off runs on the two processes' CUDA streams, never through their CPUs. The session's
  * signal slice (ipc_gsig_bytes) is host memory that both processes map into their device:
  *

@@ -195,10 +195,24 @@ uint64_t kern_lane_enqueued(const kern_lane_t *l);
 int kern_host_map(kern_backend_t *b, void *host, uint64_t bytes, void **ret_dev);
 void kern_host_unmap(kern_backend_t *b, void *host);
 
-/* Allocates device memory another process can map: *ret_dev and a 64-byte handle
- * (cudaIpcMemHandle_t) naming the whole allocation. Returns 0, -ENOMEM, -ENOTSUP, -EIO. */
-int kern_ipc_alloc(kern_backend_t *b, uint64_t bytes, void **ret_dev, uint8_t ret_handle[64]);
-void kern_ipc_free(kern_backend_t *b, void *dev);
+/* Device memory shared with one other process: an allocation of its own, mapped here at dev and
+ * exported as a file descriptor that maps this allocation and nothing else (a CUDA virtual memory
+ * allocation with a POSIX descriptor handle). The importer maps map_bytes. */
+typedef struct kern_share {
+    void *dev;          /* mapped here (read-write for the device), map_bytes long */
+    uint64_t map_bytes; /* the bytes asked for, rounded up to the allocation granularity */
+    int fd;             /* the export, the caller's to send and close (-1 once closed) */
+    uint64_t handle;    /* the backend's */
+} kern_share_t;
+/* Allocates and maps at least `bytes`, and exports it. Makes no stream call and waits for no
+ * work on the device (tests/gpu/test_vmm_share.cu times it beside a running kernel). Returns 0,
+ * -ENOMEM (the device has no room), -ENOTSUP (no such memory: cpu, or a driver without it),
+ * -EIO, with nothing left behind on error. */
+int kern_share_alloc(kern_backend_t *b, uint64_t bytes, kern_share_t *ret);
+/* Unmaps and releases it here and closes fd if still open. The memory lives on while the
+ * importer maps it (its own process's memory from then on). The device must have finished every
+ * kernel that reads or writes it. */
+void kern_share_free(kern_backend_t *b, kern_share_t *s);
 
 /* What the device says about sharing: *ret_mps 1 when contexts on it are MPS clients, 0 when
  * processes are time-sliced; ret_uuid (16 bytes) names the GPU for clients that must open the

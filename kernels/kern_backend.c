@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <string.h>
+#include <unistd.h>
 
 static const kern_ops_t *const backends[] = {
     &kern__cpu_ops,
@@ -280,17 +281,23 @@ void kern_host_unmap(kern_backend_t *b, void *host)
         b->ops->host_unmap(b, host);
 }
 
-int kern_ipc_alloc(kern_backend_t *b, uint64_t bytes, void **ret_dev, uint8_t ret_handle[64])
+int kern_share_alloc(kern_backend_t *b, uint64_t bytes, kern_share_t *ret)
 {
+    memset(ret, 0, sizeof(*ret));
+    ret->fd = -1;
     if (!bytes)
         return -EINVAL;
-    return b->ops->ipc_alloc ? b->ops->ipc_alloc(b, bytes, ret_dev, ret_handle) : -ENOTSUP;
+    return b->ops->share_alloc ? b->ops->share_alloc(b, bytes, ret) : -ENOTSUP;
 }
 
-void kern_ipc_free(kern_backend_t *b, void *dev)
+void kern_share_free(kern_backend_t *b, kern_share_t *s)
 {
-    if (dev && b->ops->ipc_free)
-        b->ops->ipc_free(b, dev);
+    if (s->dev && b->ops->share_free)
+        b->ops->share_free(b, s);
+    else if (s->fd >= 0)
+        close(s->fd);
+    memset(s, 0, sizeof(*s));
+    s->fd = -1;
 }
 
 int kern_device_info(kern_backend_t *b, int *ret_mps, uint8_t ret_uuid[16])

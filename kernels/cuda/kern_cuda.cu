@@ -1,9 +1,10 @@
 /*
  * kern_cuda.cu — the cuda backend behind kern.h: its life (the device KV pool, lane 0, the forward
  * kernel's registration and warm-up), what it tells the scheduler (the tile table and time-model
- * rates of this GPU), and the device services of the GPU data path (host mapping, IPC
- * allocations, MPS and UUID, the sticky-error check). The work itself lives in kern_cuda_attn.cu
- * (plans), kern_cuda_kv.cu (KV memory) and kern_cuda_lane.cu (lanes); kern_cuda_int.h maps them.
+ * rates of this GPU), and the device services of the GPU data path (host mapping, allocations
+ * shared with one client by descriptor, MPS and UUID, the sticky-error check). The work itself
+ * lives in kern_cuda_attn.cu (plans), kern_cuda_kv.cu (KV memory) and kern_cuda_lane.cu (lanes);
+ * kern_cuda_int.h maps them.
  *
  * Everything is allocated at create: the pool (one allocation, [layer][block][K|V][kv_head]
  * [block_size][head_dim]) and lane 0. The forward kernel is launched once at create on an empty
@@ -16,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 namespace kcuda
 {
@@ -112,31 +114,116 @@ void cuda_host_unmap(kern_backend_t *b, void *host)
         cudaGetLastError();
 }
 
-int cuda_ipc_alloc(kern_backend_t *b, uint64_t bytes, void **ret_dev, uint8_t ret_handle[64])
+/* A shared allocation's properties: device memory of this GPU, exportable as a descriptor */
+static CUmemAllocationProp share_prop(int device)
 {
-    static_assert(sizeof(cudaIpcMemHandle_t) == 64, "the wire carries 64 bytes");
-    Cuda *c = as_cuda(b);
-    KC_TRY(cudaSetDevice(c->device), "cudaSetDevice");
-    void *p = nullptr;
-    if (cudaMalloc(&p, bytes) != cudaSuccess) {
-        cudaGetLastError();
-        return -ENOMEM;
-    }
-    cudaIpcMemHandle_t h;
-    cudaError_t e = cudaIpcGetMemHandle(&h, p);
-    if (e != cudaSuccess) {
-        cudaFree(p);
-        return kern_cuda_fail("cudaIpcGetMemHandle", e);
-    }
-    memcpy(ret_handle, &h, 64);
-    *ret_dev = p;
-    return 0;
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof(p));
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = device;
+    p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    return p;
 }
 
-void cuda_ipc_free(kern_backend_t *b, void *dev)
+/* The virtual memory management entry points and the device's allocation granularity, once at
+ * create; a driver or device without them leaves vmm.granularity 0 (kern_share_alloc: -ENOTSUP) */
+static void load_vmm(Cuda *c)
 {
-    cudaSetDevice(as_cuda(b)->device);
-    cudaFree(dev);
+    VmmApi &v = c->vmm;
+    auto entry = [](const char *name, void *fn) {
+        cudaDriverEntryPointQueryResult q;
+        void **f = static_cast<void **>(fn);
+        if (cudaGetDriverEntryPointByVersion(name, f, 12000, cudaEnableDefault, &q) !=
+                cudaSuccess ||
+            q != cudaDriverEntryPointSuccess || !*f) {
+            cudaGetLastError();
+            return false;
+        }
+        return true;
+    };
+    if (!entry("cuMemGetAllocationGranularity", &v.gran) || !entry("cuMemCreate", &v.create) ||
+        !entry("cuMemExportToShareableHandle", &v.exp) ||
+        !entry("cuMemAddressReserve", &v.reserve) || !entry("cuMemMap", &v.map) ||
+        !entry("cuMemSetAccess", &v.access) || !entry("cuMemUnmap", &v.unmap) ||
+        !entry("cuMemRelease", &v.release) || !entry("cuMemAddressFree", &v.addr_free))
+        return;
+    int ok = 0;
+    if (cudaDeviceGetAttribute(
+            &ok, (cudaDeviceAttr)CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+            c->device) != cudaSuccess ||
+        !ok) {
+        cudaGetLastError();
+        return;
+    }
+    CUmemAllocationProp p = share_prop(c->device);
+    size_t g = 0;
+    if (v.gran(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS)
+        v.granularity = g;
+}
+
+int cuda_share_alloc(kern_backend_t *b, uint64_t bytes, kern_share_t *ret)
+{
+    Cuda *c = as_cuda(b);
+    const VmmApi &v = c->vmm;
+    if (!v.granularity)
+        return -ENOTSUP;
+    KC_TRY(cudaSetDevice(c->device), "cudaSetDevice");
+    const size_t size = (bytes + v.granularity - 1) / v.granularity * v.granularity;
+    const CUmemAllocationProp p = share_prop(c->device);
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = v.create(&h, size, &p, 0);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY)
+        return -ENOMEM;
+    if (r != CUDA_SUCCESS)
+        return kern_cuda_fail_cu("cuMemCreate", r);
+    CUdeviceptr va = 0;
+    int fd = -1;
+    const char *what = "cuMemAddressReserve";
+    if ((r = v.reserve(&va, size, 0, 0, 0)) == CUDA_SUCCESS) {
+        what = "cuMemMap";
+        if ((r = v.map(va, size, 0, h, 0)) == CUDA_SUCCESS) {
+            CUmemAccessDesc a;
+            memset(&a, 0, sizeof(a));
+            a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            a.location.id = c->device;
+            a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+            what = "cuMemSetAccess";
+            if ((r = v.access(va, size, &a, 1)) == CUDA_SUCCESS) {
+                what = "cuMemExportToShareableHandle";
+                if ((r = v.exp(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)) ==
+                    CUDA_SUCCESS) {
+                    ret->dev = reinterpret_cast<void *>(va);
+                    ret->map_bytes = size;
+                    ret->fd = fd;
+                    ret->handle = (uint64_t)h;
+                    return 0;
+                }
+            }
+            v.unmap(va, size);
+        }
+        v.addr_free(va, size);
+    }
+    v.release(h);
+    return r == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : kern_cuda_fail_cu(what, r);
+}
+
+void cuda_share_free(kern_backend_t *b, kern_share_t *s)
+{
+    Cuda *c = as_cuda(b);
+    const VmmApi &v = c->vmm;
+    const CUdeviceptr va = reinterpret_cast<CUdeviceptr>(s->dev);
+    cudaSetDevice(c->device);
+    if (s->fd >= 0)
+        close(s->fd);
+    /* a failure here leaves the allocation mapped in the daemon until exit: logged, not fatal */
+    CUresult r = v.unmap(va, s->map_bytes);
+    if (r == CUDA_SUCCESS)
+        r = v.addr_free(va, s->map_bytes);
+    if (r != CUDA_SUCCESS)
+        kern_cuda_fail_cu("cuMemUnmap", r);
+    if ((r = v.release((CUmemGenericAllocationHandle)s->handle)) != CUDA_SUCCESS)
+        kern_cuda_fail_cu("cuMemRelease", r);
 }
 
 int cuda_device_info(kern_backend_t *b, int *ret_mps, uint8_t ret_uuid[16])
@@ -311,6 +398,7 @@ int cuda_create(const kern_config_t *cfg, kern_backend_t **ret)
         goto fail;
     if ((r = load_memops(c)) < 0 || (r = fwd_register(m.head_dim, v)) < 0)
         goto fail;
+    load_vmm(c);
     {
         int sms = 0;
         if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c->device) !=
@@ -350,6 +438,6 @@ extern "C" void *kern_cuda_stream(kern_backend_t *b)
 extern "C" const kern_ops_t kern__cuda_ops = {
     "cuda",          cuda_create,      cuda_destroy,  cuda_append_kv,   cuda_copy_blocks,
     cuda_attend,     cuda_sync,        cuda_tiles,    cuda_lane_create, cuda_lane_free,
-    cuda_lane_begin, cuda_lane_layer,  cuda_host_map, cuda_host_unmap,  cuda_ipc_alloc,
-    cuda_ipc_free,   cuda_device_info, cuda_fatal,
+    cuda_lane_begin, cuda_lane_layer,  cuda_host_map, cuda_host_unmap,  cuda_share_alloc,
+    cuda_share_free, cuda_device_info, cuda_fatal,
 };

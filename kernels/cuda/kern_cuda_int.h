@@ -110,6 +110,23 @@ struct PlanBuf {
     bool used;
 };
 
+/* the driver's virtual memory management (kern_share_alloc), by entry point: the backend does
+ * not link libcuda */
+struct VmmApi {
+    CUresult (*gran)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
+    CUresult (*create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                       unsigned long long);
+    CUresult (*exp)(void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType,
+                    unsigned long long);
+    CUresult (*reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+    CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+    CUresult (*access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+    CUresult (*unmap)(CUdeviceptr, size_t);
+    CUresult (*release)(CUmemGenericAllocationHandle);
+    CUresult (*addr_free)(CUdeviceptr, size_t);
+    size_t granularity; /* 0: no virtual memory management (kern_share_alloc: -ENOTSUP) */
+};
+
 typedef CUresult (*WaitValue64Fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
 typedef CUresult (*WriteValue64Fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
 
@@ -153,6 +170,7 @@ struct Cuda {
     Lane lane0;           /* kern_append_kv, kern_attend, kern_copy_blocks */
     WaitValue64Fn wait64; /* NULL: the device has no 64-bit stream memory operations */
     WriteValue64Fn write64;
+    VmmApi vmm;
     pthread_mutex_t cow_mu; /* orders cow_done's record (lane 0) and the lanes' waits on it */
     cudaEvent_t cow_done;   /* recorded after each copy-on-write batch */
 };

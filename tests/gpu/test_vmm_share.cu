@@ -10,7 +10,11 @@
  *     MPS when the script starts it);
  *   - the imported handle maps A's size and no more (mapping twice its size fails);
  *   - a descriptor that is not an exported allocation (a pipe) is refused, without harm;
- *   - B, whose descriptor the child never got, is untouched.
+ *   - B, whose descriptor the child never got, is untouched;
+ *   - the daemon's calls at HELLO (create, reserve, map, access, export) and at a reclaim (unmap,
+ *     free the range, release) wait for no work on the device: with a kernel spinning for
+ *     400 ms on another stream each sequence returns within 50 ms and the kernel still runs
+ *     (patd makes them on its loop thread).
  * Driver functions come from cudaGetDriverEntryPointByVersion (no link against libcuda, as the
  * backend). Ends with "N passed, N failed"; exit status 1 if any failed.
  */
@@ -25,6 +29,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static int passed, failed;
@@ -161,6 +166,58 @@ static int recv_fd(int sock)
 
 enum { PAT_A = 0x0a0a0a0a, PAT_B = 0x0b0b0b0b, PAT_C = 0x0c0c0c0c };
 
+/* spins for about ns nanoseconds of the GPU's global timer */
+__global__ void spin(uint64_t ns)
+{
+    uint64_t t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    while (t - t0 < ns);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* A session's allocation made and freed the way patd does, beside a kernel that runs 400 ms */
+static void calls_beside_a_kernel(size_t size)
+{
+    cudaStream_t s;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+        check(false, "a stream for the spinning kernel");
+        return;
+    }
+    spin<<<1, 1, 0, s>>>(400000000ull);
+    bool ok = cudaGetLastError() == cudaSuccess;
+    const CUmemAllocationProp prop = prop_for(0);
+    const double t0 = now_ms();
+    CUmemGenericAllocationHandle h = 0;
+    CUdeviceptr va = 0;
+    int fd = -1;
+    CUresult why = CUDA_SUCCESS;
+    ok = ok && drv.create(&h, size, &prop, 0) == CUDA_SUCCESS;
+    ok = ok && (va = map_rw(h, size, 0, &why)) != 0;
+    ok = ok && drv.exp(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS;
+    const double t1 = now_ms();
+    if (fd >= 0)
+        close(fd);
+    ok = ok && drv.unmap(va, size) == CUDA_SUCCESS && drv.free(va, size) == CUDA_SUCCESS &&
+         drv.release(h) == CUDA_SUCCESS;
+    const double t2 = now_ms();
+    const bool running = cudaStreamQuery(s) == cudaErrorNotReady;
+    printf("beside a running kernel: create..export %.3f ms, unmap..release %.3f ms\n", t1 - t0,
+           t2 - t1);
+    check(ok, "create, map, export, unmap, release beside a running kernel");
+    check(ok && t1 - t0 < 50 && t2 - t1 < 50 && running,
+          "none of them waits for the kernel (each sequence < 50 ms, the kernel still runs)");
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+}
+
 static bool all_words(CUdeviceptr va, size_t size, uint32_t want)
 {
     uint32_t *h = (uint32_t *)malloc(size);
@@ -279,6 +336,7 @@ int main(void)
     check(got & 8, "mapping twice A's size from its handle is refused");
     check(got & 16, "a descriptor that is no allocation (a pipe) is refused");
     check(vb && all_words(vb, size, PAT_B), "B, never exported, is untouched");
+    calls_beside_a_kernel(size);
     if (va) {
         drv.unmap(va, size);
         drv.free(va, size);

@@ -443,7 +443,7 @@ static void m_hello_kind(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
 static void m_hello_cuda(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
 {
     ipc_hello_req_t r = good_hello();
-    r.buffer_kind = IPC_BUF_CUDA_IPC; /* the cpu backend has no device buffers */
+    r.buffer_kind = IPC_BUF_CUDA; /* the cpu backend has no device buffers */
     frame_make(f, IPC_OP_HELLO, 0, &r, sizeof(r));
 }
 static void m_end_unknown(frame_t *f, uint64_t s, uint32_t q, uint64_t o)

@@ -1,8 +1,8 @@
 /*
  * test_daemon.c — the daemon's pieces that need no running daemon: the step state machine's
  * table, the option table (parsing, bounds, command-line precedence) and its reload rules
- * (restart-only rows, a row check against what start-up sized, apply hooks), and the staging
- * range allocator against a reference model on random alloc/free sequences.
+ * (restart-only rows, a row check against what start-up sized, apply hooks), and the watchdog's
+ * rule on a simulated clock.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -18,7 +18,6 @@
 #include "patd_config.h"
 #include "patd_log.h"
 #include "patd_notify.h"
-#include "patd_range.h"
 #include "patd_step.h"
 #include "pat_base.h"
 #include "tl_rng.h"
@@ -203,19 +202,7 @@ static void test_config_reload(void **state)
     assert_memory_equal(&c, &before, sizeof(c));
 }
 
-/* ------------------------------------------------------------------ staging ranges */
-static void check_free_list(const patd_ranges_t *rs)
-{
-    for (uint32_t i = 0; i < rs->n; i++) {
-        assert_true(rs->free[i].len > 0);
-        assert_int_equal(rs->free[i].off % rs->align, 0);
-        assert_true(rs->free[i].off + rs->free[i].len <= rs->bytes);
-        if (i)
-            /* sorted and merged: a gap between neighbours */
-            assert_true(rs->free[i - 1].off + rs->free[i - 1].len < rs->free[i].off);
-    }
-}
-
+/* ------------------------------------------------------------------ watchdog */
 /* The watchdog's judgement on a simulated minute: four idle executors beating every 100 ms from
  * random phases, each beat up to 15 ms late, checked every 100 ms (up to 15 ms late) under
  * WatchdogSec=200ms: never stuck (half the period alone, 100 ms, called them stuck at start and at
@@ -253,78 +240,12 @@ static void test_watchdog_sim(void **state)
     }
 }
 
-static void test_ranges(void **state)
-{
-    enum { ALIGN = 4096, UNITS = 256, LIVE = 64 };
-    patd_ranges_t rs;
-    patd_ranges_init(&rs, (uint64_t)UNITS * ALIGN, ALIGN);
-    assert_int_equal(patd_ranges_free_bytes(&rs), UNITS * ALIGN);
-    uint8_t owner[UNITS]; /* reference: which live allocation holds each unit (0: free) */
-    memset(owner, 0, sizeof(owner));
-    struct {
-        uint64_t off, len;
-    } live[LIVE] = {{0, 0}};
-    tl_rng_t rng;
-    tl_rng_seed(&rng, 0x5eed);
-    uint64_t used = 0;
-    for (int it = 0; it < 20000; it++) {
-        uint32_t k = tl_rng_below(&rng, LIVE);
-        if (live[k].len) {
-            patd_ranges_free(&rs, live[k].off, live[k].len);
-            uint64_t units = PAT_DIV_UP(live[k].len, ALIGN);
-            for (uint64_t u = 0; u < units; u++)
-                owner[live[k].off / ALIGN + u] = 0;
-            used -= units * ALIGN;
-            live[k].len = 0;
-        } else {
-            uint64_t len = 1 + tl_rng_below(&rng, 12 * ALIGN);
-            uint64_t units = PAT_DIV_UP(len, ALIGN), off;
-            /* the reference's first fit */
-            int64_t first = -1;
-            for (uint32_t u = 0, run = 0; u < UNITS && first < 0; u++) {
-                run = owner[u] ? 0 : run + 1;
-                if (run == units)
-                    first = (int64_t)(u + 1 - units);
-            }
-            int rc = patd_ranges_alloc(&rs, len, &off);
-            if (first < 0) {
-                assert_int_equal(rc, -ENOMEM);
-                continue;
-            }
-            assert_int_equal(rc, 0);
-            assert_int_equal(off, (uint64_t)first * ALIGN);
-            for (uint64_t u = 0; u < units; u++) {
-                assert_int_equal(owner[off / ALIGN + u], 0);
-                owner[off / ALIGN + u] = (uint8_t)(k + 1);
-            }
-            live[k].off = off;
-            live[k].len = len;
-            used += units * ALIGN;
-        }
-        check_free_list(&rs);
-        assert_int_equal(patd_ranges_free_bytes(&rs), UNITS * ALIGN - used);
-    }
-    for (int k = 0; k < LIVE; k++)
-        if (live[k].len)
-            patd_ranges_free(&rs, live[k].off, live[k].len);
-    assert_int_equal(rs.n, 1); /* everything merged back into one range */
-    assert_int_equal(rs.free[0].off, 0);
-    assert_int_equal(rs.free[0].len, UNITS * ALIGN);
-    uint64_t off;
-    assert_int_equal(patd_ranges_alloc(&rs, UNITS * ALIGN + 1, &off), -ENOMEM);
-    assert_int_equal(patd_ranges_alloc(&rs, UNITS * ALIGN, &off), 0);
-    assert_int_equal(rs.n, 0);
-    assert_int_equal(patd_ranges_alloc(&rs, 1, &off), -ENOMEM);
-    patd_ranges_done(&rs);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_step_moves),
         cmocka_unit_test_setup_teardown(test_config_parse, cfg_setup, cfg_teardown),
         cmocka_unit_test_setup_teardown(test_config_reload, cfg_setup, cfg_teardown),
-        cmocka_unit_test(test_ranges),
         cmocka_unit_test(test_watchdog_sim),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
