@@ -21,10 +21,14 @@
  * mapped after its session ends keeps that memory in its own process until it exits; it is no
  * longer counted here, and another session's allocation is never the same memory.
  *
- * The signal arena stays one memfd: every attached GPU client gets its fd (no name: members of
- * the socket group who never attached cannot open it; sealed: no client can shrink it under the
- * device's mapping), so an attached client can write another session's handshake words
- * (README, deployment).
+ * The signal arena stays one memfd registered with the device at start: every attached GPU client
+ * gets its fd (no name: members of the socket group who never attached cannot open it; sealed:
+ * no client can shrink it under the device's mapping), so an attached client can write another
+ * session's handshake words (README, deployment). A slice of its own per session would need a
+ * host registration per HELLO and an unregistration per reclaim, and cudaHostUnregister waited
+ * for a kernel running on another stream (399 ms behind a 400 ms kernel, H100, test_vmm_share):
+ * on the loop thread a reclaim would wait behind every client's queued GPU work, a stalled
+ * client's included (a per-session memfd was built and measured, 2026-11-26, and not kept).
  *
  * Thread context: start/stop on the main thread before/after the loop; conn_open/close on the
  * loop thread; check_fatal anywhere.

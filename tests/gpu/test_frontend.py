@@ -10,7 +10,9 @@ PyTorch frontends in other processes (client/python/examples/llama_patd.py), und
              clean) and a fresh client still gets steps through (no lane left blocked)
   graph      a decode step captured in a CUDA graph (hand-offs included) and replayed gives the
              same logits as the eager step, bit for bit
-  arena      the signal arena is sized at start: a reload cannot raise max_conns past it
+  conns      gpu.staging_mb bounds the sessions' staging allocations together (ENOSPC past it,
+             admitted once one closes); sessions' rows are apart; the signal arena is sized at
+             start: a reload cannot raise max_conns past it
   stall      two sessions begin a step and hand no layer over, on a daemon of two executors: a
              third client's checked steps go on, and the stalled steps are cut after
              limits.stall_cut_ms (their STEP_END says -ETIMEDOUT), not after step_timeout_ms
@@ -266,47 +268,50 @@ def test_graph(model, sock, bin_path):
     fe.close()
 
 
-def test_arena(model, sock, bin_path):
-    """The GPU signal arena is sized from limits.max_conns at start: a reload may lower the
-    limit but not raise it past the arena (it says so and keeps the old value), and every
-    session's slice stays inside it."""
-    rundir = tempfile.mkdtemp(prefix="patd-arena-")
+def test_conns(model, sock, bin_path):
+    """The GPU signal arena is sized from limits.max_conns at start: a reload may lower the limit
+    but not raise it past the arena (it says so and keeps the old value). gpu.staging_mb bounds
+    what the sessions' staging allocations add up to (protocol 6: each its own): a session past
+    it is refused with ENOSPC, and admitted once another closes; what one session writes into its
+    rows, the others' rows do not show. 64 tokens of staging here are 1.3 MB, one 2 MiB
+    allocation at the driver's granularity; 4 MiB hold two."""
+    rundir = tempfile.mkdtemp(prefix="patd-conns-")
     conf = os.path.join(rundir, "patd.conf")
 
     def write(max_conns):
         with open(conf, "w") as f:
             f.write("[limits]\nmax_conns = %d\n" % max_conns)
 
-    write(2)
-    d, s2 = start_daemon(bin_path, rundir, ["--config", conf, "--name=arena"])
+    write(3)
+    d, s2 = start_daemon(bin_path, rundir, ["--config", conf, "--name=conns", "--staging-mb=4"])
     sig = CFG.patd_model()
 
-    def refused_emfile(what):
+    def refused(err, what):
         try:
             patd.Conn(sig, max_batch_tokens=64, socket=s2)
         except patd.PatError as e:
-            assert e.errno == errno.EMFILE, e
+            assert e.errno == err, e
             return
         raise AssertionError(what)
     conns = []
     try:
         conns = [patd.Conn(sig, max_batch_tokens=64, socket=s2) for _ in range(2)]
-        refused_emfile("a third session was admitted with max_conns 2")
+        refused(errno.ENOSPC, "a third session's staging was admitted past gpu.staging_mb")
+        conns.pop(0).close()
+        conns.append(patd.Conn(sig, max_batch_tokens=64, socket=s2))
+        for i, c in enumerate(conns):
+            c.q.fill_(float(i + 1))
+        torch.cuda.synchronize()
+        for i, c in enumerate(conns):
+            assert bool((c.q == float(i + 1)).all()), "session %d's staging changed" % i
+        write(2)
+        assert patd.admin("reload", socket=s2) == "reloaded\n"
+        refused(errno.EMFILE, "a third session was admitted with max_conns 2")
         write(4)
         out = patd.admin("reload", socket=s2)
         assert "kept back" in out, out
         assert patd.status(socket=s2)["max_conns"] == 2
-        assert "sized for 2 connections" in open(os.path.join(rundir, "patd.log")).read()
-        refused_emfile("a session past the signal arena was admitted")
-        write(1)
-        assert patd.admin("reload", socket=s2) == "reloaded\n"
-        assert patd.status(socket=s2)["max_conns"] == 1
-        for c in conns:
-            c.close()
-        conns = []
-        write(2)
-        assert patd.admin("reload", socket=s2) == "reloaded\n"
-        conns = [patd.Conn(sig, max_batch_tokens=64, socket=s2) for _ in range(2)]
+        assert "sized for 3 connections" in open(os.path.join(rundir, "patd.log")).read()
     finally:
         for c in conns:
             c.close()
@@ -362,7 +367,7 @@ def test_stall(model, sock, bin_path):
         d.wait(20)
 
 
-TESTS = [("e2e", test_e2e), ("kill", test_kill), ("graph", test_graph), ("arena", test_arena),
+TESTS = [("e2e", test_e2e), ("kill", test_kill), ("graph", test_graph), ("conns", test_conns),
          ("stall", test_stall)]
 
 
