@@ -50,7 +50,7 @@ done
 for d in base new; do
     echo "== tile solver, $d"
     if [ $d = base ]; then $base/build/gpu/bin/patd-tile-solver; else build/gpu/bin/patd-tile-solver; fi 2>&1 |
-        grep -E 'tensor rate|fixed cost|tile chain'
+        grep -E 'tensor rate|fixed cost|tile chain|read bandwidth|^\{"'
 done | tee "$out/ab_solver.log"
 if [ -x .peers/tools/run.sh ]; then
     tests/gpu/pat_bench.sh "$out/new1.jsonl" "$out/pat.jsonl" >"$out/pat_bench.log" 2>&1
