@@ -292,10 +292,10 @@ int kern_share_alloc(kern_backend_t *b, uint64_t bytes, kern_share_t *ret)
 
 void kern_share_free(kern_backend_t *b, kern_share_t *s)
 {
+    if (s->fd >= 0)
+        close(s->fd);
     if (s->dev && b->ops->share_free)
         b->ops->share_free(b, s);
-    else if (s->fd >= 0)
-        close(s->fd);
     memset(s, 0, sizeof(*s));
     s->fd = -1;
 }

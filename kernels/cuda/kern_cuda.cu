@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 namespace kcuda
 {
@@ -32,6 +31,17 @@ int kern_cuda_fail_cu(const char *what, CUresult e)
 {
     fprintf(stderr, "<3>kern_cuda: %s: CUresult %d\n", what, (int)e);
     return -EIO;
+}
+
+bool driver_entry(const char *name, void **fn)
+{
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion(name, fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || !*fn) {
+        cudaGetLastError();
+        return false;
+    }
+    return true;
 }
 
 int fwd_register(uint32_t head_dim, FwdVariant (&v)[2])
@@ -131,17 +141,7 @@ static CUmemAllocationProp share_prop(int device)
 static void load_vmm(Cuda *c)
 {
     VmmApi &v = c->vmm;
-    auto entry = [](const char *name, void *fn) {
-        cudaDriverEntryPointQueryResult q;
-        void **f = static_cast<void **>(fn);
-        if (cudaGetDriverEntryPointByVersion(name, f, 12000, cudaEnableDefault, &q) !=
-                cudaSuccess ||
-            q != cudaDriverEntryPointSuccess || !*f) {
-            cudaGetLastError();
-            return false;
-        }
-        return true;
-    };
+    auto entry = [](const char *name, void *fn) { return driver_entry(name, (void **)fn); };
     if (!entry("cuMemGetAllocationGranularity", &v.gran) || !entry("cuMemCreate", &v.create) ||
         !entry("cuMemExportToShareableHandle", &v.exp) ||
         !entry("cuMemAddressReserve", &v.reserve) || !entry("cuMemMap", &v.map) ||
@@ -214,8 +214,6 @@ void cuda_share_free(kern_backend_t *b, kern_share_t *s)
     const VmmApi &v = c->vmm;
     const CUdeviceptr va = reinterpret_cast<CUdeviceptr>(s->dev);
     cudaSetDevice(c->device);
-    if (s->fd >= 0)
-        close(s->fd);
     /* a failure here leaves the allocation mapped in the daemon until exit: logged, not fatal */
     CUresult r = v.unmap(va, s->map_bytes);
     if (r == CUDA_SUCCESS)

@@ -240,7 +240,7 @@ __device__ __forceinline__ uint32_t ws_ref(const FwdArgs &a, uint32_t b, WsItem 
         it.n_heads = 1;
         return b / a.kv_heads;
     }
-    const uint32_t hk = (a.kv_heads + 1) / 2;
+    const uint32_t hk = ws_small_items(a);
     b -= nb;
     it.j = b % hk;
     it.n_heads = min(2u, a.kv_heads - 2 * it.j);
@@ -301,8 +301,6 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
         bar_wait(6, KCUDA_THREADS);
         b = *bcast;
         bar_wait(6, KCUDA_THREADS); /* read by all before thread 0 writes again */
-        if (b < n_items)
-            ws_item(a, b, it);
         if (b >= n_items) {
             const int qs = take();
             if (tid == 0)
@@ -310,6 +308,7 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
             filled(qs);
             break;
         }
+        ws_item(a, b, it);
         const int n_tiles = ws_tiles(it.cta);
         const sched_plan_row_t *rows = a.rows + it.cta.row_begin;
         const uint32_t n_rows = it.cta.row_count * group, j = it.j;

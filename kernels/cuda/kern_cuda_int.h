@@ -63,9 +63,13 @@ struct FwdArgs {
 
 /* fwd_pair's work items, numbered without gaps (ws_ref): one per KV head of each of the first
  * n_big CTAs (more than KCUDA_SMALL_M rows), then one per pair of KV heads of each other CTA */
+__host__ __device__ __forceinline__ uint32_t ws_small_items(const FwdArgs &a) /* per CTA */
+{
+    return (a.kv_heads + 1) / 2;
+}
 __host__ __device__ __forceinline__ uint32_t ws_items(const FwdArgs &a)
 {
-    return a.n_big * a.kv_heads + (a.n_ctas - a.n_big) * ((a.kv_heads + 1) / 2);
+    return a.n_big * a.kv_heads + (a.n_ctas - a.n_big) * ws_small_items(a);
 }
 
 /* The forward of one (dtype, head_dim): one kernel for every tile shape. */
@@ -87,6 +91,9 @@ int fwd_register(uint32_t head_dim, FwdVariant (&v)[2]);
 /* Prints "<3>kern_cuda: what: error" to stderr and returns -EIO. */
 int kern_cuda_fail(const char *what, cudaError_t e);
 int kern_cuda_fail_cu(const char *what, CUresult e);
+/* *fn = the driver's entry point `name` (CUDA 12 ABI), or false (the error cleared): the backend
+ * reaches the driver API this way instead of linking libcuda */
+bool driver_entry(const char *name, void **fn);
 
 #define KC_TRY(call, what)                                                                         \
     do {                                                                                           \

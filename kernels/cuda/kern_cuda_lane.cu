@@ -106,15 +106,8 @@ int load_memops(Cuda *c)
     if (!ok)
         return 0;
     void *w = nullptr, *x = nullptr;
-    cudaDriverEntryPointQueryResult q1, q2;
-    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue64", &w, 12000, cudaEnableDefault,
-                                         &q1) != cudaSuccess ||
-        cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &x, 12000, cudaEnableDefault,
-                                         &q2) != cudaSuccess ||
-        q1 != cudaDriverEntryPointSuccess || q2 != cudaDriverEntryPointSuccess) {
-        cudaGetLastError();
+    if (!driver_entry("cuStreamWaitValue64", &w) || !driver_entry("cuStreamWriteValue64", &x))
         return 0;
-    }
     c->wait64 = reinterpret_cast<WaitValue64Fn>(w);
     c->write64 = reinterpret_cast<WriteValue64Fn>(x);
     return 0;
