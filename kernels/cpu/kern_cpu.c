@@ -375,6 +375,14 @@ static void cpu_destroy(kern_backend_t *b)
     free(c);
 }
 
+static void touch_pages(void *p, uint64_t bytes)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    volatile uint8_t *b = p;
+    for (uint64_t o = 0; o < bytes; o += (uint64_t)(page > 0 ? page : 4096))
+        b[o] = 0;
+}
+
 static int cpu_create(const kern_config_t *cfg, kern_backend_t **ret)
 {
     const kern_model_t *m = &cfg->model;
@@ -396,6 +404,12 @@ static int cpu_create(const kern_config_t *cfg, kern_backend_t **ret)
         cpu_destroy(&c->base);
         return -ENOMEM;
     }
+    /* touched now, a write per page: the pages are committed at start, not by the first steps
+     * that reach them, so a step never pays their faults and the daemon's RSS is flat from the
+     * first request on (a memset of zero after malloc may be turned into calloc, which touches
+     * nothing) */
+    touch_pages(c->pool, c->layer_bytes * m->n_layers);
+    touch_pages(c->part_o, (slots ? slots : 1) * d * sizeof(float));
     long online = sysconf(_SC_NPROCESSORS_ONLN);
     uint32_t threads = cfg->n_threads ? cfg->n_threads : (uint32_t)(online > 0 ? online : 1);
     threads = PAT_MIN(threads, KERN_MAX_THREADS);
