@@ -129,10 +129,8 @@ int kv_seq_open_pending(kv_pool_t *p, uint64_t scope, const uint32_t *tokens, ui
      * prompt block it will write */
     uint32_t full = n / bs, pending = 0;
     int counting = 1;
-    if (full > matched && q->intent_cap < full - matched) {
-        q->intent_cap = full - matched;
-        q->intent = pat_xrealloc(q->intent, (size_t)q->intent_cap * sizeof(uint64_t));
-    }
+    if (full > matched)
+        pat_grow((void **)&q->intent, &q->intent_cap, full - matched, sizeof(uint64_t));
     q->intent_first = matched;
     uint64_t ih = h;
     for (uint32_t i = matched; i < full; i++) {

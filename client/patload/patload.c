@@ -5,8 +5,8 @@
  *
  * One connection, one thread, continuous batching: requests arrive at their recorded times
  * (scaled by --speed, or all at once), wait in a FIFO, are admitted while fewer than
- * --concurrency run (pat_seq_open: the prefix cache answers how much of the prompt is already
- * there), prefill the rest in chunks of --chunk tokens, decode one token per step until the
+ * --concurrency run (pat_seq_open_pending: the prefix cache answers how much of the prompt is
+ * already there, and how much more other open sequences are about to write), prefill the rest in chunks of --chunk tokens, decode one token per step until the
  * trace's output length, and retire (pat_seq_close). Every step carries every decoding sequence
  * plus as many prefill tokens as fit in --max-batch-tokens. A step the daemon refuses for lack
  * of KV blocks (-ENOSPC, -EDQUOT) preempts the most recently admitted request (its KV is
@@ -34,6 +34,7 @@
 #include "patload_trace.h"
 
 #define ADMIT_WATERMARK 0.95 /* share of the KV capacity admission may plan to fill */
+#define TWIN_WAITS_MAX  64   /* --wait-twins: admissions of one request put off at most */
 
 #define EXIT_FAILED 1
 #define EXIT_USAGE  2
@@ -78,9 +79,10 @@ static const struct opt {
      "spread requests with equal timestamps evenly until the next timestamp (Mooncake's are "
      "quantised to ~3 s)"},
     {"wait-twins", O_FLAG, &O.wait_twins, 0, 0, NULL,
-     "admit a request whose prompt shares whole blocks with a running request still prefilling "
-     "them once that request has written them, so that the prefix cache gives them (a "
-     "frontend's wait for a twin; the summary's twins line says what it could save)"},
+     "admit a request whose prompt shares whole blocks with another open sequence still "
+     "prefilling them (patd's pending count at open) once they are written, so that the prefix "
+     "cache gives them (a frontend's wait for a twin; the summary's twins line says what it "
+     "could save)"},
     {"skip", O_U32, &O.skip, 0, 4e9, "N", "skip the first N requests of the file"},
     {"limit", O_U32, &O.limit, 0, 4e9, "N", "replay at most N requests (0 = all)"},
     {"concurrency", O_U32, &O.concurrency, 1, 65536, "N",
@@ -364,42 +366,6 @@ static uint32_t *prompt_tokens(replay_t *R, uint32_t i, uint32_t n)
     return R->prompt;
 }
 
-/* Tokens the request being admitted (its tokens in R->prompt, `target` of them) shares with the
- * running request o, in whole blocks, bounded like kv_seq_open's match: at least one prompt
- * token is left to compute. */
-static uint32_t twin_shared(const replay_t *R, const running_t *o, uint32_t target)
-{
-    const uint32_t eligible = (target - 1) / R->block * R->block;
-    const uint32_t lim = PAT_MIN(eligible, o->target), ti = R->rep.rec[o->rec].trace_idx;
-    uint32_t n = 0;
-    while (n < lim && pl_req_token(R->t, &R->shape, ti, n) == R->prompt[n])
-        n++;
-    return n / R->block * R->block;
-}
-
-/* Prompt tokens past `cached` that it shares with a running request still prefilling: blocks a
- * twin is computing right now, which patd's open does not count (only published blocks are
- * found). */
-static uint32_t inflight_twin(const replay_t *R, uint32_t target, uint32_t cached)
-{
-    uint32_t best = cached;
-    for (uint32_t k = 0; k < R->n_run; k++)
-        if (R->run[k].prefilled < R->run[k].target) /* else its prompt is cached already */
-            best = PAT_MAX(best, twin_shared(R, &R->run[k], target));
-    return best - cached;
-}
-
-/* --wait-twins: a running request is still prefilling whole blocks this prompt shares */
-static int twin_pending(const replay_t *R, uint32_t target)
-{
-    for (uint32_t k = 0; k < R->n_run; k++) {
-        const running_t *o = &R->run[k];
-        if (o->prefilled < o->target && twin_shared(R, o, target) > o->prefilled)
-            return 1;
-    }
-    return 0;
-}
-
 static int is_fatal(int rc)
 {
     return rc == -ECONNRESET || rc == -ESTALE || rc == -ESHUTDOWN || rc == -ETIMEDOUT ||
@@ -433,16 +399,9 @@ static void admit(replay_t *R, double t)
             finish(R, rec, -E2BIG, t);
             continue;
         }
-        uint32_t seq, cached;
+        uint32_t seq, cached, pending = 0;
         const uint32_t *toks = prompt_tokens(R, q->trace_idx, target);
-        if (O.wait_twins && twin_pending(R, target)) {
-            queue_pop(R);
-            queue_push(R, rec, 0);
-            passed++;
-            R->rep.twin_waits++;
-            continue;
-        }
-        int rc = pat_seq_open(R->conn, toks, target, &seq, &cached);
+        int rc = pat_seq_open_pending(R->conn, toks, target, &seq, &cached, &pending);
         if (rc == -EMFILE || rc == -EDQUOT || rc == -ENOSPC) {
             pl_report_count_err(R->rep.step_errs, &R->rep.n_step_errs, rc);
             if (R->n_run == 0) { /* nothing to wait for: it can never be admitted */
@@ -461,11 +420,28 @@ static void admit(replay_t *R, double t)
             finish(R, rec, rc, t);
             continue;
         }
+        /* --wait-twins: patd says other open sequences are about to write whole blocks of this
+         * prompt (a twin still prefilling it): closed again, and opened once they are written,
+         * while a request of its own runs (the twin is usually one of them) and at most
+         * TWIN_WAITS_MAX times (another client's twin may stall) */
+        if (O.wait_twins && pending > 0 && R->n_run > 0 && q->twin_waits < TWIN_WAITS_MAX) {
+            rc = pat_seq_close(R->conn, seq);
+            if (rc < 0 && is_fatal(rc)) {
+                R->fatal = rc;
+                return;
+            }
+            q->twin_waits++;
+            queue_pop(R);
+            queue_push(R, rec, 0);
+            passed++;
+            R->rep.twin_waits++;
+            continue;
+        }
         queue_pop(R);
         if (q->t_admit < 0) {
             q->t_admit = t;
             q->cached = cached;
-            q->inflight = inflight_twin(R, target, cached);
+            q->inflight = pending;
         }
         R->run[R->n_run++] =
             (running_t){.rec = rec, .seq = seq, .target = target, .prefilled = cached};

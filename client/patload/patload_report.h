@@ -14,9 +14,11 @@ typedef struct pl_rec {
     uint32_t trace_idx, pass, line;
     uint32_t in_len, out_len; /* replayed lengths */
     uint32_t cached;          /* prompt tokens the prefix cache held at (the last) admission */
-    uint32_t inflight;        /* ... and the whole blocks past them another running request was
-                               * prefilling then (what waiting for or attaching to a twin's
-                               * blocks could have added to cached: issue 19's measurement) */
+    uint32_t inflight;        /* ... and the prompt tokens past them that other open sequences
+                               * were about to write then, as patd reported them
+                               * (pat_seq_open_pending: what waiting for or attaching to a
+                               * twin's blocks could have added to cached) */
+    uint32_t twin_waits;      /* --wait-twins: times its admission was put off for them */
     uint32_t generated;       /* output tokens produced */
     uint32_t preempted;       /* times it lost its KV to make room and was re-admitted */
     int err;                  /* 0, or the negative errno it failed with */
