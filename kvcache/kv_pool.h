@@ -118,9 +118,8 @@ int kv_seq_open_scoped(kv_pool_t *pool, uint64_t scope, const uint32_t *tokens, 
  * to write: their prompts hold the same chain of full blocks and they have not committed them
  * yet (twins, or a request opened while another with the same new prompt still prefills). This
  * sequence's own full prompt blocks past its cached prefix count for later openers in the same
- * way until it commits them, truncates (also at the same length) or closes. The pool never waits on
- * another sequence; a caller that waits (closes, and opens again once they are written) reuses
- * them. */
+ * way until it commits them, truncates below its length or closes. The pool never waits on another
+ * sequence; a caller that waits (closes, and opens again once they are written) reuses them. */
 int kv_seq_open_pending(kv_pool_t *pool, uint64_t scope, const uint32_t *tokens, uint32_t n,
                         uint32_t *ret_seq, uint32_t *ret_cached_len, uint32_t *ret_pending_len);
 

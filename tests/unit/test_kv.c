@@ -278,18 +278,21 @@ static void test_pending_blocks(void **state)
     for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++)
         assert_int_equal(kv_seq_close(p, ids[i]), 0);
     assert_int_equal(kv_pool_check(p), 0);
-    /* a fork's child intends nothing; a truncation, also at the same length (a reservation
-     * given back), releases what it was about to write */
+    /* a reservation given back at the same length (a failed or aborted step) keeps what it is
+     * about to write; a fork's child intends nothing; truncating below its length (a rollback)
+     * releases it */
     uint32_t h = open_pending(p, 0, two, 40, 0, 0);
     kv_copy_t cp;
+    assert_int_equal(kv_seq_reserve(p, h, 40), 0);
+    assert_int_equal(kv_seq_truncate(p, h, 0, &cp), 0);
+    uint32_t i2 = open_pending(p, 0, two, 40, 0, 32);
+    assert_int_equal(kv_seq_close(p, i2), 0);
     assert_int_equal(kv_seq_reserve(p, h, 40), 0);
     assert_int_equal(kv_seq_commit(p, h, two, 8), 0); /* half a block */
     uint32_t child;
     assert_int_equal(kv_seq_fork(p, h, &child, &cp), 0);
     assert_int_equal(kv_pool_check(p), 0);
-    uint32_t i2 = open_pending(p, 0, two, 40, 0, 32);
-    assert_int_equal(kv_seq_close(p, i2), 0);
-    assert_int_equal(kv_seq_truncate(p, h, 8, &cp), 0);
+    assert_int_equal(kv_seq_truncate(p, h, 4, &cp), 0);
     uint32_t j = open_pending(p, 0, two, 40, 0, 0);
     assert_int_equal(kv_seq_close(p, h), 0);
     assert_int_equal(kv_seq_close(p, child), 0);
