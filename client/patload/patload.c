@@ -6,14 +6,15 @@
  * One connection, one thread, continuous batching: requests arrive at their recorded times
  * (scaled by --speed, or all at once), wait in a FIFO, are admitted while fewer than
  * --concurrency run (pat_seq_open_pending: the prefix cache answers how much of the prompt is
- * already there, and how much more other open sequences are about to write), prefill the rest in chunks of --chunk tokens, decode one token per step until the
- * trace's output length, and retire (pat_seq_close). Every step carries every decoding sequence
- * plus as many prefill tokens as fit in --max-batch-tokens. A step the daemon refuses for lack
- * of KV blocks (-ENOSPC, -EDQUOT) preempts the most recently admitted request (its KV is
- * dropped; it is re-admitted later and recomputes what the prefix cache no longer holds) and is
- * retried, as vLLM does. Turns of one session (multi-turn traces) run in order: a turn arrives
- * no earlier than the previous one finished. Around every layer's attention hand-off patload
- * runs a stand-in for the model's own compute (patload_compute.h).
+ * already there, and how much more other open sequences are about to write), prefill the rest in
+ * chunks of --chunk tokens, decode one token per step until the trace's output length, and retire
+ * (pat_seq_close). Every step carries every decoding sequence plus as many prefill tokens as fit in
+ * --max-batch-tokens. A step the daemon refuses for lack of KV blocks (-ENOSPC, -EDQUOT) preempts
+ * the most recently admitted request (its KV is dropped; it is re-admitted later and recomputes
+ * what the prefix cache no longer holds) and is retried, as vLLM does. Turns of one session
+ * (multi-turn traces) run in order: a turn arrives no earlier than the previous one finished.
+ * Around every layer's attention hand-off patload runs a stand-in for the model's own compute
+ * (patload_compute.h).
  *
  * Exit status: 0 every request finished; 1 some failed, or the replay was interrupted;
  * 2 usage or trace error; 3 the daemon is unreachable or went away.
