@@ -6,8 +6,8 @@ SOAK_SECONDS (default 120), while this script samples the daemon every second. P
   - patload finished every request it started (no failure, exit 0) over at least 2 passes;
   - the daemon's RSS and jemalloc's allocated bytes are flat: their peak over the last third
     of the run exceeds the peak over the first third (the warm-up: the cpu backend touches the
-    whole KV pool at start, so what grows there is caches and the trace's working set) by at most RSS_BOUND_MIB (default 4 MiB) and ALLOC_BOUND_MIB
-    (default 1 MiB);
+    whole KV pool at start, so what grows there is caches and the trace's working set) by at
+    most RSS_BOUND_MIB (default 4 MiB) and ALLOC_BOUND_MIB (default 1 MiB);
   - blocks in use are flat: the peak over the last third is at most 10 % (+16 blocks) above
     the peak over the first half, and free + used + cached == the pool at every sample;
   - afterwards no connection, sequence or block is held and the pool's own check passes.
