@@ -18,8 +18,9 @@
  *
  * Time model (sched_tiles_t.cost, measured per GPU): per work item (a CTA for one KV head)
  * max(bytes / bandwidth share, FLOPs / tensor-rate share, tiles x tile_us) + cta_us (the pair
- * kernel's items: pair_cta_us), and a makespan over the device's resident slots. Without a cost
- * model (the cpu backend) the time is the bytes.
+ * kernel's items: pair_cta_us), and a makespan over the device's resident slots. A CTA's tiles:
+ * a segment starts its own, or (sched_tiles_t.tile_pages, the pair kernel) its segments' blocks
+ * are packed tile_pages to a tile. Without a cost model (the cpu backend) the time is the bytes.
  *
  * Cost: linear in the chunks and rows walked; no allocation.
  */
@@ -128,8 +129,28 @@ static inline double cta_time(const sched_t *s, const sched__seg_t *sg, uint32_t
     const sched_tiles_t *t = &s->tiles;
     uint32_t tn = t->n[sched__pick_n(t, kv_tokens)];
     uint64_t tiles = 0;
-    for (uint32_t i = 0; i < n; i++)
-        tiles += PAT_DIV_UP(sg[i].kv_end - sg[i].kv_begin, tn);
+    if (t->tile_pages && t->pair_from_m && m >= t->pair_from_m) {
+        /* the pair kernel: the blocks its segments touch, tile_pages to a tile, in three classes
+         * where the CTA holds two slots (read by both warpgroups' rows, by the first's only, by
+         * the second's only: pair_m rows each) */
+        const uint32_t bs = s->cfg.block_size, g = s->mdl.group;
+        const int two = item_units(s, m) == 2;
+        uint64_t pages[3] = {0, 0, 0};
+        for (uint32_t i = 0; i < n; i++) {
+            if (sg[i].kv_end <= sg[i].kv_begin)
+                continue;
+            int cl = 0;
+            if (two && sg[i].row_hi * g <= t->pair_m)
+                cl = 1;
+            else if (two && sg[i].row_lo * g >= t->pair_m)
+                cl = 2;
+            pages[cl] += (sg[i].kv_end - 1) / bs - sg[i].kv_begin / bs + 1;
+        }
+        for (int cl = 0; cl < 3; cl++)
+            tiles += PAT_DIV_UP(pages[cl], t->tile_pages);
+    } else
+        for (uint32_t i = 0; i < n; i++)
+            tiles += PAT_DIV_UP(sg[i].kv_end - sg[i].kv_begin, tn);
     return item_ns(s, kv_tokens, tiles, tn, m, rows, partial_rows);
 }
 

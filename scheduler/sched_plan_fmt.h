@@ -83,7 +83,8 @@ typedef struct sched_plan_cta {
     uint32_t seg_count; /* 0: its rows read nothing (o = 0, lse = -inf) */
     uint32_t kv_tokens; /* sum of its segments' lengths (the KV it reads per KV head) */
     uint32_t group;     /* index in groups[] (its tile shape) */
-    uint32_t pack;      /* pack it came from (diagnostics, split parts share it) */
+    uint32_t pack;      /* pack it came from (diagnostics, split parts share it; the cuda
+                           backend's device copy keeps the CTA's first tile there) */
     uint32_t reserved;  /* 0 here; the cuda backend's device copy keeps the CTA's tile count */
 } sched_plan_cta_t;
 SCHED_STATIC_ASSERT(sizeof(sched_plan_cta_t) == 32, "cta layout");
@@ -118,8 +119,8 @@ SCHED_STATIC_ASSERT(sizeof(sched_plan_merge_t) == 16, "merge layout");
 /* What one work item (a CTA for one KV head) costs on the device, for the scheduler's time model
  * (sched_plan.c): t = max(bytes / bandwidth share, FLOPs / tensor-rate share, tiles x tile_us) +
  * cta_us, where a share is the device rate divided by `slots` and tiles counts the KV tiles the
- * CTA walks (every segment starts one). All zero: no model; plans are scored on bytes (the cpu
- * backend). Measured per GPU by kernels/cuda/tile_solver.cu. */
+ * CTA walks (every segment starts one, or tile_pages blocks make one). All zero: no model; plans
+ * are scored on bytes (the cpu backend). Measured per GPU by kernels/cuda/tile_solver.cu. */
 typedef struct sched_cost {
     float read_gbs;   /* device read bandwidth, GB/s (16-byte loads, measured) */
     float mma_tflops; /* the forward kernel's sustained rate on compute-bound CTAs, whole device */
@@ -150,6 +151,9 @@ typedef struct sched_tiles {
     uint32_t pair_from_m; /* items with an m-row tile of at least this run on the pair kernel
                              and cost cost.pair_cta_us; 0 = none (a plan whose CTAs all have
                              fewer rows runs on the 4-warp kernels) */
+    uint32_t tile_pages;  /* a KV tile holds this many blocks of any of a CTA's segments (the
+                             backend packs short segments together: the cuda pair kernel); 0 =
+                             every segment starts a tile of its own */
     sched_cost_t cost;
 } sched_tiles_t;
 

@@ -96,6 +96,8 @@ void cuda_tiles(const kern_backend_t *b, sched_tiles_t *ret)
         for (uint32_t i = 0; i < ret->n_m && !ret->pair_from_m; i++)
             if (ret->m[i] > KCUDA_WS_MIN_ROWS)
                 ret->pair_from_m = ret->m[i]; /* kern_cuda_attn.cu runs fwd_pair from there */
+        /* fwd_pair's tiles are four pages of any of a CTA's segments (WsTile) */
+        ret->tile_pages = KCUDA_TILE_N / KERN_BLOCK_SIZE;
     }
     if (ret->min_ctas == 0)
         ret->min_ctas = 4 * slots;

@@ -11,18 +11,23 @@
  * its outputs, instead of every CTA paying its own fill and drain (6.4 us an item against 2.0 a
  * tile, tile solver, H100, 2026-11-25).
  *
+ * A KV tile is four chunks, each a page (KERN_BLOCK_SIZE tokens) of one of the CTA's segments:
+ * plan_upload lists every CTA's tiles (WsTile), packing its short segments together, so a TREE
+ * CTA's 32-token leaves take half a tile each instead of a whole one, and the kernel walks no
+ * segment: a tile's record names its blocks, their positions, their valid rows and readers.
+ *
  * A block is three warpgroups and a ring of shared-memory slots. Warpgroup 0 is the producer: it
  * gives most of its registers away (setmaxnreg) and, item after item, gathers the item's Q into
  * one slot by 16-byte cp.async and then every KV tile into the next ones: by 16-byte cp.async,
- * tokens past the segment zero-filled, or (KERN_FWD_TMA) by the tensor memory accelerator where
- * the tile starts on a page (always, for the scheduler's plans: one box per page, K and V, 64
- * columns each, issued by thread 0, the slot's barrier counting their bytes; a partial page's rows
- * past its segment are masked, and finite: the pool is zeroed at create and appends store NaN and
- * infinity as 0; pages wholly past the segment are zero-filled). TMA measured 1-3 % slower than
- * cp.async against PAT in the same call on the H100 and the H200 (RESULTS.md, 2026-11-25). A full
- * mbarrier per slot tells the consumers it is in (cp.async.mbarrier.arrive: no thread waits for its
- * own copies; the producer's thread 0 also arrives, a release of the words it wrote beside a Q
- * slot: item id and tile count). Warpgroups 1 and 2 are the consumers: each owns 64 rows, takes its
+ * rows outside a chunk's range zero-filled, or (KERN_FWD_TMA) by the tensor memory accelerator
+ * (one box per chunk, K and V, 64 columns each, issued by thread 0, the slot's barrier counting
+ * their bytes; a chunk's rows outside its range are masked, and finite: the pool is zeroed at
+ * create and appends store NaN and infinity as 0; the rows of no chunk are zero-filled). TMA
+ * measured 1-3 % slower than cp.async against PAT in the same call on the H100 and the H200
+ * (RESULTS.md, 2026-11-25). A full mbarrier per slot tells the consumers it is in
+ * (cp.async.mbarrier.arrive: no thread waits for its own copies; the producer's thread 0 also
+ * arrives, a release of the words it wrote beside the slot: an item's id and tile count beside
+ * its Q, a tile's chunks beside its K and V). Warpgroups 1 and 2 are the consumers: each owns 64 rows, takes its
  * Q rows into registers and frees the Q slot at once (so an item of any length streams through the
  * ring), then issues only wgmma (Q.K^T with Q from registers, P.V) and the softmax; when done with
  * a slot its threads arrive on the slot's empty mbarrier, on which the producer waits before
@@ -55,7 +60,7 @@ namespace kcuda
 {
 
 /* shared memory of fwd_pair: the ring (an item's Q fills a slot, as a tile's K and V do), a full
- * and an empty barrier per slot, two words per slot, two merge lists */
+ * and an empty barrier per slot, sixteen words per slot, two merge lists */
 template <int D> struct WsGeom {
     static constexpr int N = KCUDA_TILE_N;
     static constexpr int CPR = D / 8;
@@ -65,7 +70,7 @@ template <int D> struct WsGeom {
     static constexpr int MAX_SMEM = 232448;               /* sm_90 opt-in shared memory per block */
     static constexpr int SCRATCH = 4 * (KCUDA_MAX_M + 1); /* fwd_arrive_merge's list */
     static constexpr int WORDS = 16 * 8;                  /* after 16 barriers */
-    static constexpr int LISTS = WORDS + 8 * 32;          /* after 8 words per slot */
+    static constexpr int LISTS = WORDS + 8 * 64;          /* after 16 words per slot */
     static constexpr int BCAST = LISTS + 2 * SCRATCH;     /* the producer's broadcast word */
     static constexpr int META_BYTES = BCAST + 16;
     static constexpr int FIT = (MAX_SMEM - META_BYTES) / SLOT_BYTES;
@@ -204,11 +209,12 @@ template <int D> struct WsMap {
     {
         return smem_u32(base) + G::META + 8 * (G::SLOTS + s);
     }
-    /* beside a slot that holds an item's Q: [0] item id, [1] tile count, [2..5] the CTA's
-     * row_begin, row_count, seg_begin, seg_count (the consumers' first global read saved) */
+    /* beside a slot that holds an item's Q: [0] item id, [1] tile count, [2..3] the CTA's
+     * row_begin, row_count (the consumers' first global read saved), [4] the first tile's live
+     * bits; beside a KV tile's, from its WsTile: [0..3] pos, [4..7] rng, [8] whole, [9] next */
     __device__ __forceinline__ volatile uint32_t *words(int s) const
     {
-        return reinterpret_cast<volatile uint32_t *>(base + G::META + G::WORDS + 32 * s);
+        return reinterpret_cast<volatile uint32_t *>(base + G::META + G::WORDS + 64 * s);
     }
     __device__ __forceinline__ volatile uint32_t *bcast() const
     {
@@ -315,9 +321,9 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
         const bool small = it.small;
 
         /* Every read the item's first copies wait for goes out before anything waits: the Q rows'
-         * tokens, the first segment and the first two tiles' page ids; then the Q slot (a wait on
-         * the ring) and the copies. Read after the Q copies (asm statements that clobber memory),
-         * the segment and the page ids were two more round trips an item after the tokens'.
+         * tokens and the first two tiles' records; then the Q slot (a wait on the ring) and the
+         * copies. Read after the Q copies (asm statements that clobber memory), the first
+         * segment and its page ids were two more round trips an item after the tokens'.
          *
          * Q: tile row r is CTA row r of head j (big), or CTA row r % 64 of head 2j + r / 64.
          * The copies of a warp cover 32 rows: each lane reads one of those rows' tokens and
@@ -336,45 +342,20 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
         const bool my_live = my_r < q_rows && my_rr < n_rows;
         const uint32_t my_tok = my_live ? rows[my_rr / group].q_tok : NO_TOKEN;
 
-        /* page ids two tiles ahead of the copies (fwd_cta's cursor): the producer has nothing to
-         * compute while a page-id read is in flight, so one tile ahead would put that read's
-         * latency into every tile */
-        const sched_plan_seg_t *segs = a.segs + it.cta.seg_begin;
-        const uint32_t n_segs = it.cta.seg_count;
-        uint32_t pa[G::LPT], pb[G::LPT];
-        bool aligned_next[2] = {false, false}; /* of pa and pb */
-        uint32_t pages_next[2] = {0, 0};       /* their pages holding a token of the segment */
-        uint32_t fk = 0, ft0 = 0, fend = 0, fpage0 = 0;
-        const uint32_t *fpages = a.pages;
-        sched_plan_seg_t fsg = n_segs ? segs[0] : sched_plan_seg_t{}; /* a segment ahead */
-        auto fetch_seg = [&]() {
-            const sched_plan_seg_t sg = fsg;
-            if (fk + 1 < n_segs)
-                fsg = segs[fk + 1];
-            ft0 = sg.kv_begin;
-            fend = sg.kv_end;
-            fpage0 = sg.kv_begin / KERN_BLOCK_SIZE;
-            fpages = a.pages + sg.page_begin;
-        };
-        auto fetch_pages = [&](uint32_t(&pg)[G::LPT], bool &aligned, uint32_t &n_pages) {
-            aligned = ft0 % KERN_BLOCK_SIZE == 0; /* tile rows are whole pages: TMA boxes */
-            n_pages = (min(fend - ft0, (uint32_t)N) + KERN_BLOCK_SIZE - 1) / KERN_BLOCK_SIZE;
+        /* the item's tiles (plan_upload's list), each read two tiles ahead of its copies: the
+         * producer has nothing to compute while a read is in flight, so one tile ahead would put
+         * that read's latency into every tile */
+        const uint4 *tl = reinterpret_cast<const uint4 *>(a.tiles + it.cta.pack);
+        uint4 ta[4], tb[4]; /* blk, pos, rng, (whole, live, next) of tiles t and t + 1 */
+        auto fetch_tile = [&](int t, uint4(&x)[4]) {
 #pragma unroll
-            for (int e = 0; e < G::LPT; e++) {
-                const uint32_t t = ft0 + (tid + e * KCUDA_THREADS) / G::CPR;
-                pg[e] = t < fend ? fpages[t / KERN_BLOCK_SIZE - fpage0] * KERN_BLOCK_SIZE +
-                                       t % KERN_BLOCK_SIZE
-                                 : NO_TOKEN;
-            }
-            ft0 += N;
-            if (ft0 >= fend && ++fk < n_segs)
-                fetch_seg();
+            for (int i = 0; i < 4; i++)
+                x[i] = tl[4 * t + i];
         };
         if (n_tiles) {
-            fetch_seg();
-            fetch_pages(pa, aligned_next[0], pages_next[0]);
+            fetch_tile(0, ta);
             if (n_tiles > 1)
-                fetch_pages(pb, aligned_next[1], pages_next[1]);
+                fetch_tile(1, tb);
         }
 
         const int qs = take();
@@ -384,8 +365,6 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
             wd[1] = (uint32_t)n_tiles;
             wd[2] = it.cta.row_begin;
             wd[3] = it.cta.row_count;
-            wd[4] = it.cta.seg_begin;
-            wd[5] = it.cta.seg_count;
         }
         const uint32_t sq = mp.slot(qs);
         if (my_live) {
@@ -406,61 +385,83 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
             if (KCUDA_ABLATE != 3)
                 cp_async16(sq + wswz<KCUDA_BIG_M>(r, ch), src, bytes);
         }
+        if (tid == 0) /* after the copies: the record's read had the tokens' time to land */
+            mp.words(qs)[4] = n_tiles ? ta[3].y : 0; /* the first tile's live bits */
         filled(qs);
 
-        auto produce = [&](int t, uint32_t(&pg)[G::LPT], bool aligned, uint32_t n_pages) {
+        /* tile t from its record x: chunk k into tile rows 16k..16k+15. The rows of a chunk's
+         * block outside its range [lo, hi) come too where TMA brings the whole page (masked, and
+         * finite: the pool never holds NaN or infinity, kern.h) and are zero-filled by cp.async;
+         * the rows of no chunk are zero-filled (no global read): masked as well, they must not
+         * hold what the slot held before (an item's Q, which a client wrote) */
+        /* a thread's copy e is of tile row r = tid / CPR + e * RPP: chunk e * RPP / 16 */
+        constexpr int RPP = KCUDA_THREADS / G::CPR;
+        static_assert(KERN_BLOCK_SIZE % RPP == 0, "a copy's chunk is known at compile time");
+        auto produce = [&](int t, uint4(&x)[4]) {
+            const uint32_t blk[4] = {x[0].x, x[0].y, x[0].z, x[0].w};
+            const uint32_t rng[4] = {x[2].x, x[2].y, x[2].z, x[2].w};
             for (uint32_t h = 0; h < (small ? 2u : 1u); h++) {
                 const int s = take();
                 const uint32_t head = small ? 2 * j + h : j;
-                if (KCUDA_ABLATE == 2) {
-                } else if (h < it.n_heads && a.tma && aligned) {
-                    /* a box per page holding a token of the segment, K and V, 64 columns each:
-                     * thread 0 issues them all, the slot's barrier counts their bytes (the rows
-                     * of a partial page past the segment's end are masked, and finite: the pool
-                     * never holds NaN or infinity, kern.h). The rows of the pages past the end
-                     * are zero-filled by cp.async (no global read): also masked, they must not
-                     * hold what the slot held before (an item's Q, which a client wrote) */
-                    const uint32_t sk = mp.slot(s);
-                    if (tid == 0 && n_pages) {
-                        const uint32_t bar = mp.full(s);
-                        mb_expect_tx(bar, n_pages * (2 * G::KV_BYTES / (N / KERN_BLOCK_SIZE)));
-                        constexpr int PER_PAGE = KERN_BLOCK_SIZE * G::CPR / KCUDA_THREADS;
+                const uint32_t sk = mp.slot(s);
+                if (tid == 0) {
+                    volatile uint32_t *wd = mp.words(s);
+                    wd[0] = x[1].x;
+                    wd[1] = x[1].y;
+                    wd[2] = x[1].z;
+                    wd[3] = x[1].w;
 #pragma unroll
-                        for (int i = 0; i < N / (int)KERN_BLOCK_SIZE; i++) {
-                            if ((uint32_t)i >= n_pages)
-                                break;
-                            const int blk =
-                                (int)(a.tma_block0 + pg[i * PER_PAGE] / KERN_BLOCK_SIZE);
+                    for (int k = 0; k < 4; k++)
+                        wd[4 + k] = rng[k];
+                    wd[8] = x[3].x; /* whole */
+                    wd[9] = x[3].z; /* the next tile's live bits */
+                }
+                if (KCUDA_ABLATE == 2) {
+                } else if (h < it.n_heads && a.tma) {
+                    /* a box per chunk, K and V, 64 columns each: thread 0 issues them all, the
+                     * slot's barrier counts their bytes */
+                    if (tid == 0) {
+                        uint32_t n_boxes = 0;
+#pragma unroll
+                        for (int k = 0; k < 4; k++)
+                            n_boxes += blk[k] != WS_NO_BLOCK;
+                        const uint32_t bar = mp.full(s);
+                        if (n_boxes)
+                            mb_expect_tx(bar, n_boxes * (2 * G::KV_BYTES / 4));
+#pragma unroll
+                        for (int k = 0; k < 4; k++) {
+                            if (blk[k] == WS_NO_BLOCK)
+                                continue;
+                            const int bi = (int)(a.tma_block0 + blk[k]);
 #pragma unroll
                             for (int cb = 0; cb < D / 64; cb++) {
-                                const uint32_t off = cb * (N * 128) + i * KERN_BLOCK_SIZE * 128;
-                                tma_load5(sk + off, &a.kv_map, bar, cb * 64, 0, (int)head, 0, blk);
+                                const uint32_t off = cb * (N * 128) + k * KERN_BLOCK_SIZE * 128;
+                                tma_load5(sk + off, &a.kv_map, bar, cb * 64, 0, (int)head, 0, bi);
                                 tma_load5(sk + G::KV_BYTES + off, &a.kv_map, bar, cb * 64, 0,
-                                          (int)head, 1, blk);
+                                          (int)head, 1, bi);
                             }
                         }
                     }
-                    if (n_pages < (uint32_t)(N / KERN_BLOCK_SIZE)) {
 #pragma unroll
-                        for (int e = 0; e < G::LPT; e++) {
-                            const int c = tid + e * KCUDA_THREADS, r = c / G::CPR, ch = c % G::CPR;
-                            if ((uint32_t)r / KERN_BLOCK_SIZE >= n_pages) {
-                                cp_async16(sk + wswz<N>(r, ch), a.kv, 0);
-                                cp_async16(sk + G::KV_BYTES + wswz<N>(r, ch), a.kv, 0);
-                            }
+                    for (int e = 0; e < G::LPT; e++) {
+                        const int c = tid + e * KCUDA_THREADS, r = c / G::CPR, ch = c % G::CPR;
+                        if (blk[e * RPP / KERN_BLOCK_SIZE] == WS_NO_BLOCK) {
+                            cp_async16(sk + wswz<N>(r, ch), a.kv, 0);
+                            cp_async16(sk + G::KV_BYTES + wswz<N>(r, ch), a.kv, 0);
                         }
                     }
                 } else if (h < it.n_heads) { /* a small item of one head leaves its second slot */
-                    const uint32_t sk = mp.slot(s), sv = sk + G::KV_BYTES;
+                    const uint32_t sv = sk + G::KV_BYTES;
                     const T *kbase = static_cast<const T *>(a.kv) + (uint64_t)head * a.head_stride;
 #pragma unroll
                     for (int e = 0; e < G::LPT; e++) {
                         const int c = tid + e * KCUDA_THREADS, r = c / G::CPR, ch = c % G::CPR;
+                        const int k = e * RPP / KERN_BLOCK_SIZE, pr = r % KERN_BLOCK_SIZE;
                         const T *ks = kbase, *vs = kbase;
                         uint32_t bytes = 0;
-                        if (pg[e] != NO_TOKEN) {
-                            ks = kbase + (uint64_t)(pg[e] / KERN_BLOCK_SIZE) * a.block_stride +
-                                 (pg[e] % KERN_BLOCK_SIZE) * D + ch * 8;
+                        if (blk[k] != WS_NO_BLOCK && (uint32_t)pr >= (rng[k] & 0xffu) &&
+                            (uint32_t)pr < ((rng[k] >> 8) & 0xffu)) {
+                            ks = kbase + (uint64_t)blk[k] * a.block_stride + pr * D + ch * 8;
                             vs = ks + a.v_offset;
                             bytes = 16;
                         }
@@ -471,12 +472,12 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
                 filled(s);
             }
             if (t + 2 < n_tiles)
-                fetch_pages(pg, aligned_next[t & 1], pages_next[t & 1]); /* tile t + 2 */
+                fetch_tile(t + 2, x);
         };
         for (int t = 0; t < n_tiles; t += 2) {
-            produce(t, pa, aligned_next[0], pages_next[0]);
+            produce(t, ta);
             if (t + 1 < n_tiles)
-                produce(t + 1, pb, aligned_next[1], pages_next[1]);
+                produce(t + 1, tb);
         }
     }
     cp_async_wait<0>();
@@ -499,8 +500,9 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
  * the same stages. */
 template <typename T, int D>
 __device__ __forceinline__ void ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles,
-                                           uint32_t head, int c, bool idle, const WsMap<D> &mp,
-                                           RingPos<WsGeom<D>::SLOTS> &rp, bool pp)
+                                           uint32_t live0, uint32_t head, int c, bool idle,
+                                           const WsMap<D> &mp, RingPos<WsGeom<D>::SLOTS> &rp,
+                                           bool pp)
 {
     using G = WsGeom<D>;
     constexpr int N = G::N, NT = N / 8, DT = D / 8;
@@ -510,8 +512,6 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const WsItem &it, i
     const bool small = it.small;
     const sched_plan_row_t *rows = a.rows + cta.row_begin;
     const uint32_t group = a.group, n_rows = idle ? 0 : cta.row_count * group;
-    const sched_plan_seg_t *segs = a.segs + cta.seg_begin;
-    const uint32_t n_segs = cta.seg_count;
     const int rb = small ? 0 : 64 * c; /* first CTA row of this warpgroup */
     /* a stage: one slot read by both (big), or a slot per head, this consumer's at +c (small) */
     const int adv = small ? 2 : 1, off = small ? c : 0;
@@ -534,30 +534,14 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const WsItem &it, i
     const int r0 = rb + warp * 16 + g, r1 = r0 + 8;
     const uint32_t row_lim0 = (uint32_t)r0 < n_rows ? rows[r0 / group].limit : 0;
     const uint32_t row_lim1 = (uint32_t)r1 < n_rows ? rows[r1 / group].limit : 0;
-    /* the cursor: the tile whose scores are masked next, its segment's limits */
-    uint32_t ck = 0, ct0 = 0, cend = 0, lim0 = 0, lim1 = 0;
-    bool clive = false; /* the cursor's segment is read by one of this warpgroup's rows */
-    /* the next segment's record is read one segment ahead: one-tile segments (the leaves of a
-     * TREE CTA) would otherwise wait for it in every softmax */
-    sched_plan_seg_t nsg = n_segs ? segs[0] : sched_plan_seg_t{};
-    auto enter_seg = [&]() {
-        const sched_plan_seg_t sg = nsg;
-        if (ck + 1 < n_segs)
-            nsg = segs[ck + 1];
-        const uint32_t lo = sg.row_lo * group, hi = sg.row_hi * group;
-        ct0 = sg.kv_begin;
-        cend = sg.kv_end;
-        lim0 = (uint32_t)r0 >= lo && (uint32_t)r0 < hi ? min(row_lim0, cend) : 0;
-        lim1 = (uint32_t)r1 >= lo && (uint32_t)r1 < hi ? min(row_lim1, cend) : 0;
-        clive = KCUDA_ABLATE != 1 && !idle && lo < (uint32_t)rb + 64 && hi > (uint32_t)rb;
-    };
-    auto live = [&]() { return clive; };
-    auto advance = [&]() {
-        ct0 += N;
-        if (ct0 >= cend && ++ck < n_segs)
-            enter_seg();
-    };
-
+    const uint32_t qt0 = (uint32_t)r0 < n_rows ? r0 / group : 0xffffffffu; /* query tokens */
+    const uint32_t qt1 = (uint32_t)r1 < n_rows ? r1 / group : 0xffffffffu;
+    /* whether the tile at nx is read by one of this warpgroup's rows: its live bits come with the
+     * tile before it (plan_upload's `next`; the first with the item's Q), so a run of tiles ends
+     * without waiting for the tile after it */
+    const uint32_t lbit = small ? 0 : (uint32_t)c;
+    uint32_t lvb = live0;
+    auto live = [&]() { return KCUDA_ABLATE != 1 && !idle && ((lvb >> lbit) & 1u); };
     /* Descriptors once: a product's operand is one of these plus a constant offset (16-byte
      * units in the start-address field, which no tile address overflows): K and V of ring slot 0,
      * a slot SLOT_BYTES further. */
@@ -581,9 +565,12 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const WsItem &it, i
         mb_wait(mp.full(nx.s), nx.ph);
         wg_proxy_fence(); /* the producer's copies (made visible by the barrier) reach wgmma */
     };
-    /* S = Q.K^T of stage nx (filled: wait_full), one group */
+    /* S = Q.K^T of stage nx (filled: wait_full), one group; its softmax masks by slot ms */
+    int ms = 0;
     auto issue_qk = [&]() {
         const uint64_t k0 = kd + slot(nx.s);
+        ms = nx.s;
+        lvb = mp.words(nx.s)[9];
         nx.step(adv);
         wg_hold(sw);
         wg_hold_u(qf);
@@ -616,12 +603,12 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const WsItem &it, i
         mb_arrive_n(mp.empty(cu.s), rel);
         cu.step(adv);
     };
-    /* scale, softcap, mask (the cursor's tile, which it advances) and the online softmax of s in
+    /* scale, softcap, mask (of the tile in slot ms) and the online softmax of s in
      * place: exps in s, l updated; returns O's correction factors for rows r0 and r1. Without a
      * softcap (and with a positive scale) the scale rides in the exponent's FMA: the maximum of
      * the raw scores is taken first, p = 2^(s * scale * log2 e - base), one FFMA and one MUFU per
-     * score. The mask is a branch of its own, taken by a warp only where one of its rows ends
-     * inside the tile (else the compiler selects every score). */
+     * score. The mask is a branch of its own, taken by a warp only where one of its rows does
+     * not read the whole tile (else the compiler selects every score). */
     const bool plain = !(a.softcap > 0.f) && sl2 > 0.f;
     auto softmax = [&](float &c0, float &c1) {
         if (!plain) {
@@ -633,15 +620,47 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const WsItem &it, i
                                                      tanhf(s[jn][e] * a.scale / a.softcap)
                                                : s[jn][e] * sl2;
         }
-        if (__any_sync(0xffffffffu, ct0 + N > lim0 || ct0 + N > lim1)) {
+        /* the mask of the tile in slot ms: row r reads chunk k's block rows [lo, b) with b the
+         * smaller of hi and its limit, where r is one of the chunk's readers. A whole tile (every
+         * chunk a whole page of the same readers) needs none for a reader whose limit is past
+         * its end; the rest is a bit per score, four columns a chunk (2tq, 2tq + 1, 8 + 2tq,
+         * 9 + 2tq) */
+        {
+            volatile uint32_t *w = mp.words(ms);
+            const uint32_t end = w[8];
+            bool plain0 = false, plain1 = false;
+            if (end) {
+                const uint32_t rg = w[4], rlo = (rg >> 16) & 0xffu, rhi = rg >> 24;
+                plain0 = qt0 >= rlo && qt0 < rhi && row_lim0 >= end;
+                plain1 = qt1 >= rlo && qt1 < rhi && row_lim1 >= end;
+            }
+            if (__any_sync(0xffffffffu, !plain0 || !plain1)) {
+                uint32_t bits0 = 0, bits1 = 0;
 #pragma unroll
-            for (int jn = 0; jn < NT; jn++)
+                for (int k = 0; k < 4; k++) {
+                    const uint32_t pos = w[k], rg = w[4 + k];
+                    const uint32_t lo = rg & 0xffu, hi = (rg >> 8) & 0xffu;
+                    const uint32_t rlo = (rg >> 16) & 0xffu, rhi = rg >> 24;
+                    auto cols = [&](uint32_t qt, uint32_t lim) {
+                        if (qt < rlo || qt >= rhi || lim <= pos + lo)
+                            return 0u;
+                        const uint32_t b = min(hi, lim - pos);
+                        const uint32_t m = ((1u << b) - 1) & ~((1u << lo) - 1);
+                        return ((m >> (2 * tq)) & 3u) | ((m >> (8 + 2 * tq)) & 3u) << 2;
+                    };
+                    bits0 |= cols(qt0, row_lim0) << (4 * k);
+                    bits1 |= cols(qt1, row_lim1) << (4 * k);
+                }
 #pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (ct0 + jn * 8 + 2 * tq + (e & 1) >= (e < 2 ? lim0 : lim1))
-                        s[jn][e] = -INFINITY;
+                for (int jn = 0; jn < NT; jn++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int bit = (jn >> 1) * 4 + (jn & 1) * 2 + (e & 1);
+                        if (!(((e < 2 ? bits0 : bits1) >> bit) & 1u))
+                            s[jn][e] = -INFINITY;
+                    }
+            }
         }
-        advance();
         float tm0 = -INFINITY, tm1 = -INFINITY;
 #pragma unroll
         for (int jn = 0; jn < NT; jn++) {
@@ -684,7 +703,7 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const WsItem &it, i
     /* Runs of tiles. A tile none of this warpgroup's rows reads (a segment of the other
      * consumer's rows in big mode, every tile of an idle consumer) is only waited for and
      * released, its turn passed on, so the other consumer computes it alone: a TREE CTA's leaves
-     * cost one consumer each, and the backend interleaves the two halves' segments (plan_upload)
+     * cost one consumer each, and the backend alternates the two halves' tiles (plan_upload)
      * so that both compute at once. Each run of tiles it reads is one straight line of issue and
      * waits (prologue, loop, epilogue: no wgmma or wait under a condition that differs between
      * tiles, else ptxas cannot tell which group a wait completes and serializes them all); rows of
@@ -696,18 +715,16 @@ __device__ __forceinline__ void ws_consume(const FwdArgs &a, const WsItem &it, i
      * producer padding to an even count) measured 25 % slower on the tile solver's dense plan
      * (RESULTS.md, 2026-11-25). */
     int t = 0;
-    if (n_tiles)
-        enter_seg();
     while (t < n_tiles) {
         while (t < n_tiles && !live()) {
-            wait_full();
+            mb_wait(mp.full(nx.s), nx.ph);
+            lvb = mp.words(nx.s)[9];
             nx.step(adv);
             if (pp) {
                 bar_wait(4 + c, 2 * KCUDA_THREADS);
                 bar_arrive(5 - c, 2 * KCUDA_THREADS);
             }
             release();
-            advance();
             t++;
         }
         if (t == n_tiles)
@@ -805,11 +822,9 @@ __global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const __grid_c
             ws_ref(a, b, it);
             it.cta.row_begin = w[2];
             it.cta.row_count = w[3];
-            it.cta.seg_begin = w[4];
-            it.cta.seg_count = w[5];
             const bool idle = it.small && (uint32_t)c >= it.n_heads;
             const uint32_t head = it.small ? 2 * it.j + c : it.j;
-            ws_consume<T, D>(a, it, n_tiles, head, c, idle, mp, rp, pp);
+            ws_consume<T, D>(a, it, n_tiles, w[4], head, c, idle, mp, rp, pp);
             if (a.merge_inside && !idle) {
                 if (it.small)
                     fwd_arrive_merge<T, D>(a, it.cta, head, mp.scratch(c),

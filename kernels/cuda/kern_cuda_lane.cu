@@ -28,9 +28,13 @@ void lane_done(Lane *L)
     for (PlanBuf &pb : L->plan) {
         cudaFreeHost(pb.host);
         cudaFree(pb.dev);
+        cudaFreeHost(pb.tl_host);
+        cudaFree(pb.tl_dev);
         if (pb.copied)
             cudaEventDestroy(pb.copied);
     }
+    for (uint32_t i = 0; i < L->n_retired; i++)
+        cudaFreeHost(L->retired[i]);
     if (L->slot_copied)
         cudaEventDestroy(L->slot_copied);
     cudaFreeHost(L->slot_host);
@@ -63,8 +67,12 @@ int lane_init(Cuda *c, Lane *L)
     L->work = L->arrivals + (uint64_t)cfg->max_tokens * m.kv_heads;
     for (PlanBuf &pb : L->plan)
         if (cudaMallocHost(&pb.host, cfg->max_plan_bytes) != cudaSuccess ||
-            cudaMalloc(&pb.dev, cfg->max_plan_bytes) != cudaSuccess)
+            cudaMalloc(&pb.dev, cfg->max_plan_bytes) != cudaSuccess ||
+            cudaMallocHost(&pb.tl_host, WS_TILES_START * sizeof(WsTile)) != cudaSuccess ||
+            cudaMalloc(&pb.tl_dev, WS_TILES_START * sizeof(WsTile)) != cudaSuccess)
             goto nomem;
+    for (PlanBuf &pb : L->plan)
+        pb.tl_cap = WS_TILES_START;
     if (cudaMallocHost(&L->slot_host, cfg->max_tokens * sizeof(uint32_t)) != cudaSuccess ||
         cudaMalloc(&L->slot_dev, cfg->max_tokens * sizeof(uint32_t)) != cudaSuccess ||
         cudaHostAlloc(&L->progress_host, 64, cudaHostAllocMapped) != cudaSuccess ||

@@ -123,7 +123,8 @@ static double measure_plan(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t
 
 /* Median seconds of one layer of a TREE plan of CTAs of m rows (8/8 heads, d 128 fp16).
  * chain: nq queries share one 16-token block and each has a private 16-token block, so every CTA
- * of m = 64 walks 65 one-tile segments of little data (the tile chain's latency, kern's tile_us).
+ * of m = 64 walks 65 one-page segments of little data (the tile chain's latency, kern's tile_us),
+ * in 17 tiles where the backend packs four pages to a tile.
  * Else each run of m queries shares a 16-token block and has nothing private: CTAs of m rows and
  * one one-tile segment, which fwd_pair runs (m > KCUDA_WS_MIN_ROWS): its cost per item. */
 static double measure_tree(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t m, bool chain)
@@ -283,7 +284,10 @@ int main(int argc, char **argv)
     const uint32_t pair_q = 32 * 1024;
     const double t_pair = measure_tree(e0, e1, pair_q, 32, false);
     const double pair_items = (pair_q / 32.0) * 8 / 2, pair_blocks = dev.cost.slots / 2.0;
-    const double tile_us = (t_chain - cta_us) / 65;
+    /* the tiles those CTAs walk: a segment each, or 65 pages four to a tile where the backend
+     * packs them (sched_tiles_t.tile_pages) */
+    const double chain_tiles = dev.tile_pages ? ceil(65.0 / dev.tile_pages) : 65.0;
+    const double tile_us = (t_chain - cta_us) / chain_tiles;
     printf(
         "\ntensor rate: 512 queries x 64/8 heads over one shared 2,048-token prefix (the default "
         "forward's largest CTAs, L2-resident KV): %.1f TFLOP/s (over 8,192 tokens %.1f; the "
@@ -293,8 +297,9 @@ int main(int argc, char **argv)
            "%.1f us -> %.2f us per item\n",
            items, dev.cost.slots, waves, t_small * 1e6, cta_us * 1e6);
     printf("tile chain: %u queries of a private 16-token block under a shared one, TREE CTAs of 64 "
-           "rows (65 one-tile segments each, one wave): %.1f us -> %.2f us per tile\n",
-           chain_q, t_chain * 1e6, tile_us * 1e6);
+           "rows (65 one-page segments in %.0f tiles each, one wave): %.1f us -> %.2f us per "
+           "tile\n",
+           chain_q, chain_tiles, t_chain * 1e6, tile_us * 1e6);
     const double pair_us = t_pair * 1e6 / (pair_items / pair_blocks);
     printf("fwd_pair's fixed cost: %u queries in runs of 32 sharing a 16-token block, TREE CTAs of "
            "32 rows (%.0f items of one tile, %.0f blocks): %.1f us -> %.2f us per item and block\n",
