@@ -84,7 +84,7 @@ CUDA_SRCS  := kernels/cuda/kern_cuda.cu kernels/cuda/kern_cuda_attn.cu \
               kernels/cuda/kern_cuda_fwd_d256.cu
 # what only the tools, GPU tests and benchmarks link (libpatcudatools.a)
 CUDA_TOOL_SRCS := kernels/cuda/kern_cuda_tools.cu
-CUDA_CSRCS := kernels/cuda/kern_cuda_tiles.c
+CUDA_CSRCS := kernels/cuda/kern_cuda_tiles.c kernels/cuda/kern_cuda_pack.c
 IPC_SRCS   := ipc/ipc_codec.c ipc/ipc_shm.c
 DAEMON_SRCS := daemon/patd_main.c daemon/patd_config.c daemon/patd_conn.c daemon/patd_exec.c \
                daemon/patd_step.c daemon/patd_seq.c daemon/patd_io.c daemon/patd_gpu.c \
@@ -133,7 +133,7 @@ TESTLIB_SRCS := tests/lib/tl_rng.c tests/lib/tl_world.c tests/lib/tl_ref.c tests
 TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(B)/%.o)
 
 # Unit tests: one program per module (cmocka); tests/run.sh runs them with a time limit.
-UNIT_TESTS := test_base test_kv test_forest test_pack test_cpu test_ipc test_daemon
+UNIT_TESTS := test_base test_kv test_forest test_pack test_cuda_pack test_cpu test_ipc test_daemon
 UNIT_BINS  := $(UNIT_TESTS:%=$(B)/tests/%)
 # test_daemon links the daemon's objects but its main (and the daemon's libraries)
 DAEMON_TEST_OBJS := $(filter-out $(B)/daemon/patd_main.o,$(DAEMON_OBJS))
@@ -275,6 +275,10 @@ $(INTEG_BINS): $(B)/tests/%: $(B)/tests/integ/%.o $(B)/libpattest.a $(LIBPAT_A)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(TEST_LIBS) $(NN_LIBS) -lrt -lm
 
+# test_cuda_pack checks the cuda backend's host-side tile builder, plain C: no GPU, no nvcc
+$(B)/tests/unit/test_cuda_pack.o: CFLAGS += -Ikernels/cuda
+$(B)/tests/test_cuda_pack: $(B)/kernels/cuda/kern_cuda_pack.o
+
 $(B)/tests/unit/test_daemon.o: CFLAGS += -Idaemon $(DAEMON_CFLAGS)
 $(B)/tests/test_daemon: $(B)/tests/unit/test_daemon.o $(DAEMON_TEST_OBJS) $(B)/libpattest.a \
                         $(B)/libpatcore.a $(B)/libpatipc.a $(BASE_LIB)
@@ -297,7 +301,7 @@ $(B)/bench/bench_%: $(B)/tests/bench/bench_%.o $(B)/libpattest.a $(B)/libpatcore
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 # GPU test programs: compiled wherever nvcc is (CI included), run by tests/gpu/run.sh on a GPU.
-$(B)/kernels/cuda/kern_cuda_tiles.o: CFLAGS += -Ikernels/cuda
+$(B)/kernels/cuda/kern_cuda_tiles.o $(B)/kernels/cuda/kern_cuda_pack.o: CFLAGS += -Ikernels/cuda
 # the cpu backend's hot loops at fixed alignment: where the link put them decided the soak's step
 # time by 40 % (49-51 against 70-81 ms on this VM's AMD EPYC, two builds differing only in an
 # unused branch of kv_seq.c that moved cta_job by 16 bytes)

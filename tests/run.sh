@@ -14,7 +14,7 @@ set -u
 # Unit tests (one process, no daemon) finish in seconds, ASan builds included; the rest start
 # daemons and clients and replay traces.
 LIMITS=(
-    'test_base test_kv test_forest test_pack test_ipc test_daemon 120'
+    'test_base test_kv test_forest test_pack test_cuda_pack test_ipc test_daemon 120'
     'test_cpu 300'
     '* 600'
 )

@@ -12,132 +12,6 @@
 namespace kcuda
 {
 
-/* pages of a segment: fwd_pair's chunks (none for an empty one) */
-static uint32_t seg_chunks(const sched_plan_seg_t &g)
-{
-    return g.kv_end > g.kv_begin ? (g.kv_end - 1) / KERN_BLOCK_SIZE - g.kv_begin / KERN_BLOCK_SIZE + 1
-                                 : 0;
-}
-
-/* fwd_pair's chunk class of a segment of a CTA: 0 read by both consumers' rows (or the CTA is
- * small: one consumer per KV head reads all), 1 by consumer 0's only (q-head rows 0..63), 2 by
- * consumer 1's only */
-static int seg_class(const sched_plan_seg_t &g, bool small, uint32_t group)
-{
-    if (small)
-        return 0;
-    if (g.row_hi * group <= KCUDA_SMALL_M)
-        return 1;
-    return g.row_lo * group >= KCUDA_SMALL_M ? 2 : 0;
-}
-
-/* Prepares the device copy dst of h (same layout; its CTAs already copied) and returns how many
- * of its CTAs have more than KCUDA_SMALL_M rows:
- *  - those CTAs first, then the others, each run in plan order (longest first): fwd_pair numbers
- *    its work items without gaps from that order (ws_ref: a big CTA is an item per KV head, a
- *    small one an item per two). Nothing else names a CTA by its index: rows, segments and merges
- *    are reached through the CTA's own fields. Putting the plan's first CTA's mode first instead
- *    measured 1.7 % slower on the PAT trees (H100, 2026-11-26);
- *  - fwd_pair's tiles of each CTA: its tile count in `reserved`, the index of its first tile in
- *    `pack` (fill_tiles writes them); *n_tiles = the plan's total. The plan's meaning does not
- *    depend on the order of its CTAs (sched_plan_fmt.h). */
-static uint32_t prepare_copy(const sched_plan_hdr_t *h, sched_plan_hdr_t *dst, uint64_t *n_tiles)
-{
-    const sched_plan_cta_t *ct = sched_plan_ctas(h);
-    const sched_plan_seg_t *src = sched_plan_segs(h);
-    sched_plan_cta_t *cout =
-        reinterpret_cast<sched_plan_cta_t *>(reinterpret_cast<uint8_t *>(dst) + h->off_ctas);
-    auto small = [&](uint32_t i) { return ct[i].row_count * h->group <= KCUDA_SMALL_M; };
-    uint32_t n_big = 0, at = 0;
-    uint64_t tiles = 0;
-    for (int pass = 0; pass < 2; pass++)
-        for (uint32_t i = 0; i < h->n_ctas; i++) {
-            if (small(i) != (pass == 1))
-                continue;
-            n_big += !small(i);
-            sched_plan_cta_t &d = cout[at++];
-            d = ct[i];
-            uint64_t n[3] = {0, 0, 0};
-            for (uint32_t k = 0; k < d.seg_count; k++) {
-                const sched_plan_seg_t &g = src[d.seg_begin + k];
-                n[seg_class(g, small(i), h->group)] += seg_chunks(g);
-            }
-            const uint64_t t = (n[0] + 3) / 4 + (n[1] + 3) / 4 + (n[2] + 3) / 4;
-            d.reserved = (uint32_t)(t > UINT32_MAX ? UINT32_MAX : t);
-            d.pack = (uint32_t)(tiles > UINT32_MAX ? UINT32_MAX : tiles);
-            tiles += t;
-        }
-    *n_tiles = tiles;
-    return n_big;
-}
-
-/* Writes the tiles of the device copy dst's CTAs (prepare_copy counted them) to out: each class
- * of chunks (seg_class) packed four to a tile in segment order, the chunks read by both consumers
- * first, then the tiles of consumer 0's and consumer 1's alternating, so that the two compute
- * their own rows' leaves at the same time (a prefix tree's DFS order lists every leaf of the
- * first half before the second's, and a consumer skips the tiles none of its rows reads). */
-static void fill_tiles(const sched_plan_hdr_t *h, const sched_plan_hdr_t *dst, WsTile *out)
-{
-    const sched_plan_cta_t *cd = sched_plan_ctas(dst);
-    const sched_plan_seg_t *src = sched_plan_segs(h);
-    const uint32_t *pages = sched_plan_pages(h);
-    const uint32_t group = h->group, bs = KERN_BLOCK_SIZE;
-    for (uint32_t i = 0; i < h->n_ctas; i++) {
-        const sched_plan_cta_t &c = cd[i];
-        const bool small = c.row_count * h->group <= KCUDA_SMALL_M;
-        WsTile *t = out + c.pack;
-        for (uint32_t k = 0; k < c.reserved; k++) {
-            memset(&t[k], 0, sizeof(t[k]));
-            for (int e = 0; e < 4; e++)
-                t[k].blk[e] = WS_NO_BLOCK;
-        }
-        uint32_t n[3] = {0, 0, 0};
-        for (uint32_t k = 0; k < c.seg_count; k++) {
-            const sched_plan_seg_t &g = src[c.seg_begin + k];
-            n[seg_class(g, small, h->group)] += seg_chunks(g);
-        }
-        const uint32_t tb = (n[0] + 3) / 4, t0 = (n[1] + 3) / 4, t1 = (n[2] + 3) / 4;
-        uint32_t j[3] = {0, 0, 0};
-        for (uint32_t k = 0; k < c.seg_count; k++) {
-            const sched_plan_seg_t &g = src[c.seg_begin + k];
-            const int cl = seg_class(g, small, h->group);
-            const uint32_t p0 = g.kv_begin / bs, nc = seg_chunks(g);
-            for (uint32_t q = 0; q < nc; q++, j[cl]++) {
-                const uint32_t x = j[cl] / 4;
-                const uint32_t ti = cl == 0   ? x
-                                    : cl == 1 ? tb + x + (x < t1 ? x : t1)
-                                              : tb + (x + 1 < t0 ? x + 1 : t0) + x;
-                const uint32_t pos = (p0 + q) * bs;
-                const uint32_t lo = (g.kv_begin > pos ? g.kv_begin : pos) - pos;
-                const uint32_t hi = (g.kv_end < pos + bs ? g.kv_end : pos + bs) - pos;
-                const int e = (int)(j[cl] % 4);
-                t[ti].blk[e] = pages[g.page_begin + q];
-                t[ti].pos[e] = pos;
-                t[ti].rng[e] = lo | hi << 8 | (uint32_t)g.row_lo << 16 | (uint32_t)g.row_hi << 24;
-            }
-        }
-        for (uint32_t k = 0; k < c.reserved; k++) {
-            bool whole = true;
-            for (int e = 0; e < 4; e++) {
-                const uint32_t rg = t[k].rng[e], lo = rg & 0xffu, hi = (rg >> 8) & 0xffu;
-                const uint32_t rlo = (rg >> 16) & 0xffu, rhi = rg >> 24;
-                whole = whole && lo == 0 && hi == bs && rg >> 16 == t[k].rng[0] >> 16;
-                if (hi > lo)
-                    for (uint32_t half = 0; half < 2; half++)
-                        if (rlo * group < KCUDA_SMALL_M * (half + 1) &&
-                            rhi * group > KCUDA_SMALL_M * half)
-                            t[k].live |= 1u << half;
-                if (hi > lo && t[k].pos[e] + bs > t[k].whole)
-                    t[k].whole = t[k].pos[e] + bs;
-            }
-            if (!whole)
-                t[k].whole = 0;
-            if (k)
-                t[k - 1].next = t[k].live;
-        }
-    }
-}
-
 /* Grows pb's tile buffers to hold n tiles, never waiting for the device: a launch may still read
  * the device buffer (freed in stream order) and an upload the pinned one (kept until the lane
  * ends: a free of pinned memory waits for the whole device, every other client's queued work
@@ -205,13 +79,13 @@ int plan_upload(Lane *L, const sched_plan_hdr_t *h)
     memcpy(pb->host, h, h->total_bytes);
     sched_plan_hdr_t *dst = reinterpret_cast<sched_plan_hdr_t *>(pb->host);
     uint64_t n_tiles;
-    pb->n_big = prepare_copy(h, dst, &n_tiles);
+    pb->n_big = kcuda_pack_prepare(h, dst, &n_tiles);
     const bool pair = runs_pair(c, h);
     r = pair ? tiles_reserve(L, pb, n_tiles) : 0;
     if (r < 0)
         return r;
     if (pair && n_tiles) {
-        fill_tiles(h, dst, pb->tl_host);
+        kcuda_pack_fill(h, dst, pb->tl_host);
         KC_TRY(cudaMemcpyAsync(pb->tl_dev, pb->tl_host, n_tiles * sizeof(WsTile),
                                cudaMemcpyHostToDevice, L->main),
                "tile upload");

@@ -27,11 +27,11 @@
  * (RESULTS.md, 2026-11-25). A full mbarrier per slot tells the consumers it is in
  * (cp.async.mbarrier.arrive: no thread waits for its own copies; the producer's thread 0 also
  * arrives, a release of the words it wrote beside the slot: an item's id and tile count beside
- * its Q, a tile's chunks beside its K and V). Warpgroups 1 and 2 are the consumers: each owns 64 rows, takes its
- * Q rows into registers and frees the Q slot at once (so an item of any length streams through the
- * ring), then issues only wgmma (Q.K^T with Q from registers, P.V) and the softmax; when done with
- * a slot its threads arrive on the slot's empty mbarrier, on which the producer waits before
- * refilling.
+ * its Q, a tile's chunks beside its K and V). Warpgroups 1 and 2 are the consumers: each owns 64
+ * rows, takes its Q rows into registers and frees the Q slot at once (so an item of any length
+ * streams through the ring), then issues only wgmma (Q.K^T with Q from registers, P.V) and the
+ * softmax; when done with a slot its threads arrive on the slot's empty mbarrier, on which the
+ * producer waits before refilling.
  *
  * Two modes, by the CTA's rows:
  *   big   (more than KCUDA_SMALL_M rows): KV head j; consumer c has rows 64c..64c+63; one KV tile
@@ -227,7 +227,7 @@ template <int D> struct WsMap {
 };
 
 /* A work item: a device CTA for KV head j (more than KCUDA_SMALL_M rows: big mode) or for KV heads
- * 2j and 2j + 1 (small mode). prepare_copy puts the n_big CTAs of big mode first, then the
+ * 2j and 2j + 1 (small mode). kcuda_pack_prepare puts the n_big CTAs of big mode first, then the
  * others, each run in plan order, so that the items are numbered without gaps: a CTA's items are
  * consecutive, big mode's before small mode's (with the CTAs in plan order a small CTA's items
  * past its last pair of heads were empty, and every one a block fetched cost it a round trip of
@@ -499,10 +499,9 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
  * c == 1) computes masked rows and writes nothing, so that both keep taking turns and releasing
  * the same stages. */
 template <typename T, int D>
-__device__ __forceinline__ void ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles,
-                                           uint32_t live0, uint32_t head, int c, bool idle,
-                                           const WsMap<D> &mp, RingPos<WsGeom<D>::SLOTS> &rp,
-                                           bool pp)
+__device__ __forceinline__ void
+ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles, uint32_t live0, uint32_t head, int c,
+           bool idle, const WsMap<D> &mp, RingPos<WsGeom<D>::SLOTS> &rp, bool pp)
 {
     using G = WsGeom<D>;
     constexpr int N = G::N, NT = N / 8, DT = D / 8;

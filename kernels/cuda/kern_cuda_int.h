@@ -26,27 +26,14 @@
 extern "C" {
 #include "kern_int.h"
 }
+#include "kern_cuda_pack.h"
 
 namespace kcuda
 {
 
-/* One KV tile of fwd_pair: up to four chunks, each one page (KERN_BLOCK_SIZE tokens) of one of the
- * CTA's segments, in tile rows 16k..16k+15 for chunk k. plan_upload lists a CTA's tiles once for
- * every KV head (a block holds every head): short segments share a tile instead of each starting
- * one, so a TREE CTA's 32-token leaves cost half a tile each. */
-struct WsTile {
-    uint32_t blk[4]; /* the chunk's block id; WS_NO_BLOCK: no chunk k (its rows zero-filled) */
-    uint32_t pos[4]; /* absolute position of the block's first token */
-    uint32_t rng[4]; /* the chunk's block rows [lo, hi) and its readers, the CTA's rows (query
-                        tokens) [row_lo, row_hi): lo | hi << 8 | row_lo << 16 | row_hi << 24;
-                        0 where there is no chunk */
-    uint32_t whole;  /* where the four chunks are whole blocks read by the same rows, one past
-                        their last position (a reader of a larger limit needs no mask), else 0 */
-    uint32_t live;   /* bit c: rows 64c..64c+63 (q-head rows) read one of its chunks */
-    uint32_t next;   /* the next tile's `live` (0 after the CTA's last) */
-    uint32_t pad;
-};
-constexpr uint32_t WS_NO_BLOCK = 0xffffffffu;
+/* fwd_pair's KV tiles (kern_cuda_pack.h) */
+using WsTile = kcuda_tile_t;
+constexpr uint32_t WS_NO_BLOCK = KCUDA_NO_BLOCK;
 constexpr uint32_t WS_TILES_START = 4096; /* a lane's tile buffers at first (256 KiB each) */
 constexpr uint32_t WS_RETIRED_MAX = 32;   /* doublings of a lane's tile buffers */
 static_assert(KCUDA_TILE_N == 4 * KERN_BLOCK_SIZE, "a tile is four pages");
@@ -65,7 +52,7 @@ struct FwdArgs {
     const sched_plan_row_t *rows;
     const uint32_t *pages;
     const sched_plan_merge_t *merges;
-    const WsTile *tiles; /* fwd_pair: the tiles of the device copy's CTAs (prepare_copy) */
+    const WsTile *tiles;   /* fwd_pair: the tiles of the device copy's CTAs (kcuda_pack_fill) */
     const void *q;         /* [token][q_head][D] */
     void *o;               /* [token][q_head][D] */
     const void *kv;        /* this layer's first block */
@@ -136,8 +123,9 @@ struct PlanBuf {
     uint8_t *host; /* pinned */
     uint8_t *dev;
     cudaEvent_t copied; /* the H2D copy from host has completed */
-    uint32_t n_big;     /* CTAs of more than KCUDA_SMALL_M rows, first in the copy (prepare_copy) */
-    WsTile *tl_host;    /* pinned: fwd_pair's tiles of the plan in dev */
+    uint32_t
+        n_big; /* CTAs of more than KCUDA_SMALL_M rows, first in the copy (kcuda_pack_prepare) */
+    WsTile *tl_host; /* pinned: fwd_pair's tiles of the plan in dev */
     WsTile *tl_dev;
     uint32_t tl_cap; /* tiles both hold (grown by plan_upload) */
     bool used;
@@ -177,8 +165,8 @@ struct Lane {
     uint32_t *work;     /* 2 words after the arrivals, likewise (FwdArgs.work) */
     uint8_t *check;     /* kern__plan_check's scratch */
     PlanBuf plan[2];
-    int cur;                           /* plan[cur] holds the last uploaded plan */
-    WsTile *retired[WS_RETIRED_MAX];   /* pinned tile buffers outgrown, freed with the lane */
+    int cur;                         /* plan[cur] holds the last uploaded plan */
+    WsTile *retired[WS_RETIRED_MAX]; /* pinned tile buffers outgrown, freed with the lane */
     uint32_t n_retired;
     uint8_t *last;     /* host copy of it, for the unchanged test */
     uint32_t last_len; /* 0: none */

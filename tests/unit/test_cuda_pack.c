@@ -1,0 +1,241 @@
+/*
+ * test_cuda_pack.c — the pair kernel's KV tiles (kernels/cuda/kern_cuda_pack.c) against the plan's
+ * meaning, on the host (no GPU): on random forests (every policy, GQA groups 1-16, decode and
+ * extend rows, with and without the long-KV split, under a tile table with the pair kernel's
+ * 128-row CTAs), every q-head row of every CTA reads through the tiles exactly the KV positions
+ * the plan gives it (its segments up to its causal limit), each once and from the plan's block,
+ * and only in tiles its consumer warpgroup computes (the tile's live bit, which the tile before it
+ * announces in `next`); `whole` holds exactly where every chunk is a whole block of the same
+ * readers; the device copy lists the CTAs of more than 64 rows first, each CTA once, its tiles
+ * consecutive. The masks mirror kern_cuda_fwd_ws.cuh: row r reads chunk k's block rows [lo, b),
+ * b = min(hi, limit - pos), where r's query token is one of the chunk's readers.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kern_cuda_pack.h"
+#include "sched_plan.h"
+#include "tl_rng.h"
+#include "tl_world.h"
+
+#define BS 16u
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* the (position, block) pairs row r (q-head row of CTA c) reads by the plan */
+static uint32_t plan_reads(const sched_plan_hdr_t *h, const sched_plan_cta_t *c, uint32_t r,
+                           uint64_t *out)
+{
+    const sched_plan_seg_t *sg = sched_plan_segs(h) + c->seg_begin;
+    const sched_plan_row_t *row = sched_plan_rows(h) + c->row_begin + r / h->group;
+    const uint32_t *pages = sched_plan_pages(h);
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < c->seg_count; k++) {
+        if (r / h->group < sg[k].row_lo || r / h->group >= sg[k].row_hi)
+            continue;
+        const uint32_t end = sg[k].kv_end < row->limit ? sg[k].kv_end : row->limit;
+        for (uint32_t p = sg[k].kv_begin; p < end; p++)
+            out[n++] = (uint64_t)p << 32 | pages[sg[k].page_begin + p / BS - sg[k].kv_begin / BS];
+    }
+    return n;
+}
+
+/* the pairs row r reads through the tiles, as the kernel masks them; fails where a row would read
+ * a tile its consumer skips */
+static uint32_t tile_reads(const sched_plan_hdr_t *h, const sched_plan_cta_t *c,
+                           const kcuda_tile_t *t, uint32_t r, uint64_t *out)
+{
+    const sched_plan_row_t *row = sched_plan_rows(h) + c->row_begin + r / h->group;
+    const int small = c->row_count * h->group <= 64;
+    const uint32_t bit = small ? 0 : r / 64, qt = r / h->group;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < c->reserved; i++)
+        for (int k = 0; k < 4; k++) {
+            const uint32_t rg = t[i].rng[k], lo = rg & 0xffu, hi = (rg >> 8) & 0xffu;
+            const uint32_t rlo = (rg >> 16) & 0xffu, rhi = rg >> 24, pos = t[i].pos[k];
+            if (qt < rlo || qt >= rhi || row->limit <= pos + lo || hi <= lo)
+                continue;
+            assert_true((t[i].live >> bit) & 1u);
+            assert_int_not_equal(t[i].blk[k], KCUDA_NO_BLOCK);
+            const uint32_t b = hi < row->limit - pos ? hi : row->limit - pos;
+            for (uint32_t p = lo; p < b; p++)
+                out[n++] = (uint64_t)(pos + p) << 32 | t[i].blk[k];
+        }
+    return n;
+}
+
+static void check_tiles(const sched_plan_hdr_t *h)
+{
+    sched_plan_hdr_t *d = malloc(h->total_bytes);
+    memcpy(d, h, h->total_bytes);
+    uint64_t n_tiles = 0;
+    const uint32_t n_big = kcuda_pack_prepare(h, d, &n_tiles);
+    kcuda_tile_t *tiles = malloc((n_tiles ? n_tiles : 1) * sizeof(kcuda_tile_t));
+    memset(tiles, 0xa5, (n_tiles ? n_tiles : 1) * sizeof(kcuda_tile_t)); /* no stale zeros */
+    kcuda_pack_fill(h, d, tiles);
+    const sched_plan_cta_t *src = sched_plan_ctas(h), *dc = sched_plan_ctas(d);
+    uint8_t *seen = calloc(h->n_rows + 1, 1);
+    uint64_t at = 0, max_kv = 0;
+    for (uint32_t i = 0; i < h->n_ctas; i++)
+        max_kv += src[i].kv_tokens;
+    uint64_t *want = malloc((max_kv + 1) * sizeof(uint64_t));
+    uint64_t *got = malloc((max_kv + 1) * sizeof(uint64_t));
+    for (uint32_t i = 0; i < h->n_ctas; i++) {
+        const sched_plan_cta_t *c = &dc[i];
+        /* a permutation of the plan's CTAs (each names its own rows), big ones first */
+        assert_int_equal(seen[c->row_begin]++, 0);
+        assert_int_equal(c->row_count * h->group > 64, i < n_big);
+        uint32_t j = 0;
+        while (src[j].row_begin != c->row_begin)
+            j++;
+        assert_int_equal(src[j].seg_begin, c->seg_begin);
+        assert_int_equal(src[j].seg_count, c->seg_count);
+        assert_int_equal(c->pack, at);
+        at += c->reserved;
+        const kcuda_tile_t *t = tiles + c->pack;
+        for (uint32_t k = 0; k < c->reserved; k++) {
+            assert_int_equal(t[k].next, k + 1 < c->reserved ? t[k + 1].live : 0);
+            int whole = 1;
+            uint32_t end = 0;
+            for (int e = 0; e < 4; e++) {
+                whole = whole && t[k].blk[e] != KCUDA_NO_BLOCK && (t[k].rng[e] & 0xffffu) == BS << 8 &&
+                        t[k].rng[e] >> 16 == t[k].rng[0] >> 16;
+                if (t[k].pos[e] + BS > end)
+                    end = t[k].pos[e] + BS;
+                if (t[k].blk[e] == KCUDA_NO_BLOCK)
+                    assert_int_equal(t[k].rng[e], 0);
+            }
+            assert_int_equal(t[k].whole, whole ? end : 0);
+            /* live bit c: exactly where rows 64c.. are readers of a chunk; in a big CTA a
+             * tile's chunks are all read by both consumers' rows, or all by one's only */
+            uint32_t live = 0, kinds = 0;
+            for (int e = 0; e < 4; e++) {
+                const uint32_t rg = t[k].rng[e];
+                if (((rg >> 8) & 0xffu) <= (rg & 0xffu))
+                    continue;
+                uint32_t b = 0;
+                for (uint32_t q = (rg >> 16) & 0xffu; q < rg >> 24; q++)
+                    for (uint32_t x = 0; x < h->group; x++)
+                        b |= 1u << ((q * h->group + x) / 64);
+                live |= b;
+                kinds |= 1u << b;
+            }
+            assert_int_equal(t[k].live, live);
+            assert_true(live != 0); /* no tile is packed that nobody reads */
+            if (i < n_big)
+                assert_true(kinds == 2 || kinds == 4 || kinds == 8);
+        }
+        for (uint32_t r = 0; r < c->row_count * h->group; r++) {
+            const uint32_t nw = plan_reads(h, c, r, want), ng = tile_reads(h, c, t, r, got);
+            assert_int_equal(nw, ng);
+            qsort(want, nw, sizeof(uint64_t), cmp_u64);
+            qsort(got, ng, sizeof(uint64_t), cmp_u64);
+            assert_memory_equal(want, got, nw * sizeof(uint64_t));
+            for (uint32_t k = 1; k < ng; k++)
+                assert_true(got[k] >> 32 != got[k - 1] >> 32); /* each position once */
+        }
+    }
+    assert_int_equal(at, n_tiles);
+    free(want);
+    free(got);
+    free(seen);
+    free(tiles);
+    free(d);
+}
+
+static void test_random_plans(void **state)
+{
+    (void)state;
+    static const uint32_t groups[][2] = {{8, 8}, {16, 8}, {32, 8}, {64, 8}, {64, 4}, {48, 16}};
+    tl_rng_t r;
+    tl_rng_seed(&r, tl_test_seed(0x7a1e));
+    for (int round = 0; round < 8; round++) {
+        tl_world_t w;
+        tl_world_params_t p = {.bs = BS,
+                               .trees = tl_rng_range(&r, 1, 3),
+                               .depth_lo = 1,
+                               .depth_hi = 5,
+                               .fanout_lo = 1,
+                               .fanout_hi = tl_rng_range(&r, 1, 64),
+                               .level_tok_lo = 1,
+                               .level_tok_hi = tl_rng_range(&r, 16, 600),
+                               .leaf_tok_lo = 1,
+                               .leaf_tok_hi = tl_rng_range(&r, 1, 300),
+                               .new_lo = 1,
+                               .new_hi = round % 3 == 0 ? 40 : 1,
+                               .max_queries = 160,
+                               .spare_blocks = 4};
+        if (round % 2) { /* the paper's trees: a shared root, fan-out, short private leaves */
+            p.trees = 1;
+            p.depth_hi = 3;
+            p.fanout_lo = 4;
+            p.fanout_hi = 16;
+            p.level_tok_lo = 16;
+            p.level_tok_hi = 512;
+            p.leaf_tok_lo = 1;
+            p.leaf_tok_hi = 64;
+            p.max_queries = 256;
+        }
+        tl_world_gen(&w, &r, &p);
+        const uint32_t *g = groups[round % 6];
+        /* the cuda backend's table on an H100 with the pair kernel (kern_cuda.cu) */
+        sched_tiles_t tt = {.n_m = 4,
+                            .m = {16, 32, 64, 128},
+                            .n_n = 1,
+                            .n = {64},
+                            .n_upto = {UINT32_MAX},
+                            .pair_m = 64,
+                            .pair_from_m = 32,
+                            .tile_pages = 4};
+        tt.cost = (sched_cost_t){3066.0f, 381.0f, 3.41f, 132, 1.80f, 5.43f};
+        /* every policy, then TREE with 128-row CTAs only (leaves of both consumers' rows) */
+        for (int pol = 0; pol <= SCHED_POLICY_TREE + 1; pol++)
+            for (int split = 0; split < 2; split++) {
+                sched_tiles_t wide = tt;
+                wide.n_m = 1;
+                wide.m[0] = 128;
+                sched_config_t sc = {.max_queries = w.n_q,
+                                     .max_tokens = w.n_tokens,
+                                     .block_size = BS,
+                                     .q_heads = g[0],
+                                     .kv_heads = g[1],
+                                     .head_dim = 128,
+                                     .kv_elt_bytes = 2,
+                                     .policy = (sched_policy_t)(pol > SCHED_POLICY_TREE
+                                                                    ? SCHED_POLICY_TREE
+                                                                    : pol),
+                                     .split_min_kv = split ? 64 : 0,
+                                     .tiles = pol > SCHED_POLICY_TREE ? &wide : &tt};
+                sched_t *s;
+                assert_int_equal(sched_create(&sc, &s), 0);
+                for (uint32_t i = 0; i < w.n_q; i++) {
+                    const tl_query_t *q = &w.q[i];
+                    sched_query_t v = {q->blocks, q->n_blocks, q->kv_len, q->n_new, q->tok_off, 0};
+                    assert_int_equal(sched_forest_join(sched_forest(s), i, &v), 0);
+                }
+                const sched_plan_hdr_t *h;
+                assert_int_equal(sched_build(s, &h), 0);
+                check_tiles(h);
+                sched_free(s);
+            }
+        tl_world_free(&w);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_random_plans),
+    };
+    return cmocka_run_group_tests_name("cuda_pack", tests, NULL, NULL);
+}
