@@ -17,10 +17,9 @@ typedef struct gpu_cost {
 } gpu_cost_t;
 
 static const gpu_cost_t measured[] = {
-    /* NVIDIA H100 80GB HBM3, patd-tile-solver on the persistent warp-specialized default:
-     * read bandwidth 2026-11-26 (eighth session), the rest 2026-11-26 (ninth: the two runs of
-     * its first A/B call, RESULTS.md) */
-    {"H100", 1, {3066.0f, 381.0f, 3.41f, 0, 1.80f, 5.43f}},
+    /* NVIDIA H100 80GB HBM3, patd-tile-solver on the persistent warp-specialized default with
+     * packed tiles, 2026-11-26 (eleventh session, its --sanitize run; RESULTS.md) */
+    {"H100", 1, {3071.6f, 386.9f, 3.42f, 0, 2.10f, 4.85f}},
     /* NVIDIA H200, 2026-11-25, patd-tile-solver on the persistent warp-specialized default (the
      * non-persistent one: 6.40 us per item); pair_cta_us: 2026-11-26, after the producer's
      * early reads (RESULTS.md) */

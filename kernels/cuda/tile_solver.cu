@@ -122,13 +122,16 @@ static double measure_plan(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t
 }
 
 /* Median seconds of one layer of a TREE plan of CTAs of m rows (8/8 heads, d 128 fp16).
- * chain: nq queries share one 16-token block and each has a private 16-token block, so every CTA
- * of m = 64 walks 65 one-page segments of little data (the tile chain's latency, kern's tile_us),
- * in 17 tiles where the backend packs four pages to a tile.
- * Else each run of m queries shares a 16-token block and has nothing private: CTAs of m rows and
- * one one-tile segment, which fwd_pair runs (m > KCUDA_WS_MIN_ROWS): its cost per item. */
-static double measure_tree(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t m, bool chain)
+ * priv > 0 (the chain): nq queries share one 16-token block and each has a private one, priv
+ * times over in its table, so every CTA of m = 64 walks 65 segments of little data: with priv = 4,
+ * 65 whole tiles that read one block four times (from DRAM once, then from L2, so that the chain's
+ * latency binds, not the bandwidth: kern's tile_us); with priv = 1, 65 one-page segments, 17 tiles
+ * where the backend packs four pages to a tile.
+ * priv = 0: each run of m queries shares a 16-token block and has nothing private: CTAs of m rows
+ * and one one-tile segment, which fwd_pair runs (m > KCUDA_WS_MIN_ROWS): its cost per item. */
+static double measure_tree(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t m, uint32_t priv)
 {
+    const bool chain = priv > 0;
     const uint32_t dd = 128, qh = 8, kvh = 8;
     kern_config_t kc = {};
     kc.model = {1, qh, kvh, dd, 16, KERN_F16};
@@ -160,8 +163,8 @@ static double measure_tree(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t
     sched_t *s;
     REQ(sched_create(&sc, &s));
     for (uint32_t i = 0; i < nq; i++) {
-        uint32_t tbl[2] = {chain ? 0 : i / m, 1 + i};
-        sched_query_t qq = {tbl, chain ? 2u : 1u, chain ? 32u : 16u, 1, i, 0};
+        uint32_t tbl[5] = {chain ? 0 : i / m, 1 + i, 1 + i, 1 + i, 1 + i};
+        sched_query_t qq = {tbl, 1 + priv, 16 * (1 + priv), 1, i, 0};
         REQ(sched_forest_join(sched_forest(s), i, &qq));
     }
     const sched_plan_hdr_t *h;
@@ -276,18 +279,23 @@ int main(int argc, char **argv)
     }
     const double items = 4096.0 * 8, waves = ceil(items / dev.cost.slots);
     const double cta_us = t_small / waves;
-    /* one wave of 65-tile TREE CTAs: 64 queries per CTA x 8 KV heads = slots items */
+    /* one wave of 65-tile TREE CTAs: 64 queries per CTA x 8 KV heads = slots items; and the same
+     * CTAs over one-page segments, packed where the backend packs */
     const uint32_t chain_q = 64 * ((dev.cost.slots + 7) / 8);
-    const double t_chain = measure_tree(e0, e1, chain_q, 64, true);
+    const double t_chain = measure_tree(e0, e1, chain_q, 64, 4);
+    const double t_packed = measure_tree(e0, e1, chain_q, 64, 1);
     /* fwd_pair's own cost per item: CTAs of 32 rows (small mode: two KV heads an item), one
      * one-tile segment each, many waves */
     const uint32_t pair_q = 32 * 1024;
-    const double t_pair = measure_tree(e0, e1, pair_q, 32, false);
+    const double t_pair = measure_tree(e0, e1, pair_q, 32, 0);
     const double pair_items = (pair_q / 32.0) * 8 / 2, pair_blocks = dev.cost.slots / 2.0;
-    /* the tiles those CTAs walk: a segment each, or 65 pages four to a tile where the backend
-     * packs them (sched_tiles_t.tile_pages) */
-    const double chain_tiles = dev.tile_pages ? ceil(65.0 / dev.tile_pages) : 65.0;
-    const double tile_us = (t_chain - cta_us) / chain_tiles;
+    /* the chain's tiles: a 64-token segment each. The one-page segments' tiles: a segment each,
+     * or 65 pages four to a tile where the backend packs them (sched_tiles_t.tile_pages). The
+     * model prices every tile at the whole tile's tile_us: the packed tile's own price (below,
+     * for the report) made its plans slower on the 72 cases (RESULTS.md, 2026-11-26) */
+    const double tile_us = (t_chain - cta_us) / 65.0;
+    const double packed_tiles = dev.tile_pages ? ceil(65.0 / dev.tile_pages) : 65.0;
+    const double packed_us = (t_packed - cta_us) / packed_tiles;
     printf(
         "\ntensor rate: 512 queries x 64/8 heads over one shared 2,048-token prefix (the default "
         "forward's largest CTAs, L2-resident KV): %.1f TFLOP/s (over 8,192 tokens %.1f; the "
@@ -296,10 +304,13 @@ int main(int argc, char **argv)
     printf("fixed cost: 4,096 one-token queries x 8 KV heads (%.0f items, %u slots, %.0f waves): "
            "%.1f us -> %.2f us per item\n",
            items, dev.cost.slots, waves, t_small * 1e6, cta_us * 1e6);
-    printf("tile chain: %u queries of a private 16-token block under a shared one, TREE CTAs of 64 "
-           "rows (65 one-page segments in %.0f tiles each, one wave): %.1f us -> %.2f us per "
-           "tile\n",
-           chain_q, chain_tiles, t_chain * 1e6, tile_us * 1e6);
+    printf(
+        "tile chain: %u queries of a private 16-token block four times over under a shared "
+        "one, TREE CTAs of 64 rows (65 whole tiles each, one wave): %.1f us -> %.2f us per tile; "
+        "of a "
+        "private 16-token block (65 one-page segments in %.0f tiles): %.1f us -> %.2f us per "
+        "tile\n",
+        chain_q, t_chain * 1e6, tile_us * 1e6, packed_tiles, t_packed * 1e6, packed_us * 1e6);
     const double pair_us = t_pair * 1e6 / (pair_items / pair_blocks);
     printf("fwd_pair's fixed cost: %u queries in runs of 32 sharing a 16-token block, TREE CTAs of "
            "32 rows (%.0f items of one tile, %.0f blocks): %.1f us -> %.2f us per item and block\n",

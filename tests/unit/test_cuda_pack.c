@@ -108,7 +108,8 @@ static void check_tiles(const sched_plan_hdr_t *h)
             int whole = 1;
             uint32_t end = 0;
             for (int e = 0; e < 4; e++) {
-                whole = whole && t[k].blk[e] != KCUDA_NO_BLOCK && (t[k].rng[e] & 0xffffu) == BS << 8 &&
+                whole = whole && t[k].blk[e] != KCUDA_NO_BLOCK &&
+                        (t[k].rng[e] & 0xffffu) == BS << 8 &&
                         t[k].rng[e] >> 16 == t[k].rng[0] >> 16;
                 if (t[k].pos[e] + BS > end)
                     end = t[k].pos[e] + BS;
@@ -204,18 +205,17 @@ static void test_random_plans(void **state)
                 sched_tiles_t wide = tt;
                 wide.n_m = 1;
                 wide.m[0] = 128;
-                sched_config_t sc = {.max_queries = w.n_q,
-                                     .max_tokens = w.n_tokens,
-                                     .block_size = BS,
-                                     .q_heads = g[0],
-                                     .kv_heads = g[1],
-                                     .head_dim = 128,
-                                     .kv_elt_bytes = 2,
-                                     .policy = (sched_policy_t)(pol > SCHED_POLICY_TREE
-                                                                    ? SCHED_POLICY_TREE
-                                                                    : pol),
-                                     .split_min_kv = split ? 64 : 0,
-                                     .tiles = pol > SCHED_POLICY_TREE ? &wide : &tt};
+                sched_config_t sc = {
+                    .max_queries = w.n_q,
+                    .max_tokens = w.n_tokens,
+                    .block_size = BS,
+                    .q_heads = g[0],
+                    .kv_heads = g[1],
+                    .head_dim = 128,
+                    .kv_elt_bytes = 2,
+                    .policy = (sched_policy_t)(pol > SCHED_POLICY_TREE ? SCHED_POLICY_TREE : pol),
+                    .split_min_kv = split ? 64 : 0,
+                    .tiles = pol > SCHED_POLICY_TREE ? &wide : &tt};
                 sched_t *s;
                 assert_int_equal(sched_create(&sc, &s), 0);
                 for (uint32_t i = 0; i < w.n_q; i++) {
