@@ -11,7 +11,8 @@ PyTorch frontends in other processes (client/python/examples/llama_patd.py), und
   graph      a decode step captured in a CUDA graph (hand-offs included) and replayed gives the
              same logits as the eager step, bit for bit
   conns      gpu.staging_mb bounds the sessions' staging allocations together (ENOSPC past it,
-             admitted once one closes); sessions' rows are apart; the signal arena is sized at
+             admitted once one closes); sessions' rows are apart, and a closed session's do
+             not show in the next one's; the signal arena is sized at
              start: a reload cannot raise max_conns past it
   stall      two sessions begin a step and hand no layer over, on a daemon of two executors: a
              third client's checked steps go on, and the stalled steps are cut after
@@ -273,7 +274,7 @@ def test_conns(model, sock, bin_path):
     but not raise it past the arena (it says so and keeps the old value). gpu.staging_mb bounds
     what the sessions' staging allocations add up to (protocol 6: each its own): a session past
     it is refused with ENOSPC, and admitted once another closes; what one session writes into its
-    rows, the others' rows do not show. 64 tokens of staging here are 1.3 MB, one 2 MiB
+    rows, the others' rows do not show, nor a closed session's in the next one's. 64 tokens of staging here are 1.3 MB, one 2 MiB
     allocation at the driver's granularity; 4 MiB hold two."""
     rundir = tempfile.mkdtemp(prefix="patd-conns-")
     conf = os.path.join(rundir, "patd.conf")
@@ -297,8 +298,18 @@ def test_conns(model, sock, bin_path):
     try:
         conns = [patd.Conn(sig, max_batch_tokens=64, socket=s2) for _ in range(2)]
         refused(errno.ENOSPC, "a third session's staging was admitted past gpu.staging_mb")
-        conns.pop(0).close()
+        gone = conns.pop(0)
+        for t in (gone.q, gone.k, gone.v, gone.o):
+            t.fill_(7.0)
+        torch.cuda.synchronize()
+        gone.close()
         conns.append(patd.Conn(sig, max_batch_tokens=64, socket=s2))
+        # the new session's allocation takes the closed one's place under gpu.staging_mb: none
+        # of the closed session's rows may show through it
+        for name in ("q", "k", "v", "o"):
+            t = getattr(conns[-1], name)
+            assert not bool((t == 7.0).any()), \
+                "a new session's %s shows a closed session's rows" % name
         for i, c in enumerate(conns):
             c.q.fill_(float(i + 1))
         torch.cuda.synchronize()

@@ -374,6 +374,27 @@ int main(void)
         drv.release(ha);
     if (hb)
         drv.release(hb);
+    /* the next session's allocation, made after both were released: does it show their bytes?
+     * (the driver's business, but the daemon hands such memory to another client) */
+    CUmemGenericAllocationHandle hn = 0;
+    CUdeviceptr vn = drv.create(&hn, size, &prop, 0) == CUDA_SUCCESS ? map_rw(hn, size, 0, &why) : 0;
+    uint32_t *w = (uint32_t *)malloc(size);
+    size_t old = 0, zero = 0;
+    if (vn && w && cudaMemcpy(w, (void *)vn, size, cudaMemcpyDeviceToHost) == cudaSuccess)
+        for (size_t i = 0; i < size / 4; i++) {
+            old += w[i] == PAT_A || w[i] == PAT_B || w[i] == PAT_C;
+            zero += w[i] == 0;
+        }
+    printf("a new allocation after release: %zu of %zu words zero, %zu hold a released one's\n",
+           zero, size / 4, old);
+    check(vn && w && old == 0, "a new allocation shows none of the released ones' bytes");
+    free(w);
+    if (vn) {
+        drv.unmap(vn, size);
+        drv.free(vn, size);
+    }
+    if (hn)
+        drv.release(hn);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
