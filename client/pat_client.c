@@ -76,13 +76,19 @@ struct pat_conn {
     pat_conn_stats_t stats;
     /* GPU sessions */
     pat_gpu_t *gpu;           /* NULL: a cpu (shm) session */
-    uint64_t *gready, *gdone; /* host addresses of the handshake words (in shm) */
+    uint64_t *gready, *gdone; /* the handshake words in the signal slice (CPU and device) */
     uint64_t epoch;           /* handshake value of the step (read at pat_step_begin) */
     void *last_stream;        /* where the step's last hand-off went: pat_step_end pads there */
     pthread_t watcher;
     int watch_efd;          /* eventfd: tells the watcher to exit; -1 when none runs */
     _Atomic int lost_async; /* the watcher saw the daemon die */
 };
+
+/* The session's signal page: the staging buffer's first page (cpu), or the signal slice's */
+static ipc_sig_t *conn_sig(pat_conn_t *c)
+{
+    return c->gpu ? (ipc_sig_t *)pat__gpu_sig(c->gpu) : ipc_shm_sig(&c->shm);
+}
 
 /* Host OOM inside the frontend's process names libpat, not patd (pat_base.h). Installed when
  * the library is loaded, before any call can allocate; libpat.so's copy of daemon/base is its
@@ -434,7 +440,7 @@ static int collect_pending(pat_conn_t *c)
 /* Releases every handshake word a stream of ours may wait on (the daemon is gone). */
 static void release_waits(pat_conn_t *c)
 {
-    uint64_t e = atomic_load(&ipc_shm_sig(&c->shm)->epoch);
+    uint64_t e = atomic_load(&conn_sig(c)->epoch);
     uint64_t mine = __atomic_load_n(&c->epoch, __ATOMIC_RELAXED);
     if ((int64_t)(mine - e) > 0)
         e = mine;
@@ -569,7 +575,8 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
                 : l->bytes != c->hello.buf_bytes) ||
         l->q_off != c->hello.q_off || l->k_off != c->hello.k_off || l->v_off != c->hello.v_off ||
         l->o_off != c->hello.o_off || (c->hello.buffer_kind != IPC_BUF_SHM && !on_gpu) ||
-        (on_gpu && c->hello.sig_bytes != ipc_gsig_bytes(o->model.n_layers))) {
+        (on_gpu &&
+         (c->hello.sig_bytes < ipc_gsig_bytes(o->model.n_layers) || c->hello.sig_off != 0))) {
         snprintf(why, why_len, "daemon's buffer layout does not match this library's");
         rc = -EPROTO;
     } else if (sfd < 0 || (on_gpu && gfd < 0) || (!on_gpu && gfd >= 0)) {
@@ -577,12 +584,13 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
                  sfd < 0 || gfd < 0 ? "fewer" : "more", on_gpu ? "GPU" : "cpu");
         rc = -EPROTO;
     } else if (on_gpu) {
-        rc = ipc_shm_map_fd_at(&c->shm, sfd, c->hello.sig_off, c->hello.sig_bytes);
-        if (rc < 0)
-            snprintf(why, why_len, "mapping the signal words: %s", strerror(-rc));
-        else
-            rc = pat__gpu_open(c->hello.dev_uuid, gfd, c->hello.dev_map_bytes, c->shm.base,
-                               c->hello.sig_bytes, &c->gpu, why, why_len);
+        rc = pat__gpu_open(c->hello.dev_uuid, gfd, c->hello.dev_map_bytes, sfd, c->hello.sig_bytes,
+                           &c->gpu, why, why_len);
+        const ipc_sig_t *g = rc == 0 ? pat__gpu_sig(c->gpu) : NULL;
+        if (g && (g->magic != IPC_SIG_MAGIC || g->n_layers != o->model.n_layers)) {
+            snprintf(why, why_len, "the daemon's signal slice does not match this library's");
+            rc = -EPROTO;
+        }
     } else {
         rc = ipc_shm_map_fd(&c->shm, sfd, c->hello.buf_bytes);
         if (rc < 0)
@@ -595,9 +603,10 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
     if (rc < 0)
         goto fail_session;
     if (on_gpu) {
-        c->gready = ipc_gsig_ready(c->shm.base);
-        c->gdone = ipc_gsig_done(c->shm.base, o->model.n_layers);
-        c->epoch = atomic_load(&ipc_shm_sig(&c->shm)->epoch);
+        void *slice = pat__gpu_sig(c->gpu);
+        c->gready = ipc_gsig_ready(slice);
+        c->gdone = ipc_gsig_done(slice, o->model.n_layers);
+        c->epoch = atomic_load(&conn_sig(c)->epoch);
         if ((rc = watcher_start(c)) < 0) {
             snprintf(why, why_len, "watcher thread: %s", strerror(-rc));
             goto fail_session;
@@ -788,7 +797,7 @@ int pat_step_begin(pat_conn_t *c, const uint32_t *seqs, const uint32_t *n_new, u
     if (c->gpu) { /* the hand-offs do not wait for the answer: it is collected at the end */
         c->next_layer = 0;
         c->last_stream = NULL;
-        c->epoch = atomic_load(&ipc_shm_sig(&c->shm)->epoch);
+        c->epoch = atomic_load(&conn_sig(c)->epoch);
     }
     return 0;
 }
@@ -816,7 +825,7 @@ int pat_attend_async(pat_conn_t *c, uint32_t layer, void *stream)
     if (cap) {
         /* recorded into a graph, not run: no step needed; a replay hands over with these
          * values for as long as the epoch lasts (pat_gpu_epoch) */
-        e = atomic_load(&ipc_shm_sig(&c->shm)->epoch);
+        e = atomic_load(&conn_sig(c)->epoch);
     } else {
         if (c->step_state == ST_IDLE) {
             set_err(c, "no step open");
@@ -862,7 +871,7 @@ int pat_step_replayed(pat_conn_t *c, void *stream)
 
 uint64_t pat_gpu_epoch(const pat_conn_t *c)
 {
-    return c && c->gpu ? atomic_load(&ipc_shm_sig(&c->shm)->epoch) : 0;
+    return c && c->gpu ? atomic_load(&conn_sig((pat_conn_t *)c)->epoch) : 0;
 }
 
 int pat_attend(pat_conn_t *c, uint32_t layer)

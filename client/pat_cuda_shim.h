@@ -36,10 +36,9 @@ typedef struct {
 #define CU_STREAM_WAIT_VALUE_GEQ                          0x0
 #define CU_STREAM_WRITE_VALUE_DEFAULT                     0x0
 #define CU_STREAM_CAPTURE_STATUS_NONE                     0
-#define CU_MEMHOSTREGISTER_PORTABLE                       0x01
-#define CU_MEMHOSTREGISTER_DEVICEMAP                      0x02
 #define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR          0x1
 #define CU_MEM_LOCATION_TYPE_DEVICE                       0x1
+#define CU_MEM_LOCATION_TYPE_HOST_NUMA                    0x3
 #define CU_MEM_ACCESS_FLAGS_PROT_READWRITE                0x3
 #define CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL               9
 #define CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS 122
@@ -69,9 +68,6 @@ typedef struct {
     X(mem_unmap, "cuMemUnmap", (CUdeviceptr, size_t))                                              \
     X(mem_access, "cuMemSetAccess", (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))        \
     X(mem_release, "cuMemRelease", (CUmemGenericAllocationHandle))                                 \
-    X(host_register, "cuMemHostRegister_v2", (void *, size_t, unsigned))                           \
-    X(host_unregister, "cuMemHostUnregister", (void *))                                            \
-    X(host_devptr, "cuMemHostGetDevicePointer_v2", (CUdeviceptr *, void *, unsigned))              \
     X(stream_create, "cuStreamCreate", (CUstream *, unsigned))                                     \
     X(stream_destroy, "cuStreamDestroy_v2", (CUstream))                                            \
     X(stream_sync, "cuStreamSynchronize", (CUstream))                                              \

@@ -1,8 +1,8 @@
 /*
  * pat_gpu.c — the CUDA half of a GPU session in libpat: import the session's staging allocation
- * (a CUDA virtual-memory descriptor the daemon passed beside HELLO) and signal slice (host memory
- * mapped into the device), and enqueue the per-layer hand-off as stream memory operations on the
- * caller's stream (ipc_shm.h, "GPU sessions").
+ * and signal slice (CUDA virtual-memory descriptors the daemon passed beside HELLO: device memory,
+ * and host memory that the device and the CPU reach at one address), and enqueue the per-layer
+ * hand-off as stream memory operations on the caller's stream (ipc_shm.h, "GPU sessions").
  *
  * The driver API is reached through the shim in pat_cuda_shim.h (dlopen of libcuda.so.1), so
  * libpat builds without the CUDA toolkit and loads on machines without a driver; only a GPU
@@ -25,9 +25,8 @@ struct pat_gpu {
     CUcontext ctx;
     CUdeviceptr staging; /* the session's allocation, mapped here */
     uint64_t map_bytes;
-    void *sig_host;
-    CUdeviceptr sig_dev;
-    int sig_registered;
+    CUdeviceptr sig; /* the signal slice (host memory), mapped here for the device and the CPU */
+    uint64_t sig_bytes;
     char err[160];
 };
 
@@ -51,8 +50,10 @@ void pat__gpu_close(pat_gpu_t *g)
     if (!g)
         return;
     if (g->ctx && g->cu->ctx_push(g->ctx) == 0) {
-        if (g->sig_registered)
-            g->cu->host_unregister(g->sig_host);
+        if (g->sig) {
+            g->cu->mem_unmap(g->sig, g->sig_bytes);
+            g->cu->va_free(g->sig, g->sig_bytes);
+        }
         if (g->staging) {
             g->cu->mem_unmap(g->staging, g->map_bytes);
             g->cu->va_free(g->staging, g->map_bytes);
@@ -65,28 +66,34 @@ void pat__gpu_close(pat_gpu_t *g)
     free(g);
 }
 
-/* Maps g's staging allocation from descriptor fd: import (a handle of our own), reserve an
- * address range, map, grant the device read-write access; the handle is released once mapped
- * (the mapping holds the memory) */
-static int map_staging(pat_gpu_t *g, int fd, uint64_t map_bytes)
+/* Maps an allocation from descriptor fd: import (a handle of our own), reserve an address range,
+ * map, grant the device read-write access (and for host memory the CPU too); the handle is
+ * released once mapped (the mapping holds the memory). *ret_va: where. */
+static int map_import(pat_gpu_t *g, int fd, uint64_t map_bytes, int host, CUdeviceptr *ret_va)
 {
+    const char *name = host ? "the signal slice" : "the staging allocation";
+    char what_buf[96];
     CUmemGenericAllocationHandle h = 0;
     CUresult r =
         g->cu->mem_import(&h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-    if (r != 0)
-        return fail(g, "importing the staging allocation (cuMemImportFromShareableHandle)", r);
+    if (r != 0) {
+        snprintf(what_buf, sizeof(what_buf), "importing %s (cuMemImportFromShareableHandle)", name);
+        return fail(g, what_buf, r);
+    }
     CUdeviceptr va = 0;
     const char *what = "cuMemAddressReserve";
     if ((r = g->cu->va_reserve(&va, map_bytes, 0, 0, 0)) == 0) {
-        what = "mapping the staging allocation (cuMemMap)";
+        snprintf(what_buf, sizeof(what_buf), "mapping %s (cuMemMap)", name);
+        what = what_buf;
         if ((r = g->cu->mem_map(va, map_bytes, 0, h, 0)) == 0) {
-            CUmemAccessDesc a = {{CU_MEM_LOCATION_TYPE_DEVICE, g->dev},
-                                 CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+            /* the host NUMA node's id is ignored in an access descriptor */
+            CUmemAccessDesc a[2] = {
+                {{CU_MEM_LOCATION_TYPE_DEVICE, g->dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE},
+                {{CU_MEM_LOCATION_TYPE_HOST_NUMA, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE}};
             what = "cuMemSetAccess";
-            if ((r = g->cu->mem_access(va, map_bytes, &a, 1)) == 0) {
+            if ((r = g->cu->mem_access(va, map_bytes, a, host ? 2 : 1)) == 0) {
                 g->cu->mem_release(h);
-                g->staging = va;
-                g->map_bytes = map_bytes;
+                *ret_va = va;
                 return 0;
             }
             g->cu->mem_unmap(va, map_bytes);
@@ -97,7 +104,7 @@ static int map_staging(pat_gpu_t *g, int fd, uint64_t map_bytes)
     return fail(g, what, r);
 }
 
-int pat__gpu_open(const uint8_t uuid[16], int staging_fd, uint64_t map_bytes, void *sig_host,
+int pat__gpu_open(const uint8_t uuid[16], int staging_fd, uint64_t map_bytes, int sig_fd,
                   uint64_t sig_bytes, pat_gpu_t **ret, char *why, size_t why_len)
 {
     int err = 0;
@@ -148,17 +155,10 @@ int pat__gpu_open(const uint8_t uuid[16], int staging_fd, uint64_t map_bytes, vo
         rc = fail(g, "cuCtxPushCurrent", r);
         goto out;
     }
-    rc = map_staging(g, staging_fd, map_bytes);
-    if (rc == 0 && (r = g->cu->host_register(sig_host, sig_bytes,
-                                             CU_MEMHOSTREGISTER_PORTABLE |
-                                                 CU_MEMHOSTREGISTER_DEVICEMAP)) != 0) {
-        rc = fail(g, "mapping the signal words into the GPU (cuMemHostRegister)", r);
-    } else if (rc == 0) {
-        g->sig_registered = 1;
-        if ((r = g->cu->host_devptr(&g->sig_dev, sig_host, 0)) != 0)
-            rc = fail(g, "cuMemHostGetDevicePointer", r);
-    }
-    g->sig_host = sig_host;
+    if ((rc = map_import(g, staging_fd, map_bytes, 0, &g->staging)) == 0)
+        g->map_bytes = map_bytes;
+    if (rc == 0 && (rc = map_import(g, sig_fd, sig_bytes, 1, &g->sig)) == 0)
+        g->sig_bytes = sig_bytes;
     CUcontext popped;
     g->cu->ctx_pop(&popped);
 out:
@@ -176,9 +176,16 @@ uint8_t *pat__gpu_staging(const pat_gpu_t *g)
     return (uint8_t *)(uintptr_t)g->staging;
 }
 
-static CUdeviceptr dev_addr(const pat_gpu_t *g, const void *host)
+void *pat__gpu_sig(const pat_gpu_t *g)
 {
-    return g->sig_dev + (CUdeviceptr)((const uint8_t *)host - (const uint8_t *)g->sig_host);
+    return (void *)(uintptr_t)g->sig;
+}
+
+/* the slice is mapped at one address for the CPU and the device */
+static CUdeviceptr dev_addr(const pat_gpu_t *g, const void *p)
+{
+    (void)g;
+    return (CUdeviceptr)(uintptr_t)p;
 }
 
 int pat__gpu_handoff(pat_gpu_t *g, void *stream, uint64_t *ready, uint64_t *done, uint64_t v,

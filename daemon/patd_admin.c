@@ -153,8 +153,7 @@ static void hello(patd_admin_conn_t *ac, patd_req_t *rq, const ipc_hdr_t *h, con
     ipc_frame_start(&b, IPC_OP_HELLO, IPC_F_REPLY, h->corr, c->session);
     ipc_frame_put(&b, &rep, sizeof(rep));
     ipc_frame_finish(&b);
-    const int sfd[2] = {c->gpu ? ipc_shm_fd(&d->garena) : ipc_shm_fd(&c->shm),
-                        c->gpu ? c->share.fd : -1};
+    const int sfd[2] = {c->gpu ? c->gsig_share.fd : ipc_shm_fd(&c->shm), c->gpu ? c->share.fd : -1};
     const int n_fds = sfd[0] < 0 ? 0 : sfd[1] < 0 ? 1 : 2;
     uv_os_fd_t fd;
     struct iovec iov = {b.data, b.len};
@@ -184,8 +183,10 @@ static void hello(patd_admin_conn_t *ac, patd_req_t *rq, const ipc_hdr_t *h, con
     } else if (!c->gpu) {
         ipc_shm_drop_fd(&c->shm); /* the client has it; the daemon keeps its mapping */
     } else {
-        close(c->share.fd); /* likewise: the client imports it, the daemon keeps its mapping */
+        close(c->share.fd); /* likewise: the client imports them, the daemon keeps its mappings */
         c->share.fd = -1;
+        close(c->gsig_share.fd);
+        c->gsig_share.fd = -1;
     }
     ipc_buf_done(&b);
     conn_close(ac);

@@ -178,7 +178,7 @@ static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *
         goto fail;
     }
     if (d->gpu) {
-        name[0] = 0; /* the arena's fd comes beside the HELLO reply */
+        name[0] = 0; /* the signal slice's and the staging's fds come beside the HELLO reply */
         if ((rc = patd_gpu_conn_open(d, c, lay->bytes)) < 0) {
             if (rc == -ENOSPC)
                 WHY("staging rows of %u tokens (%llu bytes) do not fit what is left of "
@@ -186,10 +186,9 @@ static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *
                     r->max_batch_tokens, (unsigned long long)lay->bytes, cfg->staging_mb,
                     (unsigned long long)d->staging_used);
             else if (rc == -ENOMEM)
-                WHY("staging rows of %u tokens (%llu bytes): the GPU has no free memory left",
+                WHY("staging rows of %u tokens (%llu bytes) or the signal slice: no free memory "
+                    "left on the GPU or the host",
                     r->max_batch_tokens, (unsigned long long)lay->bytes);
-            else if (rc == -EMFILE)
-                WHY("no free signal slice (limits.max_conns %u at start)", d->sized.max_conns);
             else
                 WHY("staging allocation: %s", strerror(-rc));
             goto fail;
@@ -233,14 +232,14 @@ static void hello_reply(const patd_t *d, const patd_conn_t *c, const char *name,
     rep->buffer_kind = d->gpu ? IPC_BUF_CUDA : IPC_BUF_SHM;
     rep->buf_bytes = c->lay.bytes;
     if (d->gpu) {
-        rep->buf_bytes = d->garena.bytes;
+        rep->buf_bytes = c->gsig_share.map_bytes;
         rep->dev_map_bytes = c->share.map_bytes;
         rep->dev_bytes = c->lay.bytes;
-        rep->sig_bytes = d->gslice;
+        rep->sig_bytes = c->gsig_share.map_bytes;
         memcpy(rep->dev_uuid, d->dev_uuid, sizeof(rep->dev_uuid));
         rep->mps = (uint32_t)d->mps;
     }
-    rep->sig_off = d->gpu ? c->gslot * d->gslice : c->lay.sig_off;
+    rep->sig_off = d->gpu ? 0 : c->lay.sig_off;
     rep->q_off = c->lay.q_off;
     rep->k_off = c->lay.k_off;
     rep->v_off = c->lay.v_off;

@@ -1,11 +1,15 @@
 /*
  * patd_gpu.c — what the cuda backend adds to the daemon (DESIGN.md §2): the MPS check, the two
- * arenas every GPU session takes a piece of, and one kern lane per executor.
+ * allocations of its own every GPU session gets, and one kern lane per executor.
  *
- *   signal arena   one sealed memfd of max_conns slices (ipc_gsig_bytes each), mapped into the
- *                  device once at start (d->sized.max_conns: a reload cannot raise the limit
- *                  past it); a session's handshake words live in its slice, so the
- *                  daemon's CPU can always store to them (releasing a wait without a stream)
+ *   signal slice   a session's handshake words (ipc_gsig_bytes) are pinned host memory of its
+ *                  own (kern_share_alloc with KERN_SHARE_HOST: CUDA virtual memory on the host
+ *                  NUMA node, exported as a descriptor), which the device and the daemon's CPU
+ *                  reach at one address, so the CPU can always store to them (releasing a wait
+ *                  without a stream). Its descriptor goes to the session's one client, which
+ *                  maps it the same way; no other client can name it (until protocol 6 every GPU
+ *                  client got the fd of one arena holding every session's words, so it could
+ *                  stall or confuse its neighbours' steps)
  *   staging        a session's Q/K/V/O rows are an allocation of its own (kern_share_alloc: CUDA
  *                  virtual memory with a POSIX descriptor handle), made at HELLO and exported as
  *                  a descriptor that goes to its one client beside the reply and is closed here
@@ -16,19 +20,15 @@
  *
  * HELLO therefore makes CUDA calls on the loop thread (create, map, export) and so does a
  * reclaim (unmap, release): none of them is a stream call or waits for the device's work
- * (tests/gpu/test_vmm_share.cu times them beside a running kernel), and a reclaim runs only once
- * the session's executor has drained its lane (patd_conn_reap). A client that keeps its import
- * mapped after its session ends keeps that memory in its own process until it exits; it is no
- * longer counted here, and another session's allocation is never the same memory.
- *
- * The signal arena stays one memfd registered with the device at start: every attached GPU client
- * gets its fd (no name: members of the socket group who never attached cannot open it; sealed:
- * no client can shrink it under the device's mapping), so an attached client can write another
- * session's handshake words (README, deployment). A slice of its own per session would need a
- * host registration per HELLO and an unregistration per reclaim, and cudaHostUnregister waited
- * for a kernel running on another stream (399 ms behind a 400 ms kernel, H100, test_vmm_share):
- * on the loop thread a reclaim would wait behind every client's queued GPU work, a stalled
- * client's included (a per-session memfd was built and measured, 2026-11-26, and not kept).
+ * (tests/gpu/test_vmm_share.cu times them beside a running kernel, for device and host memory),
+ * and a reclaim runs only once the session's executor has drained its lane (patd_conn_reap). A
+ * client that keeps its imports mapped after its session ends keeps that memory in its own
+ * process until it exits; it is no longer counted here, and another session's allocations are
+ * never the same memory. (A slice registered with cudaHostRegister instead would need an
+ * unregistration per reclaim, and cudaHostUnregister waited for a kernel running on another
+ * stream: 399 ms behind a 400 ms kernel, H100, 2026-11-26.) Host memory through the virtual
+ * memory calls needs a CUDA 12.2 driver or later: without it patd does not start on the cuda
+ * backend.
  *
  * Thread context: start/stop on the main thread before/after the loop; conn_open/close on the
  * loop thread; check_fatal anywhere.
@@ -65,33 +65,17 @@ int patd_gpu_start(patd_t *d, uint32_t n_exec)
         patd_notice("cuda: MPS is active on GPU %u (cross-process hand-offs stay on the GPU)",
                     cfg->device);
 
-    d->gslice = ipc_gsig_bytes(d->model.n_layers);
-    char name[IPC_NAME_LEN];
-    snprintf(name, sizeof(name), "/patd.%.40s.gsig", cfg->name);
-    ipc_shm_sweep(name); /* a crashed predecessor's arena */
-    rc = ipc_shm_create_memfd(&d->garena, d->gslice * cfg->max_conns, d->model.n_layers);
-    if (rc < 0) {
-        patd_err("cuda: signal arena (%llu bytes): %s",
-                 (unsigned long long)(d->gslice * cfg->max_conns), strerror(-rc));
-        return rc;
-    }
-    void *dev = NULL;
-    if ((rc = kern_host_map(d->be, d->garena.base, d->garena.bytes, &dev)) < 0) {
-        patd_err("cuda: mapping the signal arena into the device: %s", strerror(-rc));
-        return rc;
-    }
-    d->garena_dev = dev;
-    d->gslot_used = pat_xcalloc(cfg->max_conns, 1);
-    d->sized.max_conns = cfg->max_conns; /* a reload may lower it, never raise it past this */
-
     d->staging_bytes = (uint64_t)cfg->staging_mb << 20;
     d->staging_used = 0;
-    { /* the driver must share device memory by descriptor: probe it once, now */
+    /* the driver must share device and host memory by descriptor: probe both once, now */
+    for (unsigned host = 0; host < 2; host++) {
         kern_share_t probe;
-        if ((rc = kern_share_alloc(d->be, 1, &probe)) < 0) {
-            patd_err("cuda: a staging allocation shared by descriptor: %s%s", strerror(-rc),
-                     rc == -ENOTSUP ? " (the driver or GPU has no virtual memory management "
-                                      "with POSIX descriptor handles)"
+        if ((rc = kern_share_alloc(d->be, 1, host ? KERN_SHARE_HOST : 0, &probe)) < 0) {
+            patd_err("cuda: %s shared by descriptor: %s%s",
+                     host ? "a signal slice (host memory)" : "a staging allocation", strerror(-rc),
+                     rc == -ENOTSUP ? " (the driver or GPU has no virtual memory management of "
+                                      "this memory with POSIX descriptor handles; host memory "
+                                      "needs a CUDA 12.2 driver or later)"
                                     : "");
             return rc;
         }
@@ -105,9 +89,9 @@ int patd_gpu_start(patd_t *d, uint32_t n_exec)
                      rc == -ENOTSUP ? " (the device has no 64-bit stream memory operations)" : "");
             return rc;
         }
-    patd_notice("cuda: %u lanes, staging up to %u MiB, signal arena %u slices of %llu bytes, "
+    patd_notice("cuda: %u lanes, staging up to %u MiB, a signal slice of %llu bytes per session, "
                 "enqueue depth %u",
-                n_exec, cfg->staging_mb, cfg->max_conns, (unsigned long long)d->gslice,
+                n_exec, cfg->staging_mb, (unsigned long long)ipc_gsig_bytes(d->model.n_layers),
                 cfg->enqueue_depth);
     return 0;
 }
@@ -121,39 +105,31 @@ void patd_gpu_stop(patd_t *d)
     d->n_lanes = 0;
     free(d->lanes);
     d->lanes = NULL;
-    if (d->garena_dev)
-        kern_host_unmap(d->be, d->garena.base);
-    d->garena_dev = NULL;
-    ipc_shm_close(&d->garena);
-    free(d->gslot_used);
-    d->gslot_used = NULL;
 }
 
 int patd_gpu_conn_open(patd_t *d, patd_conn_t *c, uint64_t bytes)
 {
-    uint32_t s = 0;
-    while (s < d->sized.max_conns && d->gslot_used[s])
-        s++;
-    if (s == d->sized.max_conns)
-        return -EMFILE;
     if (bytes > d->staging_bytes - d->staging_used)
         return -ENOSPC;
-    int rc = kern_share_alloc(d->be, bytes, &c->share);
+    int rc = kern_share_alloc(d->be, bytes, 0, &c->share);
     if (rc < 0)
         return rc;
     if (c->share.map_bytes > d->staging_bytes - d->staging_used) {
         kern_share_free(d->be, &c->share);
         return -ENOSPC;
     }
+    const uint32_t nl = d->model.n_layers;
+    if ((rc = kern_share_alloc(d->be, ipc_gsig_bytes(nl), KERN_SHARE_HOST, &c->gsig_share)) < 0) {
+        kern_share_free(d->be, &c->share);
+        return rc;
+    }
     d->staging_used += c->share.map_bytes;
-    d->gslot_used[s] = 1;
     c->gpu = 1;
-    c->gslot = s;
-    c->gsig = (uint8_t *)d->garena.base + s * d->gslice;
-    c->gsig_dev = d->garena_dev + s * d->gslice;
+    c->gsig = c->gsig_share.dev;
     c->dev_base = c->share.dev;
-    /* session serials grow: 2^24 epoch bumps per session before the next one's range */
-    ipc_gsig_init(c->gsig, d->model.n_layers, (c->serial & 0xffffffffull) << 24);
+    /* the slice is the session's own: its epochs need not grow past an earlier session's, but
+     * a serial-based start keeps a stale value from one session meaningless in the next */
+    ipc_gsig_init(c->gsig, nl, (c->serial & 0xffffffffull) << 24);
     return 0;
 }
 
@@ -161,13 +137,15 @@ void patd_gpu_conn_close(patd_t *d, patd_conn_t *c)
 {
     if (!c->gpu)
         return;
-    /* a client that is still alive sees the session closed; its words stay released */
+    /* a client that is still alive sees the session closed in its mapping of the slice, which
+     * outlives ours; its words stay released */
     ipc_sig_t *g = c->gsig;
     atomic_store(&g->state, IPC_STATE_CLOSED);
     d->staging_used -= c->share.map_bytes;
     kern_share_free(d->be, &c->share);
+    kern_share_free(d->be, &c->gsig_share);
+    c->gsig = NULL;
     c->dev_base = NULL;
-    d->gslot_used[c->gslot] = 0;
     c->gpu = 0;
 }
 

@@ -85,13 +85,13 @@ struct patd_conn {
     uint32_t *blk_refs;   /* per pool block: entries of the session's tables naming it */
     ipc_shm_t shm;        /* cpu backend: signal page + staging rows */
     ipc_layout_t lay;
-    /* GPU sessions: the signal slice (host and device addresses) and the staging allocation */
+    /* GPU sessions: the signal slice and the staging allocation, each the session's own */
     int gpu;
-    uint32_t gslot;     /* index of the signal slice in the arena */
-    void *gsig;         /* host address of the slice */
-    uint8_t *gsig_dev;  /* its device address */
-    kern_share_t share; /* the session's own staging allocation; its fd until HELLO's reply */
-    uint8_t *dev_base;  /* = share.dev: lay offsets apply */
+    kern_share_t gsig_share; /* the slice: host memory the device and the CPU reach at .dev; its
+                                fd until HELLO's reply */
+    void *gsig;              /* = gsig_share.dev (ipc_shm.h's slice layout) */
+    kern_share_t share;      /* the session's own staging allocation; its fd until HELLO's reply */
+    uint8_t *dev_base;       /* = share.dev: lay offsets apply */
     sched_t *sched;
     uint32_t pack_policy; /* sched_policy_t + 1 of the last pack built (step info) */
     uint32_t next_tick;
@@ -176,10 +176,6 @@ struct patd {
     int gpu;
     int mps; /* the device's contexts are MPS clients */
     uint8_t dev_uuid[16];
-    ipc_shm_t garena; /* signal slices, one per possible connection */
-    uint8_t *garena_dev;
-    uint64_t gslice;        /* bytes per slice */
-    uint8_t *gslot_used;    /* [cfg.max_conns] */
     uint64_t staging_bytes; /* gpu.staging_mb: what every session's staging may add up to */
     uint64_t staging_used;  /* what the open sessions' allocations hold (map_bytes) */
     kern_lane_t **lanes;    /* [n_lanes]: lane i belongs to executor i */
@@ -226,7 +222,8 @@ void patd_seq_close_all(patd_t *d, patd_conn_t *c, uint32_t *ret_closed);
  * executor (n_exec). 0 or a negative errno (logged). A cpu backend: 0, nothing done. */
 int patd_gpu_start(patd_t *d, uint32_t n_exec);
 void patd_gpu_stop(patd_t *d);
-/* A session's signal slice and staging range: 0, -EMFILE (no slice), -ENOMEM (arena full). */
+/* A session's signal slice and staging allocation: 0, -ENOSPC (past gpu.staging_mb), -ENOMEM
+ * (no memory left on the GPU or the host), -EIO. */
 int patd_gpu_conn_open(patd_t *d, patd_conn_t *c, uint64_t bytes);
 void patd_gpu_conn_close(patd_t *d, patd_conn_t *c);
 /* Ends the process when the backend reports a sticky CUDA error (after rc == -EIO). */

@@ -159,7 +159,7 @@ void patd_step_begin(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *b
         step_refuse(d, c, rq, -ESHUTDOWN, "draining: no new steps");
         return;
     }
-    if (ipc_shm_guard_hit(&c->shm) || (d->gpu && ipc_shm_guard_hit(&d->garena))) {
+    if (ipc_shm_guard_hit(&c->shm)) {
         step_refuse(d, c, rq, -EFAULT,
                     "the staging buffer shrank under the daemon (truncated): close the session");
         return;
@@ -738,7 +738,8 @@ static void step_run_gpu(patd_t *d, patd_conn_t *c, uint32_t exec_id)
         .wait_value = epoch,
         .post_value = epoch,
     };
-    uint64_t *ready_dev = ipc_gsig_ready(c->gsig_dev), *done_dev = ipc_gsig_done(c->gsig_dev, nl);
+    /* the slice is host memory the device reaches at the same address */
+    uint64_t *ready_dev = ipc_gsig_ready(c->gsig), *done_dev = ipc_gsig_done(c->gsig, nl);
     const uint64_t base = kern_lane_enqueued(lane);
     int wr = 0;
     for (uint32_t l = 0; l < nl && wr == 0; l++) {

@@ -42,8 +42,9 @@
 #error "the wire format is little-endian and is read in place; port ipc_codec.c first"
 #endif
 
-#define IPC_MAGIC   0x44544150u /* "PATD" read as a little-endian u32 */
-#define IPC_VERSION 6u /* 6: a GPU session's staging is its own allocation, by fd (2026-11-26) */
+#define IPC_MAGIC 0x44544150u /* "PATD" read as a little-endian u32 */
+#define IPC_VERSION                                                                                \
+    7u /* 7: a GPU session's signal slice is its own allocation, by fd (2026-11-26) */
 
 /* Upper bounds of the protocol itself (configs may be lower): they bound what a decoder will
  * even look at before the connection's own limits apply. */
@@ -169,9 +170,11 @@ _Static_assert(sizeof(ipc_hello_req_t) == 120, "hello layout");
 
 /* Signal words: see ipc_shm.h. IPC_BUF_SHM: offsets are from the start of the staging buffer,
  * of buf_bytes, whose fd comes beside the HELLO reply (shm_name is empty: the buffer has no name).
- * IPC_BUF_CUDA: two fds come beside the reply, in this order: the daemon's signal arena (a sealed
- * memfd; the session's slice is sig_bytes at sig_off) and the session's staging allocation (a
- * CUDA virtual-memory allocation's POSIX descriptor: import it, map dev_map_bytes of it; q/k/v/o
+ * IPC_BUF_CUDA: two fds come beside the reply, in this order, each a CUDA virtual-memory
+ * allocation's POSIX descriptor that names the session's memory and nothing else: its signal
+ * slice (host memory: import it, map sig_bytes of it and grant the device and the CPU access;
+ * the slice starts there, sig_off is 0; until protocol 6 a sealed memfd holding every session's
+ * slice) and its staging allocation (device memory: import it, map dev_map_bytes of it; q/k/v/o
  * offsets are from its start, the layout's dev_bytes). shm_name is empty. */
 typedef struct ipc_hello_rep {
     uint64_t session;
@@ -185,7 +188,7 @@ typedef struct ipc_hello_rep {
     uint64_t dev_map_bytes; /* IPC_BUF_CUDA: the staging allocation's size */
     uint8_t reserved[64];   /* 0 (until protocol 5: a CUDA IPC handle) */
     uint64_t dev_bytes;     /* IPC_BUF_CUDA: the layout's bytes, <= dev_map_bytes */
-    uint64_t sig_bytes;     /* IPC_BUF_CUDA: the signal slice */
+    uint64_t sig_bytes;     /* IPC_BUF_CUDA: the signal slice's allocation, >= ipc_gsig_bytes */
     uint8_t dev_uuid[16];   /* IPC_BUF_CUDA: the GPU (cudaDeviceProp.uuid) */
     uint32_t mps;           /* 1: the daemon's GPU contexts are MPS clients */
     uint32_t start_unix_s;  /* when the daemon started (since 1.6; 0 before) */

@@ -195,20 +195,24 @@ uint64_t kern_lane_enqueued(const kern_lane_t *l);
 int kern_host_map(kern_backend_t *b, void *host, uint64_t bytes, void **ret_dev);
 void kern_host_unmap(kern_backend_t *b, void *host);
 
-/* Device memory shared with one other process: an allocation of its own, mapped here at dev and
- * exported as a file descriptor that maps this allocation and nothing else (a CUDA virtual memory
- * allocation with a POSIX descriptor handle). The importer maps map_bytes. */
+/* Memory shared with one other process: an allocation of its own, mapped here at dev and exported
+ * as a file descriptor that maps this allocation and nothing else (a CUDA virtual memory
+ * allocation with a POSIX descriptor handle). The importer maps map_bytes. Device memory, or
+ * (KERN_SHARE_HOST) pinned host memory that the device and this process's CPU both reach at dev
+ * (the importer grants its CPU the same). */
 typedef struct kern_share {
-    void *dev;          /* mapped here (read-write for the device), map_bytes long */
+    void *dev;          /* mapped here (read-write for the device, and the CPU if host), map_bytes
+                           long */
     uint64_t map_bytes; /* the bytes asked for, rounded up to the allocation granularity */
     int fd;             /* the export, the caller's to send and close (-1 once closed) */
     uint64_t handle;    /* the backend's */
 } kern_share_t;
+#define KERN_SHARE_HOST 1u /* kern_share_alloc: host memory (zeroed) instead of device memory */
 /* Allocates and maps at least `bytes`, and exports it. Makes no stream call and waits for no
  * work on the device (tests/gpu/test_vmm_share.cu times it beside a running kernel). Returns 0,
- * -ENOMEM (the device has no room), -ENOTSUP (no such memory: cpu, or a driver without it),
- * -EIO, with nothing left behind on error. */
-int kern_share_alloc(kern_backend_t *b, uint64_t bytes, kern_share_t *ret);
+ * -ENOMEM (no room), -ENOTSUP (no such memory: cpu, or a driver without it), -EIO, with nothing
+ * left behind on error. flags: 0 or KERN_SHARE_HOST. */
+int kern_share_alloc(kern_backend_t *b, uint64_t bytes, unsigned flags, kern_share_t *ret);
 /* Unmaps and releases it here and closes fd if still open. The memory lives on while the
  * importer maps it (its own process's memory from then on). The device must have finished every
  * kernel that reads or writes it. */

@@ -281,13 +281,13 @@ void kern_host_unmap(kern_backend_t *b, void *host)
         b->ops->host_unmap(b, host);
 }
 
-int kern_share_alloc(kern_backend_t *b, uint64_t bytes, kern_share_t *ret)
+int kern_share_alloc(kern_backend_t *b, uint64_t bytes, unsigned flags, kern_share_t *ret)
 {
     memset(ret, 0, sizeof(*ret));
     ret->fd = -1;
-    if (!bytes)
+    if (!bytes || (flags & ~KERN_SHARE_HOST))
         return -EINVAL;
-    return b->ops->share_alloc ? b->ops->share_alloc(b, bytes, ret) : -ENOTSUP;
+    return b->ops->share_alloc ? b->ops->share_alloc(b, bytes, flags, ret) : -ENOTSUP;
 }
 
 void kern_share_free(kern_backend_t *b, kern_share_t *s)

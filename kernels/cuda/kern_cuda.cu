@@ -126,14 +126,15 @@ void cuda_host_unmap(kern_backend_t *b, void *host)
         cudaGetLastError();
 }
 
-/* A shared allocation's properties: device memory of this GPU, exportable as a descriptor */
-static CUmemAllocationProp share_prop(int device)
+/* A shared allocation's properties: device memory of this GPU, or pinned host memory of the NUMA
+ * node nearest to it (numa; 0 where the system has no NUMA), exportable as a descriptor */
+static CUmemAllocationProp share_prop(int device, bool host, int numa)
 {
     CUmemAllocationProp p;
     memset(&p, 0, sizeof(p));
     p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    p.location.id = device;
+    p.location.type = host ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = host ? numa : device;
     p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     return p;
 }
@@ -158,21 +159,39 @@ static void load_vmm(Cuda *c)
         cudaGetLastError();
         return;
     }
-    CUmemAllocationProp p = share_prop(c->device);
+    CUmemAllocationProp p = share_prop(c->device, false, 0);
     size_t g = 0;
     if (v.gran(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS)
         v.granularity = g;
+    /* host memory by the same calls (KERN_SHARE_HOST): CUDA 12.2 drivers and later */
+    int host = 0, numa = -1;
+    if (cudaDeviceGetAttribute(
+            &host,
+            (cudaDeviceAttr)CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+            c->device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&numa, (cudaDeviceAttr)CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID,
+                               c->device) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    v.numa = numa < 0 ? 0 : numa;
+    p = share_prop(c->device, true, v.numa);
+    g = 0;
+    if (host && v.gran(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS)
+        v.host_granularity = g;
 }
 
-int cuda_share_alloc(kern_backend_t *b, uint64_t bytes, kern_share_t *ret)
+int cuda_share_alloc(kern_backend_t *b, uint64_t bytes, unsigned flags, kern_share_t *ret)
 {
     Cuda *c = as_cuda(b);
     const VmmApi &v = c->vmm;
-    if (!v.granularity)
+    const bool host = flags & KERN_SHARE_HOST;
+    const size_t gran = host ? v.host_granularity : v.granularity;
+    if (!gran)
         return -ENOTSUP;
     KC_TRY(cudaSetDevice(c->device), "cudaSetDevice");
-    const size_t size = (bytes + v.granularity - 1) / v.granularity * v.granularity;
-    const CUmemAllocationProp p = share_prop(c->device);
+    const size_t size = (bytes + gran - 1) / gran * gran;
+    const CUmemAllocationProp p = share_prop(c->device, host, v.numa);
     CUmemGenericAllocationHandle h = 0;
     CUresult r = v.create(&h, size, &p, 0);
     if (r == CUDA_ERROR_OUT_OF_MEMORY)
@@ -185,16 +204,22 @@ int cuda_share_alloc(kern_backend_t *b, uint64_t bytes, kern_share_t *ret)
     if ((r = v.reserve(&va, size, 0, 0, 0)) == CUDA_SUCCESS) {
         what = "cuMemMap";
         if ((r = v.map(va, size, 0, h, 0)) == CUDA_SUCCESS) {
-            CUmemAccessDesc a;
-            memset(&a, 0, sizeof(a));
-            a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-            a.location.id = c->device;
-            a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+            /* the device; and for host memory this process's CPU, at the same address */
+            CUmemAccessDesc a[2];
+            memset(a, 0, sizeof(a));
+            a[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            a[0].location.id = c->device;
+            a[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+            a[1].location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+            a[1].location.id = v.numa;
+            a[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
             what = "cuMemSetAccess";
-            if ((r = v.access(va, size, &a, 1)) == CUDA_SUCCESS) {
+            if ((r = v.access(va, size, a, host ? 2 : 1)) == CUDA_SUCCESS) {
                 what = "cuMemExportToShareableHandle";
                 if ((r = v.exp(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)) ==
                     CUDA_SUCCESS) {
+                    if (host) /* fresh pages from the driver; zeroed here all the same */
+                        memset(reinterpret_cast<void *>(va), 0, size);
                     ret->dev = reinterpret_cast<void *>(va);
                     ret->map_bytes = size;
                     ret->fd = fd;

@@ -145,7 +145,9 @@ struct VmmApi {
     CUresult (*unmap)(CUdeviceptr, size_t);
     CUresult (*release)(CUmemGenericAllocationHandle);
     CUresult (*addr_free)(CUdeviceptr, size_t);
-    size_t granularity; /* 0: no virtual memory management (kern_share_alloc: -ENOTSUP) */
+    size_t granularity;      /* 0: no virtual memory management (kern_share_alloc: -ENOTSUP) */
+    size_t host_granularity; /* the same for host memory (KERN_SHARE_HOST) */
+    int numa;                /* the host NUMA node nearest the device (0: no NUMA) */
 };
 
 typedef CUresult (*WaitValue64Fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);

@@ -11,13 +11,16 @@
  *   - the imported handle maps A's size and no more (mapping twice its size fails);
  *   - a descriptor that is not an exported allocation (a pipe) is refused, without harm;
  *   - B, whose descriptor the child never got, is untouched;
+ *   - a signal slice made the same way from host memory (patd's per-session handshake words,
+ *     protocol 7): both CPUs and the client's device reach it through their own mappings, and a
+ *     stream's wait on it is released by a store from the daemon's CPU;
  *   - the daemon's calls at HELLO (create, reserve, map, access, export) and at a reclaim (unmap,
  *     free the range, release) wait for no work on the device: with a kernel spinning for
  *     400 ms on another stream each sequence returns within 50 ms and the kernel still runs
- *     (patd makes them on its loop thread). Printed beside them, not checked: what registering
- *     and unregistering a host signal slice (12 KiB of a memfd) costs there. Unregistering
- *     waited for the kernel (399 ms, H100, 2026-11-26), which is why patd keeps one signal arena
- *     registered at start instead of a slice of its own per session (patd_gpu.c).
+ *     (patd makes them on its loop thread), for device and for host memory. Printed beside them,
+ * not checked: what registering and unregistering a host signal slice (12 KiB of a memfd) costs
+ * there. Unregistering waited for the kernel (399 ms, H100, 2026-11-26), which is why patd keeps
+ * one signal arena registered at start instead of a slice of its own per session (patd_gpu.c).
  * Driver functions come from cudaGetDriverEntryPointByVersion (no link against libcuda, as the
  * backend). Ends with "N passed, N failed"; exit status 1 if any failed.
  */
@@ -57,6 +60,7 @@ typedef CUresult (*AccessFn)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_
 typedef CUresult (*UnmapFn)(CUdeviceptr, size_t);
 typedef CUresult (*ReleaseFn)(CUmemGenericAllocationHandle);
 typedef CUresult (*FreeFn)(CUdeviceptr, size_t);
+typedef CUresult (*WaitFn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
 
 static struct {
     GranFn gran;
@@ -69,6 +73,7 @@ static struct {
     UnmapFn unmap;
     ReleaseFn release;
     FreeFn free;
+    WaitFn wait64;
 } drv;
 
 static bool entry(const char *name, void **fn)
@@ -89,32 +94,39 @@ static bool load_driver(void)
            entry("cuMemMap", (void **)&drv.map) && entry("cuMemSetAccess", (void **)&drv.access) &&
            entry("cuMemUnmap", (void **)&drv.unmap) &&
            entry("cuMemRelease", (void **)&drv.release) &&
-           entry("cuMemAddressFree", (void **)&drv.free);
+           entry("cuMemAddressFree", (void **)&drv.free) &&
+           entry("cuStreamWaitValue64", (void **)&drv.wait64);
 }
 
-static CUmemAllocationProp prop_for(int dev)
+/* device memory of dev, or (host) pinned host memory of NUMA node 0 (a signal slice, as patd
+ * makes it on a machine of one node) */
+static CUmemAllocationProp prop_for(int dev, bool host = false)
 {
     CUmemAllocationProp p;
     memset(&p, 0, sizeof(p));
     p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    p.location.id = dev;
+    p.location.type = host ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = host ? 0 : dev;
     p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     return p;
 }
 
-/* Maps handle h (size bytes) at a fresh address, read-write for device dev; 0 on failure. */
-static CUdeviceptr map_rw(CUmemGenericAllocationHandle h, size_t size, int dev, CUresult *why)
+/* Maps handle h (size bytes) at a fresh address, read-write for device dev (and for host memory
+ * this process's CPU at the same address); 0 on failure. */
+static CUdeviceptr map_rw(CUmemGenericAllocationHandle h, size_t size, int dev, CUresult *why,
+                          bool host = false)
 {
     CUdeviceptr va = 0;
     CUresult r = drv.reserve(&va, size, 0, 0, 0);
     if (r == CUDA_SUCCESS && (r = drv.map(va, size, 0, h, 0)) == CUDA_SUCCESS) {
-        CUmemAccessDesc a;
-        memset(&a, 0, sizeof(a));
-        a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        a.location.id = dev;
-        a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        if ((r = drv.access(va, size, &a, 1)) == CUDA_SUCCESS) {
+        CUmemAccessDesc a[2];
+        memset(a, 0, sizeof(a));
+        a[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        a[0].location.id = dev;
+        a[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        a[1].location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+        a[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        if ((r = drv.access(va, size, a, host ? 2 : 1)) == CUDA_SUCCESS) {
             *why = r;
             return va;
         }
@@ -187,8 +199,9 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-/* A session's allocation made and freed the way patd does, beside a kernel that runs 400 ms */
-static void calls_beside_a_kernel(size_t size)
+/* A session's allocation (staging, or host: its signal slice) made and freed the way patd does,
+ * beside a kernel that runs 400 ms */
+static void calls_beside_a_kernel(size_t size, bool host)
 {
     cudaStream_t s;
     if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
@@ -197,14 +210,14 @@ static void calls_beside_a_kernel(size_t size)
     }
     spin<<<1, 1, 0, s>>>(400000000ull);
     bool ok = cudaGetLastError() == cudaSuccess;
-    const CUmemAllocationProp prop = prop_for(0);
+    const CUmemAllocationProp prop = prop_for(0, host);
     const double t0 = now_ms();
     CUmemGenericAllocationHandle h = 0;
     CUdeviceptr va = 0;
     int fd = -1;
     CUresult why = CUDA_SUCCESS;
     ok = ok && drv.create(&h, size, &prop, 0) == CUDA_SUCCESS;
-    ok = ok && (va = map_rw(h, size, 0, &why)) != 0;
+    ok = ok && (va = map_rw(h, size, 0, &why, host)) != 0;
     ok = ok && drv.exp(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS;
     const double t1 = now_ms();
     if (fd >= 0)
@@ -218,7 +231,7 @@ static void calls_beside_a_kernel(size_t size)
     const int sfd = memfd_create("sig", MFD_CLOEXEC);
     void *sig = MAP_FAILED, *sig_dev = nullptr;
     double t3 = 0, t4 = 0, t5 = 0;
-    if (sfd >= 0 && ftruncate(sfd, (off_t)sig_bytes) == 0 &&
+    if (!host && sfd >= 0 && ftruncate(sfd, (off_t)sig_bytes) == 0 &&
         (sig = mmap(nullptr, sig_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, sfd, 0)) !=
             MAP_FAILED) {
         t3 = now_ms();
@@ -233,12 +246,19 @@ static void calls_beside_a_kernel(size_t size)
     }
     if (sfd >= 0)
         close(sfd);
-    printf("beside a running kernel: create..export %.3f ms, unmap..release %.3f ms; a host "
-           "slice's register %.3f ms, unregister %.3f ms (not checked)\n",
-           t1 - t0, t2 - t1, t4 - t3, t5 - t4);
-    check(ok, "create, map, export, unmap, release beside a running kernel");
+    printf("beside a running kernel, %s memory: create..export %.3f ms, unmap..release %.3f ms",
+           host ? "host" : "device", t1 - t0, t2 - t1);
+    if (!host)
+        printf("; a memfd slice's cudaHostRegister %.3f ms, cudaHostUnregister %.3f ms (not "
+               "checked)",
+               t4 - t3, t5 - t4);
+    printf("\n");
+    check(ok, host ? "host: create, map, export, unmap, release beside a running kernel"
+                   : "create, map, export, unmap, release beside a running kernel");
     check(ok && t1 - t0 < 50 && t2 - t1 < 50 && running,
-          "none of them waits for the kernel (each sequence < 50 ms, the kernel still runs)");
+          host
+              ? "host: none of them waits for the kernel (< 50 ms each, the kernel runs)"
+              : "none of them waits for the kernel (each sequence < 50 ms, the kernel still runs)");
     cudaStreamSynchronize(s);
     cudaStreamDestroy(s);
 }
@@ -253,16 +273,51 @@ static bool all_words(CUdeviceptr va, size_t size, uint32_t want)
     return ok;
 }
 
-/* The client: bit 0 import, 1 read A's bytes, 2 write, 3 oversize map refused, 4 pipe refused. */
+__global__ void set_word(uint64_t *w, uint64_t v)
+{
+    *w = v;
+}
+
+/* The client's half of a signal slice (host memory by descriptor hfd): bit 5 its CPU reads the
+ * daemon's CPU write (w[0]), 6 its CPU writes w[1], 7 its device writes w[2]. */
+static int child_slice(int hfd, uint64_t hsize)
+{
+    int got = 0;
+    CUmemGenericAllocationHandle h;
+    if (drv.imp(&h, (void *)(uintptr_t)hfd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) !=
+        CUDA_SUCCESS)
+        return got;
+    CUresult why;
+    CUdeviceptr va = map_rw(h, hsize, 0, &why, true);
+    drv.release(h);
+    if (!va)
+        return got;
+    volatile uint64_t *w = (volatile uint64_t *)va;
+    if (w[0] == 0x1111)
+        got |= 32;
+    w[1] = 0x2222;
+    got |= 64;
+    set_word<<<1, 1>>>((uint64_t *)va + 2, 0x3333);
+    if (cudaDeviceSynchronize() == cudaSuccess)
+        got |= 128;
+    drv.unmap(va, hsize);
+    drv.free(va, hsize);
+    return got;
+}
+
+/* The client: bit 0 import, 1 read A's bytes, 2 write, 3 oversize map refused, 4 pipe refused;
+ * 5-7 the signal slice (child_slice). */
 static int child(int sock)
 {
-    int fd = recv_fd(sock);
-    uint64_t size = 0;
-    if (fd < 0 || read(sock, &size, sizeof(size)) != (ssize_t)sizeof(size))
+    int fd = recv_fd(sock), hfd = recv_fd(sock);
+    uint64_t size = 0, hsize = 0;
+    if (fd < 0 || hfd < 0 || read(sock, &size, sizeof(size)) != (ssize_t)sizeof(size) ||
+        read(sock, &hsize, sizeof(hsize)) != (ssize_t)sizeof(hsize))
         return 0;
     if (cudaSetDevice(0) != cudaSuccess || cudaFree(0) != cudaSuccess || !load_driver())
         return 0;
-    int got = 0;
+    int got = child_slice(hfd, hsize);
+    close(hfd);
     CUmemGenericAllocationHandle h;
     CUresult r = drv.imp(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     if (r != CUDA_SUCCESS) {
@@ -342,16 +397,35 @@ int main(void)
     CUresult re = ra == CUDA_SUCCESS ? drv.exp(&fd, ha, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)
                                      : CUDA_ERROR_INVALID_VALUE;
     check(re == CUDA_SUCCESS && fd >= 0, "A exported as a file descriptor");
+    /* the session's signal slice: host memory by the same calls, for the device and the CPU */
+    const CUmemAllocationProp hprop = prop_for(0, true);
+    size_t hsize = 0;
+    CUmemGenericAllocationHandle hh = 0;
+    CUdeviceptr hva = 0;
+    int hfd = -1;
+    check(drv.gran(&hsize, &hprop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS && hsize &&
+              drv.create(&hh, hsize, &hprop, 0) == CUDA_SUCCESS &&
+              (hva = map_rw(hh, hsize, 0, &why, true)) != 0 &&
+              drv.exp(&hfd, hh, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS,
+          "a signal slice: host memory mapped for the device and the CPU, exported");
+    volatile uint64_t *hw = (volatile uint64_t *)hva;
+    if (hva)
+        hw[0] = 0x1111;
     int got = 0;
-    if (fd >= 0) {
-        uint64_t sz = size;
-        if (send_fd(sv[0], fd) == 0 && write(sv[0], &sz, sizeof(sz)) == (ssize_t)sizeof(sz) &&
+    if (fd >= 0 && hfd >= 0) {
+        uint64_t sz = size, hsz = hsize;
+        if (send_fd(sv[0], fd) < 0 || send_fd(sv[0], hfd) < 0 ||
+            write(sv[0], &sz, sizeof(sz)) != (ssize_t)sizeof(sz) ||
+            write(sv[0], &hsz, sizeof(hsz)) != (ssize_t)sizeof(hsz) ||
             read(sv[0], &got, sizeof(got)) != (ssize_t)sizeof(got))
             got = 0;
-        close(fd);
     }
+    if (fd >= 0)
+        close(fd);
+    if (hfd >= 0)
+        close(hfd);
     int status = 0;
-    if (fd < 0)
+    if (fd < 0 || hfd < 0)
         kill(pid, SIGKILL);
     waitpid(pid, &status, 0);
     check(got & 1, "the client imports A's descriptor");
@@ -361,7 +435,35 @@ int main(void)
     check(got & 8, "mapping twice A's size from its handle is refused");
     check(got & 16, "a descriptor that is no allocation (a pipe) is refused");
     check(vb && all_words(vb, size, PAT_B), "B, never exported, is untouched");
-    calls_beside_a_kernel(size);
+    check(got & 32, "the client's CPU reads the daemon's CPU write in the slice");
+    check((got & 64) && hva && hw[1] == 0x2222, "the daemon's CPU sees the client's CPU write");
+    check((got & 128) && hva && hw[2] == 0x3333, "the daemon's CPU sees the client's device write");
+    if (hva) { /* a wait of the daemon's stream, released from its CPU (a stalled client cut) */
+        cudaStream_t s;
+        cudaEvent_t ev;
+        bool ok = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess &&
+                  cudaEventCreate(&ev) == cudaSuccess &&
+                  drv.wait64(s, hva + 24, 5, CU_STREAM_WAIT_VALUE_GEQ) == CUDA_SUCCESS &&
+                  cudaEventRecord(ev, s) == cudaSuccess;
+        usleep(2000);
+        const bool held = ok && cudaEventQuery(ev) == cudaErrorNotReady;
+        const double t0 = now_ms();
+        hw[3] = 5;
+        while (ok && cudaEventQuery(ev) == cudaErrorNotReady && now_ms() - t0 < 1000)
+            usleep(20);
+        const bool released = ok && cudaEventQuery(ev) == cudaSuccess;
+        printf("a stream wait on the slice released from the CPU after %.3f ms\n", now_ms() - t0);
+        check(held && released, "a stream's wait on the slice holds, and the CPU releases it");
+        cudaStreamSynchronize(s);
+        cudaStreamDestroy(s);
+        drv.unmap(hva, hsize);
+        drv.free(hva, hsize);
+    }
+    if (hh)
+        drv.release(hh);
+    calls_beside_a_kernel(size, false);
+    if (hsize)
+        calls_beside_a_kernel(hsize, true);
     if (va) {
         drv.unmap(va, size);
         drv.free(va, size);
@@ -377,7 +479,8 @@ int main(void)
     /* the next session's allocation, made after both were released: does it show their bytes?
      * (the driver's business, but the daemon hands such memory to another client) */
     CUmemGenericAllocationHandle hn = 0;
-    CUdeviceptr vn = drv.create(&hn, size, &prop, 0) == CUDA_SUCCESS ? map_rw(hn, size, 0, &why) : 0;
+    CUdeviceptr vn =
+        drv.create(&hn, size, &prop, 0) == CUDA_SUCCESS ? map_rw(hn, size, 0, &why) : 0;
     uint32_t *w = (uint32_t *)malloc(size);
     size_t old = 0, zero = 0;
     if (vn && w && cudaMemcpy(w, (void *)vn, size, cudaMemcpyDeviceToHost) == cudaSuccess)

@@ -50,7 +50,7 @@ __all__ = ["Model", "Conn", "PatError", "admin", "default_socket", "library_vers
 
 # The libpat release this binding was written for (client/pat.h's PAT_VERSION): a libpat of
 # another major version, or an older minor one, is refused at import.
-__version__ = "1.8.0"
+__version__ = "1.9.0"
 
 F16, BF16, F32 = 1, 2, 3
 _ADMIN = {"status": 16, "stats": 17, "seqs": 18, "drain": 19, "reload": 20, "check": 22}

@@ -277,7 +277,7 @@ class DaemonCase(unittest.TestCase):
                              check=True, capture_output=True, text=True, env=env).stdout
         self.assertIn("patd binding %s" % patd.__version__, out)
         self.assertIn("libpat %d.%d.%d" % patd.library_version(), out)
-        self.assertIn("wire protocol 6", out)
+        self.assertIn("wire protocol 7", out)
         self.assertIn("cpu backend", out)
         r = subprocess.run([sys.executable, "-m", "patd", "--socket", self.dir + "/nope.sock"],
                            capture_output=True, text=True, env=env)
