@@ -32,10 +32,6 @@
 
 typedef enum opt_type { T_STR, T_U32, T_U64, T_OCT, T_F32, T_LEVEL, T_DTYPE } opt_type_t;
 
-/* A reloadable row's check: 0 when `next` may replace the running value given what the daemon
- * sized at start, else a negative errno and why. */
-typedef int opt_check_fn(const patd_config_t *next, const patd_sized_t *sized, char *why,
-                         size_t why_len);
 /* What applying a value takes beyond storing it (run at load and after a reload stored it). */
 typedef void opt_apply_fn(const patd_config_t *c);
 
@@ -45,9 +41,8 @@ typedef struct opt {
     size_t off, size; /* field in patd_config_t; size for strings */
     uint64_t min, max;
     const char *def;
-    int reload; /* 1: SIGHUP applies a change (after check); 0: restart-only */
+    int reload; /* 1: SIGHUP applies a change; 0: restart-only */
     const char *help;
-    opt_check_fn *check;
     opt_apply_fn *apply;
 } opt_t;
 
@@ -56,127 +51,111 @@ static void apply_log_level(const patd_config_t *c)
     atomic_store(&patd_log_level, (int)c->log_level);
 }
 
-/* The GPU signal arena holds one slice per connection, allocated at start. */
-static int check_max_conns(const patd_config_t *next, const patd_sized_t *sized, char *why,
-                           size_t why_len)
-{
-    if (sized && sized->max_conns && next->max_conns > sized->max_conns) {
-        snprintf(why, why_len, "the GPU signal arena was sized for %u connections at start",
-                 sized->max_conns);
-        return -ERANGE;
-    }
-    return 0;
-}
-
 #define F(f)   offsetof(patd_config_t, f), sizeof(((patd_config_t *)0)->f)
 #define U32MAX 4294967295ull
 
 static const opt_t opts[] = {
     {"daemon", "name", T_STR, F(name), 1, 40, "patd", 0,
-     "instance name: sockets are <runtime_dir>/<name>.sock and .events", NULL, NULL},
+     "instance name: sockets are <runtime_dir>/<name>.sock and .events", NULL},
     {"daemon", "runtime_dir", T_STR, F(runtime_dir), 0, 255, "", 0,
      "directory of the sockets (default /run/patd as root, else $XDG_RUNTIME_DIR/patd or "
      "/tmp/patd-<uid>)",
-     NULL, NULL},
+     NULL},
     {"daemon", "socket_mode", T_OCT, F(socket_mode), 0600, 0777, "0660", 0,
-     "file mode of the sockets and the staging buffers: who may connect", NULL, NULL},
+     "file mode of the sockets and the staging buffers: who may connect", NULL},
     {"daemon", "socket_group", T_STR, F(socket_group), 0, 63, "", 0,
-     "group owning the sockets and buffers (empty: the daemon's)", NULL, NULL},
+     "group owning the sockets and buffers (empty: the daemon's)", NULL},
     {"daemon", "admin_group", T_STR, F(admin_group), 0, 63, "", 0,
      "group whose members may also drain, reload and check through the admin socket "
      "(<runtime_dir>/<name>.admin; patd's user and root always may)",
-     NULL, NULL},
+     NULL},
     {"daemon", "backend", T_STR, F(backend), 1, 15, "auto", 0,
-     "auto | cpu | cuda (auto: cuda when this build has the cuda backend, else cpu)", NULL, NULL},
+     "auto | cpu | cuda (auto: cuda when this build has the cuda backend, else cpu)", NULL},
     {"daemon", "liveness", T_STR, F(liveness), 1, 15, "auto", 1,
      "auto: watch each client's pid with a pidfd, a lease when it cannot be watched; lease: "
      "always the lease (clients must send a request every lease_ms)",
-     NULL, NULL},
+     NULL},
     {"daemon", "pack_policy", T_STR, F(pack_policy), 1, 15, "auto", 1,
      "how queries are packed into CTAs for sessions that do not choose: auto (the least modelled "
      "time of the four, per step), bytes, paper (PAT's heuristic), query (one CTA per query: "
      "the baseline), tree (prefix-tree order); a reload applies to sessions opened after it",
-     NULL, NULL},
+     NULL},
     {"daemon", "threads", T_U32, F(threads), 0, 1024, "0", 0,
-     "cpu backend worker threads (0: one per online CPU)", NULL, NULL},
+     "cpu backend worker threads (0: one per online CPU)", NULL},
     {"daemon", "executors", T_U32, F(executors), 1, 64, "2", 0,
-     "step executor threads (steps of different connections run concurrently)", NULL, NULL},
+     "step executor threads (steps of different connections run concurrently)", NULL},
     {"daemon", "log_level", T_LEVEL, F(log_level), 3, 7, "info", 1,
-     "err | warning | notice | info | debug", NULL, apply_log_level},
+     "err | warning | notice | info | debug", apply_log_level},
     {"daemon", "metrics_port", T_U32, F(metrics_port), 0, 65535, "9477", 0,
-     "Prometheus metrics on http://127.0.0.1:<port>/metrics (0: off)", NULL, NULL},
+     "Prometheus metrics on http://127.0.0.1:<port>/metrics (0: off)", NULL},
     {"daemon", "drain_timeout_ms", T_U32, F(drain_timeout_ms), 0, 600000, "10000", 1,
-     "on SIGTERM/drain: how long in-flight steps may take before sessions are cut", NULL, NULL},
+     "on SIGTERM/drain: how long in-flight steps may take before sessions are cut", NULL},
     {"gpu", "device", T_U32, F(device), 0, 1023, "0", 0,
-     "cuda backend: CUDA device ordinal (as CUDA_VISIBLE_DEVICES numbers them)", NULL, NULL},
+     "cuda backend: CUDA device ordinal (as CUDA_VISIBLE_DEVICES numbers them)", NULL},
     {"gpu", "staging_mb", T_U32, F(staging_mb), 1, 1u << 20, "1024", 0,
      "cuda backend: device memory the sessions' Q/K/V/O staging allocations may hold together "
      "(MiB; each is its own, rounded up to the driver's granularity)",
-     NULL, NULL},
+     NULL},
     {"gpu", "enqueue_depth", T_U32, F(enqueue_depth), 1, 64, "16", 0,
      "cuda backend: layers an executor enqueues ahead of the GPU (bounds what a stalled client "
      "can leave queued)",
-     NULL, NULL},
+     NULL},
     {"gpu", "forward", T_STR, F(forward), 1, 15, "auto", 0,
      "cuda backend's forward: auto (sm_90a, head_dim <= 128: a loading warpgroup, KV by "
      "cp.async, and two wgmma warpgroups, CTAs of up to 128 rows; elsewhere as layer), cpasync "
      "(auto's explicit name), tma (as auto, KV pages by the tensor memory accelerator), layer "
      "(4-warp kernels: wgmma for TREE's CTAs of 33-64 rows on "
      "sm_90a, mma.sync elsewhere) or mma (mma.sync only); wide is read as auto",
-     NULL, NULL},
-    {"model", "layers", T_U32, F(layers), 1, 1024, "4", 0, "transformer layers", NULL, NULL},
-    {"model", "q_heads", T_U32, F(q_heads), 1, 1024, "8", 0, "query heads", NULL, NULL},
+     NULL},
+    {"model", "layers", T_U32, F(layers), 1, 1024, "4", 0, "transformer layers", NULL},
+    {"model", "q_heads", T_U32, F(q_heads), 1, 1024, "8", 0, "query heads", NULL},
     {"model", "kv_heads", T_U32, F(kv_heads), 1, 1024, "2", 0,
-     "KV heads (q_heads / kv_heads <= 16)", NULL, NULL},
-    {"model", "head_dim", T_U32, F(head_dim), 64, 256, "64", 0, "64 | 128 | 256", NULL, NULL},
-    {"model", "dtype", T_DTYPE, F(dtype), 1, 3, "f16", 0, "f16 | bf16 | f32", NULL, NULL},
-    {"model", "block_size", T_U32, F(block_size), 16, 16, "16", 0, "tokens per KV block", NULL,
-     NULL},
+     "KV heads (q_heads / kv_heads <= 16)", NULL},
+    {"model", "head_dim", T_U32, F(head_dim), 64, 256, "64", 0, "64 | 128 | 256", NULL},
+    {"model", "dtype", T_DTYPE, F(dtype), 1, 3, "f16", 0, "f16 | bf16 | f32", NULL},
+    {"model", "block_size", T_U32, F(block_size), 16, 16, "16", 0, "tokens per KV block", NULL},
     {"model", "model_id", T_U64, F(model_id), 0, UINT64_MAX, "0", 0,
-     "clients must present the same id; mixed into prefix-cache keys", NULL, NULL},
-    {"model", "scale", T_F32, F(scale), 0, 0, "0", 1, "softmax scale (0: 1/sqrt(head_dim))", NULL,
-     NULL},
-    {"model", "softcap", T_F32, F(softcap), 0, 0, "0", 1, "logit soft cap (0: off)", NULL, NULL},
+     "clients must present the same id; mixed into prefix-cache keys", NULL},
+    {"model", "scale", T_F32, F(scale), 0, 0, "0", 1, "softmax scale (0: 1/sqrt(head_dim))", NULL},
+    {"model", "softcap", T_F32, F(softcap), 0, 0, "0", 1, "logit soft cap (0: off)", NULL},
     {"pool", "blocks", T_U32, F(blocks), 16, 1u << 31, "4096", 0, "KV pool capacity in blocks",
-     NULL, NULL},
+     NULL},
     {"pool", "prefix_scope", T_STR, F(prefix_scope), 1, 7, "uid", 0,
      "who shares KV blocks through the prefix cache: uid (sessions of the same user only; a "
      "client's KV for a prompt never reaches another user's sequences) or all (every session: "
      "only where every client that may connect is trusted to send true K and V)",
-     NULL, NULL},
+     NULL},
     {"pool", "max_seqs", T_U32, F(max_seqs), 1, 1u << 20, "4096", 0,
-     "open sequences, all connections together", NULL, NULL},
+     "open sequences, all connections together", NULL},
     {"pool", "max_seq_len", T_U32, F(max_seq_len), 1, 1u << 22, "32768", 0, "tokens per sequence",
-     NULL, NULL},
-    {"limits", "max_conns", T_U32, F(max_conns), 1, 4096, "64", 1,
-     "connections at once (cuda backend: raised by SIGHUP no higher than at start)",
-     check_max_conns, NULL},
+     NULL},
+    {"limits", "max_conns", T_U32, F(max_conns), 1, 4096, "64", 1, "connections at once", NULL},
     {"limits", "conn_max_seqs", T_U32, F(conn_max_seqs), 1, 65536, "256", 1,
-     "open sequences per connection", NULL, NULL},
+     "open sequences per connection", NULL},
     {"limits", "conn_max_blocks", T_U32, F(conn_max_blocks), 0, 1u << 31, "0", 1,
      "KV blocks one connection may hold, each counted once however many of its sequences name it "
      "(0: the whole pool)",
-     NULL, NULL},
+     NULL},
     {"limits", "conn_max_batch_tokens", T_U32, F(conn_max_batch_tokens), 1, 1u << 20, "4096", 0,
-     "query tokens per step per connection (sizes staging buffers and the backend workspace)", NULL,
+     "query tokens per step per connection (sizes staging buffers and the backend workspace)",
      NULL},
     {"limits", "conn_max_staging_mb", T_U32, F(conn_max_staging_mb), 1, 1u << 20, "256", 1,
-     "staging buffer MiB per connection", NULL, NULL},
+     "staging buffer MiB per connection", NULL},
     {"limits", "lease_ms", T_U32, F(lease_ms), 100, 3600000, "10000", 1,
-     "a client whose pid cannot be watched must send a request this often", NULL, NULL},
+     "a client whose pid cannot be watched must send a request this often", NULL},
     {"limits", "max_lease_ms", T_U32, F(max_lease_ms), 100, 3600000, "60000", 1,
-     "longest lease a client may ask for in its HELLO (longer asks are cut to this)", NULL, NULL},
+     "longest lease a client may ask for in its HELLO (longer asks are cut to this)", NULL},
     {"limits", "step_timeout_ms", T_U32, F(step_timeout_ms), 10, 3600000, "30000", 1,
-     "longest wait for a client's next layer before its step is aborted", NULL, NULL},
+     "longest wait for a client's next layer before its step is aborted", NULL},
     {"limits", "stall_cut_ms", T_U32, F(stall_cut_ms), 0, 3600000, "250", 1,
      "a GPU step whose client hands no layer over this long while other steps wait for an "
      "executor is cut (its client gets -ETIMEDOUT); 0: only step_timeout_ms cuts",
-     NULL, NULL},
+     NULL},
     {"limits", "conns_per_uid", T_U32, F(conns_per_uid), 0, 4096, "0", 1,
      "sessions one user (the kernel's uid at HELLO, on the admin socket) may hold; a HELLO past "
      "it is refused (-EMFILE), so one user cannot fill limits.max_conns for the others on a "
      "daemon shared by users (0: no bound but limits.max_conns)",
-     NULL, NULL},
+     NULL},
 };
 _Static_assert(PAT_ARRAY_SIZE(opts) <= 128, "patd_config_t.set holds 128 bits");
 
@@ -527,7 +506,7 @@ int patd_config_load(patd_config_t *c, int argc, char **argv)
     return 0;
 }
 
-int patd_config_reload(patd_config_t *c, const patd_sized_t *sized, int argc, char **argv)
+int patd_config_reload(patd_config_t *c, int argc, char **argv)
 {
     if (!c->path[0]) {
         patd_notice("reload: no config file; nothing to re-read");
@@ -547,15 +526,11 @@ int patd_config_reload(patd_config_t *c, const patd_sized_t *sized, int argc, ch
     for (size_t i = 0; i < PAT_ARRAY_SIZE(opts); i++) {
         const opt_t *o = &opts[i];
         uint8_t *a = (uint8_t *)c + o->off, *b = (uint8_t *)&n + o->off;
-        char why[160] = "";
         if (!memcmp(a, b, o->size))
             continue;
         if (!o->reload) {
             patd_warn("reload: %s.%s changed in the file but needs a restart; kept", o->section,
                       o->key);
-            kept++;
-        } else if (o->check && o->check(&n, sized, why, sizeof(why)) < 0) {
-            patd_warn("reload: %s.%s cannot change live: %s; kept", o->section, o->key, why);
             kept++;
         } else {
             memcpy(a, b, o->size);

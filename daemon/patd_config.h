@@ -45,20 +45,13 @@ typedef struct patd_config {
     uint64_t set[2]; /* bit i: option i was given (file or command line) */
 } patd_config_t;
 
-/* What the daemon sized at start from options that SIGHUP may change: a reload must not go past
- * it. Zero fields: nothing sized (e.g. no GPU signal arena on the cpu backend). */
-typedef struct patd_sized {
-    uint32_t max_conns; /* slices of the GPU signal arena (patd_gpu.c) */
-} patd_sized_t;
-
 /* Outcome of patd_config_load: 0 run, 1 exit 0 (help/version/check/print done), <0 error. */
 int patd_config_load(patd_config_t *c, int argc, char **argv);
-/* Re-reads the file for SIGHUP: applies the reloadable options whose row check accepts the new
- * value against what was sized at start (sized may be NULL: nothing sized), runs their apply
- * hooks, and logs every change it keeps back (restart-only, or refused by the check) with why.
- * Command-line overrides keep winning. Returns the number of changes kept back (0: all applied),
- * or -EINVAL when the file is invalid (nothing applied). */
-int patd_config_reload(patd_config_t *c, const patd_sized_t *sized, int argc, char **argv);
+/* Re-reads the file for SIGHUP: applies the reloadable options, runs their apply hooks, and logs
+ * every change it keeps back (restart-only) with why. Command-line overrides keep winning. Returns
+ * the number of changes kept back (0: all applied), or -EINVAL when the file is invalid (nothing
+ * applied). */
+int patd_config_reload(patd_config_t *c, int argc, char **argv);
 void patd_config_print(const patd_config_t *c, FILE *f);
 int patd_config_was_set(const patd_config_t *c, const char *key);
 

@@ -122,7 +122,6 @@ typedef struct patd_metrics {
 
 struct patd {
     patd_config_t cfg;
-    patd_sized_t sized; /* what start-up sized from reloadable options (patd_config.h) */
     int argc;
     char **argv;
     uint64_t instance;

@@ -59,7 +59,7 @@ static int reload_config(patd_t *d, const char *who)
 {
     patd_notify_state(&d->notify, "RELOADING=1");
     patd_notice("%s: reloading %s", who, d->cfg.path[0] ? d->cfg.path : "(no config file)");
-    int rc = patd_config_reload(&d->cfg, &d->sized, d->argc, d->argv);
+    int rc = patd_config_reload(&d->cfg, d->argc, d->argv);
     patd_notify_state(&d->notify, "READY=1");
     return rc;
 }

@@ -189,18 +189,17 @@ void ipc_shm_drop_fd(ipc_shm_t *s)
     s->fd1 = 0;
 }
 
-static int map_fd(ipc_shm_t *s, int fd, uint64_t offset, size_t bytes, int exact)
+int ipc_shm_map_fd(ipc_shm_t *s, int fd, size_t bytes)
 {
     memset(s, 0, sizeof(*s));
     struct stat st;
     if (fstat(fd, &st) < 0)
         return -errno;
     int seals = fcntl(fd, F_GET_SEALS);
-    if ((exact ? (uint64_t)st.st_size != bytes : (uint64_t)st.st_size < offset + bytes) ||
-        bytes < IPC_ALIGN || offset % IPC_ALIGN || seals < 0 ||
+    if ((uint64_t)st.st_size != bytes || bytes < IPC_ALIGN || seals < 0 ||
         (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
         return -EBADMSG;
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)offset);
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED)
         return -errno;
     s->base = p;
@@ -210,18 +209,6 @@ static int map_fd(ipc_shm_t *s, int fd, uint64_t offset, size_t bytes, int exact
         return -EBADMSG;
     }
     return 0;
-}
-
-int ipc_shm_map_fd(ipc_shm_t *s, int fd, size_t bytes)
-{
-    return map_fd(s, fd, 0, bytes, 1);
-}
-
-int ipc_shm_map_fd_at(ipc_shm_t *s, int fd, uint64_t offset, size_t bytes)
-{
-    if (offset > UINT64_MAX - bytes)
-        return -EINVAL;
-    return map_fd(s, fd, offset, bytes, 0);
 }
 
 uint64_t ipc_gsig_bytes(uint32_t n_layers)

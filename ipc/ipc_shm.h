@@ -20,7 +20,9 @@
  *
  * GPU sessions (cuda backend, IPC_BUF_CUDA): the staging rows are device memory and the
  * hand-off runs on the two processes' CUDA streams, never through their CPUs. The session's
- * signal slice (ipc_gsig_bytes) is host memory that both processes map into their device:
+ * signal slice (ipc_gsig_bytes) is pinned host memory of its own (protocol 7: a CUDA
+ * virtual-memory allocation passed by descriptor) that both processes map for their device and
+ * their CPU at one address:
  *
  *   [ ipc_sig_t page | ready[n_layers] (u64) | done[n_layers] (u64) ]   each part 4 KiB aligned
  *
@@ -112,16 +114,13 @@ void ipc_shm_drop_fd(ipc_shm_t *s);
  * exactly `bytes` long, sealed against shrinking and growing, and carry the signal magic.
  * Returns 0, -errno, or -EBADMSG (size, seals or magic wrong). */
 int ipc_shm_map_fd(ipc_shm_t *s, int fd, size_t bytes);
-/* The same for `bytes` at `offset` (page-aligned) of a sealed buffer at least offset + bytes
- * long (a GPU session's signal slice of the daemon's arena). */
-int ipc_shm_map_fd_at(ipc_shm_t *s, int fd, uint64_t offset, size_t bytes);
 /* Unmaps; closes the fd it still holds. Accepts a zeroed struct. */
 void ipc_shm_close(ipc_shm_t *s);
 
 /* Bytes of a GPU session's signal slice for n_layers (a multiple of IPC_ALIGN), 0 if too many. */
 uint64_t ipc_gsig_bytes(uint32_t n_layers);
-/* Initialises a slice (zeroes, magic, version, n_layers, the first epoch). Epochs grow across
- * the sessions that reuse a slice, so a stale writer's values satisfy no later wait. */
+/* Initialises a slice (zeroes, magic, version, n_layers, the first epoch). patd starts a
+ * session's epochs from its serial, so values of one session mean nothing in another. */
 void ipc_gsig_init(void *slice, uint32_t n_layers, uint64_t epoch);
 static inline uint64_t *ipc_gsig_ready(void *slice)
 {

@@ -143,9 +143,10 @@ int kern_tiles(const kern_backend_t *b, sched_tiles_t *ret_tiles);
  *
  * A lane is one executor's private set of streams, events, plan and slot buffers and partials:
  * a step enqueued on one lane never queues behind a wait of another lane's client. The handshake
- * words are 64-bit words in host memory mapped into the device (kern_host_map), so the CPU can
- * always store to them: a wait enqueued for a dead or stalled client is released from the CPU
- * without going through any stream. */
+ * words are 64-bit words in host memory that the device and the CPU reach at one address (a
+ * session's signal slice: kern_share_alloc with KERN_SHARE_HOST), so the CPU can always store to
+ * them: a wait enqueued for a dead or stalled client is released from the CPU without going
+ * through any stream. */
 typedef struct kern_lane kern_lane_t;
 
 /* One layer of a step on a lane, enqueued in this order on the lane's stream:
@@ -156,7 +157,7 @@ typedef struct kern_lane kern_lane_t;
  *   if report: the lane's progress counter = layers enqueued so far (kern_lane_progress).
  * Each of these is a write to host memory that costs the stream ~1-2 us, so the caller reports
  * progress only as often as it needs it (every few layers and a step's last).
- * Word pointers are device addresses from kern_host_map; NULL skips that wait or post. */
+ * Word pointers are addresses in a KERN_SHARE_HOST allocation; NULL skips that wait or post. */
 typedef struct kern_lane_layer {
     uint32_t layer;
     int compute;           /* 0: the handshake only (a step that failed still pairs every wait) */
@@ -189,11 +190,6 @@ int kern_lane_layer(kern_lane_t *l, const kern_lane_layer_t *ly);
 uint64_t kern_lane_progress(const kern_lane_t *l);
 /* Layers enqueued since the lane was created. */
 uint64_t kern_lane_enqueued(const kern_lane_t *l);
-
-/* Maps host memory (page-aligned, e.g. a MAP_SHARED shm mapping) into the device for stream
- * memory operations and kernels. Returns 0 and *ret_dev, -EINVAL, -ENOTSUP, -EIO. */
-int kern_host_map(kern_backend_t *b, void *host, uint64_t bytes, void **ret_dev);
-void kern_host_unmap(kern_backend_t *b, void *host);
 
 /* Memory shared with one other process: an allocation of its own, mapped here at dev and exported
  * as a file descriptor that maps this allocation and nothing else (a CUDA virtual memory

@@ -268,19 +268,6 @@ uint64_t kern_lane_enqueued(const kern_lane_t *l)
     return l->enqueued;
 }
 
-int kern_host_map(kern_backend_t *b, void *host, uint64_t bytes, void **ret_dev)
-{
-    if (!host || !bytes)
-        return -EINVAL;
-    return b->ops->host_map ? b->ops->host_map(b, host, bytes, ret_dev) : -ENOTSUP;
-}
-
-void kern_host_unmap(kern_backend_t *b, void *host)
-{
-    if (host && b->ops->host_unmap)
-        b->ops->host_unmap(b, host);
-}
-
 int kern_share_alloc(kern_backend_t *b, uint64_t bytes, unsigned flags, kern_share_t *ret)
 {
     memset(ret, 0, sizeof(*ret));

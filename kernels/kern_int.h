@@ -23,8 +23,6 @@ typedef struct kern_ops {
     int (*lane_begin)(kern_lane_t *l, const sched_plan_hdr_t *plan, const uint32_t *slots,
                       uint32_t n);
     int (*lane_layer)(kern_lane_t *l, const kern_lane_layer_t *ly);
-    int (*host_map)(kern_backend_t *b, void *host, uint64_t bytes, void **ret_dev);
-    void (*host_unmap)(kern_backend_t *b, void *host);
     int (*share_alloc)(kern_backend_t *b, uint64_t bytes, unsigned flags, kern_share_t *ret);
     void (*share_free)(kern_backend_t *b, kern_share_t *s); /* device side; the fd is closed */
     int (*device_info)(kern_backend_t *b, int *ret_mps, uint8_t ret_uuid[16]);

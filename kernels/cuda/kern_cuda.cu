@@ -103,29 +103,6 @@ void cuda_tiles(const kern_backend_t *b, sched_tiles_t *ret)
         ret->min_ctas = 4 * slots;
 }
 
-int cuda_host_map(kern_backend_t *b, void *host, uint64_t bytes, void **ret_dev)
-{
-    Cuda *c = as_cuda(b);
-    KC_TRY(cudaSetDevice(c->device), "cudaSetDevice");
-    KC_TRY(cudaHostRegister(host, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
-           "cudaHostRegister");
-    void *dev = nullptr;
-    cudaError_t e = cudaHostGetDevicePointer(&dev, host, 0);
-    if (e != cudaSuccess) {
-        cudaHostUnregister(host);
-        return kern_cuda_fail("cudaHostGetDevicePointer", e);
-    }
-    *ret_dev = dev;
-    return 0;
-}
-
-void cuda_host_unmap(kern_backend_t *b, void *host)
-{
-    cudaSetDevice(as_cuda(b)->device);
-    if (cudaHostUnregister(host) != cudaSuccess)
-        cudaGetLastError();
-}
-
 /* A shared allocation's properties: device memory of this GPU, or pinned host memory of the NUMA
  * node nearest to it (numa; 0 where the system has no NUMA), exportable as a descriptor */
 static CUmemAllocationProp share_prop(int device, bool host, int numa)
@@ -461,8 +438,8 @@ extern "C" void *kern_cuda_stream(kern_backend_t *b)
 }
 
 extern "C" const kern_ops_t kern__cuda_ops = {
-    "cuda",          cuda_create,      cuda_destroy,  cuda_append_kv,   cuda_copy_blocks,
-    cuda_attend,     cuda_sync,        cuda_tiles,    cuda_lane_create, cuda_lane_free,
-    cuda_lane_begin, cuda_lane_layer,  cuda_host_map, cuda_host_unmap,  cuda_share_alloc,
-    cuda_share_free, cuda_device_info, cuda_fatal,
+    "cuda",           cuda_create,     cuda_destroy,     cuda_append_kv,
+    cuda_copy_blocks, cuda_attend,     cuda_sync,        cuda_tiles,
+    cuda_lane_create, cuda_lane_free,  cuda_lane_begin,  cuda_lane_layer,
+    cuda_share_alloc, cuda_share_free, cuda_device_info, cuda_fatal,
 };

@@ -1,8 +1,7 @@
 /*
  * test_daemon.c — the daemon's pieces that need no running daemon: the step state machine's
  * table, the option table (parsing, bounds, command-line precedence) and its reload rules
- * (restart-only rows, a row check against what start-up sized, apply hooks), and the watchdog's
- * rule on a simulated clock.
+ * (restart-only rows, apply hooks), and the watchdog's rule on a simulated clock.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -166,39 +165,33 @@ static void test_config_reload(void **state)
     const char *argv[] = {"patd", "--config", cfg_path, "--step-timeout-ms=777"};
     assert_int_equal(load(&c, 4, argv), 0);
     assert_int_equal(atomic_load(&patd_log_level), 6);
-    patd_sized_t sized = {.max_conns = 8}; /* a GPU signal arena of 8 slices */
 
-    /* raised past what was sized: kept back; a restart-only change: kept back; the rest applies,
-     * with its apply hook; the command line still wins */
+    /* a restart-only change: kept back; the rest applies, with its apply hook; the command line
+     * still wins */
     write_cfg("[limits]\nmax_conns = 16\nlease_ms = 5000\nstep_timeout_ms = 50\n"
               "[pool]\nblocks = 8192\n[daemon]\nlog_level = debug\n");
-    assert_int_equal(patd_config_reload(&c, &sized, 4, (char **)argv), 2);
-    assert_int_equal(c.max_conns, 8);
+    assert_int_equal(patd_config_reload(&c, 4, (char **)argv), 1);
+    assert_int_equal(c.max_conns, 16);
     assert_int_equal(c.blocks, 4096);
     assert_int_equal(c.lease_ms, 5000);
     assert_int_equal(c.log_level, 7);
     assert_int_equal(atomic_load(&patd_log_level), 7);
     assert_int_equal(c.step_timeout_ms, 777);
 
-    /* lowering below what was sized applies; so does going back up to it */
+    /* lowering applies; so does raising again */
     write_cfg("[limits]\nmax_conns = 4\n[pool]\nblocks = 4096\n");
-    assert_int_equal(patd_config_reload(&c, &sized, 4, (char **)argv), 0);
+    assert_int_equal(patd_config_reload(&c, 4, (char **)argv), 0);
     assert_int_equal(c.max_conns, 4);
     assert_int_equal(c.lease_ms, 10000); /* back to its default: the file no longer sets it */
     assert_int_equal(atomic_load(&patd_log_level), 6);
-    write_cfg("[limits]\nmax_conns = 8\n[pool]\nblocks = 4096\n");
-    assert_int_equal(patd_config_reload(&c, &sized, 4, (char **)argv), 0);
-    assert_int_equal(c.max_conns, 8);
-
-    /* nothing sized (cpu backend): raising applies */
     write_cfg("[limits]\nmax_conns = 32\n[pool]\nblocks = 4096\n");
-    assert_int_equal(patd_config_reload(&c, NULL, 4, (char **)argv), 0);
+    assert_int_equal(patd_config_reload(&c, 4, (char **)argv), 0);
     assert_int_equal(c.max_conns, 32);
 
     /* an invalid file changes nothing */
     patd_config_t before = c;
     write_cfg("[limits]\nmax_conns = 2\nlease_ms = 0\n");
-    assert_int_equal(patd_config_reload(&c, &sized, 4, (char **)argv), -EINVAL);
+    assert_int_equal(patd_config_reload(&c, 4, (char **)argv), -EINVAL);
     assert_memory_equal(&c, &before, sizeof(c));
 }
 
