@@ -1104,8 +1104,8 @@ static int admin_call_unix(const char *control, const ipc_buf_t *b, uint64_t cor
 
 /* HELLO on the admin socket (protocol 5): the daemon opens the session bound to this process as
  * the kernel names it (SO_PEERCRED; the HELLO's pid is only a claim) and passes the session's
- * buffers by fd (SCM_RIGHTS) beside the reply: a cpu session's staging memfd, or (protocol 6) a
- * GPU session's signal arena and staging allocation. 0 with c->hello and ret_fds (-1: none
+ * buffers by fd (SCM_RIGHTS) beside the reply: a cpu session's staging memfd, or (protocol 7) a
+ * GPU session's own signal slice and staging allocation. 0 with c->hello and ret_fds (-1: none
  * came), or a negative errno (the daemon's detail into c->err). */
 static int hello_unix(pat_conn_t *c, const char *control, const ipc_hello_req_t *r, int ret_fds[2])
 {

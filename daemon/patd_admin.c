@@ -12,7 +12,7 @@
  * HELLO is served here only (protocol 5): the request is the header and an ipc_hello_req_t, the
  * reply the header and an ipc_hello_rep_t with the session's buffer fd beside it (SCM_RIGHTS: a
  * cpu session's staging buffer, a sealed memfd with no name another process could open; a GPU
- * session's signal arena). The session is bound at once to the process the kernel names (its pid
+ * session's own signal slice and staging allocation). The session is bound at once to the process the kernel names (its pid
  * is watched, whatever pid the HELLO claims) and counted against its uid's limits.conns_per_uid:
  * every session has an owner the kernel vouches for from its first moment, so HELLOs no one can
  * attribute cannot fill the table.
@@ -119,8 +119,8 @@ static int may_administer(const patd_t *d, const struct ucred *cr)
 }
 
 /* HELLO: the session opened and bound to the peer, the reply with its buffers' fds beside it
- * (a GPU session's: the signal arena, kept for the next ones, and its own staging allocation,
- * closed once sent; a cpu session's: its own staging buffer, dropped once sent). */
+ * (a GPU session's: its own signal slice and staging allocation, their fds closed once sent; a
+ * cpu session's: its own staging buffer, dropped once sent). */
 static void hello(patd_admin_conn_t *ac, patd_req_t *rq, const ipc_hdr_t *h, const void *body)
 {
     patd_t *d = ac->d;

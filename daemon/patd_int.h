@@ -217,8 +217,8 @@ void patd_seq_request(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *
 void patd_seq_close_all(patd_t *d, patd_conn_t *c, uint32_t *ret_closed);
 
 /* patd_gpu.c (cuda backend) */
-/* After the backend is up: MPS check and warning, signal arena, staging arena, one lane per
- * executor (n_exec). 0 or a negative errno (logged). A cpu backend: 0, nothing done. */
+/* After the backend is up: MPS check and warning, probes of the per-session allocations, one
+ * lane per executor (n_exec). 0 or a negative errno (logged). A cpu backend: 0, nothing done. */
 int patd_gpu_start(patd_t *d, uint32_t n_exec);
 void patd_gpu_stop(patd_t *d);
 /* A session's signal slice and staging allocation: 0, -ENOSPC (past gpu.staging_mb), -ENOMEM
