@@ -12,13 +12,13 @@
  * HELLO is served here only (protocol 5): the request is the header and an ipc_hello_req_t, the
  * reply the header and an ipc_hello_rep_t with the session's buffer fd beside it (SCM_RIGHTS: a
  * cpu session's staging buffer, a sealed memfd with no name another process could open; a GPU
- * session's own signal slice and staging allocation). The session is bound at once to the process the kernel names (its pid
- * is watched, whatever pid the HELLO claims) and counted against its uid's limits.conns_per_uid:
- * every session has an owner the kernel vouches for from its first moment, so HELLOs no one can
- * attribute cannot fill the table.
- * Bounded: at most PATD_ADMIN_MAX_CONNS connections at once and PATD_ADMIN_PER_UID from one
- * user (the kernel's word), each closed after ADMIN_IDLE_MS: one user's idle connections cannot
- * keep another's HELLO out.
+ * session's own signal slice and staging allocation). The session is bound at once to the process
+ * the kernel names (its pid is watched, whatever pid the HELLO claims) and counted against its
+ * uid's limits.conns_per_uid: every session has an owner the kernel vouches for from its first
+ * moment, so HELLOs no one can attribute cannot fill the table. Bounded: at most
+ * PATD_ADMIN_MAX_CONNS connections at once and PATD_ADMIN_PER_UID from one user (the kernel's
+ * word), each closed after ADMIN_IDLE_MS: one user's idle connections cannot keep another's HELLO
+ * out.
  *
  * Thread context: the loop thread.
  */

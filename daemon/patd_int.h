@@ -14,9 +14,9 @@
  * A session's step is owned by the executor from dispatch until its last move (patd_step.h); the
  * loop only sets step.abort and wakes the ready word meanwhile.
  *
- * With the cuda backend (patd_gpu.c) every session is a GPU session: its staging rows are a range
- * of one exported device allocation, its signal words a slice of one host arena mapped into the
- * device, and each executor owns a kern lane on which it enqueues a step's layers.
+ * With the cuda backend (patd_gpu.c) every session is a GPU session: its staging rows are a device
+ * allocation of its own and its signal words a host allocation of its own, each exported to its
+ * one client by fd, and each executor owns a kern lane on which it enqueues a step's layers.
  */
 #ifndef PATD_INT_H
 #define PATD_INT_H
