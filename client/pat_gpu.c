@@ -181,13 +181,6 @@ void *pat__gpu_sig(const pat_gpu_t *g)
     return (void *)(uintptr_t)g->sig;
 }
 
-/* the slice is mapped at one address for the CPU and the device */
-static CUdeviceptr dev_addr(const pat_gpu_t *g, const void *p)
-{
-    (void)g;
-    return (CUdeviceptr)(uintptr_t)p;
-}
-
 int pat__gpu_handoff(pat_gpu_t *g, void *stream, uint64_t *ready, uint64_t *done, uint64_t v,
                      int last)
 {
@@ -195,7 +188,8 @@ int pat__gpu_handoff(pat_gpu_t *g, void *stream, uint64_t *ready, uint64_t *done
     CUresult r = g->cu->ctx_push(g->ctx);
     if (r != 0)
         return fail(g, "cuCtxPushCurrent", r);
-    const CUdeviceptr rd = dev_addr(g, ready), dn = dev_addr(g, done);
+    /* the slice is mapped at one address for the CPU and the device */
+    const CUdeviceptr rd = (CUdeviceptr)(uintptr_t)ready, dn = (CUdeviceptr)(uintptr_t)done;
     /* the default write orders every earlier write of the stream (Q, K, V) before it */
     if ((r = g->cu->write64(s, rd, v, CU_STREAM_WRITE_VALUE_DEFAULT)) != 0)
         fail(g, "cuStreamWriteValue64 (ready)", r);
