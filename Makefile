@@ -119,7 +119,8 @@ PAT_ABI_LAYOUT := $(B)/tests/pat_abi_layout
 CORE_SRCS := $(KV_SRCS) $(SCHED_SRCS) $(KERN_SRCS)
 CORE_OBJS := $(CORE_SRCS:%.c=$(B)/%.o)
 GPU_TESTS := test_cuda_attn test_vmm_share
-GPU_TOOLS := $(B)/bin/patd-tile-solver $(B)/bench/bench_attn $(B)/bench/bench_handoff
+GPU_TOOLS := $(B)/bin/patd-tile-solver $(B)/bench/bench_attn $(B)/bench/bench_handoff \
+             $(B)/bench/bench_mcast
 GPU_BINS  := $(GPU_TESTS:%=$(B)/tests/gpu/%)
 ifeq ($(HAVE_CUDA),1)
 CUDA_OBJS := $(CUDA_SRCS:%.cu=$(B)/%.o) $(CUDA_CSRCS:%.c=$(B)/%.o)
@@ -150,7 +151,8 @@ ALL_OBJS := $(BASE_OBJS) $(CORE_OBJS) $(IPC_OBJS) $(DAEMON_OBJS) $(LIBPAT_OBJS) 
             $(B)/tests/bench/bench_sched.o $(B)/tests/demo/pat_demo.o $(CUDA_OBJS) $(CUDA_TOOL_OBJS) \
             $(GPU_TESTS:%=$(B)/tests/gpu/%.o) $(B)/kernels/cuda/tile_solver.o \
             $(B)/tests/bench/bench_attn.o $(B)/cudacore/kern_backend.o \
-            $(B)/tests/bench/bench_handoff.o $(B)/client/python/tests/pat_abi_layout.o
+            $(B)/tests/bench/bench_handoff.o $(B)/tests/bench/bench_mcast.o \
+            $(B)/client/python/tests/pat_abi_layout.o
 
 # ---------------------------------------------------------------- flags stamp
 # Any change of compiler or flags rewrites the stamp, and every object depends on it.
@@ -343,6 +345,11 @@ $(B)/bench/bench_handoff: $(B)/tests/bench/bench_handoff.o $(LIBPAT_A)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVLD    $@")
 	$(Q)$(NVCC) $(NVCC_GENCODE) $^ -o $@ $(NN_LIBS) -lrt
+
+$(B)/bench/bench_mcast: $(B)/tests/bench/bench_mcast.o
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  NVLD    $@")
+	$(Q)$(NVCC) $(NVCC_GENCODE) $^ -o $@
 
 $(DEMO_BIN): $(B)/tests/demo/pat_demo.o $(B)/libpattest.a $(B)/libpatcore.a $(BASE_LIB)
 	@mkdir -p $(@D)

@@ -100,6 +100,10 @@ static const opt_t opts[] = {
      "cuda backend: layers an executor enqueues ahead of the GPU (bounds what a stalled client "
      "can leave queued)",
      NULL},
+    {"gpu", "dependent_launch", T_U32, F(dependent_launch), 0, 1, "1", 0,
+     "cuda backend, sm_90: 1 = a layer's forward is launched as a programmatic dependent of its "
+     "KV append (its blocks start while the append runs and wait for it on the GPU); 0 = after it",
+     NULL},
     {"gpu", "forward", T_STR, F(forward), 1, 15, "auto", 0,
      "cuda backend's forward: auto (sm_90a, head_dim <= 128: a loading warpgroup, KV by "
      "cp.async, and two wgmma warpgroups, CTAs of up to 128 rows; elsewhere as layer), cpasync "

@@ -609,7 +609,8 @@ static int create_pool(patd_t *d)
                                : !strcmp(cfg->forward, "layer")   ? KERN_FWD_LAYER
                                : !strcmp(cfg->forward, "cpasync") ? KERN_FWD_CPASYNC
                                : !strcmp(cfg->forward, "tma")     ? KERN_FWD_TMA
-                                                                  : KERN_FWD_AUTO};
+                                                                  : KERN_FWD_AUTO,
+                        .serial_launch = !cfg->dependent_launch};
     if (strcmp(backend, "cpu")) {
         /* before the first CUDA call: lazy module loading can hang a first launch behind a
          * queued stream wait (DESIGN.md §2), and more hardware queues keep a lane blocked on its

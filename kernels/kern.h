@@ -85,6 +85,9 @@ typedef struct kern_config {
     kern_fwd_t fwd;          /* cuda: matrix instructions of the forward */
     uint32_t pair_blocks;    /* cuda: blocks of the persistent Hopper forward at most; 0 = one
                                 per SM (tests set a few, so that each block runs many items) */
+    uint32_t serial_launch;  /* cuda: 1 = a layer's forward starts after its KV append; 0 = (where
+                                the kernels run sm_90 code) launched as a programmatic dependent
+                                of it, its blocks waiting on the GPU (griddepcontrol) */
 } kern_config_t;
 
 typedef struct kern_attn_params {

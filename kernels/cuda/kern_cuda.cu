@@ -418,6 +418,7 @@ int cuda_create(const kern_config_t *cfg, kern_backend_t **ret)
         c->fwd.pair_fn = nullptr; /* the 4-warp kernels: CTAs of at most 64 rows */
     c->max_m = c->fwd.pair_fn ? KCUDA_BIG_M : KCUDA_SMALL_M;
     c->tma = c->fwd.pair_fn && cfg->fwd == KERN_FWD_TMA && encode_kv_map(c) == 0;
+    c->pdl = c->fwd.dep && !cfg->serial_launch;
     if ((r = warm_kernels(c)) < 0)
         goto fail;
     *ret = &c->base;

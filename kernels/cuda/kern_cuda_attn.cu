@@ -100,6 +100,25 @@ int plan_upload(Lane *L, const sched_plan_hdr_t *h)
     return 0;
 }
 
+/* A forward launch: where c->pdl, as a programmatic dependent of the kernel before it on the
+ * stream (the layer's KV append), so that its blocks are placed and set up while that kernel
+ * runs; the forward waits for it on the GPU before reading anything (dep_wait). */
+static cudaError_t launch_fwd(const Cuda *c, const void *fn, uint32_t grid, uint32_t threads,
+                              void **args, size_t smem, cudaStream_t st)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = c->pdl ? 1 : 0;
+    return cudaLaunchKernelExC(&cfg, fn, args);
+}
+
 /* Enqueues one layer of the plan last uploaded to L: one launch. */
 int attend_on(Lane *L, uint32_t layer, const sched_plan_hdr_t *h, const void *q, void *o,
               const kern_attn_params_t *p)
@@ -143,12 +162,12 @@ int attend_on(Lane *L, uint32_t layer, const sched_plan_hdr_t *h, const void *q,
      * padding, and the 4-warp kernels measured faster there (RESULTS.md, 2026-11-25) */
     if (runs_pair(c, h)) { /* every plan with a CTA of more than KCUDA_SMALL_M rows (max_m) */
         const uint32_t items = ws_items(a);
-        KC_TRY(cudaLaunchKernel(c->fwd.pair_fn, dim3(items < c->n_sms ? items : c->n_sms),
-                                dim3(KCUDA_PAIR_THREADS), args, (size_t)c->fwd.pair_smem, L->main),
+        KC_TRY(launch_fwd(c, c->fwd.pair_fn, items < c->n_sms ? items : c->n_sms,
+                          KCUDA_PAIR_THREADS, args, (size_t)c->fwd.pair_smem, L->main),
                "forward launch (pair)");
     } else
-        KC_TRY(cudaLaunchKernel(c->fwd.fn, dim3(h->n_ctas * m.kv_heads), dim3(KCUDA_THREADS), args,
-                                (size_t)c->fwd.smem, L->main),
+        KC_TRY(launch_fwd(c, c->fwd.fn, h->n_ctas * m.kv_heads, KCUDA_THREADS, args,
+                          (size_t)c->fwd.smem, L->main),
                "forward launch");
     if (!a.merge_inside && h->n_merges)
         KC_TRY(cudaLaunchKernel(c->fwd.merge_fn, dim3(h->n_merges * m.kv_heads), dim3(128), args, 0,

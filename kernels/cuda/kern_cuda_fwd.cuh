@@ -58,6 +58,17 @@ namespace kcuda
 
 /* ---------------------------------------------------------------- PTX wrappers */
 
+/* Waits (sm_90) until the grid this one was launched as a programmatic dependent of has
+ * completed and its stores are visible; returns at once for a launch that is not one. The
+ * forwards call it before their first global access (FwdVariant.dep). KCUDA_NO_DEP_WAIT leaves
+ * it out: a wrong build that test_cuda_attn's dependent-launch test must catch. */
+__device__ __forceinline__ void dep_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(KCUDA_NO_DEP_WAIT)
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ uint32_t smem_u32(const void *p)
 {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -774,6 +785,7 @@ template <typename T, int D, bool WGK>
 __global__ void __launch_bounds__(KCUDA_THREADS) fwd_layer(const FwdArgs a)
 {
     extern __shared__ __align__(1024) uint8_t smem[];
+    dep_wait();
     fwd_small<T, D, WGK>(a, a.ctas[blockIdx.x / a.kv_heads], blockIdx.x % a.kv_heads, smem);
 }
 
@@ -805,6 +817,11 @@ template <typename T, int D> int fwd_prepare(FwdVariant *v)
     KC_TRY(cudaFuncSetAttribute(wg, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
            "cudaFuncSetAttribute(fwd, wgmma)");
     v->fn = reinterpret_cast<const void *>(fn);
+    {
+        cudaFuncAttributes fa;
+        KC_TRY(cudaFuncGetAttributes(&fa, fn), "cudaFuncGetAttributes(fwd)");
+        v->dep = fa.binaryVersion >= 90; /* dep_wait is in the code that runs */
+    }
     v->wg_fn = reinterpret_cast<const void *>(wg);
     v->merge_fn = reinterpret_cast<const void *>(merge_layer<T, D>);
     v->smem = smem;

@@ -90,6 +90,8 @@ struct FwdVariant {
     int smem;             /* dynamic shared memory: the largest shape's */
     const void *pair_fn;  /* fwd_pair (CTAs up to KCUDA_BIG_M rows); NULL where not sm_90a */
     int pair_smem;
+    bool dep; /* the kernels run sm_90 code: each waits for the kernel before it (griddepcontrol)
+                 before its first global access, so it may be launched as its dependent */
 };
 
 /* registered per head_dim translation unit: v[0] fp16, v[1] bf16; 0 or a negative errno */
@@ -192,6 +194,8 @@ struct Cuda {
     uint32_t max_m;       /* rows a plan's CTA may have: KCUDA_BIG_M with fwd.pair_fn, else 64 */
     int dt;               /* 0 fp16, 1 bf16 */
     uint32_t n_sms;       /* fwd_pair's blocks at most: one per SM (or kern_config_t's cap) */
+    bool pdl;             /* forwards launched as programmatic dependents (fwd.dep, not
+                             kern_config_t.serial_launch) */
     Lane lane0;           /* kern_append_kv, kern_attend, kern_copy_blocks */
     WaitValue64Fn wait64; /* NULL: the device has no 64-bit stream memory operations */
     WriteValue64Fn write64;

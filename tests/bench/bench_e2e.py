@@ -239,6 +239,65 @@ class SdpaAttention(DenseAttention):
         return o.reshape(B, c.q_heads, c.head_dim)
 
 
+class Stamped:
+    """Wraps an attention back-end for one more captured graph: CUDA events recorded as graph
+    nodes (external events) before and after every layer's attention call and at both ends of
+    the forward, so that a replay shows where one step's GPU time goes. For patd the attention
+    call is the hand-off (ready written, the daemon's append and forward, done seen); for
+    FlashInfer the KV scatter and the decode kernel. Its own graph, not the timed one: the 66
+    event nodes would add to the step's time."""
+
+    def __init__(self, inner, layers):
+        def ev():
+            return torch.cuda.Event(enable_timing=True, external=True)
+        self.inner = inner
+        self.a = [ev() for _ in range(layers)]
+        self.b = [ev() for _ in range(layers)]
+        self.start, self.end = ev(), ev()
+
+    def buffers(self, n):
+        return self.inner.buffers(n)
+
+    def attend(self, layer, q, k, v):
+        self.a[layer].record()
+        o = self.inner.attend(layer, q, k, v)
+        self.b[layer].record()
+        return o
+
+    def split_ms(self):
+        """one replay (synchronised): step, attention (sum and per layer), the rest"""
+        attn = [x.elapsed_time(y) for x, y in zip(self.a, self.b)]
+        total = self.start.elapsed_time(self.end)
+        return {"step_ms": total, "attn_ms": sum(attn), "rest_ms": total - sum(attn),
+                "attn_layer_us": [1e3 * x for x in attn]}
+
+
+def timeline(model, inner, layers, tok, pos, begin, end, abort, toks):
+    """Captures the forward once more with Stamped around inner and replays it 8 times; the
+    medians of step, attention and rest, and the median attention call of each layer (us)."""
+    st = Stamped(inner, layers)
+    begin(toks)
+    abort()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        st.start.record()
+        model.forward(tok, pos, st)
+        st.end.record()
+    runs = []
+    for _ in range(8):
+        begin(toks)
+        g.replay()
+        end()
+        torch.cuda.synchronize()
+        runs.append(st.split_ms())
+    del g
+    out = {k: median([r[k] for r in runs]) for k in ("step_ms", "attn_ms", "rest_ms")}
+    per = sorted(x for r in runs for x in r["attn_layer_us"])
+    out["attn_call_us_median"] = per[len(per) // 2]
+    out["attn_call_us_p90"] = per[int(len(per) * 0.9)]
+    return out
+
+
 def prompts_for(batch, shared, vocab, rng):
     if shared:
         system = [rng.randrange(vocab) for _ in range(SYS_LEN)]
@@ -294,10 +353,11 @@ def decode_loop(model, attn, begin, end, batch, lens0):
     return median(times), median(att)
 
 
-def graph_loop(model, attn, begin, end, abort, batch, lens0):
+def graph_loop(model, attn, begin, end, abort, batch, lens0, stamp=False):
     """STEPS decode steps replayed from one CUDA graph of the model's forward (hand-offs and
     attention included; captured once, after a warm-up step that commits nothing); the median of
-    the last 16 (CUDA-synchronised wall time, the CPU's per-step begin and end included)."""
+    the last 16 (CUDA-synchronised wall time, the CPU's per-step begin and end included). With
+    stamp, then the timeline of a step (timeline()): returns (median, timeline or None)."""
     tok = torch.zeros(batch, dtype=torch.long, device="cuda")
     pos = torch.zeros(batch, dtype=torch.long, device="cuda")
 
@@ -329,10 +389,14 @@ def graph_loop(model, attn, begin, end, abort, batch, lens0):
 
     times = timed_steps(batch, lens0, load, run)
     del g
-    return median(times)
+    tl = None
+    if stamp:
+        tl = timeline(model, attn, len(model.layers), tok, pos, begin, end, abort,
+                      first_tokens(batch))
+    return median(times), tl
 
 
-def run_patd(cfg, model, sock, prompts):
+def run_patd(cfg, model, sock, prompts, stamp=False):
     conn = patd.Conn(model=cfg.patd_model(), max_batch_tokens=4096, socket=sock, label="e2e")
     attn = Timed(PatdAttention(conn))
     seqs, lens, pend = [], [], []
@@ -363,14 +427,14 @@ def run_patd(cfg, model, sock, prompts):
         conn.step_end()
         in_step[0] = False
 
-    gstep = graph_loop(model, PatdAttention(conn), begin, end, abort, b, lens)
+    gstep, tl = graph_loop(model, PatdAttention(conn), begin, end, abort, b, lens, stamp)
     for s in seqs:
         conn.seq_close(s)
     conn.close()
-    return step, att, gstep
+    return step, att, gstep, tl
 
 
-def run_flashinfer(cfg, model, prompts, shared):
+def run_flashinfer(cfg, model, prompts, shared, stamp=False):
     need = sum((len(p) + DECODE + 24 + PAGE - 1) // PAGE for p in prompts)
     if shared:
         need = (SYS_LEN // PAGE) + len(prompts) * ((OWN_SHARED + DECODE + 24) // PAGE + 2)
@@ -395,11 +459,12 @@ def run_flashinfer(cfg, model, prompts, shared):
     step, att = decode_loop(model, attn, lambda toks: fi.begin_decode(reqs),
                             lambda: fi.end_step(reqs), len(reqs), lens)
     fi.graph_on = True
-    gstep = graph_loop(model, fi, lambda toks: fi.begin_decode(reqs), lambda: fi.end_step(reqs),
-                       lambda: None, len(reqs), [fi.lens[r] for r in reqs])
+    gstep, tl = graph_loop(model, fi, lambda toks: fi.begin_decode(reqs),
+                           lambda: fi.end_step(reqs), lambda: None, len(reqs),
+                           [fi.lens[r] for r in reqs], stamp)
     del fi
     torch.cuda.empty_cache()
-    return step, att, gstep
+    return step, att, gstep, tl
 
 
 def run_dense(cfg, model, prompts, cls=DenseAttention):
@@ -434,7 +499,13 @@ def main():
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--batches", default="1,16,64,256")
     ap.add_argument("--ways", default="patd,flashinfer,sdpa,dense")
+    ap.add_argument("--timeline", default="16",
+                    help="batches whose patd and FlashInfer steps also get a timeline "
+                    "(Stamped: attention calls against the rest of the step); '' for none")
+    ap.add_argument("--patd-opt", action="append", default=[],
+                    help="one more daemon option (repeatable), e.g. --patd-opt=--dependent-launch=0")
     a = ap.parse_args()
+    stamp_batches = {int(x) for x in a.timeline.split(",") if x}
     import test_frontend as tf
     cfg = Config(layers=a.layers, q_heads=32, kv_heads=8, head_dim=128, ffn=14336, vocab=128256,
                  rope_theta=500000.0)
@@ -442,7 +513,7 @@ def main():
     ways = a.ways.split(",")
     rundir = tempfile.mkdtemp(prefix="patd-e2e-")
     daemon, sock = tf.start_daemon(a.patd, rundir, extra=["--step-timeout-ms=60000",
-                                                          "--blocks=12288"])
+                                                          "--blocks=12288"] + a.patd_opt)
     print("device %s; model %d layers, 32/8 heads, d 128, FFN 14336, vocab 128256, bf16"
           % (torch.cuda.get_device_name(), cfg.layers), flush=True)
     model = Llama(cfg, seed=1, draw_on="cuda")  # 8B parameters: drawn on the GPU
@@ -453,17 +524,22 @@ def main():
                 prompts = prompts_for(batch, shared, cfg.vocab, random.Random(batch))
                 res = {"batch": batch, "shared_prompt": SYS_LEN if shared else 0,
                        "layers": cfg.layers, "device": torch.cuda.get_device_name()}
+                stamp = batch in stamp_batches
                 if "patd" in ways:
                     try:
-                        s, att, gs = run_patd(cfg, model, sock, prompts)
+                        s, att, gs, tl = run_patd(cfg, model, sock, prompts, stamp)
                         res.update(patd_step_ms=s * 1e3, patd_attn_ms=att, patd_tok_s=batch / s,
                                    patd_graph_step_ms=gs * 1e3, patd_graph_tok_s=batch / gs)
+                        if tl:
+                            res["patd_timeline"] = tl
                     except patd.PatError as e:  # e.g. the session's block quota
                         res["patd_skipped"] = str(e)
                 if "flashinfer" in ways:
-                    s, att, gs = run_flashinfer(cfg, model, prompts, shared)
+                    s, att, gs, tl = run_flashinfer(cfg, model, prompts, shared, stamp)
                     res.update(fi_step_ms=s * 1e3, fi_attn_ms=att, fi_tok_s=batch / s,
                                fi_graph_step_ms=gs * 1e3, fi_graph_tok_s=batch / gs)
+                    if tl:
+                        res["fi_timeline"] = tl
                 for way, cls in (("dense", DenseAttention), ("sdpa", SdpaAttention)):
                     if way not in ways:
                         continue

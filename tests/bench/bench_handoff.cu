@@ -18,7 +18,8 @@
  * Prints median and p99 per round trip for each, with --label (e.g. MPS / no-MPS) and
  * --json FILE (one line per measurement, appended).
  *
- *   bench_handoff --patd build/bin/patd [--iters N] [--label L] [--json F]
+ *   bench_handoff --patd build/bin/patd [--iters N] [--label L] [--json F] [--patd-opt OPT]
+ * (--patd-opt: one more option for the daemon, e.g. --dependent-launch=0)
  *   bench_handoff --child SHM_NAME N DEV (internal: side B of the floor; DEV 1: device words)
  */
 #include <cuda.h>
@@ -207,6 +208,8 @@ static std::vector<float> floor_run(const char *self, int n, int dev)
     return t;
 }
 
+static const char *g_patd_opt = "--log-level=notice"; /* --patd-opt, else a repeat */
+
 static pid_t start_patd(const char *bin, const char *dir, char *sock, size_t sock_len)
 {
     snprintf(sock, sock_len, "%s/h.sock", dir);
@@ -217,7 +220,8 @@ static pid_t start_patd(const char *bin, const char *dir, char *sock, size_t soc
         snprintf(rd, sizeof(rd), "--runtime-dir=%s", dir);
         execl(bin, bin, "--backend=cuda", rd, "--name=h", "--metrics-port=0", "--layers=64",
               "--q-heads=8", "--kv-heads=8", "--head-dim=64", "--dtype=f16", "--blocks=1024",
-              "--staging-mb=64", "--conn-max-batch-tokens=256", "--log-level=notice", (char *)NULL);
+              "--staging-mb=64", "--conn-max-batch-tokens=256", "--log-level=notice", g_patd_opt,
+              (char *)NULL);
         _exit(127);
     }
     for (int i = 0; i < 600; i++) {
@@ -340,8 +344,12 @@ int main(int argc, char **argv)
             json = argv[++i];
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc)
             iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--patd-opt") && i + 1 < argc)
+            g_patd_opt = argv[++i];
         else {
-            fprintf(stderr, "usage: %s --patd PATH [--iters N] [--label L] [--json FILE]\n",
+            fprintf(stderr,
+                    "usage: %s --patd PATH [--iters N] [--label L] [--json FILE] "
+                    "[--patd-opt OPT]\n",
                     argv[0]);
             return 2;
         }

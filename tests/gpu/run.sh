@@ -14,7 +14,10 @@
 # the cuda backend and PyTorch frontends: tests/gpu/test_frontend.py, and a transformers model
 # through patd.transformers: tests/gpu/test_hf.py) and, unless --no-bench, the
 # hand-off and frontend benchmarks. --frontend: only the cross-process part.
-# --e2e: only tests/bench/bench_e2e.py under MPS (a Llama-3-8B-shaped decode step through patd,
+# --launch: test_cuda_attn --quick; a build whose forwards skip the wait for the append
+# (KCUDA_NO_DEP_WAIT) must fail test_cuda_attn --dep; bench_mcast (issue 15: a 2-CTA cluster
+# multicasting KV tiles); under MPS bench_handoff with gpu.dependent_launch 1 and 0, and
+# test_frontend. --e2e: only tests/bench/bench_e2e.py under MPS (a Llama-3-8B-shaped decode step through patd,
 # in-process FlashInfer from .whl/, and a dense in-process cache). --replay: only patload under MPS (tests/gpu/replay.sh: the CI replay tests on the cuda backend,
 # then trace replays with a Llama-3-8B-shaped model; "quick": the tests and one short replay).
 # Results (logs, JSON, tables) go to $OUT when it is set (the device tool), else
@@ -37,6 +40,7 @@ case "${1:-}" in
 --smoke) bench=6 ;;
 --e2e) bench=7 ;;
 --sanitize) bench=8 ;;
+--launch) bench=9 ;;
 esac
 
 # PAT's reference kernel (../shared/peers/pat): built in the background while patd builds and
@@ -61,7 +65,7 @@ B=build/gpu
 if ! make -j"$(nproc)" B=$B CUDA=1 CUDA_ARCHS=90a \
     $B/tests/gpu/test_cuda_attn $B/tests/gpu/test_vmm_share $B/bin/patd-tile-solver \
     $B/bench/bench_attn $B/bin/patd \
-    $B/lib/libpat.so.1 $B/bench/bench_handoff $B/bin/patload $B/bin/patctl \
+    $B/lib/libpat.so.1 $B/bench/bench_handoff $B/bench/bench_mcast $B/bin/patload $B/bin/patctl \
     >>"$out/gpu.log" 2>&1; then
     tail -30 "$out/gpu.log"
     echo "0 passed, 1 failed"
@@ -86,6 +90,29 @@ if [ $bench = 6 ]; then # --smoke [TREES [HEADS]]: bench_attn --quick, or those 
     run test_cuda_attn $B/tests/gpu/test_cuda_attn --quick
     run bench_attn $B/bench/bench_attn $([ -n "${2:-}" ] && echo --trees "$2" || echo --quick) \
         $([ -n "${3:-}" ] && echo --heads "$3") --json "$out/bench_attn.jsonl"
+    echo "$passed passed, $failed failed" | tee -a "$out/gpu.log"
+    [ "$failed" -eq 0 ]
+    exit
+fi
+if [ $bench = 9 ]; then # --launch: the forward as the append's programmatic dependent
+    (make -j8 B=build/nodep CUDA=1 CUDA_ARCHS=90a NVCC="nvcc -DKCUDA_NO_DEP_WAIT" \
+        build/nodep/tests/gpu/test_cuda_attn >"$out/nodep_build.log" 2>&1) &
+    nodep_pid=$!
+    run test_cuda_attn $B/tests/gpu/test_cuda_attn --quick
+    run bench_mcast $B/bench/bench_mcast
+    wait $nodep_pid
+    # passes when the test catches the wrong build (exit status 1 from its failed verdicts)
+    run nodep_caught bash -c "build/nodep/tests/gpu/test_cuda_attn --dep; [ \$? = 1 ]"
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/patd-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/patd-mps-log
+    mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+    export PATD_LIBPAT=$PWD/$B/lib/libpat.so.1
+    nvidia-cuda-mps-control -d && sleep 1
+    for d in 1 0 1 0; do
+        run handoff_dep$d $B/bench/bench_handoff --patd $B/bin/patd --label "MPS dep$d" \
+            --patd-opt --dependent-launch=$d --json "$out/handoff.jsonl"
+    done
+    run test_frontend python3 tests/gpu/test_frontend.py --patd $B/bin/patd
+    echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
     echo "$passed passed, $failed failed" | tee -a "$out/gpu.log"
     [ "$failed" -eq 0 ]
     exit

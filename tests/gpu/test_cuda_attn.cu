@@ -781,6 +781,72 @@ static void test_nonfinite_kv()
     }
 }
 
+/* A layer as the daemon's lanes enqueue it: the KV append, then at once the forward (its plan
+ * already uploaded, so nothing between the two on the stream), which on sm_90 is launched as the
+ * append's programmatic dependent and must wait for it on the GPU (dep_wait). The append
+ * overwrites max_tokens of the layer's slots with new values; the outputs must match the cpu
+ * backend's over the new KV. (A build without the wait, KCUDA_NO_DEP_WAIT, fails here:
+ * tests/gpu/run.sh --sanitize shows it.) */
+static void test_dependent_launch()
+{
+    tl_rng_t r;
+    tl_rng_seed(&r, 91);
+    const struct {
+        int model;
+        kern_fwd_t fwd;
+    } runs[] = {{1, KERN_FWD_AUTO}, {0, KERN_FWD_AUTO}, {3, KERN_FWD_AUTO}, {1, KERN_FWD_LAYER}};
+    for (const auto &run_ : runs) {
+        const Model &mc = models[run_.model];
+        Rig g;
+        gen(&g.w, &r, mc, false, false);
+        rig_init(g, &r, mc, SCHED_POLICY_AUTO, 0, nullptr, KERN_MERGE_LAUNCH, run_.fwd);
+        const sched_plan_hdr_t *h = run(g); /* uploads the plan */
+        const uint64_t row = (uint64_t)mc.kv_heads * mc.d, rb = row * esz(g);
+        std::vector<uint32_t> slots;
+        for (uint32_t i = 0; i < g.w.n_q; i++)
+            for (uint32_t t = 0; t < g.w.q[i].kv_len; t++)
+                slots.push_back(g.w.q[i].blocks[t / BS] * BS + t % BS);
+        std::sort(slots.begin(), slots.end());
+        slots.erase(std::unique(slots.begin(), slots.end()), slots.end());
+        const uint32_t n = (uint32_t)std::min<size_t>(slots.size(), g.max_tokens);
+        const uint64_t seed2 = g.seed ^ 0xabcdef;
+        std::vector<uint8_t> kb(n * rb), vb(n * rb);
+        for (uint32_t t = 0; t < n; t++)
+            for (uint64_t e = 0; e < row; e++) {
+                const uint32_t blk = slots[t] / BS, off = slots[t] % BS, hh = (uint32_t)(e / mc.d),
+                               x = (uint32_t)(e % mc.d);
+                kern_store(mc.dt, kb.data(), t * row + e,
+                           (float)(3.0 * tl_kv_value(seed2, blk, off, hh, x, 0)));
+                kern_store(mc.dt, vb.data(), t * row + e,
+                           (float)(5.0 * tl_kv_value(seed2, blk, off, hh, x, 1)));
+            }
+        void *dk, *dv;
+        CK(cudaMalloc(&dk, kb.size()));
+        CK(cudaMalloc(&dv, vb.size()));
+        h2d(dk, kb.data(), kb.size());
+        h2d(dv, vb.data(), vb.size());
+        REQ(kern_append_kv(g.cpu, 1, kb.data(), vb.data(), slots.data(), n));
+        kern_attn_params_t p = {(float)g.scale, g.mc.softcap};
+        REQ(kern_attend(g.cpu, 1, h, g.q.data(), g.o_cpu.data(), &p));
+        CK(cudaMemset(g.dout, 0xff, g.o_gpu.size()));
+        CK(cudaDeviceSynchronize()); /* the poison and the copies land first */
+        REQ(kern_append_kv(g.gpu, 1, dk, dv, slots.data(), n));
+        REQ(kern_attend(g.gpu, 1, h, g.dq, g.dout, &p));
+        REQ(kern_sync(g.gpu));
+        CK(cudaMemcpy(g.o_gpu.data(), g.dout, g.o_gpu.size(), cudaMemcpyDeviceToHost));
+        CK(cudaFree(dk));
+        CK(cudaFree(dv));
+        bool finite;
+        const double ec = vs_cpu(g, &finite);
+        char name[160];
+        snprintf(name, sizeof(name),
+                 "forward right after the append reads its KV, q%u/kv%u d%u%s: %u tokens",
+                 mc.q_heads, mc.kv_heads, mc.d, run_.fwd == KERN_FWD_LAYER ? " layer" : "", n);
+        verdict(name, finite && ec < 1e-2, " vs cpu %.2e", ec);
+        rig_done(g);
+    }
+}
+
 /* the same plan run again (cached upload) gives the same bytes */
 static void test_repeat_equal()
 {
@@ -977,6 +1043,8 @@ int main(int argc, char **argv)
     if (argc > 1 && strncmp(argv[1], "--tree", 6) == 0) { /* one test; --tree-quick: small */
         g_quick = strcmp(argv[1], "--tree-quick") == 0;
         test_tree();
+    } else if (argc > 1 && strcmp(argv[1], "--dep") == 0) { /* one test */
+        test_dependent_launch();
     } else if (quick) {
         test_random(4, 11);
         test_random(4, 12, KERN_FWD_MMA);
@@ -987,6 +1055,7 @@ int main(int argc, char **argv)
         test_all_split();
         test_tree();
         test_nonfinite_kv();
+        test_dependent_launch();
         test_copy_and_errors();
     } else {
         test_tiles();
@@ -1001,6 +1070,7 @@ int main(int argc, char **argv)
         test_tree();
         test_repeat_equal();
         test_nonfinite_kv();
+        test_dependent_launch();
         test_copy_and_errors();
     }
     printf("%d passed, %d failed\n", passed, failed);
