@@ -192,7 +192,9 @@ if [ $bench = 7 ]; then # --e2e: tests/bench/bench_e2e.py (patd vs in-process Fl
     if ! python3 -c 'import flashinfer' 2>/dev/null && ls .whl/flashinfer_python-*.whl >/dev/null 2>&1; then
         python3 -m pip install --quiet --no-deps --no-index .whl/*.whl >>"$out/gpu.log" 2>&1
     fi
-    run bench_e2e python3 tests/bench/bench_e2e.py --patd $B/bin/patd --json "$out/e2e.jsonl"
+    # E2E_ARGS: more arguments (e.g. --ways patd,flashinfer --batches 16 --timeline 16)
+    run bench_e2e python3 tests/bench/bench_e2e.py --patd $B/bin/patd --json "$out/e2e.jsonl" \
+        ${E2E_ARGS:-}
     mps_stop
     echo "$passed passed, $failed failed" | tee -a "$out/gpu.log"
     [ "$failed" -eq 0 ]

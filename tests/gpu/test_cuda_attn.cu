@@ -183,6 +183,8 @@ static void fill(Rig &g, uint32_t layer, uint64_t seed)
 
 /* kern_config_t.pair_blocks of the rigs made now (test_persistent) */
 static uint32_t g_pair_blocks = 0;
+/* kern_config_t.max_tokens of the rigs made now, at least (test_dependent_launch) */
+static uint32_t g_max_tokens = 256;
 
 static void rig_init(Rig &g, tl_rng_t *r, const Model &mc, sched_policy_t pol, uint32_t split_min,
                      const sched_tiles_t *tiles_over = nullptr,
@@ -192,7 +194,7 @@ static void rig_init(Rig &g, tl_rng_t *r, const Model &mc, sched_policy_t pol, u
     kern_config_t kc = {};
     kc.model = {2, mc.q_heads, mc.kv_heads, mc.d, BS, mc.dt};
     kc.n_blocks = g.w.next_block;
-    kc.max_tokens = g.w.n_tokens > 256 ? g.w.n_tokens : 256;
+    kc.max_tokens = g.w.n_tokens > g_max_tokens ? g.w.n_tokens : g_max_tokens;
     g.max_tokens = kc.max_tokens;
     kc.max_partials = 16 * g.w.n_tokens + 64;
     kc.n_threads = 0;
@@ -783,10 +785,11 @@ static void test_nonfinite_kv()
 
 /* A layer as the daemon's lanes enqueue it: the KV append, then at once the forward (its plan
  * already uploaded, so nothing between the two on the stream), which on sm_90 is launched as the
- * append's programmatic dependent and must wait for it on the GPU (dep_wait). The append
- * overwrites max_tokens of the layer's slots with new values; the outputs must match the cpu
- * backend's over the new KV. (A build without the wait, KCUDA_NO_DEP_WAIT, fails here:
- * tests/gpu/run.sh --sanitize shows it.) */
+ * append's programmatic dependent and must wait for it on the GPU (dep_wait). The append gives
+ * every slot of the layer new values, each slot listed many times over (64K rows, a few hundred
+ * MB: an append of tens of microseconds, so that a forward that did not wait would read old
+ * KV); the outputs must match the cpu backend's over the new KV. A build without the wait
+ * (KCUDA_NO_DEP_WAIT) fails here: tests/gpu/run.sh --launch shows it. */
 static void test_dependent_launch()
 {
     tl_rng_t r;
@@ -799,7 +802,9 @@ static void test_dependent_launch()
         const Model &mc = models[run_.model];
         Rig g;
         gen(&g.w, &r, mc, false, false);
+        g_max_tokens = 65536;
         rig_init(g, &r, mc, SCHED_POLICY_AUTO, 0, nullptr, KERN_MERGE_LAUNCH, run_.fwd);
+        g_max_tokens = 256;
         const sched_plan_hdr_t *h = run(g); /* uploads the plan */
         const uint64_t row = (uint64_t)mc.kv_heads * mc.d, rb = row * esz(g);
         std::vector<uint32_t> slots;
@@ -808,10 +813,14 @@ static void test_dependent_launch()
                 slots.push_back(g.w.q[i].blocks[t / BS] * BS + t % BS);
         std::sort(slots.begin(), slots.end());
         slots.erase(std::unique(slots.begin(), slots.end()), slots.end());
-        const uint32_t n = (uint32_t)std::min<size_t>(slots.size(), g.max_tokens);
+        const size_t distinct = std::min<size_t>(slots.size(), g.max_tokens);
+        slots.resize(distinct);
+        while (slots.size() < g.max_tokens) /* again and again, with the same values */
+            slots.push_back(slots[slots.size() % distinct]);
+        const uint32_t n = (uint32_t)slots.size();
         const uint64_t seed2 = g.seed ^ 0xabcdef;
         std::vector<uint8_t> kb(n * rb), vb(n * rb);
-        for (uint32_t t = 0; t < n; t++)
+        for (uint32_t t = 0; t < distinct; t++)
             for (uint64_t e = 0; e < row; e++) {
                 const uint32_t blk = slots[t] / BS, off = slots[t] % BS, hh = (uint32_t)(e / mc.d),
                                x = (uint32_t)(e % mc.d);
@@ -820,12 +829,16 @@ static void test_dependent_launch()
                 kern_store(mc.dt, vb.data(), t * row + e,
                            (float)(5.0 * tl_kv_value(seed2, blk, off, hh, x, 1)));
             }
+        for (uint32_t t = (uint32_t)distinct; t < n; t++) {
+            memcpy(&kb[t * rb], &kb[(t % distinct) * rb], rb);
+            memcpy(&vb[t * rb], &vb[(t % distinct) * rb], rb);
+        }
         void *dk, *dv;
         CK(cudaMalloc(&dk, kb.size()));
         CK(cudaMalloc(&dv, vb.size()));
         h2d(dk, kb.data(), kb.size());
         h2d(dv, vb.data(), vb.size());
-        REQ(kern_append_kv(g.cpu, 1, kb.data(), vb.data(), slots.data(), n));
+        REQ(kern_append_kv(g.cpu, 1, kb.data(), vb.data(), slots.data(), (uint32_t)distinct));
         kern_attn_params_t p = {(float)g.scale, g.mc.softcap};
         REQ(kern_attend(g.cpu, 1, h, g.q.data(), g.o_cpu.data(), &p));
         CK(cudaMemset(g.dout, 0xff, g.o_gpu.size()));
@@ -840,8 +853,9 @@ static void test_dependent_launch()
         const double ec = vs_cpu(g, &finite);
         char name[160];
         snprintf(name, sizeof(name),
-                 "forward right after the append reads its KV, q%u/kv%u d%u%s: %u tokens",
-                 mc.q_heads, mc.kv_heads, mc.d, run_.fwd == KERN_FWD_LAYER ? " layer" : "", n);
+                 "forward right after the append reads its KV, q%u/kv%u d%u%s: %zu slots x %u",
+                 mc.q_heads, mc.kv_heads, mc.d, run_.fwd == KERN_FWD_LAYER ? " layer" : "",
+                 distinct, n / (uint32_t)distinct);
         verdict(name, finite && ec < 1e-2, " vs cpu %.2e", ec);
         rig_done(g);
     }
