@@ -438,6 +438,13 @@ extern "C" void *kern_cuda_stream(kern_backend_t *b)
     return as_cuda(b)->lane0.main;
 }
 
+extern "C" void *kern_cuda_pool(kern_backend_t *b, uint32_t layer, uint64_t *block_elems)
+{
+    Cuda *c = as_cuda(b);
+    *block_elems = c->block_elems;
+    return static_cast<uint8_t *>(c->pool) + layer * c->layer_elems * c->elt;
+}
+
 extern "C" const kern_ops_t kern__cuda_ops = {
     "cuda",           cuda_create,     cuda_destroy,     cuda_append_kv,
     cuda_copy_blocks, cuda_attend,     cuda_sync,        cuda_tiles,

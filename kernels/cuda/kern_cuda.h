@@ -21,6 +21,11 @@ extern "C" {
 /* The backend's stream (cudaStream_t): every call of kern.h enqueues on it. */
 void *kern_cuda_stream(kern_backend_t *b);
 
+/* The device address of layer `layer`'s KV in the pool, and the elements of one block of it
+ * (block b at b x block_elems: K of every KV head, KERN_BLOCK_SIZE tokens of head_dim each, then
+ * V the same way). For tests that write the pool from a kernel of their own. */
+void *kern_cuda_pool(kern_backend_t *b, uint32_t layer, uint64_t *block_elems);
+
 /* The tile table for a device name as CUDA reports it ("NVIDIA H100 80GB HBM3", ...): the
  * compiled shapes (kern_cuda_shapes.h) and the time-model rates tile_solver measured on that GPU
  * (cost.slots is the backend's to fill: it depends on the occupancy of the model's kernel). ws:

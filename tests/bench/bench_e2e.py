@@ -30,7 +30,12 @@ gave negative hand-offs.) A case whose
 caches do not fit the GPU beside the model is reported as skipped, with its size.
 
     python3 tests/bench/bench_e2e.py --patd build/gpu/bin/patd [--json FILE] [--layers 32]
-      [--batches 1,16,64,256] [--ways patd,flashinfer,dense]
+      [--batches 1,16,64,256] [--ways patd,flashinfer,dense] [--prompts both|unshared|shared]
+      [--timeline 16] [--patd-opt=--OPTION=VALUE ...]
+
+--timeline names the batches whose patd and FlashInfer steps are also replayed from a graph with
+CUDA events around every layer's attention call (Stamped): one step's GPU time split into the
+attention calls (for patd the whole hand-off) and the rest of the model.
 
 A case patd refuses is reported as skipped with the daemon's error (the first GPU run's batch
 256 over the shared prompt was, by a block quota that counted shared blocks once per sequence;
@@ -499,6 +504,8 @@ def main():
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--batches", default="1,16,64,256")
     ap.add_argument("--ways", default="patd,flashinfer,sdpa,dense")
+    ap.add_argument("--prompts", default="both", choices=("both", "unshared", "shared"),
+                    help="the cases without the shared system prompt, with it, or both")
     ap.add_argument("--timeline", default="16",
                     help="batches whose patd and FlashInfer steps also get a timeline "
                     "(Stamped: attention calls against the rest of the step); '' for none")
@@ -519,7 +526,8 @@ def main():
     model = Llama(cfg, seed=1, draw_on="cuda")  # 8B parameters: drawn on the GPU
     js = open(a.json, "a") if a.json else None
     try:
-        for shared in (False, True):
+        for shared in {"both": (False, True), "unshared": (False,),
+                       "shared": (True,)}[a.prompts]:
             for batch in [int(x) for x in a.batches.split(",")]:
                 prompts = prompts_for(batch, shared, cfg.vocab, random.Random(batch))
                 res = {"batch": batch, "shared_prompt": SYS_LEN if shared else 0,

@@ -48,11 +48,11 @@ namespace
 {
 
 constexpr int D = 128, TILE = 64, HEADS = 8, TOKENS = 2048, TILES = TOKENS / TILE;
-constexpr int CTAS = 256, ROWS = 128;        /* the dense plan's CTAs and rows per CTA */
-constexpr int BOX_BYTES = TILE * 64 * 2;     /* 64 tokens x 64 columns of fp16 */
-constexpr int SLOT_BYTES = 4 * BOX_BYTES;    /* K and V, two column halves each */
-constexpr int SLOTS = 6;                     /* fwd_pair's ring at d 128 holds 6 slots of 32 KB */
-constexpr int THREADS = 384;                 /* a producer and two consumer warpgroups */
+constexpr int CTAS = 256, ROWS = 128;     /* the dense plan's CTAs and rows per CTA */
+constexpr int BOX_BYTES = TILE * 64 * 2;  /* 64 tokens x 64 columns of fp16 */
+constexpr int SLOT_BYTES = 4 * BOX_BYTES; /* K and V, two column halves each */
+constexpr int SLOTS = 6;                  /* fwd_pair's ring at d 128 holds 6 slots of 32 KB */
+constexpr int THREADS = 384;              /* a producer and two consumer warpgroups */
 constexpr int SMEM = SLOTS * SLOT_BYTES + 2 * SLOTS * 8 + 1024;
 
 struct Args {
@@ -127,8 +127,9 @@ __device__ __forceinline__ uint32_t cluster_rank()
 }
 __device__ __forceinline__ void cluster_sync()
 {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
-                     : "memory");
+    asm volatile(
+        "barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
+            : "memory");
 }
 
 #endif /* MC_SM90 */
@@ -303,8 +304,8 @@ int main(int argc, char **argv)
     const cuuint32_t box[2] = {64, TILE}, unit[2] = {1, 1};
     CUresult r = reinterpret_cast<EncodeFn>(fn)(
         &a.map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, kv, dims, strides, box, unit,
-        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) {
         fprintf(stderr, "bench_mcast: cuTensorMapEncodeTiled: %d\n", (int)r);
         return 2;

@@ -107,7 +107,7 @@ if [ $bench = 9 ]; then # --launch: the forward as the append's programmatic dep
     mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
     export PATD_LIBPAT=$PWD/$B/lib/libpat.so.1
     nvidia-cuda-mps-control -d && sleep 1
-    for d in 1 0 1 0; do
+    for d in 1 0 1 0 1 0; do
         run handoff_dep$d $B/bench/bench_handoff --patd $B/bin/patd --label "MPS dep$d" \
             --patd-opt --dependent-launch=$d --json "$out/handoff.jsonl"
     done

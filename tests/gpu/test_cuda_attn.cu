@@ -183,8 +183,6 @@ static void fill(Rig &g, uint32_t layer, uint64_t seed)
 
 /* kern_config_t.pair_blocks of the rigs made now (test_persistent) */
 static uint32_t g_pair_blocks = 0;
-/* kern_config_t.max_tokens of the rigs made now, at least (test_dependent_launch) */
-static uint32_t g_max_tokens = 256;
 
 static void rig_init(Rig &g, tl_rng_t *r, const Model &mc, sched_policy_t pol, uint32_t split_min,
                      const sched_tiles_t *tiles_over = nullptr,
@@ -194,7 +192,7 @@ static void rig_init(Rig &g, tl_rng_t *r, const Model &mc, sched_policy_t pol, u
     kern_config_t kc = {};
     kc.model = {2, mc.q_heads, mc.kv_heads, mc.d, BS, mc.dt};
     kc.n_blocks = g.w.next_block;
-    kc.max_tokens = g.w.n_tokens > g_max_tokens ? g.w.n_tokens : g_max_tokens;
+    kc.max_tokens = g.w.n_tokens > 256 ? g.w.n_tokens : 256;
     g.max_tokens = kc.max_tokens;
     kc.max_partials = 16 * g.w.n_tokens + 64;
     kc.n_threads = 0;
@@ -783,13 +781,40 @@ static void test_nonfinite_kv()
     }
 }
 
+/* The test's stand-in for a slow append: lets its dependents start at once, spins `spin` clock
+ * cycles, then stores n rows of K and V (row t: kv_heads x d elements) into their pool slots, in
+ * kern_cuda_kv.cu's layout. One block. */
+__global__ void slow_store(const uint16_t *k, const uint16_t *v, const uint32_t *slots, uint32_t n,
+                           uint16_t *kv, uint32_t kv_heads, uint32_t d, uint64_t block_elems,
+                           long long spin)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+    if (threadIdx.x == 0) {
+        const long long t0 = clock64();
+        while (clock64() - t0 < spin) {
+        }
+    }
+    __syncthreads();
+    const uint64_t row = (uint64_t)kv_heads * d;
+    for (uint64_t e = threadIdx.x; e < n * row; e += blockDim.x) {
+        const uint64_t t = e / row, h = (e % row) / d, x = e % d;
+        const uint32_t blk = slots[t] / BS, off = slots[t] % BS;
+        uint16_t *dk = kv + blk * block_elems + (h * BS + off) * d + x;
+        dk[0] = k[e];
+        dk[(uint64_t)kv_heads * BS * d] = v[e];
+    }
+}
+
 /* A layer as the daemon's lanes enqueue it: the KV append, then at once the forward (its plan
  * already uploaded, so nothing between the two on the stream), which on sm_90 is launched as the
- * append's programmatic dependent and must wait for it on the GPU (dep_wait). The append gives
- * every slot of the layer new values, each slot listed many times over (64K rows, a few hundred
- * MB: an append of tens of microseconds, so that a forward that did not wait would read old
- * KV); the outputs must match the cpu backend's over the new KV. A build without the wait
- * (KCUDA_NO_DEP_WAIT) fails here: tests/gpu/run.sh --launch shows it. */
+ * append's programmatic dependent and must wait for it on the GPU (dep_wait). Two writers give
+ * the layer's slots new values before the forward, each checked against the cpu backend over
+ * the same values: kern_append_kv (the daemon's path), then slow_store, a kernel that lets the
+ * forward start at once and stores only after 200 us, so that a forward which did not wait would
+ * read old KV. A build without the wait (KCUDA_NO_DEP_WAIT) fails here: tests/gpu/run.sh
+ * --launch shows it. */
 static void test_dependent_launch()
 {
     tl_rng_t r;
@@ -798,13 +823,13 @@ static void test_dependent_launch()
         int model;
         kern_fwd_t fwd;
     } runs[] = {{1, KERN_FWD_AUTO}, {0, KERN_FWD_AUTO}, {3, KERN_FWD_AUTO}, {1, KERN_FWD_LAYER}};
+    int clock_khz = 0;
+    CK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
     for (const auto &run_ : runs) {
         const Model &mc = models[run_.model];
         Rig g;
         gen(&g.w, &r, mc, false, false);
-        g_max_tokens = 65536;
         rig_init(g, &r, mc, SCHED_POLICY_AUTO, 0, nullptr, KERN_MERGE_LAUNCH, run_.fwd);
-        g_max_tokens = 256;
         const sched_plan_hdr_t *h = run(g); /* uploads the plan */
         const uint64_t row = (uint64_t)mc.kv_heads * mc.d, rb = row * esz(g);
         std::vector<uint32_t> slots;
@@ -813,50 +838,56 @@ static void test_dependent_launch()
                 slots.push_back(g.w.q[i].blocks[t / BS] * BS + t % BS);
         std::sort(slots.begin(), slots.end());
         slots.erase(std::unique(slots.begin(), slots.end()), slots.end());
-        const size_t distinct = std::min<size_t>(slots.size(), g.max_tokens);
-        slots.resize(distinct);
-        while (slots.size() < g.max_tokens) /* again and again, with the same values */
-            slots.push_back(slots[slots.size() % distinct]);
-        const uint32_t n = (uint32_t)slots.size();
-        const uint64_t seed2 = g.seed ^ 0xabcdef;
-        std::vector<uint8_t> kb(n * rb), vb(n * rb);
-        for (uint32_t t = 0; t < distinct; t++)
-            for (uint64_t e = 0; e < row; e++) {
-                const uint32_t blk = slots[t] / BS, off = slots[t] % BS, hh = (uint32_t)(e / mc.d),
-                               x = (uint32_t)(e % mc.d);
-                kern_store(mc.dt, kb.data(), t * row + e,
-                           (float)(3.0 * tl_kv_value(seed2, blk, off, hh, x, 0)));
-                kern_store(mc.dt, vb.data(), t * row + e,
-                           (float)(5.0 * tl_kv_value(seed2, blk, off, hh, x, 1)));
+        const uint32_t n = (uint32_t)std::min<size_t>(slots.size(), g.max_tokens);
+        uint32_t *dslots;
+        CK(cudaMalloc(&dslots, n * sizeof(uint32_t)));
+        h2d(dslots, slots.data(), n * sizeof(uint32_t));
+        for (int writer = 0; writer < 2; writer++) {
+            const uint64_t seed2 = g.seed ^ (0xabcdef + (uint64_t)writer);
+            std::vector<uint8_t> kb(n * rb), vb(n * rb);
+            for (uint32_t t = 0; t < n; t++)
+                for (uint64_t e = 0; e < row; e++) {
+                    const uint32_t blk = slots[t] / BS, off = slots[t] % BS,
+                                   hh = (uint32_t)(e / mc.d), x = (uint32_t)(e % mc.d);
+                    kern_store(mc.dt, kb.data(), t * row + e,
+                               (float)(3.0 * tl_kv_value(seed2, blk, off, hh, x, 0)));
+                    kern_store(mc.dt, vb.data(), t * row + e,
+                               (float)(5.0 * tl_kv_value(seed2, blk, off, hh, x, 1)));
+                }
+            void *dk, *dv;
+            CK(cudaMalloc(&dk, kb.size()));
+            CK(cudaMalloc(&dv, vb.size()));
+            h2d(dk, kb.data(), kb.size());
+            h2d(dv, vb.data(), vb.size());
+            REQ(kern_append_kv(g.cpu, 1, kb.data(), vb.data(), slots.data(), n));
+            kern_attn_params_t p = {(float)g.scale, g.mc.softcap};
+            REQ(kern_attend(g.cpu, 1, h, g.q.data(), g.o_cpu.data(), &p));
+            CK(cudaMemset(g.dout, 0xff, g.o_gpu.size()));
+            CK(cudaDeviceSynchronize()); /* the poison and the copies land first */
+            if (writer == 0) {
+                REQ(kern_append_kv(g.gpu, 1, dk, dv, slots.data(), n));
+            } else {
+                uint64_t block_elems;
+                void *pool = kern_cuda_pool(g.gpu, 1, &block_elems);
+                slow_store<<<1, 256, 0, (cudaStream_t)kern_cuda_stream(g.gpu)>>>(
+                    (const uint16_t *)dk, (const uint16_t *)dv, dslots, n, (uint16_t *)pool,
+                    mc.kv_heads, mc.d, block_elems, (long long)clock_khz * 200 / 1000);
+                CK(cudaGetLastError());
             }
-        for (uint32_t t = (uint32_t)distinct; t < n; t++) {
-            memcpy(&kb[t * rb], &kb[(t % distinct) * rb], rb);
-            memcpy(&vb[t * rb], &vb[(t % distinct) * rb], rb);
+            REQ(kern_attend(g.gpu, 1, h, g.dq, g.dout, &p));
+            REQ(kern_sync(g.gpu));
+            CK(cudaMemcpy(g.o_gpu.data(), g.dout, g.o_gpu.size(), cudaMemcpyDeviceToHost));
+            CK(cudaFree(dk));
+            CK(cudaFree(dv));
+            bool finite;
+            const double ec = vs_cpu(g, &finite);
+            char name[160];
+            snprintf(name, sizeof(name), "forward right after %s reads its KV, q%u/kv%u d%u%s: %u",
+                     writer ? "a slow writer" : "the append", mc.q_heads, mc.kv_heads, mc.d,
+                     run_.fwd == KERN_FWD_LAYER ? " layer" : "", n);
+            verdict(name, finite && ec < 1e-2, " vs cpu %.2e", ec);
         }
-        void *dk, *dv;
-        CK(cudaMalloc(&dk, kb.size()));
-        CK(cudaMalloc(&dv, vb.size()));
-        h2d(dk, kb.data(), kb.size());
-        h2d(dv, vb.data(), vb.size());
-        REQ(kern_append_kv(g.cpu, 1, kb.data(), vb.data(), slots.data(), (uint32_t)distinct));
-        kern_attn_params_t p = {(float)g.scale, g.mc.softcap};
-        REQ(kern_attend(g.cpu, 1, h, g.q.data(), g.o_cpu.data(), &p));
-        CK(cudaMemset(g.dout, 0xff, g.o_gpu.size()));
-        CK(cudaDeviceSynchronize()); /* the poison and the copies land first */
-        REQ(kern_append_kv(g.gpu, 1, dk, dv, slots.data(), n));
-        REQ(kern_attend(g.gpu, 1, h, g.dq, g.dout, &p));
-        REQ(kern_sync(g.gpu));
-        CK(cudaMemcpy(g.o_gpu.data(), g.dout, g.o_gpu.size(), cudaMemcpyDeviceToHost));
-        CK(cudaFree(dk));
-        CK(cudaFree(dv));
-        bool finite;
-        const double ec = vs_cpu(g, &finite);
-        char name[160];
-        snprintf(name, sizeof(name),
-                 "forward right after the append reads its KV, q%u/kv%u d%u%s: %zu slots x %u",
-                 mc.q_heads, mc.kv_heads, mc.d, run_.fwd == KERN_FWD_LAYER ? " layer" : "",
-                 distinct, n / (uint32_t)distinct);
-        verdict(name, finite && ec < 1e-2, " vs cpu %.2e", ec);
+        CK(cudaFree(dslots));
         rig_done(g);
     }
 }
