@@ -104,6 +104,10 @@ static const opt_t opts[] = {
      "cuda backend, sm_90: 1 = a layer's forward is launched as a programmatic dependent of its "
      "KV append (its blocks start while the append runs and wait for it on the GPU); 0 = after it",
      NULL},
+    {"gpu", "merge", T_STR, F(merge), 1, 7, "launch", 0,
+     "cuda backend: where a step's split tokens are merged: launch (a kernel of its own after the "
+     "forward) or inside (by the last CTA of each token, in the forward's launch)",
+     NULL},
     {"gpu", "forward", T_STR, F(forward), 1, 15, "auto", 0,
      "cuda backend's forward: auto (sm_90a, head_dim <= 128: a loading warpgroup, KV by "
      "cp.async, and two wgmma warpgroups, CTAs of up to 128 rows; elsewhere as layer), cpasync "
@@ -309,6 +313,10 @@ static int validate(const patd_config_t *c)
     }
     if (strcmp(c->backend, "auto") && strcmp(c->backend, "cpu") && strcmp(c->backend, "cuda")) {
         fprintf(stderr, "patd: daemon.backend must be auto, cpu or cuda (got '%s')\n", c->backend);
+        return -EINVAL;
+    }
+    if (strcmp(c->merge, "launch") && strcmp(c->merge, "inside")) {
+        fprintf(stderr, "patd: gpu.merge must be launch or inside (got '%s')\n", c->merge);
         return -EINVAL;
     }
     /* wide: before 2026-11-25 the opt-in name of what auto is now (patd_main reads it as auto) */

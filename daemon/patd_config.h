@@ -30,6 +30,7 @@ typedef struct patd_config {
     uint32_t enqueue_depth; /* layers an executor enqueues ahead of its GPU progress */
     char forward[16];       /* auto | cpasync | tma | layer | mma (wide: auto): kern_config_t.fwd */
     uint32_t dependent_launch; /* 1: kern_config_t.serial_launch = 0 */
+    char merge[8];             /* launch | inside: kern_config_t.merge */
     /* [model] */
     uint32_t layers, q_heads, kv_heads, head_dim, dtype, block_size;
     uint64_t model_id;

@@ -610,6 +610,8 @@ static int create_pool(patd_t *d)
                                : !strcmp(cfg->forward, "cpasync") ? KERN_FWD_CPASYNC
                                : !strcmp(cfg->forward, "tma")     ? KERN_FWD_TMA
                                                                   : KERN_FWD_AUTO,
+                        .merge =
+                            strcmp(cfg->merge, "inside") ? KERN_MERGE_LAUNCH : KERN_MERGE_INSIDE,
                         .serial_launch = !cfg->dependent_launch};
     if (strcmp(backend, "cpu")) {
         /* before the first CUDA call: lazy module loading can hang a first launch behind a

@@ -300,6 +300,8 @@ def timeline(model, inner, layers, tok, pos, begin, end, abort, toks):
     per = sorted(x for r in runs for x in r["attn_layer_us"])
     out["attn_call_us_median"] = per[len(per) // 2]
     out["attn_call_us_p90"] = per[int(len(per) * 0.9)]
+    out["attn_call_us_by_layer"] = [round(median([r["attn_layer_us"][i] for r in runs]), 1)
+                                    for i in range(layers)]
     return out
 
 

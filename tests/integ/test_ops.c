@@ -132,6 +132,8 @@ static void test_config_validation(void **state)
         {"[daemon\n", "syntax error"},
         {"[daemon]\nliveness = sometimes\n", "liveness"},
         {"[gpu]\nforward = fastest\n", "gpu.forward must be auto, cpasync, tma, layer or mma"},
+        {"[gpu]\nmerge = later\n", "gpu.merge must be launch or inside"},
+        {"[gpu]\ndependent_launch = 2\n", "dependent_launch"},
         {"[daemon]\npack_policy = fastest\n", "pack_policy must be auto, bytes, paper, query"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
