@@ -23,9 +23,10 @@
  *            mma.sync elsewhere; the default until 2026-11-25) on the plan auto makes for its tile
  *            table (layer_rows: its largest CTA)
  *   mma      a backend whose forward uses mma.sync for every CTA (KERN_FWD_MMA), on the plan
- *            auto makes for its tile table. (Merging
- *            inside the forward, KERN_MERGE_INSIDE, measured 1.17x slower than the merge launch:
- *            RESULTS.md, 2026-11-24; its tests stay in test_cuda_attn.)
+ *            auto makes for its tile table
+ *   inside   pat's plan on a backend merging split tokens inside the forward (KERN_MERGE_INSIDE,
+ *            gpu.merge = inside; measured 1.17x slower than the merge launch on 2026-11-24's
+ *            kernels, RESULTS.md)
  *   nomerge  pat's plan with every row made direct and the merge list dropped (outputs wrong,
  *            timing only): pat - nomerge bounds what the split and merge cost in the call
  * Latency: each call is preceded by an L2 flush (a 256 MiB read) and timed with CUDA events; 30
@@ -501,8 +502,30 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     const double us_tma = time_plan(b_tma, h_pat, dq, dout, &p);
     std::vector<__half> o_tma(qo_elems);
     CK(cudaMemcpy(o_tma.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
-    const double mma_agree = std::max({rel_err_f16(o_mma, o_pat), rel_err_f16(o_layer, o_pat),
-                                       rel_err_f16(o_w128, o_pat), rel_err_f16(o_tma, o_pat)});
+    /* the same plan, its split tokens merged inside the forward: a backend of its own, made only
+     * for a plan with merges (without, both settings run the same launch) and freed at once (a
+     * fifth pool beside the others did not fit an H100 at 256_4096 32/32) */
+    double us_in = us_pat;
+    std::vector<__half> o_in = o_pat;
+    if (h_pat->n_merges) {
+        kern_backend_t *b_in;
+        kc.merge = KERN_MERGE_INSIDE;
+        REQ(kern_backend_create("cuda", &kc, &b_in));
+        kc.merge = KERN_MERGE_LAUNCH;
+        for (uint64_t s0 = 0; s0 < n_slots; s0 += kc.max_tokens) {
+            uint32_t n = (uint32_t)std::min<uint64_t>(kc.max_tokens, n_slots - s0);
+            for (uint32_t i = 0; i < n; i++)
+                slots[i] = (uint32_t)(s0 + i);
+            REQ(kern_append_kv(b_in, 0, dk, dv, slots.data(), n));
+        }
+        REQ(kern_sync(b_in));
+        us_in = time_plan(b_in, h_pat, dq, dout, &p);
+        CK(cudaMemcpy(o_in.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
+        kern_backend_free(b_in);
+    }
+    const double mma_agree =
+        std::max({rel_err_f16(o_mma, o_pat), rel_err_f16(o_layer, o_pat),
+                  rel_err_f16(o_w128, o_pat), rel_err_f16(o_tma, o_pat), rel_err_f16(o_in, o_pat)});
     const double us_nm = h_pat->n_merges
                              ? time_plan(b, (const sched_plan_hdr_t *)nomerge.data(), dq, dout, &p)
                              : us_pat;
@@ -535,13 +558,13 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
                 "\"mma_us\":%.2f,\"mma_vs_auto_rel_err\":%.2e,\"tree_us\":%.2f,"
                 "\"tree16_us\":%.2f,\"tree32_us\":%.2f,\"layer_us\":%.2f,\"layer_rows\":%u,"
                 "\"wide128_us\":%.2f,\"wide128_reread\":%.3f,\"tma_us\":%.2f,"
-                "\"policy\":\"%s\"}\n",
+                "\"inside_us\":%.2f,\"policy\":\"%s\"}\n",
                 spec, qh, kvh, w.n_q, w.q[0].kv_len, us_pat, us_qc, us_fix, us_nm, pk, bytes, flops,
                 floor_bw, floor_tc, floor, bytes / (us_pat * 1e-6) / f.bw,
                 bytes / (us_pat * 1e-6) / 1e12, flops / (us_pat * 1e-6) / 1e12, reread, merge_frac,
                 st.last_model_ns / 1e3, h_pat->n_ctas, h_pat->n_merges, agree, f.bw, us_mma,
                 mma_agree, us_tree, us_t16, us_t32, us_layer, h_layer->max_cta_rows, us_w128,
-                (double)tr128.kv / bytes, us_tma, pol_name[chosen]);
+                (double)tr128.kv / bytes, us_tma, us_in, pol_name[chosen]);
     sched_free(s_pat);
     sched_free(s_layer);
     sched_free(s_mma);

@@ -8,7 +8,7 @@ floor, patd's achieved TB/s and TFLOP/s, KV re-read factor and the merge's share
 then the geometric mean of PAT / patd over the shared-prefix cases, the worst ten, and the issue
 targets with a pass or a miss.
 
-usage: compare_pat.py PATD.jsonl PAT.jsonl [--field pat_us|tma_us|mma_us|layer_us|wide128_us|tree16_us|tree32_us] [--md OUT.md]
+usage: compare_pat.py PATD.jsonl PAT.jsonl [--field pat_us|tma_us|mma_us|layer_us|wide128_us|tree16_us|tree32_us|inside_us] [--md OUT.md]
 (--field: which of bench_attn's patd timings to compare; pat_us is the default backend's)
 """
 import argparse

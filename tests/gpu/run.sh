@@ -152,7 +152,7 @@ if [ $bench != 0 ]; then
             --md "$out/compare_pat.md"
         run compare_mma python3 tests/bench/compare_pat.py "$out/bench_attn.jsonl" \
             "$out/pat.jsonl" --field mma_us --md "$out/compare_mma.md"
-        for f in tma layer wide128 tree16 tree32; do
+        for f in tma layer wide128 tree16 tree32 inside; do
             run compare_$f python3 tests/bench/compare_pat.py "$out/bench_attn.jsonl" \
                 "$out/pat.jsonl" --field ${f}_us --md "$out/compare_$f.md"
         done
