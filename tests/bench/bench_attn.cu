@@ -409,20 +409,20 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     CK(cudaGetLastError());
     /* the fills run on the legacy stream, the appends on the backends' non-blocking ones */
     CK(cudaDeviceSynchronize());
-    std::vector<uint32_t> slots(kc.max_tokens);
-    const uint64_t n_slots = (uint64_t)w.next_block * BS;
-    for (uint64_t s0 = 0; s0 < n_slots; s0 += kc.max_tokens) {
-        uint32_t n = (uint32_t)std::min<uint64_t>(kc.max_tokens, n_slots - s0);
-        for (uint32_t i = 0; i < n; i++)
-            slots[i] = (uint32_t)(s0 + i);
-        REQ(kern_append_kv(b, 0, dk, dv, slots.data(), n));
-        REQ(kern_append_kv(b_mma, 0, dk, dv, slots.data(), n));
-        REQ(kern_append_kv(b_layer, 0, dk, dv, slots.data(), n));
-        REQ(kern_append_kv(b_tma, 0, dk, dv, slots.data(), n));
-    }
-    REQ(kern_sync(b_mma));
-    REQ(kern_sync(b_layer));
-    REQ(kern_sync(b_tma));
+    /* every slot of a backend's pool from the staging chunk, in chunks of max_tokens */
+    auto load_pool = [&](kern_backend_t *be) {
+        std::vector<uint32_t> slots(kc.max_tokens);
+        const uint64_t n_slots = (uint64_t)w.next_block * BS;
+        for (uint64_t s0 = 0; s0 < n_slots; s0 += kc.max_tokens) {
+            uint32_t n = (uint32_t)std::min<uint64_t>(kc.max_tokens, n_slots - s0);
+            for (uint32_t i = 0; i < n; i++)
+                slots[i] = (uint32_t)(s0 + i);
+            REQ(kern_append_kv(be, 0, dk, dv, slots.data(), n));
+        }
+        REQ(kern_sync(be));
+    };
+    for (kern_backend_t *be : {b, b_mma, b_layer, b_tma})
+        load_pool(be);
     const uint64_t qo_elems = (uint64_t)w.n_tokens * qh * D;
     CK(cudaMalloc(&dq, qo_elems * 2));
     CK(cudaMalloc(&dout, qo_elems * 2));
@@ -512,13 +512,7 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
         kc.merge = KERN_MERGE_INSIDE;
         REQ(kern_backend_create("cuda", &kc, &b_in));
         kc.merge = KERN_MERGE_LAUNCH;
-        for (uint64_t s0 = 0; s0 < n_slots; s0 += kc.max_tokens) {
-            uint32_t n = (uint32_t)std::min<uint64_t>(kc.max_tokens, n_slots - s0);
-            for (uint32_t i = 0; i < n; i++)
-                slots[i] = (uint32_t)(s0 + i);
-            REQ(kern_append_kv(b_in, 0, dk, dv, slots.data(), n));
-        }
-        REQ(kern_sync(b_in));
+        load_pool(b_in);
         us_in = time_plan(b_in, h_pat, dq, dout, &p);
         CK(cudaMemcpy(o_in.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
         kern_backend_free(b_in);

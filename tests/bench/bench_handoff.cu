@@ -208,7 +208,7 @@ static std::vector<float> floor_run(const char *self, int n, int dev)
     return t;
 }
 
-static const char *g_patd_opt = "--log-level=notice"; /* --patd-opt, else a repeat */
+static const char *g_patd_opt = NULL; /* --patd-opt: one more daemon option */
 
 static pid_t start_patd(const char *bin, const char *dir, char *sock, size_t sock_len)
 {
@@ -218,10 +218,23 @@ static pid_t start_patd(const char *bin, const char *dir, char *sock, size_t soc
     if (pid == 0) {
         char rd[300];
         snprintf(rd, sizeof(rd), "--runtime-dir=%s", dir);
-        execl(bin, bin, "--backend=cuda", rd, "--name=h", "--metrics-port=0", "--layers=64",
-              "--q-heads=8", "--kv-heads=8", "--head-dim=64", "--dtype=f16", "--blocks=1024",
-              "--staging-mb=64", "--conn-max-batch-tokens=256", "--log-level=notice", g_patd_opt,
-              (char *)NULL);
+        const char *args[] = {bin,
+                              "--backend=cuda",
+                              rd,
+                              "--name=h",
+                              "--metrics-port=0",
+                              "--layers=64",
+                              "--q-heads=8",
+                              "--kv-heads=8",
+                              "--head-dim=64",
+                              "--dtype=f16",
+                              "--blocks=1024",
+                              "--staging-mb=64",
+                              "--conn-max-batch-tokens=256",
+                              "--log-level=notice",
+                              g_patd_opt, /* NULL ends the list where not given */
+                              NULL};
+        execv(bin, (char *const *)args);
         _exit(127);
     }
     for (int i = 0; i < 600; i++) {

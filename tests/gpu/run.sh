@@ -16,8 +16,8 @@
 # hand-off and frontend benchmarks. --frontend: only the cross-process part.
 # --launch: test_cuda_attn --quick; a build whose forwards skip the wait for the append
 # (KCUDA_NO_DEP_WAIT) must fail test_cuda_attn --dep; bench_mcast (issue 15: a 2-CTA cluster
-# multicasting KV tiles); under MPS bench_handoff with gpu.dependent_launch 1 and 0, and
-# test_frontend. --e2e: only tests/bench/bench_e2e.py under MPS (a Llama-3-8B-shaped decode step through patd,
+# multicasting KV tiles); test_vmm_share as in every cross-process mode; under MPS
+# bench_handoff with gpu.dependent_launch 1 and 0, and test_frontend. --e2e: only tests/bench/bench_e2e.py under MPS (a Llama-3-8B-shaped decode step through patd,
 # in-process FlashInfer from .whl/, and a dense in-process cache). --replay: only patload under MPS (tests/gpu/replay.sh: the CI replay tests on the cuda backend,
 # then trace replays with a Llama-3-8B-shaped model; "quick": the tests and one short replay).
 # Results (logs, JSON, tables) go to $OUT when it is set (the device tool), else
@@ -103,19 +103,6 @@ if [ $bench = 9 ]; then # --launch: the forward as the append's programmatic dep
     wait $nodep_pid
     # passes when the test catches the wrong build (exit status 1 from its failed verdicts)
     run nodep_caught bash -c "build/nodep/tests/gpu/test_cuda_attn --dep; [ \$? = 1 ]"
-    export CUDA_MPS_PIPE_DIRECTORY=/tmp/patd-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/patd-mps-log
-    mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-    export PATD_LIBPAT=$PWD/$B/lib/libpat.so.1
-    nvidia-cuda-mps-control -d && sleep 1
-    for d in 1 0 1 0 1 0; do
-        run handoff_dep$d $B/bench/bench_handoff --patd $B/bin/patd --label "MPS dep$d" \
-            --patd-opt --dependent-launch=$d --json "$out/handoff.jsonl"
-    done
-    run test_frontend python3 tests/gpu/test_frontend.py --patd $B/bin/patd
-    echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
-    echo "$passed passed, $failed failed" | tee -a "$out/gpu.log"
-    [ "$failed" -eq 0 ]
-    exit
 fi
 if [ $bench = 8 ]; then # --sanitize: the quick GPU tests, both sanitizers on them, the tile solver
     run test_cuda_attn $B/tests/gpu/test_cuda_attn --quick
@@ -179,7 +166,7 @@ export CUDA_MPS_PIPE_DIRECTORY=/tmp/patd-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/pa
 mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
 export PATD_LIBPAT=$PWD/$B/lib/libpat.so.1
 mps_stop() { echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; sleep 1; }
-if [ $bench != 0 ] && [ $bench != 4 ] && [ $bench != 7 ]; then # the floor and patd's round trip without MPS first
+if [ $bench != 0 ] && [ $bench != 4 ] && [ $bench != 7 ] && [ $bench != 9 ]; then # the floor and patd's round trip without MPS first
     run handoff_nomps $B/bench/bench_handoff --patd $B/bin/patd --label no-MPS \
         --json "$out/handoff.jsonl"
 fi
@@ -188,6 +175,17 @@ fi
 run vmm_share_nomps $B/tests/gpu/test_vmm_share
 nvidia-cuda-mps-control -d && sleep 1
 run vmm_share_mps $B/tests/gpu/test_vmm_share
+if [ $bench = 9 ]; then # --launch, under MPS: the hand-off with the dependent launch on and off
+    for d in 1 0 1 0 1 0; do
+        run handoff_dep$d $B/bench/bench_handoff --patd $B/bin/patd --label "MPS dep$d" \
+            --patd-opt --dependent-launch=$d --json "$out/handoff.jsonl"
+    done
+    run test_frontend python3 tests/gpu/test_frontend.py --patd $B/bin/patd
+    mps_stop
+    echo "$passed passed, $failed failed" | tee -a "$out/gpu.log"
+    [ "$failed" -eq 0 ]
+    exit
+fi
 if [ $bench = 7 ]; then # --e2e: tests/bench/bench_e2e.py (patd vs in-process FlashInfer)
     if ! python3 -c 'import flashinfer' 2>/dev/null && ls .whl/flashinfer_python-*.whl >/dev/null 2>&1; then
         python3 -m pip install --quiet --no-deps --no-index .whl/*.whl >>"$out/gpu.log" 2>&1

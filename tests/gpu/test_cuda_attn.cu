@@ -718,6 +718,19 @@ static void test_tree()
     test_wide_prefix(&r);
 }
 
+/* The pool slots of one token in `every` of each query's KV (query i's from token i % every),
+ * sorted, each once (queries share blocks). */
+static std::vector<uint32_t> kv_slots(const Rig &g, uint32_t every)
+{
+    std::vector<uint32_t> slots;
+    for (uint32_t i = 0; i < g.w.n_q; i++)
+        for (uint32_t t = i % every; t < g.w.q[i].kv_len; t += every)
+            slots.push_back(g.w.q[i].blocks[t / BS] * BS + t % BS);
+    std::sort(slots.begin(), slots.end());
+    slots.erase(std::unique(slots.begin(), slots.end()), slots.end());
+    return slots;
+}
+
 /* NaN and infinity in appended K and V are stored as 0 by both backends (kern.h): tokens whose
  * K or V carried them give finite outputs equal to the cpu backend's, through the default forward,
  * its TMA loads (whole pages, masked tails included) and the 4-warp kernels (d 256). */
@@ -741,12 +754,7 @@ static void test_nonfinite_kv()
         rig_init(g, &r, mc, SCHED_POLICY_AUTO, 0, nullptr, KERN_MERGE_LAUNCH, fwd);
         /* one token in three of each query's KV: a NaN, +inf or -inf in K or V, every head */
         const uint64_t row = (uint64_t)mc.kv_heads * mc.d, rb = row * esz(g);
-        std::vector<uint32_t> slots;
-        for (uint32_t i = 0; i < g.w.n_q; i++)
-            for (uint32_t t = i % 3; t < g.w.q[i].kv_len; t += 3)
-                slots.push_back(g.w.q[i].blocks[t / BS] * BS + t % BS);
-        std::sort(slots.begin(), slots.end());
-        slots.erase(std::unique(slots.begin(), slots.end()), slots.end());
+        const std::vector<uint32_t> slots = kv_slots(g, 3);
         const uint32_t n = (uint32_t)std::min<size_t>(slots.size(), g.max_tokens);
         std::vector<uint8_t> kb(n * rb), vb(n * rb);
         for (uint32_t t = 0; t < n; t++)
@@ -832,12 +840,7 @@ static void test_dependent_launch()
         rig_init(g, &r, mc, SCHED_POLICY_AUTO, 0, nullptr, KERN_MERGE_LAUNCH, run_.fwd);
         const sched_plan_hdr_t *h = run(g); /* uploads the plan */
         const uint64_t row = (uint64_t)mc.kv_heads * mc.d, rb = row * esz(g);
-        std::vector<uint32_t> slots;
-        for (uint32_t i = 0; i < g.w.n_q; i++)
-            for (uint32_t t = 0; t < g.w.q[i].kv_len; t++)
-                slots.push_back(g.w.q[i].blocks[t / BS] * BS + t % BS);
-        std::sort(slots.begin(), slots.end());
-        slots.erase(std::unique(slots.begin(), slots.end()), slots.end());
+        const std::vector<uint32_t> slots = kv_slots(g, 1);
         const uint32_t n = (uint32_t)std::min<size_t>(slots.size(), g.max_tokens);
         uint32_t *dslots;
         CK(cudaMalloc(&dslots, n * sizeof(uint32_t)));
