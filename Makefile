@@ -371,6 +371,7 @@ all: $(ALL_TARGETS)
 
 # The sanitizer build skips the Python tests: CPython cannot load an ASan-built libpat.so.
 TEST_LIST := $(UNIT_BINS) $(DEMO_BIN) $(INTEG_BINS) tests/demo/run_demo.sh tests/integ/test_patload.py \
+             tests/integ/test_units.py \
              $(if $(filter 1,$(DEBUG)),,tests/integ/test_python.sh tests/integ/test_transformers.sh)
 SAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
            UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1

@@ -30,7 +30,8 @@
 #define PATD_VERSION                                                                               \
     PATD_STR(PAT_VERSION_MAJOR) "." PATD_STR(PAT_VERSION_MINOR) "." PATD_STR(PAT_VERSION_PATCH)
 
-typedef enum opt_type { T_STR, T_U32, T_U64, T_OCT, T_F32, T_LEVEL, T_DTYPE } opt_type_t;
+/* T_U32A: a T_U32 that also takes "auto", stored as 0 (below the row's min) */
+typedef enum opt_type { T_STR, T_U32, T_U32A, T_U64, T_OCT, T_F32, T_LEVEL, T_DTYPE } opt_type_t;
 
 /* What applying a value takes beyond storing it (run at load and after a reload stored it). */
 typedef void opt_apply_fn(const patd_config_t *c);
@@ -70,7 +71,10 @@ static const opt_t opts[] = {
      "(<runtime_dir>/<name>.admin; patd's user and root always may)",
      NULL},
     {"daemon", "backend", T_STR, F(backend), 1, 15, "auto", 0,
-     "auto | cpu | cuda (auto: cuda when this build has the cuda backend, else cpu)", NULL},
+     "auto | cpu | cuda (auto: cuda when this build has the cuda backend and the device can be "
+     "served; cpu with a notice where there is no NVIDIA driver or no cuda in the build; on a "
+     "host with a driver, or with gpu.device set, a device that cannot be served stops patd)",
+     NULL},
     {"daemon", "liveness", T_STR, F(liveness), 1, 15, "auto", 1,
      "auto: watch each client's pid with a pidfd, a lease when it cannot be watched; lease: "
      "always the lease (clients must send a request every lease_ms)",
@@ -92,6 +96,11 @@ static const opt_t opts[] = {
      "on SIGTERM/drain: how long in-flight steps may take before sessions are cut", NULL},
     {"gpu", "device", T_U32, F(device), 0, 1023, "0", 0,
      "cuda backend: CUDA device ordinal (as CUDA_VISIBLE_DEVICES numbers them)", NULL},
+    {"gpu", "memory_fraction", T_F32, F(memory_fraction), 0, 0, "0.5", 0,
+     "cuda backend, pool.blocks = auto: the share (0.05..0.95) of the GPU's memory that the KV "
+     "pool and the staging arena take together; the rest is left to the frontends' weights and "
+     "activations under MPS. More than is free now stops patd",
+     NULL},
     {"gpu", "staging_mb", T_U32, F(staging_mb), 1, 1u << 20, "1024", 0,
      "cuda backend: device memory the sessions' Q/K/V/O staging allocations may hold together "
      "(MiB; each is its own, rounded up to the driver's granularity)",
@@ -126,7 +135,13 @@ static const opt_t opts[] = {
      "clients must present the same id; mixed into prefix-cache keys", NULL},
     {"model", "scale", T_F32, F(scale), 0, 0, "0", 1, "softmax scale (0: 1/sqrt(head_dim))", NULL},
     {"model", "softcap", T_F32, F(softcap), 0, 0, "0", 1, "logit soft cap (0: off)", NULL},
-    {"pool", "blocks", T_U32, F(blocks), 16, 1u << 31, "4096", 0, "KV pool capacity in blocks",
+    {"pool", "blocks", T_U32A, F(blocks), 16, 1u << 31, "4096", 0,
+     "KV pool capacity in blocks, or auto: from gpu.memory_fraction (cuda) or pool.cpu_memory_mb "
+     "(cpu)",
+     NULL},
+    {"pool", "cpu_memory_mb", T_U32, F(cpu_memory_mb), 16, 1u << 24, "2048", 0,
+     "cpu backend, pool.blocks = auto: MiB of host memory for the KV pool (committed at start; "
+     "more than MemAvailable stops patd)",
      NULL},
     {"pool", "prefix_scope", T_STR, F(prefix_scope), 1, 7, "uid", 0,
      "who shares KV blocks through the prefix cache: uid (sessions of the same user only; a "
@@ -195,6 +210,12 @@ static int opt_set(patd_config_t *c, const opt_t *o, const char *val, const char
             goto range;
         memcpy(field, val, strlen(val) + 1);
         break;
+    case T_U32A:
+        if (!strcmp(val, "auto")) {
+            *(uint32_t *)field = 0;
+            break;
+        }
+        /* fall through */
     case T_U32:
     case T_U64:
     case T_OCT: {
@@ -364,7 +385,13 @@ static int validate(const patd_config_t *c)
                 c->max_lease_ms);
         return -EINVAL;
     }
-    if (c->conn_max_blocks > c->blocks) {
+    if (!(c->memory_fraction >= 0.05f && c->memory_fraction <= 0.95f)) {
+        fprintf(stderr, "patd: gpu.memory_fraction must be 0.05..0.95 (got %g)\n",
+                (double)c->memory_fraction);
+        return -EINVAL;
+    }
+    /* pool.blocks = auto: checked again once start has sized the pool (patd_main) */
+    if (c->blocks && c->conn_max_blocks > c->blocks) {
         fprintf(stderr, "patd: limits.conn_max_blocks %u exceeds pool.blocks %u\n",
                 c->conn_max_blocks, c->blocks);
         return -EINVAL;
@@ -399,9 +426,13 @@ static void usage(FILE *f)
                "ipc://<runtime_dir>/<name>.events. With no config on a machine without a GPU it\n"
                "runs the cpu backend with a small pool.\n\n"
                "  --config FILE     INI file ([section] key = value); options below\n"
+               "  --instance N      one of several daemons on a host (patd@N.service, GPU N):\n"
+               "                    name <name>@N, metrics_port + N, and the drop-in\n"
+               "                    <config dir>/<config stem>@N.conf read after the file\n"
+               "                    when it exists (e.g. /etc/patd/patd@1.conf)\n"
                "  --check-config    validate the configuration and exit (0 valid, 1 not)\n"
                "  --print-config    print the effective configuration as INI and exit\n"
-               "  --version         print the version and exit\n\n"
+               "  --version         print the version and the backends this build carries\n\n"
                "Options (INI key under [section], or --key=value; * = reloaded by SIGHUP):\n");
     const char *sec = "";
     for (size_t i = 0; i < PAT_ARRAY_SIZE(opts); i++) {
@@ -409,9 +440,9 @@ static void usage(FILE *f)
         if (strcmp(sec, o->section))
             fprintf(f, "  [%s]\n", sec = o->section);
         char range[64] = "";
-        if (o->type == T_U32 || o->type == T_U64)
-            snprintf(range, sizeof(range), " %llu..%llu", (unsigned long long)o->min,
-                     (unsigned long long)o->max);
+        if (o->type == T_U32 || o->type == T_U32A || o->type == T_U64)
+            snprintf(range, sizeof(range), " %s%llu..%llu", o->type == T_U32A ? "auto | " : "",
+                     (unsigned long long)o->min, (unsigned long long)o->max);
         fprintf(f, "    %-22s%s %s (default %s%s)%s\n", o->key, o->reload ? "*" : " ", o->help,
                 o->def[0] ? o->def : "\"\"", range, "");
     }
@@ -452,6 +483,18 @@ static int parse_args(patd_config_t *c, int argc, char **argv, int *ret_action, 
                 snprintf(c->path, sizeof(c->path), "%s", v);
             continue;
         }
+        if (!strcmp(a, "--instance") || !strncmp(a, "--instance=", 11)) {
+            const char *v = a[10] == '=' ? a + 11 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!v || !*v || strspn(v, "0123456789") != strlen(v) || strlen(v) > 4 ||
+                atoi(v) > 1023) {
+                fprintf(stderr, "patd: --instance takes a GPU number 0..1023 (got '%s')\n",
+                        v ? v : "");
+                return -EINVAL;
+            }
+            if (pass == 0)
+                snprintf(c->instance, sizeof(c->instance), "%d", atoi(v));
+            continue;
+        }
         if (strncmp(a, "--", 2)) {
             fprintf(stderr, "patd: unexpected argument '%s' (try --help)\n", a);
             return -EINVAL;
@@ -485,6 +528,56 @@ static int parse_args(patd_config_t *c, int argc, char **argv, int *ret_action, 
     return 0;
 }
 
+/* What --instance N derives from the file's values, before its drop-in and the command line:
+ * the name <name>@N (sockets <name>@N.sock, staging names) and metrics_port + N, so instances
+ * sharing one file never collide. */
+static int derive_instance(patd_config_t *c)
+{
+    if (!c->instance[0])
+        return 0;
+    unsigned n = (unsigned)atoi(c->instance);
+    char name[sizeof(c->name)];
+    int len = snprintf(name, sizeof(name), "%s@%u", c->name, n);
+    if (len < 0 || len > 40) {
+        fprintf(stderr, "patd: daemon.name '%s' is too long for instance %u (40 at most)\n",
+                c->name, n);
+        return -EINVAL;
+    }
+    memcpy(c->name, name, (size_t)len + 1);
+    if (c->metrics_port && c->metrics_port + n > 65535) {
+        fprintf(stderr, "patd: daemon.metrics_port %u + instance %u is past 65535\n",
+                c->metrics_port, n);
+        return -EINVAL;
+    }
+    if (c->metrics_port)
+        c->metrics_port += n;
+    if (!c->path[0])
+        return 0;
+    /* /etc/patd/patd.conf -> /etc/patd/patd@N.conf */
+    const char *slash = strrchr(c->path, '/');
+    size_t dir = slash ? (size_t)(slash - c->path) + 1 : 0, stem = strlen(c->path) - dir;
+    if (stem > 5 && !strcmp(c->path + strlen(c->path) - 5, ".conf"))
+        stem -= 5;
+    snprintf(c->dropin, sizeof(c->dropin), "%.*s%.*s@%u.conf", (int)dir, c->path, (int)stem,
+             c->path + dir, n);
+    if (access(c->dropin, F_OK) < 0)
+        return 0;
+    c->dropin_read = 1;
+    return read_file(c, c->dropin);
+}
+
+/* The file, the instance and its drop-in, the command line, the cross-option rules. */
+static int load_layers(patd_config_t *c, int argc, char **argv, int *action)
+{
+    if (c->path[0] && read_file(c, c->path) < 0)
+        return -EINVAL;
+    if (derive_instance(c) < 0 || parse_args(c, argc, argv, action, 1) < 0 || validate(c) < 0)
+        return -EINVAL;
+    c->blocks_auto = c->blocks == 0;
+    default_runtime_dir(c);
+    return 0;
+}
+
 int patd_config_load(patd_config_t *c, int argc, char **argv)
 {
     int action = 0;
@@ -496,16 +589,15 @@ int patd_config_load(patd_config_t *c, int argc, char **argv)
         return 1;
     }
     if (action == 'v') {
-        printf("patd %s (wire protocol %u)\n", PATD_VERSION, (unsigned)IPC_VERSION);
+        printf("patd %s (wire protocol %u; backends: %s)\n", PATD_VERSION, (unsigned)IPC_VERSION,
+               kern_backend_list());
         return 1;
     }
-    if (c->path[0] && read_file(c, c->path) < 0)
+    if (load_layers(c, argc, argv, &action) < 0)
         return -EINVAL;
-    if (parse_args(c, argc, argv, &action, 1) < 0 || validate(c) < 0)
-        return -EINVAL;
-    default_runtime_dir(c);
     if (action == 'c') {
-        printf("patd: configuration %s is valid\n", c->path[0] ? c->path : "(built-in)");
+        printf("patd: configuration %s%s%s is valid\n", c->path[0] ? c->path : "(built-in)",
+               c->dropin_read ? " + " : "", c->dropin_read ? c->dropin : "");
         return 1;
     }
     if (action == 'p') {
@@ -528,12 +620,14 @@ int patd_config_reload(patd_config_t *c, int argc, char **argv)
     int action = 0;
     defaults(&n);
     snprintf(n.path, sizeof(n.path), "%s", c->path);
-    if (read_file(&n, n.path) < 0 || parse_args(&n, argc, argv, &action, 1) < 0 ||
-        validate(&n) < 0) {
-        patd_err("reload: %s is invalid; keeping the running configuration", c->path);
+    snprintf(n.instance, sizeof(n.instance), "%s", c->instance);
+    if (load_layers(&n, argc, argv, &action) < 0) {
+        patd_err("reload: %s%s%s is invalid; keeping the running configuration", c->path,
+                 n.dropin_read ? " + " : "", n.dropin_read ? n.dropin : "");
         return -EINVAL;
     }
-    default_runtime_dir(&n);
+    if (n.blocks_auto && c->blocks_auto)
+        n.blocks = c->blocks; /* what start sized from auto, still auto in the file */
     int kept = 0;
     for (size_t i = 0; i < PAT_ARRAY_SIZE(opts); i++) {
         const opt_t *o = &opts[i];
@@ -557,7 +651,8 @@ int patd_config_reload(patd_config_t *c, int argc, char **argv)
 void patd_config_print(const patd_config_t *c, FILE *f)
 {
     const char *sec = "";
-    fprintf(f, "# patd effective configuration (%s)\n", c->path[0] ? c->path : "built-in");
+    fprintf(f, "# patd effective configuration (%s%s%s)\n", c->path[0] ? c->path : "built-in",
+            c->dropin_read ? " + " : "", c->dropin_read ? c->dropin : "");
     for (size_t i = 0; i < PAT_ARRAY_SIZE(opts); i++) {
         const opt_t *o = &opts[i];
         const uint8_t *p = (const uint8_t *)c + o->off;
@@ -570,6 +665,12 @@ void patd_config_print(const patd_config_t *c, FILE *f)
             break;
         case T_U32:
             fprintf(f, "%u\n", *(const uint32_t *)p);
+            break;
+        case T_U32A:
+            if (*(const uint32_t *)p)
+                fprintf(f, "%u\n", *(const uint32_t *)p);
+            else
+                fprintf(f, "auto\n");
             break;
         case T_U64:
             fprintf(f, "%llu\n", (unsigned long long)*(const uint64_t *)p);

@@ -30,22 +30,34 @@ typedef struct patd_config {
     uint32_t enqueue_depth; /* layers an executor enqueues ahead of its GPU progress */
     char forward[16];       /* auto | cpasync | tma | layer | mma (wide: auto): kern_config_t.fwd */
     uint32_t dependent_launch; /* 1: kern_config_t.serial_launch = 0 */
+    float memory_fraction;     /* pool.blocks = auto: share of the device's memory for the pool
+                                  and the staging arena together */
     char merge[8];             /* launch | inside: kern_config_t.merge */
     /* [model] */
     uint32_t layers, q_heads, kv_heads, head_dim, dtype, block_size;
     uint64_t model_id;
     float scale, softcap;
     /* [pool] */
-    uint32_t blocks, max_seqs, max_seq_len;
+    uint32_t blocks;        /* 0: auto (sized at start from the backend's memory, then set here) */
+    uint32_t cpu_memory_mb; /* pool.blocks = auto on the cpu backend: the pool's MiB */
+    uint32_t max_seqs, max_seq_len;
     /* [limits] */
     uint32_t max_conns, conn_max_seqs, conn_max_blocks, conn_max_batch_tokens;
     uint32_t conn_max_staging_mb, lease_ms, max_lease_ms, step_timeout_ms, stall_cut_ms;
     uint32_t conns_per_uid; /* 0: no bound but max_conns (patd_conn_attach) */
 
     /* bookkeeping */
-    char path[512];  /* config file read ("" when none) */
-    uint64_t set[2]; /* bit i: option i was given (file or command line) */
+    char path[512];   /* config file read ("" when none) */
+    char instance[8]; /* --instance N ("" when none): patd@N.service's GPU */
+    char dropin[528]; /* <dir>/<stem>@N.conf beside path, read after it when it exists */
+    int dropin_read;  /* 1: the drop-in existed and was read */
+    int blocks_auto;  /* 1: pool.blocks = auto was configured (blocks holds what start chose) */
+    uint64_t set[2];  /* bit i: option i was given (file or command line) */
 } patd_config_t;
+
+/* Layers, later ones winning: built-in defaults, the file (--config), what --instance N derives
+ * (name <name>@N, metrics_port + N), the instance's drop-in <dir>/<stem>@N.conf when it exists,
+ * then the command line. */
 
 /* Outcome of patd_config_load: 0 run, 1 exit 0 (help/version/check/print done), <0 error. */
 int patd_config_load(patd_config_t *c, int argc, char **argv);

@@ -149,6 +149,7 @@ struct patd {
 
     kv_pool_t *pool;
     kern_backend_t *be;
+    char device[96]; /* what serves, for people (kern_probe_t.device): STATUS's device line */
     kern_model_t model;
     sched_tiles_t tiles; /* the backend's tile shapes, for every session's scheduler */
     pthread_mutex_t pool_mu, be_mu;

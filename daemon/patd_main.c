@@ -130,9 +130,9 @@ static void op_status(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *
     ipc_info_rep_t r;
     fill_info(d, &r);
     FILE *f = open_memstream(&out, &len);
-    fprintf(f, "pid %u\ninstance %016llx\nuptime_s %.1f\nstate %s\nbackend %s\n", r.pid,
+    fprintf(f, "pid %u\ninstance %016llx\nuptime_s %.1f\nstate %s\nbackend %s\ndevice %s\n", r.pid,
             (unsigned long long)r.instance, r.uptime_ms / 1e3,
-            r.state == IPC_STATE_DRAINING ? "draining" : "serving", r.backend);
+            r.state == IPC_STATE_DRAINING ? "draining" : "serving", r.backend, d->device);
     fprintf(f, "version %u.%u.%u\nprotocol %u\n", r.version >> 16, (r.version >> 8) & 0xff,
             r.version & 0xff, r.protocol);
     fprintf(f, "model layers=%u q_heads=%u kv_heads=%u head_dim=%u dtype=%u block=%u id=%llu\n",
@@ -566,26 +566,115 @@ static void raise_nofile(const patd_config_t *cfg)
         patd_info("open-file limit %llu", (unsigned long long)rl.rlim_cur);
 }
 
+/* Which backend serves, decided once at start from the backend registry's probe (kern.h):
+ *   cpu  - the cpu backend.
+ *   cuda - the cuda backend on gpu.device, or patd stops saying why.
+ *   auto - cuda when the probe says the device can be served. Otherwise the cpu backend with one
+ *          notice where the host has no NVIDIA driver or the build has no cuda backend, and a
+ *          stop where the operator asked for a device (gpu.device set) or the host is a GPU host
+ *          (a driver answers): a GPU host that quietly serves from the CPU is a misconfiguration
+ *          nobody notices (patd@N with GPU N gone, a driver older than the build).
+ * Returns 0 with the backend's name in *ret_name and its probe in *pr, or -ENODEV. */
+static int pick_backend(const patd_config_t *cfg, const char **ret_name, kern_probe_t *pr)
+{
+    const char *want = cfg->backend;
+    if (!strcmp(want, "cpu")) {
+        *ret_name = "cpu";
+        return kern_backend_probe("cpu", 0, pr);
+    }
+    /* before the first CUDA call (the probe): lazy module loading can hang a first launch behind
+     * a queued stream wait (DESIGN.md §2), and more hardware queues keep a lane blocked on its
+     * client's word from stalling another lane's stream */
+    const char *ml = getenv("CUDA_MODULE_LOADING");
+    if (ml && strcmp(ml, "EAGER"))
+        patd_notice("CUDA_MODULE_LOADING=%s overridden with EAGER", ml);
+    setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+    int rc = kern_backend_probe("cuda", (int)cfg->device, pr);
+    if (rc == 0) {
+        *ret_name = "cuda";
+        return 0;
+    }
+    int device_set = patd_config_was_set(cfg, "device");
+    if (!strcmp(want, "cuda") || device_set || pr->driver_present) {
+        patd_err("backend %s: gpu.device = %u%s cannot be served: %s; not falling back to the "
+                 "cpu backend%s",
+                 want, cfg->device, device_set ? " was asked for and" : "", pr->why,
+                 strcmp(want, "cuda") ? " (backend = cpu serves from the CPU on purpose)" : "");
+        return -ENODEV;
+    }
+    patd_notice("backend auto: %s; using the cpu backend", pr->why);
+    *ret_name = "cpu";
+    return kern_backend_probe("cpu", 0, pr);
+}
+
+/* pool.blocks = auto: as many blocks as the backend's share of memory holds (patd_config.c's
+ * gpu.memory_fraction and pool.cpu_memory_mb), refused with the numbers when that is more than
+ * is free now or fewer than 16 blocks. The cuda share covers the staging arena too, and a
+ * reserve for the context's own allocations (plans, partials, lanes: tens of MiB measured; 256
+ * MiB keeps them clear). */
+#define PATD_GPU_RESERVE (256ull << 20)
+static int size_pool(patd_config_t *cfg, const char *backend, const kern_probe_t *pr,
+                     uint64_t block_bytes)
+{
+    if (!cfg->blocks_auto)
+        return 0;
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    uint64_t budget;
+    if (!strcmp(backend, "cuda")) {
+        uint64_t share = (uint64_t)((double)cfg->memory_fraction * (double)pr->mem_total);
+        uint64_t other = ((uint64_t)cfg->staging_mb << 20) + PATD_GPU_RESERVE;
+        if (share > pr->mem_free) {
+            patd_err("pool.blocks = auto: gpu.memory_fraction %.2f of %s's %.1f GiB is %.1f GiB, "
+                     "but only %.1f GiB are free (other processes hold %.1f GiB); lower "
+                     "gpu.memory_fraction or set pool.blocks",
+                     (double)cfg->memory_fraction, pr->device, pr->mem_total / gib, share / gib,
+                     pr->mem_free / gib, (pr->mem_total - pr->mem_free) / gib);
+            return -ENOMEM;
+        }
+        budget = share > other ? share - other : 0;
+    } else {
+        budget = (uint64_t)cfg->cpu_memory_mb << 20;
+        if (pr->mem_free && budget > pr->mem_free) {
+            patd_err("pool.blocks = auto: pool.cpu_memory_mb %u is more than the %.1f GiB this "
+                     "host has available; lower it or set pool.blocks",
+                     cfg->cpu_memory_mb, pr->mem_free / gib);
+            return -ENOMEM;
+        }
+    }
+    uint64_t n = budget / block_bytes;
+    if (n > (1ull << 31))
+        n = 1ull << 31;
+    if (n < 16) {
+        patd_err("pool.blocks = auto: %.2f GiB holds %llu blocks of %llu bytes (16 at least)",
+                 budget / gib, (unsigned long long)n, (unsigned long long)block_bytes);
+        return -ENOMEM;
+    }
+    cfg->blocks = (uint32_t)n;
+    if (cfg->conn_max_blocks > cfg->blocks) {
+        patd_err("limits.conn_max_blocks %u exceeds the %u blocks pool.blocks = auto sized",
+                 cfg->conn_max_blocks, cfg->blocks);
+        return -EINVAL;
+    }
+    patd_info("pool.blocks = auto: %u blocks (%.2f GiB of %s)", cfg->blocks,
+              n * (double)block_bytes / gib,
+              !strcmp(backend, "cuda") ? "gpu.memory_fraction" : "pool.cpu_memory_mb");
+    return 0;
+}
+
 static int create_pool(patd_t *d)
 {
-    const patd_config_t *cfg = &d->cfg;
+    patd_config_t *cfg = &d->cfg;
     d->model = (kern_model_t){cfg->layers,   cfg->q_heads,    cfg->kv_heads,
                               cfg->head_dim, cfg->block_size, (kern_dtype_t)cfg->dtype};
-    const char *backend = cfg->backend;
-    if (!strcmp(backend, "auto")) {
-#ifdef PATD_HAVE_CUDA_BACKEND
-        backend = "cuda";
-#else
-        if (patd_config_was_set(cfg, "device")) {
-            patd_err("backend auto: gpu.device = %u was asked for and this build has no cuda "
-                     "backend; not falling back to the cpu backend",
-                     cfg->device);
-            return -ENODEV;
-        }
-        backend = "cpu";
-        patd_notice("backend auto: this build has no cuda backend; using the cpu backend");
-#endif
-    }
+    const char *backend = NULL;
+    kern_probe_t pr;
+    int rc = pick_backend(cfg, &backend, &pr);
+    if (rc < 0)
+        return rc;
+    snprintf(d->device, sizeof(d->device), "%s", pr.device);
+    if ((rc = size_pool(cfg, backend, &pr, kern_block_bytes(&d->model))) < 0)
+        return rc;
     kv_pool_config_t pc = {.n_blocks = cfg->blocks,
                            .block_size = cfg->block_size,
                            .max_seqs = cfg->max_seqs,
@@ -594,7 +683,7 @@ static int create_pool(patd_t *d)
                            .block_bytes = kern_block_bytes(&d->model),
                            .on_event = on_kv_event,
                            .event_ud = d};
-    int rc = kv_pool_create(&pc, &d->pool);
+    rc = kv_pool_create(&pc, &d->pool);
     if (rc < 0) {
         patd_err("kv pool: %s", strerror(-rc));
         return rc;
@@ -613,42 +702,16 @@ static int create_pool(patd_t *d)
                         .merge =
                             strcmp(cfg->merge, "inside") ? KERN_MERGE_LAUNCH : KERN_MERGE_INSIDE,
                         .serial_launch = !cfg->dependent_launch};
-    if (strcmp(backend, "cpu")) {
-        /* before the first CUDA call: lazy module loading can hang a first launch behind a
-         * queued stream wait (DESIGN.md §2), and more hardware queues keep a lane blocked on its
-         * client's word from stalling another lane's stream */
-        const char *ml = getenv("CUDA_MODULE_LOADING");
-        if (ml && strcmp(ml, "EAGER"))
-            patd_notice("CUDA_MODULE_LOADING=%s overridden with EAGER", ml);
-        setenv("CUDA_MODULE_LOADING", "EAGER", 1);
-        setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
-    }
     rc = kern_backend_create(backend, &kc, &d->be);
-    /* auto falls back to the cpu backend where no GPU is, unless a device was named (gpu.device
-     * in the file or --device): a GPU the operator asked for that is not there is an error,
-     * not a daemon quietly serving from the CPU (patd@N.service once asked for ordinal N of the
-     * one GPU CUDA_VISIBLE_DEVICES=N leaves visible) */
-    if (rc == -ENODEV && !strcmp(cfg->backend, "auto") && patd_config_was_set(cfg, "device")) {
-        patd_err("backend auto: gpu.device = %u was asked for and there is no such CUDA device "
-                 "(CUDA_VISIBLE_DEVICES=%s); not falling back to the cpu backend",
-                 cfg->device,
-                 getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "(unset)");
-        return rc;
-    }
-    if (rc == -ENODEV && !strcmp(cfg->backend, "auto")) {
-        patd_notice("backend auto: no CUDA device %u here; using the cpu backend", cfg->device);
-        backend = "cpu";
-        rc = kern_backend_create(backend, &kc, &d->be);
-    }
     if (rc < 0) {
-        patd_err("backend %s: %s (pool of %u blocks x %llu bytes)", backend, strerror(-rc),
-                 cfg->blocks, (unsigned long long)kern_block_bytes(&d->model));
+        patd_err("backend %s on %s: %s (pool of %u blocks x %llu bytes)", backend, pr.device,
+                 strerror(-rc), cfg->blocks, (unsigned long long)kern_block_bytes(&d->model));
         return rc;
     }
     kern_tiles(d->be, &d->tiles);
-    patd_notice("backend %s: %u blocks of %u tokens (%.1f MiB KV), model %u layers %u/%u heads "
-                "d=%u%s",
-                kern_backend_name(d->be), cfg->blocks, cfg->block_size,
+    patd_notice("backend %s on %s: %u blocks of %u tokens (%.1f MiB KV), model %u layers %u/%u "
+                "heads d=%u%s",
+                kern_backend_name(d->be), pr.device, cfg->blocks, cfg->block_size,
                 cfg->blocks * (double)kern_block_bytes(&d->model) / 1048576.0, cfg->layers,
                 cfg->q_heads, cfg->kv_heads, cfg->head_dim,
                 cfg->path[0] ? "" : " (no config file: built-in defaults, a small pool)");
@@ -673,6 +736,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "patd: SIGBUS handler: %s\n", strerror(-rc));
         return 1;
     }
+    if (d->cfg.path[0])
+        patd_info("config %s%s%s", d->cfg.path, d->cfg.dropin_read ? " + " : "",
+                  d->cfg.dropin_read ? d->cfg.dropin : "");
     raise_nofile(&d->cfg);
     d->t_start_ns = pat_now_ns();
     if (getrandom(&d->instance, sizeof(d->instance), 0) != sizeof(d->instance))
@@ -724,8 +790,8 @@ int main(int argc, char **argv)
     patd_notice("ready: control ipc://%s, events ipc://%s, %u executors, metrics %s%u",
                 d->sock_path, d->ev_path, d->exec.n, d->cfg.metrics_port ? "127.0.0.1:" : "off ",
                 d->cfg.metrics_port);
-    patd_notify_state(&d->notify, "READY=1\nSTATUS=serving on %s (%s backend)\nMAINPID=%d",
-                      d->sock_path, kern_backend_name(d->be), getpid());
+    patd_notify_state(&d->notify, "READY=1\nSTATUS=serving on %s (%s backend, %s)\nMAINPID=%d",
+                      d->sock_path, kern_backend_name(d->be), d->device, getpid());
     uv_run(&d->loop, UV_RUN_DEFAULT);
     patd_notice("stopped: %llu steps served, %llu sessions", (unsigned long long)d->m.steps,
                 (unsigned long long)d->m.conns_opened);

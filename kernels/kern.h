@@ -104,6 +104,27 @@ uint32_t kern_dtype_size(kern_dtype_t d);
 /* Bytes one KV block occupies across all layers. */
 uint64_t kern_block_bytes(const kern_model_t *m);
 
+/* What a backend can serve on this host, asked before anything is allocated (kern_backend_probe).
+ * The one place that decides whether a backend and its device are usable: the daemon picks
+ * `backend = auto` from it at run time and sizes an automatic pool from its memory figures. */
+typedef struct kern_probe {
+    uint64_t mem_total; /* bytes: the device's memory (cuda), the host's MemTotal (cpu) */
+    uint64_t mem_free;  /* bytes free now: cudaMemGetInfo (cuda), MemAvailable (cpu) */
+    int driver_present; /* cuda: 1 when an NVIDIA driver answers (a GPU host, even where no
+                           device is visible to this process); cpu: 0 */
+    char device[96];    /* what serves, for people: "NVIDIA H100 80GB HBM3 (cuda:0, sm_90)" */
+    char why[256];      /* when the probe fails: why, for people (names the cause and the fix) */
+} kern_probe_t;
+
+/* Asks the named backend whether it can serve `device` here (cuda: the driver, the device
+ * ordinal, its compute capability; cpu: always). Fills *ret (always: why on failure). Returns 0,
+ * -ENOENT (no backend of that name in this build: why says so), -ENODEV (no such device, or no
+ * driver), -EPROTO (the driver is older than this build's CUDA runtime), -ENOTSUP (a device
+ * below what the backend needs). Initialises the device's context on success (cuda). */
+int kern_backend_probe(const char *name, int device, kern_probe_t *ret);
+/* The names of the backends this build carries, space-separated ("cpu cuda"). */
+const char *kern_backend_list(void);
+
 /* Creates the named backend ("cpu" or "cuda") and allocates its pool and workspaces.
  * Returns 0, -EINVAL (bad config), -ENOTSUP (model outside the set, or a backend this build does
  * not have), -ENOMEM (pool memory). */

@@ -5,6 +5,7 @@
 #include "kern_int.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -46,6 +47,29 @@ uint64_t kern_block_bytes(const kern_model_t *m)
 {
     return (uint64_t)m->n_layers * 2 * m->kv_heads * m->block_size * m->head_dim *
            kern_dtype_size(m->dtype);
+}
+
+const char *kern_backend_list(void)
+{
+    static char list[64]; /* the table's names; the same every call */
+    size_t at = 0;
+    for (size_t i = 0; i < sizeof(backends) / sizeof(backends[0]) && at < sizeof(list); i++)
+        at +=
+            (size_t)snprintf(list + at, sizeof(list) - at, "%s%s", i ? " " : "", backends[i]->name);
+    return list;
+}
+
+int kern_backend_probe(const char *name, int device, kern_probe_t *ret)
+{
+    memset(ret, 0, sizeof(*ret));
+    for (size_t i = 0; i < sizeof(backends) / sizeof(backends[0]); i++)
+        if (!strcmp(backends[i]->name, name))
+            return backends[i]->probe(device, ret);
+    snprintf(ret->why, sizeof(ret->why),
+             "this build has no %s backend (it carries: %s; a build with nvcc on the PATH has "
+             "cuda)",
+             name, kern_backend_list());
+    return -ENOENT;
 }
 
 int kern_backend_create(const char *name, const kern_config_t *cfg, kern_backend_t **ret)

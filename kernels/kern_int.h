@@ -8,6 +8,7 @@
 
 typedef struct kern_ops {
     const char *name;
+    int (*probe)(int device, kern_probe_t *ret); /* kern_backend_probe; ret zeroed */
     int (*create)(const kern_config_t *cfg, kern_backend_t **ret);
     void (*destroy)(kern_backend_t *b);
     int (*append_kv)(kern_backend_t *b, uint32_t layer, const void *k, const void *v,

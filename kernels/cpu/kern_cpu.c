@@ -22,6 +22,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -383,6 +384,26 @@ static void touch_pages(void *p, uint64_t bytes)
         b[o] = 0;
 }
 
+/* The host's memory from /proc/meminfo: MemTotal and MemAvailable (what can be allocated without
+ * swapping), in bytes. The cpu backend serves wherever it runs. */
+static int cpu_probe(int device, kern_probe_t *p)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[128];
+    unsigned long long kb;
+    while (f && fgets(line, sizeof(line), f)) {
+        if (sscanf(line, "MemTotal: %llu kB", &kb) == 1)
+            p->mem_total = kb * 1024ull;
+        else if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+            p->mem_free = kb * 1024ull;
+    }
+    if (f)
+        fclose(f);
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    snprintf(p->device, sizeof(p->device), "host CPUs (%ld online)", online > 0 ? online : 1);
+    return 0;
+}
+
 static int cpu_create(const kern_config_t *cfg, kern_backend_t **ret)
 {
     const kern_model_t *m = &cfg->model;
@@ -446,6 +467,7 @@ static int cpu_create(const kern_config_t *cfg, kern_backend_t **ret)
 
 const kern_ops_t kern__cpu_ops = {
     .name = "cpu",
+    .probe = cpu_probe,
     .create = cpu_create,
     .destroy = cpu_destroy,
     .append_kv = cpu_append_kv,

@@ -13,6 +13,7 @@
  */
 #include "kern_cuda_int.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -354,6 +355,85 @@ int encode_kv_map(Cuda *c)
     return 0;
 }
 
+/* How many GPUs the NVIDIA driver has on this host, whatever CUDA_VISIBLE_DEVICES shows this
+ * process: one folder per GPU under /proc/driver/nvidia/gpus (-1: no such folder). */
+static int host_gpus(void)
+{
+    DIR *dir = opendir("/proc/driver/nvidia/gpus");
+    if (!dir)
+        return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(dir)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(dir);
+    return n;
+}
+
+int cuda_probe(int device, kern_probe_t *p)
+{
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    char visible[64];
+    snprintf(visible, sizeof(visible), "CUDA_VISIBLE_DEVICES=%s", vis ? vis : "(unset)");
+    int drv = 0;
+    if (cudaDriverGetVersion(&drv) != cudaSuccess || drv == 0) {
+        cudaGetLastError();
+        snprintf(p->why, sizeof(p->why),
+                 "no NVIDIA driver on this host (libcuda.so.1 could not be loaded)");
+        return -ENODEV;
+    }
+    p->driver_present = 1;
+    int n_dev = 0;
+    cudaError_t e = cudaGetDeviceCount(&n_dev);
+    if (e == cudaErrorInsufficientDriver) {
+        cudaGetLastError();
+        snprintf(p->why, sizeof(p->why),
+                 "the NVIDIA driver supports CUDA %d.%d and this build needs %d.%d or newer "
+                 "(upgrade the driver)",
+                 drv / 1000, drv % 1000 / 10, CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
+        return -EPROTO;
+    }
+    if (e != cudaSuccess && e != cudaErrorNoDevice) {
+        cudaGetLastError();
+        snprintf(p->why, sizeof(p->why), "the CUDA runtime cannot start: %s (%s)",
+                 cudaGetErrorString(e), visible);
+        return -ENODEV;
+    }
+    if (e != cudaSuccess || device < 0 || device >= n_dev) {
+        cudaGetLastError();
+        int host = host_gpus();
+        snprintf(p->why, sizeof(p->why),
+                 "no CUDA device %d: this process sees %d (%s; the driver has %d GPU%s on this "
+                 "host)",
+                 device, e == cudaSuccess ? n_dev : 0, visible, host < 0 ? 0 : host,
+                 host == 1 ? "" : "s");
+        return -ENODEV;
+    }
+    cudaDeviceProp prop;
+    if ((e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(p->why, sizeof(p->why), "CUDA device %d: %s", device, cudaGetErrorString(e));
+        return -ENODEV;
+    }
+    snprintf(p->device, sizeof(p->device), "%.60s (cuda:%d, sm_%d%d)", prop.name, device,
+             prop.major, prop.minor);
+    if (prop.major < 8) { /* mma.sync m16n8k16 bf16 and cp.async need sm_80 */
+        snprintf(p->why, sizeof(p->why), "%.90s is sm_%d%d; the cuda backend needs sm_80 or newer",
+                 p->device, prop.major, prop.minor);
+        return -ENOTSUP;
+    }
+    size_t free_b = 0, total_b = 0;
+    if ((e = cudaSetDevice(device)) != cudaSuccess ||
+        (e = cudaMemGetInfo(&free_b, &total_b)) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(p->why, sizeof(p->why), "%.90s: cannot create a context: %.80s", p->device,
+                 cudaGetErrorString(e));
+        return -ENODEV;
+    }
+    p->mem_total = total_b;
+    p->mem_free = free_b;
+    return 0;
+}
+
 int cuda_create(const kern_config_t *cfg, kern_backend_t **ret)
 {
     const kern_model_t &m = cfg->model;
@@ -446,8 +526,8 @@ extern "C" void *kern_cuda_pool(kern_backend_t *b, uint32_t layer, uint64_t *blo
 }
 
 extern "C" const kern_ops_t kern__cuda_ops = {
-    "cuda",           cuda_create,     cuda_destroy,     cuda_append_kv,
-    cuda_copy_blocks, cuda_attend,     cuda_sync,        cuda_tiles,
-    cuda_lane_create, cuda_lane_free,  cuda_lane_begin,  cuda_lane_layer,
-    cuda_share_alloc, cuda_share_free, cuda_device_info, cuda_fatal,
+    "cuda",           cuda_probe,      cuda_create,     cuda_destroy,     cuda_append_kv,
+    cuda_copy_blocks, cuda_attend,     cuda_sync,       cuda_tiles,       cuda_lane_create,
+    cuda_lane_free,   cuda_lane_begin, cuda_lane_layer, cuda_share_alloc, cuda_share_free,
+    cuda_device_info, cuda_fatal,
 };

@@ -41,6 +41,7 @@ case "${1:-}" in
 --e2e) bench=7 ;;
 --sanitize) bench=8 ;;
 --launch) bench=9 ;;
+--units) bench=10 ;;
 esac
 
 # PAT's reference kernel (../shared/peers/pat): built in the background while patd builds and
@@ -62,11 +63,12 @@ fi
     echo "== build"
 } | tee "$out/gpu.log"
 B=build/gpu
-if ! make -j"$(nproc)" B=$B CUDA=1 CUDA_ARCHS=90a \
-    $B/tests/gpu/test_cuda_attn $B/tests/gpu/test_vmm_share $B/bin/patd-tile-solver \
-    $B/bench/bench_attn $B/bin/patd \
-    $B/lib/libpat.so.1 $B/bench/bench_handoff $B/bench/bench_mcast $B/bin/patload $B/bin/patctl \
-    >>"$out/gpu.log" 2>&1; then
+targets="$B/tests/gpu/test_cuda_attn $B/tests/gpu/test_vmm_share $B/bin/patd-tile-solver
+    $B/bench/bench_attn $B/bin/patd $B/lib/libpat.so.1 $B/bench/bench_handoff $B/bench/bench_mcast
+    $B/bin/patload $B/bin/patctl"
+[ $bench = 10 ] && targets="$B/bin/patd $B/bin/patctl"
+# shellcheck disable=SC2086 # a list of targets
+if ! make -j"$(nproc)" B=$B CUDA=1 CUDA_ARCHS=90a $targets >>"$out/gpu.log" 2>&1; then
     tail -30 "$out/gpu.log"
     echo "0 passed, 1 failed"
     exit 1
@@ -86,6 +88,15 @@ run() { # name, command...
         echo "== $name: FAILED" | tee -a "$out/gpu.log"
     fi
 }
+# the shipped units and config started as systemd starts them: the cuda backend on this GPU
+# (tests/integ/test_units.py; two patd@ instances share the one GPU)
+run test_units env PATD_BIN=$B/bin/patd PATCTL_BIN=$B/bin/patctl \
+    python3 tests/integ/test_units.py --expect cuda
+if [ $bench = 10 ]; then # --units: only that
+    echo "$passed passed, $failed failed" | tee -a "$out/gpu.log"
+    [ "$failed" -eq 0 ]
+    exit
+fi
 if [ $bench = 6 ]; then # --smoke [TREES [HEADS]]: bench_attn --quick, or those cases
     run test_cuda_attn $B/tests/gpu/test_cuda_attn --quick
     run bench_attn $B/bench/bench_attn $([ -n "${2:-}" ] && echo --trees "$2" || echo --quick) \
