@@ -170,6 +170,7 @@ class Service:
         self.log = os.path.join(self.tmp, "patd.log")
         self.notify = Notify(self.tmp)
         self.pid = None
+        self.status = None
 
     def start(self):
         pw = pwd.getpwnam(self.user)
@@ -219,8 +220,10 @@ class Service:
             if kv:
                 assert pid == self.pid, "READY=1 from pid %s, main pid %d" % (pid, self.pid)
                 return kv.get("STATUS", "")
-            if os.waitpid(self.pid, os.WNOHANG)[0]:
+            p, st = os.waitpid(self.pid, os.WNOHANG)
+            if p:
                 self.pid = None
+                self.status = os.waitstatus_to_exitcode(st)
                 return None
         raise AssertionError("no READY=1 within %d s; log:\n%s" % (READY_S, self.text()))
 
@@ -240,7 +243,7 @@ class Service:
     def stop(self):
         """systemctl stop: SIGTERM, the exit status within TimeoutStopSec= (then SIGKILL)."""
         if self.pid is None:
-            return getattr(self, "status", None)
+            return self.status
         os.kill(self.pid, signal.SIGTERM)
         st = self.exit_status(self.stop_s)
         if st is None:
@@ -371,6 +374,7 @@ class UnitTest(unittest.TestCase):
         status = s.ready()
         self.assertIsNotNone(status, "patd exited before READY=1:\n" + s.text())
         sock = os.path.join(self.rundir, name + ".sock")
+        print("\n  %s READY=1 STATUS=%s" % (name, status), end=" ", flush=True)
         self.assertIn("serving on %s (%s backend" % (sock, EXPECT), status, s.text())
         st = patctl_status(sock)
         self.assertEqual(st.get("backend"), EXPECT, st)
