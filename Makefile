@@ -94,7 +94,8 @@ IPC_OBJS    := $(IPC_SRCS:%.c=$(B)/%.o)
 DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(B)/%.o)
 PATD_BIN    := $(B)/bin/patd
 # The release version is written once, in client/pat.h (PAT_VERSION_MAJOR/MINOR/PATCH): libpat's
-# file name and soname, pat.pc and `patd --version` (daemon/patd_config.c) all derive from it.
+# file name and soname, pat.pc, `patd --version` (daemon/patd_config.c) and the Python package's
+# version (client/python/patd/_version.py) all derive from it.
 pat_version_part = $(shell awk '$$2 == "PAT_VERSION_$(1)" { print $$3 }' client/pat.h)
 PAT_SO_MAJOR := $(call pat_version_part,MAJOR)
 PAT_SO_VER   := $(PAT_SO_MAJOR).$(call pat_version_part,MINOR).$(call pat_version_part,PATCH)
@@ -208,7 +209,8 @@ $(PATD_BIN): $(DAEMON_OBJS) $(B)/libpatipc.a $(PATD_CORE) $(BASE_LIB)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(DAEMON_LIBS) $(JEMALLOC_LIBS) $(LDLIBS) $(PATD_CUDA_LIBS) -lrt
 
-# libpat: the shared library frontends load (soname libpat.so.1) and a static twin for our tests
+# libpat: the shared library frontends load (soname libpat.so.1) and a static twin for our tests.
+# client/python/setup.py builds the pip package's copy with this rule (B= its build directory).
 $(LIBPAT_SO): $(LIBPAT_OBJS) $(IPC_OBJS) $(BASE_OBJS)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
@@ -372,7 +374,8 @@ all: $(ALL_TARGETS)
 # The sanitizer build skips the Python tests: CPython cannot load an ASan-built libpat.so.
 TEST_LIST := $(UNIT_BINS) $(DEMO_BIN) $(INTEG_BINS) tests/demo/run_demo.sh tests/integ/test_patload.py \
              tests/integ/test_units.py \
-             $(if $(filter 1,$(DEBUG)),,tests/integ/test_python.sh tests/integ/test_transformers.sh)
+             $(if $(filter 1,$(DEBUG)),,tests/integ/test_python.sh tests/integ/test_pip.sh \
+                                        tests/integ/test_transformers.sh)
 SAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
            UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 
@@ -518,6 +521,8 @@ install: all
 	install -m 0644 README.md $(DESTDIR)$(PREFIX)/share/doc/patd/
 	install -d $(DESTDIR)$(PY_DIR)/patd
 	install -m 0644 client/python/patd/*.py $(DESTDIR)$(PY_DIR)/patd/
+	printf '# PAT_VERSION_* of client/pat.h, written by make install (patd/_version.py says why)\n__version__ = "%s"\n' \
+	  $(PAT_SO_VER) > $(DESTDIR)$(PY_DIR)/patd/_version.py
 
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/patd $(DESTDIR)$(PREFIX)/bin/patctl $(DESTDIR)$(PREFIX)/bin/patload $(DESTDIR)$(PREFIX)/bin/patd-demo \

@@ -17,9 +17,10 @@ shared memory itself: writing them is handing Q/K/V to the daemon (no copies). A
 are uint16 words (numpy has no bf16: patd.bf16_to_float32 / float32_to_bf16 convert), or, with
 Conn(..., arrays="torch"), torch.bfloat16 tensors over the same memory.
 
-libpat is found through PATD_LIBPAT, else the dynamic linker's search (an installed patd), else
-a built source tree's build/lib; its version must match this binding's major and be at least
-its minor (`python3 -m patd --version` shows both, and the daemon's).
+libpat is found through PATD_LIBPAT, else the copy a pip-installed package carries (setup.py
+compiles it into the wheel), else the dynamic linker's search (an installed patd), else a built
+source tree's build/lib; its version must match this binding's major and be at least its minor
+(`python3 -m patd --version` shows both, and the daemon's).
 
 GPU sessions (a daemon on the cuda backend): conn.q/k/v/o are torch tensors over the daemon's
 device memory (CUDA IPC, no copies), and attend(layer, stream) enqueues the hand-off on a torch
@@ -45,29 +46,37 @@ import os
 
 import numpy as np
 
+# The libpat release this binding was written for (client/pat.h's PAT_VERSION, through
+# _version.py): a libpat of another major version, or an older minor one, is refused at import.
+from ._version import __version__
+
 __all__ = ["Model", "Conn", "PatError", "admin", "default_socket", "library_version",
            "library_path", "bf16_to_float32", "float32_to_bf16", "F16", "BF16", "F32"]
 
-# The libpat release this binding was written for (client/pat.h's PAT_VERSION): a libpat of
-# another major version, or an older minor one, is refused at import.
-__version__ = "1.9.0"
+# the soname of the libpat this binding loads
+_SONAME = "libpat.so.%s" % __version__.split(".")[0]
 
 F16, BF16, F32 = 1, 2, 3
 _ADMIN = {"status": 16, "stats": 17, "seqs": 18, "drain": 19, "reload": 20, "check": 22}
 
 
 def _candidates():
-    """Where libpat is looked for, in order: PATD_LIBPAT (an override), the dynamic linker's
-    search (LD_LIBRARY_PATH, /etc/ld.so.cache: an installed libpat), a source tree's build/lib
-    when this package runs from client/python of a built checkout."""
+    """Where libpat is looked for, in order: PATD_LIBPAT (an override), the copy beside this
+    file (what pip installed: setup.py builds it into the package), the dynamic linker's search
+    (LD_LIBRARY_PATH, /etc/ld.so.cache: an installed libpat), a source tree's build/lib when
+    this package runs from client/python of a built checkout."""
     if os.environ.get("PATD_LIBPAT"):
         return [os.environ["PATD_LIBPAT"]]
-    names = ["libpat.so.1"]
+    here = os.path.dirname(os.path.abspath(__file__))
+    names = []
+    bundled = os.path.join(here, _SONAME)
+    if os.path.exists(bundled):
+        names.append(bundled)
+    names.append(_SONAME)
     found = ctypes.util.find_library("pat")
     if found:
         names.append(found)
-    here = os.path.dirname(os.path.abspath(__file__))
-    tree = os.path.join(here, "..", "..", "..", "build", "lib", "libpat.so.1")
+    tree = os.path.join(here, "..", "..", "..", "build", "lib", _SONAME)
     if os.path.exists(tree):
         names.append(os.path.normpath(tree))
     return names
@@ -80,8 +89,9 @@ def _load():
             return ctypes.CDLL(n), n
         except OSError as e:
             tried.append(str(e))
-    raise OSError("libpat.so.1 not found: install patd (make install puts it in "
-                  "/usr/local/lib) or set PATD_LIBPAT to its path; tried: %s" % "; ".join(tried))
+    raise OSError("%s not found: pip install client/python of a patd checkout (the package then "
+                  "carries it), install patd (make install puts it in /usr/local/lib) or set "
+                  "PATD_LIBPAT to its path; tried: %s" % (_SONAME, "; ".join(tried)))
 
 
 def _check_version(lib_version, want=None):
