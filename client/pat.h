@@ -173,9 +173,11 @@ PAT_API const char *pat_strerror(int err);
  * $XDG_RUNTIME_DIR/patd/patd.sock, else /tmp/patd-<uid>/patd.sock. */
 PAT_API const char *pat_default_socket(void);
 
-/* Connects and maps the staging buffers. Returns 0 and *ret, or -ENOENT (no daemon at the
- * socket), -ETIMEDOUT, -EMEDIUMTYPE (model mismatch), -EDQUOT, -EMFILE, -ESHUTDOWN, -EINVAL.
- * On failure *ret is untouched and why (if not NULL, why_len bytes) holds the detail. */
+/* Connects and maps the staging buffers. Returns 0 and *ret, or -ENOENT (no daemon: no socket
+ * at the path), -ECONNREFUSED (no daemon: a stale socket file nothing listens on, as a crashed
+ * patd leaves; both at once, without waiting for the timeout), -ETIMEDOUT, -EMEDIUMTYPE (model
+ * mismatch), -EDQUOT, -EMFILE, -ESHUTDOWN, -EINVAL. On failure *ret is untouched and why (if not
+ * NULL, why_len bytes) holds the detail. */
 PAT_API int pat_connect(const pat_connect_opts_t *opts, pat_conn_t **ret, char *why,
                         size_t why_len);
 /* Ends the session (the daemon reclaims everything it held) and frees the handle; NULL ok. */
@@ -238,14 +240,16 @@ PAT_API int pat_step_end(pat_conn_t *c, int abort, pat_step_info_t *ret_info);
 PAT_API int pat_stats(const pat_conn_t *c, pat_conn_stats_t *ret);
 
 /* Operator requests (no session): *ret_text is malloc'd, NUL-terminated (the answer, or on a
- * daemon error its detail); free with pat_free. Returns 0 or a negative errno. DRAIN, RELOAD and
- * CHECK go to the admin socket beside `socket` (<name>.admin; since 1.2) and are refused with
- * -EPERM unless the caller is patd's user, root or in its daemon.admin_group. */
+ * failure its detail where there is one: the daemon's, or the socket no daemon answers at); free
+ * with pat_free. Returns 0 or a negative errno: -ENOENT and -ECONNREFUSED (no daemon, as
+ * pat_connect; at once), -ETIMEDOUT, ... DRAIN, RELOAD and CHECK go to the admin socket beside
+ * `socket` (<name>.admin; since 1.2) and are refused with -EPERM unless the caller is patd's
+ * user, root or in its daemon.admin_group. */
 PAT_API int pat_admin(const char *socket, pat_admin_op_t op, uint32_t timeout_ms, char **ret_text);
 PAT_API void pat_free(void *p);
 /* The daemon's figures, typed (no session). ret->size must be set; fields a daemon does not
- * report read 0. Returns 0, -ENOENT (no daemon), -ETIMEDOUT, -EOPNOTSUPP (a daemon older than
- * 1.2), -EINVAL (ret NULL or ret->size too small). */
+ * report read 0. Returns 0, -ENOENT or -ECONNREFUSED (no daemon, as pat_connect; at once),
+ * -ETIMEDOUT, -EOPNOTSUPP (a daemon older than 1.2), -EINVAL (ret NULL or ret->size too small). */
 PAT_API int pat_status(const char *socket, uint32_t timeout_ms, pat_status_t *ret);
 
 #ifdef __cplusplus

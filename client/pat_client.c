@@ -117,8 +117,8 @@ static const struct {
     int code;
     const char *text;
 } client_errors[] = {
-    {-ENOENT, "not found: no daemon at the socket (pat_connect, pat_status, pat_admin), or a "
-              "sequence id this session does not hold"},
+    {-ENOENT, "not found: no daemon (no socket at the path: pat_connect, pat_status, "
+              "pat_admin), or a sequence id this session does not hold"},
     {-EOPNOTSUPP, "not supported: a GPU call on a host-memory session, or a request this daemon "
                   "does not offer (older release, retired opcode)"},
     {-ESRCH, "no step open (or no such step in flight)"},
@@ -126,7 +126,7 @@ static const struct {
     {-EIO, "a CUDA call failed (pat_last_error says which)"},
     {-EINVAL, "invalid argument or field value"},
     {-EPERM, "not permitted: only patd's user, root or daemon.admin_group may do this"},
-    {-ECONNREFUSED, "no daemon listens at the socket (a stale socket file)"},
+    {-ECONNREFUSED, "no daemon (stale socket left by a crashed patd)"},
     {-ESTALE, "patd restarted since this session began (another instance answers): its "
               "sequences and KV are gone; reconnect"},
     {-EACCES, "permission denied on the socket (not in its group?)"},
@@ -259,6 +259,43 @@ static int daemon_gone(pat_conn_t *c)
     return c->lost;
 }
 
+/* Whether anything listens at the Unix socket path, asked without a word to it: a non-blocking
+ * stream connect, closed at once (a live nanomsg or libuv listener accepts and sees its peer
+ * close before any byte; nothing is ever sent). Returns 0 (something accepted, or its backlog is
+ * full: alive and busy), -ENOENT (no file), -ECONNREFUSED (a socket file nothing listens on: the
+ * stale one a crashed patd left) or connect's other errno (-EACCES, ...). Never waits. */
+static int probe_listener(const char *path)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof(sa.sun_path))
+        return -ENAMETOOLONG;
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    int rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 ? 0 : -errno;
+    close(fd);
+    return rc == -EAGAIN || rc == -EINPROGRESS ? 0 : rc;
+}
+
+/* Where no daemon answers: the detail of -ENOENT and -ECONNREFUSED (the path tried) into c;
+ * returns rc, other codes untouched. */
+static int no_daemon(pat_conn_t *c, const char *path, int rc)
+{
+    static const struct {
+        int code;
+        const char *what;
+    } rows[] = {{-ENOENT, "no socket at"}, {-ECONNREFUSED, "nothing listens at"}};
+    for (size_t i = 0; i < PAT_ARRAY_SIZE(rows); i++)
+        if (rows[i].code == rc)
+            set_err(c, "%s %s", rows[i].what, path);
+    return rc;
+}
+
+/* A REQ socket connected to the control socket at path. nanomsg connects in the background and
+ * retries a refused connect for ever, so a socket file nothing listens on (what a crashed patd
+ * leaves) would only show as a send that waits out its timeout: the probe finds it first.
+ * Returns 0 and *ret_sock, -ENOENT, -ENOTSOCK, -ECONNREFUSED (stale), or another errno. */
 static int open_socket(const char *path, uint32_t timeout_ms, int *ret_sock)
 {
     struct stat st;
@@ -266,6 +303,9 @@ static int open_socket(const char *path, uint32_t timeout_ms, int *ret_sock)
         return -errno;
     if (!S_ISSOCK(st.st_mode))
         return -ENOTSOCK;
+    int rc = probe_listener(path);
+    if (rc < 0)
+        return rc;
     int s = nn_socket(AF_SP, NN_REQ);
     if (s < 0)
         return -nn_errno();
@@ -525,9 +565,10 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
     snprintf(c->path, sizeof(c->path), "%s", path);
     int rc = open_socket(path, c->timeout_ms, &c->sock);
     if (rc < 0) {
-        snprintf(why, why_len, "cannot reach patd at %s: %s", path, strerror(-rc));
+        snprintf(why, why_len, "cannot reach patd at %s: %s", path,
+                 rc == -ECONNREFUSED ? pat_strerror(rc) : strerror(-rc));
         free(c);
-        return rc == -ENOENT || rc == -ECONNREFUSED ? -ENOENT : rc;
+        return rc;
     }
     if (o->buffer > PAT_BUFFER_GPU) {
         snprintf(why, why_len, "opts.buffer must be PAT_BUFFER_AUTO, _HOST or _GPU");
@@ -1068,14 +1109,15 @@ static int admin_connect(const char *control, struct sockaddr_un *sa)
 }
 
 /* One request frame (b, correlation id corr) on the admin socket, where the daemon knows who
- * asks (SO_PEERCRED): the reply frame, malloc'd. */
-static int admin_call_unix(const char *control, const ipc_buf_t *b, uint64_t corr,
+ * asks (SO_PEERCRED): the reply frame, malloc'd; -ENOENT / -ECONNREFUSED (no daemon: their
+ * detail into tmp->err) or another negative errno. */
+static int admin_call_unix(pat_conn_t *tmp, const char *control, const ipc_buf_t *b, uint64_t corr,
                            uint32_t timeout_ms, void **ret_msg, size_t *ret_len)
 {
     struct sockaddr_un sa;
     int fd = admin_connect(control, &sa);
     if (fd < 0)
-        return fd == -ECONNREFUSED || fd == -ENOENT ? -ENOENT : fd;
+        return no_daemon(tmp, sa.sun_path, fd);
     const uint64_t deadline = pat_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     int rc = send(fd, b->data, b->len, MSG_NOSIGNAL) == (ssize_t)b->len ? 0 : -ECONNRESET;
     ipc_hdr_t h;
@@ -1199,7 +1241,8 @@ static int hello_unix(pat_conn_t *c, const char *control, const ipc_hello_req_t 
 
 /* One admin request: on the admin socket for those that change the daemon (DRAIN, RELOAD,
  * CHECK), on the control socket otherwise. 0 and the reply (a malloc'd copy; free it) with its
- * body, or a negative errno (the daemon's detail into tmp->err). */
+ * body, or a negative errno (the daemon's detail, or the socket no daemon answers at, into
+ * tmp->err): -ENOENT and -ECONNREFUSED (a stale socket) come at once. */
 static int admin_call(const char *socket, uint32_t op, uint32_t timeout_ms, pat_conn_t *tmp,
                       void **ret_msg, const void **ret_body, size_t *ret_len)
 {
@@ -1214,9 +1257,9 @@ static int admin_call(const char *socket, uint32_t op, uint32_t timeout_ms, pat_
     ipc_frame_start(&b, op, 0, corr, 0);
     ipc_frame_finish(&b);
     if (ipc_op_changes_state(op)) {
-        rc = admin_call_unix(path, &b, corr, timeout_ms, &msg, &n);
+        rc = admin_call_unix(tmp, path, &b, corr, timeout_ms, &msg, &n);
     } else if ((rc = open_socket(path, timeout_ms, &s)) < 0) {
-        rc = rc == -ECONNREFUSED ? -ENOENT : rc;
+        no_daemon(tmp, path, rc);
     } else {
         void *nm = NULL;
         if ((rc = send_frame(NULL, s, &b)) == 0 &&

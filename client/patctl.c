@@ -1,17 +1,34 @@
 /*
  * patctl.c — the operator's command line for a running patd: status, stats (table or JSON),
- * seqs, drain, reload, check. Talks to the control socket through libpat's pat_admin().
+ * seqs, drain, reload, check. Talks to the control socket through libpat's pat_admin(), which
+ * says at once when no daemon is there (no socket, or a stale one a crashed patd left).
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ipc_proto.h" /* IPC_VERSION, for --version */
 #include "pat.h"
+
+enum { EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STALE };
+
+/* How a failure of pat_admin is told and what patctl exits with: the first row whose code
+ * matches (text NULL: pat_strerror's), else the last. */
+static const struct {
+    int code;
+    int exit_status;
+    const char *text;
+} failures[] = {
+    {-ENOENT, EXIT_FAILED, "no daemon"}, /* pat_strerror's also covers sequence ids */
+    {-ECONNREFUSED, EXIT_STALE, NULL},
+    {0, EXIT_FAILED, NULL},
+};
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: patctl [--socket PATH] [--timeout MS] COMMAND\n\n"
+    fprintf(f, "usage: patctl [--socket PATH] [--timeout MS] COMMAND\n"
+               "       patctl --version | --help\n\n"
                "Commands:\n"
                "  status          daemon state, versions, model, pool occupancy\n"
                "  stats [--json]  counters and gauges (a table, or one JSON object)\n"
@@ -23,7 +40,9 @@ static void usage(FILE *f)
                "The socket defaults to $PATD_SOCKET, else the daemon's default path\n"
                "(/run/patd/patd.sock as root). drain, reload and check go to the admin socket\n"
                "beside it (<name>.admin), for patd's user, root and daemon.admin_group only.\n"
-               "Exit status: 0 ok, 1 the daemon refused or is unreachable, 2 usage.\n");
+               "Exit status: 0 ok; 1 the daemon refused or is unreachable (no socket at the\n"
+               "path, timed out, not permitted); 2 usage; 3 no daemon, a stale socket left by a\n"
+               "crashed patd (starting patd replaces it).\n");
 }
 
 /* Prometheus text -> aligned table or JSON object (comments dropped). */
@@ -69,7 +88,11 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
-            return 0;
+            return EXIT_OK;
+        } else if (!strcmp(argv[i], "--version")) {
+            printf("patctl %d.%d.%d (wire protocol %u)\n", PAT_VERSION_MAJOR, PAT_VERSION_MINOR,
+                   PAT_VERSION_PATCH, (unsigned)IPC_VERSION);
+            return EXIT_OK;
         } else if (!strcmp(argv[i], "--socket") && i + 1 < argc) {
             sock = argv[++i];
         } else if (!strcmp(argv[i], "--timeout") && i + 1 < argc) {
@@ -81,7 +104,7 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr, "patctl: unexpected argument '%s'\n", argv[i]);
             usage(stderr);
-            return 2;
+            return EXIT_USAGE;
         }
     }
     static const struct {
@@ -98,24 +121,28 @@ int main(int argc, char **argv)
         if (cmd)
             fprintf(stderr, "patctl: unknown command '%s'\n", cmd);
         usage(stderr);
-        return 2;
+        return EXIT_USAGE;
     }
     if (json && op != PAT_ADMIN_STATS) {
         fprintf(stderr, "patctl: --json applies to stats only\n");
-        return 2;
+        return EXIT_USAGE;
     }
     char *text = NULL;
     int rc = pat_admin(sock, (pat_admin_op_t)op, timeout, &text);
     if (rc < 0) {
+        size_t f = 0;
+        while (failures[f].code && failures[f].code != rc)
+            f++;
         fprintf(stderr, "patctl: %s: %s%s%s\n", sock ? sock : pat_default_socket(),
-                pat_strerror(rc), text && *text ? ": " : "", text ? text : "");
+                failures[f].text ? failures[f].text : pat_strerror(rc), text && *text ? ": " : "",
+                text ? text : "");
         pat_free(text);
-        return 1;
+        return failures[f].exit_status;
     }
     if (op == PAT_ADMIN_STATS)
         print_stats(text, json);
     else
         fputs(text, stdout);
     pat_free(text);
-    return 0;
+    return EXIT_OK;
 }

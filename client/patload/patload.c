@@ -28,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ipc_proto.h" /* IPC_VERSION, for --version */
 #include "pat.h"
 #include "pat_base.h"
 #include "patload_compute.h"
@@ -50,7 +51,7 @@ static struct {
     double speed, scale, duration, layer_us, tflops, progress;
     uint32_t skip, limit, concurrency, batch, chunk, max_input, max_output, shared_prefix;
     uint32_t trace_block, hidden, ffn, seed, timeout_ms;
-    int loop, spread, quiet, dry_run, replot, help, wait_twins;
+    int loop, spread, quiet, dry_run, replot, help, version, wait_twins;
 } O = {
     .speed = 1,
     .scale = 1,
@@ -136,6 +137,8 @@ static const struct opt {
     {"dry-run", O_FLAG, &O.dry_run, 0, 0, NULL,
      "read and shape the trace, print what would be replayed, exit (no daemon)"},
     {"help", O_FLAG, &O.help, 0, 0, NULL, "this text"},
+    {"version", O_FLAG, &O.version, 0, 0, NULL,
+     "print patload's release and wire protocol versions and exit"},
 };
 #define N_OPTS (sizeof(OPTS) / sizeof(OPTS[0]))
 
@@ -670,6 +673,11 @@ int main(int argc, char **argv)
         return EXIT_USAGE;
     if (O.help) {
         usage(stdout);
+        return 0;
+    }
+    if (O.version) {
+        printf("patload %d.%d.%d (wire protocol %u)\n", PAT_VERSION_MAJOR, PAT_VERSION_MINOR,
+               PAT_VERSION_PATCH, (unsigned)IPC_VERSION);
         return 0;
     }
     if (O.replot) {

@@ -602,6 +602,7 @@ static void test_strerror_table(void **state)
         const char *word;
     } rows[] = {
         {"pat_connect", -ENOENT, "no daemon"},
+        {"pat_connect", -ECONNREFUSED, "stale socket"},
         {"pat_connect", -ETIMEDOUT, "timed out"},
         {"pat_connect", -EMEDIUMTYPE, "model"},
         {"pat_connect", -EDQUOT, "quota"},
@@ -625,7 +626,9 @@ static void test_strerror_table(void **state)
         {"pat_attend_async", -ENOTSUP, "host-memory session"},
         {"pat_step_replayed", -ESRCH, "no step"},
         {"pat_admin", -EPERM, "admin_group"},
+        {"pat_admin", -ECONNREFUSED, "stale socket"},
         {"pat_status", -ENOENT, "no daemon"},
+        {"pat_status", -ECONNREFUSED, "stale socket"},
         {"pat_status", -EOPNOTSUPP, "older release"},
     };
     for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
