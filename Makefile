@@ -363,14 +363,14 @@ ifeq ($(HAVE_CUDA),1)
 ALL_TARGETS += $(B)/libpatcuda.a $(GPU_BINS) $(GPU_TOOLS)
 endif
 
-.PHONY: all check test run-tests test-asan fuzz soak replay systemd-verify demo bench gpu-tests deps hf-venv install uninstall format format-check clean help FORCE
+.PHONY: all check test run-tests test-asan fuzz soak replay systemd-verify demo demo-programs bench gpu-tests deps hf-venv install uninstall format format-check clean help FORCE
 # objects of pattern-built programs are kept (no rebuilds after every link)
 .SECONDARY:
 all: $(ALL_TARGETS)
 	@echo "built (cuda objects: $(if $(filter 1,$(HAVE_CUDA)),yes via $(NVCC),no))"
 
 # The sanitizer build skips the Python tests: CPython cannot load an ASan-built libpat.so.
-TEST_LIST := $(UNIT_BINS) $(DEMO_BIN) $(INTEG_BINS) tests/demo/run_demo.sh tests/integ/test_patload.py \
+TEST_LIST := $(UNIT_BINS) $(DEMO_BIN) $(INTEG_BINS) tests/demo/test_demo.sh tests/integ/test_patload.py \
              $(if $(filter 1,$(DEBUG)),,tests/integ/test_python.sh tests/integ/test_transformers.sh)
 SAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
            UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
@@ -440,9 +440,15 @@ soak: | deps
 	$(Q)PATD_BIN=$(PATD_BIN) PATLOAD_BIN=$(PATLOAD_BIN) PATCTL_BIN=$(PATCTL_BIN) \
 	  SOAK_SECONDS=$(SOAK_SECONDS) timeout $$(( $(SOAK_SECONDS) + 120 )) tests/integ/soak_patload.py
 
+# The demo runs patd on the cpu backend, patctl and the client demo, so it builds those three
+# alone, without CUDA, in a build directory of their own (this Makefile's rules under B=$(DEMO_B)
+# CUDA=0): nvcc never runs for it, and the main build's flags stamp is left alone.
+DEMO_B := $(B)/demo
 demo: | deps
-	$(Q)$(MAKE) --no-print-directory $(PATD_BIN) $(PATCTL_BIN) $(CLIENT_DEMO)
-	$(Q)tests/demo/run_demo.sh $(B) $(DEMO_ARGS)
+	$(Q)$(MAKE) --no-print-directory B=$(DEMO_B) CUDA=0 demo-programs
+	$(Q)tests/demo/run_demo.sh $(DEMO_B) $(DEMO_ARGS)
+
+demo-programs: $(PATD_BIN) $(PATCTL_BIN) $(CLIENT_DEMO)
 
 gpu-tests: $(GPU_BINS)
 	$(Q)tests/run.sh $(GPU_BINS)
@@ -549,6 +555,7 @@ help:
 	@echo "  replay        start patd and replay a bundled trace with patload (REPLAY_TRACE, REPLAY_ARGS)"
 	@echo "  soak          patload --loop for SOAK_SECONDS (120): flat RSS, blocks, no failures"
 	@echo "  demo          start patd (cpu backend) and the client demo against it, checked in fp64"
+	@echo "                (builds only those programs, without CUDA, in $(B)/demo)"
 	@echo "  bench         scheduler CPU-time and daemon cpu-path latency benchmarks (see RESULTS.md)"
 	@echo "  gpu-tests     build and run the GPU tests (needs a GPU; tests/gpu/run.sh wraps it)"
 	@echo "  deps          apt-get install the Debian packages the build/tests need, if missing"
