@@ -459,12 +459,14 @@ bench: $(BENCH_BINS) $(PATD_BIN)
 
 # Installs the Debian packages the build and the tests need, only when some are missing (a few
 # dpkg queries otherwise). `make demo` and `make test` run it first, so the README's two commands
-# work on a fresh Debian 12. Elsewhere (no dpkg) it only says what it would need.
+# work on a fresh Debian 12. Elsewhere (no dpkg) it only says what it would need. prometheus is
+# there for promtool, which test_metrics runs on a real /metrics page (Debian ships the two
+# together; the server's unit gets enabled, the tests never start it).
 DEB_PKGS := build-essential pkg-config libxxhash-dev libcmocka-dev clang-format clang \
             libclang-rt-14-dev systemd procps libuv1-dev \
             libnanomsg-dev libinih-dev libmicrohttpd-dev libjemalloc-dev libsystemd-dev \
             python3 python3-numpy python3-pip python3-setuptools python3-wheel python3-venv python3-torch python3-prometheus-client \
-            libjson-c-dev \
+            prometheus libjson-c-dev \
             liblzma-dev gnuplot-nox
 deps:
 	$(Q)if ! command -v dpkg >/dev/null; then \
