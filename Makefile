@@ -365,14 +365,14 @@ ifeq ($(HAVE_CUDA),1)
 ALL_TARGETS += $(B)/libpatcuda.a $(GPU_BINS) $(GPU_TOOLS)
 endif
 
-.PHONY: all check test run-tests test-asan fuzz soak replay systemd-verify demo bench gpu-tests deps hf-venv install uninstall format format-check clean help FORCE
+.PHONY: all check test run-tests test-asan fuzz soak replay systemd-verify demo demo-programs bench gpu-tests deps hf-venv install uninstall format format-check clean help FORCE
 # objects of pattern-built programs are kept (no rebuilds after every link)
 .SECONDARY:
 all: $(ALL_TARGETS)
 	@echo "built (cuda objects: $(if $(filter 1,$(HAVE_CUDA)),yes via $(NVCC),no))"
 
 # The sanitizer build skips the Python tests: CPython cannot load an ASan-built libpat.so.
-TEST_LIST := $(UNIT_BINS) $(DEMO_BIN) $(INTEG_BINS) tests/demo/run_demo.sh tests/integ/test_patload.py \
+TEST_LIST := $(UNIT_BINS) $(DEMO_BIN) $(INTEG_BINS) tests/demo/test_demo.sh tests/integ/test_patload.py \
              tests/integ/test_units.py \
              $(if $(filter 1,$(DEBUG)),,tests/integ/test_python.sh tests/integ/test_pip.sh \
                                         tests/integ/test_transformers.sh)
@@ -444,9 +444,15 @@ soak: | deps
 	$(Q)PATD_BIN=$(PATD_BIN) PATLOAD_BIN=$(PATLOAD_BIN) PATCTL_BIN=$(PATCTL_BIN) \
 	  SOAK_SECONDS=$(SOAK_SECONDS) timeout $$(( $(SOAK_SECONDS) + 120 )) tests/integ/soak_patload.py
 
+# The demo runs patd on the cpu backend, patctl and the client demo, so it builds those three
+# alone, without CUDA, in a build directory of their own (this Makefile's rules under B=$(DEMO_B)
+# CUDA=0): nvcc never runs for it, and the main build's flags stamp is left alone.
+DEMO_B := $(B)/demo
 demo: | deps
-	$(Q)$(MAKE) --no-print-directory $(PATD_BIN) $(PATCTL_BIN) $(CLIENT_DEMO)
-	$(Q)tests/demo/run_demo.sh $(B) $(DEMO_ARGS)
+	$(Q)$(MAKE) --no-print-directory B=$(DEMO_B) CUDA=0 demo-programs
+	$(Q)tests/demo/run_demo.sh $(DEMO_B) $(DEMO_ARGS)
+
+demo-programs: $(PATD_BIN) $(PATCTL_BIN) $(CLIENT_DEMO)
 
 gpu-tests: $(GPU_BINS)
 	$(Q)tests/run.sh $(GPU_BINS)
@@ -457,12 +463,14 @@ bench: $(BENCH_BINS) $(PATD_BIN)
 
 # Installs the Debian packages the build and the tests need, only when some are missing (a few
 # dpkg queries otherwise). `make demo` and `make test` run it first, so the README's two commands
-# work on a fresh Debian 12. Elsewhere (no dpkg) it only says what it would need.
+# work on a fresh Debian 12. Elsewhere (no dpkg) it only says what it would need. prometheus is
+# there for promtool, which test_metrics runs on a real /metrics page (Debian ships the two
+# together; the server's unit gets enabled, the tests never start it).
 DEB_PKGS := build-essential pkg-config libxxhash-dev libcmocka-dev clang-format clang \
             libclang-rt-14-dev systemd procps libuv1-dev \
             libnanomsg-dev libinih-dev libmicrohttpd-dev libjemalloc-dev libsystemd-dev \
             python3 python3-numpy python3-pip python3-setuptools python3-wheel python3-venv python3-torch python3-prometheus-client \
-            libjson-c-dev \
+            prometheus libjson-c-dev \
             liblzma-dev gnuplot-nox
 deps:
 	$(Q)if ! command -v dpkg >/dev/null; then \
@@ -555,6 +563,7 @@ help:
 	@echo "  replay        start patd and replay a bundled trace with patload (REPLAY_TRACE, REPLAY_ARGS)"
 	@echo "  soak          patload --loop for SOAK_SECONDS (120): flat RSS, blocks, no failures"
 	@echo "  demo          start patd (cpu backend) and the client demo against it, checked in fp64"
+	@echo "                (builds only those programs, without CUDA, in $(B)/demo)"
 	@echo "  bench         scheduler CPU-time and daemon cpu-path latency benchmarks (see RESULTS.md)"
 	@echo "  gpu-tests     build and run the GPU tests (needs a GPU; tests/gpu/run.sh wraps it)"
 	@echo "  deps          apt-get install the Debian packages the build/tests need, if missing"

@@ -4,9 +4,12 @@
  * STATS admin request (`patctl stats`).
  *
  * Counters are atomics bumped where things happen; pool figures are read under pool_mu; the
- * rendering allocates (open_memstream) and never blocks the loop for long. jemalloc's own
- * statistics (allocated, active, resident, mapped) come from mallctl when patd is linked with
- * it (the sanitizer build is not: ASan brings its own allocator).
+ * rendering allocates (open_memstream) and never blocks the loop for long. Names and values follow
+ * Prometheus's conventions, base units included (times in seconds, sizes in bytes, a ratio 0..1),
+ * so that `promtool check metrics` passes (client/python/tests/test_metrics.py runs it); the
+ * prefix-cache, usage and sharing figures sit beside those vLLM exports, under patd's names.
+ * jemalloc's own statistics (allocated, active, resident, mapped) come from mallctl when patd is
+ * linked with it (the sanitizer build is not: ASan brings its own allocator).
  */
 #include <errno.h>
 #include <microhttpd.h>
@@ -37,6 +40,21 @@ static void metric(FILE *f, const char *name, const char *type, const char *help
                    unsigned long long v)
 {
     fprintf(f, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", name, help, name, type, name, v);
+}
+
+/* A time kept in nanoseconds, written in seconds (Prometheus's base unit, which promtool checks)
+ * as an exact decimal: whole seconds, a point, nine digits */
+static void metric_seconds(FILE *f, const char *name, const char *type, const char *help,
+                           uint64_t ns)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n%s %llu.%09llu\n", name, help, name, type, name,
+            (unsigned long long)(ns / 1000000000u), (unsigned long long)(ns % 1000000000u));
+}
+
+/* A gauge that is not a count: %.17g, which reads back as the same double */
+static void metric_real(FILE *f, const char *name, const char *help, double v)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
 }
 
 /* The HELP and TYPE lines of a family whose samples carry labels (written by the caller): the
@@ -100,10 +118,10 @@ char *patd_metrics_text(patd_t *d, size_t *ret_len)
            LD(m->plan_merges));
     metric(f, "patd_plan_partials_total", "counter",
            "partial-output slots of split CTAs, over the plans built", LD(m->plan_partials));
-    metric(f, "patd_pack_nanoseconds_total", "counter", "CPU time building plans",
-           LD(m->pack_ns_sum));
-    metric(f, "patd_layer_nanoseconds_total", "counter", "KV append + attention time, all layers",
-           LD(m->layer_ns_sum));
+    metric_seconds(f, "patd_pack_seconds_total", "counter", "CPU time building plans",
+                   LD(m->pack_ns_sum));
+    metric_seconds(f, "patd_layer_seconds_total", "counter",
+                   "KV append + attention time, all layers", LD(m->layer_ns_sum));
     metric(f, "patd_layers_total", "counter", "layers executed", LD(m->layers));
     metric(f, "patd_kv_read_bytes_total", "counter", "K+V bytes the plans read", LD(m->kv_bytes));
     metric(f, "patd_kv_query_centric_bytes_total", "counter",
@@ -113,12 +131,18 @@ char *patd_metrics_text(patd_t *d, size_t *ret_len)
     metric(f, "patd_kv_blocks_used", "gauge", "blocks referenced by sequences", ks.n_used);
     metric(f, "patd_kv_blocks_cached", "gauge", "unreferenced blocks kept in the prefix cache",
            ks.n_cached);
+    metric_real(f, "patd_kv_usage_ratio",
+                "blocks referenced by sequences over capacity, 0 to 1 (vLLM's kv_cache_usage_perc)",
+                (double)ks.n_used / ks.n_blocks);
     metric(f, "patd_kv_blocks_logical", "gauge",
            "block-table entries of the open sequences: the blocks they would hold unshared",
            ks.n_logical);
+    const uint64_t saved = ks.n_logical > ks.n_used ? ks.n_logical - ks.n_used : 0;
     metric(f, "patd_kv_blocks_saved_by_sharing", "gauge",
-           "blocks prefix sharing and fork save now (logical minus used)",
-           ks.n_logical > ks.n_used ? ks.n_logical - ks.n_used : 0);
+           "blocks prefix sharing and fork save now (logical minus used)", saved);
+    metric(f, "patd_kv_saved_by_sharing_bytes", "gauge",
+           "KV bytes prefix sharing and fork save now (blocks saved x bytes per block, all layers)",
+           saved * kern_block_bytes(&d->model));
     metric(f, "patd_kv_published_blocks_total", "counter", "blocks stored in the prefix cache",
            ks.published);
     metric(
@@ -130,6 +154,12 @@ char *patd_metrics_text(patd_t *d, size_t *ret_len)
            ks.hit_blocks);
     metric(f, "patd_prefix_miss_blocks_total", "counter", "full prompt blocks not cached",
            ks.miss_blocks);
+    metric(f, "patd_prefix_query_tokens_total", "counter",
+           "prompt tokens looked up in the prefix cache at open (vLLM's prefix_cache_queries)",
+           ks.query_tokens);
+    metric(f, "patd_prefix_hit_tokens_total", "counter",
+           "prompt tokens whose KV the cache held at open (vLLM's prefix_cache_hits)",
+           ks.hit_blocks * kv_pool_block_size(d->pool));
     metric(f, "patd_kv_evictions_total", "counter", "cached blocks reclaimed", ks.evictions);
     metric(f, "patd_connections", "gauge", "sessions open",
            LD(m->conns_opened) - LD(m->conns_closed));
@@ -137,8 +167,8 @@ char *patd_metrics_text(patd_t *d, size_t *ret_len)
     family(f, "patd_reclaims_total", "counter", "sessions reclaimed, by why");
     fprintf(f, "patd_reclaims_total{reason=\"client_died\"} %llu\n", LD(m->reclaims_dead));
     fprintf(f, "patd_reclaims_total{reason=\"lease_expired\"} %llu\n", LD(m->reclaims_lease));
-    metric(f, "patd_reclaim_nanoseconds_max", "gauge", "longest reclaim of a session",
-           LD(m->reclaim_ns_max));
+    metric_seconds(f, "patd_reclaim_seconds_max", "gauge", "longest reclaim of a session",
+                   LD(m->reclaim_ns_max));
     fprintf(f, "# HELP patd_requests_total requests by opcode\n# TYPE patd_requests_total "
                "counter\n");
     for (uint32_t op = 0; op < IPC_OP_MAX; op++)

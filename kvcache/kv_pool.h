@@ -53,12 +53,14 @@ typedef struct kv_pool_config {
 
 typedef struct kv_stats {
     uint32_t n_blocks, n_free, n_used, n_cached;
-    uint32_t n_evictable; /* cached blocks that are LRU leaves right now */
-    uint32_t n_seqs;      /* open sequences */
-    uint64_t hit_blocks;  /* prompt blocks found in the prefix cache at open */
-    uint64_t miss_blocks; /* full prompt blocks not found (and so to be prefilled) */
-    uint64_t published;   /* blocks stored in the prefix cache */
-    uint64_t duplicates;  /* full blocks a twin had published first: shared, ours freed */
+    uint32_t n_evictable;  /* cached blocks that are LRU leaves right now */
+    uint32_t n_seqs;       /* open sequences */
+    uint64_t hit_blocks;   /* prompt blocks found in the prefix cache at open */
+    uint64_t miss_blocks;  /* full prompt blocks not found (and so to be prefilled) */
+    uint64_t query_tokens; /* prompt tokens of every open, the tokens looked up in the cache; of
+                            * those, hit_blocks x block_size were found */
+    uint64_t published;    /* blocks stored in the prefix cache */
+    uint64_t duplicates;   /* full blocks a twin had published first: shared, ours freed */
     uint64_t evictions;
     /* block-table entries over the open sequences: the blocks they would hold without sharing
      * (n_logical - n_used is what prefix sharing and fork save), kept as a counter */

@@ -150,6 +150,7 @@ int kv_seq_open_pending(kv_pool_t *p, uint64_t scope, const uint32_t *tokens, ui
         memcpy(q->tokens, tokens, (size_t)q->len * sizeof(uint32_t));
     p->st.hit_blocks += matched;
     p->st.miss_blocks += n / bs - matched;
+    p->st.query_tokens += n;
     *ret_seq = seq_id(p, q);
     if (ret_cached_len)
         *ret_cached_len = q->len;

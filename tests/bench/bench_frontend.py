@@ -135,8 +135,8 @@ def run(batch, cfg, model, sock, js, bw, tc):
         lens = [x + 1 for x in lens]
     m1 = metrics(sock)
     packs = m1["patd_pack_total"] - m0["patd_pack_total"]
-    res["pack_us"] = (m1["patd_pack_nanoseconds_total"] - m0["patd_pack_nanoseconds_total"]) / \
-        max(1, packs) / 1e3
+    res["pack_us"] = (m1["patd_pack_seconds_total"] - m0["patd_pack_seconds_total"]) / \
+        max(1, packs) * 1e6
     res["kv_bytes_layer"] = info["kv_bytes"]
     res["qc_bytes_layer"] = info["qc_bytes"]
     for s in seqs:

@@ -12,14 +12,14 @@ import patd
 BIN = os.environ.get("PATD_BIN", "build/bin/patd")
 
 
-def start_daemon(owner, prefix, args):
-    """Starts patd with args (beyond its runtime directory and metrics off) and waits until it
-    answers; sets owner.dir, .sock, .log and .proc."""
+def start_daemon(owner, prefix, args, metrics_port=0):
+    """Starts patd with args (beyond its runtime directory and metrics_port: 0, metrics off) and
+    waits until it answers; sets owner.dir, .sock, .log and .proc."""
     owner.dir = tempfile.mkdtemp(prefix=prefix)
     owner.sock = os.path.join(owner.dir, "patd.sock")
     owner.log = open(os.path.join(owner.dir, "patd.log"), "w")
-    owner.proc = subprocess.Popen([BIN, "--runtime-dir=" + owner.dir, "--metrics-port=0"] + args,
-                                  stderr=owner.log)
+    owner.proc = subprocess.Popen([BIN, "--runtime-dir=" + owner.dir,
+                                   "--metrics-port=%d" % metrics_port] + args, stderr=owner.log)
     for _ in range(200):
         try:
             patd.admin("status", socket=owner.sock, timeout_ms=200)
