@@ -432,7 +432,7 @@ systemd-verify: $(PATD_BIN)
 # patload replays a bundled trace sample against a fresh patd and prints its summary; outputs
 # (summary.json, requests.csv, steps.csv, replay.png) land in build/replay. REPLAY_TRACE and
 # REPLAY_ARGS pick another trace / other patload options.
-replay: | deps
+replay: | deps-build
 	$(Q)$(MAKE) --no-print-directory $(PATD_BIN) $(PATCTL_BIN) $(PATLOAD_BIN)
 	$(Q)tests/demo/run_replay.sh $(B)
 
@@ -448,7 +448,7 @@ soak: | deps
 # alone, without CUDA, in a build directory of their own (this Makefile's rules under B=$(DEMO_B)
 # CUDA=0): nvcc never runs for it, and the main build's flags stamp is left alone.
 DEMO_B := $(B)/demo
-demo: | deps
+demo: | deps-build
 	$(Q)$(MAKE) --no-print-directory B=$(DEMO_B) CUDA=0 demo-programs
 	$(Q)tests/demo/run_demo.sh $(DEMO_B) $(DEMO_ARGS)
 
@@ -466,22 +466,33 @@ bench: $(BENCH_BINS) $(PATD_BIN)
 # work on a fresh Debian 12. Elsewhere (no dpkg) it only says what it would need. prometheus is
 # there for promtool, which test_metrics runs on a real /metrics page (Debian ships the two
 # together; the server's unit gets enabled, the tests never start it).
-DEB_PKGS := build-essential pkg-config libxxhash-dev libcmocka-dev clang-format clang \
-            libclang-rt-14-dev systemd procps libuv1-dev \
-            libnanomsg-dev libinih-dev libmicrohttpd-dev libjemalloc-dev libsystemd-dev \
-            python3 python3-numpy python3-pip python3-setuptools python3-wheel python3-venv python3-torch python3-prometheus-client \
-            prometheus libjson-c-dev \
-            liblzma-dev gnuplot-nox
-deps:
+# What building patd, libpat, patctl and patload needs, and running the demo and a replay
+# (make deps-build: `make demo` and `make replay` need no more) ...
+DEB_PKGS_BUILD := build-essential pkg-config procps libxxhash-dev libuv1-dev libnanomsg-dev \
+                  libinih-dev libmicrohttpd-dev libjemalloc-dev libsystemd-dev libjson-c-dev \
+                  liblzma-dev gnuplot-nox
+# ... and what the tests add: cmocka, the sanitizers and fuzzer (clang), the format check,
+# systemd-analyze and systemd-sysusers, the Python binding's and transformers' tests, promtool.
+DEB_PKGS_TEST := libcmocka-dev clang-format clang libclang-rt-14-dev systemd \
+                 python3 python3-numpy python3-pip python3-setuptools python3-wheel python3-venv \
+                 python3-torch python3-prometheus-client prometheus
+DEB_PKGS := $(DEB_PKGS_BUILD) $(DEB_PKGS_TEST)
+# apt-get install of what is missing of $(1), only when something is (a few dpkg queries else)
+define deb_install
 	$(Q)if ! command -v dpkg >/dev/null; then \
-	  echo "deps: not a Debian system; install the equivalents of: $(DEB_PKGS)"; exit 0; fi; \
-	missing=$$(for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	  echo "deps: not a Debian system; install the equivalents of: $(1)"; exit 0; fi; \
+	missing=$$(for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "deps: installing" $$missing; \
 	  if [ "$$(id -u)" -ne 0 ]; then SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
 	else echo "deps: all present"; fi
+endef
+deps-build:
+	$(call deb_install,$(DEB_PKGS_BUILD))
+deps:
+	$(call deb_install,$(DEB_PKGS))
 	$(Q)$(MAKE) --no-print-directory hf-venv
 
 # The transformers integration's tests run in a virtualenv over Debian's python3 (its numpy and
@@ -566,7 +577,8 @@ help:
 	@echo "                (builds only those programs, without CUDA, in $(B)/demo)"
 	@echo "  bench         scheduler CPU-time and daemon cpu-path latency benchmarks (see RESULTS.md)"
 	@echo "  gpu-tests     build and run the GPU tests (needs a GPU; tests/gpu/run.sh wraps it)"
-	@echo "  deps          apt-get install the Debian packages the build/tests need, if missing"
+	@echo "  deps          apt-get install the Debian packages the build and tests need, if missing"
+	@echo "  deps-build    only those the build, the demo and replays need (make demo, make replay)"
 	@echo "  install       install into DESTDIR/PREFIX (PREFIX=$(PREFIX))"
 	@echo "  uninstall     remove what install put there"
 	@echo "  format        clang-format every tracked C/CUDA file in place"
