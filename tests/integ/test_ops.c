@@ -175,8 +175,8 @@ static void test_config_validation(void **state)
     assert_non_null(strstr(out, "step_timeout_ms"));
     assert_int_equal(run(out, sizeof(out), "%s --version", patd_bin()), 0);
     char want[64];
-    snprintf(want, sizeof(want), "patd %d.%d.%d (wire protocol %u)", PAT_VERSION_MAJOR,
-             PAT_VERSION_MINOR, PAT_VERSION_PATCH, (unsigned)IPC_VERSION);
+    snprintf(want, sizeof(want), "patd %d.%d.%d (wire protocol %u; backends: cpu",
+             PAT_VERSION_MAJOR, PAT_VERSION_MINOR, PAT_VERSION_PATCH, (unsigned)IPC_VERSION);
     if (!strstr(out, want))
         fail_msg("patd --version said '%s', not '%s'", out, want);
     unlink(path);
