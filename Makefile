@@ -38,10 +38,10 @@ PKGS     := libxxhash
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lxxhash)
 # the daemon's own dependencies (DESIGN.md §1); jemalloc is left out of sanitizer builds
-DAEMON_PKGS := libuv nanomsg inih libmicrohttpd libsystemd
+DAEMON_PKGS := libuv inih libmicrohttpd libsystemd
 DAEMON_CFLAGS := $(shell pkg-config --cflags $(DAEMON_PKGS) 2>/dev/null)
 DAEMON_LIBS   := $(shell pkg-config --libs $(DAEMON_PKGS) 2>/dev/null || \
-                   echo -luv -lnanomsg -linih -lmicrohttpd -lsystemd)
+                   echo -luv -linih -lmicrohttpd -lsystemd)
 TEST_CFLAGS := $(shell pkg-config --cflags cmocka 2>/dev/null)
 TEST_LIBS   := $(shell pkg-config --libs cmocka 2>/dev/null || echo -lcmocka)
 
@@ -88,7 +88,7 @@ CUDA_CSRCS := kernels/cuda/kern_cuda_tiles.c kernels/cuda/kern_cuda_pack.c
 IPC_SRCS   := ipc/ipc_codec.c ipc/ipc_shm.c
 DAEMON_SRCS := daemon/patd_main.c daemon/patd_config.c daemon/patd_conn.c daemon/patd_exec.c \
                daemon/patd_step.c daemon/patd_seq.c daemon/patd_io.c daemon/patd_gpu.c \
-               daemon/patd_notify.c daemon/patd_admin.c \
+               daemon/patd_notify.c daemon/patd_admin.c daemon/patd_wire.c \
                daemon/patd_metrics.c daemon/patd_log.c
 IPC_OBJS    := $(IPC_SRCS:%.c=$(B)/%.o)
 DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(B)/%.o)
@@ -131,6 +131,7 @@ endif
 CUDA_CORE_OBJS := $(B)/cudacore/kern_backend.o $(filter-out $(B)/kernels/kern_backend.o,$(CORE_OBJS))
 
 TESTLIB_SRCS := tests/lib/tl_rng.c tests/lib/tl_world.c tests/lib/tl_ref.c tests/lib/tl_client.c \
+                tests/lib/tl_wire.c \
                 tests/lib/tl_daemon.c
 TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(B)/%.o)
 
@@ -215,7 +216,7 @@ $(LIBPAT_SO): $(LIBPAT_OBJS) $(IPC_OBJS) $(BASE_OBJS)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libpat.so.$(PAT_SO_MAJOR) -Wl,--no-undefined $^ \
-	  -o $@ $(shell pkg-config --libs nanomsg 2>/dev/null || echo -lnanomsg) -lrt -ldl
+	  -o $@ -lrt -ldl
 	$(Q)ln -sf libpat.so.$(PAT_SO_VER) $(B)/lib/libpat.so.$(PAT_SO_MAJOR)
 	$(Q)ln -sf libpat.so.$(PAT_SO_MAJOR) $(B)/lib/libpat.so
 
@@ -230,7 +231,8 @@ $(B)/lib/pat.pc: client/pat.pc.in client/pat.h Makefile
 	@mkdir -p $(@D)
 	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(PAT_SO_VER)|g' $< > $@
 
-NN_LIBS := $(shell pkg-config --libs nanomsg 2>/dev/null || echo -lnanomsg) -ldl
+# what programs linking libpat.a add (libc's only: libpat speaks patd's own sockets)
+NN_LIBS := -ldl
 
 $(PATCTL_BIN): $(B)/client/patctl.o $(LIBPAT_A)
 	@mkdir -p $(@D)
@@ -468,7 +470,7 @@ bench: $(BENCH_BINS) $(PATD_BIN)
 # together; the server's unit gets enabled, the tests never start it).
 # What building patd, libpat, patctl and patload needs, and running the demo and a replay
 # (make deps-build: `make demo` and `make replay` need no more) ...
-DEB_PKGS_BUILD := build-essential pkg-config procps libxxhash-dev libuv1-dev libnanomsg-dev \
+DEB_PKGS_BUILD := build-essential pkg-config procps libxxhash-dev libuv1-dev \
                   libinih-dev libmicrohttpd-dev libjemalloc-dev libsystemd-dev libjson-c-dev \
                   liblzma-dev gnuplot-nox
 # ... and what the tests add: cmocka, the sanitizers and fuzzer (clang), the format check,

@@ -2,9 +2,8 @@
  * patd_admin.c — the admin socket, <runtime_dir>/<name>.admin: a Unix stream socket served by
  * libuv on the loop thread, where the kernel tells who is asking (SO_PEERCRED).
  *
- * nanomsg, which carries the control protocol, cannot tell the daemon who sent a frame: every
- * member of the socket group looks the same. Operations that change the daemon's state (DRAIN,
- * RELOAD, CHECK: the last holds the pool lock for O(blocks)) are therefore served here only, and
+ * Operations that change the daemon's state (DRAIN, RELOAD, CHECK: the last holds the pool lock
+ * for O(blocks)) are served here only, and
  * only to the daemon's own user, root, or members of daemon.admin_group; read-only ones (STATUS,
  * STATS, SEQS, INFO) are served here too, to anyone the socket's mode lets connect. One request
  * per connection: a 40-byte frame header (admin bodies are empty), one reply frame, close.
@@ -91,7 +90,7 @@ static void admin_send(void *ud, const void *frame, size_t len)
 
 /* Whether the peer may change the daemon's state: its user, root, or a member of admin_group
  * (its primary group, or a supplementary one as /proc/<pid>/status lists them). */
-static int may_administer(const patd_t *d, const struct ucred *cr)
+int patd_may_administer(const patd_t *d, const struct ucred *cr)
 {
     if (cr->uid == 0 || cr->uid == geteuid())
         return 1;
@@ -242,7 +241,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         patd_reply_error(d, &rq, -EOPNOTSUPP, "%s is not an admin request", ipc_op_name(h.opcode));
         return;
     }
-    if (ipc_op_changes_state(h.opcode) && !may_administer(d, &ac->cred)) {
+    if (ipc_op_changes_state(h.opcode) && !patd_may_administer(d, &ac->cred)) {
         patd_notice("admin: %s refused to uid %u gid %u pid %d", ipc_op_name(h.opcode),
                     (unsigned)ac->cred.uid, (unsigned)ac->cred.gid, (int)ac->cred.pid);
         patd_reply_error(d, &rq, -EPERM,

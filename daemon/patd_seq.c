@@ -165,7 +165,7 @@ static void seq_open(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *b
      * one user's K and V for a prompt never reach another's sequences; 0 for every session
      * where pool.prefix_scope = all */
     const uint64_t scope =
-        strcmp(d->cfg.prefix_scope, "all") ? 0x7573657200000000ull | (uint64_t)c->uid : 0;
+        strcmp(d->cfg.prefix_scope, "all") ? PATD_SCOPE_UID(c->uid) : 0;
     int rc = kv_seq_open_pending(d->pool, scope, tok, r.n_tokens, &seq, &cached, &pending);
     if (rc == 0) {
         seq_attach(c, (uint32_t)slot, seq);

@@ -44,7 +44,7 @@
 
 #define IPC_MAGIC 0x44544150u /* "PATD" read as a little-endian u32 */
 #define IPC_VERSION                                                                                \
-    7u /* 7: a GPU session's signal slice is its own allocation, by fd (2026-11-26) */
+    8u /* 8: patd's own Unix stream sockets instead of nanomsg (2026-11-27) */
 
 /* Upper bounds of the protocol itself (configs may be lower): they bound what a decoder will
  * even look at before the connection's own limits apply. */
