@@ -15,6 +15,7 @@
  */
 #include <assert.h>
 #include <errno.h>
+#include <poll.h>
 #include <grp.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -34,13 +35,28 @@ patd_conn_t *patd_conn_find(patd_t *d, uint64_t session)
     return NULL;
 }
 
-static void on_pidfd(uv_poll_t *h, int status, int events)
+static void client_died(patd_conn_t *c)
 {
-    patd_conn_t *c = h->data;
     patd_notice("session %016llx: client pid %d exited", (unsigned long long)c->session,
                 (int)c->pid);
     atomic_fetch_add(&c->d->m.reclaims_dead, 1);
     patd_conn_close(c, "client died");
+}
+
+static void on_pidfd(uv_poll_t *h, int status, int events)
+{
+    client_died(h->data);
+}
+
+void patd_conn_wire_lost(patd_conn_t *c)
+{
+    if (c->closing)
+        return;
+    struct pollfd p = {c->pidfd, POLLIN, 0};
+    if (c->pidfd >= 0 && poll(&p, 1, 0) == 1)
+        client_died(c); /* its exit, which the loop had not read yet */
+    else
+        patd_conn_close(c, "its control connection closed");
 }
 
 /* What a HELLO asks for, checked against the daemon's state, its model and the quotas: 0 with
@@ -397,13 +413,6 @@ void patd_conns_tick(patd_t *d, uint64_t now)
         patd_conn_t *c = d->conns[i];
         if (c->closing)
             continue;
-        /* its control connection closed a while ago and its pid did not say it died (that
-         * closes it as "client died", counted so): the client let the session go */
-        if (c->wire_lost_ns && now - c->wire_lost_ns > PATD_WIRE_LOST_NS) {
-            patd_conn_close(c, "its control connection closed");
-            i = (uint32_t)-1;
-            continue;
-        }
         if (c->pidfd >= 0)
             continue;
         /* a step in flight counts as activity: the executor watches it */

@@ -60,10 +60,10 @@ typedef struct patd_seq {
 #define PATD_SCOPE_UID(uid) (0x7573657200000000ull | (uint64_t)(uid))
 
 typedef struct patd_wire patd_wire_t;
-/* A process's sockets close as it exits, a moment before its pidfd says so: a session whose
- * control connection closed waits this long for that word (then "client died"), else ends as
- * let go. */
-#define PATD_WIRE_LOST_NS (300ull * 1000000ull)
+/* A process's sockets close as it exits, a moment before its pidfd says so (the kernel closes
+ * files just before it reports the exit): a session whose control connection closed waits this
+ * long for that word (then "client died"), else ends as let go. */
+#define PATD_WIRE_LOST_MS 20u
 
 /* admin socket: connections at once, and from one uid (a member of the socket group who holds
  * idle connections takes no HELLO slot from another user) */
@@ -81,7 +81,7 @@ struct patd_conn {
     uid_t uid;             /* the kernel's word at HELLO (limits.conns_per_uid) */
     uint64_t wire;         /* its control connection (patd_wire.c), 0 until its first request */
     uint64_t wire_lost_ns; /* when that connection closed (0: it did not); the session ends
-                              PATD_WIRE_LOST_NS later unless its pid's exit ends it first */
+                              PATD_WIRE_LOST_MS later (patd_conn_wire_lost) */
     int pidfd;             /* -1: lease mode, or not attached yet */
     uv_poll_t pid_poll;
     int pid_poll_on;
@@ -216,6 +216,9 @@ struct ucred;
 /* binds a new session to the peer the kernel names at HELLO (the admin socket): its pid watched,
  * its uid counted (patd_conn_uid_full: 1 when that uid holds limits.conns_per_uid sessions) */
 void patd_conn_attach(patd_t *d, patd_conn_t *c, const struct ucred *cr);
+/* Its control connection closed PATD_WIRE_LOST_MS ago: "client died" if its pid has exited
+ * (counted so), else "its control connection closed". */
+void patd_conn_wire_lost(patd_conn_t *c);
 int patd_conn_uid_full(patd_t *d, uid_t uid);
 void patd_conns_tick(patd_t *d, uint64_t now); /* lease expiries */
 

@@ -104,6 +104,7 @@ struct patd_wire {
                           staging buffers, pidfds and metrics clients keep them */
     uv_async_t ev_async;
     int ev_async_on;
+    uv_timer_t lost_timer; /* on_lost */
     pthread_mutex_t ev_mu;
     wire_line_t *ring; /* [WIRE_RING] */
     uint32_t ring_head, ring_len;
@@ -158,6 +159,30 @@ static void conn_freed(uv_handle_t *h)
     free(wc);
 }
 
+/* Sessions whose control connection closed PATD_WIRE_LOST_MS ago end (patd_conn_wire_lost);
+ * the timer runs again for those that closed since. */
+static void on_lost(uv_timer_t *t)
+{
+    patd_wire_t *w = t->data;
+    patd_t *d = w->d;
+    uint64_t now = pat_now_ns(), next = 0;
+    for (uint32_t i = 0; i < d->n_conns; i++) {
+        patd_conn_t *c = d->conns[i];
+        if (!c->wire_lost_ns || c->closing)
+            continue;
+        uint64_t due = c->wire_lost_ns + PATD_WIRE_LOST_MS * 1000000ull;
+        if (due <= now) {
+            c->wire_lost_ns = 0;
+            patd_conn_wire_lost(c);
+            i = (uint32_t)-1; /* the table may have changed (reap swaps): rescan */
+            continue;
+        }
+        next = next && next < due ? next : due;
+    }
+    if (next)
+        uv_timer_start(&w->lost_timer, on_lost, (next - now) / 1000000ull + 1, 0);
+}
+
 static void conn_close(wire_conn_t *wc, const char *why)
 {
     if (wc->closing)
@@ -178,8 +203,11 @@ static void conn_close(wire_conn_t *wc, const char *why)
             c->wire = 0;
             if (why && !c->closing) /* the daemon ended it: a malformed frame */
                 patd_conn_close(c, why);
-            else if (!c->closing) /* the client's end (or its exit): patd_conns_tick */
+            else if (!c->closing) { /* the client's end, or its exit: on_lost decides */
                 c->wire_lost_ns = pat_now_ns();
+                if (!uv_is_active((uv_handle_t *)&w->lost_timer))
+                    uv_timer_start(&w->lost_timer, on_lost, PATD_WIRE_LOST_MS, 0);
+            }
         }
     }
     uv_close((uv_handle_t *)&wc->timer, conn_freed);
@@ -716,6 +744,8 @@ int patd_wire_start(patd_t *d)
         getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < INT32_MAX ? (int)rl.rlim_cur : 1 << 20;
     w->fd_reserve = PAT_MAX(16, w->fd_limit / 8);
     pthread_mutex_init(&w->ev_mu, NULL);
+    uv_timer_init(&d->loop, &w->lost_timer);
+    w->lost_timer.data = w;
     uv_async_init(&d->loop, &w->ev_async, on_events);
     w->ev_async.data = w;
     w->ev_async_on = 1;
@@ -745,6 +775,7 @@ void patd_wire_stop(patd_t *d)
         uv_close((uv_handle_t *)&w->ev, NULL);
         unlink(d->ev_path);
     }
+    uv_close((uv_handle_t *)&w->lost_timer, NULL);
     if (w->ev_async_on) {
         pthread_mutex_lock(&w->ev_mu);
         w->ev_async_on = 0;
