@@ -42,9 +42,8 @@
 #error "the wire format is little-endian and is read in place; port ipc_codec.c first"
 #endif
 
-#define IPC_MAGIC 0x44544150u /* "PATD" read as a little-endian u32 */
-#define IPC_VERSION                                                                                \
-    8u /* 8: patd's own Unix stream sockets instead of nanomsg (2026-11-27) */
+#define IPC_MAGIC   0x44544150u /* "PATD" read as a little-endian u32 */
+#define IPC_VERSION 8u /* 8: patd's own Unix stream sockets instead of nanomsg (2026-11-27) */
 
 /* Upper bounds of the protocol itself (configs may be lower): they bound what a decoder will
  * even look at before the connection's own limits apply. */
