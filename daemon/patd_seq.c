@@ -156,7 +156,7 @@ static void seq_open(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *b
         patd_reply_error(d, rq, -EDQUOT, "no free sequence slot");
         return;
     }
-    /* copied out: nanomsg gives no alignment guarantee for the body */
+    /* copied out: the body sits at a 40-byte offset in its frame, unaligned for wider types */
     uint32_t *tok = pat_xmalloc((size_t)r.n_tokens * 4);
     memcpy(tok, body + sizeof(r), (size_t)r.n_tokens * 4);
     pthread_mutex_lock(&d->pool_mu);
