@@ -535,21 +535,24 @@ static void default_runtime_dir(patd_config_t *c)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: patd [--config FILE] [--KEY=VALUE ...] [--check-config] [--print-config]\n"
-               "            [--help] [--version]\n\n"
-               "patd serves prefix-aware attention over a paged KV cache to frontends in other\n"
-               "processes (libpat). Control socket: ipc://<runtime_dir>/<name>.sock; events:\n"
-               "ipc://<runtime_dir>/<name>.events. With no config on a machine without a GPU it\n"
-               "runs the cpu backend with a small pool.\n\n"
-               "  --config FILE     INI file ([section] key = value); options below\n"
-               "  --instance N      one of several daemons on a host (patd@N.service, GPU N):\n"
-               "                    name <name>@N, metrics_port + N, and the drop-in\n"
-               "                    <config dir>/<config stem>@N.conf read after the file\n"
-               "                    when it exists (e.g. /etc/patd/patd@1.conf)\n"
-               "  --check-config    validate the configuration and exit (0 valid, 1 not)\n"
-               "  --print-config    print the effective configuration as INI and exit\n"
-               "  --version         print the version and the backends this build carries\n\n"
-               "Options (INI key under [section], or --key=value; * = reloaded by SIGHUP):\n");
+    fprintf(f,
+            "usage: patd [--config FILE] [--KEY=VALUE ...] [--check-config] [--print-config]\n"
+            "            [--help] [--version]\n\n"
+            "patd serves prefix-aware attention over a paged KV cache to frontends in other\n"
+            "processes (libpat). Control socket: ipc://<runtime_dir>/<name>.sock; events:\n"
+            "ipc://<runtime_dir>/<name>.events. With no config on a machine without a GPU it\n"
+            "runs the cpu backend with a small pool.\n\n"
+            "  --config FILE     INI file ([section] key = value; a regular file of at most\n"
+            "                    %u KiB, as the drop-in); options below\n"
+            "  --instance N      one of several daemons on a host (patd@N.service, GPU N):\n"
+            "                    name <name>@N, metrics_port + N, and the drop-in\n"
+            "                    <config dir>/<config stem>@N.conf read after the file\n"
+            "                    when it exists (e.g. /etc/patd/patd@1.conf)\n"
+            "  --check-config    validate the configuration and exit (0 valid, 1 not)\n"
+            "  --print-config    print the effective configuration as INI and exit\n"
+            "  --version         print the version and the backends this build carries\n\n"
+            "Options (INI key under [section], or --key=value; * = reloaded by SIGHUP):\n",
+            PATD_CONFIG_MAX_BYTES >> 10);
     const char *sec = "";
     for (size_t i = 0; i < PAT_ARRAY_SIZE(opts); i++) {
         const opt_t *o = &opts[i];

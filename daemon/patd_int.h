@@ -7,7 +7,7 @@
  *   executors     (cfg.executors) run steps: reserve KV, update the session's forest, pack,
  *                 then per layer wait for the client's ready word, append + attend, post done;
  *   metrics       one thread runs libmicrohttpd (patd_metrics.c) and renders the metrics text;
- *   libuv workers a reload's file reading and checking (patd_reload_t).
+ *   reload        one short-lived thread per reload reads and checks the file (patd_reload_t).
  * Locks (never nested except pool_mu -> nothing, be_mu -> nothing):
  *   pool_mu  the kv pool and every session's blocks_held
  *   be_mu    the backend (the cpu backend runs one call at a time)
@@ -107,12 +107,12 @@ struct patd_conn {
     size_t last_reply_len;
 };
 
-/* A reload (SIGHUP, `patctl reload`), one at a time: the file is read and checked on a libuv
- * worker (patd_config_reread: the file may block, on a hung mount), applied back on the loop
- * thread (patd_config_apply). patd_main.c. */
+/* A reload (SIGHUP, `patctl reload`), one at a time: the file is read and checked on a thread of
+ * its own (patd_config_reread: the file may block, on a hung mount), applied back on the loop
+ * thread (patd_config_apply) once `done` fires. patd_main.c. */
 typedef struct patd_reload {
-    uv_work_t work;
-    int busy;          /* a worker reads; another reload is refused meanwhile */
+    uv_async_t done;   /* the reader is through: rc and next are written */
+    int busy;          /* a reader runs; another reload is refused meanwhile */
     int rc;            /* patd_config_reread's */
     const char *who;   /* "SIGHUP" or "patctl reload", for the log */
     uint64_t start_ns; /* when it began */

@@ -59,21 +59,26 @@ static void reply_text(patd_t *d, patd_req_t *rq, const char *text, size_t len)
     patd_reply_ok(d, NULL, rq, text, len);
 }
 
-/* SIGHUP and `patctl reload` (patd_reload_t): the file is read and checked on a libuv worker, so
- * that no file (a hung mount included) can stall the loop; what is reloadable is applied here on
- * the loop thread, systemd told, and patctl answered: "reloaded", or the cause that left the
- * running configuration untouched. */
-static void reload_read(uv_work_t *w)
+/* SIGHUP and `patctl reload` (patd_reload_t): the file is read and checked on a thread of its
+ * own, so that no file (a hung mount included) can stall the loop; what is reloadable is applied
+ * here on the loop thread, systemd told, and patctl answered: "reloaded", or the cause that left
+ * the running configuration untouched. The thread is detached, not libuv's worker pool: a reader
+ * stuck for good must not hold patd's exit (libuv joins its workers as the process ends). */
+static void *reload_main(void *arg)
 {
-    patd_t *d = w->data;
+    patd_t *d = arg;
     patd_reload_t *r = &d->reload;
     r->rc = patd_config_reread(&d->cfg, d->argc, d->argv, &r->next);
+    uv_async_send(&r->done); /* orders the writes above before the loop's reads */
+    return NULL;
 }
 
-static void reload_done(uv_work_t *w, int status)
+static void reload_done(uv_async_t *h)
 {
-    patd_t *d = w->data;
+    patd_t *d = h->data;
     patd_reload_t *r = &d->reload;
+    if (!r->busy)
+        return;
     r->busy = 0;
     if (r->rc < 0) {
         patd_err("%s: %s; keeping the running configuration", r->who,
@@ -116,22 +121,25 @@ static void reload_start(patd_t *d, const char *who, patd_req_t *rq)
                              r->who, d->cfg.path, s);
         return;
     }
+    pthread_attr_t attr;
+    pthread_t t;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     r->busy = 1;
     r->who = who;
     r->start_ns = pat_now_ns();
     r->rq.reply_fn = NULL;
-    r->work.data = d;
-    patd_notify_state(&d->notify, "RELOADING=1");
-    patd_notice("%s: reloading %s", who, d->cfg.path);
-    int rc = uv_queue_work(&d->loop, &r->work, reload_read, reload_done);
-    if (rc < 0) { /* only for a bad argument: not here */
+    int rc = -pthread_create(&t, &attr, reload_main, d);
+    pthread_attr_destroy(&attr);
+    if (rc < 0) {
         r->busy = 0;
-        patd_err("%s: cannot start a reload: %s", who, uv_strerror(rc));
+        patd_err("%s: cannot start a reload: %s", who, strerror(-rc));
         if (rq)
-            patd_reply_error(d, rq, -EIO, "cannot start a reload: %s", uv_strerror(rc));
-        patd_notify_state(&d->notify, "READY=1");
+            patd_reply_error(d, rq, rc, "cannot start a reload: %s", strerror(-rc));
         return;
     }
+    patd_notify_state(&d->notify, "RELOADING=1");
+    patd_notice("%s: reloading %s", who, d->cfg.path);
     if (rq)
         patd_admin_defer(rq, &r->rq);
 }
@@ -826,6 +834,8 @@ int main(int argc, char **argv)
         goto out;
     uv_async_init(&d->loop, &d->wake, on_wake);
     d->wake.data = d;
+    uv_async_init(&d->loop, &d->reload.done, reload_done);
+    d->reload.done.data = d;
     if ((rc = patd_exec_start(&d->exec, d->cfg.executors, &d->wake)) < 0) {
         patd_err("executor threads: %s", strerror(-rc));
         goto out;
