@@ -13,6 +13,7 @@
  * linked with it (the sanitizer build is not: ASan brings its own allocator).
  */
 #include <errno.h>
+#include <limits.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -211,22 +212,24 @@ char *patd_metrics_text(patd_t *d, size_t *ret_len)
 /* Anyone on the host can reach the port, so the server is shaped for hostile clients:
  *  - epoll (libmicrohttpd's MHD_USE_EPOLL), never select(): patd holds thousands of descriptors
  *    (sessions' connections, pidfds, staging buffers) and select() cannot watch one numbered
- *    1,024 or more (libmicrohttpd closed every such connection unanswered);
+ *    1,024 or more;
  *  - one request per connection (every answer says Connection: close), and a connection has
  *    METRICS_REQUEST_MS from its accept to be answered and gone: past it, it is shut down whatever
  *    it is doing. A client that trickles its request a byte at a time is never idle, so an idle
- *    timeout never closes it; this deadline does. So METRICS_MAX_CONNS hostile connections hold
- *    the slots for METRICS_REQUEST_MS at most, and a scrape waiting in the listen backlog is
+ *    timeout never closes it; this deadline does. So PATD_METRICS_MAX_CONNS hostile connections
+ *    hold the slots for METRICS_REQUEST_MS at most, and a scrape waiting in the listen backlog is
  *    accepted within that (after whatever was queued ahead of it: a local user who keeps
- *    thousands of connects queued can still delay it, at METRICS_MAX_CONNS per METRICS_REQUEST_MS);
+ *    thousands of connects queued can still delay it, by METRICS_REQUEST_MS per
+ *    PATD_METRICS_MAX_CONNS of them);
  *  - a request's line and headers must fit METRICS_HEADER_BYTES (libmicrohttpd's per-connection
- *    memory; a larger header is answered 431): what METRICS_MAX_CONNS clients can make patd hold.
+ *    memory; more is refused: 431, or closed unanswered near the bound): that times
+ *    PATD_METRICS_MAX_CONNS is what clients can make the endpoint hold.
  * One thread of patd's drives libmicrohttpd (MHD_run) from an epoll set of its own (libmicrohttpd's
  * epoll descriptor and an eventfd that stops it), and between runs shuts down the connections past
  * their deadline: on the thread that closes them, so a descriptor is never shut down after
  * libmicrohttpd closed it and the number went to another file. */
 #define METRICS_REQUEST_MS   1000u /* a scrape takes milliseconds on loopback, even under ASan */
-#define METRICS_HEADER_BYTES 8192u /* a scrape's request is ~300 bytes; half is the read buffer */
+#define METRICS_HEADER_BYTES 8192u /* a scrape's request is ~300 bytes */
 
 /* One connection, from libmicrohttpd's STARTED notice to its CLOSED one (socket_context). */
 typedef struct http_conn {
@@ -341,7 +344,7 @@ static void *http_main(void *arg)
                      : (int)((h->head->deadline_ns - now + 999999u) / 1000000u);
         MHD_UNSIGNED_LONG_LONG mhd_ms;
         if (MHD_get_timeout(h->mhd, &mhd_ms) == MHD_YES && (ms < 0 || mhd_ms < (unsigned)ms))
-            ms = (int)mhd_ms;
+            ms = (int)PAT_MIN(mhd_ms, (MHD_UNSIGNED_LONG_LONG)INT_MAX);
         h->reaped = 0;
         struct epoll_event ev[2];
         int n = epoll_wait(h->ep, ev, 2, ms);
