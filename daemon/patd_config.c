@@ -437,7 +437,11 @@ static int read_file(patd_config_t *c, const char *path, int optional)
         cfg_error(c, "%s:%d: syntax error", path, r);
         return -EINVAL;
     }
-    return r < 0 || x.errors ? -EINVAL : 0;
+    if (r < 0) { /* with a string, only its allocation can fail */
+        cfg_error(c, "%s: the INI parser is out of memory", path);
+        return -ENOMEM;
+    }
+    return x.errors ? -EINVAL : 0;
 }
 
 /* Cross-option rules the table cannot express. */

@@ -129,6 +129,8 @@ static void reload_start(patd_t *d, const char *who, patd_req_t *rq)
     r->who = who;
     r->start_ns = pat_now_ns();
     r->rq.reply_fn = NULL;
+    patd_notify_state(&d->notify, "RELOADING=1");
+    patd_notice("%s: reloading %s", who, d->cfg.path);
     int rc = -pthread_create(&t, &attr, reload_main, d);
     pthread_attr_destroy(&attr);
     if (rc < 0) {
@@ -136,10 +138,9 @@ static void reload_start(patd_t *d, const char *who, patd_req_t *rq)
         patd_err("%s: cannot start a reload: %s", who, strerror(-rc));
         if (rq)
             patd_reply_error(d, rq, rc, "cannot start a reload: %s", strerror(-rc));
+        patd_notify_state(&d->notify, "READY=1");
         return;
     }
-    patd_notify_state(&d->notify, "RELOADING=1");
-    patd_notice("%s: reloading %s", who, d->cfg.path);
     if (rq)
         patd_admin_defer(rq, &r->rq);
 }

@@ -9,7 +9,7 @@ socket group can make the daemon hold descriptors; neither may lock a scraper ou
   - tricklers: 256 clients (the endpoint's connection cap, PATD_METRICS_MAX_CONNS) that send a
     request one byte every 0.5 s and never finish it, reconnecting whenever they are cut: a scrape
     from another client answers within SCRAPE_S, five times in a row, and each trickler's connection
-    is cut within CUT_S of its accept. An idle timeout never closes a trickler (it is never idle).
+    is cut within CUT_S of its connect. An idle timeout never closes a trickler (it is never idle).
   - header: a request whose headers pass the endpoint's budget (8 KiB of libmicrohttpd's
     per-connection memory) is refused with 431; one within it is served.
 
@@ -34,7 +34,7 @@ PATD = os.environ.get("PATD_BIN", os.path.join(BUILD, "bin", "patd"))
 FDS = 2100           # descriptors the daemon is made to hold, past select()'s 1,024
 TRICKLERS = 256      # = PATD_METRICS_MAX_CONNS (daemon/patd_int.h): every slot taken
 SCRAPE_S = 3.0       # a scrape's answer, from connect to the last byte
-CUT_S = 2.5          # a trickler's connection, from connect to cut (the deadline is 1 s)
+CUT_S = 3.0          # a trickler's connection, from connect to seeing the cut (deadline: 1 s)
 # nanomsg's SP header of a REQ socket (\0SP\0, protocol 48, reserved): without it nanomsg closes
 # a connection after 1 s; with it the connection stays, one descriptor in the daemon
 SP_REQ_HEADER = b"\x00SP\x00\x00\x30\x00\x00"
