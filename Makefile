@@ -375,7 +375,7 @@ all: $(ALL_TARGETS)
 
 # The sanitizer build skips the Python tests: CPython cannot load an ASan-built libpat.so.
 TEST_LIST := $(UNIT_BINS) $(DEMO_BIN) $(INTEG_BINS) tests/demo/test_demo.sh tests/integ/test_patload.py \
-             tests/integ/test_units.py \
+             tests/integ/test_units.py tests/integ/test_metrics_http.py \
              $(if $(filter 1,$(DEBUG)),,tests/integ/test_python.sh tests/integ/test_pip.sh \
                                         tests/integ/test_transformers.sh)
 SAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \

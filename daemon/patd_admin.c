@@ -17,10 +17,13 @@
  * moment, so HELLOs no one can attribute cannot fill the table. Bounded: at most
  * PATD_ADMIN_MAX_CONNS connections at once and PATD_ADMIN_PER_UID from one user (the kernel's
  * word), each closed after ADMIN_IDLE_MS: one user's idle connections cannot keep another's HELLO
- * out.
+ * out. A request answered later (RELOAD: its file is read off the loop) keeps its connection
+ * until answered or until ADMIN_IDLE_MS, when the answer says it did not come in time
+ * (patd_admin_defer).
  *
  * Thread context: the loop thread.
  */
+#include <assert.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +45,7 @@ typedef struct patd_admin_conn {
     uint8_t buf[sizeof(ipc_hdr_t) + sizeof(ipc_hello_req_t)];
     size_t len, want; /* bytes read, bytes the request has (the header's, then its body's) */
     struct ucred cred;
+    patd_req_t *owed;     /* a request answered later (patd_admin_defer), NULL: none */
     int slot;             /* in d->admin_uid, -1: none */
     int closing, handles; /* handles still open (pipe, timer) */
 } patd_admin_conn_t;
@@ -62,6 +66,9 @@ static void conn_close(patd_admin_conn_t *ac)
     if (ac->closing)
         return;
     ac->closing = 1;
+    if (ac->owed) /* its answer, when it comes, goes nowhere */
+        ac->owed->reply_fn = NULL;
+    ac->owed = NULL;
     uv_close((uv_handle_t *)&ac->timer, conn_freed);
     uv_close((uv_handle_t *)&ac->pipe, conn_freed);
 }
@@ -76,6 +83,7 @@ static void on_written(uv_write_t *w, int status)
 static void admin_send(void *ud, const void *frame, size_t len)
 {
     patd_admin_conn_t *ac = ud;
+    ac->owed = NULL; /* this is the answer (patd_send clears its reply_fn) */
     if (ac->closing)
         return;
     uv_write_t *w = pat_xmalloc(sizeof(*w) + len);
@@ -252,9 +260,26 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     d->admin_dispatch(d, &rq, &h);
 }
 
+void patd_admin_defer(patd_req_t *rq, patd_req_t *slot)
+{
+    assert(rq->reply_fn == admin_send);
+    patd_admin_conn_t *ac = rq->reply_ud;
+    *slot = *rq;
+    rq->reply_fn = NULL;
+    ac->owed = slot;
+}
+
+/* ADMIN_IDLE_MS after connecting: an owed answer says it did not come in time (the daemon goes
+ * on with the request: a reload still reading its file applies when it has); otherwise close. */
 static void on_idle(uv_timer_t *t)
 {
-    conn_close(t->data);
+    patd_admin_conn_t *ac = t->data;
+    if (ac->owed)
+        patd_reply_error(ac->d, ac->owed, -ETIMEDOUT,
+                         "%s: no answer within %u ms; the daemon goes on with it (see its log)",
+                         ipc_op_name(ac->owed->hdr.opcode), ADMIN_IDLE_MS);
+    else
+        conn_close(ac);
 }
 
 static void on_connection(uv_stream_t *server, int status)

@@ -6,7 +6,8 @@
  *                 sequence tables, pidfd watches, timers, signals, sd_notify;
  *   executors     (cfg.executors) run steps: reserve KV, update the session's forest, pack,
  *                 then per layer wait for the client's ready word, append + attend, post done;
- *   metrics       libmicrohttpd's own thread renders the metrics text.
+ *   metrics       one thread runs libmicrohttpd (patd_metrics.c) and renders the metrics text;
+ *   reload        one short-lived thread per reload reads and checks the file (patd_reload_t).
  * Locks (never nested except pool_mu -> nothing, be_mu -> nothing):
  *   pool_mu  the kv pool and every session's blocks_held
  *   be_mu    the backend (the cpu backend runs one call at a time)
@@ -118,6 +119,19 @@ struct patd_conn {
     size_t last_reply_len;
 };
 
+/* A reload (SIGHUP, `patctl reload`), one at a time: the file is read and checked on a thread of
+ * its own (patd_config_reread: the file may block, on a hung mount), applied back on the loop
+ * thread (patd_config_apply) once `done` fires. patd_main.c. */
+typedef struct patd_reload {
+    uv_async_t done;   /* the reader is through: rc and next are written */
+    int busy;          /* a reader runs; another reload is refused meanwhile */
+    int rc;            /* patd_config_reread's */
+    const char *who;   /* "SIGHUP" or "patctl reload", for the log */
+    uint64_t start_ns; /* when it began */
+    patd_req_t rq;     /* patctl's request, answered once applied; reply_fn NULL: none owed */
+    patd_config_t next;
+} patd_reload_t;
+
 typedef struct patd_metrics {
     _Atomic uint64_t frames[IPC_OP_MAX];
     _Atomic uint64_t errors[160]; /* by errno value */
@@ -181,7 +195,8 @@ struct patd {
     uint64_t watchdog_usec;
     patd_watchdog_t wd; /* the executors' heartbeats as the watchdog last saw them */
     uint64_t last_ping_ns, last_status_ns;
-    void *mhd;
+    patd_reload_t reload;
+    struct patd_http *http; /* the metrics endpoint (patd_metrics.c); NULL when off */
     patd_metrics_t m;
 
     /* cuda backend (patd_gpu.c); gpu == 0 with the cpu backend */
@@ -247,8 +262,16 @@ void patd_gpu_check_fatal(patd_t *d, int rc);
 /* patd_admin.c: the admin socket (credentials from the kernel) */
 int patd_admin_start(patd_t *d); /* after the control socket; 0 or a negative errno (logged) */
 void patd_admin_stop(patd_t *d);
+/* An admin request its handler answers later (RELOAD, read off the loop): moves *rq into *slot,
+ * which stays the connection's reply. Answered through patd_reply_* on *slot while the connection
+ * lasts; if it ends first (its idle timer answers -ETIMEDOUT, or the peer went away),
+ * slot->reply_fn is set NULL and a later answer goes nowhere. The slot must outlive the
+ * connection or be answered first. Loop thread. */
+void patd_admin_defer(patd_req_t *rq, patd_req_t *slot);
 
 /* patd_metrics.c */
+/* HTTP connections the metrics endpoint holds at once, each one descriptor */
+#define PATD_METRICS_MAX_CONNS 256u
 int patd_metrics_start(patd_t *d);
 void patd_metrics_stop(patd_t *d);
 char *patd_metrics_text(patd_t *d, size_t *ret_len); /* malloc'd */

@@ -52,19 +52,95 @@ static void on_wake(uv_async_t *h)
 /* ------------------------------------------------------------------ admin */
 static void start_drain(patd_t *d, const char *why);
 
-/* SIGHUP and `patctl reload`: re-read the file, apply what is reloadable, tell systemd. */
-static int reload_config(patd_t *d, const char *who)
-{
-    patd_notify_state(&d->notify, "RELOADING=1");
-    patd_notice("%s: reloading %s", who, d->cfg.path[0] ? d->cfg.path : "(no config file)");
-    int rc = patd_config_reload(&d->cfg, d->argc, d->argv);
-    patd_notify_state(&d->notify, "READY=1");
-    return rc;
-}
-
 static void reply_text(patd_t *d, patd_req_t *rq, const char *text, size_t len)
 {
     patd_reply_ok(d, NULL, rq, text, len);
+}
+
+/* SIGHUP and `patctl reload` (patd_reload_t): the file is read and checked on a thread of its
+ * own, so that no file (a hung mount included) can stall the loop; what is reloadable is applied
+ * here on the loop thread, systemd told, and patctl answered: "reloaded", or the cause that left
+ * the running configuration untouched. The thread is detached, not libuv's worker pool: a reader
+ * stuck for good must not hold patd's exit (libuv joins its workers as the process ends). */
+static void *reload_main(void *arg)
+{
+    patd_t *d = arg;
+    patd_reload_t *r = &d->reload;
+    r->rc = patd_config_reread(&d->cfg, d->argc, d->argv, &r->next);
+    uv_async_send(&r->done); /* orders the writes above before the loop's reads */
+    return NULL;
+}
+
+static void reload_done(uv_async_t *h)
+{
+    patd_t *d = h->data;
+    patd_reload_t *r = &d->reload;
+    if (!r->busy)
+        return;
+    r->busy = 0;
+    if (r->rc < 0) {
+        patd_err("%s: %s; keeping the running configuration", r->who,
+                 r->next.error[0] ? r->next.error : "invalid");
+        if (r->rq.reply_fn)
+            patd_reply_error(d, &r->rq, -EINVAL, "%s; nothing changed",
+                             r->next.error[0] ? r->next.error : "invalid (see the log)");
+    } else {
+        int kept = patd_config_apply(&d->cfg, &r->next);
+        patd_notice("%s: reloaded %s in %.1f ms%s", r->who, d->cfg.path,
+                    (pat_now_ns() - r->start_ns) / 1e6,
+                    kept ? " (changes kept back: see above)" : "");
+        char msg[96];
+        int n = kept ? snprintf(msg, sizeof(msg), "reloaded; %d changes kept back (see the log)\n",
+                                kept)
+                     : snprintf(msg, sizeof(msg), "reloaded\n");
+        if (r->rq.reply_fn)
+            reply_text(d, &r->rq, msg, (size_t)n);
+    }
+    r->rq.reply_fn = NULL;
+    patd_notify_state(&d->notify, "READY=1");
+}
+
+/* Starts a reload for who; rq: patctl's request (answered once done), NULL for SIGHUP. */
+static void reload_start(patd_t *d, const char *who, patd_req_t *rq)
+{
+    patd_reload_t *r = &d->reload;
+    if (!d->cfg.path[0]) {
+        patd_notice("%s: no config file; nothing to re-read", who);
+        if (rq)
+            reply_text(d, rq, "reloaded\n", 9);
+        return;
+    }
+    if (r->busy) {
+        double s = (pat_now_ns() - r->start_ns) / 1e9;
+        patd_notice("%s: a reload (%s) is still reading %s after %.1f s; this one is refused", who,
+                    r->who, d->cfg.path, s);
+        if (rq)
+            patd_reply_error(d, rq, -EBUSY, "a reload (%s) is still reading %s after %.1f s",
+                             r->who, d->cfg.path, s);
+        return;
+    }
+    pthread_attr_t attr;
+    pthread_t t;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    r->busy = 1;
+    r->who = who;
+    r->start_ns = pat_now_ns();
+    r->rq.reply_fn = NULL;
+    patd_notify_state(&d->notify, "RELOADING=1");
+    patd_notice("%s: reloading %s", who, d->cfg.path);
+    int rc = -pthread_create(&t, &attr, reload_main, d);
+    pthread_attr_destroy(&attr);
+    if (rc < 0) {
+        r->busy = 0;
+        patd_err("%s: cannot start a reload: %s", who, strerror(-rc));
+        if (rq)
+            patd_reply_error(d, rq, rc, "cannot start a reload: %s", strerror(-rc));
+        patd_notify_state(&d->notify, "READY=1");
+        return;
+    }
+    if (rq)
+        patd_admin_defer(rq, &r->rq);
 }
 
 /* ------------------------------------------------------------------ requests */
@@ -209,15 +285,7 @@ static void op_drain(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *b
 
 static void op_reload(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *body)
 {
-    int rc = reload_config(d, "patctl reload");
-    if (rc < 0) {
-        patd_reply_error(d, rq, -EINVAL, "%s is invalid; nothing changed (see log)", d->cfg.path);
-        return;
-    }
-    char msg[96];
-    int n = rc ? snprintf(msg, sizeof(msg), "reloaded; %d changes kept back (see the log)\n", rc)
-               : snprintf(msg, sizeof(msg), "reloaded\n");
-    reply_text(d, rq, msg, (size_t)n);
+    reload_start(d, "patctl reload", rq);
 }
 
 static void op_ping(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *body)
@@ -360,7 +428,7 @@ static void on_signal(uv_signal_t *s, int signum)
 {
     patd_t *d = s->data;
     if (signum == SIGHUP) {
-        reload_config(d, "SIGHUP");
+        reload_start(d, "SIGHUP", NULL);
         return;
     }
     if (d->draining) {
@@ -491,8 +559,9 @@ static void raise_nofile(const patd_config_t *cfg)
         if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
             rl.rlim_cur = was;
     }
-    /* per session: its connection, pidfd and staging buffer; 64 for the daemon itself */
-    uint64_t need = 3ull * cfg->max_conns + 64;
+    /* per session: its connection, pidfd and staging buffer; the metrics endpoint's connections;
+     * 64 for the daemon itself */
+    uint64_t need = 3ull * cfg->max_conns + (cfg->metrics_port ? PATD_METRICS_MAX_CONNS : 0) + 64;
     if (rl.rlim_cur < need)
         patd_warn("open-file limit %llu is below the %llu that limits.max_conns %u sessions "
                   "need; raise LimitNOFILE= or lower max_conns",
@@ -701,6 +770,8 @@ int main(int argc, char **argv)
         goto out;
     uv_async_init(&d->loop, &d->wake, on_wake);
     d->wake.data = d;
+    uv_async_init(&d->loop, &d->reload.done, reload_done);
+    d->reload.done.data = d;
     if ((rc = patd_exec_start(&d->exec, d->cfg.executors, &d->wake)) < 0) {
         patd_err("executor threads: %s", strerror(-rc));
         goto out;

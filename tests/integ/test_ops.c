@@ -1,7 +1,9 @@
 /*
  * test_ops.c — patd as operators and systemd see it: config file validation and overrides,
  * sd_notify (READY=1, STATUS=, WATCHDOG=1, STOPPING=1) on a notify socket of our own, SIGHUP
- * and `patctl reload` applying reloadable options, the Prometheus endpoint over HTTP, the
+ * and `patctl reload` applying reloadable options and refusing, with the cause, a config path that
+ * names no config file (/dev/zero, a FIFO, a directory, a file past the cap) without stalling the
+ * daemon, the Prometheus endpoint over HTTP, the
  * event socket (connections, stored blocks), and `patctl` commands including drain.
  */
 #include <arpa/inet.h>
@@ -169,6 +171,28 @@ static void test_config_validation(void **state)
     rmdir(squat);
     assert_int_equal(run(out, sizeof(out), "%s --config /nonexistent.conf", patd_bin()), 1);
     assert_non_null(strstr(out, "cannot open config"));
+    /* a config path that names no config file: refused at once with its cause, never read (a
+     * read of /dev/zero or of a FIFO no one writes never ended) */
+    char notconf[] = "/tmp/patd-notconf.XXXXXX";
+    assert_non_null(mkdtemp(notconf));
+    char fifo[64];
+    snprintf(fifo, sizeof(fifo), "%s/fifo", notconf);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    const struct {
+        const char *path, *why;
+    } notconfs[] = {
+        {notconf, "is a directory, not a regular file"},
+        {"/dev/zero", "is a character device, not a regular file"},
+        {fifo, "is a FIFO, not a regular file"},
+    };
+    for (size_t i = 0; i < PAT_ARRAY_SIZE(notconfs); i++) {
+        int rc = run(out, sizeof(out), "timeout 5 %s --config %s --metrics-port=0 --check-config",
+                     patd_bin(), notconfs[i].path);
+        if (rc != 1 || !strstr(out, notconfs[i].why))
+            fail_msg("--config %s: status %d, output '%s'", notconfs[i].path, rc, out);
+    }
+    unlink(fifo);
+    rmdir(notconf);
     assert_int_equal(run(out, sizeof(out), "%s --no-such-option=1", patd_bin()), 1);
     assert_int_equal(run(out, sizeof(out), "%s --help", patd_bin()), 0);
     assert_non_null(strstr(out, "step_timeout_ms"));
@@ -751,6 +775,120 @@ static void test_conns_per_uid(void **state)
     tl_daemon_stop(&d);
 }
 
+/* A reload from a config path that became no config file: patd stays responsive (its loop never
+ * reads the file), keeps its reloadable options, says why in its log and in patctl's answer, and
+ * still exits on SIGTERM at once. One daemon per kind, so that each is judged alone. */
+typedef enum bad_conf { BAD_DEVZERO, BAD_FIFO, BAD_DIR, BAD_BIG } bad_conf_t;
+static const struct {
+    const char *what, *why;
+} bad_confs[] = {
+    [BAD_DEVZERO] = {"a symlink to /dev/zero", "is a character device, not a regular file"},
+    [BAD_FIFO] = {"a FIFO no one writes", "is a FIFO, not a regular file"},
+    [BAD_DIR] = {"a directory", "is a directory, not a regular file"},
+    [BAD_BIG] = {"a valid file of 2 MiB (the cap is 1 MiB)", "is larger than 1048576 bytes"},
+};
+
+/* Whether the daemon's log holds text within ms. */
+static int log_has(const tl_daemon_t *d, const char *text, uint32_t ms)
+{
+    static char buf[1 << 16];
+    for (uint64_t t0 = pat_now_ns(); pat_now_ns() - t0 < (uint64_t)ms * 1000000ull;) {
+        FILE *f = fopen(d->log, "r");
+        size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+        if (f)
+            fclose(f);
+        buf[n] = 0;
+        if (strstr(buf, text))
+            return 1;
+        usleep(20000);
+    }
+    return 0;
+}
+
+/* patd answers patctl status within a second, and still has max_conns 8 (the file's). */
+static void assert_responsive(tl_daemon_t *d, const char *when)
+{
+    char out[4096];
+    int rc = run(out, sizeof(out), "timeout 2 %s --socket %s --timeout 1000 status", patctl_bin(),
+                 d->sock);
+    if (rc != 0)
+        fail_msg("%s: patctl status exited %d: %s", when, rc, out);
+    assert_int_equal(tl_daemon_status(d, "max_conns"), 8);
+}
+
+static void reload_bad_conf(bad_conf_t k)
+{
+    char dir[] = "/tmp/patd-reload.XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char conf[64], a_conf[80];
+    snprintf(conf, sizeof(conf), "%s/patd.conf", dir);
+    snprintf(a_conf, sizeof(a_conf), "--config=%s", conf);
+    write_file(conf, "[limits]\nmax_conns = 8\n");
+    const char *args[] = {a_conf, NULL};
+    tl_daemon_t d;
+    assert_int_equal(tl_daemon_start(&d, args), 0);
+    assert_responsive(&d, "at start");
+    unlink(conf);
+    switch (k) {
+    case BAD_DEVZERO:
+        assert_int_equal(symlink("/dev/zero", conf), 0);
+        break;
+    case BAD_FIFO:
+        assert_int_equal(mkfifo(conf, 0600), 0);
+        break;
+    case BAD_DIR:
+        assert_int_equal(mkdir(conf, 0700), 0);
+        break;
+    case BAD_BIG: { /* what it sets would apply, were it read */
+        FILE *f = fopen(conf, "w");
+        assert_non_null(f);
+        fputs("[limits]\nmax_conns = 3\n", f);
+        for (int i = 0; i < 32768; i++)
+            fputs("# ..............................................................\n", f);
+        fclose(f);
+        break;
+    }
+    }
+    char when[96], out[4096];
+    kill(d.pid, SIGHUP);
+    usleep(300000);
+    snprintf(when, sizeof(when), "SIGHUP with the config %s", bad_confs[k].what);
+    assert_responsive(&d, when);
+    if (!log_has(&d, bad_confs[k].why, 3000)) /* and the reload is over: patctl's is not refused */
+        fail_msg("%s: the log does not say '%s' (log %s)", when, bad_confs[k].why, d.log);
+    int rc = run(out, sizeof(out), "timeout 5 %s --socket %s --timeout 3000 reload", patctl_bin(),
+                 d.sock);
+    if (rc != 1 || !strstr(out, bad_confs[k].why) || !strstr(out, "nothing changed"))
+        fail_msg("patctl reload with the config %s: status %d, '%s'", bad_confs[k].what, rc, out);
+    snprintf(when, sizeof(when), "patctl reload with the config %s", bad_confs[k].what);
+    assert_responsive(&d, when);
+    assert_int_equal(tl_daemon_signal_wait(&d, SIGTERM, 5000), 0);
+    tl_daemon_stop(&d);
+    rmdir(conf);
+    unlink(conf);
+    rmdir(dir);
+}
+
+static void test_reload_devzero(void **state)
+{
+    reload_bad_conf(BAD_DEVZERO);
+}
+
+static void test_reload_fifo(void **state)
+{
+    reload_bad_conf(BAD_FIFO);
+}
+
+static void test_reload_dir(void **state)
+{
+    reload_bad_conf(BAD_DIR);
+}
+
+static void test_reload_big(void **state)
+{
+    reload_bad_conf(BAD_BIG);
+}
+
 /* Who may change the daemon: DRAIN, RELOAD and CHECK go to the admin socket, where the kernel
  * names the caller; on the control socket they are refused. Another user (nobody, via setpriv) may
  * read the status but not reload, check or drain; a member of daemon.admin_group may. Before, any
@@ -893,6 +1031,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_validation),
         cmocka_unit_test(test_sd_notify_reload_metrics_events),
+        cmocka_unit_test(test_reload_devzero),
+        cmocka_unit_test(test_reload_fifo),
+        cmocka_unit_test(test_reload_dir),
+        cmocka_unit_test(test_reload_big),
         cmocka_unit_test(test_notify_never_read),
         cmocka_unit_test(test_fsize_limit),
         cmocka_unit_test(test_shm_full),
