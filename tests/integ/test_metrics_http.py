@@ -3,8 +3,9 @@
 clients, on a real patd (cpu backend). Any local user can reach the port, and any member of the
 socket group can make the daemon hold descriptors; neither may lock a scraper out:
 
-  - fds: patd holding more than 2,000 descriptors (bare connections to its control socket, which
-    nanomsg accepts without bound) still answers a scrape with the page. select() cannot watch a
+  - fds: patd holding more than 2,000 descriptors (sessions opened by raw HELLOs on its admin
+    socket, each with its control connection bound and its pid watched: two descriptors) still
+    answers a scrape with the page. select() cannot watch a
     descriptor numbered 1,024 or more: libmicrohttpd on select() closed such connections unanswered.
   - tricklers: 256 clients (the endpoint's connection cap, PATD_METRICS_MAX_CONNS) that send a
     request one byte every 0.5 s and never finish it, reconnecting whenever they are cut: a scrape
@@ -20,7 +21,9 @@ import os
 import resource
 import selectors
 import signal
+import re
 import socket
+import struct
 import subprocess
 import tempfile
 import threading
@@ -35,9 +38,22 @@ FDS = 2100           # descriptors the daemon is made to hold, past select()'s 1
 TRICKLERS = 256      # = PATD_METRICS_MAX_CONNS (daemon/patd_int.h): every slot taken
 SCRAPE_S = 3.0       # a scrape's answer, from connect to the last byte
 CUT_S = 3.0          # a trickler's connection, from connect to seeing the cut (deadline: 1 s)
-# nanomsg's SP header of a REQ socket (\0SP\0, protocol 48, reserved): without it nanomsg closes
+# a HELLO frame (ipc/ipc_proto.h): a 40-byte header, then ipc_hello_req_t (model signature of the
+# daemon's defaults, pid, 1 batch token, host buffers, label)
 # a connection after 1 s; with it the connection stays, one descriptor in the daemon
-SP_REQ_HEADER = b"\x00SP\x00\x00\x30\x00\x00"
+HDR = struct.Struct("<IHHIIQQQ")  # magic, version, opcode, flags, body_len, corr, session, key
+IPC_MAGIC, IPC_OP_HELLO = 0x44544150, 1
+
+
+def ipc_version():
+    with open(os.path.join(ROOT, "ipc", "ipc_proto.h")) as f:
+        return int(re.search(r"#define IPC_VERSION\s+(\d+)u", f.read()).group(1))
+
+
+def hello_frame(corr):
+    body = struct.pack("<6IQ", 4, 8, 2, 64, 1, 16, 0)  # the built-in model, f16, id 0
+    body += struct.pack("<6I", os.getpid(), 1, 0, 1, 0, 0) + b"fds".ljust(64, b"\0")
+    return HDR.pack(IPC_MAGIC, ipc_version(), IPC_OP_HELLO, 0, len(body), corr, 0, 0) + body
 
 
 def free_port():
@@ -157,7 +173,9 @@ class MetricsHttpCase(unittest.TestCase):
         cls.sock = os.path.join(cls.dir, "patd.sock")
         cls.log = open(os.path.join(cls.dir, "patd.log"), "w")
         cls.proc = subprocess.Popen([PATD, "--runtime-dir=" + cls.dir,
-                                     "--metrics-port=%d" % cls.port, "--blocks=256"],
+                                     "--metrics-port=%d" % cls.port, "--blocks=256",
+                                     "--max-conns=2048", "--max-seqs=4096",
+                                     "--conn-max-seqs=1"],
                                     stderr=cls.log)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -193,11 +211,23 @@ class MetricsHttpCase(unittest.TestCase):
     def test_fds(self):
         conns = []
         try:
-            for _ in range(FDS):
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                s.connect(self.sock)
-                s.sendall(SP_REQ_HEADER)
-                conns.append(s)
+            admin = self.sock[:-5] + ".admin"
+            for i in range(FDS // 2 + 50):  # two descriptors a session
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                    s.connect(admin)
+                    s.sendall(hello_frame(i + 1))
+                    msg, anc, _, _ = s.recvmsg(4096, socket.CMSG_SPACE(8))
+                    for level, kind, data in anc:  # the staging memfd: not ours to keep
+                        if kind == socket.SCM_RIGHTS:
+                            os.close(int.from_bytes(data[:4], "little"))
+                    self.assertEqual(HDR.unpack(msg[:40])[3] & 2, 0, "HELLO %d refused" % i)
+                session, key = struct.unpack_from("<Q", msg, 40)[0], struct.unpack_from(
+                    "<Q", msg, 40 + 264)[0]  # ipc_hello_rep_t's session and key
+                c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                c.connect(self.sock)  # its control connection, bound by a PING
+                c.sendall(HDR.pack(IPC_MAGIC, ipc_version(), 3, 0, 0, i + 1, session, key))
+                self.assertEqual(len(c.recv(40)), 40)
+                conns.append(c)
             deadline = time.monotonic() + 20
             while self.fd_count() < FDS and time.monotonic() < deadline:
                 time.sleep(0.05)
