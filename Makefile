@@ -454,8 +454,8 @@ fuzz-sockets: | deps-build
 
 # The long run, once per transport change (the issue asks for >= 10 M inputs per socket once):
 # FUZZ_SOCKET_INPUTS per socket, no time limit, FUZZ_SOCKET_JOBS senders at once; the output also
-# lands in build/fuzz/sockets-long.log. About 1000 inputs/s per socket and job on a 2-core VM:
-# 10 M take ~3 h per socket with one job (README.md, "Fuzzing").
+# lands in build/fuzz/sockets-long.log. About 1000 inputs/s per socket and sender on the 2-core
+# CI VM, 2000-2500 with two: 10 M take ~1.2 h per socket with two (README.md, "Fuzzing").
 FUZZ_SOCKET_INPUTS ?= 10000000
 FUZZ_SOCKET_JOBS ?= 2
 fuzz-sockets-long: | deps-build
