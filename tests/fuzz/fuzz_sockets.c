@@ -550,7 +550,8 @@ typedef struct report {
     uint32_t deaths;
     int baseline_fds, max_fds, last_fds;
     uint32_t corpus, seeds;
-    int idle_pct;
+    int idle_pct; /* the last idle window's share of a core, -1: not measured */
+    int serving;  /* 1: the final STATUS, PING and new session were answered in time */
     int failed;
     char why[640];
 } report_t;
@@ -588,6 +589,7 @@ static int fuzz_target(const opts_t *o, const fz_target_t *t, const fz_dict_t *d
     memset(r, 0, sizeof(*r));
     r->t = t;
     r->idle_pct = -1;
+    r->last_fds = -1;
     fz_live_t L;
     char why[640] = "";
     if (fz_live_start(&L, &o->live) < 0) {
@@ -595,6 +597,7 @@ static int fuzz_target(const opts_t *o, const fz_target_t *t, const fz_dict_t *d
         return -ECHILD;
     }
     fz_corpus_t c;
+    r->baseline_fds = L.baseline_fds;
     fz_corpus_init(&c, (uint32_t)o->corpus_max);
     seed_add_t sa = {&c};
     fz_seeds_builtin(t, &L.model, add_builtin_seed, &sa);
@@ -638,6 +641,7 @@ static int fuzz_target(const opts_t *o, const fz_target_t *t, const fz_dict_t *d
             break;
         }
         if (s.died || fz_live_dead(&L)) {
+            r->max_fds = r->max_fds > L.max_fds ? r->max_fds : L.max_fds; /* the dead one's */
             r->deaths++;
             rc = handle_death(&L, o, t, ring, why, sizeof(why));
             fail(r, why);
@@ -660,22 +664,25 @@ static int fuzz_target(const opts_t *o, const fz_target_t *t, const fz_dict_t *d
             last_idle = fz_now_ms();
         }
     }
-    /* the end: still alive, descriptors back, quiet, serving */
-    if (L.up && !fz_live_dead(&L)) {
+    /* the end: the daemon the inputs went to still alive, its descriptors back, quiet, serving
+     * (after a death the one running is the replay's: nothing to ask it) */
+    if (!r->deaths && L.up && !fz_live_dead(&L)) {
         if (fz_check_fds(&L, &o->live, 2000, why, sizeof(why)) < 0)
             fail(r, why);
         r->idle_pct = fz_check_idle_cpu(&L, &o->live, why, sizeof(why));
         if (r->idle_pct == -EBUSY)
             fail(r, why);
-        if (fz_check_serving(&L, &o->live, why, sizeof(why)) < 0)
+        r->serving = fz_check_serving(&L, &o->live, why, sizeof(why)) == 0;
+        if (!r->serving)
             fail(r, why);
         r->last_fds = fz_fd_count(L.d.pid);
-    } else if (L.up) {
+    } else if (!r->deaths && L.up) {
+        r->deaths++;
         fail(r, "patd died after the last batch");
         fz_live_log_tail(&L, 12);
     }
-    r->baseline_fds = L.baseline_fds;
-    r->max_fds = L.max_fds;
+    if (!r->deaths)
+        r->max_fds = L.max_fds;
     r->secs = (double)(fz_now_ms() - t0) / 1000.0;
     r->corpus = c.n;
     fz_live_stop(&L);
@@ -689,12 +696,20 @@ static int fuzz_target(const opts_t *o, const fz_target_t *t, const fz_dict_t *d
 static void print_report(const report_t *r)
 {
     const batch_stats_t *s = &r->s;
+    char idle[16] = "n/a", last[16] = "n/a";
+    if (r->idle_pct >= 0)
+        snprintf(idle, sizeof(idle), "%d%%", r->idle_pct);
+    if (r->last_fds >= 0)
+        snprintf(last, sizeof(last), "%d", r->last_fds);
     printf("fuzz-sockets: %-7s %s  %" PRIu64 " inputs in %.1f s (%.0f/s), %u death%s, fds %d at "
-           "start, max %d, end %d, corpus %u (%u seeds), idle cpu %d%%\n",
+           "start, max %d, end %s, idle cpu %s, at the end: %s; corpus %u (%u seeds)\n",
            r->t->name, r->failed ? "FAIL" : "ok  ", s->inputs, r->secs,
            r->send_secs > 0 ? (double)s->inputs / r->send_secs : 0.0, r->deaths,
-           r->deaths == 1 ? "" : "s", r->baseline_fds, r->max_fds, r->last_fds, r->corpus, r->seeds,
-           r->idle_pct);
+           r->deaths == 1 ? "" : "s", r->baseline_fds, r->max_fds, last, idle,
+           r->deaths    ? "died"
+           : r->serving ? "serving"
+                        : "NOT serving",
+           r->corpus, r->seeds);
     printf("              connections: %" PRIu64 " ok, %" PRIu64 " refused, %" PRIu64
            " busy, %" PRIu64 " timed out, %" PRIu64 " failed; ended: %" PRIu64 " by us, %" PRIu64
            " closed by patd, %" PRIu64 " reset, %" PRIu64 " still open after --wait-ms; %" PRIu64
