@@ -221,7 +221,8 @@ typedef struct batch {
     fz_corpus_t *c;
     const fz_dict_t *dict;
     fz_wire_opts_t wo;
-    uint64_t seed;
+    uint64_t seed;       /* the run's, mixed with the target */
+    uint64_t first;      /* index of the batch's first input in the target's sequence */
     uint64_t seeds_done; /* seeds already run (they run once each, first) */
     uint64_t budget;     /* inputs this batch, all children together */
     uint32_t ms;
@@ -259,7 +260,6 @@ static uint64_t now_us(void)
 static void child_batch(const batch_t *b, uint32_t job, int wfd)
 {
     tl_rng_t r;
-    tl_rng_seed(&r, b->seed * 0x9e3779b97f4a7c15ull + job);
     batch_stats_t s = {0};
     const size_t cap = b->o->max_len;
     uint8_t *ring = malloc(FZ_RING * cap), *in = malloc(cap);
@@ -279,6 +279,11 @@ static void child_batch(const batch_t *b, uint32_t job, int wfd)
             seed_next += b->o->jobs;
             s.seeds_run++;
         } else {
+            /* input i of the sequence draws from its own generator: with one job and a
+             * corpus that does not grow (--no-feedback) the inputs are the seed's alone,
+             * wherever batches happen to end */
+            tl_rng_seed(&r,
+                        b->seed + 0x9e3779b97f4a7c15ull * (b->first + s.inputs * b->o->jobs + job));
             const fz_entry_t *e = &b->c->e[tl_rng_below(&r, b->c->n)];
             len = fz_mutate(&r, b->c, b->dict, e->data, e->len, in, cap);
         }
@@ -309,11 +314,12 @@ static void child_batch(const batch_t *b, uint32_t job, int wfd)
             break;
         }
     }
-    if (s.died) /* the last inputs, oldest first */
-        for (uint64_t i = n_ring > FZ_RING ? n_ring - FZ_RING : 0; i < n_ring; i++) {
-            const uint32_t slot = (uint32_t)(i % FZ_RING);
-            send_msg(wfd, MSG_RING, job, 0, ring_t[slot], ring + slot * cap, ring_len[slot]);
-        }
+    /* the last inputs, oldest first: the parent replays them after a death, whoever noticed
+     * it (this child, or a check after the batch) */
+    for (uint64_t i = n_ring > FZ_RING ? n_ring - FZ_RING : 0; i < n_ring; i++) {
+        const uint32_t slot = (uint32_t)(i % FZ_RING);
+        send_msg(wfd, MSG_RING, job, 0, ring_t[slot], ring + slot * cap, ring_len[slot]);
+    }
     send_msg(wfd, MSG_DONE, job, 0, 0, &s, sizeof(s));
     _exit(0);
 }
@@ -584,6 +590,33 @@ static void fail(report_t *r, const char *why)
     r->failed = 1;
 }
 
+/* After a failed check: whether the daemon is gone (its pidfd turns readable within 1 s). */
+static int gone(fz_live_t *L)
+{
+    struct pollfd pf = {L->pidfd, POLLIN, 0};
+    poll(&pf, 1, 1000);
+    return fz_live_dead(L);
+}
+
+static void ring_clear(ring_t *ring)
+{
+    for (uint32_t i = 0; i < ring->n; i++)
+        free(ring->e[i].data);
+    ring->n = 0;
+}
+
+/* A death, noticed by a child, after a batch or at the end: counted, the fuzzed daemon's figures
+ * kept, the last batch's inputs replayed (handle_death). Returns handle_death's. */
+static int death(const opts_t *o, const fz_target_t *t, fz_live_t *L, ring_t *ring, report_t *r)
+{
+    char why[640] = "";
+    r->max_fds = r->max_fds > L->max_fds ? r->max_fds : L->max_fds;
+    r->deaths++;
+    int rc = handle_death(L, o, t, ring, why, sizeof(why));
+    fail(r, why);
+    return rc;
+}
+
 static int fuzz_target(const opts_t *o, const fz_target_t *t, const fz_dict_t *dict, report_t *r)
 {
     memset(r, 0, sizeof(*r));
@@ -617,7 +650,7 @@ static int fuzz_target(const opts_t *o, const fz_target_t *t, const fz_dict_t *d
         .wo = {(uint32_t)o->connect_ms, (uint32_t)o->send_ms, (uint32_t)o->wait_ms, memfd}};
     ring_t *ring = calloc(1, sizeof(*ring));
     const uint64_t t0 = fz_now_ms();
-    uint64_t last_idle = t0, n_batch = 0;
+    uint64_t last_idle = t0;
     printf("fuzz-sockets: %s: patd pid %d, %d fds at start, %u seeds\n", t->name, (int)L.d.pid,
            L.baseline_fds, c.n_seeds);
     fflush(stdout);
@@ -625,7 +658,8 @@ static int fuzz_target(const opts_t *o, const fz_target_t *t, const fz_dict_t *d
         const uint64_t el = fz_now_ms() - t0;
         if ((o->seconds && el >= 1000 * o->seconds) || (o->inputs && r->s.inputs >= o->inputs))
             break;
-        b.seed = o->seed ^ ((uint64_t)(t - fz_targets) << 56) ^ n_batch++;
+        b.seed = o->seed ^ ((uint64_t)(t - fz_targets) << 56);
+        b.first = r->s.inputs;
         b.seeds_done = r->s.seeds_run;
         b.budget = o->inputs ? o->inputs - r->s.inputs : UINT64_MAX;
         b.ms = (uint32_t)o->batch_ms;
@@ -633,6 +667,7 @@ static int fuzz_target(const opts_t *o, const fz_target_t *t, const fz_dict_t *d
             b.ms = (uint32_t)(1000 * o->seconds - el);
         batch_stats_t s = {0};
         const uint64_t bt = now_us();
+        ring_clear(ring);
         int rc = run_batch(&b, &s, ring);
         r->send_secs += (double)(now_us() - bt) / 1e6;
         stats_add(&r->s, &s);
@@ -640,20 +675,21 @@ static int fuzz_target(const opts_t *o, const fz_target_t *t, const fz_dict_t *d
             fail(r, "harness: a batch did not finish in time");
             break;
         }
-        if (s.died || fz_live_dead(&L)) {
-            r->max_fds = r->max_fds > L.max_fds ? r->max_fds : L.max_fds; /* the dead one's */
-            r->deaths++;
-            rc = handle_death(&L, o, t, ring, why, sizeof(why));
-            fail(r, why);
-            if (rc < 0 || r->deaths >= o->max_deaths)
+        int dead = s.died || fz_live_dead(&L);
+        if (!dead) {
+            fz_live_log_trim(&L, FZ_LOG_MAX);
+            rc = fz_check_fds(&L, &o->live, 2000, why, sizeof(why));
+            if (rc == 0)
+                rc = fz_check_serving(&L, &o->live, why, sizeof(why));
+            if (rc < 0 && !(dead = gone(&L))) {
+                fail(r, why);
+                break;
+            }
+        }
+        if (dead) {
+            if (death(o, t, &L, ring, r) < 0 || r->deaths >= o->max_deaths)
                 break;
             continue;
-        }
-        fz_live_log_trim(&L, FZ_LOG_MAX);
-        if (fz_check_fds(&L, &o->live, 2000, why, sizeof(why)) < 0 ||
-            fz_check_serving(&L, &o->live, why, sizeof(why)) < 0) {
-            fail(r, why);
-            break;
         }
         if (fz_now_ms() - last_idle >= o->idle_check_ms) {
             r->idle_pct = fz_check_idle_cpu(&L, &o->live, why, sizeof(why));
@@ -666,7 +702,9 @@ static int fuzz_target(const opts_t *o, const fz_target_t *t, const fz_dict_t *d
     }
     /* the end: the daemon the inputs went to still alive, its descriptors back, quiet, serving
      * (after a death the one running is the replay's: nothing to ask it) */
-    if (!r->deaths && L.up && !fz_live_dead(&L)) {
+    if (!r->deaths && L.up && fz_live_dead(&L))
+        death(o, t, &L, ring, r);
+    if (!r->deaths && L.up) {
         if (fz_check_fds(&L, &o->live, 2000, why, sizeof(why)) < 0)
             fail(r, why);
         r->idle_pct = fz_check_idle_cpu(&L, &o->live, why, sizeof(why));
@@ -676,16 +714,16 @@ static int fuzz_target(const opts_t *o, const fz_target_t *t, const fz_dict_t *d
         if (!r->serving)
             fail(r, why);
         r->last_fds = fz_fd_count(L.d.pid);
-    } else if (!r->deaths && L.up) {
-        r->deaths++;
-        fail(r, "patd died after the last batch");
-        fz_live_log_tail(&L, 12);
+        if (!r->serving && gone(&L))
+            death(o, t, &L, ring, r);
     }
     if (!r->deaths)
         r->max_fds = L.max_fds;
     r->secs = (double)(fz_now_ms() - t0) / 1000.0;
     r->corpus = c.n;
     fz_live_stop(&L);
+    if (ring)
+        ring_clear(ring);
     free(ring);
     if (memfd >= 0)
         close(memfd);
