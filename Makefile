@@ -454,8 +454,9 @@ fuzz-sockets: | deps-build
 
 # The long run, once per transport change (the issue asks for >= 10 M inputs per socket once):
 # FUZZ_SOCKET_INPUTS per socket, no time limit, FUZZ_SOCKET_JOBS senders at once; the output also
-# lands in build/fuzz/sockets-long.log. About 1000 inputs/s per socket and sender on the 2-core
-# CI VM, 2000-2500 with two: 10 M take ~1.2 h per socket with two (README.md, "Fuzzing").
+# lands in build/fuzz/sockets-long.log. 1000-1900 inputs/s per socket with one sender on the
+# 2-core CI VM (.events 14 000), 2200-4500 with two: 10 M take about 1 h per socket with two,
+# 3-4 h for the four (README.md, "Fuzzing").
 FUZZ_SOCKET_INPUTS ?= 10000000
 FUZZ_SOCKET_JOBS ?= 2
 fuzz-sockets-long: | deps-build

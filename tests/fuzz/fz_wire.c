@@ -41,7 +41,7 @@ const fz_target_t fz_targets[] = {
      SP_REP,
      {FZ_PFX_NONE, FZ_PFX_SP, FZ_PFX_SP_WRONG, FZ_PFX_SP_BADMAGIC, FZ_PFX_SP_MSG, FZ_PFX_SP_MSGTYPE,
       FZ_PFX_FRAME, FZ_PFX_FRAME_SESS},
-     {{0, 12}, {40, 4}},
+     {{0, 6}, {8, 4}, {40, 4}}, /* as the admin socket's; nanomsg's replies start alike */
      0},
     {"events",
      ".events",
