@@ -1,8 +1,10 @@
 /*
- * pat_client.c — libpat: sessions with patd over nanomsg REQ, staging buffers in shared
- * memory, and the per-layer hand-off through futex signal words (ipc_shm.h).
+ * pat_client.c — libpat: sessions with patd over its control socket (a Unix stream of frames,
+ * ipc_proto.h), staging buffers in shared memory, and the per-layer hand-off through futex signal
+ * words (ipc_shm.h).
  *
- * One REQ socket per connection: one request outstanding at a time. pat_step_begin() sends and
+ * One control connection per session, one request outstanding at a time (the daemon reads the
+ * next frame only once it has answered the last). pat_step_begin() sends and
  * returns; the answer is collected before anything else is sent (usually by the first
  * pat_attend, while the frontend has computed its first layer meanwhile). Every wait is sliced
  * (receive timeout 50 ms, futex slices 20 ms): between slices the library checks that the
@@ -22,8 +24,6 @@
 #include "pat.h"
 
 #include <errno.h>
-#include <nanomsg/nn.h>
-#include <nanomsg/reqrep.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -259,25 +259,6 @@ static int daemon_gone(pat_conn_t *c)
     return c->lost;
 }
 
-/* Whether anything listens at the Unix socket path, asked without a word to it: a non-blocking
- * stream connect, closed at once (a live nanomsg or libuv listener accepts and sees its peer
- * close before any byte; nothing is ever sent). Returns 0 (something accepted, or its backlog is
- * full: alive and busy), -ENOENT (no file), -ECONNREFUSED (a socket file nothing listens on: the
- * stale one a crashed patd left) or connect's other errno (-EACCES, ...). Never waits. */
-static int probe_listener(const char *path)
-{
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    if (strlen(path) >= sizeof(sa.sun_path))
-        return -ENAMETOOLONG;
-    memcpy(sa.sun_path, path, strlen(path) + 1);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -errno;
-    int rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 ? 0 : -errno;
-    close(fd);
-    return rc == -EAGAIN || rc == -EINPROGRESS ? 0 : rc;
-}
-
 /* Where no daemon answers: the detail of -ENOENT and -ECONNREFUSED (the path tried) into c;
  * returns rc, other codes untouched. */
 static int no_daemon(pat_conn_t *c, const char *path, int rc)
@@ -292,10 +273,30 @@ static int no_daemon(pat_conn_t *c, const char *path, int rc)
     return rc;
 }
 
-/* A REQ socket connected to the control socket at path. nanomsg connects in the background and
- * retries a refused connect for ever, so a socket file nothing listens on (what a crashed patd
- * leaves) would only show as a send that waits out its timeout: the probe finds it first.
- * Returns 0 and *ret_sock, -ENOENT, -ENOTSOCK, -ECONNREFUSED (stale), or another errno. */
+/* Waits until fd is ready for ev (POLLIN / POLLOUT) or the deadline passes, in slices between
+ * which a session's daemon is checked (c may be NULL): 0, -ETIMEDOUT, or the session's lost_rc. */
+static int io_wait(pat_conn_t *c, int fd, short ev, uint64_t deadline_ns)
+{
+    for (;;) {
+        uint64_t now = pat_now_ns();
+        if (now >= deadline_ns)
+            return -ETIMEDOUT;
+        uint64_t left_ms = (deadline_ns - now) / 1000000ull + 1;
+        struct pollfd p = {fd, ev, 0};
+        int r = poll(&p, 1, (int)PAT_MIN(left_ms, (uint64_t)RECV_SLICE_MS));
+        if (r > 0)
+            return 0;
+        if (r < 0 && errno != EINTR)
+            return -errno;
+        if (c && daemon_gone(c))
+            return c->lost_rc;
+    }
+}
+
+/* A connection to the control socket at path (non-blocking, close-on-exec). A socket file
+ * nothing listens on (what a crashed patd leaves) is refused at once. Returns 0 and *ret_sock,
+ * -ENOENT, -ENOTSOCK, -ECONNREFUSED (stale), -ETIMEDOUT (its backlog stayed full), or another
+ * errno. */
 static int open_socket(const char *path, uint32_t timeout_ms, int *ret_sock)
 {
     struct stat st;
@@ -303,64 +304,118 @@ static int open_socket(const char *path, uint32_t timeout_ms, int *ret_sock)
         return -errno;
     if (!S_ISSOCK(st.st_mode))
         return -ENOTSOCK;
-    int rc = probe_listener(path);
-    if (rc < 0)
-        return rc;
-    int s = nn_socket(AF_SP, NN_REQ);
-    if (s < 0)
-        return -nn_errno();
-    int slice = RECV_SLICE_MS, snd = (int)timeout_ms, resend = 3600000;
-    nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVTIMEO, &slice, sizeof(slice));
-    nn_setsockopt(s, NN_SOL_SOCKET, NN_SNDTIMEO, &snd, sizeof(snd));
-    /* we time out ourselves; a resend would only race a slow answer */
-    nn_setsockopt(s, NN_REQ, NN_REQ_RESEND_IVL, &resend, sizeof(resend));
-    int maxsz = -1;
-    nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVMAXSIZE, &maxsz, sizeof(maxsz));
-    char url[600];
-    snprintf(url, sizeof(url), "ipc://%.590s", path);
-    if (nn_connect(s, url) < 0) {
-        int e = nn_errno();
-        nn_close(s);
-        return -e;
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof(sa.sun_path))
+        return -ENAMETOOLONG;
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    const uint64_t deadline = pat_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    for (;;) {
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            return -errno;
+        if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+            *ret_sock = fd;
+            return 0;
+        }
+        int rc = -errno;
+        close(fd);
+        /* a Unix socket's full backlog: the daemon is alive and busy; try again shortly */
+        if (rc != -EAGAIN || pat_now_ns() >= deadline)
+            return rc == -EAGAIN ? -ETIMEDOUT : rc;
+        usleep(2000);
     }
-    *ret_sock = s;
+}
+
+/* Reads exactly n bytes of the control connection before the deadline: 0, -ETIMEDOUT,
+ * -ECONNRESET (closed), or the session's lost_rc. */
+static int sock_read(pat_conn_t *c, int fd, void *buf, size_t n, uint64_t deadline_ns)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = recv(fd, (uint8_t *)buf + got, n - got, MSG_DONTWAIT);
+        if (k > 0) {
+            got += (size_t)k;
+            continue;
+        }
+        if (k == 0 || (errno != EAGAIN && errno != EINTR))
+            return -ECONNRESET;
+        int rc = io_wait(c, fd, POLLIN, deadline_ns);
+        if (rc < 0)
+            return rc;
+    }
     return 0;
 }
 
-/* Receives the answer to request corr into *ret (malloc'd by nanomsg: nn_freemsg). */
+/* The control connection closed under a session: its daemon went (or is going: its exit may
+ * reach the pidfd a moment after the socket's end), or it ended the connection. */
+static int conn_closed(pat_conn_t *c)
+{
+    if (!c)
+        return -ECONNRESET;
+    for (int i = 0; i < 10 && !daemon_gone(c); i++)
+        usleep(20000);
+    if (daemon_gone(c))
+        return c->lost_rc;
+    set_err(c, "patd (pid %d) closed this session's control connection", (int)c->daemon_pid);
+    return -ECONNRESET;
+}
+
+/* Receives the answer to request corr into *ret (malloc'd: free it). Answers to other requests
+ * (one that timed out here and was answered late) are skipped. */
 static int recv_reply(pat_conn_t *c, int sock, uint64_t corr, uint32_t timeout_ms, void **ret,
                       size_t *ret_len)
 {
-    uint64_t deadline = pat_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    const uint64_t deadline = pat_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     for (;;) {
-        void *msg = NULL;
-        int n = nn_recv(sock, &msg, NN_MSG, 0);
-        if (n >= 0) {
-            ipc_hdr_t h;
-            if (ipc_frame_check(msg, (size_t)n, 1, &h) < 0 || h.corr != corr) {
-                nn_freemsg(msg); /* not ours: a stale or damaged answer */
-                continue;
-            }
-            *ret = msg;
-            *ret_len = (size_t)n;
-            return 0;
+        ipc_hdr_t h;
+        int rc = sock_read(c, sock, &h, sizeof(h), deadline);
+        if (rc == -ECONNRESET)
+            return conn_closed(c);
+        if (rc < 0)
+            return rc;
+        if (h.magic != IPC_MAGIC || h.version != IPC_VERSION ||
+            h.body_len > IPC_MAX_FRAME - sizeof(h)) {
+            if (c)
+                set_err(c, "the daemon's answer is not a protocol %u frame (%s)",
+                        (unsigned)IPC_VERSION,
+                        h.magic != IPC_MAGIC       ? "bad magic"
+                        : h.version != IPC_VERSION ? "another protocol version"
+                                                   : "too long");
+            return h.magic == IPC_MAGIC && h.version != IPC_VERSION ? -EPROTONOSUPPORT : -EBADMSG;
         }
-        int e = nn_errno();
-        if (e != ETIMEDOUT && e != EAGAIN && e != EINTR)
-            return -e;
-        if (c && daemon_gone(c))
-            return c->lost_rc;
-        if (pat_now_ns() > deadline)
-            return -ETIMEDOUT;
+        uint8_t *msg = pat_xmalloc(sizeof(h) + h.body_len);
+        memcpy(msg, &h, sizeof(h));
+        rc = sock_read(c, sock, msg + sizeof(h), h.body_len, deadline);
+        if (rc < 0) {
+            free(msg);
+            return rc == -ECONNRESET ? conn_closed(c) : rc;
+        }
+        if (ipc_frame_check(msg, sizeof(h) + h.body_len, 1, &h) < 0 || h.corr != corr) {
+            free(msg); /* not ours: a stale or damaged answer */
+            continue;
+        }
+        *ret = msg;
+        *ret_len = sizeof(h) + h.body_len;
+        return 0;
     }
 }
 
-/* Sends the frame in c->tx (built by the caller). */
-static int send_frame(pat_conn_t *c, int sock, const ipc_buf_t *b)
+/* Sends the frame in b (built by the caller) within timeout_ms. */
+static int send_frame(pat_conn_t *c, int sock, const ipc_buf_t *b, uint32_t timeout_ms)
 {
-    if (nn_send(sock, b->data, b->len, 0) < 0) {
-        int e = nn_errno();
-        return e == ETIMEDOUT || e == EAGAIN ? -ETIMEDOUT : -e;
+    const uint64_t deadline = pat_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    size_t sent = 0;
+    while (sent < b->len) {
+        ssize_t k = send(sock, b->data + sent, b->len - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (k > 0) {
+            sent += (size_t)k;
+            continue;
+        }
+        if (k < 0 && errno != EAGAIN && errno != EINTR)
+            return errno == EPIPE || errno == ECONNRESET ? conn_closed(c) : -errno;
+        int rc = io_wait(c, sock, POLLOUT, deadline);
+        if (rc < 0)
+            return rc;
     }
     return 0;
 }
@@ -418,7 +473,7 @@ static int call(pat_conn_t *c, uint32_t op, const void *body, size_t len, const 
     ipc_frame_put(&c->tx, body, len);
     ipc_frame_put(&c->tx, body2, len2);
     ipc_frame_finish(&c->tx);
-    if ((rc = send_frame(c, c->sock, &c->tx)) < 0) {
+    if ((rc = send_frame(c, c->sock, &c->tx, c->timeout_ms)) < 0) {
         if (daemon_gone(c))
             return c->lost_rc;
         set_err(c, "sending %s: %s", ipc_op_name(op), strerror(-rc));
@@ -441,7 +496,7 @@ static int call(pat_conn_t *c, uint32_t op, const void *body, size_t len, const 
         rc = -EBADMSG;
     if (rc == 0 && out_len)
         memcpy(out, rb, out_len);
-    nn_freemsg(msg);
+    free(msg);
     return rc;
 }
 
@@ -461,7 +516,7 @@ static int collect_pending(pat_conn_t *c)
             rc = -EBADMSG;
         if (rc == 0)
             memcpy(&c->begin_rep, rb, sizeof(c->begin_rep));
-        nn_freemsg(msg);
+        free(msg);
     } else if (rc == -ETIMEDOUT) {
         set_err(c, "no answer to STEP_BEGIN within %u ms", c->timeout_ms);
     }
@@ -585,7 +640,7 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
                          .lease_ms = o->lease_ms};
     if (o->pack_policy > PAT_PACK_TREE) {
         snprintf(why, why_len, "opts.pack_policy %u is not a PAT_PACK_* value", o->pack_policy);
-        nn_close(c->sock);
+        close(c->sock);
         free(c);
         return -EINVAL;
     }
@@ -653,6 +708,13 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
             goto fail_session;
         }
     }
+    /* the first request binds the control connection to the session (the daemon closes one
+     * that stays without a session for a few seconds) */
+    if ((rc = call(c, IPC_OP_PING, NULL, 0, NULL, 0, NULL, 0)) < 0) {
+        snprintf(why, why_len, "binding the control connection: %s",
+                 c->err[0] ? c->err : pat_strerror(rc));
+        goto fail_session;
+    }
     *ret = c;
     return 0;
 fail_session:
@@ -662,7 +724,7 @@ fail_session:
 fail:
     if (c->daemon_pidfd >= 0)
         close(c->daemon_pidfd);
-    nn_close(c->sock);
+    close(c->sock);
     ipc_buf_done(&c->tx);
     free(c);
     return rc;
@@ -682,7 +744,7 @@ void pat_close(pat_conn_t *c)
     ipc_shm_close(&c->shm);
     if (c->daemon_pidfd >= 0)
         close(c->daemon_pidfd);
-    nn_close(c->sock);
+    close(c->sock);
     ipc_buf_done(&c->tx);
     free(c);
 }
@@ -829,7 +891,7 @@ int pat_step_begin(pat_conn_t *c, const uint32_t *seqs, const uint32_t *n_new, u
     }
     ipc_frame_put(&c->tx, tokens, total * 4);
     ipc_frame_finish(&c->tx);
-    int rc = send_frame(c, c->sock, &c->tx);
+    int rc = send_frame(c, c->sock, &c->tx, c->timeout_ms);
     if (rc < 0)
         return daemon_gone(c) ? c->lost_rc : rc;
     c->pend_corr = c->corr;
@@ -1055,8 +1117,6 @@ int pat_stats(const pat_conn_t *c, pat_conn_stats_t *ret)
     return 0;
 }
 
-/* One admin request on a socket of its own: 0 and the reply message (nn_freemsg it) with its
- * body, or a negative errno (the daemon's detail into tmp->err). */
 /* Reads exactly n bytes from a stream socket before the deadline: 0, -ETIMEDOUT, -ECONNRESET. */
 static int read_full(int fd, void *buf, size_t n, uint64_t deadline_ns)
 {
@@ -1250,26 +1310,15 @@ static int admin_call(const char *socket, uint32_t op, uint32_t timeout_ms, pat_
     timeout_ms = timeout_ms ? timeout_ms : 10000;
     void *msg = NULL;
     size_t n = 0;
-    int rc, s;
+    int rc;
     ipc_buf_t b;
     ipc_buf_init(&b);
     uint64_t corr = (uint64_t)getpid() << 32 | (uint32_t)pat_now_ns();
     ipc_frame_start(&b, op, 0, corr, 0);
     ipc_frame_finish(&b);
-    if (ipc_op_changes_state(op)) {
-        rc = admin_call_unix(tmp, path, &b, corr, timeout_ms, &msg, &n);
-    } else if ((rc = open_socket(path, timeout_ms, &s)) < 0) {
-        no_daemon(tmp, path, rc);
-    } else {
-        void *nm = NULL;
-        if ((rc = send_frame(NULL, s, &b)) == 0 &&
-            (rc = recv_reply(NULL, s, corr, timeout_ms, &nm, &n)) == 0) {
-            msg = pat_xmalloc(n);
-            memcpy(msg, nm, n);
-            nn_freemsg(nm);
-        }
-        nn_close(s);
-    }
+    /* every admin request on the admin socket: the read-only ones are served there to anyone
+     * the socket's mode lets in, the others to patd's user, root and daemon.admin_group */
+    rc = admin_call_unix(tmp, path, &b, corr, timeout_ms, &msg, &n);
     ipc_buf_done(&b);
     if (rc < 0)
         return rc;

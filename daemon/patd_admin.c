@@ -2,9 +2,8 @@
  * patd_admin.c — the admin socket, <runtime_dir>/<name>.admin: a Unix stream socket served by
  * libuv on the loop thread, where the kernel tells who is asking (SO_PEERCRED).
  *
- * nanomsg, which carries the control protocol, cannot tell the daemon who sent a frame: every
- * member of the socket group looks the same. Operations that change the daemon's state (DRAIN,
- * RELOAD, CHECK: the last holds the pool lock for O(blocks)) are therefore served here only, and
+ * Operations that change the daemon's state (DRAIN, RELOAD, CHECK: the last holds the pool lock
+ * for O(blocks)) are served here only, and
  * only to the daemon's own user, root, or members of daemon.admin_group; read-only ones (STATUS,
  * STATS, SEQS, INFO) are served here too, to anyone the socket's mode lets connect. One request
  * per connection: a 40-byte frame header (admin bodies are empty), one reply frame, close.
@@ -18,10 +17,13 @@
  * moment, so HELLOs no one can attribute cannot fill the table. Bounded: at most
  * PATD_ADMIN_MAX_CONNS connections at once and PATD_ADMIN_PER_UID from one user (the kernel's
  * word), each closed after ADMIN_IDLE_MS: one user's idle connections cannot keep another's HELLO
- * out.
+ * out. A request answered later (RELOAD: its file is read off the loop) keeps its connection
+ * until answered or until ADMIN_IDLE_MS, when the answer says it did not come in time
+ * (patd_admin_defer).
  *
  * Thread context: the loop thread.
  */
+#include <assert.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +45,7 @@ typedef struct patd_admin_conn {
     uint8_t buf[sizeof(ipc_hdr_t) + sizeof(ipc_hello_req_t)];
     size_t len, want; /* bytes read, bytes the request has (the header's, then its body's) */
     struct ucred cred;
+    patd_req_t *owed;     /* a request answered later (patd_admin_defer), NULL: none */
     int slot;             /* in d->admin_uid, -1: none */
     int closing, handles; /* handles still open (pipe, timer) */
 } patd_admin_conn_t;
@@ -63,6 +66,9 @@ static void conn_close(patd_admin_conn_t *ac)
     if (ac->closing)
         return;
     ac->closing = 1;
+    if (ac->owed) /* its answer, when it comes, goes nowhere */
+        ac->owed->reply_fn = NULL;
+    ac->owed = NULL;
     uv_close((uv_handle_t *)&ac->timer, conn_freed);
     uv_close((uv_handle_t *)&ac->pipe, conn_freed);
 }
@@ -77,6 +83,7 @@ static void on_written(uv_write_t *w, int status)
 static void admin_send(void *ud, const void *frame, size_t len)
 {
     patd_admin_conn_t *ac = ud;
+    ac->owed = NULL; /* this is the answer (patd_send clears its reply_fn) */
     if (ac->closing)
         return;
     uv_write_t *w = pat_xmalloc(sizeof(*w) + len);
@@ -91,7 +98,7 @@ static void admin_send(void *ud, const void *frame, size_t len)
 
 /* Whether the peer may change the daemon's state: its user, root, or a member of admin_group
  * (its primary group, or a supplementary one as /proc/<pid>/status lists them). */
-static int may_administer(const patd_t *d, const struct ucred *cr)
+int patd_may_administer(const patd_t *d, const struct ucred *cr)
 {
     if (cr->uid == 0 || cr->uid == geteuid())
         return 1;
@@ -242,7 +249,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         patd_reply_error(d, &rq, -EOPNOTSUPP, "%s is not an admin request", ipc_op_name(h.opcode));
         return;
     }
-    if (ipc_op_changes_state(h.opcode) && !may_administer(d, &ac->cred)) {
+    if (ipc_op_changes_state(h.opcode) && !patd_may_administer(d, &ac->cred)) {
         patd_notice("admin: %s refused to uid %u gid %u pid %d", ipc_op_name(h.opcode),
                     (unsigned)ac->cred.uid, (unsigned)ac->cred.gid, (int)ac->cred.pid);
         patd_reply_error(d, &rq, -EPERM,
@@ -253,9 +260,26 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     d->admin_dispatch(d, &rq, &h);
 }
 
+void patd_admin_defer(patd_req_t *rq, patd_req_t *slot)
+{
+    assert(rq->reply_fn == admin_send);
+    patd_admin_conn_t *ac = rq->reply_ud;
+    *slot = *rq;
+    rq->reply_fn = NULL;
+    ac->owed = slot;
+}
+
+/* ADMIN_IDLE_MS after connecting: an owed answer says it did not come in time (the daemon goes
+ * on with the request: a reload still reading its file applies when it has); otherwise close. */
 static void on_idle(uv_timer_t *t)
 {
-    conn_close(t->data);
+    patd_admin_conn_t *ac = t->data;
+    if (ac->owed)
+        patd_reply_error(ac->d, ac->owed, -ETIMEDOUT,
+                         "%s: no answer within %u ms; the daemon goes on with it (see its log)",
+                         ipc_op_name(ac->owed->hdr.opcode), ADMIN_IDLE_MS);
+    else
+        conn_close(ac);
 }
 
 static void on_connection(uv_stream_t *server, int status)

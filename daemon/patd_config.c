@@ -5,17 +5,27 @@
  * The same key names are INI keys under their section and `--key=value` on the command line
  * (dashes or underscores). Values are checked against their bounds wherever they come from; a
  * bad value names the option, the source and the allowed range, and nothing is applied.
+ *
+ * Files (the config, an instance's drop-in) are read whole into memory and parsed from there
+ * (ini_parse_string): only a regular file of at most PATD_CONFIG_MAX_BYTES, opened without
+ * blocking, so that a path that names /dev/zero, a FIFO or a directory (a slip, or a hostile
+ * edit) is refused with its cause instead of hanging the reader or reading as an empty file
+ * (which would reset every option to its default). A reload reads off the loop thread
+ * (patd_main.c); this file only keeps its reading free of shared state (getgrnam_r).
  */
 #include "patd_config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <ini.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <limits.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ipc_proto.h" /* IPC_VERSION */
@@ -184,6 +194,35 @@ _Static_assert(PAT_ARRAY_SIZE(opts) <= 128, "patd_config_t.set holds 128 bits");
 
 static const char *level_names[] = {"", "", "", "err", "warning", "notice", "info", "debug"};
 
+/* A refusal while loading c: one line "patd: <why>" on stderr (the log), and the first one kept in
+ * c->error for whoever asked (a reload's reply). */
+static void cfg_error(patd_config_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void cfg_error(patd_config_t *c, const char *fmt, ...)
+{
+    char why[sizeof(c->error)];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "patd: %s\n", why);
+    if (!c->error[0])
+        memcpy(c->error, why, sizeof(why));
+}
+
+/* Whether a group of that name exists: getgrnam_r, as a reload checks the file off the loop
+ * thread; its buffer grows while the entry does not fit (a group of many members). */
+static int group_exists(const char *name)
+{
+    struct group g, *found = NULL;
+    int rc = ERANGE;
+    for (size_t cap = 4096; rc == ERANGE && cap <= (1u << 24); cap *= 4) {
+        char *buf = pat_xmalloc(cap);
+        rc = getgrnam_r(name, &g, buf, cap, &found);
+        free(buf);
+    }
+    return rc == 0 && found;
+}
+
 static const opt_t *opt_find(const char *section, const char *key)
 {
     char k[64];
@@ -261,19 +300,18 @@ static int opt_set(patd_config_t *c, const opt_t *o, const char *val, const char
     c->set[idx / 64] |= 1ull << (idx % 64);
     return 0;
 bad:
-    fprintf(stderr, "patd: %s: %s.%s: cannot parse '%s' (%s)\n", src, o->section, o->key, val,
-            o->help);
+    cfg_error(c, "%s: %s.%s: cannot parse '%s' (%s)", src, o->section, o->key, val, o->help);
     return -EINVAL;
 range:
     if (o->type == T_STR)
-        fprintf(stderr, "patd: %s: %s.%s: length must be %llu..%llu\n", src, o->section, o->key,
-                (unsigned long long)o->min, (unsigned long long)o->max);
+        cfg_error(c, "%s: %s.%s: length must be %llu..%llu", src, o->section, o->key,
+                  (unsigned long long)o->min, (unsigned long long)o->max);
     else if (o->type == T_OCT)
-        fprintf(stderr, "patd: %s: %s.%s = %s out of range 0%llo..0%llo\n", src, o->section, o->key,
-                val, (unsigned long long)o->min, (unsigned long long)o->max);
+        cfg_error(c, "%s: %s.%s = %s out of range 0%llo..0%llo", src, o->section, o->key, val,
+                  (unsigned long long)o->min, (unsigned long long)o->max);
     else
-        fprintf(stderr, "patd: %s: %s.%s = %s out of range %llu..%llu\n", src, o->section, o->key,
-                val, (unsigned long long)o->min, (unsigned long long)o->max);
+        cfg_error(c, "%s: %s.%s = %s out of range %llu..%llu", src, o->section, o->key, val,
+                  (unsigned long long)o->min, (unsigned long long)o->max);
     return -EINVAL;
 }
 
@@ -297,7 +335,7 @@ static int ini_cb(void *ud, const char *section, const char *key, const char *va
     ini_ctx_t *x = ud;
     const opt_t *o = opt_find(section, key);
     if (!o) {
-        fprintf(stderr, "patd: %s: unknown option [%s] %s\n", x->path, section, key);
+        cfg_error(x->c, "%s: unknown option [%s] %s", x->path, section, key);
         x->errors++;
         return 1;
     }
@@ -306,59 +344,142 @@ static int ini_cb(void *ud, const char *section, const char *key, const char *va
     return 1;
 }
 
-static int read_file(patd_config_t *c, const char *path)
+/* What fstat calls a file that is not a regular one, for the message that refuses it. */
+static const struct {
+    mode_t type;
+    const char *name;
+} file_kinds[] = {
+    {S_IFDIR, "a directory"},    {S_IFIFO, "a FIFO"},    {S_IFCHR, "a character device"},
+    {S_IFBLK, "a block device"}, {S_IFSOCK, "a socket"},
+};
+
+/* A config file's whole text, NUL-terminated (malloc'd, into *ret_text): a regular file (a
+ * symlink to one is followed) of at most PATD_CONFIG_MAX_BYTES without NUL bytes. Opened
+ * without blocking, so that a FIFO no one writes is refused by what fstat says like a device or
+ * a directory, before a byte is read; the cap is checked on the bytes read too (the file may
+ * grow after fstat). Returns 0; 1 when optional and there is no such file; or a negative errno
+ * with the cause in c->error. May block on a hung mount: reload calls it off the loop thread. */
+static int slurp(patd_config_t *c, const char *path, int optional, char **ret_text)
 {
-    ini_ctx_t x = {c, 0, path};
-    int r = ini_parse(path, ini_cb, &x);
-    if (r == -1) {
-        fprintf(stderr, "patd: cannot open config %s: %s\n", path, strerror(errno));
-        return -ENOENT;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0 && optional && errno == ENOENT)
+        return 1;
+    if (fd < 0) {
+        int rc = -errno;
+        cfg_error(c, "cannot open config %s: %s", path, strerror(-rc));
+        return rc;
     }
+    char *text = NULL;
+    struct stat st;
+    int rc = fstat(fd, &st) < 0 ? -errno : 0;
+    if (rc < 0) {
+        cfg_error(c, "config %s: fstat: %s", path, strerror(-rc));
+        goto out;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        const char *kind = "not a regular file";
+        for (size_t i = 0; i < PAT_ARRAY_SIZE(file_kinds); i++)
+            if ((st.st_mode & S_IFMT) == file_kinds[i].type)
+                kind = file_kinds[i].name;
+        cfg_error(c, "config %s is %s, not a regular file; not read", path, kind);
+        rc = -EINVAL;
+        goto out;
+    }
+    size_t len = 0;
+    if ((uint64_t)st.st_size <= PATD_CONFIG_MAX_BYTES) {
+        text = pat_xmalloc(PATD_CONFIG_MAX_BYTES + 2);
+        while (len <= PATD_CONFIG_MAX_BYTES) { /* one byte past the cap tells it grew */
+            ssize_t n = read(fd, text + len, PATD_CONFIG_MAX_BYTES + 1 - len);
+            if (n == 0)
+                break;
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n < 0) {
+                rc = -errno;
+                cfg_error(c, "config %s: read: %s", path, strerror(-rc));
+                goto out;
+            }
+            len += (size_t)n;
+        }
+    }
+    if ((uint64_t)st.st_size > PATD_CONFIG_MAX_BYTES || len > PATD_CONFIG_MAX_BYTES) {
+        cfg_error(c, "config %s is larger than %u bytes (the most a config may have); not read",
+                  path, PATD_CONFIG_MAX_BYTES);
+        rc = -EFBIG;
+        goto out;
+    }
+    text[len] = 0;
+    if (memchr(text, 0, len)) {
+        cfg_error(c, "config %s holds a NUL byte: not a text file; not read", path);
+        rc = -EINVAL;
+        goto out;
+    }
+    *ret_text = text;
+    text = NULL;
+out:
+    free(text);
+    close(fd);
+    return rc;
+}
+
+/* Reads path (slurp) and parses it into c: 0, 1 (optional and absent), or a negative errno with
+ * the cause in c->error. */
+static int read_file(patd_config_t *c, const char *path, int optional)
+{
+    char *text = NULL;
+    int rc = slurp(c, path, optional, &text);
+    if (rc != 0)
+        return rc;
+    ini_ctx_t x = {c, 0, path};
+    int r = ini_parse_string(text, ini_cb, &x);
+    free(text);
     if (r > 0) {
-        fprintf(stderr, "patd: %s:%d: syntax error\n", path, r);
+        cfg_error(c, "%s:%d: syntax error", path, r);
         return -EINVAL;
+    }
+    if (r < 0) { /* with a string, only its allocation can fail */
+        cfg_error(c, "%s: the INI parser is out of memory", path);
+        return -ENOMEM;
     }
     return x.errors ? -EINVAL : 0;
 }
 
 /* Cross-option rules the table cannot express. */
-static int validate(const patd_config_t *c)
+static int validate(patd_config_t *c)
 {
     kern_model_t m = {c->layers, c->q_heads, c->kv_heads, c->head_dim, c->block_size, c->dtype};
     if (kern_supported(&m) < 0) {
-        fprintf(stderr,
-                "patd: model not supported: q_heads %u / kv_heads %u (group <= 16, divisible), "
-                "head_dim %u (64, 128, 256), block_size %u (16)\n",
-                c->q_heads, c->kv_heads, c->head_dim, c->block_size);
+        cfg_error(c,
+                  "model not supported: q_heads %u / kv_heads %u (group <= 16, divisible), "
+                  "head_dim %u (64, 128, 256), block_size %u (16)",
+                  c->q_heads, c->kv_heads, c->head_dim, c->block_size);
         return -EINVAL;
     }
     if (strcmp(c->backend, "auto") && strcmp(c->backend, "cpu") && strcmp(c->backend, "cuda")) {
-        fprintf(stderr, "patd: daemon.backend must be auto, cpu or cuda (got '%s')\n", c->backend);
+        cfg_error(c, "daemon.backend must be auto, cpu or cuda (got '%s')", c->backend);
         return -EINVAL;
     }
     if (strcmp(c->merge, "launch") && strcmp(c->merge, "inside")) {
-        fprintf(stderr, "patd: gpu.merge must be launch or inside (got '%s')\n", c->merge);
+        cfg_error(c, "gpu.merge must be launch or inside (got '%s')", c->merge);
         return -EINVAL;
     }
     /* wide: before 2026-11-25 the opt-in name of what auto is now (patd_main reads it as auto) */
     if (strcmp(c->forward, "auto") && strcmp(c->forward, "mma") && strcmp(c->forward, "layer") &&
         strcmp(c->forward, "cpasync") && strcmp(c->forward, "tma") && strcmp(c->forward, "wide")) {
-        fprintf(stderr, "patd: gpu.forward must be auto, cpasync, tma, layer or mma (got '%s')\n",
-                c->forward);
+        cfg_error(c, "gpu.forward must be auto, cpasync, tma, layer or mma (got '%s')", c->forward);
         return -EINVAL;
     }
     if (strcmp(c->prefix_scope, "uid") && strcmp(c->prefix_scope, "all")) {
-        fprintf(stderr, "patd: pool.prefix_scope must be uid or all (got '%s')\n", c->prefix_scope);
+        cfg_error(c, "pool.prefix_scope must be uid or all (got '%s')", c->prefix_scope);
         return -EINVAL;
     }
     if (sched_policy_parse(c->pack_policy) < 0) {
-        fprintf(stderr,
-                "patd: daemon.pack_policy must be auto, bytes, paper, query or tree (got '%s')\n",
-                c->pack_policy);
+        cfg_error(c, "daemon.pack_policy must be auto, bytes, paper, query or tree (got '%s')",
+                  c->pack_policy);
         return -EINVAL;
     }
     if (strcmp(c->liveness, "auto") && strcmp(c->liveness, "lease")) {
-        fprintf(stderr, "patd: daemon.liveness must be auto or lease (got '%s')\n", c->liveness);
+        cfg_error(c, "daemon.liveness must be auto or lease (got '%s')", c->liveness);
         return -EINVAL;
     }
     size_t name_ok = c->name[0] == '.' ? 0
@@ -366,39 +487,38 @@ static int validate(const patd_config_t *c)
                                                          "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
                                                          "0123456789-_.@");
     if (name_ok != strlen(c->name)) {
-        fprintf(stderr,
-                "patd: daemon.name '%s' may hold letters, digits, '-', '_', '@' and '.' (not "
-                "first) only\n",
-                c->name);
+        cfg_error(c,
+                  "daemon.name '%s' may hold letters, digits, '-', '_', '@' and '.' (not "
+                  "first) only",
+                  c->name);
         return -EINVAL;
     }
-    if (c->socket_group[0] && !getgrnam(c->socket_group)) {
-        fprintf(stderr, "patd: daemon.socket_group '%s' does not exist\n", c->socket_group);
+    if (c->socket_group[0] && !group_exists(c->socket_group)) {
+        cfg_error(c, "daemon.socket_group '%s' does not exist", c->socket_group);
         return -EINVAL;
     }
-    if (c->admin_group[0] && !getgrnam(c->admin_group)) {
-        fprintf(stderr, "patd: daemon.admin_group '%s' does not exist\n", c->admin_group);
+    if (c->admin_group[0] && !group_exists(c->admin_group)) {
+        cfg_error(c, "daemon.admin_group '%s' does not exist", c->admin_group);
         return -EINVAL;
     }
     if (c->lease_ms > c->max_lease_ms) {
-        fprintf(stderr, "patd: limits.lease_ms %u exceeds limits.max_lease_ms %u\n", c->lease_ms,
-                c->max_lease_ms);
+        cfg_error(c, "limits.lease_ms %u exceeds limits.max_lease_ms %u", c->lease_ms,
+                  c->max_lease_ms);
         return -EINVAL;
     }
     if (!(c->memory_fraction >= 0.05f && c->memory_fraction <= 0.95f)) {
-        fprintf(stderr, "patd: gpu.memory_fraction must be 0.05..0.95 (got %g)\n",
-                (double)c->memory_fraction);
+        cfg_error(c, "gpu.memory_fraction must be 0.05..0.95 (got %g)", (double)c->memory_fraction);
         return -EINVAL;
     }
     /* pool.blocks = auto: checked again once start has sized the pool (patd_main) */
     if (c->blocks && c->conn_max_blocks > c->blocks) {
-        fprintf(stderr, "patd: limits.conn_max_blocks %u exceeds pool.blocks %u\n",
-                c->conn_max_blocks, c->blocks);
+        cfg_error(c, "limits.conn_max_blocks %u exceeds pool.blocks %u", c->conn_max_blocks,
+                  c->blocks);
         return -EINVAL;
     }
     if (c->conn_max_seqs > c->max_seqs) {
-        fprintf(stderr, "patd: limits.conn_max_seqs %u exceeds pool.max_seqs %u\n",
-                c->conn_max_seqs, c->max_seqs);
+        cfg_error(c, "limits.conn_max_seqs %u exceeds pool.max_seqs %u", c->conn_max_seqs,
+                  c->max_seqs);
         return -EINVAL;
     }
     return 0;
@@ -419,21 +539,24 @@ static void default_runtime_dir(patd_config_t *c)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: patd [--config FILE] [--KEY=VALUE ...] [--check-config] [--print-config]\n"
-               "            [--help] [--version]\n\n"
-               "patd serves prefix-aware attention over a paged KV cache to frontends in other\n"
-               "processes (libpat). Control socket: ipc://<runtime_dir>/<name>.sock; events:\n"
-               "ipc://<runtime_dir>/<name>.events. With no config on a machine without a GPU it\n"
-               "runs the cpu backend with a small pool.\n\n"
-               "  --config FILE     INI file ([section] key = value); options below\n"
-               "  --instance N      one of several daemons on a host (patd@N.service, GPU N):\n"
-               "                    name <name>@N, metrics_port + N, and the drop-in\n"
-               "                    <config dir>/<config stem>@N.conf read after the file\n"
-               "                    when it exists (e.g. /etc/patd/patd@1.conf)\n"
-               "  --check-config    validate the configuration and exit (0 valid, 1 not)\n"
-               "  --print-config    print the effective configuration as INI and exit\n"
-               "  --version         print the version and the backends this build carries\n\n"
-               "Options (INI key under [section], or --key=value; * = reloaded by SIGHUP):\n");
+    fprintf(f,
+            "usage: patd [--config FILE] [--KEY=VALUE ...] [--check-config] [--print-config]\n"
+            "            [--help] [--version]\n\n"
+            "patd serves prefix-aware attention over a paged KV cache to frontends in other\n"
+            "processes (libpat). Control socket: ipc://<runtime_dir>/<name>.sock; events:\n"
+            "ipc://<runtime_dir>/<name>.events. With no config on a machine without a GPU it\n"
+            "runs the cpu backend with a small pool.\n\n"
+            "  --config FILE     INI file ([section] key = value; a regular file of at most\n"
+            "                    %u KiB, as the drop-in); options below\n"
+            "  --instance N      one of several daemons on a host (patd@N.service, GPU N):\n"
+            "                    name <name>@N, metrics_port + N, and the drop-in\n"
+            "                    <config dir>/<config stem>@N.conf read after the file\n"
+            "                    when it exists (e.g. /etc/patd/patd@1.conf)\n"
+            "  --check-config    validate the configuration and exit (0 valid, 1 not)\n"
+            "  --print-config    print the effective configuration as INI and exit\n"
+            "  --version         print the version and the backends this build carries\n\n"
+            "Options (INI key under [section], or --key=value; * = reloaded by SIGHUP):\n",
+            PATD_CONFIG_MAX_BYTES >> 10);
     const char *sec = "";
     for (size_t i = 0; i < PAT_ARRAY_SIZE(opts); i++) {
         const opt_t *o = &opts[i];
@@ -476,7 +599,7 @@ static int parse_args(patd_config_t *c, int argc, char **argv, int *ret_action, 
         if (!strcmp(a, "--config") || !strncmp(a, "--config=", 9)) {
             const char *v = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[++i] : NULL);
             if (!v) {
-                fprintf(stderr, "patd: --config needs a file\n");
+                cfg_error(c, "--config needs a file");
                 return -EINVAL;
             }
             if (pass == 0)
@@ -487,8 +610,7 @@ static int parse_args(patd_config_t *c, int argc, char **argv, int *ret_action, 
             const char *v = a[10] == '=' ? a + 11 : (i + 1 < argc ? argv[++i] : NULL);
             if (!v || !*v || strspn(v, "0123456789") != strlen(v) || strlen(v) > 4 ||
                 atoi(v) > 1023) {
-                fprintf(stderr, "patd: --instance takes a GPU number 0..1023 (got '%s')\n",
-                        v ? v : "");
+                cfg_error(c, "--instance takes a GPU number 0..1023 (got '%s')", v ? v : "");
                 return -EINVAL;
             }
             if (pass == 0)
@@ -496,7 +618,7 @@ static int parse_args(patd_config_t *c, int argc, char **argv, int *ret_action, 
             continue;
         }
         if (strncmp(a, "--", 2)) {
-            fprintf(stderr, "patd: unexpected argument '%s' (try --help)\n", a);
+            cfg_error(c, "unexpected argument '%s' (try --help)", a);
             return -EINVAL;
         }
         char key[64];
@@ -504,7 +626,7 @@ static int parse_args(patd_config_t *c, int argc, char **argv, int *ret_action, 
         const char *val = NULL;
         size_t kl = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
         if (kl >= sizeof(key)) {
-            fprintf(stderr, "patd: unknown option '%s' (try --help)\n", a);
+            cfg_error(c, "unknown option '%s' (try --help)", a);
             return -EINVAL;
         }
         memcpy(key, a + 2, kl);
@@ -515,11 +637,11 @@ static int parse_args(patd_config_t *c, int argc, char **argv, int *ret_action, 
             val = argv[++i];
         const opt_t *o = opt_find(NULL, key);
         if (!o) {
-            fprintf(stderr, "patd: unknown option '--%s' (try --help)\n", key);
+            cfg_error(c, "unknown option '--%s' (try --help)", key);
             return -EINVAL;
         }
         if (!val) {
-            fprintf(stderr, "patd: --%s needs a value\n", key);
+            cfg_error(c, "--%s needs a value", key);
             return -EINVAL;
         }
         if (pass == 1 && opt_set(c, o, val, "command line") < 0)
@@ -539,14 +661,12 @@ static int derive_instance(patd_config_t *c)
     char name[sizeof(c->name)];
     int len = snprintf(name, sizeof(name), "%s@%u", c->name, n);
     if (len < 0 || len > 40) {
-        fprintf(stderr, "patd: daemon.name '%s' is too long for instance %u (40 at most)\n",
-                c->name, n);
+        cfg_error(c, "daemon.name '%s' is too long for instance %u (40 at most)", c->name, n);
         return -EINVAL;
     }
     memcpy(c->name, name, (size_t)len + 1);
     if (c->metrics_port && c->metrics_port + n > 65535) {
-        fprintf(stderr, "patd: daemon.metrics_port %u + instance %u is past 65535\n",
-                c->metrics_port, n);
+        cfg_error(c, "daemon.metrics_port %u + instance %u is past 65535", c->metrics_port, n);
         return -EINVAL;
     }
     if (c->metrics_port)
@@ -560,16 +680,15 @@ static int derive_instance(patd_config_t *c)
         stem -= 5;
     snprintf(c->dropin, sizeof(c->dropin), "%.*s%.*s@%u.conf", (int)dir, c->path, (int)stem,
              c->path + dir, n);
-    if (access(c->dropin, F_OK) < 0)
-        return 0;
-    c->dropin_read = 1;
-    return read_file(c, c->dropin);
+    int rc = read_file(c, c->dropin, 1);
+    c->dropin_read = rc != 1; /* it exists: read, or refused with the cause */
+    return PAT_MIN(rc, 0);
 }
 
 /* The file, the instance and its drop-in, the command line, the cross-option rules. */
 static int load_layers(patd_config_t *c, int argc, char **argv, int *action)
 {
-    if (c->path[0] && read_file(c, c->path) < 0)
+    if (c->path[0] && read_file(c, c->path, 0) < 0)
         return -EINVAL;
     if (derive_instance(c) < 0 || parse_args(c, argc, argv, action, 1) < 0 || validate(c) < 0)
         return -EINVAL;
@@ -610,28 +729,26 @@ int patd_config_load(patd_config_t *c, int argc, char **argv)
     return 0;
 }
 
-int patd_config_reload(patd_config_t *c, int argc, char **argv)
+int patd_config_reread(const patd_config_t *running, int argc, char **argv, patd_config_t *ret_next)
 {
-    if (!c->path[0]) {
-        patd_notice("reload: no config file; nothing to re-read");
-        return 0;
-    }
-    patd_config_t n;
+    patd_config_t *n = ret_next;
     int action = 0;
-    defaults(&n);
-    snprintf(n.path, sizeof(n.path), "%s", c->path);
-    snprintf(n.instance, sizeof(n.instance), "%s", c->instance);
-    if (load_layers(&n, argc, argv, &action) < 0) {
-        patd_err("reload: %s%s%s is invalid; keeping the running configuration", c->path,
-                 n.dropin_read ? " + " : "", n.dropin_read ? n.dropin : "");
+    defaults(n);
+    snprintf(n->path, sizeof(n->path), "%s", running->path);
+    snprintf(n->instance, sizeof(n->instance), "%s", running->instance);
+    if (load_layers(n, argc, argv, &action) < 0)
         return -EINVAL;
-    }
-    if (n.blocks_auto && c->blocks_auto)
-        n.blocks = c->blocks; /* what start sized from auto, still auto in the file */
+    return 0;
+}
+
+int patd_config_apply(patd_config_t *c, patd_config_t *next)
+{
+    if (next->blocks_auto && c->blocks_auto)
+        next->blocks = c->blocks; /* what start sized from auto, still auto in the file */
     int kept = 0;
     for (size_t i = 0; i < PAT_ARRAY_SIZE(opts); i++) {
         const opt_t *o = &opts[i];
-        uint8_t *a = (uint8_t *)c + o->off, *b = (uint8_t *)&n + o->off;
+        uint8_t *a = (uint8_t *)c + o->off, *b = (uint8_t *)next + o->off;
         if (!memcmp(a, b, o->size))
             continue;
         if (!o->reload) {

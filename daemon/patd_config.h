@@ -53,7 +53,12 @@ typedef struct patd_config {
     int dropin_read;  /* 1: the drop-in existed and was read */
     int blocks_auto;  /* 1: pool.blocks = auto was configured (blocks holds what start chose) */
     uint64_t set[2];  /* bit i: option i was given (file or command line) */
+    char error[256];  /* the first refusal loading it ("" when none): a reload's answer */
 } patd_config_t;
+
+/* The most a config file (or drop-in) may hold, in bytes: patd's whole option table written out
+ * with comments is a few KiB; what is larger is not a config and is refused unread. */
+#define PATD_CONFIG_MAX_BYTES (1u << 20)
 
 /* Layers, later ones winning: built-in defaults, the file (--config), what --instance N derives
  * (name <name>@N, metrics_port + N), the instance's drop-in <dir>/<stem>@N.conf when it exists,
@@ -61,11 +66,21 @@ typedef struct patd_config {
 
 /* Outcome of patd_config_load: 0 run, 1 exit 0 (help/version/check/print done), <0 error. */
 int patd_config_load(patd_config_t *c, int argc, char **argv);
-/* Re-reads the file for SIGHUP: applies the reloadable options, runs their apply hooks, and logs
- * every change it keeps back (restart-only) with why. Command-line overrides keep winning. Returns
- * the number of changes kept back (0: all applied), or -EINVAL when the file is invalid (nothing
- * applied). */
-int patd_config_reload(patd_config_t *c, int argc, char **argv);
+/* A reload, in two steps. Files are read as at start: regular files of at most
+ * PATD_CONFIG_MAX_BYTES, opened without blocking (a FIFO, a device, a directory are refused
+ * unread).
+ *
+ * patd_config_reread: a fresh configuration from running's file, instance and drop-in and the
+ * command line (which keeps winning), checked as at start, into *ret_next. Reads only running's
+ * path and instance, fixed since start; may block on the file (a hung mount), so any thread but
+ * the loop's calls it. 0, or -EINVAL with the cause in ret_next->error (also on stderr).
+ *
+ * patd_config_apply (the loop thread): applies next's reloadable options to c, runs their apply
+ * hooks, and logs every change it keeps back (restart-only) with why. Returns the number of
+ * changes kept back (0: all applied). */
+int patd_config_reread(const patd_config_t *running, int argc, char **argv,
+                       patd_config_t *ret_next);
+int patd_config_apply(patd_config_t *c, patd_config_t *next);
 void patd_config_print(const patd_config_t *c, FILE *f);
 int patd_config_was_set(const patd_config_t *c, const char *key);
 

@@ -15,6 +15,7 @@
  */
 #include <assert.h>
 #include <errno.h>
+#include <poll.h>
 #include <grp.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -34,13 +35,28 @@ patd_conn_t *patd_conn_find(patd_t *d, uint64_t session)
     return NULL;
 }
 
-static void on_pidfd(uv_poll_t *h, int status, int events)
+static void client_died(patd_conn_t *c)
 {
-    patd_conn_t *c = h->data;
     patd_notice("session %016llx: client pid %d exited", (unsigned long long)c->session,
                 (int)c->pid);
     atomic_fetch_add(&c->d->m.reclaims_dead, 1);
     patd_conn_close(c, "client died");
+}
+
+static void on_pidfd(uv_poll_t *h, int status, int events)
+{
+    client_died(h->data);
+}
+
+void patd_conn_wire_lost(patd_conn_t *c)
+{
+    if (c->closing)
+        return;
+    struct pollfd p = {c->pidfd, POLLIN, 0};
+    if (c->pidfd >= 0 && poll(&p, 1, 0) == 1)
+        client_died(c); /* its exit, which the loop had not read yet */
+    else
+        patd_conn_close(c, "its control connection closed");
 }
 
 /* What a HELLO asks for, checked against the daemon's state, its model and the quotas: 0 with
@@ -265,8 +281,6 @@ int patd_conn_hello(patd_t *d, const ipc_hello_req_t *r, ipc_hello_rep_t *rep, c
     hello_reply(d, c, name, rep);
     patd_info("session %016llx: up, pid %u (claimed) '%s', %u seqs, %u batch tokens",
               (unsigned long long)c->session, r->pid, c->label, max_seqs, r->max_batch_tokens);
-    patd_publish(d, "conn up %016llx pid=%u label=%s", (unsigned long long)c->session, r->pid,
-                 c->label);
     return 0;
 }
 
@@ -303,8 +317,9 @@ void patd_conn_reap(patd_conn_t *c)
     uint64_t dt = pat_now_ns() - c->opened_ns;
     patd_info("session %016llx: down (%s) after %.1f s; reclaimed %u sequences",
               (unsigned long long)c->session, c->close_reason, dt / 1e9, closed);
-    patd_publish(d, "conn down %016llx reason=%s", (unsigned long long)c->session, c->close_reason);
-    if (c->bye_req.ctl) {
+    patd_wire_event(d, PATD_SCOPE_UID(c->uid), "conn down %016llx reason=%s",
+                    (unsigned long long)c->session, c->close_reason);
+    if (c->bye_req.wire) {
         ipc_buf_t b;
         ipc_buf_init(&b);
         ipc_frame_start(&b, IPC_OP_BYE, IPC_F_REPLY, c->bye_req.hdr.corr, c->session);
@@ -312,6 +327,8 @@ void patd_conn_reap(patd_conn_t *c)
         patd_send(d, &c->bye_req, b.data, b.len);
         ipc_buf_done(&b);
     }
+    /* after BYE's answer: anything else its control connection still waits for is refused */
+    patd_wire_session_gone(d, c, c->close_reason);
     uint64_t rt = pat_now_ns() - t0;
     atomic_store(&d->m.reclaim_ns_last, rt);
     if (rt > atomic_load(&d->m.reclaim_ns_max))
@@ -386,6 +403,8 @@ void patd_conn_attach(patd_t *d, patd_conn_t *c, const struct ucred *cr)
     patd_info("session %016llx: attached by pid %d uid %u, %s liveness",
               (unsigned long long)c->session, (int)cr->pid, (unsigned)cr->uid,
               c->pidfd >= 0 ? "pidfd" : "lease");
+    patd_wire_event(d, PATD_SCOPE_UID(c->uid), "conn up %016llx pid=%d label=%s",
+                    (unsigned long long)c->session, (int)cr->pid, c->label);
 }
 
 void patd_conns_tick(patd_t *d, uint64_t now)

@@ -2,11 +2,12 @@
  * patd_int.h — the daemon's shared state, for its own translation units only.
  *
  * Threads and what they own:
- *   loop thread   libuv: the nanomsg REP/PUB sockets, every request, sessions and their
+ *   loop thread   libuv: the control, event and admin sockets, every request, sessions and their
  *                 sequence tables, pidfd watches, timers, signals, sd_notify;
  *   executors     (cfg.executors) run steps: reserve KV, update the session's forest, pack,
  *                 then per layer wait for the client's ready word, append + attend, post done;
- *   metrics       libmicrohttpd's own thread renders the metrics text.
+ *   metrics       one thread runs libmicrohttpd (patd_metrics.c) and renders the metrics text;
+ *   reload        one short-lived thread per reload reads and checks the file (patd_reload_t).
  * Locks (never nested except pool_mu -> nothing, be_mu -> nothing):
  *   pool_mu  the kv pool and every session's blocks_held
  *   be_mu    the backend (the cpu backend runs one call at a time)
@@ -22,7 +23,6 @@
 #define PATD_INT_H
 
 #include <math.h>
-#include <nanomsg/nn.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -56,6 +56,16 @@ typedef struct patd_seq {
     uint32_t counted_cap;
 } patd_seq_t;
 
+/* The prefix cache's scope of a user's sessions (pool.prefix_scope = uid): the chain root of
+ * their blocks, and whose events a subscriber sees (patd_wire.c). 0 is the shared scope. */
+#define PATD_SCOPE_UID(uid) (0x7573657200000000ull | (uint64_t)(uid))
+
+typedef struct patd_wire patd_wire_t;
+/* A process's sockets close as it exits, a moment before its pidfd says so (the kernel closes
+ * files just before it reports the exit): a session whose control connection closed waits this
+ * long for that word (then "client died"), else ends as let go. */
+#define PATD_WIRE_LOST_MS 20u
+
 /* admin socket: connections at once, and from one uid (a member of the socket group who holds
  * idle connections takes no HELLO slot from another user) */
 #define PATD_ADMIN_MAX_CONNS 64u
@@ -63,14 +73,17 @@ typedef struct patd_seq {
 
 struct patd_conn {
     patd_t *d;
-    uint64_t session; /* instance's top 32 bits | 32 random bits */
-    uint64_t key;     /* 64 random bits: a request acts on the session only with it */
-    uint64_t serial;  /* sessions opened before this one + 1 (orders GPU epochs) */
-    uint32_t idx;     /* in d->conns */
-    pid_t pid;        /* the kernel's word at HELLO (SO_PEERCRED), watched */
-    int attached;     /* bound to its peer (always, once HELLO returns): steps allowed */
-    uid_t uid;        /* the kernel's word at HELLO (limits.conns_per_uid) */
-    int pidfd;        /* -1: lease mode, or not attached yet */
+    uint64_t session;      /* instance's top 32 bits | 32 random bits */
+    uint64_t key;          /* 64 random bits: a request acts on the session only with it */
+    uint64_t serial;       /* sessions opened before this one + 1 (orders GPU epochs) */
+    uint32_t idx;          /* in d->conns */
+    pid_t pid;             /* the kernel's word at HELLO (SO_PEERCRED), watched */
+    int attached;          /* bound to its peer (always, once HELLO returns): steps allowed */
+    uid_t uid;             /* the kernel's word at HELLO (limits.conns_per_uid) */
+    uint64_t wire;         /* its control connection (patd_wire.c), 0 until its first request */
+    uint64_t wire_lost_ns; /* when that connection closed (0: it did not); the session ends
+                              PATD_WIRE_LOST_MS later (patd_conn_wire_lost) */
+    int pidfd;             /* -1: lease mode, or not attached yet */
     uv_poll_t pid_poll;
     int pid_poll_on;
     uint64_t lease_ns, last_seen_ns, opened_ns;
@@ -106,6 +119,19 @@ struct patd_conn {
     size_t last_reply_len;
 };
 
+/* A reload (SIGHUP, `patctl reload`), one at a time: the file is read and checked on a thread of
+ * its own (patd_config_reread: the file may block, on a hung mount), applied back on the loop
+ * thread (patd_config_apply) once `done` fires. patd_main.c. */
+typedef struct patd_reload {
+    uv_async_t done;   /* the reader is through: rc and next are written */
+    int busy;          /* a reader runs; another reload is refused meanwhile */
+    int rc;            /* patd_config_reread's */
+    const char *who;   /* "SIGHUP" or "patctl reload", for the log */
+    uint64_t start_ns; /* when it began */
+    patd_req_t rq;     /* patctl's request, answered once applied; reply_fn NULL: none owed */
+    patd_config_t next;
+} patd_reload_t;
+
 typedef struct patd_metrics {
     _Atomic uint64_t frames[IPC_OP_MAX];
     _Atomic uint64_t errors[160]; /* by errno value */
@@ -128,8 +154,8 @@ struct patd {
     uint64_t t_start_ns;
     uint64_t t_start_unix; /* CLOCK_REALTIME seconds at start (patd_start_time_seconds) */
     uv_loop_t loop;
-    int rep, pub; /* nanomsg sockets */
-    uv_poll_t rep_poll;
+    patd_wire_t *wire; /* the control and event sockets (patd_wire.c) */
+    void (*wire_dispatch)(patd_t *d, const uint8_t *frame, size_t len, patd_req_t *rq);
     uv_timer_t tick; /* leases, watchdog, drain */
     uv_signal_t sig_term, sig_int, sig_hup;
     uv_async_t wake; /* executor completions */
@@ -169,7 +195,8 @@ struct patd {
     uint64_t watchdog_usec;
     patd_watchdog_t wd; /* the executors' heartbeats as the watchdog last saw them */
     uint64_t last_ping_ns, last_status_ns;
-    void *mhd;
+    patd_reload_t reload;
+    struct patd_http *http; /* the metrics endpoint (patd_metrics.c); NULL when off */
     patd_metrics_t m;
 
     /* cuda backend (patd_gpu.c); gpu == 0 with the cpu backend */
@@ -204,6 +231,9 @@ struct ucred;
 /* binds a new session to the peer the kernel names at HELLO (the admin socket): its pid watched,
  * its uid counted (patd_conn_uid_full: 1 when that uid holds limits.conns_per_uid sessions) */
 void patd_conn_attach(patd_t *d, patd_conn_t *c, const struct ucred *cr);
+/* Its control connection closed PATD_WIRE_LOST_MS ago: "client died" if its pid has exited
+ * (counted so), else "its control connection closed". */
+void patd_conn_wire_lost(patd_conn_t *c);
 int patd_conn_uid_full(patd_t *d, uid_t uid);
 void patd_conns_tick(patd_t *d, uint64_t now); /* lease expiries */
 
@@ -232,8 +262,16 @@ void patd_gpu_check_fatal(patd_t *d, int rc);
 /* patd_admin.c: the admin socket (credentials from the kernel) */
 int patd_admin_start(patd_t *d); /* after the control socket; 0 or a negative errno (logged) */
 void patd_admin_stop(patd_t *d);
+/* An admin request its handler answers later (RELOAD, read off the loop): moves *rq into *slot,
+ * which stays the connection's reply. Answered through patd_reply_* on *slot while the connection
+ * lasts; if it ends first (its idle timer answers -ETIMEDOUT, or the peer went away),
+ * slot->reply_fn is set NULL and a later answer goes nowhere. The slot must outlive the
+ * connection or be answered first. Loop thread. */
+void patd_admin_defer(patd_req_t *rq, patd_req_t *slot);
 
 /* patd_metrics.c */
+/* HTTP connections the metrics endpoint holds at once, each one descriptor */
+#define PATD_METRICS_MAX_CONNS 256u
 int patd_metrics_start(patd_t *d);
 void patd_metrics_stop(patd_t *d);
 char *patd_metrics_text(patd_t *d, size_t *ret_len); /* malloc'd */
@@ -241,11 +279,25 @@ void patd_metrics_error(patd_t *d, int code);
 
 /* patd_io.c: replies and events (loop thread) */
 void patd_send(patd_t *d, patd_req_t *to, const void *frame, size_t len);
+
+/* patd_wire.c: the control socket and the event socket (loop thread; events from any thread) */
+int patd_wire_start(patd_t *d);
+void patd_wire_stop(patd_t *d);
+/* Writes a reply frame to control connection id, if it still waits for that very reply. */
+void patd_wire_send(patd_t *d, uint64_t id, const void *frame, size_t len);
+/* The session is reaped: a request of it still owed a reply gets -ENOTCONN (reason named). */
+void patd_wire_session_gone(patd_t *d, patd_conn_t *c, const char *reason);
+/* An event line (printf) for the subscribers that may see scope (0: every subscriber). */
+void patd_wire_event(patd_t *d, uint64_t scope, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+uint32_t patd_wire_unbound(const patd_t *d);
+uint32_t patd_wire_subscribers(const patd_t *d);
+/* patd_admin.c: whether the peer may change the daemon: its user, root, daemon.admin_group */
+int patd_may_administer(const patd_t *d, const struct ucred *cr);
 /* Answers with a body and keeps the frame as c's last reply (c may be NULL: admin). */
 void patd_reply_ok(patd_t *d, patd_conn_t *c, patd_req_t *to, const void *body, size_t len);
 void patd_reply_error(patd_t *d, patd_req_t *to, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-void patd_publish(patd_t *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The group a config option (`key`) names: (gid_t)-1 for "", -EINVAL (logged) if none such. */
 int patd_group(const char *name, const char *key, gid_t *ret_gid);
 /* A socket file just bound: daemon.socket_mode and the socket group (d->gid). 0 or -errno. */

@@ -1,10 +1,10 @@
 /*
- * patd_io.c — what the daemon sends: replies on the raw REP socket (routed by the request's
- * control header, so a reply may leave long after its request, from the loop thread), the
- * kept copy of a session's last reply for resent requests, and event lines on the PUB socket;
- * and who owns the socket files (their mode and group).
+ * patd_io.c — what the daemon sends: replies, to the control connection that waits for them
+ * (patd_wire.c; a reply may leave long after its request, from the loop thread) or the admin
+ * connection, the kept copy of a session's last reply; and who owns the socket files (their
+ * mode and group).
  *
- * Thread context: the loop thread (nanomsg sockets are used from it alone).
+ * Thread context: the loop thread.
  */
 #include <errno.h>
 #include <grp.h>
@@ -26,23 +26,9 @@ void patd_send(patd_t *d, patd_req_t *to, const void *frame, size_t len)
         to->reply_fn = NULL;
         return;
     }
-    if (!to->ctl)
-        return;
-    void *msg = nn_allocmsg(len, 0);
-    if (!msg) {
-        nn_freemsg(to->ctl);
-        to->ctl = NULL;
-        return;
-    }
-    memcpy(msg, frame, len);
-    struct nn_iovec iov = {&msg, NN_MSG};
-    struct nn_msghdr mh = {&iov, 1, &to->ctl, NN_MSG};
-    if (nn_sendmsg(d->rep, &mh, NN_DONTWAIT) < 0) {
-        patd_warn("reply to %s dropped: %s", ipc_op_name(to->hdr.opcode), nn_strerror(nn_errno()));
-        nn_freemsg(msg);
-        nn_freemsg(to->ctl);
-    }
-    to->ctl = NULL;
+    if (to->wire)
+        patd_wire_send(d, to->wire, frame, len);
+    to->wire = 0;
 }
 
 /* Sends and, for a session's request, keeps the frame for a resent request. */
@@ -85,17 +71,6 @@ void patd_reply_ok(patd_t *d, patd_conn_t *c, patd_req_t *to, const void *body, 
     ipc_frame_finish(&b);
     reply_frame(d, c, to, &b);
     ipc_buf_done(&b);
-}
-
-void patd_publish(patd_t *d, const char *fmt, ...)
-{
-    char line[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(line, sizeof(line), fmt, ap);
-    va_end(ap);
-    if (d->pub >= 0 && n > 0)
-        nn_send(d->pub, line, (size_t)PAT_MIN(n, (int)sizeof(line) - 1), NN_DONTWAIT);
 }
 
 int patd_group(const char *name, const char *key, gid_t *ret_gid)

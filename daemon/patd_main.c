@@ -1,20 +1,17 @@
 /*
- * patd_main.c — the patd process: configuration, the pool and backend, the nanomsg sockets on a
- * libuv loop, request dispatch, signals, systemd notification and the drain on exit.
+ * patd_main.c — the patd process: configuration, the pool and backend, the sockets on a libuv
+ * loop, request dispatch, signals, systemd notification and the drain on exit.
  *
- * Requests arrive on a raw REP socket (AF_SP_RAW), so a reply can be sent later from the loop
- * with the request's routing header: STEP_BEGIN is answered once an executor has reserved and
+ * Requests arrive on the control socket (patd_wire.c) and the admin socket (patd_admin.c); a
+ * reply may be sent later from the loop: STEP_BEGIN is answered once an executor has reserved and
  * packed, STEP_END once the executor has given the step back, without blocking other clients.
  * Every frame is validated (ipc_frame_check, ipc_body_check) before it is looked at; every
  * refusal is an error reply with a specific code and changes nothing. The last reply of each
- * session is kept so that a resent request (REQ retries, same correlation id) gets the same
+ * session is kept so that a resent request (the same correlation id and opcode) gets the same
  * answer instead of being applied twice.
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <nanomsg/nn.h>
-#include <nanomsg/pubsub.h>
-#include <nanomsg/reqrep.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -34,10 +31,11 @@
 
 #define TICK_MS 100u
 
-static void on_kv_event(void *ud, kv_event_type_t type, uint32_t block, uint64_t hash)
+static void on_kv_event(void *ud, kv_event_type_t type, uint32_t block, uint64_t hash,
+                        uint64_t scope)
 {
-    patd_publish(ud, "%s %u %016llx", type == KV_EVENT_STORED ? "stored" : "evicted", block,
-                 (unsigned long long)hash);
+    patd_wire_event(ud, scope, "%s %u %016llx", type == KV_EVENT_STORED ? "stored" : "evicted",
+                    block, (unsigned long long)hash);
 }
 
 /* ------------------------------------------------------------------ steps */
@@ -54,19 +52,95 @@ static void on_wake(uv_async_t *h)
 /* ------------------------------------------------------------------ admin */
 static void start_drain(patd_t *d, const char *why);
 
-/* SIGHUP and `patctl reload`: re-read the file, apply what is reloadable, tell systemd. */
-static int reload_config(patd_t *d, const char *who)
-{
-    patd_notify_state(&d->notify, "RELOADING=1");
-    patd_notice("%s: reloading %s", who, d->cfg.path[0] ? d->cfg.path : "(no config file)");
-    int rc = patd_config_reload(&d->cfg, d->argc, d->argv);
-    patd_notify_state(&d->notify, "READY=1");
-    return rc;
-}
-
 static void reply_text(patd_t *d, patd_req_t *rq, const char *text, size_t len)
 {
     patd_reply_ok(d, NULL, rq, text, len);
+}
+
+/* SIGHUP and `patctl reload` (patd_reload_t): the file is read and checked on a thread of its
+ * own, so that no file (a hung mount included) can stall the loop; what is reloadable is applied
+ * here on the loop thread, systemd told, and patctl answered: "reloaded", or the cause that left
+ * the running configuration untouched. The thread is detached, not libuv's worker pool: a reader
+ * stuck for good must not hold patd's exit (libuv joins its workers as the process ends). */
+static void *reload_main(void *arg)
+{
+    patd_t *d = arg;
+    patd_reload_t *r = &d->reload;
+    r->rc = patd_config_reread(&d->cfg, d->argc, d->argv, &r->next);
+    uv_async_send(&r->done); /* orders the writes above before the loop's reads */
+    return NULL;
+}
+
+static void reload_done(uv_async_t *h)
+{
+    patd_t *d = h->data;
+    patd_reload_t *r = &d->reload;
+    if (!r->busy)
+        return;
+    r->busy = 0;
+    if (r->rc < 0) {
+        patd_err("%s: %s; keeping the running configuration", r->who,
+                 r->next.error[0] ? r->next.error : "invalid");
+        if (r->rq.reply_fn)
+            patd_reply_error(d, &r->rq, -EINVAL, "%s; nothing changed",
+                             r->next.error[0] ? r->next.error : "invalid (see the log)");
+    } else {
+        int kept = patd_config_apply(&d->cfg, &r->next);
+        patd_notice("%s: reloaded %s in %.1f ms%s", r->who, d->cfg.path,
+                    (pat_now_ns() - r->start_ns) / 1e6,
+                    kept ? " (changes kept back: see above)" : "");
+        char msg[96];
+        int n = kept ? snprintf(msg, sizeof(msg), "reloaded; %d changes kept back (see the log)\n",
+                                kept)
+                     : snprintf(msg, sizeof(msg), "reloaded\n");
+        if (r->rq.reply_fn)
+            reply_text(d, &r->rq, msg, (size_t)n);
+    }
+    r->rq.reply_fn = NULL;
+    patd_notify_state(&d->notify, "READY=1");
+}
+
+/* Starts a reload for who; rq: patctl's request (answered once done), NULL for SIGHUP. */
+static void reload_start(patd_t *d, const char *who, patd_req_t *rq)
+{
+    patd_reload_t *r = &d->reload;
+    if (!d->cfg.path[0]) {
+        patd_notice("%s: no config file; nothing to re-read", who);
+        if (rq)
+            reply_text(d, rq, "reloaded\n", 9);
+        return;
+    }
+    if (r->busy) {
+        double s = (pat_now_ns() - r->start_ns) / 1e9;
+        patd_notice("%s: a reload (%s) is still reading %s after %.1f s; this one is refused", who,
+                    r->who, d->cfg.path, s);
+        if (rq)
+            patd_reply_error(d, rq, -EBUSY, "a reload (%s) is still reading %s after %.1f s",
+                             r->who, d->cfg.path, s);
+        return;
+    }
+    pthread_attr_t attr;
+    pthread_t t;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    r->busy = 1;
+    r->who = who;
+    r->start_ns = pat_now_ns();
+    r->rq.reply_fn = NULL;
+    patd_notify_state(&d->notify, "RELOADING=1");
+    patd_notice("%s: reloading %s", who, d->cfg.path);
+    int rc = -pthread_create(&t, &attr, reload_main, d);
+    pthread_attr_destroy(&attr);
+    if (rc < 0) {
+        r->busy = 0;
+        patd_err("%s: cannot start a reload: %s", who, strerror(-rc));
+        if (rq)
+            patd_reply_error(d, rq, rc, "cannot start a reload: %s", strerror(-rc));
+        patd_notify_state(&d->notify, "READY=1");
+        return;
+    }
+    if (rq)
+        patd_admin_defer(rq, &r->rq);
 }
 
 /* ------------------------------------------------------------------ requests */
@@ -211,15 +285,7 @@ static void op_drain(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *b
 
 static void op_reload(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *body)
 {
-    int rc = reload_config(d, "patctl reload");
-    if (rc < 0) {
-        patd_reply_error(d, rq, -EINVAL, "%s is invalid; nothing changed (see log)", d->cfg.path);
-        return;
-    }
-    char msg[96];
-    int n = rc ? snprintf(msg, sizeof(msg), "reloaded; %d changes kept back (see the log)\n", rc)
-               : snprintf(msg, sizeof(msg), "reloaded\n");
-    reply_text(d, rq, msg, (size_t)n);
+    reload_start(d, "patctl reload", rq);
 }
 
 static void op_ping(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *body)
@@ -230,7 +296,7 @@ static void op_ping(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *bo
 static void op_bye(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *body)
 {
     c->bye_req = *rq; /* answered once reclaimed */
-    rq->ctl = NULL;
+    rq->wire = 0;
     patd_conn_close(c, "client said bye");
 }
 
@@ -281,7 +347,7 @@ static void handle_frame(patd_t *d, const uint8_t *buf, size_t len, patd_req_t *
         return;
     }
     if (h.opcode == IPC_OP_HELLO) {
-        /* nanomsg cannot say who sent it: every session is opened where the kernel can */
+        /* every session is opened where the kernel names the caller and its fds can pass */
         patd_reply_error(d, rq, -EPERM, "HELLO is served on the admin socket %s only",
                          d->admin_path);
         return;
@@ -294,7 +360,8 @@ static void handle_frame(patd_t *d, const uint8_t *buf, size_t len, patd_req_t *
         if (h.session != 0)
             patd_reply_error(d, rq, -EINVAL, "%s carries session 0", ipc_op_name(h.opcode));
         else if (ipc_op_changes_state(h.opcode))
-            /* nanomsg cannot say who sent this: the admin socket can (patctl uses it) */
+            /* changes the daemon: for its user, root and admin_group, whom the admin socket
+             * checks (patctl uses it) */
             patd_reply_error(d, rq, -EPERM, "%s is served on the admin socket %s only",
                              ipc_op_name(h.opcode), d->admin_path);
         else
@@ -330,28 +397,6 @@ static void admin_dispatch(patd_t *d, patd_req_t *rq, const ipc_hdr_t *h)
         op_table[h->opcode].fn(d, NULL, rq, NULL);
 }
 
-static void on_rep(uv_poll_t *ph, int status, int events)
-{
-    patd_t *d = ph->data;
-    for (;;) {
-        void *body = NULL;
-        void *ctl = NULL;
-        struct nn_iovec iov = {&body, NN_MSG};
-        struct nn_msghdr mh = {&iov, 1, &ctl, NN_MSG};
-        int n = nn_recvmsg(d->rep, &mh, NN_DONTWAIT);
-        if (n < 0) {
-            if (nn_errno() != EAGAIN)
-                patd_warn("receive: %s", nn_strerror(nn_errno()));
-            return;
-        }
-        patd_req_t rq = {.ctl = ctl};
-        handle_frame(d, body, (size_t)n, &rq);
-        if (rq.ctl) /* a handler that answers later took it; otherwise it was answered */
-            nn_freemsg(rq.ctl);
-        nn_freemsg(body);
-    }
-}
-
 /* ------------------------------------------------------------------ lifecycle */
 static void close_all(patd_t *d, const char *why)
 {
@@ -383,7 +428,7 @@ static void on_signal(uv_signal_t *s, int signum)
 {
     patd_t *d = s->data;
     if (signum == SIGHUP) {
-        reload_config(d, "SIGHUP");
+        reload_start(d, "SIGHUP", NULL);
         return;
     }
     if (d->draining) {
@@ -444,9 +489,8 @@ static void on_tick(uv_timer_t *t)
             if (busy)
                 patd_warn("drain timeout: aborting %u steps in flight", busy);
             close_all(d, "daemon shutting down");
-            /* not before two ticks: nanomsg drops what its worker has not sent when the socket
-             * closes, and the reply to `patctl drain` was queued just now (a lost reply failed
-             * test_ops under ASan on a loaded machine) */
+            /* not before two ticks: the reply to `patctl drain` was queued just now, and the
+             * loop writes it (a lost reply failed test_ops under ASan on a loaded machine) */
             if (d->n_conns == 0 && now - d->drain_start_ns >= 2ull * TICK_MS * 1000000ull)
                 uv_stop(&d->loop);
         }
@@ -497,48 +541,7 @@ static int open_sockets(patd_t *d)
     snprintf(d->ev_path, sizeof(d->ev_path), "%.255s/%.63s.events", cfg->runtime_dir, cfg->name);
     if ((rc = patd_group(cfg->socket_group, "socket_group", &d->gid)) < 0)
         return rc;
-    d->rep = nn_socket(AF_SP_RAW, NN_REP);
-    d->pub = nn_socket(AF_SP, NN_PUB);
-    if (d->rep < 0 || d->pub < 0) {
-        patd_err("nanomsg socket: %s", nn_strerror(nn_errno()));
-        return -EIO;
-    }
-    /* The largest valid request (a max_seq_len prompt, or a full step) plus 64 KiB, so that a
-     * frame announcing too much is still read and answered -E2BIG; anything beyond this bound
-     * is dropped by nanomsg unread (libpat never sends such frames). */
-    uint64_t biggest = sizeof(ipc_hdr_t) + sizeof(ipc_step_begin_req_t) +
-                       8ull * cfg->conn_max_seqs +
-                       4ull * PAT_MAX(cfg->max_seq_len, cfg->conn_max_batch_tokens);
-    int maxsz = (int)PAT_MIN((uint64_t)IPC_MAX_FRAME, biggest + 65536);
-    nn_setsockopt(d->rep, NN_SOL_SOCKET, NN_RCVMAXSIZE, &maxsz, sizeof(maxsz));
-    const char *paths[2] = {d->sock_path, d->ev_path};
-    int socks[2] = {d->rep, d->pub};
-    mode_t old = umask(0077); /* no window in which the socket is more open than asked */
-    for (int i = 0; i < 2; i++) {
-        char url[420];
-        snprintf(url, sizeof(url), "ipc://%s", paths[i]);
-        if (nn_bind(socks[i], url) < 0) {
-            umask(old);
-            patd_err("bind %s: %s", url, nn_strerror(nn_errno()));
-            return -EADDRINUSE;
-        }
-        if ((rc = patd_socket_own(d, paths[i])) < 0) {
-            umask(old);
-            patd_err("set mode/group of %s: %s", paths[i], strerror(-rc));
-            return rc;
-        }
-    }
-    umask(old);
-    int fd;
-    size_t sz = sizeof(fd);
-    if (nn_getsockopt(d->rep, NN_SOL_SOCKET, NN_RCVFD, &fd, &sz) < 0) {
-        patd_err("NN_RCVFD: %s", nn_strerror(nn_errno()));
-        return -EIO;
-    }
-    uv_poll_init(&d->loop, &d->rep_poll, fd);
-    d->rep_poll.data = d;
-    uv_poll_start(&d->rep_poll, UV_READABLE, on_rep);
-    return 0;
+    return patd_wire_start(d);
 }
 
 /* Descriptors: every connection (session or not), pidfd, staging buffer and metrics client
@@ -556,8 +559,9 @@ static void raise_nofile(const patd_config_t *cfg)
         if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
             rl.rlim_cur = was;
     }
-    /* per session: its connection, pidfd and staging buffer; 64 for the daemon itself */
-    uint64_t need = 3ull * cfg->max_conns + 64;
+    /* per session: its connection, pidfd and staging buffer; the metrics endpoint's connections;
+     * 64 for the daemon itself */
+    uint64_t need = 3ull * cfg->max_conns + (cfg->metrics_port ? PATD_METRICS_MAX_CONNS : 0) + 64;
     if (rl.rlim_cur < need)
         patd_warn("open-file limit %llu is below the %llu that limits.max_conns %u sessions "
                   "need; raise LimitNOFILE= or lower max_conns",
@@ -722,7 +726,6 @@ int main(int argc, char **argv)
 {
     static patd_t dd;
     patd_t *d = &dd;
-    d->rep = d->pub = -1;
     d->notify.fd = -1;
     d->argc = argc;
     d->argv = argv;
@@ -761,11 +764,14 @@ int main(int argc, char **argv)
         patd_notice("removed %d stale staging buffers of a previous run", swept);
 
     d->admin_dispatch = admin_dispatch;
+    d->wire_dispatch = handle_frame;
     if ((rc = create_pool(d)) < 0 || (rc = open_sockets(d)) < 0 || (rc = patd_admin_start(d)) < 0 ||
         (rc = patd_gpu_start(d, PAT_MIN(d->cfg.executors, PATD_EXEC_MAX))) < 0)
         goto out;
     uv_async_init(&d->loop, &d->wake, on_wake);
     d->wake.data = d;
+    uv_async_init(&d->loop, &d->reload.done, reload_done);
+    d->reload.done.data = d;
     if ((rc = patd_exec_start(&d->exec, d->cfg.executors, &d->wake)) < 0) {
         patd_err("executor threads: %s", strerror(-rc));
         goto out;
@@ -787,8 +793,8 @@ int main(int argc, char **argv)
     patd_watchdog_init(&d->wd, d->watchdog_usec * 1000ull, PATD_EXEC_IDLE_NS, TICK_MS * 1000000ull);
     if (d->watchdog && d->watchdog_usec / 1000 < 2 * TICK_MS)
         patd_warn("WatchdogSec below %u ms is shorter than the check period", 2 * TICK_MS);
-    patd_notice("ready: control ipc://%s, events ipc://%s, %u executors, metrics %s%u",
-                d->sock_path, d->ev_path, d->exec.n, d->cfg.metrics_port ? "127.0.0.1:" : "off ",
+    patd_notice("ready: control %s, events %s, %u executors, metrics %s%u", d->sock_path,
+                d->ev_path, d->exec.n, d->cfg.metrics_port ? "127.0.0.1:" : "off ",
                 d->cfg.metrics_port);
     patd_notify_state(&d->notify, "READY=1\nSTATUS=serving on %s (%s backend, %s)\nMAINPID=%d",
                       d->sock_path, kern_backend_name(d->be), d->device, getpid());
@@ -805,10 +811,7 @@ out:
     for (uint32_t i = 0; i < d->n_conns; i++)
         ipc_shm_close(&d->conns[i]->shm);
     patd_gpu_stop(d);
-    if (d->rep >= 0)
-        nn_close(d->rep);
-    if (d->pub >= 0)
-        nn_close(d->pub);
+    patd_wire_stop(d);
     kern_backend_free(d->be);
     kv_pool_free(d->pool);
     return rc < 0 ? 1 : 0;

@@ -1,6 +1,7 @@
 /*
  * patd_metrics.c — the numbers of DESIGN.md §7 in Prometheus text format, served on
- * http://127.0.0.1:<metrics_port>/metrics by libmicrohttpd's own thread and returned by the
+ * http://127.0.0.1:<metrics_port>/metrics by libmicrohttpd on a thread of its own (the endpoint's
+ * defences against hostile local clients are described at its code, below) and returned by the
  * STATS admin request (`patctl stats`).
  *
  * Counters are atomics bumped where things happen; pool figures are read under pool_mu; the
@@ -12,11 +13,18 @@
  * linked with it (the sanitizer build is not: ASan brings its own allocator).
  */
 #include <errno.h>
+#include <limits.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #ifdef PATD_HAVE_JEMALLOC
 #include <jemalloc/jemalloc.h>
@@ -200,6 +208,50 @@ char *patd_metrics_text(patd_t *d, size_t *ret_len)
     return out;
 }
 
+/* ------------------------------------------------------------------ the HTTP endpoint */
+/* Anyone on the host can reach the port, so the server is shaped for hostile clients:
+ *  - epoll (libmicrohttpd's MHD_USE_EPOLL), never select(): patd holds thousands of descriptors
+ *    (sessions' connections, pidfds, staging buffers) and select() cannot watch one numbered
+ *    1,024 or more;
+ *  - one request per connection (every answer says Connection: close), and a connection has
+ *    METRICS_REQUEST_MS from its accept to be answered and gone: past it, it is shut down whatever
+ *    it is doing. A client that trickles its request a byte at a time is never idle, so an idle
+ *    timeout never closes it; this deadline does. So PATD_METRICS_MAX_CONNS hostile connections
+ *    hold the slots for METRICS_REQUEST_MS at most, and a scrape waiting in the listen backlog is
+ *    accepted within that (after whatever was queued ahead of it: a local user who keeps
+ *    thousands of connects queued can still delay it, by METRICS_REQUEST_MS per
+ *    PATD_METRICS_MAX_CONNS of them);
+ *  - a request's line and headers must fit METRICS_HEADER_BYTES (libmicrohttpd's per-connection
+ *    memory; more is refused: 431, or closed unanswered near the bound): that times
+ *    PATD_METRICS_MAX_CONNS is what clients can make the endpoint hold.
+ * One thread of patd's drives libmicrohttpd (MHD_run) from an epoll set of its own (libmicrohttpd's
+ * epoll descriptor and an eventfd that stops it), and between runs shuts down the connections past
+ * their deadline: on the thread that closes them, so a descriptor is never shut down after
+ * libmicrohttpd closed it and the number went to another file. */
+#define METRICS_REQUEST_MS   1000u /* a scrape takes milliseconds on loopback, even under ASan */
+#define METRICS_HEADER_BYTES 8192u /* a scrape's request is ~300 bytes */
+
+/* One connection, from libmicrohttpd's STARTED notice to its CLOSED one (socket_context). */
+typedef struct http_conn {
+    struct http_conn *prev, *next; /* on the deadline list, while listed */
+    uint64_t deadline_ns;          /* accepted + METRICS_REQUEST_MS */
+    int fd;                        /* the connection's socket (libmicrohttpd's) */
+    int listed;                    /* 0 once cut */
+} http_conn_t;
+
+typedef struct patd_http patd_http_t;
+struct patd_http {
+    patd_t *d;
+    struct MHD_Daemon *mhd;
+    pthread_t thread;
+    int thread_on;
+    int ep;                   /* epoll: libmicrohttpd's epoll descriptor, stop_fd */
+    int stop_fd;              /* eventfd: patd_metrics_stop wakes the thread to return */
+    http_conn_t *head, *tail; /* not yet cut, oldest first: in deadline order */
+    int reaped; /* a connection closed in the last run: run again at once, as libmicrohttpd
+                   watches its listening socket again (a slot came free) only as a run starts */
+};
+
 static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const char *url,
                                const char *method, const char *version, const char *upload,
                                size_t *upload_len, void **state)
@@ -221,16 +273,122 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
         r = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
         MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4");
     }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close"); /* one request each */
     enum MHD_Result ret = MHD_queue_response(conn, status, r);
     MHD_destroy_response(r);
     return ret;
 }
 
-/* Scrapes take milliseconds: a connection idle for METRICS_IDLE_S is closed, and the limit is
- * far above what scrapers open, so that idle connections (anyone on the host may open them) do
- * not lock a scraper out; each costs one fd while it lasts. */
-#define METRICS_MAX_CONNS 256u
-#define METRICS_IDLE_S    2u
+static void unlist(patd_http_t *h, http_conn_t *hc)
+{
+    if (!hc->listed)
+        return;
+    *(hc->prev ? &hc->prev->next : &h->head) = hc->next;
+    *(hc->next ? &hc->next->prev : &h->tail) = hc->prev;
+    hc->listed = 0;
+}
+
+/* libmicrohttpd's notices, on the server's thread: a connection accepted is stamped and listed
+ * last (every deadline is its accept + the same span, so the list stays in deadline order); one
+ * closed (its socket not yet closed) is forgotten. */
+static void on_conn(void *cls, struct MHD_Connection *conn, void **ctx,
+                    enum MHD_ConnectionNotificationCode what)
+{
+    patd_http_t *h = cls;
+    http_conn_t *hc = *ctx;
+    if (what == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        hc = pat_xcalloc(1, sizeof(*hc));
+        hc->fd = ci ? ci->connect_fd : -1;
+        hc->deadline_ns = pat_now_ns() + METRICS_REQUEST_MS * 1000000ull;
+        hc->prev = h->tail;
+        *(h->tail ? &h->tail->next : &h->head) = hc;
+        h->tail = hc;
+        hc->listed = 1;
+        *ctx = hc;
+        return;
+    }
+    if (!hc)
+        return;
+    unlist(h, hc);
+    free(hc);
+    *ctx = NULL;
+    h->reaped = 1;
+}
+
+/* Shuts down the connections past their deadline; libmicrohttpd sees the hang-up on its next run
+ * and closes them (its CLOSED notice frees them). */
+static void cut_late(patd_http_t *h, uint64_t now)
+{
+    while (h->head && h->head->deadline_ns <= now) {
+        http_conn_t *hc = h->head;
+        unlist(h, hc);
+        if (hc->fd >= 0)
+            shutdown(hc->fd, SHUT_RDWR);
+    }
+}
+
+/* The server's thread: wait for libmicrohttpd's sockets, the next deadline or the stop; run. */
+static void *http_main(void *arg)
+{
+    patd_http_t *h = arg;
+    for (;;) {
+        uint64_t now = pat_now_ns();
+        int ms = -1;
+        if (h->reaped)
+            ms = 0;
+        else if (h->head)
+            ms = h->head->deadline_ns <= now
+                     ? 0
+                     : (int)((h->head->deadline_ns - now + 999999u) / 1000000u);
+        MHD_UNSIGNED_LONG_LONG mhd_ms;
+        if (MHD_get_timeout(h->mhd, &mhd_ms) == MHD_YES && (ms < 0 || mhd_ms < (unsigned)ms))
+            ms = (int)PAT_MIN(mhd_ms, (MHD_UNSIGNED_LONG_LONG)INT_MAX);
+        h->reaped = 0;
+        struct epoll_event ev[2];
+        int n = epoll_wait(h->ep, ev, 2, ms);
+        if (n < 0 && errno != EINTR) {
+            patd_err("metrics: epoll_wait: %s; the endpoint stops", strerror(errno));
+            return NULL;
+        }
+        for (int i = 0; i < n; i++)
+            if (ev[i].data.fd == h->stop_fd)
+                return NULL;
+        MHD_run(h->mhd);
+        cut_late(h, pat_now_ns());
+    }
+}
+
+/* libmicrohttpd's messages are mostly about a client (a header too large, a reset), which any
+ * local user can cause at will: the debug level, never a flood at the default one. What operators
+ * need (the endpoint not listening, its thread failing) patd logs itself. */
+static void http_log(void *cls, const char *fmt, va_list ap)
+{
+    char line[512];
+    vsnprintf(line, sizeof(line), fmt, ap);
+    line[strcspn(line, "\n")] = 0;
+    patd_debug("metrics: %s", line);
+}
+
+static void http_free(patd_http_t *h)
+{
+    if (!h)
+        return;
+    if (h->thread_on) {
+        uint64_t one = 1;
+        if (write(h->stop_fd, &one, sizeof(one)) != sizeof(one))
+            abort(); /* an eventfd below its maximum always takes 1 */
+        pthread_join(h->thread, NULL);
+    }
+    if (h->mhd)
+        MHD_stop_daemon(h->mhd); /* closes what is open; its CLOSED notices free them */
+    if (h->ep >= 0)
+        close(h->ep);
+    if (h->stop_fd >= 0)
+        close(h->stop_fd);
+    free(h);
+}
 
 int patd_metrics_start(patd_t *d)
 {
@@ -239,22 +397,46 @@ int patd_metrics_start(patd_t *d)
     struct sockaddr_in sa = {.sin_family = AF_INET,
                              .sin_port = htons((uint16_t)d->cfg.metrics_port),
                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    d->mhd = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, (uint16_t)d->cfg.metrics_port, NULL,
-        NULL, on_http, d, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_LIMIT, METRICS_MAX_CONNS,
-        MHD_OPTION_CONNECTION_TIMEOUT, METRICS_IDLE_S, MHD_OPTION_END);
-    if (!d->mhd) {
+    patd_http_t *h = pat_xcalloc(1, sizeof(*h));
+    h->d = d;
+    h->ep = h->stop_fd = -1;
+    h->mhd =
+        MHD_start_daemon(MHD_USE_EPOLL | MHD_USE_ERROR_LOG, (uint16_t)d->cfg.metrics_port, NULL,
+                         NULL, on_http, d, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_LIMIT,
+                         PATD_METRICS_MAX_CONNS, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+                         (size_t)METRICS_HEADER_BYTES, MHD_OPTION_NOTIFY_CONNECTION, on_conn, h,
+                         MHD_OPTION_EXTERNAL_LOGGER, http_log, NULL, MHD_OPTION_END);
+    if (!h->mhd) {
         patd_err("metrics: cannot listen on 127.0.0.1:%u (in use? set metrics_port=0 to "
                  "disable)",
                  d->cfg.metrics_port);
+        http_free(h);
         return -EADDRINUSE;
     }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_EPOLL_FD);
+    h->ep = epoll_create1(EPOLL_CLOEXEC);
+    h->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    struct epoll_event ev_mhd = {.events = EPOLLIN, .data.fd = di ? di->epoll_fd : -1};
+    struct epoll_event ev_stop = {.events = EPOLLIN, .data.fd = h->stop_fd};
+    int rc = 0;
+    if (!di || h->ep < 0 || h->stop_fd < 0 ||
+        epoll_ctl(h->ep, EPOLL_CTL_ADD, ev_mhd.data.fd, &ev_mhd) < 0 ||
+        epoll_ctl(h->ep, EPOLL_CTL_ADD, h->stop_fd, &ev_stop) < 0)
+        rc = -(errno ? errno : EIO);
+    else if ((rc = -pthread_create(&h->thread, NULL, http_main, h)) == 0)
+        h->thread_on = 1;
+    if (rc < 0) {
+        patd_err("metrics: cannot start the endpoint's thread: %s", strerror(-rc));
+        http_free(h);
+        return rc;
+    }
+    pthread_setname_np(h->thread, "patd-metrics");
+    d->http = h;
     return 0;
 }
 
 void patd_metrics_stop(patd_t *d)
 {
-    if (d->mhd)
-        MHD_stop_daemon(d->mhd);
-    d->mhd = NULL;
+    http_free(d->http);
+    d->http = NULL;
 }

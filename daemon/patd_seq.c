@@ -156,7 +156,7 @@ static void seq_open(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *b
         patd_reply_error(d, rq, -EDQUOT, "no free sequence slot");
         return;
     }
-    /* copied out: nanomsg gives no alignment guarantee for the body */
+    /* copied out: the body sits at a 40-byte offset in its frame, unaligned for wider types */
     uint32_t *tok = pat_xmalloc((size_t)r.n_tokens * 4);
     memcpy(tok, body + sizeof(r), (size_t)r.n_tokens * 4);
     pthread_mutex_lock(&d->pool_mu);
@@ -164,8 +164,7 @@ static void seq_open(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *b
     /* the prefix cache's scope: the kernel's word for the client's user (SO_PEERCRED), so that
      * one user's K and V for a prompt never reach another's sequences; 0 for every session
      * where pool.prefix_scope = all */
-    const uint64_t scope =
-        strcmp(d->cfg.prefix_scope, "all") ? 0x7573657200000000ull | (uint64_t)c->uid : 0;
+    const uint64_t scope = strcmp(d->cfg.prefix_scope, "all") ? PATD_SCOPE_UID(c->uid) : 0;
     int rc = kv_seq_open_pending(d->pool, scope, tok, r.n_tokens, &seq, &cached, &pending);
     if (rc == 0) {
         seq_attach(c, (uint32_t)slot, seq);

@@ -211,7 +211,7 @@ void patd_step_begin(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *b
     c->next_tick += d->model.n_layers;
     st->t_recv_ns = pat_now_ns();
     st->begin_req = *rq;
-    rq->ctl = NULL; /* the reply is owed by the step */
+    rq->wire = 0; /* the reply is owed by the step */
     /* err, layers_done, abort are clear: IDLE means step_reset ran */
     step_move(st, STEP_QUEUED);
     patd_exec_submit(&d->exec, step_job, c);
@@ -223,7 +223,7 @@ static void step_finalize(patd_t *d, patd_conn_t *c)
 {
     patd_step_t *st = &c->step;
     assert(atomic_load(&st->state) == STEP_BACK || atomic_load(&st->state) == STEP_UNSTARTED);
-    assert(!st->begin_req.ctl);
+    assert(!st->begin_req.wire);
     int full = atomic_load(&st->state) == STEP_BACK && st->err == 0 &&
                st->layers_done == d->model.n_layers;
     int commit = full && !(st->end_flags & IPC_STEP_END_ABORT);
@@ -252,7 +252,7 @@ static void step_finalize(patd_t *d, patd_conn_t *c)
         atomic_fetch_add(&d->m.steps_aborted, 1);
     }
     patd_req_t rq = st->end_req;
-    st->end_req.ctl = NULL;
+    st->end_req.wire = 0;
     if (!commit && !(st->end_flags & IPC_STEP_END_ABORT)) {
         int code = st->err ? st->err : -ECANCELED;
         patd_reply_error(d, &rq, code, "step %llu: %u of %u layers ran (%s); nothing committed",
@@ -275,14 +275,12 @@ void patd_step_end(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *bod
         patd_reply_error(d, rq, -ESRCH, "step %llu is not in flight", (unsigned long long)r.step);
         return;
     }
-    if (st->end_req.ctl) /* a resend of the same end: answer the newest */
-        nn_freemsg(st->end_req.ctl);
-    st->end_req = *rq;
-    rq->ctl = NULL;
+    st->end_req = *rq; /* one request at a time per connection: none was pending */
+    rq->wire = 0;
     st->end_flags = r.flags;
     if (s == STEP_BACK || s == STEP_UNSTARTED) {
         /* back; unless its post (which answers BEGIN first) is still queued for the loop */
-        if (!st->begin_req.ctl)
+        if (!st->begin_req.wire)
             step_finalize(d, c);
         return;
     }
@@ -308,9 +306,9 @@ int patd_step_complete(patd_conn_t *c)
         return 0;
     }
     int reported = s == STEP_RUNNING || s == STEP_EMPTY || s == STEP_BACK || s == STEP_UNSTARTED;
-    if (st->begin_req.ctl && reported) {
+    if (st->begin_req.wire && reported) {
         patd_req_t rq = st->begin_req;
-        st->begin_req.ctl = NULL;
+        st->begin_req.wire = 0;
         if (s == STEP_RUNNING || s == STEP_BACK) {
             ipc_step_begin_rep_t rep = {.step = st->id,
                                         .tick_base = st->tick_base,
@@ -328,13 +326,13 @@ int patd_step_complete(patd_conn_t *c)
             patd_reply_error(d, &rq, st->err, "step not started: %s", why);
             /* a cpu step that did not start ends with this answer (nothing was reserved); a GPU
              * step runs its handshakes and ends with STEP_END */
-            if (!c->gpu && !st->end_req.ctl) {
+            if (!c->gpu && !st->end_req.wire) {
                 step_reset(c);
                 return 0;
             }
         }
     }
-    if ((s == STEP_BACK || s == STEP_UNSTARTED) && st->end_req.ctl)
+    if ((s == STEP_BACK || s == STEP_UNSTARTED) && st->end_req.wire)
         step_finalize(d, c);
     return 0;
 }
@@ -355,11 +353,9 @@ int patd_step_cancel(patd_conn_t *c)
 
 void patd_step_done(patd_step_t *st)
 {
-    if (st->begin_req.ctl)
-        nn_freemsg(st->begin_req.ctl);
-    if (st->end_req.ctl)
-        nn_freemsg(st->end_req.ctl);
-    st->begin_req.ctl = st->end_req.ctl = NULL;
+    /* a request still owed here is answered -ENOTCONN by the session's end
+     * (patd_wire_session_gone) */
+    st->begin_req.wire = st->end_req.wire = 0;
     free(st->slot);
     free(st->kv);
     free(st->n_new);

@@ -32,10 +32,11 @@
 typedef struct patd patd_t;
 typedef struct patd_conn patd_conn_t;
 
-/* A request whose reply comes later (nanomsg raw REP: the routing header travels with it), or
- * one that came on the admin socket (reply_fn set: the reply goes there). */
+/* A request whose reply may come later: from a control connection (wire: patd_wire.c answers it
+ * there, once), or from the admin socket (reply_fn set: the reply goes there). */
 typedef struct patd_req {
-    void *ctl; /* nn control header (NN_MSG-allocated); NULL when none pending */
+    uint64_t wire; /* the control connection that waits for the answer (patd_wire.c); 0: none
+                      pending (answered, or an admin request: reply_fn) */
     ipc_hdr_t hdr;
     void (*reply_fn)(void *ud, const void *frame, size_t len);
     void *reply_ud;

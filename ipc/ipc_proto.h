@@ -42,9 +42,8 @@
 #error "the wire format is little-endian and is read in place; port ipc_codec.c first"
 #endif
 
-#define IPC_MAGIC 0x44544150u /* "PATD" read as a little-endian u32 */
-#define IPC_VERSION                                                                                \
-    7u /* 7: a GPU session's signal slice is its own allocation, by fd (2026-11-26) */
+#define IPC_MAGIC   0x44544150u /* "PATD" read as a little-endian u32 */
+#define IPC_VERSION 8u /* 8: patd's own Unix stream sockets instead of nanomsg (2026-11-27) */
 
 /* Upper bounds of the protocol itself (configs may be lower): they bound what a decoder will
  * even look at before the connection's own limits apply. */
@@ -99,7 +98,7 @@ typedef enum ipc_op {
     X(NOSPC, ENOSPC, "KV pool out of blocks (preempt and retry)")                                  \
     X(MODEL, EMEDIUMTYPE, "model signature does not match the daemon's")                           \
     X(SESSION, ENOTCONN, "unknown session (expired, closed, or the daemon restarted)")             \
-    X(BUSY, EBUSY, "sequence is part of the step in flight, or a step is already running")         \
+    X(BUSY, EBUSY, "busy: a step holds the sequence or is running, or a reload is in progress")    \
     X(NO_STEP, ESRCH, "no such step in flight")                                                    \
     X(SHUTDOWN, ESHUTDOWN, "daemon is draining or shutting down")                                  \
     X(TOO_MANY, EMFILE, "too many connections or sequences")                                       \

@@ -102,7 +102,7 @@ static void heap_remove(kv_pool_t *p, uint32_t b)
 static void emit(kv_pool_t *p, kv_event_type_t t, uint32_t b, uint64_t h)
 {
     if (p->cfg.on_event)
-        p->cfg.on_event(p->cfg.event_ud, t, b, h);
+        p->cfg.on_event(p->cfg.event_ud, t, b, h, p->blk[b].scope);
 }
 
 /* Removes a CACHED leaf from the prefix cache and puts it on the free list. */
@@ -175,7 +175,7 @@ void kv__block_unref(kv_pool_t *p, uint32_t b)
     }
 }
 
-int kv__publish(kv_pool_t *p, uint32_t b, uint64_t h, uint32_t parent)
+int kv__publish(kv_pool_t *p, uint32_t b, uint64_t h, uint32_t parent, uint64_t scope)
 {
     assert(b < p->cfg.n_blocks && !p->blk[b].published);
     if (kv__map_find(p, h) != KV_NONE) {
@@ -185,6 +185,7 @@ int kv__publish(kv_pool_t *p, uint32_t b, uint64_t h, uint32_t parent)
     kv__block_t *k = &p->blk[b];
     pat_map_put(&p->map, h, b);
     k->hash = h;
+    k->scope = scope;
     k->published = 1;
     k->parent = parent;
     if (parent != KV_NONE)

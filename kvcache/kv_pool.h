@@ -37,8 +37,11 @@ typedef enum kv_event_type {
     KV_EVENT_EVICTED = 2, /* a cached block was reclaimed for reuse */
 } kv_event_type_t;
 
-/* Called synchronously from inside the pool; must not call back into the pool. */
-typedef void (*kv_event_fn)(void *ud, kv_event_type_t type, uint32_t block, uint64_t hash);
+/* Called synchronously from inside the pool; must not call back into the pool. scope: the scope
+ * of the sequences the block serves (kv_seq_open_scoped), so that an event reaches only those
+ * who may know of it. */
+typedef void (*kv_event_fn)(void *ud, kv_event_type_t type, uint32_t block, uint64_t hash,
+                            uint64_t scope);
 
 typedef struct kv_pool_config {
     uint32_t n_blocks;    /* capacity in blocks, 1..KV_MAX_BLOCKS */

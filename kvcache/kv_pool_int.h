@@ -13,6 +13,7 @@ enum { KV__FREE = 0, KV__USED = 1, KV__CACHED = 2 };
 typedef struct kv__block {
     uint64_t hash;     /* chain hash when published, else 0 */
     uint64_t last_use; /* pool tick when it last became CACHED (LRU key) */
+    uint64_t scope;    /* published: the scope of the sequence that published it (events) */
     uint32_t refcnt;   /* block-table references */
     uint32_t parent;   /* published predecessor in the chain, KV_NONE for a chain root */
     uint32_t nchild;   /* published blocks whose parent is this one */
@@ -75,7 +76,7 @@ void kv__block_ref(kv_pool_t *p, uint32_t b);
 void kv__block_unref(kv_pool_t *p, uint32_t b);
 /* Publishes b under hash h with the given parent (KV_NONE for a root); returns 1 if published,
  * 0 if the hash was already present (a duplicate). */
-int kv__publish(kv_pool_t *p, uint32_t b, uint64_t h, uint32_t parent);
+int kv__publish(kv_pool_t *p, uint32_t b, uint64_t h, uint32_t parent, uint64_t scope);
 uint64_t kv__chain_hash(const kv_pool_t *p, uint64_t parent, const uint32_t *tokens);
 
 /* kv_seq.c */

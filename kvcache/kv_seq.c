@@ -212,7 +212,7 @@ int kv_seq_commit(kv_pool_t *p, uint32_t id, const uint32_t *tokens, uint32_t n)
             p->st.duplicates++;
             continue;
         }
-        kv__publish(p, q->blocks[i], q->hashes[i], i ? q->blocks[i - 1] : KV_NONE);
+        kv__publish(p, q->blocks[i], q->hashes[i], i ? q->blocks[i - 1] : KV_NONE, q->scope);
     }
     return 0;
 }

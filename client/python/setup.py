@@ -8,8 +8,8 @@ __init__.py as libpat.so.<major> (soname libpat.so.<major>), where the binding l
 PATD_LIBPAT. The package's version and the binding's __version__ are client/pat.h's
 PAT_VERSION_*: read by patd/_version.py, and written into the built package as a literal.
 
-Build needs: a C compiler and make (Debian: build-essential), nanomsg's headers (libnanomsg-dev).
-Run needs: libnanomsg (libnanomsg5). Each missing build need stops the build naming its package.
+Build needs: a C compiler and make (Debian: build-essential); each missing one stops the build
+naming its package. Run needs: the C library only (libpat speaks patd's own Unix sockets).
 The wheel is platform-specific (it carries machine code).
 """
 
@@ -54,12 +54,6 @@ def build_libpat(out):
     if not shutil.which(cc[0]) or not shutil.which("make"):
         fail("libpat is compiled from this tree's C sources: it needs a C compiler (%s) and make "
              "(Debian: apt install build-essential)" % cc[0])
-    probe = subprocess.run(cc + ["-E", "-x", "c", "-", "-o", os.devnull],
-                           input=b"#include <nanomsg/nn.h>\n", stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
-    if probe.returncode != 0:
-        fail("libpat talks to patd through nanomsg, whose headers (nanomsg/nn.h) %s cannot find "
-             "(Debian: apt install libnanomsg-dev)" % cc[0])
     # the package's own build: no knob of an enclosing make (make run-tests, DEBUG=1) leaks in
     env = {k: v for k, v in os.environ.items()
            if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}

@@ -1,5 +1,5 @@
 /*
- * tc_client.c — a client process for the fault tests (exec'd, so that no nanomsg state is
+ * tc_client.c — a client process for the fault tests (exec'd, so that no library state is
  * shared with the test through fork).
  *
  *   tc_client SOCKET hold POINT   connect, open 3 sequences sharing a prompt with the other

@@ -1,15 +1,15 @@
 /*
  * test_ops.c — patd as operators and systemd see it: config file validation and overrides,
  * sd_notify (READY=1, STATUS=, WATCHDOG=1, STOPPING=1) on a notify socket of our own, SIGHUP
- * and `patctl reload` applying reloadable options, the Prometheus endpoint over HTTP, the
+ * and `patctl reload` applying reloadable options and refusing, with the cause, a config path that
+ * names no config file (/dev/zero, a FIFO, a directory, a file past the cap) without stalling the
+ * daemon, the Prometheus endpoint over HTTP, the
  * event socket (connections, stored blocks), and `patctl` commands including drain.
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <poll.h>
 #include <grp.h>
-#include <nanomsg/nn.h>
-#include <nanomsg/pubsub.h>
-#include <nanomsg/reqrep.h>
 #include <netinet/in.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -35,6 +35,7 @@
 #include "pat_base.h"
 #include "tl_client.h"
 #include "tl_daemon.h"
+#include "tl_wire.h"
 
 static const pat_model_t MODEL = {4, 8, 2, 64, PAT_F16, 16, 0};
 
@@ -170,6 +171,28 @@ static void test_config_validation(void **state)
     rmdir(squat);
     assert_int_equal(run(out, sizeof(out), "%s --config /nonexistent.conf", patd_bin()), 1);
     assert_non_null(strstr(out, "cannot open config"));
+    /* a config path that names no config file: refused at once with its cause, never read (a
+     * read of /dev/zero or of a FIFO no one writes never ended) */
+    char notconf[] = "/tmp/patd-notconf.XXXXXX";
+    assert_non_null(mkdtemp(notconf));
+    char fifo[64];
+    snprintf(fifo, sizeof(fifo), "%s/fifo", notconf);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    const struct {
+        const char *path, *why;
+    } notconfs[] = {
+        {notconf, "is a directory, not a regular file"},
+        {"/dev/zero", "is a character device, not a regular file"},
+        {fifo, "is a FIFO, not a regular file"},
+    };
+    for (size_t i = 0; i < PAT_ARRAY_SIZE(notconfs); i++) {
+        int rc = run(out, sizeof(out), "timeout 5 %s --config %s --metrics-port=0 --check-config",
+                     patd_bin(), notconfs[i].path);
+        if (rc != 1 || !strstr(out, notconfs[i].why))
+            fail_msg("--config %s: status %d, output '%s'", notconfs[i].path, rc, out);
+    }
+    unlink(fifo);
+    rmdir(notconf);
     assert_int_equal(run(out, sizeof(out), "%s --no-such-option=1", patd_bin()), 1);
     assert_int_equal(run(out, sizeof(out), "%s --help", patd_bin()), 0);
     assert_non_null(strstr(out, "step_timeout_ms"));
@@ -224,14 +247,11 @@ static void test_sd_notify_reload_metrics_events(void **state)
     assert_true(watchdog); /* the executors move */
 
     /* events: a subscriber sees a connection come up and blocks being stored */
-    int sub = nn_socket(AF_SP, NN_SUB);
-    nn_setsockopt(sub, NN_SUB, NN_SUB_SUBSCRIBE, "", 0);
-    int rt = 200;
-    nn_setsockopt(sub, NN_SOL_SOCKET, NN_RCVTIMEO, &rt, sizeof(rt));
     char url[256];
-    snprintf(url, sizeof(url), "ipc://%s/patd.events", d.dir);
-    assert_true(nn_connect(sub, url) >= 0);
-    usleep(100000); /* subscriptions are asynchronous */
+    snprintf(url, sizeof(url), "%s/patd.events", d.dir);
+    int sub = tl_wire_open(url);
+    assert_true(sub >= 0);
+    usleep(100000); /* the daemon accepts it on its loop */
     pat_connect_opts_t o = {
         .size = sizeof(o), .max_batch_tokens = 64, .socket = d.sock, .model = MODEL};
     pat_conn_t *c;
@@ -246,16 +266,24 @@ static void test_sd_notify_reload_metrics_events(void **state)
     tl_step_result_t r;
     assert_int_equal(tl_client_step(c, &MODEL, ps, 1, &rng, 1, &r), 0);
     int up = 0, stored = 0;
-    for (int i = 0; i < 20 && !(up && stored >= 2); i++) {
-        char *m = NULL;
-        int n = nn_recv(sub, &m, NN_MSG, 0);
-        if (n < 0)
+    char text[8192];
+    size_t have = 0;
+    for (int i = 0; i < 20 && !(up && stored >= 2) && have < sizeof(text) - 1; i++) {
+        struct pollfd p = {sub, POLLIN, 0};
+        if (poll(&p, 1, 200) != 1)
             continue;
-        up |= n >= 7 && !strncmp(m, "conn up", 7);
-        stored += n >= 6 && !strncmp(m, "stored", 6);
-        nn_freemsg(m);
+        ssize_t k = recv(sub, text + have, sizeof(text) - 1 - have, 0);
+        if (k <= 0)
+            break;
+        have += (size_t)k;
+        text[have] = 0;
+        up = stored = 0; /* one event a line */
+        for (char *l = text; *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : l + strlen(l)) {
+            up |= !strncmp(l, "conn up", 7);
+            stored += !strncmp(l, "stored", 6);
+        }
     }
-    nn_close(sub);
+    close(sub);
     assert_true(up);
     assert_int_equal(stored, 2); /* 33 tokens: two full blocks published */
 
@@ -446,8 +474,9 @@ static void test_shm_full(void **state)
 
 /* Started under a soft open-file limit of 64 (systemd's default soft limit is 1024, and a
  * frontend fleet or a hostile local user opens connections without a HELLO), patd raises it to
- * the hard limit: 150 idle connections later it still answers. It used to spin in nanomsg's
- * accept at EMFILE while every new client hung. */
+ * the hard limit: 150 idle connections later it still answers (the oldest idle ones without a
+ * session make room). It used to spin in nanomsg's accept at EMFILE while every new client
+ * hung. */
 static void test_nofile_limit(void **state)
 {
     struct rlimit old, lim;
@@ -465,14 +494,9 @@ static void test_nofile_limit(void **state)
     assert_int_equal(started, 0);
     enum { IDLE = 150 };
     int idle[IDLE];
-    char url[256];
-    snprintf(url, sizeof(url), "ipc://%s", d.sock);
-    for (int i = 0; i < IDLE; i++) {
-        idle[i] = nn_socket(AF_SP, NN_REQ);
-        assert_true(idle[i] >= 0);
-        assert_true(nn_connect(idle[i], url) >= 0);
-    }
-    usleep(300000); /* connections are made by nanomsg's worker */
+    for (int i = 0; i < IDLE; i++) /* beyond the per-user bound the daemon closes them */
+        idle[i] = tl_wire_open(d.sock);
+    usleep(300000); /* the daemon accepts (and closes) them on its loop */
     pat_status_t st = {.size = sizeof(st)};
     assert_int_equal(pat_status(d.sock, 3000, &st), 0);
     pat_connect_opts_t o = {.size = sizeof(o),
@@ -485,7 +509,8 @@ static void test_nofile_limit(void **state)
     assert_int_equal(pat_connect(&o, &c, why, sizeof(why)), 0);
     pat_close(c);
     for (int i = 0; i < IDLE; i++)
-        nn_close(idle[i]);
+        if (idle[i] >= 0)
+            close(idle[i]);
     assert_int_equal(tl_daemon_signal_wait(&d, SIGTERM, 5000), 0);
     tl_daemon_stop(&d);
 }
@@ -560,7 +585,7 @@ static int prompt_step(pat_conn_t *c, uint32_t first, uint32_t n, uint64_t lie, 
  * the admin socket) and one checked step. The child's exit status: 0 when all went right.
  * Forks a child that becomes nobody and, once a byte arrives on *ret_go (at once when ret_go is
  * NULL), connects, steps and exits 0 if the step was right. Fork it before this process holds a
- * live connection: a fork copies nanomsg's threads' locks mid-use. */
+ * live connection. */
 static pid_t nobody_child(const tl_daemon_t *d, int *ret_go)
 {
     int p[2] = {-1, -1};
@@ -750,10 +775,124 @@ static void test_conns_per_uid(void **state)
     tl_daemon_stop(&d);
 }
 
+/* A reload from a config path that became no config file: patd stays responsive (its loop never
+ * reads the file), keeps its reloadable options, says why in its log and in patctl's answer, and
+ * still exits on SIGTERM at once. One daemon per kind, so that each is judged alone. */
+typedef enum bad_conf { BAD_DEVZERO, BAD_FIFO, BAD_DIR, BAD_BIG } bad_conf_t;
+static const struct {
+    const char *what, *why;
+} bad_confs[] = {
+    [BAD_DEVZERO] = {"a symlink to /dev/zero", "is a character device, not a regular file"},
+    [BAD_FIFO] = {"a FIFO no one writes", "is a FIFO, not a regular file"},
+    [BAD_DIR] = {"a directory", "is a directory, not a regular file"},
+    [BAD_BIG] = {"a valid file of 2 MiB (the cap is 1 MiB)", "is larger than 1048576 bytes"},
+};
+
+/* Whether the daemon's log holds text within ms. */
+static int log_has(const tl_daemon_t *d, const char *text, uint32_t ms)
+{
+    static char buf[1 << 16];
+    for (uint64_t t0 = pat_now_ns(); pat_now_ns() - t0 < (uint64_t)ms * 1000000ull;) {
+        FILE *f = fopen(d->log, "r");
+        size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+        if (f)
+            fclose(f);
+        buf[n] = 0;
+        if (strstr(buf, text))
+            return 1;
+        usleep(20000);
+    }
+    return 0;
+}
+
+/* patd answers patctl status within a second, and still has max_conns 8 (the file's). */
+static void assert_responsive(tl_daemon_t *d, const char *when)
+{
+    char out[4096];
+    int rc = run(out, sizeof(out), "timeout 2 %s --socket %s --timeout 1000 status", patctl_bin(),
+                 d->sock);
+    if (rc != 0)
+        fail_msg("%s: patctl status exited %d: %s", when, rc, out);
+    assert_int_equal(tl_daemon_status(d, "max_conns"), 8);
+}
+
+static void reload_bad_conf(bad_conf_t k)
+{
+    char dir[] = "/tmp/patd-reload.XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char conf[64], a_conf[80];
+    snprintf(conf, sizeof(conf), "%s/patd.conf", dir);
+    snprintf(a_conf, sizeof(a_conf), "--config=%s", conf);
+    write_file(conf, "[limits]\nmax_conns = 8\n");
+    const char *args[] = {a_conf, NULL};
+    tl_daemon_t d;
+    assert_int_equal(tl_daemon_start(&d, args), 0);
+    assert_responsive(&d, "at start");
+    unlink(conf);
+    switch (k) {
+    case BAD_DEVZERO:
+        assert_int_equal(symlink("/dev/zero", conf), 0);
+        break;
+    case BAD_FIFO:
+        assert_int_equal(mkfifo(conf, 0600), 0);
+        break;
+    case BAD_DIR:
+        assert_int_equal(mkdir(conf, 0700), 0);
+        break;
+    case BAD_BIG: { /* what it sets would apply, were it read */
+        FILE *f = fopen(conf, "w");
+        assert_non_null(f);
+        fputs("[limits]\nmax_conns = 3\n", f);
+        for (int i = 0; i < 32768; i++)
+            fputs("# ..............................................................\n", f);
+        fclose(f);
+        break;
+    }
+    }
+    char when[96], out[4096];
+    kill(d.pid, SIGHUP);
+    usleep(300000);
+    snprintf(when, sizeof(when), "SIGHUP with the config %s", bad_confs[k].what);
+    assert_responsive(&d, when);
+    if (!log_has(&d, bad_confs[k].why, 3000)) /* and the reload is over: patctl's is not refused */
+        fail_msg("%s: the log does not say '%s' (log %s)", when, bad_confs[k].why, d.log);
+    int rc = run(out, sizeof(out), "timeout 5 %s --socket %s --timeout 3000 reload", patctl_bin(),
+                 d.sock);
+    if (rc != 1 || !strstr(out, bad_confs[k].why) || !strstr(out, "nothing changed"))
+        fail_msg("patctl reload with the config %s: status %d, '%s'", bad_confs[k].what, rc, out);
+    snprintf(when, sizeof(when), "patctl reload with the config %s", bad_confs[k].what);
+    assert_responsive(&d, when);
+    assert_int_equal(tl_daemon_signal_wait(&d, SIGTERM, 5000), 0);
+    tl_daemon_stop(&d);
+    rmdir(conf);
+    unlink(conf);
+    rmdir(dir);
+}
+
+static void test_reload_devzero(void **state)
+{
+    reload_bad_conf(BAD_DEVZERO);
+}
+
+static void test_reload_fifo(void **state)
+{
+    reload_bad_conf(BAD_FIFO);
+}
+
+static void test_reload_dir(void **state)
+{
+    reload_bad_conf(BAD_DIR);
+}
+
+static void test_reload_big(void **state)
+{
+    reload_bad_conf(BAD_BIG);
+}
+
 /* Who may change the daemon: DRAIN, RELOAD and CHECK go to the admin socket, where the kernel
- * names the caller; on the control socket (nanomsg cannot tell who sent a frame) they are
- * refused. Another user (nobody, via setpriv) may read the status but not reload, check or
- * drain; a member of daemon.admin_group may. Before, any member of the socket group could. */
+ * names the caller; on the control socket they are refused. Another user (nobody, via setpriv) may
+ * read the status but not reload, check or drain; a member of daemon.admin_group may. Before, any
+ * member of the socket group could. */
 static void test_admin_rights(void **state)
 {
     char out[4096];
@@ -761,23 +900,19 @@ static void test_admin_rights(void **state)
     tl_daemon_t d;
     assert_int_equal(tl_daemon_start(&d, open_args), 0);
     /* a raw DRAIN on the control socket */
-    int s = nn_socket(AF_SP, NN_REQ);
-    int t = 3000;
-    nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVTIMEO, &t, sizeof(t));
-    char url[256];
-    snprintf(url, sizeof(url), "ipc://%s", d.sock);
-    assert_true(nn_connect(s, url) >= 0);
+    int s = tl_wire_open(d.sock);
+    assert_true(s >= 0);
     ipc_hdr_t h = {.magic = IPC_MAGIC, .version = IPC_VERSION, .opcode = IPC_OP_DRAIN, .corr = 5};
-    assert_int_equal(nn_send(s, &h, sizeof(h), 0), (int)sizeof(h));
+    assert_int_equal(tl_wire_send(s, &h, sizeof(h)), 0);
     void *msg = NULL;
-    int n = nn_recv(s, &msg, NN_MSG, 0);
+    int n = tl_wire_recv(s, &msg);
     assert_true(n == (int)(sizeof(ipc_hdr_t) + sizeof(ipc_err_body_t)));
     ipc_err_body_t e;
     memcpy(&e, (uint8_t *)msg + sizeof(ipc_hdr_t), sizeof(e));
     assert_int_equal(e.code, -EPERM);
     assert_non_null(strstr(e.msg, "admin socket"));
-    nn_freemsg(msg);
-    nn_close(s);
+    free(msg);
+    close(s);
     pat_status_t st = {.size = sizeof(st)};
     assert_int_equal(pat_status(d.sock, 2000, &st), 0);
     assert_false(st.draining);
@@ -896,6 +1031,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_validation),
         cmocka_unit_test(test_sd_notify_reload_metrics_events),
+        cmocka_unit_test(test_reload_devzero),
+        cmocka_unit_test(test_reload_fifo),
+        cmocka_unit_test(test_reload_dir),
+        cmocka_unit_test(test_reload_big),
         cmocka_unit_test(test_notify_never_read),
         cmocka_unit_test(test_fsize_limit),
         cmocka_unit_test(test_shm_full),

@@ -220,8 +220,10 @@ static void test_libpat_stale(void **state)
     static const struct {
         pat_admin_op_t op;
         const char *at; /* the socket the detail names */
-    } ops[] = {{PAT_ADMIN_STATUS, D.sock}, {PAT_ADMIN_STATS, D.sock},   {PAT_ADMIN_SEQS, D.sock},
-               {PAT_ADMIN_DRAIN, D_ADMIN}, {PAT_ADMIN_RELOAD, D_ADMIN}, {PAT_ADMIN_CHECK, D_ADMIN}};
+    } ops[] = {         /* since protocol 8 every admin request goes to the admin socket */
+               {PAT_ADMIN_STATUS, D_ADMIN}, {PAT_ADMIN_STATS, D_ADMIN},
+               {PAT_ADMIN_SEQS, D_ADMIN},   {PAT_ADMIN_DRAIN, D_ADMIN},
+               {PAT_ADMIN_RELOAD, D_ADMIN}, {PAT_ADMIN_CHECK, D_ADMIN}};
     for (size_t i = 0; i < PAT_ARRAY_SIZE(ops); i++) {
         char *text = NULL;
         t0 = pat_now_ns();

@@ -1,7 +1,8 @@
 /*
  * test_daemon.c — the daemon's pieces that need no running daemon: the step state machine's
- * table, the option table (parsing, bounds, command-line precedence) and its reload rules
- * (restart-only rows, apply hooks), and the watchdog's rule on a simulated clock.
+ * table, the option table (parsing, bounds, command-line precedence), its reload rules
+ * (restart-only rows, apply hooks) and what files it reads (regular ones of bounded size), and the
+ * watchdog's rule on a simulated clock.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -10,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -83,6 +85,14 @@ static void write_cfg(const char *text)
 static int load(patd_config_t *c, int argc, const char **argv)
 {
     return patd_config_load(c, argc, (char **)argv);
+}
+
+/* A reload as patd_main runs it, on one thread here: reread (the worker's part), then apply. */
+static int reload(patd_config_t *c, int argc, const char **argv)
+{
+    static patd_config_t next;
+    int rc = patd_config_reread(c, argc, (char **)argv, &next);
+    return rc < 0 ? rc : patd_config_apply(c, &next);
 }
 
 static int cfg_setup(void **state)
@@ -170,7 +180,7 @@ static void test_config_reload(void **state)
      * still wins */
     write_cfg("[limits]\nmax_conns = 16\nlease_ms = 5000\nstep_timeout_ms = 50\n"
               "[pool]\nblocks = 8192\n[daemon]\nlog_level = debug\n");
-    assert_int_equal(patd_config_reload(&c, 4, (char **)argv), 1);
+    assert_int_equal(reload(&c, 4, argv), 1);
     assert_int_equal(c.max_conns, 16);
     assert_int_equal(c.blocks, 4096);
     assert_int_equal(c.lease_ms, 5000);
@@ -180,19 +190,96 @@ static void test_config_reload(void **state)
 
     /* lowering applies; so does raising again */
     write_cfg("[limits]\nmax_conns = 4\n[pool]\nblocks = 4096\n");
-    assert_int_equal(patd_config_reload(&c, 4, (char **)argv), 0);
+    assert_int_equal(reload(&c, 4, argv), 0);
     assert_int_equal(c.max_conns, 4);
     assert_int_equal(c.lease_ms, 10000); /* back to its default: the file no longer sets it */
     assert_int_equal(atomic_load(&patd_log_level), 6);
     write_cfg("[limits]\nmax_conns = 32\n[pool]\nblocks = 4096\n");
-    assert_int_equal(patd_config_reload(&c, 4, (char **)argv), 0);
+    assert_int_equal(reload(&c, 4, argv), 0);
     assert_int_equal(c.max_conns, 32);
 
     /* an invalid file changes nothing */
     patd_config_t before = c;
     write_cfg("[limits]\nmax_conns = 2\nlease_ms = 0\n");
-    assert_int_equal(patd_config_reload(&c, 4, (char **)argv), -EINVAL);
+    assert_int_equal(reload(&c, 4, argv), -EINVAL);
     assert_memory_equal(&c, &before, sizeof(c));
+}
+
+/* Only a regular file of at most PATD_CONFIG_MAX_BYTES is read, at start and at reload, the
+ * instance's drop-in too: each other kind is refused, with its cause, without hanging, and a
+ * reload refused leaves the running configuration as it was. */
+static void test_config_files(void **state)
+{
+    patd_config_t c, next;
+    write_cfg("[limits]\nmax_conns = 8\n");
+    const char *argv[] = {"patd", "--config", cfg_path};
+    assert_int_equal(load(&c, 3, argv), 0);
+    assert_int_equal(c.max_conns, 8);
+    const patd_config_t before = c;
+    static const struct {
+        const char *kind, *why;
+    } kinds[] = {
+        {"dir", "is a directory, not a regular file"},
+        {"fifo", "is a FIFO, not a regular file"},
+        {"devzero", "is a character device, not a regular file"},
+        {"big", "is larger than 1048576 bytes"},
+        {"nul", "holds a NUL byte"},
+        {"missing", "cannot open config"},
+    };
+    for (size_t i = 0; i < PAT_ARRAY_SIZE(kinds); i++) {
+        const char *k = kinds[i].kind;
+        unlink(cfg_path);
+        if (!strcmp(k, "dir")) {
+            assert_int_equal(mkdir(cfg_path, 0700), 0);
+        } else if (!strcmp(k, "fifo")) {
+            assert_int_equal(mkfifo(cfg_path, 0600), 0);
+        } else if (!strcmp(k, "devzero")) {
+            assert_int_equal(symlink("/dev/zero", cfg_path), 0);
+        } else if (!strcmp(k, "big")) { /* a valid file, one byte past the cap */
+            FILE *f = fopen(cfg_path, "w");
+            assert_non_null(f);
+            fputs("[limits]\nmax_conns = 3\n", f);
+            for (long n = 22; n <= (long)PATD_CONFIG_MAX_BYTES; n++)
+                fputc(n % 64 ? '#' : '\n', f);
+            fclose(f);
+        } else if (!strcmp(k, "nul")) {
+            FILE *f = fopen(cfg_path, "w");
+            assert_non_null(f);
+            fwrite("[limits]\nmax_conns = 3\n\0\n", 1, 25, f);
+            fclose(f);
+        }
+        int rc = patd_config_reread(&c, 3, (char **)argv, &next);
+        if (rc != -EINVAL || !strstr(next.error, kinds[i].why))
+            fail_msg("%s: reread %d, '%s'", k, rc, next.error);
+        assert_memory_equal(&c, &before, sizeof(c));
+        patd_config_t fresh;
+        memset(&fresh, 0, sizeof(fresh));
+        rc = load(&fresh, 3, argv); /* a start says the same and stops */
+        if (rc != -EINVAL || !strstr(fresh.error, kinds[i].why))
+            fail_msg("%s: start %d, '%s'", k, rc, fresh.error);
+        rmdir(cfg_path);
+        unlink(cfg_path);
+    }
+    /* the drop-in of --instance 1, <path>@1.conf: absent is fine; present, read by the same rule */
+    write_cfg("[limits]\nmax_conns = 8\n");
+    char dropin[96];
+    snprintf(dropin, sizeof(dropin), "%s@1.conf", cfg_path);
+    const char *inst[] = {"patd", "--config", cfg_path, "--instance", "1"};
+    assert_int_equal(load(&c, 5, inst), 0);
+    assert_false(c.dropin_read);
+    assert_int_equal(mkdir(dropin, 0700), 0);
+    assert_int_equal(load(&c, 5, inst), -EINVAL);
+    assert_non_null(strstr(c.error, "is a directory, not a regular file"));
+    rmdir(dropin);
+    FILE *f = fopen(dropin, "w");
+    assert_non_null(f);
+    fputs("[limits]\nmax_conns = 5\n", f);
+    fclose(f);
+    assert_int_equal(load(&c, 5, inst), 0);
+    assert_true(c.dropin_read);
+    assert_int_equal(c.max_conns, 5);
+    assert_string_equal(c.error, "");
+    unlink(dropin);
 }
 
 /* ------------------------------------------------------------------ watchdog */
@@ -239,6 +326,7 @@ int main(void)
         cmocka_unit_test(test_step_moves),
         cmocka_unit_test_setup_teardown(test_config_parse, cfg_setup, cfg_teardown),
         cmocka_unit_test_setup_teardown(test_config_reload, cfg_setup, cfg_teardown),
+        cmocka_unit_test_setup_teardown(test_config_files, cfg_setup, cfg_teardown),
         cmocka_unit_test(test_watchdog_sim),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -510,7 +510,7 @@ typedef struct ev_log {
     int stored, evicted;
 } ev_log_t;
 
-static void on_ev(void *ud, kv_event_type_t t, uint32_t block, uint64_t hash)
+static void on_ev(void *ud, kv_event_type_t t, uint32_t block, uint64_t hash, uint64_t scope)
 {
     ev_log_t *l = ud;
     assert_true(hash != 0);

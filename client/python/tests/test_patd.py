@@ -6,6 +6,7 @@ Run: PATD_BIN=build/bin/patd PATD_LIBPAT=build/lib/libpat.so.1 python3 -m unitte
 
 import errno
 import os
+import re
 import subprocess
 import sys
 import time
@@ -277,7 +278,11 @@ class DaemonCase(unittest.TestCase):
                              check=True, capture_output=True, text=True, env=env).stdout
         self.assertIn("patd binding %s" % patd.__version__, out)
         self.assertIn("libpat %d.%d.%d" % patd.library_version(), out)
-        self.assertIn("wire protocol 7", out)
+        # the protocol version is written once, in ipc/ipc_proto.h
+        proto = os.path.join(os.path.dirname(__file__), "..", "..", "..", "ipc", "ipc_proto.h")
+        with open(proto) as f:
+            version = re.search(r"#define IPC_VERSION\s*\\?\s*(\d+)u", f.read()).group(1)
+        self.assertIn("wire protocol %s," % version, out)
         self.assertIn("cpu backend", out)
         r = subprocess.run([sys.executable, "-m", "patd", "--socket", self.dir + "/nope.sock"],
                            capture_output=True, text=True, env=env)
