@@ -99,7 +99,9 @@ typedef enum ipc_op {
     X(NOSPC, ENOSPC, "KV pool out of blocks (preempt and retry)")                                  \
     X(MODEL, EMEDIUMTYPE, "model signature does not match the daemon's")                           \
     X(SESSION, ENOTCONN, "unknown session (expired, closed, or the daemon restarted)")             \
-    X(BUSY, EBUSY, "sequence is part of the step in flight, or a step is already running")         \
+    X(BUSY, EBUSY,                                                                                 \
+      "sequence is part of the step in flight, a step is already running, or (HELLO) the "         \
+      "admin socket is busy: try again")                                                           \
     X(NO_STEP, ESRCH, "no such step in flight")                                                    \
     X(SHUTDOWN, ESHUTDOWN, "daemon is draining or shutting down")                                  \
     X(TOO_MANY, EMFILE, "too many connections or sequences")                                       \
