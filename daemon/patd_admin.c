@@ -109,17 +109,16 @@ static void serve_waiting(patd_t *d)
 {
     for (patd_admin_conn_t *ac = d->admin_wait, *next; ac; ac = next) {
         next = ac->next;
-        if (peer_gone(ac)) {
-            conn_close(ac); /* out of the list at once; frees no slot */
-            continue;
-        }
         int slot;
         if (uid_served(d, ac->cred.uid, &slot) >= PATD_ADMIN_PER_UID)
             continue;
         if (slot < 0)
             return;
         wait_remove(ac);
-        serve(ac, slot);
+        if (peer_gone(ac))
+            conn_close(ac); /* takes no slot */
+        else
+            serve(ac, slot);
     }
 }
 
