@@ -64,6 +64,7 @@ typedef struct rec {
     int32_t idx, rc;  /* the child's index; its result (0 or a negative errno) */
     uint32_t n;       /* steps run (bystander), sessions opened (hog) */
     uint32_t refused; /* hog: later HELLOs refused with the same code */
+    uint32_t ms;      /* since the child's first record */
     double worst;     /* largest relative error of a checked row */
     char why[200];
 } rec_t;
@@ -84,8 +85,12 @@ static uint64_t now_ms(void)
 static void send_rec(char kind, int idx, int rc, uint32_t n, uint32_t refused, double worst,
                      const char *why)
 {
+    static uint64_t t0;
     rec_t r;
     memset(&r, 0, sizeof(r));
+    if (!t0)
+        t0 = now_ms();
+    r.ms = (uint32_t)(now_ms() - t0);
     r.kind = kind;
     r.idx = idx;
     r.rc = rc;
@@ -483,6 +488,10 @@ static long shipped_value(const char *path, const char *section, const char *key
 
 static void test_uid_share(void **state)
 {
+    if (geteuid() != 0) {
+        printf("test_uid_share skipped: clients of other users need root (setuid)\n");
+        skip();
+    }
     const char *conf =
         getenv("PATD_SHIPPED_CONF") ? getenv("PATD_SHIPPED_CONF") : "systemd/patd.conf";
     const long per_uid = shipped_value(conf, "limits", "conns_per_uid");
@@ -518,13 +527,14 @@ static void test_uid_share(void **state)
     assert_int_equal(h.refused, 21);
     bystander_check(&by);
 
-    /* 22 refusals in about 1.1 s: the first logged, the next 20 counted, the last logged with
-     * that count */
+    /* 22 refusals over about 1.1 s (h.ms): the first logged, those within a second of it
+     * counted, the last logged with that count: a line a second at most */
     const int lines = log_lines("refused a HELLO (limits.conns_per_uid)", NULL);
     const int counted = log_lines("refused a HELLO (limits.conns_per_uid)", "more since");
-    printf("refusal log: %d lines for 22 refusals, %d with a count of the ones not logged\n", lines,
-           counted);
-    assert_true(lines >= 2 && lines <= 4);
+    printf("refusal log: %d lines for 22 refusals in %.2f s, %d with a count of the ones not "
+           "logged\n",
+           lines, h.ms / 1e3, counted);
+    assert_true(lines >= 2 && lines <= 2 + (int)(h.ms / 1000));
     assert_true(counted >= 1);
     daemon_done();
 }
