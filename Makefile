@@ -86,7 +86,7 @@ CUDA_SRCS  := kernels/cuda/kern_cuda.cu kernels/cuda/kern_cuda_attn.cu \
 CUDA_TOOL_SRCS := kernels/cuda/kern_cuda_tools.cu
 CUDA_CSRCS := kernels/cuda/kern_cuda_tiles.c kernels/cuda/kern_cuda_pack.c
 IPC_SRCS   := ipc/ipc_codec.c ipc/ipc_shm.c
-DAEMON_SRCS := daemon/patd_main.c daemon/patd_config.c daemon/patd_conn.c daemon/patd_exec.c \
+DAEMON_SRCS := daemon/patd_main.c daemon/patd_config.c daemon/patd_conn.c daemon/patd_memcg.c daemon/patd_exec.c \
                daemon/patd_step.c daemon/patd_seq.c daemon/patd_io.c daemon/patd_gpu.c \
                daemon/patd_notify.c daemon/patd_admin.c daemon/patd_wire.c \
                daemon/patd_metrics.c daemon/patd_log.c
@@ -145,7 +145,7 @@ UNIT_BINS  := $(UNIT_TESTS:%=$(B)/tests/%)
 # test_daemon links the daemon's objects but its main (and the daemon's libraries)
 DAEMON_TEST_OBJS := $(filter-out $(B)/daemon/patd_main.o,$(DAEMON_OBJS))
 # Integration tests: real patd processes and real clients (tests/integ), run after the units.
-INTEG_TESTS := test_proto test_faults test_multi test_ops test_hostile test_stale
+INTEG_TESTS := test_proto test_faults test_multi test_ops test_hostile test_stale test_limits
 INTEG_BINS  := $(INTEG_TESTS:%=$(B)/tests/%)
 TC_CLIENT   := $(B)/tests/tc_client
 BENCH_BINS := $(B)/bench/bench_sched $(B)/bench/bench_daemon

@@ -1117,7 +1117,8 @@ int pat_stats(const pat_conn_t *c, pat_conn_stats_t *ret)
     return 0;
 }
 
-/* Reads exactly n bytes from a stream socket before the deadline: 0, -ETIMEDOUT, -ECONNRESET. */
+/* Reads exactly n bytes from a stream socket before the deadline: 0, -ETIMEDOUT, -ECONNRESET
+ * (end of file), or read's errno. */
 static int read_full(int fd, void *buf, size_t n, uint64_t deadline_ns)
 {
     size_t got = 0;
@@ -1135,7 +1136,7 @@ static int read_full(int fd, void *buf, size_t n, uint64_t deadline_ns)
         if (k < 0 && errno == EINTR)
             continue;
         if (k <= 0)
-            return -ECONNRESET;
+            return k < 0 ? -errno : -ECONNRESET;
         got += (size_t)k;
     }
     return 0;
@@ -1204,28 +1205,35 @@ static int admin_call_unix(pat_conn_t *tmp, const char *control, const ipc_buf_t
     return 0;
 }
 
-/* HELLO on the admin socket (protocol 5): the daemon opens the session bound to this process as
- * the kernel names it (SO_PEERCRED; the HELLO's pid is only a claim) and passes the session's
+/* One HELLO on the admin socket (protocol 5): the daemon opens the session bound to this process
+ * as the kernel names it (SO_PEERCRED; the HELLO's pid is only a claim) and passes the session's
  * buffers by fd (SCM_RIGHTS) beside the reply: a cpu session's staging memfd, or (protocol 7) a
  * GPU session's own signal slice and staging allocation. 0 with c->hello and ret_fds (-1: none
- * came), or a negative errno (the daemon's detail into c->err). */
-static int hello_unix(pat_conn_t *c, const char *control, const ipc_hello_req_t *r, int ret_fds[2])
+ * came), or a negative errno with its cause in c->err: the daemon's error and detail, the
+ * socket's own errno, -ECONNRESET where the daemon closed the connection before a reply, -EBADMSG
+ * only for a reply that is not a HELLO reply. */
+static int hello_once(pat_conn_t *c, const char *control, const ipc_hello_req_t *r,
+                      uint64_t deadline, int ret_fds[2])
 {
     ret_fds[0] = ret_fds[1] = -1;
+    c->err[0] = 0;
     struct sockaddr_un sa;
     int fd = admin_connect(control, &sa);
     if (fd < 0) {
         set_err(c, "admin socket %s: %s", sa.sun_path, strerror(-fd));
         return fd;
     }
-    const uint64_t corr = pat_now_ns(), deadline = corr + (uint64_t)c->timeout_ms * 1000000ull;
+    const uint64_t corr = pat_now_ns();
     ipc_buf_t b;
     ipc_buf_init(&b);
     ipc_frame_start(&b, IPC_OP_HELLO, 0, corr, 0);
     ipc_frame_put(&b, r, sizeof(*r));
     ipc_frame_finish(&b);
-    int rc = send(fd, b.data, b.len, MSG_NOSIGNAL) == (ssize_t)b.len ? 0 : -ECONNRESET;
+    ssize_t sent = send(fd, b.data, b.len, MSG_NOSIGNAL);
+    int rc = sent == (ssize_t)b.len ? 0 : sent < 0 ? -errno : -ECONNRESET;
     ipc_buf_done(&b);
+    if (rc < 0)
+        set_err(c, "sending the HELLO on %s: %s", sa.sun_path, strerror(-rc));
     /* the header with the fds beside it (the daemon sends the reply and its fds in one message:
      * one for a cpu session, two for a GPU session) */
     _Static_assert(sizeof(ipc_hello_rep_t) >= sizeof(ipc_err_body_t), "the larger body");
@@ -1240,6 +1248,7 @@ static int hello_unix(pat_conn_t *c, const char *control, const ipc_hello_req_t 
             continue;
         if (pr <= 0) {
             rc = pr == 0 ? -ETIMEDOUT : -errno;
+            set_err(c, "no HELLO reply on %s: %s", sa.sun_path, strerror(-rc));
             break;
         }
         union {
@@ -1261,24 +1270,31 @@ static int hello_unix(pat_conn_t *c, const char *control, const ipc_hello_req_t 
                 n_got = cm->cmsg_len == CMSG_LEN(sizeof(int)) ? 1 : 2;
                 memcpy(got, CMSG_DATA(cm), n_got * sizeof(int));
             }
-        if (k != (ssize_t)sizeof(h) || (m.msg_flags & MSG_CTRUNC))
-            rc = k < 0 ? -errno : k == 0 ? -ECONNRESET : -EBADMSG;
+        if (k < 0) {
+            rc = -errno;
+            set_err(c, "reading the HELLO reply on %s: %s", sa.sun_path, strerror(-rc));
+        } else if (k == 0) {
+            rc = -ECONNRESET;
+            set_err(c, "patd closed the connection on %s before its HELLO reply", sa.sun_path);
+        } else if (k != (ssize_t)sizeof(h) || (m.msg_flags & MSG_CTRUNC)) {
+            rc = -EBADMSG;
+        }
         break;
     }
     if (rc == 0) {
         memcpy(&h, msg, sizeof(h));
         if (h.corr != corr || h.body_len > sizeof(msg) - sizeof(h))
             rc = -EBADMSG;
-        else if (h.body_len)
-            rc = read_full(fd, msg + sizeof(h), h.body_len, deadline);
+        else if (h.body_len && (rc = read_full(fd, msg + sizeof(h), h.body_len, deadline)) < 0)
+            set_err(c, "reading the HELLO reply on %s: %s", sa.sun_path, strerror(-rc));
     }
     if (rc == 0 && (rc = ipc_frame_check(msg, sizeof(h) + h.body_len, 1, &h)) == -EPROTONOSUPPORT)
         set_err(c,
                 "the daemon speaks wire protocol %u, this libpat %u: use a libpat of the "
                 "daemon's release",
                 (unsigned)h.version, (unsigned)IPC_VERSION);
-    else if (rc < 0)
-        rc = -EBADMSG;
+    else if (rc < 0 && !c->err[0])
+        rc = -EBADMSG; /* the frame's own check: not a reply this libpat reads */
     const void *body = NULL;
     size_t blen = 0;
     if (rc == 0)
@@ -1297,6 +1313,50 @@ static int hello_unix(pat_conn_t *c, const char *control, const ipc_hello_req_t 
     ret_fds[0] = got[0];
     ret_fds[1] = got[1];
     return 0;
+}
+
+/* A HELLO that never reached the daemon's answer: it closed or reset the connection, or said
+ * its admin socket was busy (-EBUSY: too many connections waiting). Tried again. */
+static int hello_retryable(int rc)
+{
+    return rc == -ECONNRESET || rc == -EPIPE || rc == -ECONNABORTED || rc == -EBUSY;
+}
+
+/* Backoff between HELLO tries (ms): doubling from the first to the last, each a random point in
+ * its upper half, so that a burst of frontends that were turned away together spreads out. */
+#define HELLO_BACKOFF_FIRST_MS 2u
+#define HELLO_BACKOFF_LAST_MS  256u
+
+/* HELLO until answered or c->timeout_ms from now: hello_once, tried again with backoff while
+ * hello_retryable (the error of the last try, with how many there were, is the result). */
+static int hello_unix(pat_conn_t *c, const char *control, const ipc_hello_req_t *r, int ret_fds[2])
+{
+    const uint64_t t0 = pat_now_ns(), deadline = t0 + (uint64_t)c->timeout_ms * 1000000ull;
+    uint64_t x = t0 ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)c; /* xorshift state */
+    uint32_t tries = 0, backoff = HELLO_BACKOFF_FIRST_MS;
+    int rc;
+    for (;;) {
+        tries++;
+        rc = hello_once(c, control, r, deadline, ret_fds);
+        if (!hello_retryable(rc))
+            break;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        const uint64_t wait_ns = (backoff / 2 + x % (backoff / 2 + 1)) * 1000000ull;
+        if (pat_now_ns() + wait_ns >= deadline)
+            break;
+        struct timespec ts = {0, (long)wait_ns};
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+            ;
+        backoff = PAT_MIN(backoff * 2, HELLO_BACKOFF_LAST_MS);
+    }
+    if (rc < 0 && tries > 1) {
+        char last[sizeof(c->err)];
+        snprintf(last, sizeof(last), "%s", c->err);
+        set_err(c, "%s (%u tries in %.2f s)", last, tries, (pat_now_ns() - t0) / 1e9);
+    }
+    return rc;
 }
 
 /* One admin request: on the admin socket for those that change the daemon (DRAIN, RELOAD,

@@ -15,16 +15,27 @@
  * the kernel names (its pid is watched, whatever pid the HELLO claims) and counted against its
  * uid's limits.conns_per_uid: every session has an owner the kernel vouches for from its first
  * moment, so HELLOs no one can attribute cannot fill the table. Bounded: at most
- * PATD_ADMIN_MAX_CONNS connections at once and PATD_ADMIN_PER_UID from one user (the kernel's
- * word), each closed after ADMIN_IDLE_MS: one user's idle connections cannot keep another's HELLO
- * out. A request answered later (RELOAD: its file is read off the loop) keeps its connection
- * until answered or until ADMIN_IDLE_MS, when the answer says it did not come in time
+ * PATD_ADMIN_MAX_CONNS connections served at once and PATD_ADMIN_PER_UID from one user (the
+ * kernel's word), each closed after ADMIN_IDLE_MS: one user's idle connections cannot keep
+ * another's HELLO out. A request answered later (RELOAD: its file is read off the loop) keeps its
+ * connection until answered or until ADMIN_IDLE_MS, when the answer says it did not come in time
  * (patd_admin_defer).
+ *
+ * Connections past those bounds are not closed: frontends of one user that start together (a
+ * daemon restart's reconnect storm) would lose their HELLOs. They wait, accepted and unread, in
+ * arrival order, and each is served as a slot its user may take frees (a HELLO is served within
+ * one loop turn of its request arriving, so a burst of 64 is served in a few hundred ms). The
+ * wait is bounded too (patd_int.h): PATD_ADMIN_MAX_WAITING connections, PATD_ADMIN_WAIT_PER_UID
+ * of one user, PATD_ADMIN_WAIT_MS each; past those a connection's request, if it came, gets an
+ * -EBUSY error frame that says which bound (libpat tries a HELLO again, backing off), and the
+ * refusal is logged (at most a line a second).
  *
  * Thread context: the loop thread.
  */
 #include <assert.h>
 #include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,24 +51,89 @@
 
 typedef struct patd_admin_conn {
     uv_pipe_t pipe;
-    uv_timer_t timer;
+    uv_timer_t timer; /* served: ADMIN_IDLE_MS; waiting: PATD_ADMIN_WAIT_MS */
     patd_t *d;
     uint8_t buf[sizeof(ipc_hdr_t) + sizeof(ipc_hello_req_t)];
     size_t len, want; /* bytes read, bytes the request has (the header's, then its body's) */
     struct ucred cred;
-    patd_req_t *owed;     /* a request answered later (patd_admin_defer), NULL: none */
-    int slot;             /* in d->admin_uid, -1: none */
-    int closing, handles; /* handles still open (pipe, timer) */
+    patd_req_t *owed;             /* a request answered later (patd_admin_defer), NULL: none */
+    int slot;                     /* in d->admin_uid, -1: none (waiting, or refused) */
+    int waiting;                  /* in d->admin_wait */
+    struct patd_admin_conn *next; /* the next one waiting */
+    int closing, handles;         /* handles still open (pipe, timer) */
 } patd_admin_conn_t;
+
+static void serve(patd_admin_conn_t *ac, int slot);
+static void conn_close(patd_admin_conn_t *ac);
+
+/* Served connections uid holds, and a free slot (-1: none). */
+static uint32_t uid_served(const patd_t *d, uid_t uid, int *ret_free)
+{
+    uint32_t same = 0;
+    *ret_free = -1;
+    for (uint32_t i = 0; i < PATD_ADMIN_MAX_CONNS; i++) {
+        if (!d->admin_used[i])
+            *ret_free = *ret_free < 0 ? (int)i : *ret_free;
+        else
+            same += d->admin_uid[i] == uid;
+    }
+    return same;
+}
+
+static void wait_remove(patd_admin_conn_t *ac)
+{
+    patd_t *d = ac->d;
+    patd_admin_conn_t **p = &d->admin_wait, *prev = NULL;
+    while (*p && *p != ac)
+        p = &(prev = *p)->next;
+    assert(*p == ac);
+    *p = ac->next;
+    if (d->admin_wait_tail == ac)
+        d->admin_wait_tail = prev;
+    ac->next = NULL;
+    ac->waiting = 0;
+    d->n_admin_wait--;
+}
+
+/* Whether the peer has closed its end (a client that gave up waiting): nothing to serve. */
+static int peer_gone(patd_admin_conn_t *ac)
+{
+    uv_os_fd_t fd;
+    if (uv_fileno((uv_handle_t *)&ac->pipe, &fd) < 0)
+        return 1;
+    struct pollfd p = {fd, 0, 0};
+    return poll(&p, 1, 0) > 0 && (p.revents & POLLHUP);
+}
+
+/* Serves the oldest waiting connections whose users may take a slot, while slots are free;
+ * those whose clients gave up meanwhile are closed unserved. */
+static void serve_waiting(patd_t *d)
+{
+    for (patd_admin_conn_t *ac = d->admin_wait, *next; ac; ac = next) {
+        next = ac->next;
+        int slot;
+        if (uid_served(d, ac->cred.uid, &slot) >= PATD_ADMIN_PER_UID)
+            continue;
+        if (slot < 0)
+            return;
+        wait_remove(ac);
+        if (peer_gone(ac))
+            conn_close(ac); /* takes no slot */
+        else
+            serve(ac, slot);
+    }
+}
 
 static void conn_freed(uv_handle_t *h)
 {
     patd_admin_conn_t *ac = h->data;
     if (--ac->handles == 0) {
-        ac->d->n_admin--;
+        patd_t *d = ac->d;
+        d->n_admin--;
         if (ac->slot >= 0)
-            ac->d->admin_used[ac->slot] = 0;
+            d->admin_used[ac->slot] = 0;
         free(ac);
+        serve_waiting(d);
     }
 }
 
@@ -69,6 +145,8 @@ static void conn_close(patd_admin_conn_t *ac)
     if (ac->owed) /* its answer, when it comes, goes nowhere */
         ac->owed->reply_fn = NULL;
     ac->owed = NULL;
+    if (ac->waiting)
+        wait_remove(ac);
     uv_close((uv_handle_t *)&ac->timer, conn_freed);
     uv_close((uv_handle_t *)&ac->pipe, conn_freed);
 }
@@ -140,21 +218,15 @@ static void hello(patd_admin_conn_t *ac, patd_req_t *rq, const ipc_hdr_t *h, con
         patd_reply_error(d, rq, -EINVAL, "HELLO carries session 0");
         return;
     }
-    if (patd_conn_uid_full(d, ac->cred.uid)) {
-        patd_reply_error(d, rq, -EMFILE, "uid %u already holds limits.conns_per_uid sessions",
-                         (unsigned)ac->cred.uid);
-        return;
-    }
     ipc_hello_req_t r;
     ipc_hello_rep_t rep;
     char why[IPC_ERRMSG_LEN] = "";
     memcpy(&r, body, sizeof(r));
-    if ((rc = patd_conn_hello(d, &r, &rep, why, sizeof(why))) < 0) {
+    if ((rc = patd_conn_hello(d, &r, &ac->cred, &rep, why, sizeof(why))) < 0) {
         patd_reply_error(d, rq, rc, "%s", why);
         return;
     }
     patd_conn_t *c = patd_conn_find(d, rep.session);
-    patd_conn_attach(d, c, &ac->cred);
     ipc_buf_t b;
     ipc_buf_init(&b);
     ipc_frame_start(&b, IPC_OP_HELLO, IPC_F_REPLY, h->corr, c->session);
@@ -282,6 +354,58 @@ static void on_idle(uv_timer_t *t)
         conn_close(ac);
 }
 
+/* A connection that cannot be served: its request, if it has come, gets an -EBUSY error frame
+ * naming the bound (the frame goes out, then the connection closes); otherwise it is closed. */
+static void refuse_busy(patd_admin_conn_t *ac, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void refuse_busy(patd_admin_conn_t *ac, const char *fmt, ...)
+{
+    patd_t *d = ac->d;
+    char why[IPC_ERRMSG_LEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    patd_refused(d, PATD_REFUSED_ADMIN_BUSY, "uid %u pid %d: %s", (unsigned)ac->cred.uid,
+                 (int)ac->cred.pid, why);
+    uv_os_fd_t fd;
+    ssize_t n = -1;
+    if (uv_fileno((uv_handle_t *)&ac->pipe, &fd) == 0) /* what it sent, all of it: unread bytes
+                                                          left at close would reset the reply */
+        n = recv(fd, ac->buf, sizeof(ac->buf), MSG_DONTWAIT);
+    patd_req_t rq = {.reply_fn = admin_send, .reply_ud = ac};
+    if (n < (ssize_t)sizeof(ipc_hdr_t)) {
+        conn_close(ac);
+        return;
+    }
+    memcpy(&rq.hdr, ac->buf, sizeof(rq.hdr));
+    if (rq.hdr.magic != IPC_MAGIC) {
+        conn_close(ac);
+        return;
+    }
+    rq.hdr.flags = 0;
+    patd_reply_error(d, &rq, -EBUSY, "admin socket busy: %s; try again", why);
+}
+
+static void on_wait_over(uv_timer_t *t)
+{
+    patd_admin_conn_t *ac = t->data;
+    wait_remove(ac);
+    refuse_busy(ac, "waited %u ms for one of the %u connections served at once (%u per user)",
+                PATD_ADMIN_WAIT_MS, PATD_ADMIN_MAX_CONNS, PATD_ADMIN_PER_UID);
+}
+
+/* A slot: the connection's request is read and answered (or it idles out). */
+static void serve(patd_admin_conn_t *ac, int slot)
+{
+    patd_t *d = ac->d;
+    ac->slot = slot;
+    d->admin_used[slot] = 1;
+    d->admin_uid[slot] = ac->cred.uid;
+    uv_timer_start(&ac->timer, on_idle, ADMIN_IDLE_MS, 0);
+    uv_read_start((uv_stream_t *)&ac->pipe, alloc_cb, on_read);
+}
+
 static void on_connection(uv_stream_t *server, int status)
 {
     patd_t *d = server->data;
@@ -307,29 +431,29 @@ static void on_connection(uv_stream_t *server, int status)
         conn_close(ac);
         return;
     }
-    uint32_t same = 0;
-    int free_slot = -1;
-    for (uint32_t i = 0; i < PATD_ADMIN_MAX_CONNS; i++) {
-        if (!d->admin_used[i])
-            free_slot = free_slot < 0 ? (int)i : free_slot;
-        else
-            same += d->admin_uid[i] == ac->cred.uid;
-    }
-    if (free_slot < 0 || same >= PATD_ADMIN_PER_UID) {
-        if (same >= PATD_ADMIN_PER_UID && !d->admin_uid_warned) {
-            patd_notice("admin: uid %u holds %u connections (the most one user may); further "
-                        "ones are closed at once",
-                        (unsigned)ac->cred.uid, same);
-            d->admin_uid_warned = 1;
-        }
-        conn_close(ac);
+    int slot;
+    const uint32_t same = uid_served(d, ac->cred.uid, &slot);
+    uint32_t same_waiting = 0;
+    for (const patd_admin_conn_t *w = d->admin_wait; w; w = w->next)
+        same_waiting += w->cred.uid == ac->cred.uid;
+    /* served at once where a slot is free for its user and no one of its user is ahead */
+    const int now = slot >= 0 && same < PATD_ADMIN_PER_UID && same_waiting == 0;
+    if (!now &&
+        (d->n_admin_wait >= PATD_ADMIN_MAX_WAITING || same_waiting >= PATD_ADMIN_WAIT_PER_UID)) {
+        refuse_busy(ac, "%u connections wait (%u at most), %u of them uid %u's (%u at most)",
+                    d->n_admin_wait, PATD_ADMIN_MAX_WAITING, same_waiting, (unsigned)ac->cred.uid,
+                    PATD_ADMIN_WAIT_PER_UID);
         return;
     }
-    ac->slot = free_slot;
-    d->admin_used[free_slot] = 1;
-    d->admin_uid[free_slot] = ac->cred.uid;
-    uv_timer_start(&ac->timer, on_idle, ADMIN_IDLE_MS, 0);
-    uv_read_start((uv_stream_t *)&ac->pipe, alloc_cb, on_read);
+    ac->waiting = 1;
+    if (d->admin_wait_tail)
+        d->admin_wait_tail->next = ac;
+    else
+        d->admin_wait = ac;
+    d->admin_wait_tail = ac;
+    d->n_admin_wait++;
+    uv_timer_start(&ac->timer, on_wait_over, PATD_ADMIN_WAIT_MS, 0);
+    serve_waiting(d); /* arrival order: this one now, if it is first of its user */
 }
 
 int patd_admin_start(patd_t *d)
@@ -348,8 +472,9 @@ int patd_admin_start(patd_t *d)
     umask(old);
     if (rc == 0)
         rc = patd_socket_own(d, d->admin_path);
-    if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&d->admin, 16, on_connection);
+    if (rc == 0) /* a burst's connects queue in the kernel until the loop accepts them */
+        rc = uv_listen((uv_stream_t *)&d->admin, PATD_ADMIN_MAX_CONNS + PATD_ADMIN_MAX_WAITING,
+                       on_connection);
     if (rc < 0) {
         patd_err("admin socket %s: %s", d->admin_path, uv_strerror(rc));
         uv_close((uv_handle_t *)&d->admin, NULL);

@@ -111,10 +111,6 @@ static const opt_t opts[] = {
      "pool and the staging arena take together; the rest is left to the frontends' weights and "
      "activations under MPS. More than is free now stops patd",
      NULL},
-    {"gpu", "staging_mb", T_U32, F(staging_mb), 1, 1u << 20, "1024", 0,
-     "cuda backend: device memory the sessions' Q/K/V/O staging allocations may hold together "
-     "(MiB; each is its own, rounded up to the driver's granularity)",
-     NULL},
     {"gpu", "enqueue_depth", T_U32, F(enqueue_depth), 1, 64, "16", 0,
      "cuda backend: layers an executor enqueues ahead of the GPU (bounds what a stalled client "
      "can leave queued)",
@@ -174,6 +170,14 @@ static const opt_t opts[] = {
      NULL},
     {"limits", "conn_max_staging_mb", T_U32, F(conn_max_staging_mb), 1, 1u << 20, "256", 1,
      "staging buffer MiB per connection", NULL},
+    {"limits", "staging_mb", T_U32, F(staging_mb), 1, 1u << 20, "1024", 0,
+     "staging MiB of all sessions together, every backend (host memory on cpu, device memory on "
+     "cuda); a HELLO past it is refused (-ENOMEM). Also read as [gpu] staging_mb",
+     NULL},
+    {"limits", "memory_headroom_mb", T_U32, F(memory_headroom_mb), 0, 1u << 20, "64", 1,
+     "under a cgroup memory limit: MiB a HELLO must leave free below it, past what is in use "
+     "and the session's staging (else -ENOMEM, never the OOM killer)",
+     NULL},
     {"limits", "lease_ms", T_U32, F(lease_ms), 100, 3600000, "10000", 1,
      "a client whose pid cannot be watched must send a request this often", NULL},
     {"limits", "max_lease_ms", T_U32, F(max_lease_ms), 100, 3600000, "60000", 1,
@@ -191,6 +195,14 @@ static const opt_t opts[] = {
      NULL},
 };
 _Static_assert(PAT_ARRAY_SIZE(opts) <= 128, "patd_config_t.set holds 128 bits");
+
+/* Options that moved to another section: the file's old [section] key still sets the row (the
+ * key, and so --key=value, is the same). */
+static const struct {
+    const char *section, *key, *now; /* now: the section that holds it */
+} moved[] = {
+    {"gpu", "staging_mb", "limits"}, /* the staging budget bound the cuda backend only there */
+};
 
 static const char *level_names[] = {"", "", "", "err", "warning", "notice", "info", "debug"};
 
@@ -231,6 +243,9 @@ static const opt_t *opt_find(const char *section, const char *key)
         return NULL;
     for (size_t i = 0; i <= n; i++)
         k[i] = key[i] == '-' ? '_' : key[i];
+    for (size_t i = 0; section && i < PAT_ARRAY_SIZE(moved); i++)
+        if (!strcmp(section, moved[i].section) && !strcmp(k, moved[i].key))
+            section = moved[i].now;
     for (size_t i = 0; i < PAT_ARRAY_SIZE(opts); i++)
         if ((!section || !strcmp(section, opts[i].section)) && !strcmp(k, opts[i].key))
             return &opts[i];

@@ -26,7 +26,6 @@ typedef struct patd_config {
     uint32_t drain_timeout_ms;
     /* [gpu] (cuda backend) */
     uint32_t device;        /* CUDA device ordinal */
-    uint32_t staging_mb;    /* device staging arena, all sessions together */
     uint32_t enqueue_depth; /* layers an executor enqueues ahead of its GPU progress */
     char forward[16];       /* auto | cpasync | tma | layer | mma (wide: auto): kern_config_t.fwd */
     uint32_t dependent_launch; /* 1: kern_config_t.serial_launch = 0 */
@@ -44,7 +43,9 @@ typedef struct patd_config {
     /* [limits] */
     uint32_t max_conns, conn_max_seqs, conn_max_blocks, conn_max_batch_tokens;
     uint32_t conn_max_staging_mb, lease_ms, max_lease_ms, step_timeout_ms, stall_cut_ms;
-    uint32_t conns_per_uid; /* 0: no bound but max_conns (patd_conn_attach) */
+    uint32_t conns_per_uid;      /* 0: no bound but max_conns (patd_conn_hello) */
+    uint32_t staging_mb;         /* MiB: every session's staging together, every backend */
+    uint32_t memory_headroom_mb; /* MiB left below a cgroup memory limit after a HELLO */
 
     /* bookkeeping */
     char path[512];   /* config file read ("" when none) */

@@ -8,8 +8,11 @@
  * finishes when the executor gives the step back (patd_step_complete), typically within one
  * wait slice (50 ms). Everything the session held goes: sequences (their block references),
  * the forest and plan arena, the staging buffer, the pidfd watch. A session is bound to its
- * process at HELLO, which only the admin socket serves (patd_conn_attach), not by the HELLO's
- * claimed pid.
+ * process at HELLO, which only the admin socket serves (conn_attach), not by the HELLO's
+ * claimed pid. HELLO is where patd's limits are enforced: limits.max_conns, a uid's
+ * limits.conns_per_uid, the staging budget (limits.staging_mb, every backend) and, under a
+ * cgroup memory limit, the memory left below it (patd_memcg.c); each refusal is logged, at most
+ * a line a second per cause (patd_refused).
  *
  * Thread context: the loop thread.
  */
@@ -59,11 +62,72 @@ void patd_conn_wire_lost(patd_conn_t *c)
         patd_conn_close(c, "its control connection closed");
 }
 
-/* What a HELLO asks for, checked against the daemon's state, its model and the quotas: 0 with
- * the session's staging layout and sequence quota, or a negative errno with why. No resource is
- * taken. */
-static int hello_validate(patd_t *d, const ipc_hello_req_t *r, ipc_layout_t *ret_lay,
-                          uint32_t *ret_max_seqs, char *why, size_t why_len)
+static const struct {
+    const char *what, *limit;
+} refusals[] = {
+#define PATD_REFUSAL_ROW(id, what, limit) {what, limit},
+    PATD_REFUSALS(PATD_REFUSAL_ROW)
+#undef PATD_REFUSAL_ROW
+};
+
+void patd_refused(patd_t *d, patd_refusal_t cause, const char *fmt, ...)
+{
+    char detail[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof(detail), fmt, ap);
+    va_end(ap);
+    patd_log_limited(&d->refused_log[cause], PATD_LOG_WARNING, "refused %s (%s): %s",
+                     refusals[cause].what, refusals[cause].limit, detail);
+}
+
+/* The sessions uid holds against limits.conns_per_uid. */
+static uint32_t uid_sessions(const patd_t *d, uid_t uid)
+{
+    uint32_t held = 0;
+    for (uint32_t i = 0; i < d->n_conns; i++)
+        held += d->conns[i]->attached && !d->conns[i]->closing && d->conns[i]->uid == uid;
+    return held;
+}
+
+/* Whether `bytes` more staging fit limits.staging_mb and, for the host memory (`host` bytes) a
+ * HELLO commits, under the cgroup's memory limit with limits.memory_headroom_mb to spare: 0, or
+ * -ENOMEM with the numbers (and the refusal logged). */
+static int staging_admit(patd_t *d, const struct ucred *who, uint64_t bytes, uint64_t host,
+                         char *why, size_t why_len)
+{
+    const patd_config_t *cfg = &d->cfg;
+    const uint64_t budget = (uint64_t)cfg->staging_mb << 20;
+    if (bytes > budget || d->staging_used > budget - bytes) {
+        snprintf(why, why_len,
+                 "staging of %llu bytes does not fit limits.staging_mb (%u MiB = %llu bytes): "
+                 "%llu in use by %u sessions",
+                 (unsigned long long)bytes, cfg->staging_mb, (unsigned long long)budget,
+                 (unsigned long long)d->staging_used, d->n_conns);
+        patd_refused(d, PATD_REFUSED_STAGING, "%s; uid %u pid %d", why, (unsigned)who->uid,
+                     (int)who->pid);
+        return -ENOMEM;
+    }
+    patd_memcg_t mc;
+    const uint64_t headroom = (uint64_t)cfg->memory_headroom_mb << 20;
+    if (patd_memcg_room(&mc) == 0 && (mc.room < headroom || mc.room - headroom < host)) {
+        snprintf(why, why_len,
+                 "staging of %llu bytes does not fit the memory cgroup's limit less "
+                 "limits.memory_headroom_mb (%u MiB): %llu of %llu bytes in use (%s)",
+                 (unsigned long long)host, cfg->memory_headroom_mb, (unsigned long long)mc.used,
+                 (unsigned long long)mc.limit, mc.path);
+        patd_refused(d, PATD_REFUSED_MEMORY, "%s; uid %u pid %d", why, (unsigned)who->uid,
+                     (int)who->pid);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+/* What a HELLO from cr asks for, checked against the daemon's state, its limits, its model and
+ * the quotas: 0 with the session's staging layout and sequence quota, or a negative errno with
+ * why. No resource is taken. */
+static int hello_validate(patd_t *d, const ipc_hello_req_t *r, const struct ucred *cr,
+                          ipc_layout_t *ret_lay, uint32_t *ret_max_seqs, char *why, size_t why_len)
 {
     const patd_config_t *cfg = &d->cfg;
     const kern_model_t *m = &d->model;
@@ -74,6 +138,15 @@ static int hello_validate(patd_t *d, const ipc_hello_req_t *r, ipc_layout_t *ret
     }
     if (d->n_conns >= cfg->max_conns) {
         WHY("%u connections open (limits.max_conns)", d->n_conns);
+        patd_refused(d, PATD_REFUSED_MAX_CONNS, "%s; uid %u pid %d", why, (unsigned)cr->uid,
+                     (int)cr->pid);
+        return -EMFILE;
+    }
+    const uint32_t held = cfg->conns_per_uid ? uid_sessions(d, cr->uid) : 0;
+    if (cfg->conns_per_uid && held >= cfg->conns_per_uid) {
+        WHY("uid %u holds %u sessions (limits.conns_per_uid %u)", (unsigned)cr->uid, held,
+            cfg->conns_per_uid);
+        patd_refused(d, PATD_REFUSED_PER_UID, "%s; pid %d", why, (int)cr->pid);
         return -EMFILE;
     }
     const ipc_model_sig_t *s = &r->model;
@@ -124,6 +197,12 @@ static int hello_validate(patd_t *d, const ipc_hello_req_t *r, ipc_layout_t *ret
         WHY("pid %u is not a process id", r->pid);
         return -EINVAL;
     }
+    /* the host memory the HELLO commits: a cpu session's whole buffer; a GPU session's signal
+     * slice (its rows are device memory) */
+    int rc = staging_admit(d, cr, lay.bytes, d->gpu ? ipc_gsig_bytes(m->n_layers) : lay.bytes, why,
+                           why_len);
+    if (rc < 0)
+        return rc;
     *ret_lay = lay;
     *ret_max_seqs = max_seqs;
     return 0;
@@ -139,7 +218,7 @@ static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *
     const patd_config_t *cfg = &d->cfg;
     const kern_model_t *m = &d->model;
     /* the pid in the HELLO is the client's word: it is only logged. The pid watched is the one
-     * the kernel names on the admin socket (patd_conn_attach, right after) */
+     * the kernel names on the admin socket (conn_attach, right after) */
 
     patd_conn_t *c = pat_xcalloc(1, sizeof(*c));
     c->d = d;
@@ -196,12 +275,14 @@ static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *
     if (d->gpu) {
         name[0] = 0; /* the signal slice's and the staging's fds come beside the HELLO reply */
         if ((rc = patd_gpu_conn_open(d, c, lay->bytes)) < 0) {
-            if (rc == -ENOSPC)
-                WHY("staging rows of %u tokens (%llu bytes) do not fit what is left of "
-                    "gpu.staging_mb (%u MiB, %llu bytes in use)",
+            if (rc == -ENOSPC) { /* the rounded-up allocation is what counts */
+                WHY("staging rows of %u tokens (%llu bytes, more at the driver's granularity) "
+                    "do not fit limits.staging_mb (%u MiB): %llu bytes in use by %u sessions",
                     r->max_batch_tokens, (unsigned long long)lay->bytes, cfg->staging_mb,
-                    (unsigned long long)d->staging_used);
-            else if (rc == -ENOMEM)
+                    (unsigned long long)d->staging_used, d->n_conns);
+                patd_refused(d, PATD_REFUSED_STAGING, "%s", why);
+                rc = -ENOMEM;
+            } else if (rc == -ENOMEM)
                 WHY("staging rows of %u tokens (%llu bytes) or the signal slice: no free memory "
                     "left on the GPU or the host",
                     r->max_batch_tokens, (unsigned long long)lay->bytes);
@@ -217,6 +298,7 @@ static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *
             rc = -ENOMEM;
             goto fail;
         }
+        d->staging_used += c->shm.bytes; /* given back in patd_conn_reap */
     }
 
     pat_grow((void **)&d->conns, &d->cap_conns, d->n_conns + 1, sizeof(*d->conns));
@@ -266,18 +348,21 @@ static void hello_reply(const patd_t *d, const patd_conn_t *c, const char *name,
     snprintf(rep->shm_name, sizeof(rep->shm_name), "%s", name);
 }
 
-int patd_conn_hello(patd_t *d, const ipc_hello_req_t *r, ipc_hello_rep_t *rep, char *why,
-                    size_t why_len)
+static void conn_attach(patd_t *d, patd_conn_t *c, const struct ucred *cr);
+
+int patd_conn_hello(patd_t *d, const ipc_hello_req_t *r, const struct ucred *cr,
+                    ipc_hello_rep_t *rep, char *why, size_t why_len)
 {
     ipc_layout_t lay;
     uint32_t max_seqs;
     patd_conn_t *c;
     char name[IPC_NAME_LEN];
-    int rc = hello_validate(d, r, &lay, &max_seqs, why, why_len);
+    int rc = hello_validate(d, r, cr, &lay, &max_seqs, why, why_len);
     if (rc == 0)
         rc = conn_create(d, r, &lay, max_seqs, &c, name, why, why_len);
     if (rc < 0)
         return rc;
+    conn_attach(d, c, cr);
     hello_reply(d, c, name, rep);
     patd_info("session %016llx: up, pid %u (claimed) '%s', %u seqs, %u batch tokens",
               (unsigned long long)c->session, r->pid, c->label, max_seqs, r->max_batch_tokens);
@@ -307,6 +392,7 @@ void patd_conn_reap(patd_conn_t *c)
     sched_free(c->sched);
     pat_map_done(&c->seq_map);
     patd_seq_free_all(c);
+    d->staging_used -= c->shm.bytes; /* a cpu session's (0 on a GPU session) */
     ipc_shm_close(&c->shm);
     patd_gpu_conn_close(d, c);
     /* out of the table: swap with the last */
@@ -358,27 +444,9 @@ void patd_conn_close(patd_conn_t *c, const char *reason)
     patd_conn_reap(c);
 }
 
-/* limits.conns_per_uid: whether uid holds its share of the session table (logged once) */
-int patd_conn_uid_full(patd_t *d, uid_t uid)
-{
-    const uint32_t cap = d->cfg.conns_per_uid; /* 0: only limits.max_conns */
-    uint32_t held = 0;
-    for (uint32_t i = 0; cap && i < d->n_conns; i++)
-        held += d->conns[i]->attached && !d->conns[i]->closing && d->conns[i]->uid == uid;
-    if (!cap || held < cap)
-        return 0;
-    if (!d->uid_cap_warned) {
-        patd_warn("uid %u holds %u sessions (limits.conns_per_uid %u): its next HELLOs are "
-                  "refused (logged once)",
-                  (unsigned)uid, held, cap);
-        d->uid_cap_warned = 1;
-    }
-    return 1;
-}
-
-/* HELLO (the admin socket, patd_admin.c): binds the new session to the connecting process, as
- * the kernel names it (cr), and watches that pid */
-void patd_conn_attach(patd_t *d, patd_conn_t *c, const struct ucred *cr)
+/* Binds a new session to the connecting process, as the kernel names it on the admin socket
+ * (cr), and watches that pid. */
+static void conn_attach(patd_t *d, patd_conn_t *c, const struct ucred *cr)
 {
     c->attached = 1;
     c->uid = cr->uid;

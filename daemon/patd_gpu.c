@@ -15,8 +15,8 @@
  *                  a descriptor that goes to its one client beside the reply and is closed here
  *                  once sent; importing it maps that session's rows and nothing else, so one
  *                  client cannot read or write another's (until protocol 5 one CUDA IPC handle
- *                  named a single arena of every session's rows). gpu.staging_mb bounds what the
- *                  open sessions' allocations add up to.
+ *                  named a single arena of every session's rows). limits.staging_mb (also read as
+ *                  gpu.staging_mb) bounds what the open sessions' allocations add up to.
  *
  * HELLO therefore makes CUDA calls on the loop thread (create, map, export) and so does a
  * reclaim (unmap, release): none of them is a stream call or waits for the device's work
@@ -65,8 +65,6 @@ int patd_gpu_start(patd_t *d, uint32_t n_exec)
         patd_notice("cuda: MPS is active on GPU %u (cross-process hand-offs stay on the GPU)",
                     cfg->device);
 
-    d->staging_bytes = (uint64_t)cfg->staging_mb << 20;
-    d->staging_used = 0;
     /* the driver must share device and host memory by descriptor: probe both once, now */
     for (unsigned host = 0; host < 2; host++) {
         kern_share_t probe;
@@ -89,7 +87,8 @@ int patd_gpu_start(patd_t *d, uint32_t n_exec)
                      rc == -ENOTSUP ? " (the device has no 64-bit stream memory operations)" : "");
             return rc;
         }
-    patd_notice("cuda: %u lanes, staging up to %u MiB, a signal slice of %llu bytes per session, "
+    patd_notice("cuda: %u lanes, staging up to %u MiB (limits.staging_mb), a signal slice of %llu "
+                "bytes per session, "
                 "enqueue depth %u",
                 n_exec, cfg->staging_mb, (unsigned long long)ipc_gsig_bytes(d->model.n_layers),
                 cfg->enqueue_depth);
@@ -109,12 +108,13 @@ void patd_gpu_stop(patd_t *d)
 
 int patd_gpu_conn_open(patd_t *d, patd_conn_t *c, uint64_t bytes)
 {
-    if (bytes > d->staging_bytes - d->staging_used)
-        return -ENOSPC;
+    /* HELLO checked `bytes` against limits.staging_mb (patd_conn.c); what counts is the
+     * allocation, rounded up to the driver's granularity */
+    const uint64_t budget = (uint64_t)d->cfg.staging_mb << 20;
     int rc = kern_share_alloc(d->be, bytes, 0, &c->share);
     if (rc < 0)
         return rc;
-    if (c->share.map_bytes > d->staging_bytes - d->staging_used) {
+    if (c->share.map_bytes > budget || d->staging_used > budget - c->share.map_bytes) {
         kern_share_free(d->be, &c->share);
         return -ENOSPC;
     }

@@ -36,6 +36,7 @@
 #include "pat_map.h"
 #include "patd_config.h"
 #include "patd_exec.h"
+#include "patd_log.h"
 #include "patd_notify.h"
 #include "patd_step.h"
 #include "sched_plan.h"
@@ -66,10 +67,33 @@ typedef struct patd_wire patd_wire_t;
  * long for that word (then "client died"), else ends as let go. */
 #define PATD_WIRE_LOST_MS 20u
 
-/* admin socket: connections at once, and from one uid (a member of the socket group who holds
- * idle connections takes no HELLO slot from another user) */
+/* admin socket: connections served at once, and from one uid (a member of the socket group who
+ * holds idle connections takes no HELLO slot from another user) */
 #define PATD_ADMIN_MAX_CONNS 64u
 #define PATD_ADMIN_PER_UID   4u
+/* Connections past those wait, accepted and unread, for a slot, in arrival order: at most
+ * PATD_ADMIN_MAX_WAITING, of which PATD_ADMIN_WAIT_PER_UID of one uid (a burst of 64 frontends of
+ * one user, the shipped max_conns, as a daemon restart's reconnect storm makes, waits whole; four
+ * users' bursts at once do). Past those, or after PATD_ADMIN_WAIT_MS waiting, a connection gets
+ * an -EBUSY error frame (libpat tries its HELLO again, backing off). */
+#define PATD_ADMIN_MAX_WAITING  256u
+#define PATD_ADMIN_WAIT_PER_UID 64u
+#define PATD_ADMIN_WAIT_MS      10000u
+
+/* What patd refuses at the door, each cause's log lines rate-limited apart (patd_refused):
+ * id, what was refused, the limit that refused it. */
+#define PATD_REFUSALS(X)                                                                           \
+    X(MAX_CONNS, "a HELLO", "limits.max_conns")                                                    \
+    X(PER_UID, "a HELLO", "limits.conns_per_uid")                                                  \
+    X(STAGING, "a HELLO", "limits.staging_mb")                                                     \
+    X(MEMORY, "a HELLO", "cgroup memory")                                                          \
+    X(ADMIN_BUSY, "an admin connection", "admin socket busy")
+typedef enum patd_refusal {
+#define PATD_REFUSAL_ID(id, what, limit) PATD_REFUSED_##id,
+    PATD_REFUSALS(PATD_REFUSAL_ID)
+#undef PATD_REFUSAL_ID
+        PATD_REFUSED_N
+} patd_refusal_t;
 
 struct patd_conn {
     patd_t *d;
@@ -163,13 +187,15 @@ struct patd {
     /* the admin socket (patd_admin.c) */
     uv_pipe_t admin;
     int admin_on;
-    uint32_t n_admin; /* its connections now */
-    /* the uid of each open admin connection's peer, by slot (admin_used); patd_admin.c */
+    uint32_t n_admin; /* its connections now, served and waiting */
+    /* the uid of each served admin connection's peer, by slot (admin_used); patd_admin.c */
     uid_t admin_uid[PATD_ADMIN_MAX_CONNS];
     uint8_t admin_used[PATD_ADMIN_MAX_CONNS];
-    int admin_uid_warned; /* the per-uid cap was logged once */
-    int uid_cap_warned;   /* limits.conns_per_uid was logged once */
-    gid_t admin_gid;      /* daemon.admin_group; (gid_t)-1 when none */
+    /* connections waiting for a slot, oldest first (patd_admin.c) */
+    struct patd_admin_conn *admin_wait, *admin_wait_tail;
+    uint32_t n_admin_wait;
+    gid_t admin_gid;                              /* daemon.admin_group; (gid_t)-1 when none */
+    patd_log_limit_t refused_log[PATD_REFUSED_N]; /* patd_refused's lines, by cause */
     void (*admin_dispatch)(patd_t *d, patd_req_t *rq, const ipc_hdr_t *h);
     gid_t gid;
 
@@ -203,9 +229,9 @@ struct patd {
     int gpu;
     int mps; /* the device's contexts are MPS clients */
     uint8_t dev_uuid[16];
-    uint64_t staging_bytes; /* gpu.staging_mb: what every session's staging may add up to */
-    uint64_t staging_used;  /* what the open sessions' allocations hold (map_bytes) */
-    kern_lane_t **lanes;    /* [n_lanes]: lane i belongs to executor i */
+    uint64_t staging_used; /* what the open sessions' staging holds against limits.staging_mb
+                              (bytes: a cpu session's memfd, a GPU session's map_bytes) */
+    kern_lane_t **lanes;   /* [n_lanes]: lane i belongs to executor i */
     uint32_t n_lanes;
 };
 
@@ -222,20 +248,36 @@ static inline ipc_sig_t *patd_conn_sig(patd_conn_t *c)
 }
 
 /* patd_conn.c: sessions (loop thread) */
-int patd_conn_hello(patd_t *d, const ipc_hello_req_t *r, ipc_hello_rep_t *rep, char *why,
-                    size_t why_len);
+struct ucred;
+/* HELLO from the peer the kernel names on the admin socket (cr): the session opened, bound to
+ * that process (its pid watched, its uid counted against limits.conns_per_uid), and rep filled;
+ * or a negative errno with why, nothing left behind, and the refusals of a limit (max_conns,
+ * conns_per_uid, the staging budget, the cgroup's memory) logged through patd_refused. */
+int patd_conn_hello(patd_t *d, const ipc_hello_req_t *r, const struct ucred *cr,
+                    ipc_hello_rep_t *rep, char *why, size_t why_len);
 patd_conn_t *patd_conn_find(patd_t *d, uint64_t session);
 void patd_conn_close(patd_conn_t *c, const char *reason); /* reclaim now or once the step ends */
 void patd_conn_reap(patd_conn_t *c);                      /* after the step came back */
-struct ucred;
-/* binds a new session to the peer the kernel names at HELLO (the admin socket): its pid watched,
- * its uid counted (patd_conn_uid_full: 1 when that uid holds limits.conns_per_uid sessions) */
-void patd_conn_attach(patd_t *d, patd_conn_t *c, const struct ucred *cr);
 /* Its control connection closed PATD_WIRE_LOST_MS ago: "client died" if its pid has exited
  * (counted so), else "its control connection closed". */
 void patd_conn_wire_lost(patd_conn_t *c);
-int patd_conn_uid_full(patd_t *d, uid_t uid);
 void patd_conns_tick(patd_t *d, uint64_t now); /* lease expiries */
+/* Logs "refused <what> (<limit>): <detail>", at most one line a second per cause, with a count
+ * of the ones held back. */
+void patd_refused(patd_t *d, patd_refusal_t cause, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* patd_memcg.c: what the memory cgroup patd runs in lets it take */
+typedef struct patd_memcg {
+    uint64_t limit; /* bytes: the tightest limit of patd's cgroup and its ancestors */
+    uint64_t used;  /* bytes charged there, less the inactive file cache reclaimed first */
+    uint64_t room;  /* limit - used (0 when over) */
+    char path[160]; /* the limit's file, for people */
+} patd_memcg_t;
+/* 0 and the tightest level's figures, or -ENOENT where no level has a memory limit (no memory
+ * controller, or none set). Reads /proc/self/cgroup and the hierarchy's files each call (patd
+ * may be moved); cgroup v2, or v1's memory hierarchy where v2 has no memory controller. */
+int patd_memcg_room(patd_memcg_t *ret);
 
 /* patd_seq.c: a session's sequence table */
 int patd_seq_slot(patd_conn_t *c, uint32_t kv);          /* slot or -ENOENT */
@@ -252,8 +294,9 @@ void patd_seq_close_all(patd_t *d, patd_conn_t *c, uint32_t *ret_closed);
  * lane per executor (n_exec). 0 or a negative errno (logged). A cpu backend: 0, nothing done. */
 int patd_gpu_start(patd_t *d, uint32_t n_exec);
 void patd_gpu_stop(patd_t *d);
-/* A session's signal slice and staging allocation: 0, -ENOSPC (past gpu.staging_mb), -ENOMEM
- * (no memory left on the GPU or the host), -EIO. */
+/* A session's signal slice and staging allocation: 0, -ENOSPC (its allocation, rounded up to the
+ * driver's granularity, past limits.staging_mb), -ENOMEM (no memory left on the GPU or the host),
+ * -EIO. */
 int patd_gpu_conn_open(patd_t *d, patd_conn_t *c, uint64_t bytes);
 void patd_gpu_conn_close(patd_t *d, patd_conn_t *c);
 /* Ends the process when the backend reports a sticky CUDA error (after rc == -EIO). */

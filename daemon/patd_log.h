@@ -6,6 +6,7 @@
 #define PATD_LOG_H
 
 #include <stdatomic.h>
+#include <stdint.h>
 
 #define PATD_LOG_ERR     3
 #define PATD_LOG_WARNING 4
@@ -16,6 +17,20 @@
 extern _Atomic int patd_log_level;
 
 void patd_log(int prio, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* One kind of event logged at most once per PATD_LOG_LIMIT_NS: a flood of refusals is a line a
+ * second and a count, not a line each (the flood's sender cannot bury other lines). Zeroed
+ * storage is ready; one per kind, used from one thread. */
+#define PATD_LOG_LIMIT_NS 1000000000ull
+typedef struct patd_log_limit {
+    uint64_t last_ns;    /* CLOCK_MONOTONIC (pat_now_ns) of the last line logged; 0: none yet */
+    uint32_t suppressed; /* events since that line that were not logged */
+} patd_log_limit_t;
+
+/* Logs the line, with "; N more since the last such line" when N were held back, unless the
+ * last one of its kind went out less than PATD_LOG_LIMIT_NS ago: then only counts it. */
+void patd_log_limited(patd_log_limit_t *lim, int prio, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 #define patd_err(...)    patd_log(PATD_LOG_ERR, __VA_ARGS__)
 #define patd_warn(...)   patd_log(PATD_LOG_WARNING, __VA_ARGS__)

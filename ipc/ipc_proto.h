@@ -98,7 +98,9 @@ typedef enum ipc_op {
     X(NOSPC, ENOSPC, "KV pool out of blocks (preempt and retry)")                                  \
     X(MODEL, EMEDIUMTYPE, "model signature does not match the daemon's")                           \
     X(SESSION, ENOTCONN, "unknown session (expired, closed, or the daemon restarted)")             \
-    X(BUSY, EBUSY, "busy: a step holds the sequence or is running, or a reload is in progress")    \
+    X(BUSY, EBUSY,                                                                                 \
+      "busy: a step holds the sequence or is running, a reload is in progress, or (HELLO) the "    \
+      "admin socket is busy: try again")                                                           \
     X(NO_STEP, ESRCH, "no such step in flight")                                                    \
     X(SHUTDOWN, ESHUTDOWN, "daemon is draining or shutting down")                                  \
     X(TOO_MANY, EMFILE, "too many connections or sequences")                                       \

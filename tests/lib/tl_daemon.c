@@ -23,7 +23,7 @@ static void sleep_ms(uint32_t ms)
     nanosleep(&ts, NULL);
 }
 
-static int spawn(tl_daemon_t *d, const char *const *args)
+static int spawn(tl_daemon_t *d, const char *const *args, const char *procs)
 {
     const char *bin = getenv("PATD_BIN") ? getenv("PATD_BIN") : "build/bin/patd";
     char rt[160];
@@ -41,6 +41,13 @@ static int spawn(tl_daemon_t *d, const char *const *args)
         int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
         if (fd >= 0)
             dup2(fd, 2);
+        int cg = procs ? open(procs, O_WRONLY) : -1;
+        if (procs && (cg < 0 || write(cg, "0\n", 2) != 2)) { /* "0": the writer itself */
+            fprintf(stderr, "moving patd into %s: %s\n", procs, strerror(errno));
+            _exit(126);
+        }
+        if (cg >= 0)
+            close(cg);
         execv(bin, (char *const *)argv);
         fprintf(stderr, "exec %s: %s\n", bin, strerror(errno));
         _exit(127);
@@ -71,18 +78,23 @@ static int spawn(tl_daemon_t *d, const char *const *args)
 
 int tl_daemon_start(tl_daemon_t *d, const char *const *args)
 {
+    return tl_daemon_start_in(d, args, NULL);
+}
+
+int tl_daemon_start_in(tl_daemon_t *d, const char *const *args, const char *procs)
+{
     memset(d, 0, sizeof(*d));
     snprintf(d->dir, sizeof(d->dir), "/tmp/patd-test.XXXXXX");
     if (!mkdtemp(d->dir))
         return -1;
     snprintf(d->sock, sizeof(d->sock), "%s/patd.sock", d->dir);
     snprintf(d->log, sizeof(d->log), "%s/patd.log", d->dir);
-    return spawn(d, args);
+    return spawn(d, args, procs);
 }
 
 int tl_daemon_restart(tl_daemon_t *d, const char *const *args)
 {
-    return spawn(d, args);
+    return spawn(d, args, NULL);
 }
 
 int tl_daemon_signal_wait(tl_daemon_t *d, int sig, uint32_t timeout_ms)

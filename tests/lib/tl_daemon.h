@@ -18,6 +18,9 @@ typedef struct tl_daemon {
 
 /* Starts patd with the NULL-terminated extra arguments. 0 or -1 (and prints why). */
 int tl_daemon_start(tl_daemon_t *d, const char *const *args);
+/* tl_daemon_start, with patd placed in the cgroup whose cgroup.procs file is procs (before exec,
+ * so everything it allocates is charged there). */
+int tl_daemon_start_in(tl_daemon_t *d, const char *const *args, const char *procs);
 /* Starts again in the same directory (a restart). */
 int tl_daemon_restart(tl_daemon_t *d, const char *const *args);
 /* Sends sig and waits up to timeout_ms; returns the exit status, or -1 if it did not exit. */
