@@ -90,6 +90,20 @@ typedef struct wire_line {
     char text[WIRE_LINE];
 } wire_line_t;
 
+/* what is logged at most a line a second (patd_log_limited), each on its own */
+enum {
+    RL_UNBOUND,
+    RL_SUBS,
+    RL_BIND,
+    RL_NANOMSG,
+    RL_ACCEPT,
+    RL_SLOW,
+    RL_FRAME,
+    RL_RING,
+    RL_FDS,
+    RL_N
+};
+
 struct patd_wire {
     patd_t *d;
     uv_pipe_t ctl, ev;
@@ -109,37 +123,12 @@ struct patd_wire {
     wire_line_t *ring; /* [WIRE_RING] */
     uint32_t ring_head, ring_len;
     uint64_t ev_dropped;
-    struct {
-        uint64_t last_ns;
-        uint64_t suppressed;
-    } rl[9];
+    patd_log_limit_t rl[RL_N]; /* refusals and troubles, each at most a line a second */
 };
 
 /* ------------------------------------------------------------------ rate-limited log */
-enum { RL_UNBOUND, RL_SUBS, RL_BIND, RL_NANOMSG, RL_ACCEPT, RL_SLOW, RL_FRAME, RL_RING, RL_FDS };
 
-static void rlog(patd_wire_t *w, int cause, int level, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void rlog(patd_wire_t *w, int cause, int level, const char *fmt, ...)
-{
-    uint64_t now = pat_now_ns();
-    if (w->rl[cause].last_ns && now - w->rl[cause].last_ns < 1000000000ull) {
-        w->rl[cause].suppressed++;
-        return;
-    }
-    char line[400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof(line), fmt, ap);
-    va_end(ap);
-    if (w->rl[cause].suppressed)
-        patd_log(level, "%s (and %llu more like it in the last second)", line,
-                 (unsigned long long)w->rl[cause].suppressed);
-    else
-        patd_log(level, "%s", line);
-    w->rl[cause].last_ns = now;
-    w->rl[cause].suppressed = 0;
-}
+#define rlog(w, cause, level, ...) patd_log_limited(&(w)->rl[cause], level, __VA_ARGS__)
 
 /* ------------------------------------------------------------------ connections */
 static wire_conn_t *conn_get(patd_wire_t *w, uint64_t id)

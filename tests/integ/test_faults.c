@@ -80,44 +80,27 @@ static pat_conn_t *connect_to(tl_daemon_t *d, const char *label)
     return c;
 }
 
-/* A client with two sequences sharing the fault clients' prompt; each call decodes one token. */
-typedef struct bystander {
-    pat_conn_t *c;
-    tl_seq_t s[2];
-    tl_seq_t *ps[2];
-    tl_rng_t rng;
-} bystander_t;
+/* A client with two sequences sharing the fault clients' prompt (tokens from 3000); each call
+ * decodes one token, checked against float64 (tl_bystander_t). */
+typedef tl_bystander_t bystander_t;
 
 static void by_open(bystander_t *b, tl_daemon_t *d)
 {
-    b->c = connect_to(d, "bystander");
-    tl_rng_seed(&b->rng, 11);
-    for (int i = 0; i < 2; i++) {
-        tl_seq_init(&b->s[i]);
-        for (uint32_t t = 0; t < 64; t++)
-            tl_seq_push(&b->s[i], 3000 + t);
-        tl_seq_push(&b->s[i], 90 + (uint32_t)i);
-        assert_int_equal(tl_seq_open(b->c, &b->s[i]), 0);
-        b->ps[i] = &b->s[i];
-    }
+    char why[256];
+    if (tl_by_open(b, d->sock, &MODEL, 3000, why, sizeof(why)) < 0)
+        fail_msg("%s", why);
 }
 
 static void by_step(bystander_t *b)
 {
-    tl_step_result_t r;
-    int rc = tl_client_step(b->c, &MODEL, b->ps, 2, &b->rng, 1, &r);
-    if (rc < 0)
-        fail_msg("bystander step: %s: %s", pat_strerror(rc), pat_last_error(b->c));
-    assert_true(r.worst < 1e-2);
-    for (int i = 0; i < 2; i++)
-        tl_seq_push(&b->s[i], 7 + (uint32_t)b->s[i].n_tok);
+    char why[256];
+    if (tl_by_step(b, why, sizeof(why)) < 0)
+        fail_msg("%s", why);
 }
 
 static void by_close(bystander_t *b)
 {
-    pat_close(b->c);
-    for (int i = 0; i < 2; i++)
-        tl_seq_done(&b->s[i]);
+    tl_by_close(b);
 }
 
 static void test_kill_mid_step(void **state)

@@ -158,3 +158,57 @@ int tl_client_step(pat_conn_t *c, const pat_model_t *m, tl_seq_t **seqs, uint32_
     free(tok);
     return rc;
 }
+
+int tl_by_open(tl_bystander_t *b, const char *sock, const pat_model_t *m, uint32_t base, char *why,
+               size_t why_len)
+{
+    memset(b, 0, sizeof(*b));
+    b->m = m;
+    pat_connect_opts_t o = {.size = sizeof(o),
+                            .max_batch_tokens = 256,
+                            .max_seqs = 8,
+                            .timeout_ms = 10000,
+                            .socket = sock,
+                            .label = "bystander",
+                            .model = *m};
+    int rc = pat_connect(&o, &b->c, why, why_len);
+    if (rc < 0)
+        return rc;
+    tl_rng_seed(&b->rng, base);
+    for (int i = 0; i < 2; i++) {
+        tl_seq_init(&b->s[i]);
+        for (uint32_t t = 0; t < 64; t++)
+            tl_seq_push(&b->s[i], base + t);
+        tl_seq_push(&b->s[i], 90 + (uint32_t)i);
+        b->ps[i] = &b->s[i];
+        if ((rc = tl_seq_open(b->c, &b->s[i])) < 0) {
+            snprintf(why, why_len, "bystander open: %s", pat_last_error(b->c));
+            return rc;
+        }
+    }
+    return 0;
+}
+
+int tl_by_step(tl_bystander_t *b, char *why, size_t why_len)
+{
+    tl_step_result_t r;
+    int rc = tl_client_step(b->c, b->m, b->ps, 2, &b->rng, 1, &r);
+    if (rc < 0) {
+        snprintf(why, why_len, "bystander step: %s: %s", pat_strerror(rc), pat_last_error(b->c));
+        return rc;
+    }
+    if (!(r.worst < 1e-2)) {
+        snprintf(why, why_len, "bystander step: a row off float64 by %.3g", r.worst);
+        return -EDOM;
+    }
+    for (int i = 0; i < 2; i++)
+        tl_seq_push(&b->s[i], 7 + (uint32_t)b->s[i].n_tok);
+    return 0;
+}
+
+void tl_by_close(tl_bystander_t *b)
+{
+    pat_close(b->c);
+    for (int i = 0; i < 2; i++)
+        tl_seq_done(&b->s[i]);
+}

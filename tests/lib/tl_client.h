@@ -40,4 +40,23 @@ typedef struct tl_step_result {
 int tl_client_step(pat_conn_t *c, const pat_model_t *m, tl_seq_t **seqs, uint32_t n, tl_rng_t *rng,
                    int check, tl_step_result_t *res);
 
+/* A bystander: a session with two sequences over one prompt (tokens base..base+63, then 90 and
+ * 91), each step decoding one token of each and checking every row against float64, beside
+ * whatever a test does to the daemon. */
+typedef struct tl_bystander {
+    pat_conn_t *c;
+    const pat_model_t *m;
+    tl_seq_t s[2];
+    tl_seq_t *ps[2];
+    tl_rng_t rng;
+} tl_bystander_t;
+
+/* Connects to sock (label "bystander") and opens its sequences: 0, or a negative errno with why. */
+int tl_by_open(tl_bystander_t *b, const char *sock, const pat_model_t *m, uint32_t base, char *why,
+               size_t why_len);
+/* One checked step: 0, a negative errno (why holds libpat's word), or -EDOM when a row is off
+ * float64 by 1e-2 or more. */
+int tl_by_step(tl_bystander_t *b, char *why, size_t why_len);
+void tl_by_close(tl_bystander_t *b);
+
 #endif
