@@ -21,7 +21,8 @@ static void expect(int ok)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    /* frames arrive in nanomsg-owned buffers of exactly the message size: copy to one */
+    /* a frame arrives in a buffer of exactly its size (the wire reads header, then body): copy
+     * to one, so that ASan sees a read past it */
     uint8_t *buf = malloc(size ? size : 1);
     if (size)
         memcpy(buf, data, size);
