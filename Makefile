@@ -87,7 +87,7 @@ CUDA_TOOL_SRCS := kernels/cuda/kern_cuda_tools.cu
 CUDA_CSRCS := kernels/cuda/kern_cuda_tiles.c kernels/cuda/kern_cuda_pack.c
 IPC_SRCS   := ipc/ipc_codec.c ipc/ipc_shm.c
 DAEMON_SRCS := daemon/patd_main.c daemon/patd_config.c daemon/patd_conn.c daemon/patd_memcg.c daemon/patd_exec.c \
-               daemon/patd_step.c daemon/patd_seq.c daemon/patd_io.c daemon/patd_gpu.c \
+               daemon/patd_step.c daemon/patd_seq.c daemon/patd_io.c daemon/patd_gpu.c daemon/patd_lanes.c \
                daemon/patd_notify.c daemon/patd_admin.c daemon/patd_wire.c \
                daemon/patd_metrics.c daemon/patd_log.c
 IPC_OBJS    := $(IPC_SRCS:%.c=$(B)/%.o)

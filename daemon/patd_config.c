@@ -112,8 +112,13 @@ static const opt_t opts[] = {
      "activations under MPS. More than is free now stops patd",
      NULL},
     {"gpu", "enqueue_depth", T_U32, F(enqueue_depth), 1, 64, "16", 0,
-     "cuda backend: layers an executor enqueues ahead of the GPU (bounds what a stalled client "
-     "can leave queued)",
+     "cuda backend: layers of a step enqueued ahead of its lane's progress (bounds what a "
+     "stalled client can leave queued)",
+     NULL},
+    {"gpu", "lanes", T_U32A, F(lanes), 1, 64, "auto", 0,
+     "cuda backend: GPU steps in flight at once, each on a stream of its own (a step holds a "
+     "lane, not a thread); auto: the hardware queues CUDA_DEVICE_MAX_CONNECTIONS keeps apart "
+     "(patd sets 32 where unset) less two, at most what 1/32 of the GPU's memory holds",
      NULL},
     {"gpu", "dependent_launch", T_U32, F(dependent_launch), 0, 1, "1", 0,
      "cuda backend, sm_90: 1 = a layer's forward is launched as a programmatic dependent of its "
@@ -185,8 +190,13 @@ static const opt_t opts[] = {
     {"limits", "step_timeout_ms", T_U32, F(step_timeout_ms), 10, 3600000, "30000", 1,
      "longest wait for a client's next layer before its step is aborted", NULL},
     {"limits", "stall_cut_ms", T_U32, F(stall_cut_ms), 0, 3600000, "250", 1,
-     "a GPU step whose client hands no layer over this long while other steps wait for an "
-     "executor is cut (its client gets -ETIMEDOUT); 0: only step_timeout_ms cuts",
+     "a GPU step whose lane waits this long for its client's next layer while every lane is "
+     "taken and other steps wait for one is cut (its client gets -ETIMEDOUT naming this option); "
+     "a slow client with lanes to spare is never cut by it; 0: only step_timeout_ms cuts",
+     NULL},
+    {"limits", "first_step_grace_ms", T_U32, F(first_step_grace_ms), 0, 3600000, "10000", 1,
+     "limits.stall_cut_ms for a session's first step (a frontend's first step is slow for "
+     "ordinary reasons: kernel loading, allocator and library warm-up)",
      NULL},
     {"limits", "conns_per_uid", T_U32, F(conns_per_uid), 0, 4096, "0", 1,
      "sessions one user (the kernel's uid at HELLO, on the admin socket) may hold; a HELLO past "

@@ -26,7 +26,8 @@ typedef struct patd_config {
     uint32_t drain_timeout_ms;
     /* [gpu] (cuda backend) */
     uint32_t device;        /* CUDA device ordinal */
-    uint32_t enqueue_depth; /* layers an executor enqueues ahead of its GPU progress */
+    uint32_t enqueue_depth; /* layers the lane thread enqueues ahead of a lane's progress */
+    uint32_t lanes;         /* steps in flight on the GPU at once; 0: auto (patd_lanes_auto) */
     char forward[16];       /* auto | cpasync | tma | layer | mma (wide: auto): kern_config_t.fwd */
     uint32_t dependent_launch; /* 1: kern_config_t.serial_launch = 0 */
     float memory_fraction;     /* pool.blocks = auto: share of the device's memory for the pool
@@ -43,6 +44,7 @@ typedef struct patd_config {
     /* [limits] */
     uint32_t max_conns, conn_max_seqs, conn_max_blocks, conn_max_batch_tokens;
     uint32_t conn_max_staging_mb, lease_ms, max_lease_ms, step_timeout_ms, stall_cut_ms;
+    uint32_t first_step_grace_ms; /* stall_cut_ms for a session's first step */
     uint32_t conns_per_uid;      /* 0: no bound but max_conns (patd_conn_hello) */
     uint32_t staging_mb;         /* MiB: every session's staging together, every backend */
     uint32_t memory_headroom_mb; /* MiB left below a cgroup memory limit after a HELLO */

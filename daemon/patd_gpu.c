@@ -1,6 +1,6 @@
 /*
  * patd_gpu.c — what the cuda backend adds to the daemon (DESIGN.md §2): the MPS check, the two
- * allocations of its own every GPU session gets, and one kern lane per executor.
+ * allocations of its own every GPU session gets, and the lanes (patd_lanes.c).
  *
  *   signal slice   a session's handshake words (ipc_gsig_bytes) are pinned host memory of its
  *                  own (kern_share_alloc with KERN_SHARE_HOST: CUDA virtual memory on the host
@@ -21,7 +21,7 @@
  * HELLO therefore makes CUDA calls on the loop thread (create, map, export) and so does a
  * reclaim (unmap, release): none of them is a stream call or waits for the device's work
  * (tests/gpu/test_vmm_share.cu times them beside a running kernel, for device and host memory),
- * and a reclaim runs only once the session's executor has drained its lane (patd_conn_reap). A
+ * and a reclaim runs only once the lane thread has drained the session's lane (patd_conn_reap). A
  * client that keeps its imports mapped after its session ends keeps that memory in its own
  * process until it exits; it is no longer counted here, and another session's allocations are
  * never the same memory. (A slice registered with cudaHostRegister instead would need an
@@ -43,7 +43,7 @@
 #include "patd_log.h"
 #include "pat_base.h"
 
-int patd_gpu_start(patd_t *d, uint32_t n_exec)
+int patd_gpu_start(patd_t *d)
 {
     const patd_config_t *cfg = &d->cfg;
     if (strcmp(kern_backend_name(d->be), "cuda"))
@@ -80,18 +80,12 @@ int patd_gpu_start(patd_t *d, uint32_t n_exec)
         kern_share_free(d->be, &probe);
     }
 
-    d->lanes = pat_xcalloc(n_exec, sizeof(*d->lanes));
-    for (uint32_t i = 0; i < n_exec; i++, d->n_lanes++)
-        if ((rc = kern_lane_create(d->be, &d->lanes[i])) < 0) {
-            patd_err("cuda: lane %u: %s%s", i, strerror(-rc),
-                     rc == -ENOTSUP ? " (the device has no 64-bit stream memory operations)" : "");
-            return rc;
-        }
-    patd_notice("cuda: %u lanes, staging up to %u MiB (limits.staging_mb), a signal slice of %llu "
-                "bytes per session, "
-                "enqueue depth %u",
-                n_exec, cfg->staging_mb, (unsigned long long)ipc_gsig_bytes(d->model.n_layers),
-                cfg->enqueue_depth);
+    if ((rc = patd_lanes_start(d, d->lanes_want)) < 0)
+        return rc;
+    patd_notice("cuda: %u lanes (gpu.lanes%s), staging up to %u MiB (limits.staging_mb), a signal "
+                "slice of %llu bytes per session, enqueue depth %u",
+                d->lanes.n, d->cfg.lanes ? "" : " = auto", cfg->staging_mb,
+                (unsigned long long)ipc_gsig_bytes(d->model.n_layers), cfg->enqueue_depth);
     return 0;
 }
 
@@ -99,11 +93,7 @@ void patd_gpu_stop(patd_t *d)
 {
     if (!d->gpu)
         return;
-    for (uint32_t i = 0; i < d->n_lanes; i++)
-        kern_lane_free(d->lanes[i]);
-    d->n_lanes = 0;
-    free(d->lanes);
-    d->lanes = NULL;
+    patd_lanes_stop(d);
 }
 
 int patd_gpu_conn_open(patd_t *d, patd_conn_t *c, uint64_t bytes)

@@ -4,8 +4,11 @@
  * Threads and what they own:
  *   loop thread   libuv: the control, event and admin sockets, every request, sessions and their
  *                 sequence tables, pidfd watches, timers, signals, sd_notify;
- *   executors     (cfg.executors) run steps: reserve KV, update the session's forest, pack,
- *                 then per layer wait for the client's ready word, append + attend, post done;
+ *   executors     (cfg.executors) run steps: reserve KV, update the session's forest, pack;
+ *                 a cpu step's layers then run there (wait for the client's ready word, append +
+ *                 attend, post done; parked while its client is slow), a GPU step goes to
+ *   lane thread   (cuda) which begins GPU steps on free lanes, enqueues their layers and watches
+ *                 every lane's progress from host memory, cutting stalled steps (patd_lanes.h);
  *   metrics       one thread runs libmicrohttpd (patd_metrics.c) and renders the metrics text;
  *   reload        one short-lived thread per reload reads and checks the file (patd_reload_t).
  * Locks (never nested except pool_mu -> nothing, be_mu -> nothing):
@@ -36,6 +39,7 @@
 #include "pat_map.h"
 #include "patd_config.h"
 #include "patd_exec.h"
+#include "patd_lanes.h"
 #include "patd_log.h"
 #include "patd_notify.h"
 #include "patd_step.h"
@@ -231,8 +235,8 @@ struct patd {
     uint8_t dev_uuid[16];
     uint64_t staging_used; /* what the open sessions' staging holds against limits.staging_mb
                               (bytes: a cpu session's memfd, a GPU session's map_bytes) */
-    kern_lane_t **lanes;   /* [n_lanes]: lane i belongs to executor i */
-    uint32_t n_lanes;
+    uint32_t lanes_want; /* gpu.lanes, or what auto chose at start (patd_lanes_auto) */
+    patd_lanes_t lanes;  /* the lanes and the thread that drives GPU steps (patd_lanes.c) */
 };
 
 /* The softmax scale applied now: model.scale, or 1/sqrt(head_dim) where it is 0 */
@@ -290,9 +294,10 @@ void patd_seq_request(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *
 void patd_seq_close_all(patd_t *d, patd_conn_t *c, uint32_t *ret_closed);
 
 /* patd_gpu.c (cuda backend) */
-/* After the backend is up: MPS check and warning, probes of the per-session allocations, one
- * lane per executor (n_exec). 0 or a negative errno (logged). A cpu backend: 0, nothing done. */
-int patd_gpu_start(patd_t *d, uint32_t n_exec);
+/* After the backend is up: MPS check and warning, probes of the per-session allocations, the
+ * lanes and their thread (d->lanes_want). 0 or a negative errno (logged). A cpu backend: 0,
+ * nothing done. */
+int patd_gpu_start(patd_t *d);
 void patd_gpu_stop(patd_t *d);
 /* A session's signal slice and staging allocation: 0, -ENOSPC (its allocation, rounded up to the
  * driver's granularity, past limits.staging_mb), -ENOMEM (no memory left on the GPU or the host),

@@ -218,6 +218,10 @@ static void op_status(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *
             r.blocks_total, r.blocks_free, r.blocks_used, r.blocks_cached);
     fprintf(f, "sequences %u\nconnections %u\nsteps_in_flight %u\n", r.sequences, r.connections,
             r.steps_in_flight);
+    if (d->gpu) /* GPU steps on lanes (patd_lanes.h): in use, most at once, waiting for one */
+        fprintf(f, "lanes %u\nlanes_busy %u\nlanes_busy_max %u\nsteps_waiting_for_lane %u\n",
+                d->lanes.n, atomic_load(&d->lanes.busy), atomic_load(&d->lanes.busy_max),
+                atomic_load(&d->lanes.waiting));
     fclose(f);
     reply_text(d, rq, out, len);
     free(out);
@@ -439,23 +443,29 @@ static void on_signal(uv_signal_t *s, int signum)
     start_drain(d, strsignal(signum));
 }
 
-/* systemd's watchdog: WATCHDOG=1 every quarter of WatchdogSec while every executor moves; one
+/* systemd's watchdog: WATCHDOG=1 every quarter of WatchdogSec while every executor (and the lane
+ * thread, cuda) moves; one
  * the watchdog judges stuck (patd_notify.h: its heartbeat still for half of WatchdogSec, and for
  * at least three idle beats and two ticks, so that the beat's and this check's own 100 ms
  * periods never look like a stall, as they did at start and at drain with WatchdogSec=200ms)
  * means no ping (systemd restarts patd once the period passes) and one warning per episode.
  * Executors that have stopped (the end of a drain) are not stalls. */
-_Static_assert(PATD_EXEC_MAX <= PATD_WD_MAX, "the watchdog sees every executor");
+_Static_assert(PATD_EXEC_MAX + 1 <= PATD_WD_MAX, "the watchdog sees every executor");
 static void watchdog_tick(patd_t *d, uint64_t now)
 {
     const uint64_t period_ns = d->watchdog_usec * 1000ull;
     uint64_t beats[PATD_WD_MAX];
-    for (uint32_t i = 0; i < d->exec.n; i++)
+    uint32_t n = d->exec.n;
+    for (uint32_t i = 0; i < n; i++)
         beats[i] = atomic_load(&d->exec.beat[i]);
-    uint32_t stuck = patd_watchdog_check(&d->wd, beats, d->exec.n, now, d->exec.stopping);
+    if (d->lanes.started) /* the lane thread beats like an executor */
+        beats[n++] = atomic_load(&d->lanes.beat);
+    uint32_t stuck = patd_watchdog_check(&d->wd, beats, n, now, d->exec.stopping);
     if (stuck) {
         if (!d->watchdog_warned)
-            patd_warn("watchdog: %u executor(s) have not moved for %llu ms; not pinging", stuck,
+            patd_warn("watchdog: %u executor(s) or the lane thread have not moved for %llu ms; "
+                      "not pinging",
+                      stuck,
                       (unsigned long long)(d->wd.stuck_ns / 1000000ull));
         d->watchdog_warned = 1;
         return;
@@ -614,12 +624,12 @@ static int pick_backend(const patd_config_t *cfg, const char **ret_name, kern_pr
 
 /* pool.blocks = auto: as many blocks as the backend's share of memory holds (patd_config.c's
  * gpu.memory_fraction and pool.cpu_memory_mb), refused with the numbers when that is more than
- * is free now or fewer than 16 blocks. The cuda share covers the staging arena too, and a
- * reserve for the context's own allocations (plans, partials, lanes: tens of MiB measured; 256
- * MiB keeps them clear). */
+ * is free now or fewer than 16 blocks. The cuda share covers the staging arena and the lanes
+ * (kern_lane_bytes each) too, and a reserve for the context's own allocations (256 MiB keeps
+ * them clear). */
 #define PATD_GPU_RESERVE (256ull << 20)
 static int size_pool(patd_config_t *cfg, const char *backend, const kern_probe_t *pr,
-                     uint64_t block_bytes)
+                     uint64_t block_bytes, uint64_t lanes_bytes)
 {
     if (!cfg->blocks_auto)
         return 0;
@@ -627,7 +637,7 @@ static int size_pool(patd_config_t *cfg, const char *backend, const kern_probe_t
     uint64_t budget;
     if (!strcmp(backend, "cuda")) {
         uint64_t share = (uint64_t)((double)cfg->memory_fraction * (double)pr->mem_total);
-        uint64_t other = ((uint64_t)cfg->staging_mb << 20) + PATD_GPU_RESERVE;
+        uint64_t other = ((uint64_t)cfg->staging_mb << 20) + lanes_bytes + PATD_GPU_RESERVE;
         if (share > pr->mem_free) {
             patd_err("pool.blocks = auto: gpu.memory_fraction %.2f of %s's %.1f GiB is %.1f GiB, "
                      "but only %.1f GiB are free (other processes hold %.1f GiB); lower "
@@ -677,7 +687,15 @@ static int create_pool(patd_t *d)
     if (rc < 0)
         return rc;
     snprintf(d->device, sizeof(d->device), "%s", pr.device);
-    if ((rc = size_pool(cfg, backend, &pr, kern_block_bytes(&d->model))) < 0)
+    uint64_t lanes_bytes = 0;
+    if (!strcmp(backend, "cuda")) {
+        const kern_config_t lk = {.model = d->model,
+                                  .max_tokens = cfg->conn_max_batch_tokens,
+                                  .max_partials = PATD_MAX_PARTIALS(cfg)};
+        d->lanes_want = cfg->lanes ? cfg->lanes : patd_lanes_auto(&lk, pr.mem_total);
+        lanes_bytes = d->lanes_want * kern_lane_bytes(&lk);
+    }
+    if ((rc = size_pool(cfg, backend, &pr, kern_block_bytes(&d->model), lanes_bytes)) < 0)
         return rc;
     kv_pool_config_t pc = {.n_blocks = cfg->blocks,
                            .block_size = cfg->block_size,
@@ -766,7 +784,7 @@ int main(int argc, char **argv)
     d->admin_dispatch = admin_dispatch;
     d->wire_dispatch = handle_frame;
     if ((rc = create_pool(d)) < 0 || (rc = open_sockets(d)) < 0 || (rc = patd_admin_start(d)) < 0 ||
-        (rc = patd_gpu_start(d, PAT_MIN(d->cfg.executors, PATD_EXEC_MAX))) < 0)
+        (rc = patd_gpu_start(d)) < 0)
         goto out;
     uv_async_init(&d->loop, &d->wake, on_wake);
     d->wake.data = d;

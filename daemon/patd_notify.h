@@ -45,7 +45,7 @@ void patd_notify_flush(patd_notify_t *n);
  * period, three idle beats and two ticks). The floor keeps the beat's and the check's own
  * periods from looking like a stall: between two checks that see a counter move, up to
  * idle_ns + tick_ns pass with nothing wrong, plus either side's lateness. */
-#define PATD_WD_MAX 64
+#define PATD_WD_MAX 65 /* the executors and the lane thread */
 typedef struct patd_watchdog {
     uint64_t stuck_ns;
     uint64_t seen[PATD_WD_MAX], moved_ns[PATD_WD_MAX];

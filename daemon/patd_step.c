@@ -90,7 +90,7 @@ static void step_check(const patd_step_t *st, patd_step_state_t to)
     }
 }
 
-static void step_move(patd_step_t *st, patd_step_state_t to)
+void patd_step_move(patd_step_t *st, patd_step_state_t to)
 {
     step_check(st, to);
     atomic_store(&st->state, (int)to);
@@ -98,7 +98,7 @@ static void step_move(patd_step_t *st, patd_step_state_t to)
 
 /* The executor's last move: stored under the post list's lock (patd_exec_post), so a loop that
  * sees BACK/UNSTARTED also finds the post, and a reap can purge every post naming c. */
-static void step_give_back(patd_t *d, patd_conn_t *c)
+void patd_step_give_back(patd_t *d, patd_conn_t *c)
 {
     patd_step_t *st = &c->step;
     patd_step_state_t to = atomic_load(&st->state) == STEP_RUNNING ? STEP_BACK : STEP_UNSTARTED;
@@ -119,9 +119,10 @@ static void step_reset(patd_conn_t *c)
     st->err = 0;
     st->layers_done = 0;
     st->end_flags = 0;
+    st->why[0] = 0;
     atomic_store(&st->abort, 0);
     if (atomic_load(&st->state) != STEP_IDLE)
-        step_move(st, STEP_IDLE);
+        patd_step_move(st, STEP_IDLE);
 }
 
 /* Refuses a STEP_BEGIN. A GPU session's stream (or captured graph) hands over every layer
@@ -139,7 +140,7 @@ static void step_refuse(patd_t *d, patd_conn_t *c, patd_req_t *rq, int code, con
     st->err = code;
     st->id = ++c->next_step;
     st->t_recv_ns = pat_now_ns();
-    step_move(st, STEP_REFUSED);
+    patd_step_move(st, STEP_REFUSED);
     patd_exec_submit(&d->exec, step_job, c);
 }
 
@@ -213,7 +214,7 @@ void patd_step_begin(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *b
     st->begin_req = *rq;
     rq->wire = 0; /* the reply is owed by the step */
     /* err, layers_done, abort are clear: IDLE means step_reset ran */
-    step_move(st, STEP_QUEUED);
+    patd_step_move(st, STEP_QUEUED);
     patd_exec_submit(&d->exec, step_job, c);
 }
 
@@ -257,7 +258,7 @@ static void step_finalize(patd_t *d, patd_conn_t *c)
         int code = st->err ? st->err : -ECANCELED;
         patd_reply_error(d, &rq, code, "step %llu: %u of %u layers ran (%s); nothing committed",
                          (unsigned long long)st->id, st->layers_done, d->model.n_layers,
-                         strerror(-code));
+                         st->why[0] ? st->why : strerror(-code));
     } else {
         ipc_step_end_rep_t rep = {st->layers_done, (uint32_t)commit, ns};
         patd_reply_ok(d, c, &rq, &rep, sizeof(rep));
@@ -345,6 +346,8 @@ int patd_step_cancel(patd_conn_t *c)
         s == STEP_EMPTY) {
         atomic_store(&st->abort, 1);
         ipc_sig_wake(&patd_conn_sig(c)->ready);
+        if (c->gpu)
+            patd_lanes_kick(c->d);
         return 1; /* patd_step_complete reports it back */
     }
     step_reset(c);
@@ -384,6 +387,13 @@ static void step_rollback(patd_conn_t *c)
     for (uint32_t s = 0; s < c->max_seqs; s++)
         c->seqs[s].forest_kv = KV_NONE;
     step_unreserve(c, c->step.n_seqs);
+}
+
+void patd_step_rollback(patd_conn_t *c)
+{
+    pthread_mutex_lock(&c->d->pool_mu);
+    step_rollback(c);
+    pthread_mutex_unlock(&c->d->pool_mu);
 }
 
 /* Phase 1 and 2. Returns 0 or a negative errno with nothing reserved. */
@@ -537,7 +547,7 @@ static int step_start_cpu(patd_t *d, patd_conn_t *c)
     st->wait_since_ns = st->t_begun_ns;
     atomic_store(&g->err, 0);
     atomic_store(&g->state, IPC_STATE_OPEN);
-    step_move(st, STEP_RUNNING);
+    patd_step_move(st, STEP_RUNNING);
     patd_exec_post(&d->exec, c, NULL, 0); /* the loop replies to STEP_BEGIN; the step stays ours */
     return 0;
 }
@@ -609,193 +619,9 @@ static int step_layers_cpu(patd_t *d, patd_conn_t *c, uint32_t exec_id)
     return 0;
 }
 
-/* ------------------------------------------------------------------ GPU sessions */
-
-static void pause_us(uint32_t us)
-{
-    struct timespec ts = {0, (long)us * 1000};
-    nanosleep(&ts, NULL);
-}
-
-/* Waits until the lane has finished `target` layers. 0, -ECANCELED (abort from the loop),
- * -ETIMEDOUT (no progress for step_timeout_ms: the client stalled), -EAGAIN (no progress for
- * stall_cut_ms while other steps wait for an executor: a GPU step holds its executor until it
- * ends, so a stalled client is cut rather than let it stall the others). Polls host memory: spins
- * for 50 us after progress moved (the next layer usually follows within a hand-off), then naps
- * 10 us, and 100 us after a millisecond without progress. */
-static int lane_wait(patd_t *d, patd_conn_t *c, kern_lane_t *lane, uint64_t target,
-                     uint32_t exec_id)
-{
-    const uint64_t limit = (uint64_t)d->cfg.step_timeout_ms * 1000000ull;
-    const uint64_t cut = (uint64_t)d->cfg.stall_cut_ms * 1000000ull;
-    uint64_t seen = kern_lane_progress(lane), t_moved = pat_now_ns();
-    for (uint32_t spins = 0;; spins++) {
-        uint64_t p = kern_lane_progress(lane);
-        if (p >= target)
-            return 0;
-        uint64_t now = pat_now_ns();
-        if (p != seen) {
-            seen = p;
-            t_moved = now;
-        }
-        if (atomic_load(&c->step.abort))
-            return -ECANCELED;
-        if (now - t_moved > limit)
-            return -ETIMEDOUT;
-        if (cut && now - t_moved > cut && (spins & 63) == 0 && patd_exec_waiting(&d->exec))
-            return -EAGAIN;
-        if (now - t_moved < 50000ull)
-            __builtin_ia32_pause();
-        else
-            pause_us(now - t_moved < 1000000ull ? 10 : 100);
-        if ((spins & 255) == 0)
-            patd_exec_beat(&d->exec, exec_id);
-    }
-}
-
-/* Releases every wait the lane holds for this session from the CPU, drains the lane, releases
- * whatever of the step the client's stream may still wait for, and starts a new epoch: values of
- * the cut step satisfy no later wait. The client learns it from the STEP_END reply and the
- * signal page (state ABORTED, err, epoch). */
-static void gpu_cut(patd_t *d, patd_conn_t *c, kern_lane_t *lane, uint64_t epoch, int why,
-                    uint32_t exec_id)
-{
-    const uint32_t nl = d->model.n_layers;
-    ipc_sig_t *g = patd_conn_sig(c);
-    uint64_t *ready = ipc_gsig_ready(c->gsig), *done = ipc_gsig_done(c->gsig, nl);
-    /* an empty layer that reports progress, so that layers enqueued since the last report count */
-    const kern_lane_layer_t flush = {.report = 1};
-    int fr = kern_lane_layer(lane, &flush);
-    if (fr < 0)
-        patd_gpu_check_fatal(d, fr);
-    const uint64_t target = kern_lane_enqueued(lane);
-    uint64_t t0 = pat_now_ns();
-    while (kern_lane_progress(lane) < target) {
-        for (uint32_t l = 0; l < nl; l++)
-            __atomic_store_n(&ready[l], epoch, __ATOMIC_RELEASE);
-        pause_us(50);
-        patd_exec_beat(&d->exec, exec_id);
-        if (pat_now_ns() - t0 > 1000000000ull) { /* released words that do not move: the GPU */
-            patd_gpu_check_fatal(d, -EIO);       /* exits if the context is lost */
-            t0 = pat_now_ns();
-            patd_warn("session %016llx: lane still draining after its waits were released",
-                      (unsigned long long)c->session);
-        }
-    }
-    for (uint32_t l = 0; l < nl; l++) {
-        __atomic_store_n(&done[l], epoch, __ATOMIC_RELEASE);
-        __atomic_store_n(&ready[l], 0, __ATOMIC_RELEASE);
-    }
-    atomic_store(&g->err, why);
-    atomic_store(&g->epoch, epoch + 1);
-    atomic_store(&g->state, IPC_STATE_ABORTED);
-}
-
-static void step_run_gpu(patd_t *d, patd_conn_t *c, uint32_t exec_id)
-{
-    patd_step_t *st = &c->step;
-    kern_lane_t *lane = d->lanes[exec_id];
-    ipc_sig_t *g = patd_conn_sig(c);
-    const uint32_t nl = d->model.n_layers, depth = d->cfg.enqueue_depth;
-    /* progress is reported every `every` layers and on the last: any `depth` consecutive layers
-     * of a step hold a reported one, so a wait for the window below always ends, and the window
-     * refills while half of it is still queued */
-    const uint32_t every = PAT_MAX(1u, PAT_MIN(8u, depth / 2));
-    const uint64_t epoch = atomic_load(&g->epoch);
-    int rc = st->err; /* set by the loop for a step it refused (a handshake-only step) */
-    if (rc == 0 && atomic_load(&st->abort))
-        rc = -ECANCELED;
-    if (rc == 0 && (rc = step_prepare(c)) == 0 &&
-        (rc = kern_lane_begin(lane, st->plan, st->kvslot, st->n_tokens)) < 0) {
-        patd_gpu_check_fatal(d, rc);
-        patd_err("session %016llx: the lane refused the plan: %s", (unsigned long long)c->session,
-                 strerror(-rc));
-        pthread_mutex_lock(&d->pool_mu); /* the lane refused the plan: undo phase 1 */
-        step_rollback(c);
-        pthread_mutex_unlock(&d->pool_mu);
-    }
-    const int begun = rc == 0;
-    st->tick_base = (uint32_t)epoch;
-    st->err = rc;
-    st->t_begun_ns = pat_now_ns();
-    atomic_store(&g->err, 0);
-    atomic_store(&g->state, IPC_STATE_OPEN);
-    if (atomic_load(&st->state) == STEP_PREPARING)
-        step_move(st, begun ? STEP_RUNNING : STEP_EMPTY);
-    patd_exec_post(&d->exec, c, NULL, 0); /* the loop answers STEP_BEGIN now (unless it did) */
-
-    kern_lane_layer_t ly = {
-        .compute = begun,
-        .q = c->dev_base + c->lay.q_off,
-        .k = c->dev_base + c->lay.k_off,
-        .v = c->dev_base + c->lay.v_off,
-        .o = c->dev_base + c->lay.o_off,
-        .params = {.scale = patd_softmax_scale(d), .softcap = d->cfg.softcap},
-        .wait_value = epoch,
-        .post_value = epoch,
-    };
-    /* the slice is host memory the device reaches at the same address */
-    uint64_t *ready_dev = ipc_gsig_ready(c->gsig), *done_dev = ipc_gsig_done(c->gsig, nl);
-    const uint64_t base = kern_lane_enqueued(lane);
-    int wr = 0;
-    for (uint32_t l = 0; l < nl && wr == 0; l++) {
-        uint64_t enq = kern_lane_enqueued(lane);
-        if (enq - kern_lane_progress(lane) >= depth)
-            wr = lane_wait(d, c, lane, enq - depth + 1, exec_id);
-        if (wr < 0)
-            break;
-        ly.layer = l;
-        ly.report = (l + 1) % every == 0 || l + 1 == nl;
-        ly.wait_word = ready_dev + l;
-        ly.post_word = done_dev + l;
-        if ((wr = kern_lane_layer(lane, &ly)) < 0) {
-            patd_gpu_check_fatal(d, wr);
-            patd_err("session %016llx: enqueueing layer %u failed: %s",
-                     (unsigned long long)c->session, l, strerror(-wr));
-        }
-    }
-    if (wr == 0)
-        wr = lane_wait(d, c, lane, kern_lane_enqueued(lane), exec_id);
-    const uint32_t ran = (uint32_t)(kern_lane_progress(lane) - base);
-    if (wr == 0) {
-        /* Every layer ran: the lane consumed every ready word, and the client every done word
-         * but the last (it wrote ready[l + 1] after its wait for done[l] on its stream; it resets
-         * done[nl - 1] itself). Reset them here, off both streams, before STEP_END is answered,
-         * so the same values serve the next step (ipc_shm.h). */
-        uint64_t *ready = ipc_gsig_ready(c->gsig), *done = ipc_gsig_done(c->gsig, nl);
-        for (uint32_t l = 0; l < nl; l++) {
-            __atomic_store_n(&ready[l], 0, __ATOMIC_RELEASE);
-            if (l + 1 < nl)
-                __atomic_store_n(&done[l], 0, __ATOMIC_RELEASE);
-        }
-    }
-    if (wr == -EAGAIN) {
-        patd_notice("session %016llx: no layer handed over for %u ms (after %u of %u) while "
-                    "other steps wait for an executor (limits.stall_cut_ms); cutting the step",
-                    (unsigned long long)c->session, d->cfg.stall_cut_ms, ran, nl);
-        wr = -ETIMEDOUT;
-    } else if (wr == -ETIMEDOUT) {
-        patd_notice("session %016llx: no layer handed over for %u ms (after %u of %u); "
-                    "releasing the step's waits",
-                    (unsigned long long)c->session, d->cfg.step_timeout_ms, ran, nl);
-    }
-    if (wr < 0) {
-        gpu_cut(d, c, lane, epoch, wr, exec_id);
-        if (st->err == 0)
-            st->err = wr;
-    }
-    if (begun) {
-        st->layers_done = wr == 0 ? nl : ran;
-        atomic_fetch_add(&d->m.layers, st->layers_done);
-        atomic_fetch_add(&d->m.layer_ns_sum, pat_now_ns() - st->t_begun_ns);
-        atomic_fetch_add(&d->m.kv_bytes, st->kv_bytes * st->layers_done);
-        atomic_fetch_add(&d->m.qc_bytes, st->qc_bytes * st->layers_done);
-    }
-    st->t_done_ns = pat_now_ns();
-}
-
-/* The executor's job: the session's step, then its last move. A GPU step runs to its end on
- * this executor (its waits are on the lane's progress); a cpu step runs its layers while its
+/* The executor's job: the session's step, then its last move. A GPU step is prepared here and
+ * handed to the lane thread (patd_lanes.c), which runs it to its end without this thread; a cpu
+ * step runs its layers while its
  * client keeps up and is parked (this job runs again later, on any executor) while it does not. */
 static void step_job(void *arg, uint32_t exec_id)
 {
@@ -804,22 +630,26 @@ static void step_job(void *arg, uint32_t exec_id)
     patd_step_t *st = &c->step;
     int s = atomic_load(&st->state);
     if (s == STEP_QUEUED || s == STEP_REFUSED) {
-        step_move(st, s == STEP_REFUSED ? STEP_EMPTY : STEP_PREPARING);
+        patd_step_move(st, s == STEP_REFUSED ? STEP_EMPTY : STEP_PREPARING);
         if (c->gpu) {
-            step_run_gpu(d, c, exec_id);
-            step_give_back(d, c);
+            /* reserve and pack here; the lane thread begins it once a lane is free */
+            if (st->err == 0 && atomic_load(&st->abort))
+                st->err = -ECANCELED;
+            else if (st->err == 0)
+                st->err = step_prepare(c);
+            patd_lanes_submit(d, c);
             return;
         }
         int rc = step_start_cpu(d, c);
         if (rc < 0) {
             st->err = rc;
             st->t_done_ns = pat_now_ns();
-            step_give_back(d, c);
+            patd_step_give_back(d, c);
             return;
         }
     }
     assert(atomic_load(&st->state) == STEP_RUNNING && !c->gpu);
     if (step_layers_cpu(d, c, exec_id) == -EAGAIN)
         return; /* parked: the pool's watcher submits it again */
-    step_give_back(d, c);
+    patd_step_give_back(d, c);
 }

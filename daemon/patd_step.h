@@ -78,6 +78,8 @@ typedef struct patd_step {
     uint32_t wait_tick;     /* cpu: the ready value that hands next_layer over */
     uint64_t wait_since_ns; /* cpu: when the wait for next_layer began (step_timeout_ms) */
     uint64_t t_recv_ns, t_begun_ns, t_done_ns;
+    uint64_t t_lane_ns; /* GPU: when it was handed to the lane thread (patd_lanes.c) */
+    char why[160];      /* GPU: why it was cut (the STEP_END error's text); "" when it was not */
     uint64_t kv_bytes, qc_bytes;
     int pack_reused;
     uint32_t pack_policy;          /* sched_policy_t + 1 of the pack this step's plan used */
@@ -102,6 +104,13 @@ int patd_step_complete(patd_conn_t *c);
 int patd_step_cancel(patd_conn_t *c);
 /* Frees the step's arrays and its owed requests (the session is being freed). */
 void patd_step_done(patd_step_t *st);
+/* For the GPU side of a step (patd_lanes.c), which owns it from patd_lanes_submit on: */
+void patd_step_move(patd_step_t *st, patd_step_state_t to);
+/* Undoes what step preparation reserved and joined (takes pool_mu). */
+void patd_step_rollback(patd_conn_t *c);
+/* The owner's last move (BACK from RUNNING, else UNSTARTED), posted to the loop. */
+void patd_step_give_back(patd_t *d, patd_conn_t *c);
+
 /* A step in flight (any state but IDLE): the lease waits, a drain waits. */
 static inline int patd_step_busy(const patd_step_t *st)
 {

@@ -199,6 +199,10 @@ typedef struct kern_lane_layer {
  * cfg.max_partials). Returns 0, -ENOTSUP (backend without lanes, or a device without 64-bit
  * stream memory operations), -ENOMEM, -EIO. */
 int kern_lane_create(kern_backend_t *b, kern_lane_t **ret);
+/* Device memory one lane of a backend made with cfg takes (its partials, merge counters, plan and
+ * slot buffers, as kern_lane_create allocates them; pinned host memory besides). Any backend's
+ * config; no device call. */
+uint64_t kern_lane_bytes(const kern_config_t *cfg);
 /* Waits for the lane to drain (release its waits first) and frees it; NULL ok. */
 void kern_lane_free(kern_lane_t *l);
 /* Uploads a step's plan (when it changed) and its new tokens' pool slots, once for all layers.

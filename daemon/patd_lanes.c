@@ -1,0 +1,499 @@
+/*
+ * patd_lanes.c — GPU steps on lanes, driven by one thread (patd_lanes.h says what and why).
+ *
+ * A step on a lane, in the lane thread's passes:
+ *   begin   plan and slots uploaded (kern_lane_begin), the step RUNNING (or EMPTY: handshakes
+ *           only) and posted, so the loop answers STEP_BEGIN;
+ *   run     layers enqueued while fewer than gpu.enqueue_depth are ahead of the lane's progress;
+ *           hand-overs counted from the client's ready words; every `every` layers and the last
+ *           one report progress;
+ *   end     the last layer's progress seen: the consumed words reset and the step given back; or
+ *   cut     its waits released from the CPU (ready[l] = epoch), the lane drained over the next
+ *           passes, then done[l] = epoch for every layer, a new epoch and ABORTED on the signal
+ *           page, the step given back with the cause in st->why.
+ * A step that is cut before it got a lane has nothing enqueued: only its words are released.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "patd_int.h"
+#include "patd_lanes.h"
+#include "patd_log.h"
+#include "pat_base.h"
+
+uint32_t patd_lanes_auto(const kern_config_t *kc, uint64_t mem_total)
+{
+    uint32_t n = PATD_LANES_AUTO_MAX;
+    const char *e = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    long conns = e ? strtol(e, NULL, 10) : 8; /* CUDA's default */
+    if (conns >= 3 && conns - 2 < (long)n)
+        n = (uint32_t)(conns - 2);
+    else if (conns < 3)
+        n = 1;
+    const uint64_t each = kern_lane_bytes(kc);
+    if (each && mem_total) {
+        uint64_t fit = mem_total / PATD_LANES_MEM_SHARE / each;
+        if (fit < n)
+            n = fit ? (uint32_t)fit : 1;
+    }
+    return n;
+}
+
+static void lanes_wake(patd_lanes_t *L)
+{
+    atomic_fetch_add(&L->kick, 1);
+    syscall(SYS_futex, &L->kick, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
+void patd_lanes_kick(patd_t *d)
+{
+    if (d->lanes.started)
+        lanes_wake(&d->lanes);
+}
+
+void patd_lanes_submit(patd_t *d, patd_conn_t *c)
+{
+    patd_lanes_t *L = &d->lanes;
+    c->step.t_lane_ns = pat_now_ns();
+    pthread_mutex_lock(&L->mu);
+    pat_grow((void **)&L->wait, &L->cap_wait, L->n_wait + 1, sizeof(*L->wait));
+    L->wait[L->n_wait++] = c;
+    atomic_store(&L->waiting, L->n_wait);
+    pthread_mutex_unlock(&L->mu);
+    lanes_wake(L);
+}
+
+/* ------------------------------------------------------------------ one step */
+
+/* The words of a step that did not run to its end, once nothing of it is queued on a lane: the
+ * client's stream passes every wait it may still have (done[l] = epoch), later values of this
+ * epoch satisfy nothing (epoch + 1), and the client reads why on its signal page. */
+static void words_release(patd_t *d, patd_conn_t *c, uint64_t epoch, int why)
+{
+    const uint32_t nl = d->model.n_layers;
+    ipc_sig_t *g = patd_conn_sig(c);
+    uint64_t *ready = ipc_gsig_ready(c->gsig), *done = ipc_gsig_done(c->gsig, nl);
+    for (uint32_t l = 0; l < nl; l++) {
+        __atomic_store_n(&done[l], epoch, __ATOMIC_RELEASE);
+        __atomic_store_n(&ready[l], 0, __ATOMIC_RELEASE);
+    }
+    atomic_store(&g->err, why);
+    atomic_store(&g->epoch, epoch + 1);
+    atomic_store(&g->state, IPC_STATE_ABORTED);
+}
+
+/* A step that waited for a lane and was asked to stop there (client died, drain): nothing was
+ * enqueued; its reservations are undone and it is given back as not started. */
+static void give_back_unstarted(patd_t *d, patd_conn_t *c, int why)
+{
+    patd_step_t *st = &c->step;
+    if (st->err == 0) {
+        patd_step_rollback(c);
+        st->err = why;
+    }
+    words_release(d, c, atomic_load(&patd_conn_sig(c)->epoch), why);
+    st->t_begun_ns = st->t_done_ns = pat_now_ns();
+    if (atomic_load(&st->state) == STEP_PREPARING)
+        patd_step_move(st, STEP_EMPTY);
+    patd_step_give_back(d, c);
+}
+
+static int lane_enqueue(patd_t *d, patd_lane_t *ln)
+{
+    patd_conn_t *c = ln->c;
+    const uint32_t nl = d->model.n_layers, depth = d->cfg.enqueue_depth;
+    /* progress is reported every `every` layers and on the last: any `depth` consecutive layers
+     * hold a reported one, so the window always drains, and refills while half of it is queued */
+    const uint32_t every = PAT_MAX(1u, PAT_MIN(8u, depth / 2));
+    uint64_t *ready = ipc_gsig_ready(c->gsig), *done = ipc_gsig_done(c->gsig, nl);
+    kern_lane_layer_t ly = {
+        .compute = ln->begun,
+        .q = c->dev_base + c->lay.q_off,
+        .k = c->dev_base + c->lay.k_off,
+        .v = c->dev_base + c->lay.v_off,
+        .o = c->dev_base + c->lay.o_off,
+        .params = {.scale = patd_softmax_scale(d), .softcap = d->cfg.softcap},
+        .wait_value = ln->epoch,
+        .post_value = ln->epoch,
+    };
+    while (ln->next < nl && kern_lane_enqueued(ln->lane) - kern_lane_progress(ln->lane) < depth) {
+        const uint32_t l = ln->next;
+        ly.layer = l;
+        ly.report = (l + 1) % every == 0 || l + 1 == nl;
+        ly.wait_word = ready + l;
+        ly.post_word = done + l;
+        int rc = kern_lane_layer(ln->lane, &ly);
+        if (rc < 0) {
+            patd_gpu_check_fatal(d, rc);
+            patd_err("session %016llx: enqueueing layer %u failed: %s",
+                     (unsigned long long)c->session, l, strerror(-rc));
+            return rc;
+        }
+        ln->next = l + 1;
+    }
+    return 0;
+}
+
+/* Begins the step on a free lane: uploads its plan, posts it (the loop answers STEP_BEGIN),
+ * enqueues its first layers. */
+static void lane_begin(patd_t *d, patd_lane_t *ln, patd_conn_t *c, uint64_t now)
+{
+    patd_lanes_t *L = &d->lanes;
+    patd_step_t *st = &c->step;
+    ipc_sig_t *g = patd_conn_sig(c);
+    const uint64_t epoch = atomic_load(&g->epoch);
+    int rc = st->err; /* set for a step that was refused or did not prepare */
+    if (rc == 0 && atomic_load(&st->abort)) {
+        patd_step_rollback(c);
+        rc = -ECANCELED;
+    }
+    if (rc == 0 && (rc = kern_lane_begin(ln->lane, st->plan, st->kvslot, st->n_tokens)) < 0) {
+        patd_gpu_check_fatal(d, rc);
+        patd_err("session %016llx: the lane refused the plan: %s", (unsigned long long)c->session,
+                 strerror(-rc));
+        patd_step_rollback(c);
+    }
+    atomic_fetch_add(&L->wait_ns_sum, now - st->t_lane_ns);
+    atomic_fetch_add(&L->steps, 1);
+    *ln = (patd_lane_t){.lane = ln->lane,
+                        .phase = LANE_RUN,
+                        .c = c,
+                        .base = kern_lane_enqueued(ln->lane),
+                        .epoch = epoch,
+                        .seen = kern_lane_progress(ln->lane),
+                        .t_moved = now,
+                        .begun = rc == 0};
+    st->tick_base = (uint32_t)epoch;
+    st->err = rc;
+    st->t_begun_ns = now;
+    atomic_store(&g->err, 0);
+    atomic_store(&g->state, IPC_STATE_OPEN);
+    if (atomic_load(&st->state) == STEP_PREPARING)
+        patd_step_move(st, rc == 0 ? STEP_RUNNING : STEP_EMPTY);
+    patd_exec_post(&d->exec, c, NULL, 0); /* the loop answers STEP_BEGIN now (unless it did) */
+}
+
+/* Starts a cut: every wait the lane holds for this step is released from the CPU; the lane
+ * drains over the next passes (lane_drained). */
+static void lane_cut(patd_t *d, patd_lane_t *ln, int why, uint64_t now)
+{
+    const uint32_t nl = d->model.n_layers;
+    uint64_t *ready = ipc_gsig_ready(ln->c->gsig);
+    /* an empty layer that reports progress, so that layers enqueued since the last report count */
+    const kern_lane_layer_t flush = {.report = 1};
+    int fr = kern_lane_layer(ln->lane, &flush);
+    if (fr < 0)
+        patd_gpu_check_fatal(d, fr);
+    for (uint32_t l = 0; l < nl; l++)
+        __atomic_store_n(&ready[l], ln->epoch, __ATOMIC_RELEASE);
+    ln->phase = LANE_DRAIN;
+    ln->target = kern_lane_enqueued(ln->lane);
+    ln->why = why;
+    ln->t_cut = now;
+}
+
+/* The step leaves its lane: counts its layers, resets or releases its words, gives it back. */
+static void lane_end(patd_t *d, patd_lane_t *ln, uint64_t now)
+{
+    patd_lanes_t *L = &d->lanes;
+    patd_conn_t *c = ln->c;
+    patd_step_t *st = &c->step;
+    const uint32_t nl = d->model.n_layers;
+    const uint32_t ran = (uint32_t)PAT_MIN((uint64_t)nl, kern_lane_progress(ln->lane) - ln->base);
+    if (ln->phase == LANE_RUN) {
+        /* Every layer ran: the lane consumed every ready word, and the client every done word but
+         * the last (it wrote ready[l + 1] after its wait for done[l] on its stream; it resets
+         * done[nl - 1] itself). Reset them here, off both streams, before STEP_END is answered,
+         * so the same values serve the next step (ipc_shm.h). */
+        uint64_t *ready = ipc_gsig_ready(c->gsig), *done = ipc_gsig_done(c->gsig, nl);
+        for (uint32_t l = 0; l < nl; l++) {
+            __atomic_store_n(&ready[l], 0, __ATOMIC_RELEASE);
+            if (l + 1 < nl)
+                __atomic_store_n(&done[l], 0, __ATOMIC_RELEASE);
+        }
+    } else {
+        words_release(d, c, ln->epoch, ln->why);
+        if (st->err == 0)
+            st->err = ln->why;
+    }
+    if (ln->begun) {
+        st->layers_done = ln->phase == LANE_RUN ? nl : ran;
+        atomic_fetch_add(&d->m.layers, st->layers_done);
+        atomic_fetch_add(&d->m.layer_ns_sum, now - st->t_begun_ns);
+        atomic_fetch_add(&d->m.kv_bytes, st->kv_bytes * st->layers_done);
+        atomic_fetch_add(&d->m.qc_bytes, st->qc_bytes * st->layers_done);
+    }
+    st->t_done_ns = now;
+    ln->phase = LANE_FREE;
+    ln->c = NULL;
+    atomic_fetch_sub(&L->busy, 1);
+    patd_step_give_back(d, c);
+}
+
+/* How many layers the client has handed over (its ready words set to this epoch), from the last
+ * count on; moves t_moved when it grew. */
+static void count_handed(patd_t *d, patd_lane_t *ln, uint64_t now)
+{
+    const uint32_t nl = d->model.n_layers;
+    const uint64_t *ready = ipc_gsig_ready(ln->c->gsig);
+    uint32_t h = ln->handed;
+    while (h < nl && __atomic_load_n(&ready[h], __ATOMIC_ACQUIRE) >= ln->epoch)
+        h++;
+    if (h != ln->handed) {
+        ln->handed = h;
+        ln->t_moved = now;
+    }
+}
+
+/* Whether the step waits for its client (not for the GPU): every layer it handed over has its
+ * output posted, and it has not handed over the next. */
+static int waits_for_client(patd_t *d, const patd_lane_t *ln)
+{
+    const uint32_t nl = d->model.n_layers;
+    if (ln->handed >= nl || ln->handed >= ln->next)
+        return 0;
+    if (ln->handed == 0)
+        return 1;
+    const uint64_t *done = ipc_gsig_done(ln->c->gsig, nl);
+    return __atomic_load_n(&done[ln->handed - 1], __ATOMIC_ACQUIRE) >= ln->epoch;
+}
+
+/* One pass over a running lane. Returns 1 when something moved. */
+static int lane_drive(patd_t *d, patd_lane_t *ln, uint64_t now)
+{
+    patd_step_t *st = &ln->c->step;
+    const uint32_t nl = d->model.n_layers;
+    const uint64_t p = kern_lane_progress(ln->lane);
+    int moved = 0;
+    if (ln->phase == LANE_DRAIN) {
+        if (p >= ln->target) {
+            lane_end(d, ln, now);
+            return 1;
+        }
+        /* the released words are stored again: a client stream that was mid-write may have
+         * overwritten one (it writes the same value, but a new epoch's zero may race) */
+        uint64_t *ready = ipc_gsig_ready(ln->c->gsig);
+        for (uint32_t l = 0; l < nl; l++)
+            __atomic_store_n(&ready[l], ln->epoch, __ATOMIC_RELEASE);
+        if (now - ln->t_cut > 1000000000ull) { /* released words that do not move: the GPU */
+            patd_gpu_check_fatal(d, -EIO);     /* exits if the context is lost */
+            ln->t_cut = now;
+            patd_warn("session %016llx: lane still draining after its waits were released",
+                      (unsigned long long)ln->c->session);
+        }
+        return 0;
+    }
+    if (p != ln->seen) {
+        ln->seen = p;
+        ln->t_moved = now;
+        moved = 1;
+    }
+    uint32_t h = ln->handed;
+    count_handed(d, ln, now);
+    moved |= h != ln->handed;
+    if (ln->next == nl && p >= kern_lane_enqueued(ln->lane)) {
+        lane_end(d, ln, now);
+        return 1;
+    }
+    if (atomic_load(&st->abort)) {
+        snprintf(st->why, sizeof(st->why), "aborted (the session is closing or patd drains)");
+        atomic_fetch_add(&d->lanes.cut_abort, 1);
+        lane_cut(d, ln, -ECANCELED, now);
+        return 1;
+    }
+    const uint64_t limit = (uint64_t)d->cfg.step_timeout_ms * 1000000ull;
+    if (now - ln->t_moved > limit) {
+        const uint32_t ran = (uint32_t)PAT_MIN((uint64_t)nl, p - ln->base);
+        snprintf(st->why, sizeof(st->why),
+                 "cut: no layer handed over for %u ms (after %u of %u layers; "
+                 "limits.step_timeout_ms)",
+                 d->cfg.step_timeout_ms, ran, nl);
+        patd_notice("session %016llx: step %llu %s", (unsigned long long)ln->c->session,
+                    (unsigned long long)st->id, st->why);
+        atomic_fetch_add(&d->lanes.cut_timeout, 1);
+        lane_cut(d, ln, -ETIMEDOUT, now);
+        return 1;
+    }
+    if (lane_enqueue(d, ln) < 0) {
+        snprintf(st->why, sizeof(st->why), "enqueueing a layer failed (the daemon's log says why)");
+        lane_cut(d, ln, -EIO, now);
+        return 1;
+    }
+    return moved;
+}
+
+/* Every lane is taken and `waiting` steps wait for one: the running step whose client has kept
+ * its lane waiting longest, past limits.stall_cut_ms (a session's first step: past
+ * limits.first_step_grace_ms), is cut so that a waiting step gets the lane. One per pass. */
+static void cut_stalled(patd_t *d, uint32_t waiting, uint64_t now)
+{
+    patd_lanes_t *L = &d->lanes;
+    const uint64_t cut = (uint64_t)d->cfg.stall_cut_ms * 1000000ull;
+    const uint64_t grace = (uint64_t)d->cfg.first_step_grace_ms * 1000000ull;
+    if (cut == 0)
+        return;
+    patd_lane_t *worst = NULL;
+    uint64_t worst_idle = 0;
+    for (uint32_t i = 0; i < L->n; i++) {
+        patd_lane_t *ln = &L->lane[i];
+        if (ln->phase != LANE_RUN || !waits_for_client(d, ln))
+            continue;
+        const uint64_t idle = now - ln->t_moved;
+        const uint64_t bound = ln->c->step.id <= 1 ? PAT_MAX(cut, grace) : cut;
+        if (idle > bound && idle > worst_idle) {
+            worst = ln;
+            worst_idle = idle;
+        }
+    }
+    if (!worst)
+        return;
+    patd_step_t *st = &worst->c->step;
+    const uint32_t nl = d->model.n_layers;
+    snprintf(st->why, sizeof(st->why),
+             "cut: no layer handed over for %llu ms (after %u of %u) while %u steps waited for a "
+             "lane (limits.stall_cut_ms = %u, gpu.lanes = %u)",
+             (unsigned long long)(worst_idle / 1000000ull), worst->handed, nl, waiting,
+             d->cfg.stall_cut_ms, L->n);
+    patd_notice("session %016llx: step %llu %s", (unsigned long long)worst->c->session,
+                (unsigned long long)st->id, st->why);
+    atomic_fetch_add(&L->cut_stall, 1);
+    lane_cut(d, worst, -ETIMEDOUT, now);
+}
+
+/* ------------------------------------------------------------------ the thread */
+
+static void nap(patd_lanes_t *L, uint32_t seen, uint64_t ns)
+{
+    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+    syscall(SYS_futex, &L->kick, FUTEX_WAIT_PRIVATE, seen, &ts, NULL, 0);
+}
+
+static void *lanes_main(void *arg)
+{
+    patd_t *d = arg;
+    patd_lanes_t *L = &d->lanes;
+    pthread_setname_np(pthread_self(), "patd-lanes");
+    /* naps of tens of microseconds: the default 50 us timer slack would triple them */
+    prctl(PR_SET_TIMERSLACK, 1000ul, 0, 0, 0);
+    uint64_t t_last_move = pat_now_ns();
+    for (;;) {
+        const uint32_t seen = atomic_load(&L->kick);
+        atomic_fetch_add(&L->beat, 1);
+        atomic_fetch_add(&L->polls, 1);
+        uint64_t now = pat_now_ns();
+        int moved = 0;
+
+        /* waiting steps: the aborted ones leave, the first ones take the free lanes (taken off
+         * the queue under its lock, begun outside it: the plan upload is CUDA calls) */
+        uint32_t n_free = 0, n_take = 0, n_gone = 0;
+        for (uint32_t i = 0; i < L->n; i++)
+            if (L->lane[i].phase == LANE_FREE)
+                L->free_idx[n_free++] = i;
+        pthread_mutex_lock(&L->mu);
+        const int stop = L->stop;
+        pat_grow((void **)&L->gone, &L->cap_gone, L->n_wait, sizeof(*L->gone));
+        uint32_t keep = 0;
+        for (uint32_t i = 0; i < L->n_wait; i++) {
+            patd_conn_t *c = L->wait[i];
+            if (atomic_load(&c->step.abort))
+                L->gone[n_gone++] = c;
+            else if (n_take < n_free)
+                L->take[n_take++] = c;
+            else
+                L->wait[keep++] = c;
+        }
+        L->n_wait = keep;
+        const uint32_t waiting = keep;
+        atomic_store(&L->waiting, waiting);
+        pthread_mutex_unlock(&L->mu);
+        for (uint32_t i = 0; i < n_gone; i++)
+            give_back_unstarted(d, L->gone[i], -ECANCELED);
+        for (uint32_t i = 0; i < n_take; i++) {
+            uint32_t b = atomic_fetch_add(&L->busy, 1) + 1;
+            if (b > atomic_load(&L->busy_max))
+                atomic_store(&L->busy_max, b);
+            lane_begin(d, &L->lane[L->free_idx[i]], L->take[i], now);
+        }
+        moved |= n_gone || n_take;
+
+        uint32_t running = 0;
+        for (uint32_t i = 0; i < L->n; i++)
+            if (L->lane[i].phase != LANE_FREE) {
+                moved |= lane_drive(d, &L->lane[i], now);
+                running += L->lane[i].phase != LANE_FREE;
+            }
+        if (waiting && running == L->n)
+            cut_stalled(d, waiting, now);
+        if (stop && running == 0)
+            break;
+
+        if (moved)
+            t_last_move = now;
+        if (running == 0 && waiting == 0)
+            nap(L, seen, PATD_LANES_IDLE_NS);
+        else if (!moved)
+            /* poll at PATD_LANES_POLL_NS while anything moved in the last 10 ms, then at 1 ms */
+            nap(L, seen, now - t_last_move < 10000000ull ? PATD_LANES_POLL_NS : 1000000ull);
+    }
+    return NULL;
+}
+
+int patd_lanes_start(patd_t *d, uint32_t n)
+{
+    patd_lanes_t *L = &d->lanes;
+    L->lane = pat_xcalloc(n, sizeof(*L->lane));
+    for (uint32_t i = 0; i < n; i++) {
+        int rc = kern_lane_create(d->be, &L->lane[i].lane);
+        if (rc == -ENOMEM && i > 0) {
+            patd_warn("cuda: %u lanes of the %u asked for (gpu.lanes): no device memory for more",
+                      i, n);
+            break;
+        }
+        if (rc < 0) {
+            patd_err("cuda: lane %u: %s%s", i, strerror(-rc),
+                     rc == -ENOTSUP ? " (the device has no 64-bit stream memory operations)" : "");
+            return rc;
+        }
+        L->n = i + 1;
+    }
+    L->free_idx = pat_xcalloc(L->n, sizeof(*L->free_idx));
+    L->take = pat_xcalloc(L->n, sizeof(*L->take));
+    pthread_mutex_init(&L->mu, NULL);
+    int rc = pthread_create(&L->thread, NULL, lanes_main, d);
+    if (rc) {
+        patd_err("lane thread: %s", strerror(rc));
+        return -rc;
+    }
+    L->started = 1;
+    return 0;
+}
+
+void patd_lanes_stop(patd_t *d)
+{
+    patd_lanes_t *L = &d->lanes;
+    if (L->started) {
+        pthread_mutex_lock(&L->mu);
+        L->stop = 1;
+        pthread_mutex_unlock(&L->mu);
+        lanes_wake(L);
+        pthread_join(L->thread, NULL);
+        pthread_mutex_destroy(&L->mu);
+        L->started = 0;
+    }
+    for (uint32_t i = 0; i < L->n; i++)
+        kern_lane_free(L->lane[i].lane);
+    free(L->lane);
+    free(L->wait);
+    free(L->gone);
+    free(L->take);
+    free(L->free_idx);
+    memset(L, 0, sizeof(*L));
+}
