@@ -118,7 +118,8 @@ static const opt_t opts[] = {
     {"gpu", "lanes", T_U32A, F(lanes), 1, 64, "auto", 0,
      "cuda backend: GPU steps in flight at once, each on a stream of its own (a step holds a "
      "lane, not a thread); auto: the hardware queues CUDA_DEVICE_MAX_CONNECTIONS keeps apart "
-     "(patd sets 32 where unset) less two, at most what 1/32 of the GPU's memory holds",
+     "(patd sets 32 where unset) less two, at most what 1/16 of the GPU's memory holds (a lane's "
+     "partials grow with limits.conn_max_batch_tokens)",
      NULL},
     {"gpu", "dependent_launch", T_U32, F(dependent_launch), 0, 1, "1", 0,
      "cuda backend, sm_90: 1 = a layer's forward is launched as a programmatic dependent of its "

@@ -20,7 +20,7 @@
  *
  * How many lanes (gpu.lanes = auto): as many as the device's hardware queues keep apart
  * (CUDA_DEVICE_MAX_CONNECTIONS, which patd sets to 32 where it is unset, less the backend's own
- * two streams), and no more than PATD_LANES_MEM_SHARE of the GPU's memory holds
+ * two streams), and no more than 1/PATD_LANES_MEM_SHARE of the GPU's memory holds
  * (kern_lane_bytes): more lanes than queues would let one lane's wait on its client hold up
  * another lane's work.
  *
@@ -42,7 +42,7 @@ typedef struct patd_conn patd_conn_t;
 
 #define PATD_LANES_MAX       64u
 #define PATD_LANES_AUTO_MAX  30u         /* 32 hardware queues less the backend's two streams */
-#define PATD_LANES_MEM_SHARE 32u         /* auto: lanes' memory <= 1/32 of the GPU's */
+#define PATD_LANES_MEM_SHARE 16u         /* auto: lanes' memory <= 1/16 of the GPU's */
 #define PATD_LANES_POLL_NS   20000ull    /* the lane thread's nap while steps are in flight */
 #define PATD_LANES_IDLE_NS   100000000ull /* its heartbeat period when no step is in flight */
 

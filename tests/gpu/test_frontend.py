@@ -13,9 +13,13 @@ PyTorch frontends in other processes (client/python/examples/llama_patd.py), und
   conns      limits.staging_mb bounds the sessions' staging allocations together (ENOMEM past it,
              admitted once one closes); sessions' rows are apart, and a closed session's do
              not show in the next one's; a reload lowers and raises max_conns
-  stall      two sessions begin a step and hand no layer over, on a daemon of two executors: a
-             third client's checked steps go on, and the stalled steps are cut after
-             limits.stall_cut_ms (their STEP_END says -ETIMEDOUT), not after step_timeout_ms
+  stall      two sessions begin a step and hand no layer over, on a daemon of two lanes: a third
+             client's checked steps go on, and a stalled step is cut after limits.stall_cut_ms
+             (its STEP_END says -ETIMEDOUT and names the option), not after step_timeout_ms
+  many       16 frontend processes step at once on a daemon of two executors, one of them with a
+             first step that waits 1 s inside a layer: no step is cut, every step's logits
+             match the in-process reference, and all 16 steps were on lanes at once
+             (STATUS lanes_busy_max)
 
 Run by tests/gpu/run.sh (which starts MPS). Prints "N passed, N failed"; exit 1 on any failure.
 """
@@ -331,8 +335,10 @@ def test_conns(model, sock, bin_path):
 
 def test_stall(model, sock, bin_path):
     rundir = tempfile.mkdtemp(prefix="patd-stall-")
-    d, s2 = start_daemon(bin_path, rundir, ["--name=stall", "--executors=2",
-                                            "--step-timeout-ms=30000", "--stall-cut-ms=200"])
+    # the stallers' steps are their sessions' first: the grace is lowered to the cut here
+    d, s2 = start_daemon(bin_path, rundir, ["--name=stall", "--executors=2", "--lanes=2",
+                                            "--step-timeout-ms=30000", "--stall-cut-ms=200",
+                                            "--first-step-grace-ms=200"])
     sig = CFG.patd_model()
     stallers = []
     fe = None
@@ -347,12 +353,12 @@ def test_stall(model, sock, bin_path):
             sid, _ = c.seq_open(prompt)
             c.step_begin([sid], [len(prompt)], prompt)  # and never a layer
             stallers.append(c)
-        time.sleep(0.3)  # both stalled steps are on the two executors by now
+        time.sleep(0.3)  # both stalled steps hold the two lanes by now
         t0 = time.time()
         for _ in range(4):
             fe.step()
         dt = time.time() - t0
-        print("stall: 4 steps of a bystander beside 2 stalled sessions on 2 executors: %.2f s"
+        print("stall: 4 steps of a bystander beside 2 stalled sessions on 2 lanes: %.2f s"
               % dt)
         assert fe.worst < 1e-2
         # without the cut the first of them waits for step_timeout_ms (30 s)
@@ -365,6 +371,7 @@ def test_stall(model, sock, bin_path):
                 c.step_end()
             except patd.PatError as e:
                 assert e.errno == errno.ETIMEDOUT, e
+                assert "limits.stall_cut_ms" in str(e) and "waited for a lane" in str(e), e
                 cut += 1
         print("stall: %d of 2 stalled steps cut" % cut)
         assert cut >= 1
@@ -377,8 +384,87 @@ def test_stall(model, sock, bin_path):
         d.wait(20)
 
 
+MANY = 16
+
+
+def many_child(sock, idx, steps):
+    """One of test_many's frontends: joins, waits for the go line, steps; prints its result."""
+    import json
+    model = Llama(CFG, seed=1)
+    fe = Frontend(model, sock, max_batch_tokens=4096, slots=8)
+    if idx == 0:  # its first step waits 1 s before handing layer 1 over
+        orig, calls = fe.attn.attend, [0]
+
+        def slow(layer, q, k, v):
+            calls[0] += 1
+            if calls[0] == 2:
+                time.sleep(1.0)
+            return orig(layer, q, k, v)
+        fe.attn.attend = slow
+    for p in shared_prompts(2, random.Random(100 + idx), vocab=CFG.vocab):
+        fe.join(p)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    err, t0 = None, time.time()
+    try:
+        for i in range(steps):
+            fe.step(check=i < 2 or i >= steps - 2)
+    except patd.PatError as e:
+        err = "%s (errno %d)" % (e, e.errno)
+    print(json.dumps({"idx": idx, "worst": fe.worst, "err": err, "s": time.time() - t0}),
+          flush=True)
+    fe.close()
+    return 0
+
+
+def test_many(model, sock, bin_path):
+    import json
+    rundir = tempfile.mkdtemp(prefix="patd-many-")
+    d, s2 = start_daemon(bin_path, rundir, ["--name=many", "--executors=2", "--staging-mb=4096",
+                                            "--conn-max-batch-tokens=4096"])
+    kids = []
+    try:
+        lanes = int(patd.admin("status", socket=s2).split("\nlanes ")[1].split()[0])
+        assert lanes >= MANY, "gpu.lanes = auto gave %d lanes, fewer than %d" % (lanes, MANY)
+        for i in range(MANY):
+            kids.append(subprocess.Popen([sys.executable, os.path.abspath(__file__),
+                                          "--many-child", s2, "--idx", str(i)],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         text=True))
+        for k in kids:
+            line = k.stdout.readline()
+            assert line.strip() == "ready", "a frontend did not start: %r" % line
+        for k in kids:
+            k.stdin.write("go\n")
+            k.stdin.flush()
+        res = []
+        for k in kids:
+            out = k.stdout.readline()
+            k.wait(120)
+            res.append(json.loads(out))
+        st = patd.admin("status", socket=s2)
+        busy_max = int(st.split("lanes_busy_max ")[1].split()[0])
+        worst = max(r["worst"] for r in res)
+        errs = [r for r in res if r["err"]]
+        print("many: %d frontends x 24 steps, 2 executors, %d lanes: at most %d steps on lanes at "
+              "once, worst error %.2e, slow one %.1f s, others %.1f-%.1f s, %d failed" %
+              (MANY, lanes, busy_max, worst, res[0]["s"], min(r["s"] for r in res[1:]),
+               max(r["s"] for r in res[1:]), len(errs)))
+        assert not errs, errs
+        assert worst < 1e-2, worst
+        log = open(os.path.join(rundir, "patd.log")).read()
+        assert "cut:" not in log, [ln for ln in log.splitlines() if "cut:" in ln][:3]
+        assert busy_max >= MANY, "only %d of %d steps were on lanes at once" % (busy_max, MANY)
+    finally:
+        for k in kids:
+            if k.poll() is None:
+                k.kill()
+        d.send_signal(signal.SIGTERM)
+        d.wait(20)
+
+
 TESTS = [("e2e", test_e2e), ("kill", test_kill), ("graph", test_graph), ("conns", test_conns),
-         ("stall", test_stall)]
+         ("stall", test_stall), ("many", test_many)]
 
 
 def main():
@@ -386,9 +472,13 @@ def main():
     ap.add_argument("--patd", default=os.path.join(ROOT, "build", "bin", "patd"))
     ap.add_argument("--victim", metavar="SOCKET")
     ap.add_argument("--only", default="")
+    ap.add_argument("--many-child", metavar="SOCKET")
+    ap.add_argument("--idx", type=int, default=0)
     a = ap.parse_args()
     if a.victim:
         return victim_main(a.victim)
+    if a.many_child:
+        return many_child(a.many_child, a.idx, 24)
     rundir = tempfile.mkdtemp(prefix="patd-gpu-")
     daemon, sock = start_daemon(a.patd, rundir)
     model = Llama(CFG, seed=1)
