@@ -176,11 +176,13 @@ PAT_API const char *pat_default_socket(void);
 /* Connects and maps the staging buffers. Returns 0 and *ret, or -ENOENT (no daemon: no socket
  * at the path), -ECONNREFUSED (no daemon: a stale socket file nothing listens on, as a crashed
  * patd leaves; both at once, without waiting for the timeout), -ETIMEDOUT, -EMEDIUMTYPE (model
- * mismatch), -EDQUOT, -EMFILE (limits.max_conns, limits.conns_per_uid), -ENOMEM (the daemon's
- * staging budget or its cgroup's memory), -ESHUTDOWN, -EINVAL. A HELLO the daemon closes or
- * resets before replying, or answers -EBUSY, is tried again with backoff within timeout_ms
- * (-ECONNRESET, -EPIPE or -EBUSY when no try got through). On failure *ret is untouched and
- * why (if not NULL, why_len bytes) holds the detail. */
+ * mismatch), -EDQUOT (a per-session quota), -EMFILE (limits.max_conns, limits.conns_per_uid),
+ * -ENOBUFS (the daemon's staging budget, limits.staging_mb, is taken by the open sessions; an
+ * older daemon answered -ENOMEM), -ENOMEM (the daemon's memory, or its cgroup's), -ESHUTDOWN,
+ * -EINVAL. A refusal is not tried again. A HELLO the daemon closes or resets before replying, or
+ * answers -EBUSY, is tried again with backoff within timeout_ms (-ECONNRESET, -EPIPE or -EBUSY
+ * when no try got through). On failure *ret is untouched and why (if not NULL, why_len bytes)
+ * holds the detail: for a refusal, the daemon's, naming the option and the numbers. */
 PAT_API int pat_connect(const pat_connect_opts_t *opts, pat_conn_t **ret, char *why,
                         size_t why_len);
 /* Ends the session (the daemon reclaims everything it held) and frees the handle; NULL ok. */

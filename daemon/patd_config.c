@@ -175,10 +175,11 @@ static const opt_t opts[] = {
      "query tokens per step per connection (sizes staging buffers and the backend workspace)",
      NULL},
     {"limits", "conn_max_staging_mb", T_U32, F(conn_max_staging_mb), 1, 1u << 20, "256", 1,
-     "staging buffer MiB per connection", NULL},
+     "staging buffer MiB per connection (a HELLO past it is refused, -EDQUOT)", NULL},
     {"limits", "staging_mb", T_U32, F(staging_mb), 1, 1u << 20, "1024", 0,
      "staging MiB of all sessions together, every backend (host memory on cpu, device memory on "
-     "cuda); a HELLO past it is refused (-ENOMEM). Also read as [gpu] staging_mb",
+     "cuda); a HELLO past it is refused (-ENOBUFS: staging budget exhausted). Also read as "
+     "[gpu] staging_mb",
      NULL},
     {"limits", "memory_headroom_mb", T_U32, F(memory_headroom_mb), 0, 1u << 20, "64", 1,
      "under a cgroup memory limit: MiB a HELLO must leave free below it, past what is in use "

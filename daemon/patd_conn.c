@@ -9,10 +9,13 @@
  * wait slice (50 ms). Everything the session held goes: sequences (their block references),
  * the forest and plan arena, the staging buffer, the pidfd watch. A session is bound to its
  * process at HELLO, which only the admin socket serves (conn_attach), not by the HELLO's
- * claimed pid. HELLO is where patd's limits are enforced: limits.max_conns, a uid's
- * limits.conns_per_uid, the staging budget (limits.staging_mb, every backend) and, under a
- * cgroup memory limit, the memory left below it (patd_memcg.c); each refusal is logged, at most
- * a line a second per cause (patd_refused).
+ * claimed pid. HELLO is where patd's limits are enforced: limits.max_conns and a uid's
+ * limits.conns_per_uid (-EMFILE), the per-session quotas (-EDQUOT), the staging budget
+ * (limits.staging_mb, every backend: -ENOBUFS, its own code, so a frontend is never told that
+ * the KV pool is full when staging is) and, under a cgroup memory limit, the memory left below
+ * it (patd_memcg.c: -ENOMEM). Every refusal's text names the option that refused it and the
+ * numbers; the refusals of a shared limit are logged, at most a line a second per cause
+ * (patd_refused).
  *
  * Thread context: the loop thread.
  */
@@ -91,8 +94,9 @@ static uint32_t uid_sessions(const patd_t *d, uid_t uid)
 }
 
 /* Whether `bytes` more staging fit limits.staging_mb and, for the host memory (`host` bytes) a
- * HELLO commits, under the cgroup's memory limit with limits.memory_headroom_mb to spare: 0, or
- * -ENOMEM with the numbers (and the refusal logged). */
+ * HELLO commits, under the cgroup's memory limit with limits.memory_headroom_mb to spare: 0,
+ * -ENOBUFS (the staging budget) or -ENOMEM (the cgroup's memory) with the numbers, and the
+ * refusal logged. */
 static int staging_admit(patd_t *d, const struct ucred *who, uint64_t bytes, uint64_t host,
                          char *why, size_t why_len)
 {
@@ -106,7 +110,7 @@ static int staging_admit(patd_t *d, const struct ucred *who, uint64_t bytes, uin
                  (unsigned long long)d->staging_used, d->n_conns);
         patd_refused(d, PATD_REFUSED_STAGING, "%s; uid %u pid %d", why, (unsigned)who->uid,
                      (int)who->pid);
-        return -ENOMEM;
+        return -ENOBUFS;
     }
     patd_memcg_t mc;
     const uint64_t headroom = (uint64_t)cfg->memory_headroom_mb << 20;
@@ -137,7 +141,7 @@ static int hello_validate(patd_t *d, const ipc_hello_req_t *r, const struct ucre
         return -ESHUTDOWN;
     }
     if (d->n_conns >= cfg->max_conns) {
-        WHY("%u connections open (limits.max_conns)", d->n_conns);
+        WHY("%u sessions open (limits.max_conns %u)", d->n_conns, cfg->max_conns);
         patd_refused(d, PATD_REFUSED_MAX_CONNS, "%s; uid %u pid %d", why, (unsigned)cr->uid,
                      (int)cr->pid);
         return -EMFILE;
@@ -177,20 +181,22 @@ static int hello_validate(patd_t *d, const ipc_hello_req_t *r, const struct ucre
     }
     uint32_t max_seqs = r->max_seqs ? r->max_seqs : cfg->conn_max_seqs;
     if (max_seqs > cfg->conn_max_seqs) {
-        WHY("max_seqs %u exceeds the per-connection quota %u", r->max_seqs, cfg->conn_max_seqs);
+        WHY("max_seqs %u exceeds the per-session quota limits.conn_max_seqs (%u)", r->max_seqs,
+            cfg->conn_max_seqs);
         return -EDQUOT;
     }
     if (r->max_batch_tokens > cfg->conn_max_batch_tokens) {
-        WHY("max_batch_tokens %u exceeds the per-connection quota %u", r->max_batch_tokens,
-            cfg->conn_max_batch_tokens);
+        WHY("max_batch_tokens %u exceeds the per-session quota limits.conn_max_batch_tokens (%u)",
+            r->max_batch_tokens, cfg->conn_max_batch_tokens);
         return -EDQUOT;
     }
     ipc_layout_t lay;
     if (ipc_layout_compute(r->max_batch_tokens, m->q_heads, m->kv_heads, m->head_dim,
                            kern_dtype_size(m->dtype), &lay) < 0 ||
         lay.bytes > ((uint64_t)cfg->conn_max_staging_mb << 20)) {
-        WHY("staging buffers of %u tokens need %llu bytes; quota is %u MiB", r->max_batch_tokens,
-            (unsigned long long)lay.bytes, cfg->conn_max_staging_mb);
+        WHY("staging buffers of %u tokens need %llu bytes; the per-session quota "
+            "limits.conn_max_staging_mb is %u MiB",
+            r->max_batch_tokens, (unsigned long long)lay.bytes, cfg->conn_max_staging_mb);
         return -EDQUOT;
     }
     if (r->pid == 0 || r->pid > (uint32_t)INT32_MAX) {
@@ -281,7 +287,7 @@ static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *
                     r->max_batch_tokens, (unsigned long long)lay->bytes, cfg->staging_mb,
                     (unsigned long long)d->staging_used, d->n_conns);
                 patd_refused(d, PATD_REFUSED_STAGING, "%s", why);
-                rc = -ENOMEM;
+                rc = -ENOBUFS; /* the staging budget's own code, as staging_admit's */
             } else if (rc == -ENOMEM)
                 WHY("staging rows of %u tokens (%llu bytes) or the signal slice: no free memory "
                     "left on the GPU or the host",

@@ -66,6 +66,9 @@ static void *reload_main(void *arg)
 {
     patd_t *d = arg;
     patd_reload_t *r = &d->reload;
+    /* named here, not by its creator: it is detached, and may be gone by then. Its CPU time is
+     * "other" in patd_cpu_seconds_total (patd_metrics.c) */
+    pthread_setname_np(pthread_self(), "patd-reload");
     r->rc = patd_config_reread(&d->cfg, d->argc, d->argv, &r->next);
     uv_async_send(&r->done); /* orders the writes above before the loop's reads */
     return NULL;

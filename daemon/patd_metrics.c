@@ -10,9 +10,13 @@
  * so that `promtool check metrics` passes (client/python/tests/test_metrics.py runs it); the
  * prefix-cache, usage and sharing figures sit beside those vLLM exports, under patd's names.
  * jemalloc's own statistics (allocated, active, resident, mapped) come from mallctl when patd is
- * linked with it (the sanitizer build is not: ASan brings its own allocator).
+ * linked with it (the sanitizer build is not: ASan brings its own allocator). The daemon's CPU
+ * time, whole (process_cpu_seconds_total) and by thread role (patd_cpu_seconds_total), is read
+ * from /proc at each scrape (below, "CPU time by thread role").
  */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
@@ -73,6 +77,186 @@ static void family(FILE *f, const char *name, const char *type, const char *help
     fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* ------------------------------------------------------------------ CPU time by thread role */
+/* Where the daemon's CPU goes, read when a scrape asks: utime + stime of every thread from
+ * /proc/self/task/<tid>/stat, of the whole process (threads that exited included) from
+ * /proc/self/stat; clock ticks of 1/sysconf(_SC_CLK_TCK) s (10 ms on Linux), which is fine for a
+ * counter scraped every few seconds. A thread's role comes from its name (comm, set with
+ * pthread_setname_np where the thread is made; a thread inherits its creator's name until then):
+ * the first row of cpu_roles that matches. The main thread, which runs the loop, goes by its id
+ * (tid == pid): renaming it would rename the process for ps, pidof and the service manager.
+ *
+ * A counter never goes down, yet threads come and go. So every thread seen is remembered (its id
+ * and start time, which tell a reused id apart) with its last reading; one that is gone leaves
+ * that reading in its role for good. "other" is the process's total less the other roles: it
+ * holds what no scrape saw (a thread that lived and died between two, as a reload's does) and
+ * what a thread spent between its last reading and its exit. Each figure shown is at least the
+ * last one shown (a thread renamed after a scrape moves its earlier time to its new role).
+ * The state is the file's own: /proc/self is the process's, as is the one daemon in it; scrapes
+ * come from the metrics thread and the loop (STATS), hence the lock. */
+typedef enum cpu_role { CPU_LOOP, CPU_EXEC, CPU_LANES, CPU_OTHER, CPU_ROLES } cpu_role_t;
+
+static const struct {
+    const char *label;  /* patd_cpu_seconds_total{thread="..."} */
+    const char *prefix; /* of the thread names it takes; NULL: the main thread, by its id */
+} cpu_roles[CPU_ROLES] = {
+    [CPU_LOOP] = {"loop", NULL},
+    [CPU_EXEC] = {"executor", "patd-exec"}, /* the executors (patd_exec.c) */
+    [CPU_LANES] = {"lanes", "patd-lanes"},  /* the GPU lanes' threads */
+    [CPU_OTHER] = {"other", ""},            /* the rest: metrics, reload, backend workers ... */
+};
+
+typedef struct cpu_thread {
+    pid_t tid;
+    unsigned long long start; /* its start, in ticks after boot: a reused tid is another thread */
+    uint64_t ticks;           /* utime + stime at its last reading */
+    cpu_role_t role;
+    uint32_t seen; /* the sample that read it last */
+} cpu_thread_t;
+
+static struct {
+    pthread_mutex_t mu;
+    cpu_thread_t *t; /* the threads seen alive by the last sample */
+    uint32_t n, cap;
+    uint32_t sample;
+    uint64_t gone[CPU_ROLES];  /* ticks of the threads gone, by role, as last read */
+    uint64_t shown[CPU_ROLES]; /* the figures last shown, by role */
+} cpu_acct = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* One /proc/.../stat file: its name (comm, if ret_comm), utime + stime and start time (ticks).
+ * 0, or a negative errno (a thread that exited meanwhile: -ENOENT or -ESRCH). */
+static int stat_read(const char *path, char ret_comm[16], uint64_t *ret_ticks,
+                     unsigned long long *ret_start)
+{
+    char buf[1024]; /* a stat line is ~300 bytes; the name at most 15 */
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    ssize_t k = read(fd, buf, sizeof(buf) - 1);
+    int rc = k < 0 ? -errno : 0;
+    close(fd);
+    if (k <= 0)
+        return k < 0 ? rc : -EIO;
+    buf[k] = 0;
+    /* "tid (comm) state ...": the name may hold spaces and parentheses, so it ends at the last
+     * ')'. Fields from 3 on (man 5 proc): utime is 14, stime 15, starttime 22 */
+    const char *l = strchr(buf, '('), *r = strrchr(buf, ')');
+    unsigned long long ut, st, start;
+    if (!l || !r || r < l ||
+        sscanf(
+            r + 1,
+            " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %*d %*d %*d %*d %*d %*d %llu",
+            &ut, &st, &start) != 3)
+        return -EIO;
+    if (ret_comm) {
+        size_t n = PAT_MIN((size_t)(r - l - 1), (size_t)15);
+        memcpy(ret_comm, l + 1, n);
+        ret_comm[n] = 0;
+    }
+    *ret_ticks = ut + st;
+    *ret_start = start;
+    return 0;
+}
+
+static cpu_role_t cpu_role_of(pid_t tid, const char *comm)
+{
+    for (int r = 0; r < CPU_ROLES; r++)
+        if (cpu_roles[r].prefix ? !strncmp(comm, cpu_roles[r].prefix, strlen(cpu_roles[r].prefix))
+                                : tid == getpid())
+            return (cpu_role_t)r;
+    return CPU_OTHER;
+}
+
+/* One reading: the process's ticks and each role's (ret_role), as the comment above says. 0, or a
+ * negative errno where /proc/self/stat cannot be read (nothing written then). */
+static int cpu_sample(uint64_t *ret_process, uint64_t ret_role[CPU_ROLES])
+{
+    pthread_mutex_lock(&cpu_acct.mu);
+    const uint32_t now = ++cpu_acct.sample;
+    DIR *dir = opendir("/proc/self/task");
+    for (struct dirent *e; dir && (e = readdir(dir));) {
+        char *end, path[64], comm[16];
+        long tid = strtol(e->d_name, &end, 10);
+        uint64_t ticks;
+        unsigned long long start;
+        if (end == e->d_name || *end || tid <= 0)
+            continue; /* "." and ".." */
+        snprintf(path, sizeof(path), "/proc/self/task/%ld/stat", tid);
+        if (stat_read(path, comm, &ticks, &start) < 0)
+            continue; /* it exited meanwhile: the next sample finds it gone */
+        cpu_thread_t *t = NULL;
+        for (uint32_t i = 0; i < cpu_acct.n && !t; i++)
+            if (cpu_acct.t[i].tid == (pid_t)tid)
+                t = &cpu_acct.t[i];
+        if (t && t->start != start) { /* the id of a thread gone, taken by a new one */
+            cpu_acct.gone[t->role] += t->ticks;
+            t->ticks = 0;
+        } else if (!t) {
+            pat_grow((void **)&cpu_acct.t, &cpu_acct.cap, cpu_acct.n + 1, sizeof(*cpu_acct.t));
+            t = &cpu_acct.t[cpu_acct.n++];
+        }
+        *t = (cpu_thread_t){(pid_t)tid, start, ticks, cpu_role_of((pid_t)tid, comm), now};
+    }
+    if (dir)
+        closedir(dir);
+    uint64_t role[CPU_ROLES] = {0};
+    for (uint32_t i = 0; i < cpu_acct.n;) {
+        cpu_thread_t *t = &cpu_acct.t[i];
+        if (t->seen == now) {
+            role[t->role] += t->ticks;
+            i++;
+            continue;
+        }
+        cpu_acct.gone[t->role] += t->ticks; /* exited: its last reading stays in its role */
+        *t = cpu_acct.t[--cpu_acct.n];
+    }
+    uint64_t process;
+    unsigned long long start;
+    int rc = stat_read("/proc/self/stat", NULL, &process, &start);
+    if (rc == 0) {
+        uint64_t named = 0;
+        for (int r = 0; r < CPU_OTHER; r++) {
+            role[r] += cpu_acct.gone[r];
+            named += role[r];
+        }
+        role[CPU_OTHER] = process > named ? process - named : 0;
+        for (int r = 0; r < CPU_ROLES; r++)
+            ret_role[r] = cpu_acct.shown[r] = PAT_MAX(cpu_acct.shown[r], role[r]);
+        *ret_process = process;
+    }
+    pthread_mutex_unlock(&cpu_acct.mu);
+    return rc;
+}
+
+/* Clock ticks as seconds, an exact decimal (nine digits: a tick is 1/100 s on Linux) */
+static void ticks_seconds(FILE *f, uint64_t ticks)
+{
+    static long hz;
+    if (!hz)
+        hz = sysconf(_SC_CLK_TCK) > 0 ? sysconf(_SC_CLK_TCK) : 100;
+    const uint64_t ns = ticks % (uint64_t)hz * 1000000000u / (uint64_t)hz;
+    fprintf(f, "%llu.%09llu\n", (unsigned long long)(ticks / (uint64_t)hz), (unsigned long long)ns);
+}
+
+static void cpu_metrics(FILE *f)
+{
+    uint64_t process = 0, role[CPU_ROLES];
+    if (cpu_sample(&process, role) < 0)
+        return; /* no /proc: the page goes without them */
+    family(f, "process_cpu_seconds_total", "counter",
+           "Total user and system CPU time spent in seconds.");
+    fprintf(f, "process_cpu_seconds_total ");
+    ticks_seconds(f, process);
+    family(f, "patd_cpu_seconds_total", "counter",
+           "user + system CPU time of the daemon's threads by role: loop (the main thread), "
+           "executor (threads named patd-exec*), lanes (patd-lanes*), other (the rest, and time "
+           "no reading saw); they add up to process_cpu_seconds_total");
+    for (int r = 0; r < CPU_ROLES; r++) {
+        fprintf(f, "patd_cpu_seconds_total{thread=\"%s\"} ", cpu_roles[r].label);
+        ticks_seconds(f, role[r]);
+    }
+}
+
 char *patd_metrics_text(patd_t *d, size_t *ret_len)
 {
     char *out = NULL;
@@ -92,6 +276,7 @@ char *patd_metrics_text(patd_t *d, size_t *ret_len)
            (unsigned long long)d->t_start_unix);
     metric(f, "patd_up_seconds", "gauge", "seconds since start",
            (unsigned long long)((pat_now_ns() - d->t_start_ns) / 1000000000ull));
+    cpu_metrics(f);
     metric(f, "patd_steps_total", "counter", "steps committed", LD(m->steps));
     metric(f, "patd_steps_failed_total", "counter", "steps that failed (timeout, backend)",
            LD(m->steps_failed));

@@ -23,7 +23,10 @@
  * Version 2 (2026-11): the HELLO reply grew the device range, the signal slice and the GPU's
  * UUID. Version 6 (2026-11-26): a GPU session's staging by descriptor (IPC_BUF_CUDA). A peer of
  * another version is refused with -EPROTONOSUPPORT. Opcodes added later within a version
- * (INFO, CHECK) are refused by an older daemon with -EOPNOTSUPP. DRAIN, RELOAD and CHECK are
+ * (INFO, CHECK) are refused by an older daemon with -EOPNOTSUPP. Error codes (IPC_ERRORS) are an
+ * open set within a version: the error body's layout is what the version fixes, a peer that does
+ * not know a code still reads it and the daemon's text beside it (an older libpat names ENOBUFS,
+ * the staging budget, by strerror), so a new code needs no new version. DRAIN, RELOAD and CHECK are
  * served on the daemon's admin socket (a Unix stream socket, one frame each way, where the
  * kernel names the caller) and refused on the control socket with -EPERM. Version 3: the
  * session key. Version 4: ATTACH. Version 5 (2026-11-25): HELLO on the admin socket, one frame
@@ -107,7 +110,12 @@ typedef enum ipc_op {
     X(TIMEDOUT, ETIMEDOUT, "timed out waiting for the peer")                                       \
     X(CANCELED, ECANCELED, "step aborted before every layer ran")                                  \
     X(LOST, ECONNRESET, "patd went away (crashed, restarted or stopped); reconnect")               \
-    X(NOMEM, ENOMEM, "daemon could not allocate the session's buffers")                            \
+    X(NOMEM, ENOMEM,                                                                               \
+      "daemon could not allocate the session's buffers (no memory left, or not with "              \
+      "limits.memory_headroom_mb to spare below its cgroup's memory limit)")                       \
+    X(STAGING, ENOBUFS,                                                                            \
+      "staging budget exhausted (limits.staging_mb): the open sessions' staging leaves no room "   \
+      "for this one's max_batch_tokens; retry once one closes, or ask for fewer tokens")           \
     X(PERM, EPERM, "operation not permitted")                                                      \
     X(ATTACHED, EALREADY, "the session is attached already")
 

@@ -15,8 +15,10 @@
  *                        third uid still gets in, the bystander (a second uid) steps on; the
  *                        refusals are logged, at most one line a second with a count of the rest.
  *   test_staging_budget  limits.staging_mb (here under its old name, [gpu] staging_mb) on the cpu
- *                        backend: HELLOs past it are refused with -ENOMEM naming the numbers, patd
- *                        lives, earlier sessions step, and a closed session's share comes back.
+ *                        backend: HELLOs past it are refused with -ENOBUFS (its own code: what
+ *                        libpat prints says staging, never "KV pool out of blocks") naming the
+ *                        option and the numbers, patd lives, earlier sessions step, and a closed
+ *                        session's share comes back.
  *   test_cgroup_memory   patd in a cgroup with a memory limit (v2 memory.max, or v1's
  *                        memory.limit_in_bytes where only v1 has the memory controller): sessions
  *                        are opened until one is refused with -ENOMEM, and patd is alive (not
@@ -604,9 +606,15 @@ static void test_staging_budget(void **state)
 
     opened_t o;
     open_until_refused(&o, 4096, 24);
-    assert_int_equal(o.rc, -ENOMEM);
+    assert_int_equal(o.rc, -ENOBUFS);
     assert_int_equal(o.n, 6);
     assert_non_null(strstr(o.why, "limits.staging_mb"));
+    /* what a frontend prints (pat_strerror, then why) says staging, not the KV pool */
+    const char *said = pat_strerror(o.rc);
+    printf("a staging refusal prints: %s: %s\n", said, o.why);
+    assert_non_null(strstr(said, "staging"));
+    assert_null(strstr(said, "out of blocks"));
+    assert_null(strstr(o.why, "out of blocks"));
     assert_non_null(strstr(o.why, "67108864")); /* the budget, in bytes */
     assert_non_null(strstr(o.why, "10489856")); /* what this HELLO asked for */
     daemon_alive();

@@ -67,6 +67,10 @@ static int run(char *out, size_t cap, const char *fmt, ...)
     assert_non_null(p);
     size_t n = fread(out, 1, cap - 1, p);
     out[n] = 0;
+    char rest[4096]; /* read to the end: a program whose output passes cap must not die of
+                        SIGPIPE (patd --help grows with every option) */
+    while (fread(rest, 1, sizeof(rest), p) > 0)
+        ;
     int st = pclose(p);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }

@@ -700,6 +700,8 @@ static void test_strerror_table(void **state)
         {"pat_connect", -EMEDIUMTYPE, "model"},
         {"pat_connect", -EDQUOT, "quota"},
         {"pat_connect", -EMFILE, "too many"},
+        {"pat_connect", -ENOBUFS, "staging budget exhausted (limits.staging_mb)"},
+        {"pat_connect", -ENOMEM, "memory"},
         {"pat_connect", -ESHUTDOWN, "draining"},
         {"pat_connect", -EINVAL, "invalid"},
         {"pat_seq_open", -EMFILE, "sequences"},

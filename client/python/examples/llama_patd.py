@@ -227,7 +227,9 @@ def main(argv=None):
     model = Llama(cfg)
     rng = random.Random(3)
     prompts = shared_prompts(a.batch, rng, vocab=cfg.vocab)
-    conn = patd.Conn(model=cfg.patd_model(), max_batch_tokens=sum(map(len, prompts)) + a.batch,
+    # the most tokens one step carries: the first prefills every prompt (less what the prefix
+    # cache holds), the rest decode one token each (client/python/README.md's rule)
+    conn = patd.Conn(model=cfg.patd_model(), max_batch_tokens=max(sum(map(len, prompts)), a.batch),
                      socket=a.socket, label="llama_patd")
     if not conn.on_gpu:
         sys.exit("patd runs the cpu backend: this example needs a daemon on the cuda backend")

@@ -13,6 +13,15 @@ use_cache=False, and the attention of every layer goes through transformers' att
 interface, registered here as "patd": Q, K and V after RoPE are written into the session's
 staging buffers, patd appends K and V to the request's sequence and returns O.
 
+A session's staging (the Q, K, V and O rows patd makes for it, counted against the daemon's
+limits.staging_mb) is sized by the most query tokens one step may carry, so the engine asks for
+what its steps use, not a large constant: a prefill chunk (prefill_chunk, default 512 tokens: a
+longer prompt is fed over several steps) plus one decode token for each other sequence it may
+hold (max_seqs), i.e. max_batch_tokens = prefill_chunk + max_seqs - 1. Without max_seqs it asks
+for prefill_chunk alone: when more requests decode at once than that, they take turns. Passing
+max_batch_tokens sets the budget itself, and then the chunk is the whole budget unless
+prefill_chunk says otherwise.
+
 Lower level, for a serving loop (requests join and leave between steps):
 
     r = eng.add(prompt_ids)           # a Request: one patd sequence; r.cached_len from the cache
@@ -43,6 +52,7 @@ __all__ = ["Engine", "Request", "UnsupportedModel", "check_model", "register", "
 
 TESTED = ((4, 48), (4, 49))  # the transformers releases (major, minor) the tests ran on
 NAME = "patd"                # the attn_implementation name registered with transformers
+PREFILL_CHUNK = 512          # tokens of a prompt one step feeds, unless Engine() is told
 HEAD_DIMS = (64, 128, 256)
 _DTYPES = {torch.float16: patd.F16, torch.bfloat16: patd.BF16, torch.float32: patd.F32}
 
@@ -202,8 +212,19 @@ class Engine:
     """Runs a transformers causal LM with its attention in patd (see the module's docstring).
     Not for concurrent use by several threads."""
 
-    def __init__(self, model, socket=None, max_batch_tokens=2048, max_seqs=0,
-                 label="transformers", timeout_ms=0):
+    def __init__(self, model, socket=None, max_batch_tokens=None, max_seqs=0,
+                 label="transformers", timeout_ms=0, prefill_chunk=None):
+        """max_batch_tokens: query tokens one step may carry, which sizes the session's staging
+        in patd; None: prefill_chunk + max_seqs - 1 (see the module's docstring). prefill_chunk:
+        the most tokens of one prompt a step feeds (default PREFILL_CHUNK, or the whole
+        max_batch_tokens when that is given)."""
+        if max_batch_tokens is None:
+            prefill_chunk = prefill_chunk or PREFILL_CHUNK
+            max_batch_tokens = prefill_chunk + max(max_seqs, 1) - 1
+        prefill_chunk = prefill_chunk or max_batch_tokens
+        if not 0 < prefill_chunk <= max_batch_tokens:
+            raise ValueError("prefill_chunk %d must be 1..max_batch_tokens (%d)"
+                             % (prefill_chunk, max_batch_tokens))
         register()
         if _hf_version() > TESTED[-1]:
             warnings.warn("patd.transformers was tested with transformers %s, this is %s"
@@ -221,6 +242,7 @@ class Engine:
                               max_seqs=max_seqs, label=label, timeout_ms=timeout_ms,
                               arrays="torch")
         self.max_batch_tokens = self.conn.max_batch_tokens
+        self.prefill_chunk = min(prefill_chunk, self.max_batch_tokens)
         if hasattr(model, "set_attn_implementation"):  # newer transformers (untested here)
             model.set_attn_implementation(NAME)
         else:
@@ -275,12 +297,12 @@ class Engine:
             self._reqs.remove(r)
 
     def step(self):
-        """One forward over every request with tokens to feed (prompts are fed in chunks when
-        they do not fit max_batch_tokens). Returns {request: logits (vocab,)} for each request
-        all of whose tokens are now in patd: the next-token distribution."""
+        """One forward over every request with tokens to feed, at most max_batch_tokens in all
+        (prompts are fed in chunks of at most prefill_chunk). Returns {request: logits (vocab,)}
+        for each request all of whose tokens are now in patd: the next-token distribution."""
         batch, n = [], 0
         for r in self._reqs:
-            take = min(r.pending, self.max_batch_tokens - n)
+            take = min(r.pending, self.prefill_chunk, self.max_batch_tokens - n)
             if take > 0:
                 batch.append((r, take))
                 n += take

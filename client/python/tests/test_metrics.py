@@ -1,6 +1,7 @@
 """patd's /metrics page, scraped over HTTP from a real patd (cpu backend) after real steps: clean
 by `promtool check metrics` (Prometheus's own linter: base units, counter suffixes, the text
-format), and its prefix-cache and KV figures exactly what the requests imply.
+format), its prefix-cache and KV figures exactly what the requests imply, and its CPU time (the
+process's and by thread role) growing while a client steps.
 
 promtool comes from Debian's prometheus package (`make deps` installs it); without it the test
 fails rather than skips, so the check cannot quietly stop running.
@@ -14,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import unittest
 import urllib.request
 
@@ -43,17 +45,81 @@ class MetricsCase(unittest.TestCase):
     def tearDownClass(cls):
         stop_daemon(cls)
 
-    def scrape(self):
+    def scrape(self, labelled=None):
         """The page as served on http://127.0.0.1:<port>/metrics, and its unlabelled samples by
-        name (prometheus_client's parser: the text must be valid exposition)."""
+        name (prometheus_client's parser: the text must be valid exposition). With labelled (a
+        sample name), also that sample's values by their one label's value."""
         from prometheus_client.parser import text_string_to_metric_families
         url = "http://127.0.0.1:%d/metrics" % self.port
         with urllib.request.urlopen(url, timeout=5) as r:
             self.assertEqual(r.status, 200)
             text = r.read().decode()
-        val = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if not s.labels}
-        return text, val
+        samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+        val = {s.name: s.value for s in samples if not s.labels}
+        if labelled is None:
+            return text, val
+        by = {next(iter(s.labels.values())): s.value for s in samples
+              if s.name == labelled and len(s.labels) == 1}
+        return text, val, by
+
+    def thread_names(self):
+        """The daemon's threads' names (comm), as /proc shows them."""
+        task = "/proc/%d/task" % self.proc.pid
+        names = []
+        for tid in os.listdir(task):
+            try:
+                with open(os.path.join(task, tid, "comm")) as f:
+                    names.append(f.read().strip())
+            except OSError:
+                pass  # it exited meanwhile
+        return names
+
+    def test_cpu_seconds_by_thread(self):
+        """process_cpu_seconds_total and patd_cpu_seconds_total{thread=loop|executor|lanes|other}
+        are on the page (promtool checks them in the test above), grow while a client steps,
+        never go down, and the roles add up to the process's figure. A role whose threads are
+        named (patd-exec*, patd-lanes*) grows when they work; the loop, the main thread, always
+        serves the requests. (Lanes are the cuda backend's: none here.)"""
+        roles = ("loop", "executor", "lanes", "other")
+        _, v0, c0 = self.scrape("patd_cpu_seconds_total")
+        self.assertEqual(sorted(c0), sorted(roles))
+        self.assertIn("process_cpu_seconds_total", v0)
+        self.assertIn("patd-metrics", self.thread_names())
+        prompt = list(range(1000, 1039))  # shares no block with the other test's prompt
+        deadline = time.monotonic() + 20
+        with patd.Conn(MODEL, max_batch_tokens=64, socket=self.sock) as c:
+            a, _ = c.seq_open(prompt)
+            c.step_begin([a], [len(prompt)], prompt)
+            for layer in range(MODEL.n_layers):
+                c.attend(layer)
+            c.step_end()
+            steps, last = 0, c0
+            # step until the daemon has used 0.3 s of CPU more (a second or two here; ticks are
+            # 10 ms), scraping now and then: no figure may go down between scrapes
+            while time.monotonic() < deadline:
+                for _ in range(50):
+                    c.step_begin([a], [1], [7])
+                    for layer in range(MODEL.n_layers):
+                        c.attend(layer)
+                    c.step_end()
+                    steps += 1
+                _, v1, c1 = self.scrape("patd_cpu_seconds_total")
+                for r in roles:
+                    self.assertGreaterEqual(c1[r], last[r], "%s went down" % r)
+                last = c1
+                if v1["process_cpu_seconds_total"] - v0["process_cpu_seconds_total"] >= 0.3:
+                    break
+            names = self.thread_names()
+        grew = v1["process_cpu_seconds_total"] - v0["process_cpu_seconds_total"]
+        print("  %d steps: the daemon used %.2f s of CPU; by role %s; threads %s"
+              % (steps, grew, {r: round(c1[r] - c0[r], 2) for r in roles}, sorted(set(names))))
+        self.assertGreaterEqual(grew, 0.3, "no CPU time counted in 20 s of steps")
+        self.assertGreater(sum(c1.values()), sum(c0.values()))
+        self.assertGreater(c1["loop"], 0)
+        # the roles are the process's time split: equal but for each figure's own clamp
+        self.assertAlmostEqual(sum(c1.values()), v1["process_cpu_seconds_total"], delta=0.05)
+        if any(n.startswith("patd-exec") for n in names):  # the cpu backend's steps run there
+            self.assertGreater(c1["executor"], c0["executor"], "the executors ran the steps")
 
     def test_scrape_promtool_and_figures(self):
         promtool = shutil.which("promtool")

@@ -40,8 +40,10 @@ def reference(q, K, V, n_ctx, scale):
 class DaemonCase(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
+        # a staging budget of 4 MiB: the tests' sessions of 128 tokens (192 KiB each) fit many
+        # times over, one of 4096 tokens (6 MiB) not at all
         start_daemon(cls, "patd-py.", ["--layers=2", "--q-heads=4", "--kv-heads=2",
-                                       "--conn-max-seqs=8"])
+                                       "--conn-max-seqs=8", "--staging-mb=4"])
 
     @classmethod
     def tearDownClass(cls):
@@ -66,6 +68,21 @@ class DaemonCase(unittest.TestCase):
         with self.assertRaises(patd.PatError) as cm:
             patd.Conn(MODEL, max_batch_tokens=16, socket=self.dir + "/nope.sock")
         self.assertEqual(cm.exception.errno, errno.ENOENT)
+
+    def test_staging_refusal_says_staging(self):
+        """A HELLO past limits.staging_mb is refused with ENOBUFS, and what the frontend is told
+        names the staging budget and the numbers, never the KV pool."""
+        with self.assertRaises(patd.PatError) as cm:
+            patd.Conn(MODEL, max_batch_tokens=4096, socket=self.sock)
+        e = cm.exception
+        self.assertEqual(e.errno, errno.ENOBUFS)
+        self.assertIn("staging budget exhausted", e.name)
+        self.assertIn("limits.staging_mb", e.detail)
+        self.assertIn("4194304", e.detail)  # the budget, in bytes
+        self.assertIn("staging", str(e))
+        self.assertNotIn("out of blocks", str(e))
+        with self.conn() as c:  # the daemon serves on
+            c.ping()
 
     def test_prefill_decode_checked(self):
         rng = np.random.default_rng(5)

@@ -111,6 +111,44 @@ class TransformersCase(unittest.TestCase):
         print("  6 requests, %d tokens: identical to transformers' eager attention, max logit "
               "error %.1e" % (sum(len(t) for _, t, _ in done), worst))
 
+    def test_staging_sized_from_use(self):
+        """The engine asks patd for the staging its steps use: by default a prefill chunk of
+        PREFILL_CHUNK tokens (512, where the old default asked for 2048); with max_seqs, the chunk
+        plus one decode token for each other sequence. Prompts longer than the chunk are fed in
+        chunks, no step carries more than the budget, and the tokens are transformers' own."""
+        model = tiny_llama(seed=5)
+        with self.engine(model) as eng:
+            self.assertEqual((eng.max_batch_tokens, eng.prefill_chunk), (pt.PREFILL_CHUNK,) * 2)
+            self.assertEqual(pt.PREFILL_CHUNK, 512)
+            self.assertEqual(eng.conn.q.shape[0], 512)  # the staging rows patd made
+        with self.engine(model, max_batch_tokens=96) as eng:  # a budget given: chunk = budget
+            self.assertEqual((eng.max_batch_tokens, eng.prefill_chunk), (96, 96))
+        with self.assertRaises(ValueError):
+            self.engine(model, max_batch_tokens=32, prefill_chunk=64)
+
+        g = torch.Generator().manual_seed(4)
+        system = torch.randint(0, VOCAB, (32,), generator=g).tolist()
+        plan = [(system + torch.randint(0, VOCAB, (5,), generator=g).tolist(), 0, 6),
+                (torch.randint(0, VOCAB, (150,), generator=g).tolist(), 1, 4),
+                (system + torch.randint(0, VOCAB, (9,), generator=g).tolist(), 2, 5)]
+        with self.engine(model, max_seqs=4, prefill_chunk=40) as eng:
+            self.assertEqual((eng.max_batch_tokens, eng.prefill_chunk), (43, 40))
+            self.assertEqual(eng.conn.q.shape[0], 43)
+            steps = []
+            begin = eng.conn.step_begin
+
+            def record(seqs, n_new, toks):
+                steps.append(list(n_new))
+                return begin(seqs, n_new, toks)
+            eng.conn.step_begin = record
+            done = greedy_plan(eng, plan, None, self.pool_check)
+        self.assertEqual(sorted(i for i, _, _ in done), [0, 1, 2])
+        self.assertLessEqual(max(sum(n) for n in steps), 43)
+        self.assertEqual(max(max(n) for n in steps), 40)  # the long prompt, a chunk at a time
+        model.config._attn_implementation = "eager"
+        for i, toks, lgs in done:
+            self.check_against_reference(model, plan[i][0], toks, lgs, 1e-4)
+
     def test_generate_and_fork_sampling(self):
         """generate(): greedy for two prompts; then n = 3 samples per prompt through fork (the
         children share the prompt's KV): each sample's logits match transformers' attention over
