@@ -67,7 +67,10 @@ wait).
         [--daemon-log FILE] [--deadline S]
     python3 tests/bench/bench_frontends.py --device cpu --patd build/bin/patd   # smoke
 
---quick: N = 1, 4, 16, shared prompt only (about 3 minutes on an H100). --device cpu: the same
+Issue 36's "4 frontends x batch 16" targets: --n 4 --batch 16 --prompts shared (--batch takes a
+comma list). The default run is estimated at 4-6 minutes on an H100 (28 runs of about 8 s, 38
+with cross_pack's two daemons), --quick (N = 1, 4, 16, shared prompt only) at 2-3; neither has
+been timed on a GPU yet. --device cpu: the same
 code path on the cpu backend with a tiny model (host sessions, attention in process by
 DenseAttention instead of FlashInfer; no floors): a smoke test of the orchestration.
 --deadline S: no run starts S seconds after the script did (the rest are listed as skipped).
