@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU test and benchmark driver, run on the GPU machine from the repository root:
 #   tests/gpu/run.sh [--no-bench | --quick-bench | --attn | --attn-bench | --smoke | --frontend |
-#                     --sanitize | --replay [quick]]
+#                     --sanitize | --replay [quick] | --frontends [full|quick|modes]]
 # builds the CUDA parts, runs every GPU test, compute-sanitizer memcheck and racecheck on a
 # reduced set, the tile solver, and the attention benchmark (bench_attn + PAT's kernel on the same
 # GPU when .peers/ holds it (../shared/peers/pat/README.md), joined by tests/bench/compare_pat.py,
@@ -20,6 +20,13 @@
 # bench_handoff with gpu.dependent_launch 1 and 0, and test_frontend. --e2e: only tests/bench/bench_e2e.py under MPS (a Llama-3-8B-shaped decode step through patd,
 # in-process FlashInfer from .whl/, and a dense in-process cache). --replay: only patload under MPS (tests/gpu/replay.sh: the CI replay tests on the cuda backend,
 # then trace replays with a Llama-3-8B-shaped model; "quick": the tests and one short replay).
+# --frontends [full|quick|modes]: only tests/bench/bench_frontends.py under MPS (issue 36: N
+# frontend processes through one patd vs one frontend with the union batch vs N in-process
+# FlashInfer frontends; builds patd and libpat only, skips test_units and test_vmm_share): full
+# is its default matrix (estimated 4-6 minutes), quick its --quick (N = 1,4,16, shared prompt,
+# 2-3), modes its churn and slow-frontend runs (--no-matrix --churn --slow); FRONTENDS_ARGS adds
+# arguments, FRONTENDS_BUDGET (default 540) is the seconds since this script started after
+# which the benchmark starts no new run (the device tool's limit is 600).
 # Results (logs, JSON, tables) go to $OUT when it is set (the device tool), else
 # build/gpu-results. Ends with "N passed, N failed" over the GPU programs and sanitizer runs.
 set -uo pipefail
@@ -42,6 +49,7 @@ case "${1:-}" in
 --sanitize) bench=8 ;;
 --launch) bench=9 ;;
 --units) bench=10 ;;
+--frontends) bench=11 ;;
 esac
 
 # PAT's reference kernel (../shared/peers/pat): built in the background while patd builds and
@@ -67,6 +75,7 @@ targets="$B/tests/gpu/test_cuda_attn $B/tests/gpu/test_vmm_share $B/bin/patd-til
     $B/bench/bench_attn $B/bin/patd $B/lib/libpat.so.1 $B/bench/bench_handoff $B/bench/bench_mcast
     $B/bin/patload $B/bin/patctl"
 [ $bench = 10 ] && targets="$B/bin/patd $B/bin/patctl"
+[ $bench = 11 ] && targets="$B/bin/patd $B/lib/libpat.so.1"
 # shellcheck disable=SC2086 # a list of targets
 if ! make -j"$(nproc)" B=$B CUDA=1 CUDA_ARCHS=90a $targets >>"$out/gpu.log" 2>&1; then
     tail -30 "$out/gpu.log"
@@ -89,8 +98,9 @@ run() { # name, command...
     fi
 }
 # the shipped units and config started as systemd starts them: the cuda backend on this GPU
-# (tests/integ/test_units.py; two patd@ instances share the one GPU)
-run test_units env PATD_BIN=$B/bin/patd PATCTL_BIN=$B/bin/patctl \
+# (tests/integ/test_units.py; two patd@ instances share the one GPU); not before --frontends,
+# whose time is the benchmark's
+[ $bench = 11 ] || run test_units env PATD_BIN=$B/bin/patd PATCTL_BIN=$B/bin/patctl \
     python3 tests/integ/test_units.py --expect cuda
 if [ $bench = 10 ]; then # --units: only that
     echo "$passed passed, $failed failed" | tee -a "$out/gpu.log"
@@ -177,15 +187,20 @@ export CUDA_MPS_PIPE_DIRECTORY=/tmp/patd-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/pa
 mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
 export PATD_LIBPAT=$PWD/$B/lib/libpat.so.1
 mps_stop() { echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; sleep 1; }
-if [ $bench != 0 ] && [ $bench != 4 ] && [ $bench != 7 ] && [ $bench != 9 ]; then # the floor and patd's round trip without MPS first
+if [ $bench != 0 ] && [ $bench != 4 ] && [ $bench != 7 ] && [ $bench != 9 ] && [ $bench != 11 ]; then # the floor and patd's round trip without MPS first
     run handoff_nomps $B/bench/bench_handoff --patd $B/bin/patd --label no-MPS \
         --json "$out/handoff.jsonl"
 fi
 # per-session GPU staging by descriptor (issue 17): does the driver share a VMM allocation with
 # one other process, without MPS and under it
-run vmm_share_nomps $B/tests/gpu/test_vmm_share
+[ $bench = 11 ] || run vmm_share_nomps $B/tests/gpu/test_vmm_share
 nvidia-cuda-mps-control -d && sleep 1
-run vmm_share_mps $B/tests/gpu/test_vmm_share
+[ $bench = 11 ] || run vmm_share_mps $B/tests/gpu/test_vmm_share
+flashinfer_whl() { # FlashInfer from the carried wheel (.whl/) where the host's python lacks it
+    if ! python3 -c 'import flashinfer' 2>/dev/null && ls .whl/flashinfer_python-*.whl >/dev/null 2>&1; then
+        python3 -m pip install --quiet --no-deps --no-index .whl/*.whl >>"$out/gpu.log" 2>&1
+    fi
+}
 if [ $bench = 9 ]; then # --launch, under MPS: the hand-off with the dependent launch on and off
     for d in 1 0 1 0 1 0; do
         run handoff_dep$d $B/bench/bench_handoff --patd $B/bin/patd --label "MPS dep$d" \
@@ -197,10 +212,27 @@ if [ $bench = 9 ]; then # --launch, under MPS: the hand-off with the dependent l
     [ "$failed" -eq 0 ]
     exit
 fi
+if [ $bench = 11 ]; then # --frontends [full|quick|modes]: tests/bench/bench_frontends.py
+    flashinfer_whl
+    case "${2:-full}" in
+    quick) fargs=--quick ;;
+    modes) fargs="--no-matrix --churn --slow" ;;
+    *) fargs= ;;
+    esac
+    left=$((${FRONTENDS_BUDGET:-540} - SECONDS)) # what the build and MPS left of the budget
+    [ $left -lt 1 ] && left=1
+    # FRONTENDS_ARGS: more arguments (e.g. --n 4 --batch 16 --prompts shared, --patd-arg K=V)
+    # shellcheck disable=SC2086 # lists of arguments
+    run bench_frontends python3 tests/bench/bench_frontends.py --patd $B/bin/patd $fargs \
+        --json "$out/frontends.json" --daemon-log "$out/frontends_patd.log" \
+        --deadline $left ${FRONTENDS_ARGS:-}
+    mps_stop
+    echo "$passed passed, $failed failed" | tee -a "$out/gpu.log"
+    [ "$failed" -eq 0 ]
+    exit
+fi
 if [ $bench = 7 ]; then # --e2e: tests/bench/bench_e2e.py (patd vs in-process FlashInfer)
-    if ! python3 -c 'import flashinfer' 2>/dev/null && ls .whl/flashinfer_python-*.whl >/dev/null 2>&1; then
-        python3 -m pip install --quiet --no-deps --no-index .whl/*.whl >>"$out/gpu.log" 2>&1
-    fi
+    flashinfer_whl
     # E2E_ARGS: more arguments (e.g. --ways patd,flashinfer --batches 16 --timeline 16)
     run bench_e2e python3 tests/bench/bench_e2e.py --patd $B/bin/patd --json "$out/e2e.jsonl" \
         ${E2E_ARGS:-}
