@@ -45,9 +45,9 @@ typedef struct patd_config {
     uint32_t max_conns, conn_max_seqs, conn_max_blocks, conn_max_batch_tokens;
     uint32_t conn_max_staging_mb, lease_ms, max_lease_ms, step_timeout_ms, stall_cut_ms;
     uint32_t first_step_grace_ms; /* stall_cut_ms for a session's first step */
-    uint32_t conns_per_uid;      /* 0: no bound but max_conns (patd_conn_hello) */
-    uint32_t staging_mb;         /* MiB: every session's staging together, every backend */
-    uint32_t memory_headroom_mb; /* MiB left below a cgroup memory limit after a HELLO */
+    uint32_t conns_per_uid;       /* 0: no bound but max_conns (patd_conn_hello) */
+    uint32_t staging_mb;          /* MiB: every session's staging together, every backend */
+    uint32_t memory_headroom_mb;  /* MiB left below a cgroup memory limit after a HELLO */
 
     /* bookkeeping */
     char path[512];   /* config file read ("" when none) */

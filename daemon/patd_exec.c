@@ -14,7 +14,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
+#include <stdio.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -79,6 +79,7 @@ static void *watcher_main(void *p)
     patd_exec_t *x = p;
     struct futex_waitv w[FUTEX_WAITV_MAX];
     int have_waitv = 1;
+    pthread_setname_np(pthread_self(), "patd-exec-watch"); /* patd_cpu_seconds_total's executor */
     pthread_mutex_lock(&x->park_mu);
     for (;;) {
         while (!x->n_parked && !x->watch_stopping)
@@ -160,7 +161,9 @@ static void *exec_main(void *p)
     patd_exec_t *x = a->x;
     uint32_t id = a->id;
     free(a);
-    prctl(PR_SET_TIMERSLACK, 1000UL); /* GPU sessions poll progress with 10 us naps */
+    char name[16];
+    snprintf(name, sizeof(name), "patd-exec-%u", id % 1000u);
+    pthread_setname_np(pthread_self(), name); /* patd_cpu_seconds_total's executor */
     for (;;) {
         pthread_mutex_lock(&x->q_mu);
         while (!x->q_len && !x->stopping) {

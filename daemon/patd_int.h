@@ -235,8 +235,8 @@ struct patd {
     uint8_t dev_uuid[16];
     uint64_t staging_used; /* what the open sessions' staging holds against limits.staging_mb
                               (bytes: a cpu session's memfd, a GPU session's map_bytes) */
-    uint32_t lanes_want; /* gpu.lanes, or what auto chose at start (patd_lanes_auto) */
-    patd_lanes_t lanes;  /* the lanes and the thread that drives GPU steps (patd_lanes.c) */
+    uint32_t lanes_want;   /* gpu.lanes, or what auto chose at start (patd_lanes_auto) */
+    patd_lanes_t lanes;    /* the lanes and the thread that drives GPU steps (patd_lanes.c) */
 };
 
 /* The softmax scale applied now: model.scale, or 1/sqrt(head_dim) where it is 0 */

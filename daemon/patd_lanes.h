@@ -41,9 +41,9 @@ typedef struct patd patd_t;
 typedef struct patd_conn patd_conn_t;
 
 #define PATD_LANES_MAX       64u
-#define PATD_LANES_AUTO_MAX  30u         /* 32 hardware queues less the backend's two streams */
-#define PATD_LANES_MEM_SHARE 16u         /* auto: lanes' memory <= 1/16 of the GPU's */
-#define PATD_LANES_POLL_NS   20000ull    /* the lane thread's nap while steps are in flight */
+#define PATD_LANES_AUTO_MAX  30u          /* 32 hardware queues less the backend's two streams */
+#define PATD_LANES_MEM_SHARE 16u          /* auto: lanes' memory <= 1/16 of the GPU's */
+#define PATD_LANES_POLL_NS   20000ull     /* the lane thread's nap while steps are in flight */
 #define PATD_LANES_IDLE_NS   100000000ull /* its heartbeat period when no step is in flight */
 
 typedef enum patd_lane_phase {
@@ -55,17 +55,17 @@ typedef enum patd_lane_phase {
 typedef struct patd_lane {
     kern_lane_t *lane;
     patd_lane_phase_t phase;
-    patd_conn_t *c;     /* the step's session (phase != FREE) */
-    uint64_t base;      /* kern_lane_enqueued when the step began */
-    uint64_t target;    /* LANE_DRAIN: enqueued layers to drain */
-    uint64_t epoch;     /* the step's handshake value */
-    uint64_t seen;      /* progress last seen */
-    uint64_t t_moved;   /* last hand-over, progress or start (ns) */
-    uint64_t t_cut;     /* when the drain began */
-    uint32_t next;      /* next layer to enqueue */
-    uint32_t handed;    /* layers whose ready word the client set */
-    int begun;          /* layers compute (else handshakes only) */
-    int why;            /* LANE_DRAIN: the cut's errno */
+    patd_conn_t *c;   /* the step's session (phase != FREE) */
+    uint64_t base;    /* kern_lane_enqueued when the step began */
+    uint64_t target;  /* LANE_DRAIN: enqueued layers to drain */
+    uint64_t epoch;   /* the step's handshake value */
+    uint64_t seen;    /* progress last seen */
+    uint64_t t_moved; /* last hand-over, progress or start (ns) */
+    uint64_t t_cut;   /* when the drain began */
+    uint32_t next;    /* next layer to enqueue */
+    uint32_t handed;  /* layers whose ready word the client set */
+    int begun;        /* layers compute (else handshakes only) */
+    int why;          /* LANE_DRAIN: the cut's errno */
 } patd_lane_t;
 
 typedef struct patd_lanes {

@@ -468,8 +468,7 @@ static void watchdog_tick(patd_t *d, uint64_t now)
         if (!d->watchdog_warned)
             patd_warn("watchdog: %u executor(s) or the lane thread have not moved for %llu ms; "
                       "not pinging",
-                      stuck,
-                      (unsigned long long)(d->wd.stuck_ns / 1000000ull));
+                      stuck, (unsigned long long)(d->wd.stuck_ns / 1000000ull));
         d->watchdog_warned = 1;
         return;
     }

@@ -354,6 +354,26 @@ char *patd_metrics_text(patd_t *d, size_t *ret_len)
            "prompt tokens whose KV the cache held at open (vLLM's prefix_cache_hits)",
            ks.hit_blocks * kv_pool_block_size(d->pool));
     metric(f, "patd_kv_evictions_total", "counter", "cached blocks reclaimed", ks.evictions);
+    if (d->gpu) { /* GPU steps on lanes (patd_lanes.h) */
+        const patd_lanes_t *L = &d->lanes;
+        metric(f, "patd_lanes", "gauge",
+               "lanes: GPU steps that can be in flight at once (gpu.lanes)", L->n);
+        metric(f, "patd_lanes_busy", "gauge", "lanes holding a step now", LD(L->busy));
+        metric(f, "patd_lanes_busy_max", "gauge", "most lanes held at once since start",
+               LD(L->busy_max));
+        metric(f, "patd_lane_waiting_steps", "gauge", "prepared steps waiting for a free lane now",
+               LD(L->waiting));
+        metric(f, "patd_lane_steps_total", "counter", "GPU steps that got a lane", LD(L->steps));
+        metric_seconds(f, "patd_lane_wait_seconds_total", "counter",
+                       "time GPU steps waited for a lane after they were prepared, summed",
+                       LD(L->wait_ns_sum));
+        family(f, "patd_lane_cuts_total", "counter", "GPU steps cut on their lane, by why");
+        fprintf(f, "patd_lane_cuts_total{reason=\"stall_cut\"} %llu\n", LD(L->cut_stall));
+        fprintf(f, "patd_lane_cuts_total{reason=\"step_timeout\"} %llu\n", LD(L->cut_timeout));
+        fprintf(f, "patd_lane_cuts_total{reason=\"aborted\"} %llu\n", LD(L->cut_abort));
+        metric(f, "patd_lane_polls_total", "counter",
+               "passes of the lane thread over the lanes (its CPU cost is per pass)", LD(L->polls));
+    }
     metric(f, "patd_connections", "gauge", "sessions open",
            LD(m->conns_opened) - LD(m->conns_closed));
     metric(f, "patd_connections_opened_total", "counter", "sessions opened", LD(m->conns_opened));

@@ -329,7 +329,7 @@ uint64_t kern_lane_bytes(const kern_config_t *cfg)
     const uint64_t slots = (uint64_t)(cfg->max_partials ? cfg->max_partials : 1) * m->q_heads;
     const uint64_t plan = cfg->max_plan_bytes ? cfg->max_plan_bytes : KERN_DEFAULT_PLAN_BYTES;
     const uint64_t tiles = 2ull * (256u << 10); /* kern_cuda_lane.cu: two tile lists at first */
-    return slots * m->head_dim * 4 + slots * 4                   /* partial O and LSE */
+    return slots * m->head_dim * 4 + slots * 4  /* partial O and LSE */
            + ((uint64_t)cfg->max_tokens * m->kv_heads + 2) * 4 /* merge arrivals */
-           + 2 * plan + tiles + (uint64_t)cfg->max_tokens * 4;   /* plans, slots */
+           + 2 * plan + tiles + (uint64_t)cfg->max_tokens * 4; /* plans, slots */
 }

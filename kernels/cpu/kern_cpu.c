@@ -91,6 +91,7 @@ static void *worker_main(void *arg)
 {
     worker_start_t st = *(worker_start_t *)arg;
     free(arg);
+    pthread_setname_np(pthread_self(), "patd-kcpu");
     kern_cpu_t *c = st.c;
     uint64_t seen = 0;
     for (;;) {
