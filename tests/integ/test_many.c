@@ -11,14 +11,15 @@
  *     all 16 are mid-step at once: once the slow step is over, every session stops before
  *     handing over layer 1 of its next step (layer 0's O back, so the daemon has begun it) until
  *     all 16 got there; the daemon must then count 16 steps in flight, and every one of them
- *     must finish checked. A daemon that kept a step on an executor for its whole life (as
- *     the cuda backend's executors do) would begin only 2 of them, the others would never get
- *     layer 0 back (or the held ones would be cut by limits.stall_cut_ms): the test says how many
- *     arrived within 20 s. The cpu backend parks a step whose client is slow (patd_step.c), so
- *     this holds on it; the GPU side is tests/gpu/test_frontend.py's. Printed beside it: the most
- *     steps in flight seen by polling STATUS every 20 ms before the hold, and the most sessions
- *     mid-step at once by the clients' own clocks outside the hold (both depend on the machine:
- *     a client is mid-step while it checks a layer, so most of the time).
+ *     must finish checked. A daemon that kept a step on an executor for its whole life would
+ *     begin only 2 of them, the others would never get layer 0 back (or the held ones would be
+ *     cut by limits.stall_cut_ms): the test says how many arrived within 20 s. The cpu backend
+ *     parks a step whose client is slow (patd_step.c), the cuda backend's lanes hold it without
+ *     a thread (patd_lanes.c: tests/gpu/test_frontend.py's `many` is this on a GPU, with
+ *     frontend processes). Printed beside it: the most steps in flight seen by polling STATUS
+ *     every 20 ms before the hold, and the most sessions mid-step at once by the clients' own
+ *     clocks outside the hold (both depend on the machine: a client is mid-step while it checks
+ *     a layer, so most of the time).
  *   - test_stalled_costs_little: three bystander sessions (tl_bystander_t, every row checked)
  *     step as fast as they can; their summed step rate is measured in 0.5 s windows, alone and
  *     while one other session is stalled mid-step: it hands layer 0 over, then holds layer 1
