@@ -145,7 +145,7 @@ UNIT_BINS  := $(UNIT_TESTS:%=$(B)/tests/%)
 # test_daemon links the daemon's objects but its main (and the daemon's libraries)
 DAEMON_TEST_OBJS := $(filter-out $(B)/daemon/patd_main.o,$(DAEMON_OBJS))
 # Integration tests: real patd processes and real clients (tests/integ), run after the units.
-INTEG_TESTS := test_proto test_faults test_multi test_ops test_hostile test_stale test_limits
+INTEG_TESTS := test_proto test_faults test_multi test_ops test_hostile test_stale test_limits test_many
 INTEG_BINS  := $(INTEG_TESTS:%=$(B)/tests/%)
 TC_CLIENT   := $(B)/tests/tc_client
 BENCH_BINS := $(B)/bench/bench_sched $(B)/bench/bench_daemon

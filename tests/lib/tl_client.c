@@ -65,6 +65,13 @@ static double stored(kern_dtype_t dt, float v)
 int tl_client_step(pat_conn_t *c, const pat_model_t *m, tl_seq_t **seqs, uint32_t n, tl_rng_t *rng,
                    int check, tl_step_result_t *res)
 {
+    return tl_client_step_hooked(c, m, seqs, n, rng, check, res, NULL, NULL);
+}
+
+int tl_client_step_hooked(pat_conn_t *c, const pat_model_t *m, tl_seq_t **seqs, uint32_t n,
+                          tl_rng_t *rng, int check, tl_step_result_t *res, tl_layer_hook_t hook,
+                          void *arg)
+{
     pat_buffers_t buf;
     pat_buffers(c, &buf);
     kern_dtype_t dt = (kern_dtype_t)m->dtype;
@@ -101,6 +108,8 @@ int tl_client_step(pat_conn_t *c, const pat_model_t *m, tl_seq_t **seqs, uint32_
         }
         if (check)
             memset(buf.o, 0xff, (size_t)total * buf.q_row_bytes); /* poison: NaN in any dtype */
+        if (hook)
+            hook(arg, l);
         if ((rc = pat_attend(c, l)) < 0)
             break;
         if (!check)
@@ -159,6 +168,15 @@ int tl_client_step(pat_conn_t *c, const pat_model_t *m, tl_seq_t **seqs, uint32_
     return rc;
 }
 
+/* Sequence i's prompt: tokens base..base+63, then 90 + i. */
+static void by_prompt(tl_bystander_t *b, int i)
+{
+    tl_seq_init(&b->s[i]);
+    for (uint32_t t = 0; t < 64; t++)
+        tl_seq_push(&b->s[i], b->base + t);
+    tl_seq_push(&b->s[i], 90 + (uint32_t)i);
+}
+
 int tl_by_open(tl_bystander_t *b, const char *sock, const pat_model_t *m, uint32_t base, char *why,
                size_t why_len)
 {
@@ -175,11 +193,9 @@ int tl_by_open(tl_bystander_t *b, const char *sock, const pat_model_t *m, uint32
     if (rc < 0)
         return rc;
     tl_rng_seed(&b->rng, base);
+    b->base = base;
     for (int i = 0; i < 2; i++) {
-        tl_seq_init(&b->s[i]);
-        for (uint32_t t = 0; t < 64; t++)
-            tl_seq_push(&b->s[i], base + t);
-        tl_seq_push(&b->s[i], 90 + (uint32_t)i);
+        by_prompt(b, i);
         b->ps[i] = &b->s[i];
         if ((rc = tl_seq_open(b->c, &b->s[i])) < 0) {
             snprintf(why, why_len, "bystander open: %s", pat_last_error(b->c));
@@ -203,6 +219,23 @@ int tl_by_step(tl_bystander_t *b, char *why, size_t why_len)
     }
     for (int i = 0; i < 2; i++)
         tl_seq_push(&b->s[i], 7 + (uint32_t)b->s[i].n_tok);
+    return 0;
+}
+
+int tl_by_restart(tl_bystander_t *b, char *why, size_t why_len)
+{
+    for (int i = 0; i < 2; i++) {
+        int rc = pat_seq_close(b->c, b->s[i].seq);
+        tl_seq_done(&b->s[i]);
+        by_prompt(b, i);
+        if (rc == 0)
+            rc = tl_seq_open(b->c, &b->s[i]);
+        if (rc < 0) {
+            snprintf(why, why_len, "bystander restart: %s: %s", pat_strerror(rc),
+                     pat_last_error(b->c));
+            return rc;
+        }
+    }
     return 0;
 }
 

@@ -40,6 +40,16 @@ typedef struct tl_step_result {
 int tl_client_step(pat_conn_t *c, const pat_model_t *m, tl_seq_t **seqs, uint32_t n, tl_rng_t *rng,
                    int check, tl_step_result_t *res);
 
+/* Called before a layer is handed over (its Q, K, V written, pat_attend not yet called), on the
+ * stepping thread: a test's way to make a client slow inside a step, or to hold clients mid-step
+ * until it has looked at the daemon. */
+typedef void (*tl_layer_hook_t)(void *arg, uint32_t layer);
+
+/* tl_client_step with hook(arg, layer) before every layer's hand-over (hook may be NULL). */
+int tl_client_step_hooked(pat_conn_t *c, const pat_model_t *m, tl_seq_t **seqs, uint32_t n,
+                          tl_rng_t *rng, int check, tl_step_result_t *res, tl_layer_hook_t hook,
+                          void *arg);
+
 /* A bystander: a session with two sequences over one prompt (tokens base..base+63, then 90 and
  * 91), each step decoding one token of each and checking every row against float64, beside
  * whatever a test does to the daemon. */
@@ -49,6 +59,7 @@ typedef struct tl_bystander {
     tl_seq_t s[2];
     tl_seq_t *ps[2];
     tl_rng_t rng;
+    uint32_t base; /* its prompt's first token id */
 } tl_bystander_t;
 
 /* Connects to sock (label "bystander") and opens its sequences: 0, or a negative errno with why. */
@@ -57,6 +68,10 @@ int tl_by_open(tl_bystander_t *b, const char *sock, const pat_model_t *m, uint32
 /* One checked step: 0, a negative errno (why holds libpat's word), or -EDOM when a row is off
  * float64 by 1e-2 or more. */
 int tl_by_step(tl_bystander_t *b, char *why, size_t why_len);
+/* Closes both sequences and opens them again over the same prompt (found in the prefix cache),
+ * nothing generated: a step costs what the first one after tl_by_open did (its cost grows with
+ * the context). 0, or a negative errno with why. */
+int tl_by_restart(tl_bystander_t *b, char *why, size_t why_len);
 void tl_by_close(tl_bystander_t *b);
 
 #endif
