@@ -199,9 +199,10 @@ typedef struct kern_lane_layer {
  * cfg.max_partials). Returns 0, -ENOTSUP (backend without lanes, or a device without 64-bit
  * stream memory operations), -ENOMEM, -EIO. */
 int kern_lane_create(kern_backend_t *b, kern_lane_t **ret);
-/* Device memory one lane of a backend made with cfg takes (its partials, merge counters, plan and
- * slot buffers, as kern_lane_create allocates them; pinned host memory besides). Any backend's
- * config; no device call. */
+/* Device memory one lane of a backend made with cfg takes when created (its first partials, merge
+ * counters, plan and slot buffers; pinned host memory besides). A lane that runs a plan splitting
+ * more tokens than its partials hold doubles them (up to cfg.max_partials), so a lane that ran
+ * large prefills holds more. Any backend's config; no device call. */
 uint64_t kern_lane_bytes(const kern_config_t *cfg);
 /* Waits for the lane to drain (release its waits first) and frees it; NULL ok. */
 void kern_lane_free(kern_lane_t *l);

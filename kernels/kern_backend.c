@@ -326,7 +326,11 @@ int kern_fatal(kern_backend_t *b, char *why, uint32_t why_len)
 uint64_t kern_lane_bytes(const kern_config_t *cfg)
 {
     const kern_model_t *m = &cfg->model;
-    const uint64_t slots = (uint64_t)(cfg->max_partials ? cfg->max_partials : 1) * m->q_heads;
+    /* kern_cuda_int.h's LANE_PARTIALS_START: what a lane's partials are at first (a lane that
+     * runs a plan splitting more grows them, up to max_partials) */
+    const uint64_t start = 256;
+    const uint64_t max_part = cfg->max_partials ? cfg->max_partials : 1;
+    const uint64_t slots = (max_part < start ? max_part : start) * m->q_heads;
     const uint64_t plan = cfg->max_plan_bytes ? cfg->max_plan_bytes : KERN_DEFAULT_PLAN_BYTES;
     const uint64_t tiles = 2ull * (256u << 10); /* kern_cuda_lane.cu: two tile lists at first */
     return slots * m->head_dim * 4 + slots * 4  /* partial O and LSE */

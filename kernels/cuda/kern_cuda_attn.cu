@@ -46,6 +46,42 @@ static int tiles_reserve(Lane *L, PlanBuf *pb, uint64_t n)
     return 0;
 }
 
+/* Room for n partials on the lane: a plan that splits more tokens than any before on this lane
+ * doubles its partials, stream-ordered (the old ones are freed after the work queued before,
+ * the new ones serve what is queued after), so no call waits for the device. */
+static int partials_reserve(Lane *L, uint32_t n)
+{
+    if (n <= L->part_cap)
+        return 0;
+    const kern_config_t *cfg = &L->c->base.cfg;
+    const uint32_t max_part = cfg->max_partials ? cfg->max_partials : 1;
+    if (n > max_part)
+        return -E2BIG;
+    uint64_t cap = 2ull * L->part_cap;
+    while (cap < n)
+        cap *= 2;
+    if (cap > max_part)
+        cap = max_part;
+    const uint64_t slots = cap * cfg->model.q_heads;
+    float *po, *pl;
+    if (cudaMallocAsync(&po, slots * cfg->model.head_dim * sizeof(float), L->main) !=
+        cudaSuccess) {
+        cudaGetLastError();
+        return -ENOMEM;
+    }
+    if (cudaMallocAsync(&pl, slots * sizeof(float), L->main) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFreeAsync(po, L->main);
+        return -ENOMEM;
+    }
+    KC_TRY(cudaFreeAsync(L->part_o, L->main), "partials");
+    KC_TRY(cudaFreeAsync(L->part_lse, L->main), "partials");
+    L->part_o = po;
+    L->part_lse = pl;
+    L->part_cap = (uint32_t)cap;
+    return 0;
+}
+
 /* the launch attend_on makes for h runs fwd_pair (which reads the tiles) */
 static bool runs_pair(const Cuda *c, const sched_plan_hdr_t *h)
 {
@@ -58,7 +94,7 @@ int plan_upload(Lane *L, const sched_plan_hdr_t *h)
 {
     Cuda *c = L->c;
     if (L->last_len == h->total_bytes && memcmp(L->last, h, h->total_bytes) == 0)
-        return 0;
+        return 0; /* its partials fit: they did for this plan */
     if (h->total_bytes > c->base.cfg.max_plan_bytes)
         return -E2BIG;
     if (h->max_cta_rows > c->max_m)
@@ -72,6 +108,8 @@ int plan_upload(Lane *L, const sched_plan_hdr_t *h)
             return -E2BIG;
     if ((uint64_t)h->n_ctas * c->base.cfg.model.kv_heads > INT32_MAX)
         return -E2BIG; /* grid.x */
+    if ((r = partials_reserve(L, h->n_partials)) < 0)
+        return r;
     const int next = L->cur ^ 1;
     PlanBuf *pb = &L->plan[next];
     if (pb->used)

@@ -36,6 +36,9 @@ using WsTile = kcuda_tile_t;
 constexpr uint32_t WS_NO_BLOCK = KCUDA_NO_BLOCK;
 constexpr uint32_t WS_TILES_START = 4096; /* a lane's tile buffers at first (256 KiB each) */
 constexpr uint32_t WS_RETIRED_MAX = 32;   /* doublings of a lane's tile buffers */
+/* a lane's partials at first (kern_lane_bytes counts these): decode plans split few tokens; a
+ * prefill that splits more grows them (partials_reserve) up to cfg.max_partials */
+constexpr uint32_t LANE_PARTIALS_START = 256;
 static_assert(KCUDA_TILE_N == 4 * KERN_BLOCK_SIZE, "a tile is four pages");
 static_assert(KCUDA_MAX_M < 256, "a CTA's rows fit a chunk's 8-bit row range");
 
@@ -164,7 +167,8 @@ struct Lane {
     Cuda *c;
     uint64_t *progress_host; /* pinned, mapped; written by the stream */
     uint64_t *progress_dev;
-    float *part_o, *part_lse;
+    float *part_o, *part_lse; /* stream-ordered allocations of part_cap partials (x q_heads) */
+    uint32_t part_cap;        /* grows (doubling) to the largest plan's n_partials */
     uint32_t *arrivals; /* max_tokens x kv_heads, zeroed once; kernels leave them 0 */
     uint32_t *work;     /* 2 words after the arrivals, likewise (FwdArgs.work) */
     uint8_t *check;     /* kern__plan_check's scratch */

@@ -1,7 +1,7 @@
 /*
  * kern_cuda_lane.cu — lanes (kern.h, the GPU data path): what one step in flight needs of its own
- * — a stream, the plan and slot buffers, the partials and merge arrival counters, and a
- * host-mapped progress word — so that a step whose stream waits on its client's ready word never
+ * — a stream, the plan and slot buffers, the partials (grown to the largest plan the lane ran)
+ * and merge arrival counters, and a host-mapped progress word — so that a step whose stream waits on its client's ready word never
  * holds up another client's step. The backend's own calls (kern_append_kv, kern_attend) run on
  * lane 0, which never waits on a client.
  *
@@ -58,10 +58,15 @@ int lane_init(Cuda *c, Lane *L)
     memset(L, 0, sizeof(*L));
     L->c = c;
     L->base.b = &c->base;
-    const uint64_t slots = (uint64_t)(cfg->max_partials ? cfg->max_partials : 1) * m.q_heads;
+    const uint32_t max_part = cfg->max_partials ? cfg->max_partials : 1;
+    L->part_cap = max_part < LANE_PARTIALS_START ? max_part : LANE_PARTIALS_START;
+    const uint64_t slots = (uint64_t)L->part_cap * m.q_heads;
     const uint64_t arrivals = ((uint64_t)cfg->max_tokens * m.kv_heads + 2) * sizeof(uint32_t);
-    if (cudaMalloc(&L->part_o, slots * m.head_dim * sizeof(float)) != cudaSuccess ||
-        cudaMalloc(&L->part_lse, slots * sizeof(float)) != cudaSuccess ||
+    if (cudaStreamCreateWithFlags(&L->main, cudaStreamNonBlocking) != cudaSuccess)
+        goto io;
+    /* stream-ordered, as partials_reserve replaces them */
+    if (cudaMallocAsync(&L->part_o, slots * m.head_dim * sizeof(float), L->main) != cudaSuccess ||
+        cudaMallocAsync(&L->part_lse, slots * sizeof(float), L->main) != cudaSuccess ||
         cudaMalloc(&L->arrivals, arrivals) != cudaSuccess)
         goto nomem; /* device memory may legitimately not suffice: -ENOMEM */
     if (cudaMemset(L->arrivals, 0, arrivals) != cudaSuccess)
@@ -86,8 +91,7 @@ int lane_init(Cuda *c, Lane *L)
     L->check = static_cast<uint8_t *>(malloc(kern__plan_scratch_bytes(cfg)));
     if (!L->last || !L->check)
         goto nomem;
-    if (cudaStreamCreateWithFlags(&L->main, cudaStreamNonBlocking) != cudaSuccess ||
-        cudaEventCreateWithFlags(&L->slot_copied, cudaEventDisableTiming) != cudaSuccess)
+    if (cudaEventCreateWithFlags(&L->slot_copied, cudaEventDisableTiming) != cudaSuccess)
         goto io;
     for (PlanBuf &pb : L->plan)
         if (cudaEventCreateWithFlags(&pb.copied, cudaEventDisableTiming) != cudaSuccess)
