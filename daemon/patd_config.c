@@ -115,11 +115,17 @@ static const opt_t opts[] = {
      "cuda backend: layers of a step enqueued ahead of its lane's progress (bounds what a "
      "stalled client can leave queued)",
      NULL},
+    {"gpu", "enqueue", T_STR, F(enqueue), 5, 8, "ahead", 0,
+     "cuda backend: ahead (a step's layers are enqueued up to gpu.enqueue_depth ahead, each "
+     "waiting on the GPU for its client's hand-over) or on_ready (the lane thread enqueues a "
+     "layer once it has seen the hand-over in host memory: the CPU decides per layer, as "
+     "packing several sessions' layers together needs; costs the lane thread's poll per layer)",
+     NULL},
     {"gpu", "lanes", T_U32A, F(lanes), 1, 64, "auto", 0,
      "cuda backend: GPU steps in flight at once, each on a stream of its own (a step holds a "
      "lane, not a thread); auto: the hardware queues CUDA_DEVICE_MAX_CONNECTIONS keeps apart "
-     "(patd sets 32 where unset) less two, at most what 1/16 of the GPU's memory holds (a lane's "
-     "partials grow with limits.conn_max_batch_tokens)",
+     "(patd sets 32 where unset) less two, at most what 1/16 of the GPU's memory holds (a lane "
+     "starts small; its partials grow to the largest plan it runs)",
      NULL},
     {"gpu", "dependent_launch", T_U32, F(dependent_launch), 0, 1, "1", 0,
      "cuda backend, sm_90: 1 = a layer's forward is launched as a programmatic dependent of its "
@@ -484,6 +490,10 @@ static int validate(patd_config_t *c)
     }
     if (strcmp(c->backend, "auto") && strcmp(c->backend, "cpu") && strcmp(c->backend, "cuda")) {
         cfg_error(c, "daemon.backend must be auto, cpu or cuda (got '%s')", c->backend);
+        return -EINVAL;
+    }
+    if (strcmp(c->enqueue, "ahead") && strcmp(c->enqueue, "on_ready")) {
+        cfg_error(c, "gpu.enqueue must be ahead or on_ready (got '%s')", c->enqueue);
         return -EINVAL;
     }
     if (strcmp(c->merge, "launch") && strcmp(c->merge, "inside")) {

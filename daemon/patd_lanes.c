@@ -126,6 +126,8 @@ static int lane_enqueue(patd_t *d, patd_lane_t *ln)
     };
     while (ln->next < nl && kern_lane_enqueued(ln->lane) - kern_lane_progress(ln->lane) < depth) {
         const uint32_t l = ln->next;
+        if (d->lanes.on_ready && l >= ln->handed)
+            break; /* not handed over yet (count_handed ran this pass) */
         ly.layer = l;
         ly.report = (l + 1) % every == 0 || l + 1 == nl;
         ly.wait_word = ready + l;
@@ -258,8 +260,10 @@ static void count_handed(patd_t *d, patd_lane_t *ln, uint64_t now)
 static int waits_for_client(patd_t *d, const patd_lane_t *ln)
 {
     const uint32_t nl = d->model.n_layers;
-    if (ln->handed >= nl || ln->handed >= ln->next)
+    if (ln->handed >= nl)
         return 0;
+    if (!d->lanes.on_ready && ln->handed >= ln->next)
+        return 0; /* the window holds only handed-over layers: the lane waits for the GPU */
     if (ln->handed == 0)
         return 1;
     const uint64_t *done = ipc_gsig_done(ln->c->gsig, nl);
@@ -464,6 +468,7 @@ int patd_lanes_start(patd_t *d, uint32_t n)
         }
         L->n = i + 1;
     }
+    L->on_ready = !strcmp(d->cfg.enqueue, "on_ready");
     L->free_idx = pat_xcalloc(L->n, sizeof(*L->free_idx));
     L->take = pat_xcalloc(L->n, sizeof(*L->take));
     pthread_mutex_init(&L->mu, NULL);

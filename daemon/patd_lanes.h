@@ -7,7 +7,10 @@
  * lane, not a thread, until its last layer ran or it was cut. The lane thread:
  *   - gives free lanes to waiting steps in arrival order and begins them (plan upload, the
  *     STEP_BEGIN answer);
- *   - enqueues each step's layers at most gpu.enqueue_depth ahead of its lane's progress;
+ *   - enqueues each step's layers at most gpu.enqueue_depth ahead of its lane's progress, each
+ *     waiting on the GPU for its client's hand-over (gpu.enqueue = ahead), or each once its
+ *     hand-over shows in host memory (on_ready: the CPU knows, per layer, which sessions are
+ *     ready, as packing several sessions' layers into one forward needs);
  *   - watches, from host memory only, every lane's progress and every step's hand-overs (its
  *     client's ready words), and gives a step back to the loop once its last layer ran;
  *   - cuts a step (releases its waits from the CPU, drains its lane, new epoch) when its client
@@ -71,6 +74,7 @@ typedef struct patd_lane {
 typedef struct patd_lanes {
     patd_lane_t *lane; /* [n] */
     uint32_t n;
+    int on_ready; /* gpu.enqueue = on_ready: a layer is enqueued once its hand-over is seen */
     pthread_t thread;
     int started;
     pthread_mutex_t mu; /* the waiting queue and stop */
