@@ -82,15 +82,6 @@ void *patd_exec_take_done(patd_exec_t *x);
 /* Drops every post naming arg (loop thread, before arg is freed). */
 void patd_exec_forget(patd_exec_t *x, void *arg);
 
-/* Jobs submitted and not yet taken by an executor (a snapshot; any thread). */
-static inline uint32_t patd_exec_waiting(patd_exec_t *x)
-{
-    pthread_mutex_lock(&x->q_mu);
-    const uint32_t n = x->q_len;
-    pthread_mutex_unlock(&x->q_mu);
-    return n;
-}
-
 static inline void patd_exec_beat(patd_exec_t *x, uint32_t exec_id)
 {
     atomic_fetch_add_explicit(&x->beat[exec_id], 1, memory_order_relaxed);

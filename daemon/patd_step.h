@@ -8,9 +8,14 @@
  *
  *   IDLE ──BEGIN accepted (loop)──> QUEUED ──executor takes it──> PREPARING
  *   IDLE ──BEGIN refused, GPU session (loop)──> REFUSED ──executor takes it──> EMPTY
- *   PREPARING ──reserved and packed (executor)──> RUNNING ──layers done/stopped──> BACK
- *   PREPARING ──did not start, GPU session (executor)──> EMPTY ──handshakes done──> UNSTARTED
+ *   PREPARING ──reserved and packed (cpu: executor; GPU: the lane thread, once a lane is free)──>
+ *       RUNNING ──layers done/stopped──> BACK
+ *   PREPARING ──did not start, GPU session (lane thread)──> EMPTY ──handshakes done──> UNSTARTED
  *   PREPARING ──did not start, cpu session (executor)──> UNSTARTED
+ *
+ * A GPU session's step is the executor's while it reserves and packs, then the lane thread's
+ * (patd_lanes.h) until its give-back: it waits for a free lane in PREPARING (or EMPTY, refused),
+ * holding no thread.
  *   BACK, UNSTARTED ──STEP_END answered, or the session reclaimed (loop)──> IDLE
  *
  * A GPU session's client stream hands over every layer without waiting for the BEGIN answer, so
@@ -71,7 +76,7 @@ typedef struct patd_step {
     uint32_t tick_base;
     const sched_plan_hdr_t *plan;
     _Atomic int state; /* patd_step_state_t; moved only by step_move (patd_step.c) */
-    _Atomic int abort; /* loop -> executor: stop waiting, give the step back */
+    _Atomic int abort; /* loop -> executor or lane thread: stop waiting, give the step back */
     int err;           /* first error (negative errno); set before the move that reports it */
     uint32_t layers_done;
     uint32_t next_layer;    /* cpu: the layer the executor waits for or runs next */
