@@ -16,18 +16,19 @@
  * (client died, STEP_END early, drain) or limits.step_timeout_ms passed without a hand-over, so
  * a stalled client holds no executor and costs the others nothing.
  *
- * GPU sessions (cuda backend) run the same phases 1 and 2, then the executor answers STEP_BEGIN
- * at once and enqueues the step's layers on its own lane, at most gpu.enqueue_depth ahead of the
- * lane's progress (read from host memory: no CUDA call while it waits). The handshakes are GPU-
- * side (ipc_shm.h): this thread never sees a layer's ready word, only the lane's progress. A step
- * that failed to start still runs its n_layers handshakes without compute (EMPTY), so the
- * client's stream (or its captured graph) goes through and the words stay paired. A client that
- * dies, or makes no progress for limits.step_timeout_ms, has its waits released from the CPU
- * (gpu_cut).
+ * GPU sessions (cuda backend) run the same phases 1 and 2 on the executor, which then hands the
+ * step to the lane thread (patd_lanes.c) and is free: the step holds a lane, not a thread, while
+ * its layers run. The lane thread begins it once a lane is free (the loop answers STEP_BEGIN
+ * then), enqueues its layers, watches the lane's progress and the client's hand-overs from host
+ * memory, and gives it back. A step that failed to start still runs its n_layers handshakes
+ * without compute (EMPTY), so the client's stream (or its captured graph) goes through and the
+ * words stay paired. A client that dies, or makes no progress for limits.step_timeout_ms, has
+ * its waits released from the CPU (patd_lanes.c's cut).
  *
  * Threads: patd_step_begin/end/complete/cancel on the loop thread; step_job on an executor. The
- * executor owns the step from QUEUED/REFUSED until its final move (to BACK or UNSTARTED, stored
- * under the post list's lock); meanwhile the loop only sets `abort` and wakes the ready word.
+ * executor (a GPU step: then the lane thread) owns the step from QUEUED/REFUSED until its final
+ * move (to BACK or UNSTARTED, stored under the post list's lock); meanwhile the loop only sets
+ * `abort` and wakes the ready word (or the lane thread).
  */
 #include <assert.h>
 #include <errno.h>
