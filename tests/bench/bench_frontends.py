@@ -23,6 +23,19 @@ a configuration steps. The union frontend is one process with the N x B sequence
 frontends. A step is CUDA-synchronised wall time: tensors in, step begin, the forward with its
 hand-offs, step end, the argmax read back.
 
+Every way (patd, union, in-process) starts from a clean slate. The frontend processes are a pool
+that lives through the whole run (a process takes ~10 s to start: interpreter, CUDA, weights), so
+before each way every one of them releases what the ways before it left: its patd session is
+closed when its run ends (staging unmapped), its objects are dropped and collected (reference
+cycles too), and the caching allocator's free blocks and cuBLAS's workspaces go back to the
+driver. A frontend whose PyTorch allocations still exceed those it had with its weights alone by
+more than LEAK_GIB (a leak release cannot undo) is replaced by a fresh process, and the log says
+so. The daemon is stopped before the in-process way of a configuration (its KV pool is GPU
+memory the in-process frontends would otherwise not have) and started again for the next patd
+way, so every configuration's patd runs start on a fresh daemon (an empty prefix cache). Each
+way's start prints the GPU's free memory then (the daemon running or stopped) and the
+frontends' PyTorch allocations; the table has it as "free G".
+
 Reported per configuration: aggregate tokens/s (tokens of the steps in the window / window),
 against the union frontend and against the in-process frontends; p50 and p99 step time (all
 frontends' steps pooled, and the worst frontend's p99; per frontend in the JSON); attention time
@@ -35,10 +48,15 @@ frontend's work between hand-offs too, and the frontend's events are the closer 
 attention alone; every counter's delta is in the JSON, a better metric the daemon grows
 included); KV bytes the daemon's plans read per layer; daemon CPU cores
 (utime + stime of /proc/<patd pid>/stat over the window / the window; idle before the first
-run); the most steps in flight at once (patd's status, polled every 0.2 s); and healthy
-frontends cut (step errors in the window, prefill and warm-up steps cut (each taken again, up to
-3 times, so that the window still has N frontends), refused sessions; must be 0: the exit status
-is 1 otherwise; an in-process frontend's failure is shown but is no daemon's cut). The
+run; "-" while it is stopped for the in-process way); the most steps in flight at once (patd's
+status, polled every 0.2 s); and healthy frontends cut (step errors in the window, prefill and
+warm-up steps cut (each taken again, up to 3 times, so that the window still has N frontends),
+refused sessions; must be 0: the exit status is 1 otherwise; an in-process frontend's failure
+is shown but is no daemon's cut). A run in which fewer frontends stepped through the window
+than its configuration has (one refused, e.g. for CUDA out-of-memory, lost, or given up after
+GIVE_UP_AFTER errors in a row) is incomplete: its tokens/s is that of fewer frontends, so no
+ratio is taken with it ("-" in xunion / xinpr) and a target that only it measured is reported
+as invalid, not met or missed. The
 floors, per round of one step of every frontend: weight bytes (N copies; once for the union) +
 distinct KV bytes over the read bandwidth, and GEMM FLOPs over the bf16 tensor-core rate (both
 measured as bench_frontend.floors() does), and the tokens/s ceiling they give.
@@ -55,29 +73,38 @@ interpreter, CUDA context, weights, session, prefill), step --churn-life seconds
 alternately by closing their session and by SIGKILLing themselves in the middle of a step; a
 new one takes each leaver's place until the window ends. Reported: joins, leaves, first-step
 times, the steady frontends' step times, and every step error (the target is 0).
---slow: at every N >= 2 of --n, frontend 0 sleeps 300 ms before handing layer layers/2 over on
-every 10th step; reported: the other frontends' step rate against theirs in the same
-configuration without it (the target: at most 5 % lower). The slow frontend's own cuts are
-reported apart (it is slow, not stalled: patd should keep its lane, but may cut it while others
-wait).
+--slow: at every N >= 2 of --n, one run with one daemon and one set of frontends whose window
+is --slow-pairs pairs of --slow-window s windows (default 8 of 1.5 s; the order within a pair
+alternates: on-off, off-on, ...): in one window of each pair frontend 0 sleeps 300 ms before
+handing layer layers/2 over on every 10th step, in the other it does not (the pool's shared flag,
+which the parent sets at each window's start; nothing restarts). The other frontends' step rate
+is counted in each window after its first SLOW_GUARD_S s (a sleep begun in the window before has
+ended by then), and each pair gives the ratio with / without; reported: the ratios' median,
+quartiles and range, and how many sleeps each pair had (and that none overlapped the counted
+part of a window without them). The target (the others at most 5 % slower): the median's
+verdict, "not shown" where the quartiles are further apart than the 5 % itself. The slow
+frontend's own cuts are reported apart (it is slow, not stalled: patd should keep its lane, but
+may cut it while others wait).
 
     python3 tests/bench/bench_frontends.py --patd build/gpu/bin/patd [--n 1,2,4,8,16]
         [--batch 8] [--prompt-tokens 2048] [--seconds 5] [--layers 4] [--prompts both]
-        [--patd-arg K=V ...] [--churn] [--slow] [--no-matrix] [--quick] [--json FILE]
-        [--daemon-log FILE] [--deadline S]
+        [--patd-arg K=V ...] [--churn] [--slow] [--slow-pairs 8] [--slow-window 1.5]
+        [--no-matrix] [--quick] [--json FILE] [--daemon-log FILE] [--deadline S]
     python3 tests/bench/bench_frontends.py --device cpu --patd build/bin/patd   # smoke
 
 Issue 36's "4 frontends x batch 16" targets: --n 4 --batch 16 --prompts shared (--batch takes a
-comma list). The default run is estimated at 4-6 minutes on an H100 (28 runs of about 8 s, 38
-with cross_pack's two daemons), --quick (N = 1, 4, 16, shared prompt only) at 2-3; neither has
-been timed on a GPU yet. --device cpu: the same
-code path on the cpu backend with a tiny model (host sessions, attention in process by
-DenseAttention instead of FlashInfer; no floors): a smoke test of the orchestration.
+comma list). The default run is estimated at 5-7 minutes on an H100 (28 runs of about 8 s, 38
+with cross_pack's two daemons, and a daemon start per configuration), --quick (N = 1, 4, 16,
+shared prompt only) at 2-3; --slow adds one run of 1 + 24 s of stepping (default pairs and
+windows) per N >= 2, --churn one of --churn-seconds. --device cpu: the same code path on the cpu
+backend with a tiny model (host sessions, attention in process by DenseAttention instead of
+FlashInfer; no floors; --slow: 4 pairs of 1 s windows): a smoke test of the orchestration.
 --deadline S: no run starts S seconds after the script did (the rest are listed as skipped).
 tests/gpu/run.sh --frontends [quick|modes] runs it on the GPU host under MPS.
 """
 
 import argparse
+import gc
 import importlib.util
 import json
 import multiprocessing as mp
@@ -86,6 +113,7 @@ import random
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -106,6 +134,14 @@ import test_frontend as tf  # noqa: E402
 
 SLOW_S = 0.3        # --slow: the sleep inside a layer (issue 36's slow frontend) ...
 SLOW_EVERY = 10     # ... on every 10th step
+# --slow: the first seconds of every window that are not counted: a sleep begun just before the
+# flag changed has ended by then (SLOW_S + 50 ms for the rest of that step)
+SLOW_GUARD_S = SLOW_S + 0.05
+SLOW_TARGET = 0.05  # issue 36: the others' step rate at most 5 % lower beside the slow one
+# a frontend whose PyTorch allocations, after it released a way, exceed those it had with its
+# weights alone by more than this is replaced by a fresh process (a leak release cannot undo;
+# 0.25 GiB: above cuBLAS workspaces and small caches, below one in-process KV cache)
+LEAK_GIB = 0.25
 GIVE_UP_AFTER = 5   # consecutive step errors after which a frontend stops for this run
 SETUP_STEPS = 2     # warm-up steps of each frontend before the barrier (cuBLAS, plans)
 STATUS_EVERY_S = 0.2  # how often the parent polls patd's status for steps in flight
@@ -114,11 +150,11 @@ STATUS_EVERY_S = 0.2  # how often the parent polls patd's status for steps in fl
 SIZES = {"cuda": dict(layers=4, q_heads=32, kv_heads=8, head_dim=128, ffn=4096, vocab=8192,
                       n="1,2,4,8,16", batch="8", prompt_tokens=2048, user_tokens=32,
                       seconds=5.0, warmup=1.0, decode_len=128, max_batch_tokens=2048,
-                      churn_seconds=20.0, churn_life="2,5"),
+                      churn_seconds=20.0, churn_life="2,5", slow_pairs=8, slow_window=1.5),
          "cpu": dict(layers=2, q_heads=4, kv_heads=2, head_dim=64, ffn=256, vocab=512,
                      n="1,2", batch="2", prompt_tokens=64, user_tokens=8, seconds=1.5,
                      warmup=0.5, decode_len=16, max_batch_tokens=256, churn_seconds=15.0,
-                     churn_life="1,2")}
+                     churn_life="1,2", slow_pairs=4, slow_window=1.0)}
 
 
 def make_cfg(o):
@@ -340,8 +376,9 @@ class Frontend:
 
 
 def step_loop(fe, t_go, t0, t1, slow, pipe=None, life_s=None, kill=False, info=()):
-    """Steps fe from t_go until t1 (time.monotonic, the same clock in every process). Returns
-    {"steps": [[end, seconds, attention ms, process cpu s], ...], "errors": [...], ...}.
+    """Steps fe from t_go until t1 (time.monotonic, the same clock in every process). slow: None,
+    or the pool's shared flag: while it is set, every SLOW_EVERY-th step sleeps (Hook). Returns
+    {"steps": [[end, seconds, attention ms, process cpu s, slept], ...], "errors": [...], ...}.
     Churn (life_s): leaves after life_s seconds past the first step, or when the parent says
     stop; kill: by SIGKILLing this process mid-step (its records sent first)."""
     while time.monotonic() < t_go:
@@ -360,7 +397,7 @@ def step_loop(fe, t_go, t0, t1, slow, pipe=None, life_s=None, kill=False, info=(
                 fe.hook.kill = True  # the next step dies before layer layers/2's hand-off
             else:
                 break
-        fe.hook.slow = slow and k % SLOW_EVERY == 0
+        fe.hook.slow = slow is not None and slow.value != 0 and k % SLOW_EVERY == 0
         ts = time.monotonic()
         try:
             ms = fe.step()
@@ -379,7 +416,7 @@ def step_loop(fe, t_go, t0, t1, slow, pipe=None, life_s=None, kill=False, info=(
             first = te
             out["first_step_s"] = te - ts
         consecutive = 0
-        recs.append([te, te - ts, ms, time.process_time()])
+        recs.append([te, te - ts, ms, time.process_time(), int(fe.hook.slow)])
         k += 1
     if out["left"] is None:
         out["left"] = "gave up" if out["gave_up"] else "window over"
@@ -395,13 +432,42 @@ def child_init(o):
     return cfg, model
 
 
-def pool_main(idx, pipe, o):
+def memory(dev):
+    """This process's memory and the GPU's: free and total GiB on the device (every process's
+    use counted), PyTorch's allocated and reserved GiB here; on cpu the resident set only."""
+    if dev != "cuda":
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return {"free_gib": None, "total_gib": None, "allocated_gib": None,
+                "reserved_gib": None, "rss_gib": rss / 2**30}
+    free, total = torch.cuda.mem_get_info()
+    return {"free_gib": free / 2**30, "total_gib": total / 2**30,
+            "allocated_gib": torch.cuda.memory_allocated() / 2**30,
+            "reserved_gib": torch.cuda.memory_reserved() / 2**30, "rss_gib": None}
+
+
+def release(dev):
+    """Gives back what the way before left: objects in reference cycles (a FlashInfer wrapper,
+    a step's traceback) collected, the caching allocator's free blocks and cuBLAS's workspaces
+    returned to the driver. A patd session is closed by Frontend.close already (its staging
+    unmapped)."""
+    gc.collect()
+    if dev == "cuda":
+        torch.cuda.synchronize()
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear:
+            clear()
+        torch.cuda.empty_cache()
+
+
+def pool_main(idx, pipe, o, flag):
     """A pool frontend: builds the model once, then serves the parent's runs (JSON-able dicts
-    over a multiprocessing pipe): floors, run (setup, ready, go, done), exit."""
+    over a multiprocessing pipe): floors, release (memory figures back), run (setup, ready, go,
+    done), exit. flag: the pool's shared slow flag (--slow), read by a run told it is slow."""
     try:
         cfg, model = child_init(o)
-        free = torch.cuda.mem_get_info()[0] / 2**30 if o["device"] == "cuda" else None
-        pipe.send({"up": True, "pid": os.getpid(), "free_gib": free})
+        release(o["device"])
+        pipe.send(dict(memory(o["device"]), up=True, pid=os.getpid()))
     except Exception as e:  # noqa: BLE001 (reported to the parent)
         pipe.send({"up": False, "error": "%s: %s" % (type(e).__name__, e)})
         return
@@ -412,10 +478,14 @@ def pool_main(idx, pipe, o):
             return
         if msg["op"] == "exit":
             return
+        if msg["op"] == "release":
+            release(o["device"])
+            pipe.send(memory(o["device"]))
+            continue
         if msg["op"] == "floors":
             import bench_frontend
             bw, tc = bench_frontend.floors()
-            torch.cuda.empty_cache()
+            release(o["device"])
             pipe.send({"bw": bw, "tc": tc, "gpu": torch.cuda.get_device_name()})
             continue
         ro = dict(o, **msg)
@@ -425,6 +495,10 @@ def pool_main(idx, pipe, o):
         t = time.monotonic()
         try:
             fe.open(msg["shared"])
+            if o["device"] == "cuda":
+                # the prefill's activations back to the driver before the window (the others
+                # may still be prefilling); the warm-up steps take what decode needs
+                torch.cuda.empty_cache()
             for _ in range(SETUP_STEPS):
                 fe.retrying(fe.step)
         except Exception as e:  # noqa: BLE001 (a refused session is a result)
@@ -432,15 +506,18 @@ def pool_main(idx, pipe, o):
             fe.close()
             pipe.send({"ready": False, "error": "%s: %s" % (type(e).__name__, e),
                        "errno": getattr(e, "errno", None), "setup_errors": fe.setup_errors})
+            fe = None
             continue
         pipe.send({"ready": True, "setup_s": time.monotonic() - t, "setup_errors": fe.setup_errors,
                    "cached_tokens": getattr(fe, "cached", None), "mps": getattr(fe, "mps", None)})
         go = pipe.recv()
         if go["op"] != "go":
             fe.close()
+            fe = None
             continue
-        res = step_loop(fe, go["t_go"], go["t0"], go["t1"], msg.get("slow", False))
+        res = step_loop(fe, go["t_go"], go["t0"], go["t1"], flag if msg.get("slow") else None)
         fe.close()
+        fe = None  # nothing of this way left referenced here: the next release frees it all
         pipe.send(dict(res, done=True))
 
 
@@ -459,7 +536,7 @@ def churn_main(idx, pipe, o):
                    "errno": getattr(e, "errno", None), "steps": [], "errors": [],
                    "setup_errors": fe.setup_errors if "fe" in locals() else []})
         return
-    res = step_loop(fe, 0.0, 0.0, o["t1"], False, pipe=pipe, life_s=o["life_s"], kill=o["kill"],
+    res = step_loop(fe, 0.0, 0.0, o["t1"], None, pipe=pipe, life_s=o["life_s"], kill=o["kill"],
                     info={"startup_s": time.monotonic() - o["t_spawn"],
                           "setup_errors": fe.setup_errors})
     fe.close()
@@ -495,8 +572,9 @@ def metrics(sock):
 
 class Daemon:
     """The patd this script starts (tests/gpu/test_frontend.start_daemon: cuda backend, 4
-    executors; cpu with --device cpu), restarted when a run needs another variant (cross_pack);
-    its log is appended to --daemon-log."""
+    executors; cpu with --device cpu), restarted when a run needs another variant (cross_pack)
+    and stopped while the in-process frontends run (their memory is the GPU's, not what the
+    daemon's pool leaves); its log is appended to --daemon-log."""
 
     def __init__(self, a, o, extra):
         self.a, self.o, self.extra = a, o, extra
@@ -520,8 +598,14 @@ class Daemon:
         print("patd %s (pid %d) on %s, %s" % (key, self.p.pid, self.sock,
                                                 " ".join(args)), flush=True)
 
+    @property
+    def running(self):
+        return self.p is not None
+
     def new_log(self):
-        """The log lines since the last call."""
+        """The log lines since the last call ("" while stopped)."""
+        if self.p is None:
+            return ""
         path = os.path.join(self.rundir, "patd.log")
         with open(path, errors="replace") as f:
             f.seek(self.log_pos)
@@ -544,7 +628,7 @@ class Daemon:
                 out.write("==== patd %s (pid %d)\n" % (vname(self.variant), self.p.pid))
                 shutil.copyfileobj(f, out)
         shutil.rmtree(self.rundir, ignore_errors=True)
-        self.p = None
+        self.p = self.sock = self.rundir = None
 
 
 def vname(variant):
@@ -556,11 +640,13 @@ def vlabel(variant):
 
 
 class Pool:
-    """Frontend processes (multiprocessing, spawn), each with the model built once."""
+    """Frontend processes (multiprocessing, spawn), each with the model built once, and the one
+    shared flag that makes a run's slow frontend sleep (--slow; 0: not now)."""
 
     def __init__(self, ctx, o, n):
         self.ctx, self.o = ctx, o
-        self.procs, self.pipes = [None] * n, [None] * n
+        self.flag = ctx.RawValue("b", 0)
+        self.procs, self.pipes, self.up = [None] * n, [None] * n, [None] * n
         for i in range(n):
             self.start(i)
         for i in range(n):
@@ -568,29 +654,53 @@ class Pool:
 
     def start(self, i):
         mine, theirs = self.ctx.Pipe()
-        p = self.ctx.Process(target=pool_main, args=(i, theirs, self.o), daemon=True)
+        p = self.ctx.Process(target=pool_main, args=(i, theirs, self.o, self.flag), daemon=True)
         p.start()
         theirs.close()
         self.procs[i], self.pipes[i] = p, mine
 
     def wait_up(self, i):
+        """Frontend i's first message: its memory with the weights alone (memory())."""
         m = self.recv(i, 300)
         if not m or not m.get("up"):
             raise RuntimeError("frontend %d did not start: %s" % (i, m))
-        self.free_gib = m.get("free_gib")
+        self.up[i] = m
+
+    def end(self, i):
+        try:
+            self.pipes[i].send({"op": "exit"})
+        except (OSError, ValueError):
+            pass
+        self.procs[i].join(20)
+        if self.procs[i].is_alive():
+            self.procs[i].kill()
+            self.procs[i].join()
 
     def shrink(self, n):
         """Ends the frontends past the first n (fewer CUDA contexts beside churn's fresh ones)."""
         for i in range(n, len(self.procs)):
+            self.end(i)
+        del self.procs[n:], self.pipes[n:], self.up[n:]
+
+    def renew(self, idx):
+        """Fresh processes for the frontends idx (started together: ~10 s, not 10 s each)."""
+        for i in idx:
+            self.end(i)
+        for i in idx:
+            self.start(i)
+        for i in idx:
+            self.wait_up(i)
+
+    def release(self, idx=None):
+        """Every frontend (or idx) gives back what the way before left (release()); returns
+        {frontend: its memory() after, or None where it did not answer}."""
+        idx = range(len(self.procs)) if idx is None else idx
+        for i in idx:
             try:
-                self.pipes[i].send({"op": "exit"})
+                self.pipes[i].send({"op": "release"})
             except (OSError, ValueError):
                 pass
-            self.procs[i].join(20)
-            if self.procs[i].is_alive():
-                self.procs[i].kill()
-                self.procs[i].join()
-        del self.procs[n:], self.pipes[n:]
+        return {i: self.recv(i, 120) for i in idx}
 
     def recv(self, i, timeout):
         """The next message of frontend i, or None when it died or said nothing in time."""
@@ -610,6 +720,7 @@ class Pool:
         self.wait_up(i)
 
     def close(self):
+        self.flag.value = 0
         for i, p in enumerate(self.procs):
             try:
                 self.pipes[i].send({"op": "exit"})
@@ -621,47 +732,123 @@ class Pool:
                 p.kill()
 
 
-def poll_window(daemon, t0, t1, patd_way):
+def clean_slate(pool, daemon, label):
+    """Before a way: every pool frontend releases what earlier ways left; one whose PyTorch
+    allocations still exceed its weights' by LEAK_GIB is replaced by a fresh process. Prints and
+    returns the GPU's free memory then (frontend 0's view, after all released; the daemon up
+    for a patd way, stopped for an in-process one) and the frontends' own figures."""
+    ms = pool.release()
+    held = {i: m["allocated_gib"] - pool.up[i]["allocated_gib"] for i, m in ms.items()
+            if m and m.get("allocated_gib") is not None and
+            pool.up[i].get("allocated_gib") is not None}
+    why = {i: "did not answer" for i, m in ms.items() if m is None}
+    why.update({i: "held %.2f GiB more tensors than its weights after releasing" % x
+                for i, x in held.items() if x > LEAK_GIB})
+    renew = sorted(why)
+    if renew:
+        print("    before %s: %s; fresh processes for them" % (label, "; ".join(
+            "frontend %d %s" % (i, why[i]) for i in renew)), flush=True)
+        pool.renew(renew)
+        ms = pool.release()
+    m0 = pool.release([0])[0] or {}
+    got = [m for m in ms.values() if m]
+
+    def span(k):
+        v = [m[k] for m in got if m.get(k) is not None]
+        return (min(v), max(v)) if v else None
+
+    res = {"gpu_free_gib_start": m0.get("free_gib"), "gpu_total_gib": m0.get("total_gib"),
+           "fe_allocated_gib_start": span("allocated_gib"),
+           "fe_reserved_gib_start": span("reserved_gib"), "fe_rss_gib_start": span("rss_gib"),
+           "fresh_frontends": renew, "patd_running": daemon.running}
+    state = "patd running" if daemon.running else "patd stopped"
+
+    def spans(k):
+        return "-" if res[k] is None else "%.2f-%.2f" % res[k]
+
+    if res["gpu_total_gib"] is not None:
+        print("    %s starts: %s of %.1f GiB of GPU memory free (%s); the frontends' PyTorch "
+              "allocations %s GiB, reserved %s GiB"
+              % (label, fmt(res["gpu_free_gib_start"], "%.1f"), res["gpu_total_gib"], state,
+                 spans("fe_allocated_gib_start"), spans("fe_reserved_gib_start")), flush=True)
+    else:
+        print("    %s starts: %s; the frontends' resident memory %s GiB (no GPU figures: %s)"
+              % (label, state, spans("fe_rss_gib_start"),
+                 "cpu" if pool.o["device"] == "cpu" else "frontend 0 did not answer"),
+              flush=True)
+    return res
+
+
+def poll_window(daemon, t0, t1, patd_way, flag=None, toggles=()):
     """Sleeps through the window [t0, t1], sampling the daemon at both ends (its metrics and
-    CPU time) and, for patd runs, its steps in flight every STATUS_EVERY_S."""
-    while time.monotonic() < t0:
-        time.sleep(min(0.05, max(0.0, t0 - time.monotonic())))
-    m0, helps = metrics(daemon.sock)
-    c0, w0 = proc_cpu_s(daemon.p.pid), time.monotonic()
-    inflight = []
-    while time.monotonic() < t1:
-        if patd_way:
-            try:
-                inflight.append(patd.status(socket=daemon.sock)["steps_in_flight"])
-            except patd.PatError:
-                pass
-        time.sleep(min(STATUS_EVERY_S, max(0.0, t1 - time.monotonic())))
+    CPU time; nothing while it is stopped) and, for patd runs, its steps in flight every
+    STATUS_EVERY_S. toggles: [(time, value)] written to flag at those times (--slow's windows;
+    the flag is 0 again at the end); the times they were written are returned."""
+    todo, done = sorted(toggles), []
+
+    def apply():
+        while todo and todo[0][0] <= time.monotonic():
+            flag.value = todo.pop(0)[1]
+            done.append([time.monotonic(), flag.value])
+
+    try:
+        while time.monotonic() < t0:
+            time.sleep(min(0.05, max(0.0, t0 - time.monotonic())))
+        apply()
+        up = daemon.running
+        if up:
+            m0, helps = metrics(daemon.sock)
+            c0, w0 = proc_cpu_s(daemon.p.pid), time.monotonic()
+        inflight, next_poll = [], time.monotonic()
+        while time.monotonic() < t1:
+            apply()
+            if patd_way and up and time.monotonic() >= next_poll:
+                try:
+                    inflight.append(patd.status(socket=daemon.sock)["steps_in_flight"])
+                except patd.PatError:
+                    pass
+                next_poll = time.monotonic() + STATUS_EVERY_S
+            wake = [t1]
+            if todo:
+                wake.append(todo[0][0])
+            if patd_way and up:
+                wake.append(next_poll)
+            time.sleep(min(STATUS_EVERY_S, max(0.0, min(wake) - time.monotonic())))
+    finally:
+        if flag is not None:
+            flag.value = 0
+    out = {"inflight_max": max(inflight) if inflight else None,
+           "inflight_mean": sum(inflight) / len(inflight) if inflight else None,
+           "toggles": done}
+    if not up:
+        return dict(out, daemon_cpu_cores=None, daemon_delta={}), {}
     c1, w1 = proc_cpu_s(daemon.p.pid), time.monotonic()
     m1, _ = metrics(daemon.sock)
     delta = {k: m1[k] - m0.get(k, 0.0) for k in m1
              if "_total" in k or k.endswith("_sum") or k.endswith("_count")}
-    return {"daemon_cpu_cores": (c1 - c0) / (w1 - w0), "daemon_delta": delta,
-            "inflight_max": max(inflight) if inflight else None,
-            "inflight_mean": sum(inflight) / len(inflight) if inflight else None}, helps
+    return dict(out, daemon_cpu_cores=(c1 - c0) / (w1 - w0), daemon_delta=delta), helps
 
 
 CUT_RE = re.compile(r"\bcut|releasing the step|stall_cut_ms")
 
 
-def run(pool, daemon, a, o, way, n, batch, shared, label, union=False, slow=False):
-    """One configuration: N frontends (or the union frontend) set up, released together,
-    stepped through the window; returns its numbers."""
+def run(pool, daemon, a, o, way, n, batch, shared, label, union=False, slow=None):
+    """One configuration: N frontends (or the union frontend) set up from a clean slate,
+    released together, stepped through the window; returns its numbers. slow: None, or
+    {"pairs", "window"}: the window is that many pairs of windows in which frontend 0 sleeps
+    (the shared flag set) or not, in alternating order, and res["slow_pairs"] compares them."""
     P = o["prompt_tokens"]
     idx = [0] if union else list(range(n))
-    res = {"way": way, "label": label, "n": n, "batch": batch, "union": union, "slow": slow,
-           "shared_prompt": P if shared else 0, "frontends": len(idx),
+    res = {"way": way, "label": label, "n": n, "batch": batch, "union": union,
+           "slow": slow is not None, "shared_prompt": P if shared else 0, "frontends": len(idx),
            "seqs_per_frontend": n * batch if union else batch,
            "variant": vname(daemon.variant) if way == "patd" else None}
+    res.update(clean_slate(pool, daemon, label))
     msgs = []
     for j, i in enumerate(idx):
         msgs.append({"op": "run", "way": way, "shared": shared, "sock": daemon.sock,
                      "batch": batch, "prompt_frontends": list(range(n)) if union else [i],
-                     "label": "%s%d" % (label, i), "slow": slow and j == 0})
+                     "label": "%s%d" % (label, i), "slow": slow is not None and j == 0})
     daemon.new_log()
     ready, refused, setup_errors = {}, [], []
     # frontend 0 first: the system prompt in patd's prefix cache (and FlashInfer's JIT cache)
@@ -680,12 +867,19 @@ def run(pool, daemon, a, o, way, n, batch, shared, label, union=False, slow=Fals
                 ready[i] = m
             if m:
                 setup_errors += [{"frontend": i, "error": x} for x in m.get("setup_errors", [])]
+    seconds = 2 * slow["pairs"] * slow["window"] if slow else o["seconds"]
     t_go = time.monotonic() + 0.3
-    t0, t1 = t_go + o["warmup"], t_go + o["warmup"] + o["seconds"]
+    t0, t1 = t_go + o["warmup"], t_go + o["warmup"] + seconds
+    windows = []  # --slow: [start, end, frontend 0 sleeps]; pair k: on, off or off, on
+    for k in range(slow["pairs"] if slow else 0):
+        for on in ((True, False) if k % 2 == 0 else (False, True)):
+            w0 = t0 + len(windows) * slow["window"]
+            windows.append([w0, w0 + slow["window"], on])
     for i in ready:
         pool.pipes[i].send({"op": "go", "t_go": t_go, "t0": t0, "t1": t1})
     try:
-        win, helps = poll_window(daemon, t0, t1, way == "patd")
+        win, helps = poll_window(daemon, t0, t1, way == "patd", flag=pool.flag,
+                                 toggles=[(w[0], int(w[2])) for w in windows])
     except (OSError, patd.PatError) as e:  # patd died: the frontends' errors tell the rest
         win, helps = {"daemon_error": "%s: %s (patd exit status %s)" % (
             type(e).__name__, e, daemon.p.poll()), "daemon_delta": {}}, {}
@@ -694,17 +888,27 @@ def run(pool, daemon, a, o, way, n, batch, shared, label, union=False, slow=Fals
     for j, i in enumerate(idx):
         if i not in ready:
             continue
-        m = pool.recv(i, o["seconds"] + o["warmup"] + 120)
+        m = pool.recv(i, seconds + o["warmup"] + 120)
         if m is None:
             per.append({"frontend": i, "lost": True, "steps": [], "errors": [
                 {"error": "frontend process lost or hung during the window"}]})
             pool.replace(i)
             continue
-        m["frontend"], m["slow"] = i, slow and j == 0
+        m["frontend"], m["slow"] = i, slow is not None and j == 0
         m["setup_s"] = ready[i]["setup_s"]
         per.append(m)
     summarize(res, per, t0, t1, res["seqs_per_frontend"], o["layers"])
+    if slow:
+        res["slow_pairs"] = slow_pairs(per, windows, t0)
     res["refused"] = refused
+    # fewer frontends stepped through the window than the configuration has: its tokens/s is
+    # that of fewer, so no ratio with it is valid (a refusal, a frontend lost or given up)
+    short = ["%d of %d refused" % (len(refused), len(idx))] if refused else []
+    gone = [f["frontend"] for f in res["per_frontend"] if f.get("gave_up")] + \
+        [m["frontend"] for m in per if m.get("lost")]
+    if gone:
+        short.append("frontends %s stopped stepping" % ",".join(map(str, sorted(gone))))
+    res["incomplete"] = "; ".join(short) or None
     # prefill and warm-up steps cut (each retried, up to 3 times): cuts all the same
     res["setup_errors"] = setup_errors
     res["step_errors"] += len(setup_errors)
@@ -768,6 +972,47 @@ def summarize(res, per, t0, t1, batch, layers):
                                 if fronts else None)
 
 
+def slow_pairs(per, windows, t0):
+    """--slow: in each window, the other frontends' mean step rate over the steps that ended
+    after its first SLOW_GUARD_S seconds (a sleep begun in the window before has ended), and
+    the slow frontend's sleeps there; for each pair of adjacent windows (one with the slow
+    frontend sleeping, one without) the ratio of the others' rates, and their median, quartiles
+    and range."""
+    others = [m for m in per if not m.get("slow")]
+    slow = [m for m in per if m.get("slow")]
+    ws = []
+    for w0, w1, on in windows:
+        a = w0 + SLOW_GUARD_S
+        steps = sum(1 for m in others for r in m["steps"] if a <= r[0] <= w1)
+        # the slow frontend's slept steps: begun in this window (the flag is read as a step
+        # begins), and overlapping the counted part (in a window without it, 0: the guard
+        # outlasted the last sleep of the window before)
+        slept = [r for m in slow for r in m["steps"] if r[4]]
+        ws.append({"start_s": w0 - t0, "slow": on, "counted_s": w1 - a,
+                   "sleeps": sum(1 for r in slept if w0 <= r[0] - r[1] < w1),
+                   "sleeps_counted": sum(1 for r in slept if r[0] > a and r[0] - r[1] < w1),
+                   "others_steps_per_s": steps / (w1 - a) / len(others) if others else None})
+    pairs = []
+    for k in range(0, len(ws) - 1, 2):
+        on, off = (ws[k], ws[k + 1]) if ws[k]["slow"] else (ws[k + 1], ws[k])
+        ratio = (on["others_steps_per_s"] / off["others_steps_per_s"]
+                 if on["others_steps_per_s"] is not None and off["others_steps_per_s"] else None)
+        pairs.append({"slow_first": ws[k]["slow"], "with": on["others_steps_per_s"],
+                      "without": off["others_steps_per_s"], "ratio": ratio,
+                      "sleeps": on["sleeps"]})
+    rs = sorted(p["ratio"] for p in pairs if p["ratio"] is not None)
+    out = {"windows": ws, "pairs": pairs, "guard_s": SLOW_GUARD_S, "ratios": rs}
+    if len(rs) >= 2:
+        q1, _, q3 = statistics.quantiles(rs, n=4, method="inclusive")
+        med = statistics.median(rs)
+        out.update(ratio_median=med, ratio_q1=q1, ratio_q3=q3, ratio_min=rs[0],
+                   ratio_max=rs[-1], cost_median=1.0 - med, iqr=q3 - q1)
+        # the verdict: the median's, unless the pairs spread more than the target itself
+        out["verdict"] = ("not shown" if q3 - q1 > SLOW_TARGET else
+                          "met" if 1.0 - med <= SLOW_TARGET else "missed")
+    return out
+
+
 def floors(o, fl, n, batch, shared):
     """The floors of one round (every frontend one step) and of the union's step: (bytes read /
     bandwidth) vs (GEMM FLOPs / tensor-core rate), and the tokens/s ceilings they give. Attention
@@ -801,14 +1046,14 @@ def fmt(x, spec="%.2f"):
     return "-" if x is None else spec % x
 
 
-HEAD = ("%-26s %9s %7s %6s %8s %8s %8s %9s %9s %8s %6s %9s %4s"
+HEAD = ("%-26s %9s %7s %6s %8s %8s %8s %9s %9s %8s %6s %9s %6s %4s"
         % ("way", "tok/s", "xunion", "xinpr", "p50 ms", "p99 ms", "worstp99", "attn fe",
-           "attn d", "KV MB/l", "dCPU", "inflight", "cut"))
+           "attn d", "KV MB/l", "dCPU", "inflight", "free G", "cut"))
 
 
 def row(r):
     name = r["label"]
-    return ("%-26s %9s %7s %6s %8s %8s %8s %9s %9s %8s %6s %9s %4s"
+    return ("%-26s %9s %7s %6s %8s %8s %8s %9s %9s %8s %6s %9s %6s %4s"
             % (name[:26], fmt(r.get("tok_s"), "%.0f"), fmt(r.get("x_union"), "%.2f"),
                fmt(r.get("x_inproc"), "%.2f"), fmt(r.get("step_p50_ms")),
                fmt(r.get("step_p99_ms")), fmt(r.get("worst_p99_ms")),
@@ -817,6 +1062,7 @@ def row(r):
                fmt(r.get("daemon_cpu_cores")),
                "-" if r.get("inflight_max") is None else "%d/%.1f" % (r["inflight_max"],
                                                                       r["inflight_mean"]),
+               fmt(r.get("gpu_free_gib_start"), "%.1f"),
                r.get("step_errors", 0) + len(r.get("refused", []))))
 
 
@@ -840,6 +1086,7 @@ def churn_run(pool, daemon, a, o, ctx, n, batch):
     that join, step a while and leave (alternately closing and SIGKILLed mid-step)."""
     steady = list(range(n - n // 2))
     slots = n // 2
+    slate = clean_slate(pool, daemon, "churn")
     lo, hi = [float(x) for x in o["churn_life"].split(",")]
     rng = random.Random(36)
     for i in steady:
@@ -941,12 +1188,17 @@ def churn_run(pool, daemon, a, o, ctx, n, batch):
     res = {"n": n, "batch": batch, "variant": vname(daemon.variant),
            "seconds": o["churn_seconds"], "steady": len(steady), "churn_slots": slots,
            "refused": refused}
+    res.update(slate)
     summarize(res, per, t0, t1, batch, o["layers"])
     res["joins"] = joins
     res["left_closed"] = sum(1 for c in done if c.get("left") == "closed")
     res["left_killed"] = sum(1 for c in done if c.get("exitcode") == -signal.SIGKILL)
     res["churn_refused"] = [c["refused"] for c in done if c.get("refused")]
     res["churn_stepped"] = sum(1 for c in done if c["steps"])
+    # fresh processes that ended without their records (an exception in this script, not a
+    # refusal or a step error): the run did not test what it says
+    res["churn_lost"] = sum(1 for c in done if c["exitcode"] not in (0, -signal.SIGKILL) or
+                            c.get("left") is None and not c.get("refused"))
     # the fresh ones' step errors, their prefill's (the first step: retried) included
     res["churn_step_errors"] = sum(len(c["errors"]) + len(c.get("setup_errors", []))
                                    for c in done)
@@ -997,8 +1249,12 @@ def parse_args():
     ap.add_argument("--churn-seconds", type=float)
     ap.add_argument("--churn-life", help="a churning frontend's stepping time, LO,HI seconds")
     ap.add_argument("--slow", action="store_true", help="also the slow-frontend runs")
-    ap.add_argument("--no-matrix", action="store_true",
-                    help="only --churn / --slow (and the runs --slow compares with)")
+    ap.add_argument("--slow-pairs", type=int,
+                    help="--slow: pairs of windows with and without the slow one (default 8)")
+    ap.add_argument("--slow-window", type=float,
+                    help="--slow: seconds of each window (default 1.5; the first %.2f not "
+                    "counted)" % SLOW_GUARD_S)
+    ap.add_argument("--no-matrix", action="store_true", help="only --churn / --slow")
     ap.add_argument("--quick", action="store_true", help="N = 1,4,16, shared prompt only")
     ap.add_argument("--json")
     ap.add_argument("--daemon-log", help="the daemons' logs, appended")
@@ -1009,6 +1265,9 @@ def parse_args():
     for k in list(o):
         if getattr(a, k, None) is not None:
             o[k] = getattr(a, k)
+    if o["slow_pairs"] < 2 or o["slow_window"] < SLOW_GUARD_S + 0.25:
+        ap.error("--slow needs 2 pairs or more, and windows of %.2f s or more (the first %.2f s "
+                 "of each are not counted)" % (SLOW_GUARD_S + 0.25, SLOW_GUARD_S))
     if a.quick:
         o["n"] = a.n or "1,4,16"
         a.prompts = "shared"
@@ -1084,9 +1343,13 @@ def main():
     failed_orchestration = False
     try:
         pool = Pool(ctx, o, max(ns))
-        meta["gpu_free_gib_after_pool"] = pool.free_gib
-        if pool.free_gib is not None:
-            print("%d frontends up: %.1f GiB of GPU memory free" % (max(ns), pool.free_gib),
+        up = pool.release([0])[0] or {}
+        meta["gpu_free_gib_after_pool"] = up.get("free_gib")
+        meta["fe_allocated_gib_up"] = [m.get("allocated_gib") for m in pool.up]
+        if up.get("free_gib") is not None:
+            print("%d frontends up (no patd yet): %.1f of %.1f GiB of GPU memory free; a "
+                  "frontend's PyTorch allocations %.2f GiB (its weights)"
+                  % (max(ns), up["free_gib"], up["total_gib"], pool.up[0]["allocated_gib"]),
                   flush=True)
         fl = None
         if a.device == "cuda":
@@ -1104,12 +1367,15 @@ def main():
         helps_shown = [False]
         head_due = [False]  # the table's head, printed after a daemon's start line
 
-        def do(way, n, b, shared, variant, label, union=False, slow=False):
+        def do(way, n, b, shared, variant, label, union=False, slow=None):
             if late():
                 out.doc["skipped"].append(label + " (deadline)")
                 print("skipped (deadline): " + label, flush=True)
                 return None
-            daemon.ensure(variant if variant is not None else daemon.variant or variants[0])
+            if way == "patd":
+                daemon.ensure(variant if variant is not None else daemon.variant or variants[0])
+            else:  # the in-process frontends get the GPU the daemon's pool would hold
+                daemon.stop()
             if head_due[0]:
                 print(HEAD, flush=True)
                 head_due[0] = False
@@ -1168,10 +1434,20 @@ def main():
             if include_inproc and a.inproc != "none":
                 inp = do(a.inproc, n, b, shared, None, "%s %d x %d" % (a.inproc, n, b))
             for r in rs:
-                if un and un.get("tok_s"):
-                    r["x_union"] = r["tok_s"] / un["tok_s"]
-                if inp and inp.get("tok_s"):
-                    r["x_inproc"] = r["tok_s"] / inp["tok_s"]
+                for key, peer, name in (("x_union", un, "the union frontend's tokens/s"),
+                                        ("x_inproc", inp, "the %s frontends'" % a.inproc)):
+                    if not peer:
+                        continue
+                    # a ratio with a run that had fewer frontends stepping is no comparison
+                    pair = [r] if peer is r else [r, peer]  # N = 1: the union is r itself
+                    bad = ["%s: %s" % (x["label"], x["incomplete"]) for x in pair
+                           if x.get("incomplete")]
+                    if bad:
+                        r[key + "_invalid"] = "; ".join(bad)
+                        print("    %s / %s: no ratio (%s)" % (r["label"], name, "; ".join(bad)),
+                              flush=True)
+                    elif peer.get("tok_s"):
+                        r[key] = r["tok_s"] / peer["tok_s"]
                 print("    %s: %s x the union frontend's tokens/s, %s x the %s frontends'"
                       % (r["label"], fmt(r.get("x_union")), fmt(r.get("x_inproc")), a.inproc),
                       flush=True)
@@ -1199,38 +1475,51 @@ def main():
                     for n in ns:
                         config(n, b, shared)
         if a.slow:
-            print("\n== slow frontend: frontend 0 sleeps %d ms before layer %d's hand-off "
-                  "every %dth step" % (SLOW_S * 1e3, cfg.layers // 2, SLOW_EVERY), flush=True)
+            sl = {"pairs": o["slow_pairs"], "window": o["slow_window"]}
+            print("\n== slow frontend: frontend 0 sleeps %d ms before layer %d's hand-off every "
+                  "%dth step, in one window of each of %d pairs of %.2f s windows (the order "
+                  "alternating), the others' steps counted after each window's first %.2f s"
+                  % (SLOW_S * 1e3, cfg.layers // 2, SLOW_EVERY, sl["pairs"], sl["window"],
+                     SLOW_GUARD_S), flush=True)
             head_due[0] = True
             shared = prompts[0]
             for b in batches:
                 for n in [x for x in ns if x >= 2]:
                     for v in variants:
-                        base = results.get(("patd " + vname(v), n, b, shared))
-                        if base is None:
-                            base = do("patd", n, b, shared, v, "patd %d x %d%s" % (
-                                n, b, vlabel(v)))
-                            if base:
-                                results[("patd " + vname(v), n, b, shared)] = base
                         r = do("patd", n, b, shared, v, "slow %d x %d%s" % (n, b, vlabel(v)),
-                               slow=True)
-                        if not (r and base):
+                               slow=sl)
+                        if not r:
                             continue
-                        # the others: frontends 1..n-1 in both runs
-                        rate = [sum(f["steps_per_s"] for f in x["per_frontend"]
-                                    if f["frontend"] != 0) / (n - 1) for x in (base, r)]
+                        sp = r["slow_pairs"]
                         s = {"n": n, "batch": b, "shared": shared, "variant": vname(v),
-                             "others_steps_per_s_base": rate[0], "others_steps_per_s_slow": rate[1],
-                             "others_cost": 1.0 - rate[1] / rate[0] if rate[0] else None,
+                             "pairs": sl["pairs"], "window_s": sl["window"],
                              "slow_frontend_errors": r["slow_frontend_errors"],
-                             "others_errors": r["step_errors"], "run": len(out.doc["runs"]) - 1}
+                             "others_errors": r["step_errors"], "incomplete": r["incomplete"],
+                             "run": len(out.doc["runs"]) - 1}
+                        s.update({k: sp.get(k) for k in (
+                            "ratio_median", "ratio_q1", "ratio_q3", "ratio_min", "ratio_max",
+                            "cost_median", "iqr", "verdict", "ratios")})
+                        if r["incomplete"]:
+                            s["verdict"] = "invalid"
                         out.doc["slow"].append(s)
                         out.save()
-                        print("    others' step rate %.1f/s vs %.1f/s without the slow one: "
-                              "%s lower; the slow frontend's step errors %d"
-                              % (rate[1], rate[0], fmt(s["others_cost"] and
-                                                       100 * s["others_cost"], "%.1f %%"),
-                                 r["slow_frontend_errors"]), flush=True)
+                        print("    the others' step rate with / without the slow one, per pair: "
+                              "%s; the slow one's sleeps per pair: %s; in the counted part of "
+                              "the windows without it: %d" % (
+                                  " ".join(fmt(p["ratio"], "%.3f") for p in sp["pairs"]),
+                                  " ".join(str(p["sleeps"]) for p in sp["pairs"]),
+                                  sum(w["sleeps_counted"] for w in sp["windows"]
+                                      if not w["slow"])),
+                              flush=True)
+                        print("    median %s (cost %s), quartiles %s-%s, range %s-%s: %s; the "
+                              "slow frontend's step errors %d%s"
+                              % (fmt(s["ratio_median"], "%.3f"),
+                                 fmt(s["cost_median"] and 100 * s["cost_median"], "%.1f %%"),
+                                 fmt(s["ratio_q1"], "%.3f"), fmt(s["ratio_q3"], "%.3f"),
+                                 fmt(s["ratio_min"], "%.3f"), fmt(s["ratio_max"], "%.3f"),
+                                 s["verdict"] or "too few pairs", r["slow_frontend_errors"],
+                                 "" if not r["incomplete"] else
+                                 "; incomplete: " + r["incomplete"]), flush=True)
         if a.churn:
             n, b = max(ns), batches[0]
             pool.shrink(n - n // 2)  # the steady ones; the rest come fresh
@@ -1255,6 +1544,10 @@ def main():
                          fmt(r["step_p99_ms"]), r["inflight_max"], r["daemon_cpu_cores"],
                          r["healthy_cut"], r["step_errors"], r["churn_step_errors"],
                          len(r["refused"]) + len(r["churn_refused"])), flush=True)
+                if r["churn_lost"]:
+                    print("    %d fresh frontends ended without their records (see the "
+                          "tracebacks above): the churn run is invalid" % r["churn_lost"],
+                          flush=True)
                 for x in r["churn_errors"][:3] + r["daemon_cut_lines"][:3]:
                     print("    " + x.strip(), flush=True)
         meta["daemon_idle_cpu_cores"] = daemon.idle
@@ -1262,8 +1555,10 @@ def main():
               "against the union frontend and the %s frontends of the same N, B, prompts; p50, "
               "p99: every healthy frontend's steps pooled; worstp99: the worst frontend's; attn "
               "fe / attn d: us per layer from the frontends' CUDA events / the daemon's metrics; "
-              "dCPU: patd's cores; inflight: most/mean steps in flight; cut: step errors and "
-              "refused sessions)" % a.inproc)
+              "dCPU: patd's cores (-: stopped for the in-process way); inflight: most/mean steps "
+              "in flight; free G: GiB of GPU memory free at the way's start; cut: step errors "
+              "and refused sessions; xunion and xinpr are - where either run had fewer "
+              "frontends stepping than its configuration)" % a.inproc)
         print("%-12s %s" % ("N x B prompt", HEAD))
         for r in out.doc["runs"]:
             print("%-12s %s" % ("%dx%d %s" % (r["n"], r["batch"], "sh" if r["shared_prompt"]
@@ -1284,21 +1579,33 @@ def main():
     cut = sum(r.get("step_errors", 0) + len(r.get("refused", [])) for r in out.doc["runs"]
               if r["way"] == "patd")
     cut += sum(r.get("healthy_cut", 0) for r in out.doc["churn"])
-    print("\n%d runs in %.0f s, %d skipped; healthy frontends' step errors and refusals: %d"
-          % (len(out.doc["runs"]), time.monotonic() - t_start, len(out.doc["skipped"]), cut))
-    if failed_orchestration:
+    short = [r["label"] for r in out.doc["runs"] if r.get("incomplete")]
+    print("\n%d runs in %.0f s, %d skipped; healthy frontends' step errors and refusals: %d; "
+          "runs with fewer frontends stepping than configured (no ratio taken with them): %s"
+          % (len(out.doc["runs"]), time.monotonic() - t_start, len(out.doc["skipped"]), cut,
+             ", ".join(short) or "none"))
+    if failed_orchestration or any(r.get("churn_lost") for r in out.doc["churn"]):
         return 2
     return 1 if cut else 0
 
 
 def targets(out):
-    """Issue 36's targets, as far as this run measured them (met, missed or not run), per daemon
-    variant where the daemon's options matter."""
+    """Issue 36's targets, as far as this run measured them (met, missed, not run; invalid where
+    the only runs that measured one had fewer frontends stepping than their configuration; for
+    the slow frontend, not shown where its paired windows spread wider than the target), per
+    daemon variant where the daemon's options matter."""
     t = []
 
-    def add(name, value, ok):
-        t.append({"target": name, "value": value,
-                  "verdict": "not run" if value is None else ("met" if ok else "missed")})
+    def add(name, value, ok, why=None, verdict=None):
+        if verdict is None:
+            verdict = ("met" if ok else "missed") if value is not None else \
+                ("invalid" if why else "not run")
+        t.append({"target": name, "value": value, "verdict": verdict, "why": why})
+
+    def ratio(rs, key):
+        """The valid ratios of rs, and why those left out are invalid."""
+        return ([r[key] for r in rs if r.get(key)],
+                "; ".join(r[key + "_invalid"] for r in rs if r.get(key + "_invalid")) or None)
 
     runs = out.doc["runs"]
     vars_ = sorted({r["variant"] for r in runs if r["way"] == "patd" and not r["union"]}) or \
@@ -1311,25 +1618,41 @@ def targets(out):
 
     for v in vars_:
         tag = "" if len(vars_) == 1 else " [%s]" % v
-        xs = [r["x_union"] for r in patd_runs(v, 16, 8) if r.get("x_union")]
+        xs, why = ratio(patd_runs(v, 16, 8), "x_union")
+        # the worst prompt case: a missing one (invalid) leaves the worst unknown unless a
+        # valid one already misses
         add("16 frontends x batch 8: aggregate >= 0.9 x one frontend at batch 128 (worst prompt "
-            "case)" + tag, min(xs) if xs else None, xs and min(xs) >= 0.9)
-        xs = [r["x_inproc"] for r in patd_runs(v, 4, 16, True) if r.get("x_inproc")]
+            "case)" + tag, min(xs) if xs else None, xs and min(xs) >= 0.9, why,
+            "invalid" if why and xs and min(xs) >= 0.9 else None)
+        xs, why = ratio(patd_runs(v, 4, 16, True), "x_inproc")
         add("4 x batch 16, shared 2K: end-to-end faster than 4 in-process FlashInfer frontends "
-            "(x inproc > 1)" + tag, xs[0] if xs else None, xs and xs[0] > 1.0)
+            "(x inproc > 1)" + tag, xs[0] if xs else None, xs and xs[0] > 1.0, why)
         xs = [r["daemon_cpu_cores"] for r in patd_runs(v, 16) if r.get("daemon_cpu_cores")]
         add("daemon CPU <= 1 core with 16 frontends (worst run)" + tag,
             max(xs) if xs else None, xs and max(xs) <= 1.0)
         xs = [r["inflight_max"] for r in patd_runs(v, 16) if r.get("inflight_max") is not None]
         add("16 frontends mid-step at once (most steps in flight seen)" + tag,
             max(xs) if xs else None, xs and max(xs) >= 16)
-        xs = [x["others_cost"] for x in out.doc["slow"] if x["variant"] == v and
-              x.get("others_cost") is not None]
-        add("one slow frontend costs the others <= 5 % of their step rate (worst N)" + tag,
-            max(xs) if xs else None, xs and max(xs) <= 0.05)
+        sl = [x for x in out.doc["slow"] if x["variant"] == v]
+        vs = [x["verdict"] for x in sl]
+        costs = [x["cost_median"] for x in sl if x.get("cost_median") is not None]
+        why = "; ".join("N=%d: %s" % (x["n"], "paired ratios' quartiles %.3f-%.3f (%.1f %% "
+                                      "apart, the target is %.0f %%)" % (
+                                          x["ratio_q1"], x["ratio_q3"], 100 * x["iqr"],
+                                          100 * SLOW_TARGET)
+                                      if x["verdict"] == "not shown" else
+                                      "incomplete: %s" % x["incomplete"])
+                        for x in sl if x["verdict"] in ("not shown", "invalid")) or None
+        add("one slow frontend costs the others <= 5 % of their step rate (worst N's median of "
+            "paired windows)" + tag, max(costs) if costs else None, None, why,
+            None if not sl else "missed" if "missed" in vs else "invalid" if "invalid" in vs
+            else "not shown" if "not shown" in vs or None in vs else "met")
         xs = [r["healthy_cut"] for r in out.doc["churn"] if r["variant"] == v]
+        lost = sum(r["churn_lost"] + (r["joins"] > 0 and not r["churn_stepped"])
+                   for r in out.doc["churn"] if r["variant"] == v)
         add("0 healthy frontends cut in the churn run" + tag, max(xs) if xs else None,
-            xs and max(xs) == 0)
+            xs and max(xs) == 0, "fresh frontends lost, or none stepped" if lost else None,
+            "invalid" if lost else None)
     on = [r for r in runs if r.get("attn_on_over_off_daemon") and r["n"] == 4 and
           r["batch"] == 16 and r["shared_prompt"]]
     add("4 x batch 16, shared 2K: attention per layer packed <= 0.6 x unpacked (daemon's "
@@ -1338,8 +1661,11 @@ def targets(out):
     out.doc["targets"] = t
     print("\n== issue 36's targets")
     for x in t:
-        print("  %-7s %-100s %s" % (x["verdict"], x["target"],
+        print("  %-9s %-100s %s" % (x["verdict"], x["target"],
                                     "-" if x["value"] is None else "%.3g" % x["value"]))
+        if x["why"] and x["verdict"] in ("invalid", "not shown"):
+            print("            %s: %s" % ("comparison invalid" if x["verdict"] == "invalid"
+                                          else "not shown", x["why"]))
 
 
 if __name__ == "__main__":

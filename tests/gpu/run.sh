@@ -23,8 +23,8 @@
 # --frontends [full|quick|modes]: only tests/bench/bench_frontends.py under MPS (issue 36: N
 # frontend processes through one patd vs one frontend with the union batch vs N in-process
 # FlashInfer frontends; builds patd and libpat only, skips test_units and test_vmm_share): full
-# is its default matrix (estimated 4-6 minutes), quick its --quick (N = 1,4,16, shared prompt,
-# 2-3), modes its churn and slow-frontend runs (--no-matrix --churn --slow); FRONTENDS_ARGS adds
+# is its default matrix, quick its --quick (N = 1,4,16, shared prompt), modes its churn and
+# slow-frontend runs (--no-matrix --churn --slow; run times: its docstring); FRONTENDS_ARGS adds
 # arguments, FRONTENDS_BUDGET (default 540) is the seconds since this script started after
 # which the benchmark starts no new run (the device tool's limit is 600).
 # Results (logs, JSON, tables) go to $OUT when it is set (the device tool), else
