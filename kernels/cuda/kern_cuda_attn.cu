@@ -64,8 +64,7 @@ static int partials_reserve(Lane *L, uint32_t n)
         cap = max_part;
     const uint64_t slots = cap * cfg->model.q_heads;
     float *po, *pl;
-    if (cudaMallocAsync(&po, slots * cfg->model.head_dim * sizeof(float), L->main) !=
-        cudaSuccess) {
+    if (cudaMallocAsync(&po, slots * cfg->model.head_dim * sizeof(float), L->main) != cudaSuccess) {
         cudaGetLastError();
         return -ENOMEM;
     }

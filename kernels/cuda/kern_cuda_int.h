@@ -169,9 +169,9 @@ struct Lane {
     uint64_t *progress_dev;
     float *part_o, *part_lse; /* stream-ordered allocations of part_cap partials (x q_heads) */
     uint32_t part_cap;        /* grows (doubling) to the largest plan's n_partials */
-    uint32_t *arrivals; /* max_tokens x kv_heads, zeroed once; kernels leave them 0 */
-    uint32_t *work;     /* 2 words after the arrivals, likewise (FwdArgs.work) */
-    uint8_t *check;     /* kern__plan_check's scratch */
+    uint32_t *arrivals;       /* max_tokens x kv_heads, zeroed once; kernels leave them 0 */
+    uint32_t *work;           /* 2 words after the arrivals, likewise (FwdArgs.work) */
+    uint8_t *check;           /* kern__plan_check's scratch */
     PlanBuf plan[2];
     int cur;                         /* plan[cur] holds the last uploaded plan */
     WsTile *retired[WS_RETIRED_MAX]; /* pinned tile buffers outgrown, freed with the lane */

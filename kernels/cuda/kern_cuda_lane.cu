@@ -1,9 +1,9 @@
 /*
  * kern_cuda_lane.cu — lanes (kern.h, the GPU data path): what one step in flight needs of its own
  * — a stream, the plan and slot buffers, the partials (grown to the largest plan the lane ran)
- * and merge arrival counters, and a host-mapped progress word — so that a step whose stream waits on its client's ready word never
- * holds up another client's step. The backend's own calls (kern_append_kv, kern_attend) run on
- * lane 0, which never waits on a client.
+ * and merge arrival counters, and a host-mapped progress word — so that a step whose stream waits
+ * on its client's ready word never holds up another client's step. The backend's own calls
+ * (kern_append_kv, kern_attend) run on lane 0, which never waits on a client.
  *
  * A layer on a lane is, on its one stream: wait(ready) -> append -> forward and merge -> post(done)
  * [-> progress, when asked]. On sm_90 the forward is the append's programmatic dependent
