@@ -211,6 +211,25 @@ static void test_config_validation(void **state)
 }
 
 /* A notify socket like systemd's: patd must report READY=1, STATUS=, WATCHDOG=1, STOPPING=1. */
+/* A loopback TCP port nothing holds now, below the kernel's ephemeral range (32768 and up by
+ * default), where the outgoing connections of anything else on the host (a socket fuzzer's
+ * millions) never land between this check and patd's bind. */
+static int quiet_port(void)
+{
+    for (int i = 0; i < 2000; i++) {
+        int port = 20000 + (int)((getpid() * 7u + (unsigned)i * 13u) % 12000u);
+        int s = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        int ok = s >= 0 && bind(s, (struct sockaddr *)&a, sizeof(a)) == 0;
+        if (s >= 0)
+            close(s);
+        if (ok)
+            return port;
+    }
+    return 20000 + (int)(getpid() % 12000);
+}
+
 static void test_sd_notify_reload_metrics_events(void **state)
 {
     char sockpath[108];
@@ -224,7 +243,7 @@ static void test_sd_notify_reload_metrics_events(void **state)
     int fd = mkstemp(conf);
     close(fd);
     write_file(conf, "[limits]\nmax_conns = 8\n");
-    int port = 20000 + (int)(getpid() % 20000);
+    int port = quiet_port();
     char a_conf[64], a_port[64];
     snprintf(a_conf, sizeof(a_conf), "--config=%s", conf);
     snprintf(a_port, sizeof(a_port), "--metrics-port=%d", port);
