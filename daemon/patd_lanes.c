@@ -145,7 +145,7 @@ static int lane_enqueue(patd_t *d, patd_lane_t *ln)
 }
 
 /* Begins the step on a free lane: uploads its plan, posts it (the loop answers STEP_BEGIN),
- * enqueues its first layers. */
+ * and the same pass's lane_drive enqueues its first layers. */
 static void lane_begin(patd_t *d, patd_lane_t *ln, patd_conn_t *c, uint64_t now)
 {
     patd_lanes_t *L = &d->lanes;
@@ -163,7 +163,7 @@ static void lane_begin(patd_t *d, patd_lane_t *ln, patd_conn_t *c, uint64_t now)
                  strerror(-rc));
         patd_step_rollback(c);
     }
-    atomic_fetch_add(&L->wait_ns_sum, now - st->t_lane_ns);
+    atomic_fetch_add(&L->wait_ns_sum, pat_now_ns() - st->t_lane_ns);
     atomic_fetch_add(&L->steps, 1);
     *ln = (patd_lane_t){.lane = ln->lane,
                         .phase = LANE_RUN,
@@ -176,8 +176,10 @@ static void lane_begin(patd_t *d, patd_lane_t *ln, patd_conn_t *c, uint64_t now)
     st->tick_base = (uint32_t)epoch;
     st->err = rc;
     st->t_begun_ns = now;
-    atomic_store(&g->err, 0);
-    atomic_store(&g->state, IPC_STATE_OPEN);
+    if (!atomic_load(&st->abort)) { /* a closing session's page keeps what the loop stored */
+        atomic_store(&g->err, 0);
+        atomic_store(&g->state, IPC_STATE_OPEN);
+    }
     if (atomic_load(&st->state) == STEP_PREPARING)
         patd_step_move(st, rc == 0 ? STEP_RUNNING : STEP_EMPTY);
     patd_exec_post(&d->exec, c, NULL, 0); /* the loop answers STEP_BEGIN now (unless it did) */
@@ -303,6 +305,11 @@ static int lane_drive(patd_t *d, patd_lane_t *ln, uint64_t now)
     uint32_t h = ln->handed;
     count_handed(d, ln, now);
     moved |= h != ln->handed;
+    /* the stall clock runs only while the lane waits for its client, not for the GPU */
+    if (!waits_for_client(d, ln))
+        ln->t_client = 0;
+    else if (!ln->t_client)
+        ln->t_client = now;
     if (ln->next == nl && p >= kern_lane_enqueued(ln->lane)) {
         lane_end(d, ln, now);
         return 1;
@@ -336,21 +343,28 @@ static int lane_drive(patd_t *d, patd_lane_t *ln, uint64_t now)
 
 /* Every lane is taken and `waiting` steps wait for one: the running step whose client has kept
  * its lane waiting longest, past limits.stall_cut_ms (a session's first step: past
- * limits.first_step_grace_ms), is cut so that a waiting step gets the lane. One per pass. */
-static void cut_stalled(patd_t *d, uint32_t waiting, uint64_t now)
+ * limits.first_step_grace_ms), is cut so that a waiting step gets the lane. One per pass, and
+ * only while more steps wait than lanes already drain from a cut (each of those is free soon).
+ * Returns 1 when it cut one. */
+static int cut_stalled(patd_t *d, uint32_t waiting, uint64_t now)
 {
     patd_lanes_t *L = &d->lanes;
     const uint64_t cut = (uint64_t)d->cfg.stall_cut_ms * 1000000ull;
     const uint64_t grace = (uint64_t)d->cfg.first_step_grace_ms * 1000000ull;
     if (cut == 0)
-        return;
+        return 0;
+    uint32_t draining = 0;
+    for (uint32_t i = 0; i < L->n; i++)
+        draining += L->lane[i].phase == LANE_DRAIN;
+    if (waiting <= draining)
+        return 0;
     patd_lane_t *worst = NULL;
     uint64_t worst_idle = 0;
     for (uint32_t i = 0; i < L->n; i++) {
         patd_lane_t *ln = &L->lane[i];
-        if (ln->phase != LANE_RUN || !waits_for_client(d, ln))
+        if (ln->phase != LANE_RUN || !ln->t_client)
             continue;
-        const uint64_t idle = now - ln->t_moved;
+        const uint64_t idle = now - ln->t_client;
         const uint64_t bound = ln->c->step.id <= 1 ? PAT_MAX(cut, grace) : cut;
         if (idle > bound && idle > worst_idle) {
             worst = ln;
@@ -358,7 +372,7 @@ static void cut_stalled(patd_t *d, uint32_t waiting, uint64_t now)
         }
     }
     if (!worst)
-        return;
+        return 0;
     patd_step_t *st = &worst->c->step;
     const uint32_t nl = d->model.n_layers;
     snprintf(st->why, sizeof(st->why),
@@ -370,6 +384,7 @@ static void cut_stalled(patd_t *d, uint32_t waiting, uint64_t now)
                 (unsigned long long)st->id, st->why);
     atomic_fetch_add(&L->cut_stall, 1);
     lane_cut(d, worst, -ETIMEDOUT, now);
+    return 1;
 }
 
 /* ------------------------------------------------------------------ the thread */
@@ -435,7 +450,7 @@ static void *lanes_main(void *arg)
                 running += L->lane[i].phase != LANE_FREE;
             }
         if (waiting && running == L->n)
-            cut_stalled(d, waiting, now);
+            moved |= cut_stalled(d, waiting, now); /* the short nap: a lane frees soon */
         if (stop && running == 0)
             break;
 

@@ -27,7 +27,7 @@
  * (kern_lane_bytes): more lanes than queues would let one lane's wait on its client hold up
  * another lane's work.
  *
- * Thread context: start/stop on the main thread; submit on an executor; kick/cancel on the loop;
+ * Thread context: start/stop on the main thread; submit on an executor; kick on the loop;
  * everything else on the lane thread, which owns each lane and each step from submit to its
  * give-back (patd_step.h's states).
  */
@@ -58,17 +58,18 @@ typedef enum patd_lane_phase {
 typedef struct patd_lane {
     kern_lane_t *lane;
     patd_lane_phase_t phase;
-    patd_conn_t *c;   /* the step's session (phase != FREE) */
-    uint64_t base;    /* kern_lane_enqueued when the step began */
-    uint64_t target;  /* LANE_DRAIN: enqueued layers to drain */
-    uint64_t epoch;   /* the step's handshake value */
-    uint64_t seen;    /* progress last seen */
-    uint64_t t_moved; /* last hand-over, progress or start (ns) */
-    uint64_t t_cut;   /* when the drain began */
-    uint32_t next;    /* next layer to enqueue */
-    uint32_t handed;  /* layers whose ready word the client set */
-    int begun;        /* layers compute (else handshakes only) */
-    int why;          /* LANE_DRAIN: the cut's errno */
+    patd_conn_t *c;    /* the step's session (phase != FREE) */
+    uint64_t base;     /* kern_lane_enqueued when the step began */
+    uint64_t target;   /* LANE_DRAIN: enqueued layers to drain */
+    uint64_t epoch;    /* the step's handshake value */
+    uint64_t seen;     /* progress last seen */
+    uint64_t t_moved;  /* last hand-over, progress or start (ns) */
+    uint64_t t_cut;    /* when the drain began */
+    uint64_t t_client; /* since when the lane waits for its client (waits_for_client), or 0 */
+    uint32_t next;     /* next layer to enqueue */
+    uint32_t handed;   /* layers whose ready word the client set */
+    int begun;         /* layers compute (else handshakes only) */
+    int why;           /* LANE_DRAIN: the cut's errno */
 } patd_lane_t;
 
 typedef struct patd_lanes {

@@ -495,7 +495,6 @@ static int step_prepare(patd_conn_t *c)
     return rc;
 }
 
-/* Waits for the client's layer tick. 0, -ECANCELED (abort), -ETIMEDOUT (step timeout). */
 /* A cpu step waiting for its client's next layer: ready (0), -ECANCELED (abort), -ETIMEDOUT (no
  * hand-over for limits.step_timeout_ms), or -EAGAIN: not yet after PARK_AFTER_NS, the step is to
  * be parked so that this executor serves others. */

@@ -165,10 +165,10 @@ int kern_tiles(const kern_backend_t *b, sched_tiles_t *ret_tiles);
  * What patd needs to serve clients in other processes without a CPU round trip per layer
  * (DESIGN.md §2). The cpu backend has none of it: every call returns -ENOTSUP there.
  *
- * A lane is one executor's private set of streams, events, plan and slot buffers and partials:
- * a step enqueued on one lane never queues behind a wait of another lane's client. The handshake
- * words are 64-bit words in host memory that the device and the CPU reach at one address (a
- * session's signal slice: kern_share_alloc with KERN_SHARE_HOST), so the CPU can always store to
+ * A lane is one in-flight step's private set of streams, events, plan and slot buffers and
+ * partials: a step enqueued on one lane never queues behind a wait of another lane's client. The
+ * handshake words are 64-bit words in host memory that the device and the CPU reach at one address
+ * (a session's signal slice: kern_share_alloc with KERN_SHARE_HOST), so the CPU can always store to
  * them: a wait enqueued for a dead or stalled client is released from the CPU without going
  * through any stream. */
 typedef struct kern_lane kern_lane_t;

@@ -35,7 +35,9 @@ static int tiles_reserve(Lane *L, PlanBuf *pb, uint64_t n)
     }
     if (cudaMallocAsync(&dev, cap * sizeof(WsTile), L->main) != cudaSuccess) {
         cudaGetLastError();
-        cudaFreeHost(host);
+        /* freed with the lane: cudaFreeHost waits for the whole device, and this runs on the
+         * thread that releases other lanes' waits (patd_lanes.c) */
+        L->retired[L->n_retired++] = host;
         return -ENOMEM;
     }
     KC_TRY(cudaFreeAsync(pb->tl_dev, L->main), "tile buffer");
