@@ -185,19 +185,24 @@ static void lane_begin(patd_t *d, patd_lane_t *ln, patd_conn_t *c, uint64_t now)
     patd_exec_post(&d->exec, c, NULL, 0); /* the loop answers STEP_BEGIN now (unless it did) */
 }
 
+/* Every wait the lane may hold for its step's client passes: each ready word = the epoch. */
+static void release_waits(patd_t *d, patd_lane_t *ln)
+{
+    uint64_t *ready = ipc_gsig_ready(ln->c->gsig);
+    for (uint32_t l = 0; l < d->model.n_layers; l++)
+        __atomic_store_n(&ready[l], ln->epoch, __ATOMIC_RELEASE);
+}
+
 /* Starts a cut: every wait the lane holds for this step is released from the CPU; the lane
- * drains over the next passes (lane_drained). */
+ * drains over the next passes (lane_drive's LANE_DRAIN). */
 static void lane_cut(patd_t *d, patd_lane_t *ln, int why, uint64_t now)
 {
-    const uint32_t nl = d->model.n_layers;
-    uint64_t *ready = ipc_gsig_ready(ln->c->gsig);
     /* an empty layer that reports progress, so that layers enqueued since the last report count */
     const kern_lane_layer_t flush = {.report = 1};
     int fr = kern_lane_layer(ln->lane, &flush);
     if (fr < 0)
         patd_gpu_check_fatal(d, fr);
-    for (uint32_t l = 0; l < nl; l++)
-        __atomic_store_n(&ready[l], ln->epoch, __ATOMIC_RELEASE);
+    release_waits(d, ln);
     ln->phase = LANE_DRAIN;
     ln->target = kern_lane_enqueued(ln->lane);
     ln->why = why;
@@ -286,9 +291,7 @@ static int lane_drive(patd_t *d, patd_lane_t *ln, uint64_t now)
         }
         /* the released words are stored again: a client stream that was mid-write may have
          * overwritten one (it writes the same value, but a new epoch's zero may race) */
-        uint64_t *ready = ipc_gsig_ready(ln->c->gsig);
-        for (uint32_t l = 0; l < nl; l++)
-            __atomic_store_n(&ready[l], ln->epoch, __ATOMIC_RELEASE);
+        release_waits(d, ln);
         if (now - ln->t_cut > 1000000000ull) { /* released words that do not move: the GPU */
             patd_gpu_check_fatal(d, -EIO);     /* exits if the context is lost */
             ln->t_cut = now;
