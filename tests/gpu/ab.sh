@@ -22,23 +22,8 @@ if [ "${1:-}" = --pack ]; then
     echo "ab.sh: .ab/base.tar holds $rev's" $files
     exit 0
 fi
-out=${OUT:-build/gpu-results}
-mkdir -p "$out"
-export CUDA_MODULE_LOADING=EAGER PATH=/usr/local/cuda/bin:$PATH
-[ -f .ab/base.tar ] || { echo "ab.sh: no .ab/base.tar (run tests/gpu/ab.sh --pack here first)"; exit 1; }
-. tests/gpu/devdeps.sh
-base=build/ab-base
-rm -rf $base && mkdir -p $base
-tar --exclude=./build --exclude=./.peers --exclude=./.devdeps --exclude=./.whl -cf - . |
-    tar -C $base -xf -
-tar -C $base -xf .ab/base.tar
-targets="build/gpu/bench/bench_attn build/gpu/bin/patd-tile-solver"
-make -j8 B=build/gpu CUDA=1 CUDA_ARCHS=90a $targets >"$out/ab_build_new.log" 2>&1 &
-(cd $base && make -j8 B=build/gpu CUDA=1 CUDA_ARCHS=90a $targets) >"$out/ab_build_base.log" 2>&1
-wait
-for d in . $base; do
-    [ -x $d/build/gpu/bench/bench_attn ] || { tail -20 "$out"/ab_build_*.log; exit 1; }
-done
+. tests/gpu/ab_base.sh
+ab_build ab.sh build/gpu/bench/bench_attn build/gpu/bin/patd-tile-solver
 args=$([ -n "${1:-}" ] && echo --trees "$1")
 heads=$([ -n "${2:-}" ] && echo --heads "$2")
 for i in 1 2; do

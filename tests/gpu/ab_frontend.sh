@@ -7,23 +7,8 @@
 # Results go to $OUT (the device tool) or build/gpu-results.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out=${OUT:-build/gpu-results}
-mkdir -p "$out"
-export CUDA_MODULE_LOADING=EAGER PATH=/usr/local/cuda/bin:$PATH
-[ -f .ab/base.tar ] || { echo "ab_frontend.sh: no .ab/base.tar (tests/gpu/ab.sh --pack here first)"; exit 1; }
-. tests/gpu/devdeps.sh
-base=build/ab-base
-rm -rf $base && mkdir -p $base
-tar --exclude=./build --exclude=./.peers --exclude=./.devdeps --exclude=./.whl -cf - . |
-    tar -C $base -xf -
-tar -C $base -xf .ab/base.tar
-targets="build/gpu/bin/patd build/gpu/lib/libpat.so.1"
-make -j8 B=build/gpu CUDA=1 CUDA_ARCHS=90a $targets >"$out/ab_build_new.log" 2>&1 &
-(cd $base && make -j8 B=build/gpu CUDA=1 CUDA_ARCHS=90a $targets) >"$out/ab_build_base.log" 2>&1
-wait
-for d in . $base; do
-    [ -x $d/build/gpu/bin/patd ] || { tail -20 "$out"/ab_build_*.log; exit 1; }
-done
+. tests/gpu/ab_base.sh
+ab_build ab_frontend.sh build/gpu/bin/patd build/gpu/lib/libpat.so.1
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/patd-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/patd-mps-log
 mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
 nvidia-cuda-mps-control -d && sleep 1
