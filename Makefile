@@ -80,6 +80,7 @@ SCHED_SRCS := scheduler/sched_forest.c scheduler/sched_pack.c scheduler/sched_pl
 KERN_SRCS  := kernels/kern_backend.c kernels/cpu/kern_cpu.c
 CUDA_SRCS  := kernels/cuda/kern_cuda.cu kernels/cuda/kern_cuda_attn.cu \
               kernels/cuda/kern_cuda_lane.cu kernels/cuda/kern_cuda_kv.cu \
+              kernels/cuda/kern_cuda_xpack.cu \
               kernels/cuda/kern_cuda_fwd_d64.cu kernels/cuda/kern_cuda_fwd_d128.cu \
               kernels/cuda/kern_cuda_fwd_d256.cu
 # what only the tools, GPU tests and benchmarks link (libpatcudatools.a)

@@ -121,6 +121,23 @@ static const opt_t opts[] = {
      "layer once it has seen the hand-over in host memory: the CPU decides per layer, as "
      "packing several sessions' layers together needs; costs the lane thread's poll per layer)",
      NULL},
+    {"gpu", "cross_pack", T_U32, F(cross_pack), 0, 1, "0", 0,
+     "cuda backend, gpu.enqueue = ahead: 1 = steps of one uid's sessions that wait for lanes "
+     "together run their layers as one forward over the union of their queries on one lane (a "
+     "prompt they share is read once for all of them); a session that has not handed a layer "
+     "over within gpu.cross_pack_window_us of the first leaves the pack and runs the rest of its "
+     "step alone; 0 = every step alone",
+     NULL},
+    {"gpu", "cross_pack_window_us", T_U32, F(cross_pack_window_us), 0, 100000, "50", 0,
+     "cuda backend, gpu.cross_pack = 1: how long a packed layer waits for the pack's other "
+     "sessions once one has handed it over",
+     NULL},
+    {"gpu", "cross_pack_wait_us", T_U32, F(cross_pack_wait_us), 0, 100000, "200", 0,
+     "cuda backend, gpu.cross_pack = 1: how long a step may wait for a lane, while other sessions "
+     "of its uid stepped in the last 100 ms, for its uid's next steps to pack with (as many as "
+     "were packed with its session's last step, 2 at least); its client hands its first layers "
+     "over meanwhile, and they run once it begins",
+     NULL},
     {"gpu", "lanes", T_U32A, F(lanes), 1, 64, "auto", 0,
      "cuda backend: GPU steps in flight at once, each on a stream of its own (a step holds a "
      "lane, not a thread); auto: the hardware queues CUDA_DEVICE_MAX_CONNECTIONS keeps apart "

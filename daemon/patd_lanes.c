@@ -144,14 +144,45 @@ static int lane_enqueue(patd_t *d, patd_lane_t *ln)
     return 0;
 }
 
-/* Begins the step on a free lane: uploads its plan, posts it (the loop answers STEP_BEGIN),
- * and the same pass's lane_drive enqueues its first layers. */
-static void lane_begin(patd_t *d, patd_lane_t *ln, patd_conn_t *c, uint64_t now)
+/* Gives c's step the lane ln and answers its STEP_BEGIN (the post): rc is the step's error so far
+ * (0: its layers compute), epoch its handshake value (read before anything was enqueued for it).
+ */
+static void lane_take(patd_t *d, patd_lane_t *ln, patd_conn_t *c, int rc, uint64_t epoch,
+                      uint64_t now)
 {
     patd_lanes_t *L = &d->lanes;
     patd_step_t *st = &c->step;
     ipc_sig_t *g = patd_conn_sig(c);
-    const uint64_t epoch = atomic_load(&g->epoch);
+    atomic_fetch_add(&L->wait_ns_sum, now - st->t_lane_ns);
+    atomic_fetch_add(&L->steps, 1);
+    *ln = (patd_lane_t){.lane = ln->lane,
+                        .phase = LANE_RUN,
+                        .role = ROLE_SOLO,
+                        .c = c,
+                        .base = kern_lane_enqueued(ln->lane),
+                        .epoch = epoch,
+                        .seen = kern_lane_progress(ln->lane),
+                        .t_moved = now,
+                        .begun = rc == 0,
+                        .own_plan = 1};
+    st->tick_base = (uint32_t)epoch;
+    st->err = rc;
+    st->t_begun_ns = now;
+    if (!atomic_load(&st->abort)) { /* a closing session's page keeps what the loop stored */
+        atomic_store(&g->err, 0);
+        atomic_store(&g->state, IPC_STATE_OPEN);
+    }
+    if (atomic_load(&st->state) == STEP_PREPARING)
+        patd_step_move(st, rc == 0 ? STEP_RUNNING : STEP_EMPTY);
+    patd_exec_post(&d->exec, c, NULL, 0); /* the loop answers STEP_BEGIN now (unless it did) */
+}
+
+/* Begins the step on a free lane: uploads its plan, posts it (the loop answers STEP_BEGIN),
+ * and the same pass's lane_drive enqueues its first layers. */
+static void lane_begin(patd_t *d, patd_lane_t *ln, patd_conn_t *c, uint64_t now)
+{
+    patd_step_t *st = &c->step;
+    const uint64_t epoch = atomic_load(&patd_conn_sig(c)->epoch);
     int rc = st->err; /* set for a step that was refused or did not prepare */
     if (rc == 0 && atomic_load(&st->abort)) {
         patd_step_rollback(c);
@@ -163,26 +194,7 @@ static void lane_begin(patd_t *d, patd_lane_t *ln, patd_conn_t *c, uint64_t now)
                  strerror(-rc));
         patd_step_rollback(c);
     }
-    atomic_fetch_add(&L->wait_ns_sum, pat_now_ns() - st->t_lane_ns);
-    atomic_fetch_add(&L->steps, 1);
-    *ln = (patd_lane_t){.lane = ln->lane,
-                        .phase = LANE_RUN,
-                        .c = c,
-                        .base = kern_lane_enqueued(ln->lane),
-                        .epoch = epoch,
-                        .seen = kern_lane_progress(ln->lane),
-                        .t_moved = now,
-                        .begun = rc == 0};
-    st->tick_base = (uint32_t)epoch;
-    st->err = rc;
-    st->t_begun_ns = now;
-    if (!atomic_load(&st->abort)) { /* a closing session's page keeps what the loop stored */
-        atomic_store(&g->err, 0);
-        atomic_store(&g->state, IPC_STATE_OPEN);
-    }
-    if (atomic_load(&st->state) == STEP_PREPARING)
-        patd_step_move(st, rc == 0 ? STEP_RUNNING : STEP_EMPTY);
-    patd_exec_post(&d->exec, c, NULL, 0); /* the loop answers STEP_BEGIN now (unless it did) */
+    lane_take(d, ln, c, rc, epoch, now);
 }
 
 /* Every wait the lane may hold for its step's client passes: each ready word = the epoch. */
@@ -197,14 +209,23 @@ static void release_waits(patd_t *d, patd_lane_t *ln)
  * drains over the next passes (lane_drive's LANE_DRAIN). */
 static void lane_cut(patd_t *d, patd_lane_t *ln, int why, uint64_t now)
 {
+    /* a member's layers are on its pack's lane: from the next packed layer on the pack neither
+     * waits for nor serves it, and what the pack enqueued so far drains there */
+    patd_lane_t *pl = ln->role == ROLE_MEMBER ? &d->lanes.lane[ln->pack] : NULL;
+    kern_lane_t *on = pl ? pl->lane : ln->lane;
+    if (pl) {
+        kern_lane_pack_exclude(pl->lane, ln->member);
+        pl->live--;
+    }
     /* an empty layer that reports progress, so that layers enqueued since the last report count */
     const kern_lane_layer_t flush = {.report = 1};
-    int fr = kern_lane_layer(ln->lane, &flush);
+    int fr = kern_lane_layer(on, &flush);
     if (fr < 0)
         patd_gpu_check_fatal(d, fr);
     release_waits(d, ln);
     ln->phase = LANE_DRAIN;
-    ln->target = kern_lane_enqueued(ln->lane);
+    ln->drain = on;
+    ln->target = kern_lane_enqueued(on);
     ln->why = why;
     ln->t_cut = now;
 }
@@ -216,7 +237,10 @@ static void lane_end(patd_t *d, patd_lane_t *ln, uint64_t now)
     patd_conn_t *c = ln->c;
     patd_step_t *st = &c->step;
     const uint32_t nl = d->model.n_layers;
-    const uint32_t ran = (uint32_t)PAT_MIN((uint64_t)nl, kern_lane_progress(ln->lane) - ln->base);
+    const uint32_t ran =
+        ln->role == ROLE_MEMBER
+            ? ln->handed
+            : (uint32_t)PAT_MIN((uint64_t)nl, kern_lane_progress(ln->lane) - ln->base);
     if (ln->phase == LANE_RUN) {
         /* Every layer ran: the lane consumed every ready word, and the client every done word but
          * the last (it wrote ready[l + 1] after its wait for done[l] on its stream; it resets
@@ -242,6 +266,7 @@ static void lane_end(patd_t *d, patd_lane_t *ln, uint64_t now)
     }
     st->t_done_ns = now;
     ln->phase = LANE_FREE;
+    ln->role = ROLE_SOLO;
     ln->c = NULL;
     atomic_fetch_sub(&L->busy, 1);
     patd_step_give_back(d, c);
@@ -269,7 +294,9 @@ static int waits_for_client(patd_t *d, const patd_lane_t *ln)
     const uint32_t nl = d->model.n_layers;
     if (ln->handed >= nl)
         return 0;
-    if (!d->lanes.on_ready && ln->handed >= ln->next)
+    const uint32_t next =
+        ln->role == ROLE_MEMBER ? d->lanes.lane[ln->pack].next : ln->next; /* enqueued */
+    if (!d->lanes.on_ready && ln->handed >= next)
         return 0; /* the window holds only handed-over layers: the lane waits for the GPU */
     if (ln->handed == 0)
         return 1;
@@ -282,7 +309,7 @@ static int lane_drive(patd_t *d, patd_lane_t *ln, uint64_t now)
 {
     patd_step_t *st = &ln->c->step;
     const uint32_t nl = d->model.n_layers;
-    const uint64_t p = kern_lane_progress(ln->lane);
+    const uint64_t p = kern_lane_progress(ln->phase == LANE_DRAIN ? ln->drain : ln->lane);
     int moved = 0;
     if (ln->phase == LANE_DRAIN) {
         if (p >= ln->target) {
@@ -300,7 +327,7 @@ static int lane_drive(patd_t *d, patd_lane_t *ln, uint64_t now)
         }
         return 0;
     }
-    if (p != ln->seen) {
+    if (p != ln->seen && ln->role != ROLE_MEMBER) {
         ln->seen = p;
         ln->t_moved = now;
         moved = 1;
@@ -313,7 +340,7 @@ static int lane_drive(patd_t *d, patd_lane_t *ln, uint64_t now)
         ln->t_client = 0;
     else if (!ln->t_client)
         ln->t_client = now;
-    if (ln->next == nl && p >= kern_lane_enqueued(ln->lane)) {
+    if (ln->role == ROLE_SOLO && ln->next == nl && p >= kern_lane_enqueued(ln->lane)) {
         lane_end(d, ln, now);
         return 1;
     }
@@ -325,7 +352,8 @@ static int lane_drive(patd_t *d, patd_lane_t *ln, uint64_t now)
     }
     const uint64_t limit = (uint64_t)d->cfg.step_timeout_ms * 1000000ull;
     if (now - ln->t_moved > limit) {
-        const uint32_t ran = (uint32_t)PAT_MIN((uint64_t)nl, p - ln->base);
+        const uint32_t ran =
+            ln->role == ROLE_MEMBER ? ln->handed : (uint32_t)PAT_MIN((uint64_t)nl, p - ln->base);
         snprintf(st->why, sizeof(st->why),
                  "cut: no layer handed over for %u ms (after %u of %u layers; "
                  "limits.step_timeout_ms)",
@@ -336,6 +364,8 @@ static int lane_drive(patd_t *d, patd_lane_t *ln, uint64_t now)
         lane_cut(d, ln, -ETIMEDOUT, now);
         return 1;
     }
+    if (ln->role == ROLE_MEMBER) /* its pack enqueues its layers and ends it (pack_drive) */
+        return moved;
     if (lane_enqueue(d, ln) < 0) {
         snprintf(st->why, sizeof(st->why), "enqueueing a layer failed (the daemon's log says why)");
         lane_cut(d, ln, -EIO, now);
@@ -390,6 +420,274 @@ static int cut_stalled(patd_t *d, uint32_t waiting, uint64_t now)
     return 1;
 }
 
+/* ------------------------------------------------------------------ cross-session packing */
+
+/* The union plan of a pack's steps (L->xs, rebuilt once per packed step; each member's own
+ * forest stays incremental) and its rows' pool slots in L->xslots. Takes pool_mu: the members'
+ * block tables are read as their steps reserved them. 0 or a negative errno (sched_build's). */
+static int pack_plan(patd_t *d, patd_conn_t **m, uint32_t k, const sched_plan_hdr_t **ret)
+{
+    patd_lanes_t *L = &d->lanes;
+    int rc = 0;
+    if (!L->xs) {
+        const patd_config_t *cfg = &d->cfg;
+        sched_config_t sc = {.max_queries = KERN_PACK_MAX * cfg->conn_max_seqs,
+                             .max_tokens = cfg->conn_max_batch_tokens,
+                             .block_size = d->model.block_size,
+                             .q_heads = d->model.q_heads,
+                             .kv_heads = d->model.kv_heads,
+                             .head_dim = d->model.head_dim,
+                             .kv_elt_bytes = kern_dtype_size(d->model.dtype),
+                             .split_min_kv = 256,
+                             .max_partials = PATD_MAX_PARTIALS(cfg),
+                             .tiles = &d->tiles,
+                             .policy = (sched_policy_t)sched_policy_parse(cfg->pack_policy)};
+        if ((rc = sched_create(&sc, &L->xs)) < 0)
+            return rc;
+        L->xslots = pat_xcalloc(cfg->conn_max_batch_tokens, sizeof(uint32_t));
+    }
+    sched_forest_t *f = sched_forest(L->xs);
+    sched_forest_clear(f);
+    uint32_t row = 0, qid = 0;
+    pthread_mutex_lock(&d->pool_mu);
+    for (uint32_t j = 0; j < k && rc == 0; j++) {
+        const patd_step_t *st = &m[j]->step;
+        uint32_t tok = 0;
+        for (uint32_t i = 0; i < st->n_seqs && rc == 0; i++) {
+            kv_seq_info_t info;
+            if ((rc = kv_seq_info(d->pool, st->kv[i], &info)) < 0)
+                break;
+            sched_query_t q = {info.blocks,  info.n_blocks, info.len + st->n_new[i],
+                               st->n_new[i], row + tok,     info.version};
+            rc = sched_forest_join(f, qid++, &q);
+            tok += st->n_new[i];
+        }
+        memcpy(L->xslots + row, st->kvslot, st->n_tokens * sizeof(uint32_t));
+        row += st->n_tokens;
+    }
+    if (rc == 0)
+        rc = sched_build(L->xs, ret);
+    pthread_mutex_unlock(&d->pool_mu);
+    return rc;
+}
+
+/* Begins the steps m[0..k) as one pack on lane `pi`, each member holding lanes[j] for the layers
+ * it may have to run alone; where the pack cannot begin, each begins alone. */
+static void pack_begin(patd_t *d, uint32_t pi, const uint32_t *lanes, patd_conn_t **m, uint32_t k,
+                       uint64_t now)
+{
+    patd_lanes_t *L = &d->lanes;
+    patd_lane_t *pl = &L->lane[pi];
+    const uint32_t nl = d->model.n_layers;
+    kern_pack_member_t km[KERN_PACK_MAX];
+    uint64_t epoch[KERN_PACK_MAX];
+    const sched_plan_hdr_t *plan = NULL;
+    int rc = pack_plan(d, m, k, &plan);
+    uint32_t row = 0;
+    for (uint32_t j = 0; j < k; j++) {
+        patd_conn_t *c = m[j];
+        epoch[j] = atomic_load(&patd_conn_sig(c)->epoch);
+        km[j] = (kern_pack_member_t){.q = c->dev_base + c->lay.q_off,
+                                     .k = c->dev_base + c->lay.k_off,
+                                     .v = c->dev_base + c->lay.v_off,
+                                     .o = c->dev_base + c->lay.o_off,
+                                     .ready = ipc_gsig_ready(c->gsig),
+                                     .done = ipc_gsig_done(c->gsig, nl),
+                                     .epoch = epoch[j],
+                                     .row_off = row,
+                                     .n_tokens = c->step.n_tokens};
+        row += c->step.n_tokens;
+    }
+    if (rc == 0)
+        rc = kern_lane_pack_begin(pl->lane, plan, L->xslots, row, km, k,
+                                  d->cfg.cross_pack_window_us);
+    if (rc < 0) {
+        patd_gpu_check_fatal(d, rc);
+        patd_notice("cross_pack: %u steps of %u rows run alone: %s", k, row, strerror(-rc));
+        atomic_fetch_add(&L->pack_fallbacks, 1);
+        atomic_fetch_sub(&L->busy, 1); /* the pack's lane stays free */
+        for (uint32_t j = 0; j < k; j++)
+            lane_begin(d, &L->lane[lanes[j]], m[j], now);
+        return;
+    }
+    *pl = (patd_lane_t){.lane = pl->lane,
+                        .phase = LANE_RUN,
+                        .role = ROLE_PACK,
+                        .base = kern_lane_enqueued(pl->lane),
+                        .seen = kern_lane_progress(pl->lane),
+                        .t_moved = now,
+                        .n_members = k,
+                        .live = k};
+    for (uint32_t j = 0; j < k; j++) {
+        patd_lane_t *ln = &L->lane[lanes[j]];
+        lane_take(d, ln, m[j], 0, epoch[j], now);
+        ln->role = ROLE_MEMBER;
+        ln->pack = pi;
+        ln->member = j;
+        ln->own_plan = 0;
+        m[j]->pack_last = k;
+        pl->members[j] = lanes[j];
+        pl->serials[j] = m[j]->serial;
+    }
+    atomic_fetch_add(&L->packs, 1);
+    atomic_fetch_add(&L->pack_steps, k);
+}
+
+/* ln (still a member of pl) did not hand layer `from` over in the pack's window: it runs its
+ * layers from there alone on its own lane. */
+static void member_leaves(patd_t *d, patd_lane_t *pl, patd_lane_t *ln, uint32_t from, uint64_t now)
+{
+    patd_step_t *st = &ln->c->step;
+    pl->live--;
+    atomic_fetch_add(&d->lanes.pack_leaves, 1);
+    ln->role = ROLE_SOLO;
+    ln->base = kern_lane_enqueued(ln->lane) - from; /* the layers the pack ran count as run */
+    ln->seen = kern_lane_progress(ln->lane);
+    ln->next = from;
+    ln->t_moved = now;
+    int rc = kern_lane_begin(ln->lane, st->plan, st->kvslot, st->n_tokens);
+    if (rc < 0) {
+        patd_gpu_check_fatal(d, rc);
+        snprintf(st->why, sizeof(st->why), "its plan could not be uploaded when it left a pack: %s",
+                 strerror(-rc));
+        lane_cut(d, ln, -EIO, now);
+        return;
+    }
+    ln->own_plan = 1;
+}
+
+static int is_member(const patd_lanes_t *L, const patd_lane_t *pl, uint32_t pi, uint32_t j)
+{
+    const patd_lane_t *ln = &L->lane[pl->members[j]];
+    return ln->phase != LANE_FREE && ln->role == ROLE_MEMBER && ln->pack == pi && ln->member == j &&
+           ln->c && ln->c->serial == pl->serials[j];
+}
+
+/* One pass over a pack's lane: members that left go alone, packed layers are enqueued, and once
+ * the last has run the members still in are given back. Returns 1 when something moved. */
+static int pack_drive(patd_t *d, uint32_t pi, uint64_t now)
+{
+    patd_lanes_t *L = &d->lanes;
+    patd_lane_t *pl = &L->lane[pi];
+    const uint32_t nl = d->model.n_layers, depth = d->cfg.enqueue_depth;
+    const uint64_t p = kern_lane_progress(pl->lane); /* first: out[] is written before it */
+    int moved = p != pl->seen;
+    pl->seen = p;
+    const volatile uint32_t *out = kern_lane_pack_out(pl->lane);
+    for (uint32_t j = 0; j < pl->n_members; j++) {
+        if (!is_member(L, pl, pi, j) || L->lane[pl->members[j]].phase != LANE_RUN)
+            continue;
+        const uint32_t o = __atomic_load_n(&out[j], __ATOMIC_ACQUIRE);
+        if (o) {
+            member_leaves(d, pl, &L->lane[pl->members[j]], o - 1, now);
+            moved = 1;
+        }
+    }
+    if ((pl->next == nl || pl->live == 0) && p >= kern_lane_enqueued(pl->lane)) {
+        for (uint32_t j = 0; j < pl->n_members; j++)
+            if (is_member(L, pl, pi, j) && L->lane[pl->members[j]].phase == LANE_RUN)
+                lane_end(d, &L->lane[pl->members[j]], now);
+        pl->phase = LANE_FREE;
+        pl->role = ROLE_SOLO;
+        atomic_fetch_sub(&L->busy, 1);
+        return 1;
+    }
+    const uint32_t every = PAT_MAX(1u, PAT_MIN(8u, depth / 2));
+    const kern_attn_params_t prm = {.scale = patd_softmax_scale(d), .softcap = d->cfg.softcap};
+    while (pl->live && pl->next < nl && kern_lane_enqueued(pl->lane) - p < depth) {
+        const uint32_t l = pl->next;
+        int rc = kern_lane_pack_layer(pl->lane, l, &prm, (l + 1) % every == 0 || l + 1 == nl);
+        if (rc < 0) {
+            patd_gpu_check_fatal(d, rc);
+            patd_err("cross_pack: enqueueing packed layer %u failed: %s", l, strerror(-rc));
+            for (uint32_t j = 0; j < pl->n_members; j++) {
+                patd_lane_t *ln = &L->lane[pl->members[j]];
+                if (is_member(L, pl, pi, j) && ln->phase == LANE_RUN) {
+                    snprintf(ln->c->step.why, sizeof(ln->c->step.why),
+                             "enqueueing a packed layer failed (the daemon's log says why)");
+                    lane_cut(d, ln, -EIO, now);
+                }
+            }
+            return 1;
+        }
+        pl->next = l + 1;
+        atomic_fetch_add(&L->pack_layers, 1);
+        moved = 1;
+    }
+    return moved;
+}
+
+/* The sessions of uid that stepped on lanes in the last PATD_LANES_RECENT_NS. */
+static uint32_t recent_peers(const patd_lanes_t *L, uint32_t uid, uint64_t now)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < PATD_LANES_RECENT; i++)
+        n += L->recent[i].serial && L->recent[i].uid == uid &&
+             now - L->recent[i].t_ns < PATD_LANES_RECENT_NS;
+    return n;
+}
+
+static void recent_note(patd_lanes_t *L, const patd_conn_t *c, uint64_t now)
+{
+    uint32_t at = 0;
+    for (uint32_t i = 0; i < PATD_LANES_RECENT; i++) {
+        if (L->recent[i].serial == c->serial) {
+            at = i;
+            break;
+        }
+        if (L->recent[i].t_ns < L->recent[at].t_ns)
+            at = i;
+    }
+    L->recent[at] = (patd_lanes_recent_t){c->serial, now, (uint32_t)c->uid};
+}
+
+/* A waiting step that could be packed (cross_pack): prepared, with rows, not asked to stop. */
+static int pack_eligible(const patd_t *d, const patd_conn_t *c)
+{
+    const patd_step_t *st = &c->step;
+    return d->cfg.cross_pack && !d->lanes.on_ready && !atomic_load(&st->abort) && st->err == 0 &&
+           st->n_tokens > 0;
+}
+
+/* Under L->mu: the waiting steps taken into packs this pass (marked), as long as free lanes last
+ * (a pack takes one per member and its own). A uid's eligible steps are packed once at least
+ * as many wait as were packed with the oldest one's last step (2 at least), or once the oldest
+ * has waited gpu.cross_pack_wait_us. Returns the lanes used; *ret_n the packs. */
+static uint32_t packs_select(patd_t *d, uint32_t n_free, uint64_t now, uint32_t *ret_n)
+{
+    patd_lanes_t *L = &d->lanes;
+    const uint32_t max_rows = d->cfg.conn_max_batch_tokens;
+    const uint64_t wait_ns = (uint64_t)d->cfg.cross_pack_wait_us * 1000ull;
+    uint32_t used = 0, np = 0;
+    for (uint32_t i = 0; i < L->n_wait; i++) {
+        patd_conn_t *c = L->wait[i];
+        if (L->mark[i] || !pack_eligible(d, c))
+            continue;
+        patd_conn_t **g = L->pk_conn + (uint64_t)np * KERN_PACK_MAX;
+        uint32_t k = 0, rows = 0, want = PAT_MAX(2u, c->pack_last);
+        uint32_t idx[KERN_PACK_MAX];
+        for (uint32_t j = i; j < L->n_wait && k < KERN_PACK_MAX; j++) {
+            patd_conn_t *x = L->wait[j];
+            if (L->mark[j] || x->uid != c->uid || !pack_eligible(d, x) ||
+                rows + x->step.n_tokens > max_rows)
+                continue;
+            idx[k] = j;
+            g[k++] = x;
+            rows += x->step.n_tokens;
+        }
+        if (k < 2 || n_free - used < k + 1)
+            continue;
+        if (k < want && now - c->step.t_lane_ns < wait_ns)
+            continue; /* more of its pack may come */
+        for (uint32_t j = 0; j < k; j++)
+            L->mark[idx[j]] = 1;
+        L->pk_n[np++] = k;
+        used += k + 1;
+    }
+    *ret_n = np;
+    return used;
+}
+
 /* ------------------------------------------------------------------ the thread */
 
 static void nap(patd_lanes_t *L, uint32_t seen, uint64_t ns)
@@ -422,14 +720,26 @@ static void *lanes_main(void *arg)
         pthread_mutex_lock(&L->mu);
         const int stop = L->stop;
         pat_grow((void **)&L->gone, &L->cap_gone, L->n_wait, sizeof(*L->gone));
-        uint32_t keep = 0;
+        pat_grow((void **)&L->mark, &L->cap_mark, L->n_wait, sizeof(*L->mark));
+        memset(L->mark, 0, L->n_wait);
+        uint32_t n_packs = 0;
+        uint32_t used = d->cfg.cross_pack ? packs_select(d, n_free, now, &n_packs) : 0;
+        uint32_t keep = 0, holding = 0;
+        const uint64_t wait_ns = (uint64_t)d->cfg.cross_pack_wait_us * 1000ull;
         for (uint32_t i = 0; i < L->n_wait; i++) {
             patd_conn_t *c = L->wait[i];
+            if (L->mark[i])
+                continue; /* in a pack */
             if (atomic_load(&c->step.abort))
                 L->gone[n_gone++] = c;
-            else if (n_take < n_free)
+            else if (pack_eligible(d, c) && now - c->step.t_lane_ns < wait_ns &&
+                     recent_peers(L, (uint32_t)c->uid, now) >= 2) {
+                L->wait[keep++] = c; /* a pack may form with its uid's next steps */
+                holding = 1;
+            } else if (used < n_free) {
                 L->take[n_take++] = c;
-            else
+                used++;
+            } else
                 L->wait[keep++] = c;
         }
         L->n_wait = keep;
@@ -438,18 +748,37 @@ static void *lanes_main(void *arg)
         pthread_mutex_unlock(&L->mu);
         for (uint32_t i = 0; i < n_gone; i++)
             give_back_unstarted(d, L->gone[i], -ECANCELED);
+        uint32_t fi = 0;
+        for (uint32_t p = 0; p < n_packs; p++) {
+            const uint32_t k = L->pk_n[p];
+            patd_conn_t **m = L->pk_conn + (uint64_t)p * KERN_PACK_MAX;
+            uint32_t b = atomic_fetch_add(&L->busy, k + 1) + k + 1;
+            if (b > atomic_load(&L->busy_max))
+                atomic_store(&L->busy_max, b);
+            const uint32_t pi = L->free_idx[fi++];
+            for (uint32_t j = 0; j < k; j++) {
+                L->pk_lane[j] = L->free_idx[fi++];
+                recent_note(L, m[j], now);
+            }
+            pack_begin(d, pi, L->pk_lane, m, k, now);
+        }
         for (uint32_t i = 0; i < n_take; i++) {
             uint32_t b = atomic_fetch_add(&L->busy, 1) + 1;
             if (b > atomic_load(&L->busy_max))
                 atomic_store(&L->busy_max, b);
-            lane_begin(d, &L->lane[L->free_idx[i]], L->take[i], now);
+            if (d->cfg.cross_pack) {
+                recent_note(L, L->take[i], now);
+                L->take[i]->pack_last = 0;
+            }
+            lane_begin(d, &L->lane[L->free_idx[fi++]], L->take[i], now);
         }
-        moved |= n_gone || n_take;
+        moved |= n_gone || n_take || n_packs;
 
         uint32_t running = 0;
         for (uint32_t i = 0; i < L->n; i++)
             if (L->lane[i].phase != LANE_FREE) {
-                moved |= lane_drive(d, &L->lane[i], now);
+                moved |= L->lane[i].role == ROLE_PACK ? pack_drive(d, i, now)
+                                                      : lane_drive(d, &L->lane[i], now);
                 running += L->lane[i].phase != LANE_FREE;
             }
         if (waiting && running == L->n)
@@ -461,6 +790,8 @@ static void *lanes_main(void *arg)
             t_last_move = now;
         if (running == 0 && waiting == 0)
             nap(L, seen, PATD_LANES_IDLE_NS);
+        else if (holding && !moved)
+            nap(L, seen, PATD_LANES_POLL_NS); /* a held step's wait ends soon */
         else if (!moved)
             /* poll at PATD_LANES_POLL_NS while anything moved in the last 10 ms, then at 1 ms */
             nap(L, seen, now - t_last_move < 10000000ull ? PATD_LANES_POLL_NS : 1000000ull);
@@ -489,6 +820,11 @@ int patd_lanes_start(patd_t *d, uint32_t n)
     L->on_ready = !strcmp(d->cfg.enqueue, "on_ready");
     L->free_idx = pat_xcalloc(L->n, sizeof(*L->free_idx));
     L->take = pat_xcalloc(L->n, sizeof(*L->take));
+    L->pk_lane = pat_xcalloc(KERN_PACK_MAX, sizeof(*L->pk_lane));
+    L->pk_conn = pat_xcalloc((uint64_t)L->n * KERN_PACK_MAX, sizeof(*L->pk_conn));
+    L->pk_n = pat_xcalloc(L->n, sizeof(*L->pk_n));
+    if (d->cfg.cross_pack && L->on_ready)
+        patd_warn("gpu.cross_pack needs gpu.enqueue = ahead: every step runs alone");
     pthread_mutex_init(&L->mu, NULL);
     int rc = pthread_create(&L->thread, NULL, lanes_main, d);
     if (rc) {
@@ -518,5 +854,11 @@ void patd_lanes_stop(patd_t *d)
     free(L->gone);
     free(L->take);
     free(L->free_idx);
+    free(L->mark);
+    free(L->pk_lane);
+    free(L->pk_conn);
+    free(L->pk_n);
+    free(L->xslots);
+    sched_free(L->xs);
     memset(L, 0, sizeof(*L));
 }

@@ -39,6 +39,7 @@
 #include <stdint.h>
 
 #include "kern.h"
+#include "sched_plan.h"
 
 typedef struct patd patd_t;
 typedef struct patd_conn patd_conn_t;
@@ -55,22 +56,47 @@ typedef enum patd_lane_phase {
     LANE_DRAIN, /* cut: its waits are released, the lane drains what was enqueued */
 } patd_lane_phase_t;
 
+/* What a busy lane does (cross-session packing, gpu.cross_pack): */
+typedef enum patd_lane_role {
+    ROLE_SOLO,   /* its step's layers run on it */
+    ROLE_MEMBER, /* its step's layers run on a pack's lane; it runs the rest if the step leaves */
+    ROLE_PACK, /* runs the layers of its members' steps as one forward each (no step of its own) */
+} patd_lane_role_t;
+
 typedef struct patd_lane {
     kern_lane_t *lane;
     patd_lane_phase_t phase;
-    patd_conn_t *c;    /* the step's session (phase != FREE) */
-    uint64_t base;     /* kern_lane_enqueued when the step began */
-    uint64_t target;   /* LANE_DRAIN: enqueued layers to drain */
-    uint64_t epoch;    /* the step's handshake value */
-    uint64_t seen;     /* progress last seen */
-    uint64_t t_moved;  /* last hand-over, progress or start (ns) */
-    uint64_t t_cut;    /* when the drain began */
-    uint64_t t_client; /* since when the lane waits for its client (waits_for_client), or 0 */
-    uint32_t next;     /* next layer to enqueue */
-    uint32_t handed;   /* layers whose ready word the client set */
-    int begun;         /* layers compute (else handshakes only) */
-    int why;           /* LANE_DRAIN: the cut's errno */
+    patd_lane_role_t role;
+    patd_conn_t *c;     /* the step's session (phase != FREE) */
+    uint64_t base;      /* kern_lane_enqueued when the step began */
+    uint64_t target;    /* LANE_DRAIN: enqueued layers to drain */
+    uint64_t epoch;     /* the step's handshake value */
+    uint64_t seen;      /* progress last seen */
+    uint64_t t_moved;   /* last hand-over, progress or start (ns) */
+    uint64_t t_cut;     /* when the drain began */
+    uint64_t t_client;  /* since when the lane waits for its client (waits_for_client), or 0 */
+    uint32_t next;      /* next layer to enqueue */
+    uint32_t handed;    /* layers whose ready word the client set */
+    int begun;          /* layers compute (else handshakes only) */
+    int why;            /* LANE_DRAIN: the cut's errno */
+    kern_lane_t *drain; /* LANE_DRAIN: the lane whose progress must reach target (a member's:
+                           its pack's) */
+    /* ROLE_MEMBER: its pack's lane, its index there, whether its own lane has its plan yet */
+    uint32_t pack, member;
+    int own_plan;
+    /* ROLE_PACK: its members' lanes, and how many are still served by it */
+    uint32_t n_members, live;
+    uint32_t members[KERN_PACK_MAX];
+    uint64_t serials[KERN_PACK_MAX]; /* their sessions (a member lane may be reused) */
 } patd_lane_t;
+
+/* The lane thread's memory of which sessions stepped lately, by uid (cross_pack's hold rule). */
+#define PATD_LANES_RECENT    64u
+#define PATD_LANES_RECENT_NS 100000000ull
+typedef struct patd_lanes_recent {
+    uint64_t serial, t_ns;
+    uint32_t uid;
+} patd_lanes_recent_t;
 
 typedef struct patd_lanes {
     patd_lane_t *lane; /* [n] */
@@ -86,11 +112,23 @@ typedef struct patd_lanes {
     uint32_t *free_idx;
     patd_conn_t **take, **gone;
     uint32_t cap_gone;
+    uint8_t *mark; /* a pass's waiting steps taken into packs */
+    uint32_t cap_mark;
     _Atomic uint32_t kick; /* futex word: bumped on submit, cancel and stop */
     _Atomic uint64_t beat; /* the lane thread's heartbeat (the watchdog's) */
     /* for metrics and STATUS (any thread reads) */
     _Atomic uint32_t busy, waiting, busy_max;
     _Atomic uint64_t steps, wait_ns_sum, cut_stall, cut_timeout, cut_abort, polls;
+    /* cross-session packing: packs begun, the steps they held, packed layers enqueued, steps that
+     * left a pack (late by more than the window), packs that fell back to steps alone */
+    _Atomic uint64_t packs, pack_steps, pack_layers, pack_leaves, pack_fallbacks;
+    /* the lane thread's own (cross_pack) */
+    sched_t *xs;           /* the union plans' scheduler */
+    uint32_t *xslots;      /* union slots */
+    uint32_t *pk_lane;     /* a pass's packs: lanes ... */
+    patd_conn_t **pk_conn; /* ... and members, KERN_PACK_MAX per pack */
+    uint32_t *pk_n;
+    patd_lanes_recent_t recent[PATD_LANES_RECENT];
 } patd_lanes_t;
 
 /* gpu.lanes = auto's count for this device and configuration (see above); never 0. */

@@ -373,6 +373,22 @@ char *patd_metrics_text(patd_t *d, size_t *ret_len)
         fprintf(f, "patd_lane_cuts_total{reason=\"aborted\"} %llu\n", LD(L->cut_abort));
         metric(f, "patd_lane_polls_total", "counter",
                "passes of the lane thread over the lanes (its CPU cost is per pass)", LD(L->polls));
+        metric(f, "patd_cross_packs_total", "counter",
+               "cross-session packs begun (gpu.cross_pack): one lane ran their steps' layers",
+               LD(L->packs));
+        metric(f, "patd_cross_pack_steps_total", "counter", "GPU steps that began in a pack",
+               LD(L->pack_steps));
+        metric(f, "patd_cross_pack_layers_total", "counter",
+               "packed layers enqueued (each one forward for every member still in its pack)",
+               LD(L->pack_layers));
+        metric(f, "patd_cross_pack_leaves_total", "counter",
+               "steps that left their pack (a layer not handed over within "
+               "gpu.cross_pack_window_us of the first member's) and ran on alone",
+               LD(L->pack_leaves));
+        metric(f, "patd_cross_pack_fallbacks_total", "counter",
+               "packs that could not begin (their union plan or rows did not fit): each step ran "
+               "alone",
+               LD(L->pack_fallbacks));
     }
     metric(f, "patd_connections", "gauge", "sessions open",
            LD(m->conns_opened) - LD(m->conns_closed));

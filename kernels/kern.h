@@ -220,6 +220,48 @@ uint64_t kern_lane_progress(const kern_lane_t *l);
 /* Layers enqueued since the lane was created. */
 uint64_t kern_lane_enqueued(const kern_lane_t *l);
 
+/* Cross-session packing: one lane runs a layer of several sessions' steps (its members) as one
+ * forward over the union of their queries, so KV their sequences share is read once for all of
+ * them. The union plan's rows are the members' rows one after another (member i's token t is
+ * union row row_off + t). A packed layer, on the lane's stream:
+ *   gate: waits until every member still in the pack has handed the layer over (its ready word
+ *         >= its epoch), but once one has, at most window_us more: a member that has not by then
+ *         leaves the pack for the rest of the step (kern_lane_pack_out tells the caller, who runs
+ *         its remaining layers alone); no member ever waits on another beyond the window;
+ *   the members served: their Q rows gathered into the lane's union rows and their new K/V
+ *         written to their pool slots; one forward (and merge) over the union plan; their O
+ *         rows scattered back; then each served member's done word = its epoch, after every O
+ *         row is visible.
+ * Rows of members not served this layer are computed from stale rows and dropped: the plan is
+ * the step's, only the members change. */
+#define KERN_PACK_MAX 16u
+typedef struct kern_pack_member {
+    const void *q, *k, *v; /* device: the member's staging rows ([token][head][head_dim]) */
+    void *o;
+    uint64_t *ready, *done;     /* its handshake words, [n_layers] each (KERN_SHARE_HOST) */
+    uint64_t epoch;             /* the value that hands a layer over and that is posted */
+    uint32_t row_off, n_tokens; /* its rows in the union plan */
+} kern_pack_member_t;
+
+/* Begins a packed step on a lane: the union plan and its rows' pool slots (union order), and the
+ * members (1..KERN_PACK_MAX, rows contiguous and ascending). Returns 0, -EINVAL (bad members),
+ * -E2BIG/-ENOSPC as kern_lane_begin, -ENOMEM (the union rows), -ENOTSUP (cpu), -EIO. */
+int kern_lane_pack_begin(kern_lane_t *l, const sched_plan_hdr_t *plan, const uint32_t *slots,
+                         uint32_t n, const kern_pack_member_t *m, uint32_t n_members,
+                         uint32_t window_us);
+/* Enqueues one packed layer of the step last begun with kern_lane_pack_begin (report: as
+ * kern_lane_layer's). Returns 0, -EINVAL, -EIO. */
+int kern_lane_pack_layer(kern_lane_t *l, uint32_t layer, const kern_attn_params_t *params,
+                         int report);
+/* Host memory the lane's stream writes: for each member of the packed step, 0 while it is in the
+ * pack, else 1 + the layer at which it left (it did not hand that layer over within the window;
+ * that layer and every later one are the caller's to run). */
+const volatile uint32_t *kern_lane_pack_out(const kern_lane_t *l);
+/* From the next gate on, the member is neither waited for nor served (its session is cut or
+ * gone); a gate already passed may still serve it: the caller waits for the lane's progress to
+ * cover every layer enqueued so far before its memory may go. */
+void kern_lane_pack_exclude(kern_lane_t *l, uint32_t member);
+
 /* Memory shared with one other process: an allocation of its own, mapped here at dev and exported
  * as a file descriptor that maps this allocation and nothing else (a CUDA virtual memory
  * allocation with a POSIX descriptor handle). The importer maps map_bytes. Device memory, or

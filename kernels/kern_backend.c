@@ -282,6 +282,48 @@ int kern_lane_layer(kern_lane_t *l, const kern_lane_layer_t *ly)
     return l->b->ops->lane_layer(l, ly);
 }
 
+int kern_lane_pack_begin(kern_lane_t *l, const sched_plan_hdr_t *plan, const uint32_t *slots,
+                         uint32_t n, const kern_pack_member_t *m, uint32_t n_members,
+                         uint32_t window_us)
+{
+    if (!l->b->ops->pack_begin)
+        return -ENOTSUP;
+    if (!plan || !slots || !n || !m || n_members == 0 || n_members > KERN_PACK_MAX)
+        return -EINVAL;
+    uint32_t row = 0;
+    for (uint32_t i = 0; i < n_members; i++) {
+        if (!m[i].q || !m[i].k || !m[i].v || !m[i].o || !m[i].ready || !m[i].done ||
+            m[i].row_off != row || m[i].n_tokens == 0)
+            return -EINVAL;
+        row += m[i].n_tokens;
+    }
+    if (row != n || row != plan->n_tokens)
+        return -EINVAL;
+    return l->b->ops->pack_begin(l, plan, slots, n, m, n_members, window_us);
+}
+
+int kern_lane_pack_layer(kern_lane_t *l, uint32_t layer, const kern_attn_params_t *params,
+                         int report)
+{
+    if (!l->b->ops->pack_layer)
+        return -ENOTSUP;
+    if (layer >= l->b->cfg.model.n_layers || !l->pack_members || !(params->scale > 0.0f) ||
+        params->softcap < 0.0f)
+        return -EINVAL;
+    return l->b->ops->pack_layer(l, layer, params, report);
+}
+
+const volatile uint32_t *kern_lane_pack_out(const kern_lane_t *l)
+{
+    return l->pack_out;
+}
+
+void kern_lane_pack_exclude(kern_lane_t *l, uint32_t member)
+{
+    if (l->pack_excl && member < KERN_PACK_MAX)
+        __atomic_store_n(&l->pack_excl[member], 1u, __ATOMIC_RELEASE);
+}
+
 uint64_t kern_lane_progress(const kern_lane_t *l)
 {
     return __atomic_load_n(l->progress, __ATOMIC_ACQUIRE);

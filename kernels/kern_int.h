@@ -28,6 +28,11 @@ typedef struct kern_ops {
     void (*share_free)(kern_backend_t *b, kern_share_t *s); /* device side; the fd is closed */
     int (*device_info)(kern_backend_t *b, int *ret_mps, uint8_t ret_uuid[16]);
     int (*fatal)(kern_backend_t *b, char *why, uint32_t why_len);
+    /* cross-session packing (kern.h); NULL in a backend without it */
+    int (*pack_begin)(kern_lane_t *l, const sched_plan_hdr_t *plan, const uint32_t *slots,
+                      uint32_t n, const kern_pack_member_t *m, uint32_t n_members,
+                      uint32_t window_us);
+    int (*pack_layer)(kern_lane_t *l, uint32_t layer, const kern_attn_params_t *params, int report);
 } kern_ops_t;
 
 /* Every lane starts with this header: the progress counters are read without a CUDA call. */
@@ -35,6 +40,11 @@ struct kern_lane {
     kern_backend_t *b;
     volatile uint64_t *progress; /* host-mapped; the lane's stream adds 1 per layer */
     uint64_t enqueued;
+    /* cross-session packing (kern_lane_pack_*): host-mapped, KERN_PACK_MAX words each; NULL until
+     * the lane's first packed step */
+    volatile uint32_t *pack_out;  /* the stream writes: 1 + the layer a member left at */
+    volatile uint32_t *pack_excl; /* the CPU writes: 1 = excluded */
+    uint32_t pack_members;        /* members of the packed step last begun */
 };
 
 /* Every backend's handle starts with this header. */

@@ -159,6 +159,7 @@ typedef CUresult (*WaitValue64Fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned in
 typedef CUresult (*WriteValue64Fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
 
 struct Cuda;
+struct PackState;
 
 /* One step's private execution context (kern.h): a stream, the plan and slot buffers, the
  * partials and arrival counters, and a host-mapped progress word. */
@@ -183,6 +184,7 @@ struct Lane {
     cudaEvent_t slot_copied;
     bool slot_used;
     cudaStream_t main;
+    PackState *pack; /* cross-session packing (kern_cuda_xpack.cu); NULL until first used */
 };
 
 struct Cuda {
@@ -236,6 +238,27 @@ int cuda_lane_create(kern_backend_t *b, kern_lane_t **ret);
 void cuda_lane_free(kern_lane_t *l);
 int cuda_lane_begin(kern_lane_t *l, const sched_plan_hdr_t *h, const uint32_t *slots, uint32_t n);
 int cuda_lane_layer(kern_lane_t *l, const kern_lane_layer_t *ly);
+
+/* kern_cuda_xpack.cu */
+void pack_done(Lane *L);
+int cuda_pack_begin(kern_lane_t *l, const sched_plan_hdr_t *h, const uint32_t *slots, uint32_t n,
+                    const kern_pack_member_t *m, uint32_t n_members, uint32_t window_us);
+int cuda_pack_layer(kern_lane_t *l, uint32_t layer, const kern_attn_params_t *p, int report);
+
+/* Eight 16-bit elements with every NaN and infinity (exponent all ones: E) set to 0 (kern.h:
+ * no pool slot holds one). */
+template <uint32_t E> __device__ __forceinline__ uint4 finite8(uint4 x)
+{
+    uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint32_t lo = (w[i] & E) == E ? 0u : 0xffffu;
+        const uint32_t hi = ((w[i] >> 16) & E) == E ? 0u : 0xffff0000u;
+        w[i] &= lo | hi;
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+constexpr uint32_t F16_EXP = 0x7c00u, BF16_EXP = 0x7f80u; /* finite8's E per dtype */
 
 template <typename T> __device__ inline void store4(T *dst, float4 v);
 template <> __device__ inline void store4<float>(float *dst, float4 v)

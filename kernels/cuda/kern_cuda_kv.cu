@@ -14,20 +14,6 @@
 namespace kcuda
 {
 
-/* Eight 16-bit elements with every NaN and infinity (exponent all ones: E) set to 0 (kern.h:
- * no pool slot holds one). */
-template <uint32_t E> __device__ __forceinline__ uint4 finite8(uint4 x)
-{
-    uint32_t w[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const uint32_t lo = (w[i] & E) == E ? 0u : 0xffffu;
-        const uint32_t hi = ((w[i] >> 16) & E) == E ? 0u : 0xffff0000u;
-        w[i] &= lo | hi;
-    }
-    return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
 template <typename T, int D>
 __global__ void append_kernel(const T *__restrict__ k, const T *__restrict__ v,
                               const uint32_t *__restrict__ slots, uint32_t n, T *__restrict__ kv,

@@ -47,6 +47,7 @@ void lane_done(Lane *L)
     cudaFreeHost(L->progress_host);
     free(L->last);
     free(L->check);
+    pack_done(L);
     memset(L, 0, sizeof(*L));
 }
 
