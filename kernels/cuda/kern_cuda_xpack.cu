@@ -45,13 +45,13 @@ struct PackDev {
 
 struct PackState {
     PackDev *dev;
-    PackDev *host;              /* pinned: the upload's source */
-    uint32_t *words_host;       /* mapped: out[KERN_PACK_MAX] then excl[KERN_PACK_MAX] */
-    uint32_t *words_dev;        /* the same, as the device sees it */
-    uint8_t *uq, *uo;           /* union rows: [row][q_head][head_dim] */
-    uint64_t rows_cap;          /* rows uq and uo hold */
-    uint32_t n_tokens;          /* of the packed step last begun */
-    const uint32_t *slots;      /* = the lane's slot buffer */
+    PackDev *host;         /* pinned: the upload's source */
+    uint32_t *words_host;  /* mapped: out[KERN_PACK_MAX] then excl[KERN_PACK_MAX] */
+    uint32_t *words_dev;   /* the same, as the device sees it */
+    uint8_t *uq, *uo;      /* union rows: [row][q_head][head_dim] */
+    uint64_t rows_cap;     /* rows uq and uo hold */
+    uint32_t n_tokens;     /* of the packed step last begun */
+    const uint32_t *slots; /* = the lane's slot buffer */
 };
 
 void pack_done(Lane *L)
@@ -76,8 +76,8 @@ static int pack_init(Lane *L)
     L->pack = ps;
     if (cudaMalloc(&ps->dev, sizeof(PackDev)) != cudaSuccess ||
         cudaMallocHost(&ps->host, sizeof(PackDev)) != cudaSuccess ||
-        cudaHostAlloc(&ps->words_host, 2 * KERN_PACK_MAX * sizeof(uint32_t),
-                      cudaHostAllocMapped) != cudaSuccess ||
+        cudaHostAlloc(&ps->words_host, 2 * KERN_PACK_MAX * sizeof(uint32_t), cudaHostAllocMapped) !=
+            cudaSuccess ||
         cudaHostGetDevicePointer(&ps->words_dev, ps->words_host, 0) != cudaSuccess) {
         cudaGetLastError();
         pack_done(L);
@@ -251,7 +251,8 @@ __global__ void pack_gather(const PackDev *__restrict__ pd, const uint32_t *__re
         }
         const uint32_t c = ch - q_chunks, which = c / kv_chunks, h = (c / d_chunks) % kv_heads,
                        dc = c % d_chunks;
-        const uint8_t *src = (which ? m.v : m.k) + (((uint64_t)lt * kv_heads + h) * d_chunks + dc) * 16;
+        const uint8_t *src =
+            (which ? m.v : m.k) + (((uint64_t)lt * kv_heads + h) * d_chunks + dc) * 16;
         const uint32_t slot = slots[t], blk = slot / KERN_BLOCK_SIZE, off = slot % KERN_BLOCK_SIZE;
         uint8_t *dst = kv + blk * block_bytes + ((uint64_t)which * kv_heads + h) * head_bytes +
                        ((uint64_t)off * d_chunks + dc) * 16;
@@ -321,13 +322,13 @@ int cuda_pack_layer(kern_lane_t *l, uint32_t layer, const kern_attn_params_t *p,
         pack_gather<BF16_EXP><<<grid_for(items, 256), 256, 0, L->main>>>(
             ps->dev, ps->slots, n, ps->uq, kv, q_chunks, m.kv_heads, d_chunks, block_bytes);
     KC_TRY(cudaGetLastError(), "pack gather launch");
-    int r = attend_on(L, layer, reinterpret_cast<const sched_plan_hdr_t *>(L->last), ps->uq, ps->uo,
-                      p);
+    int r =
+        attend_on(L, layer, reinterpret_cast<const sched_plan_hdr_t *>(L->last), ps->uq, ps->uo, p);
     if (r < 0)
         return r;
     /* the scatter's last block posts: at least KERN_PACK_MAX threads in it */
     pack_scatter<<<grid_for((uint64_t)n * q_chunks, 256), 256, 0, L->main>>>(ps->dev, ps->uo, n,
-                                                                            q_chunks, layer);
+                                                                             q_chunks, layer);
     KC_TRY(cudaGetLastError(), "pack scatter launch");
     L->base.enqueued++;
     if (report)

@@ -219,6 +219,9 @@ if [ $bench = 11 ]; then # --frontends [full|quick|modes]: tests/bench/bench_fro
     modes) fargs="--no-matrix --churn --slow" ;;
     *) fargs= ;;
     esac
+    # FRONTEND_ONLY: test_frontend.py's tests of that list first (e.g. pack,kill)
+    [ -n "${FRONTEND_ONLY:-}" ] &&
+        run test_frontend python3 tests/gpu/test_frontend.py --patd $B/bin/patd --only "$FRONTEND_ONLY"
     left=$((${FRONTENDS_BUDGET:-540} - SECONDS)) # what the build and MPS left of the budget
     [ $left -lt 1 ] && left=1
     # FRONTENDS_ARGS: more arguments (e.g. --n 4 --batch 16 --prompts shared, --patd-arg K=V)

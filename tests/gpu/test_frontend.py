@@ -20,6 +20,13 @@ PyTorch frontends in other processes (client/python/examples/llama_patd.py), und
              first step that waits 1 s inside a layer: no step is cut, every step's logits
              match the in-process reference, and all 16 steps were on lanes at once
              (STATUS lanes_busy_max)
+  pack       cross-session packing (gpu.cross_pack): 4 frontend processes of one uid, prompts
+             shared across them, step the same fed tokens on a daemon with packing off, then on:
+             packs formed and packed layers ran (STATUS, metrics), every step's logits match the
+             in-process reference and the unpacked run's (relative error < 1e-2); then again
+             packed while one frontend is SIGKILLed inside a layer (after handing its Q over):
+             the others' steps all succeed and match, the dead session is reclaimed and the
+             pool check is clean
 
 Run by tests/gpu/run.sh (which starts MPS). Prints "N passed, N failed"; exit 1 on any failure.
 """
@@ -470,8 +477,139 @@ def test_many(model, sock, bin_path):
         d.wait(20)
 
 
+PACK = 4
+
+
+def pack_child(sock, idx, steps, out, kill_at):
+    """One of test_pack's frontends: the same prompts as its siblings (shared across sessions),
+    fed tokens fixed by its index (not its argmax), so runs with packing off and on compare."""
+    import json
+    model = Llama(CFG, seed=1)
+    fe = Frontend(model, sock, max_batch_tokens=4096, slots=8)
+    if kill_at >= 0:
+        orig, calls = fe.attn.attend, [0]
+
+        def dying(layer, q, k, v):
+            calls[0] += 1
+            r = orig(layer, q, k, v)
+            if calls[0] == kill_at:
+                time.sleep(0.002)  # its Q is handed over (or about to be): die inside the layer
+                os.kill(os.getpid(), signal.SIGKILL)
+            return r
+        fe.attn.attend = dying
+    for p in shared_prompts(3, random.Random(7), vocab=CFG.vocab):
+        fe.join(p)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    feed = random.Random(1000 + idx)
+    err, logits = None, []
+    try:
+        for i in range(steps):
+            logits.append(fe.step().float().cpu())
+            for s in fe.seqs:
+                s["next"] = feed.randrange(CFG.vocab)
+    except patd.PatError as e:
+        err = "%s (errno %d)" % (e, e.errno)
+    torch.save(logits, out)
+    print(json.dumps({"idx": idx, "worst": fe.worst, "err": err}), flush=True)
+    fe.close()
+    return 0
+
+
+def pack_run(bin_path, tag, cross_pack, victim=None, steps=12):
+    """PACK frontends through a daemon of their own; returns (results, logits, status, log)."""
+    import json
+    rundir = tempfile.mkdtemp(prefix="patd-pack-")
+    # windows wide enough that Python's jitter between the frontends does not keep them apart
+    d, s2 = start_daemon(bin_path, rundir, ["--name=pk" + tag, "--staging-mb=4096",
+                                            "--conn-max-batch-tokens=4096",
+                                            "--step-timeout-ms=30000",
+                                            "--cross-pack=%d" % cross_pack,
+                                            "--cross-pack-window-us=20000",
+                                            "--cross-pack-wait-us=50000"])
+    kids = []
+    try:
+        for i in range(PACK):
+            kids.append(subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), "--pack-child", s2, "--idx", str(i),
+                 "--out", os.path.join(rundir, "logits%d.pt" % i),
+                 "--kill-at", str(4 * 6 + 2 if i == victim else -1)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        for k in kids:
+            line = k.stdout.readline()
+            assert line.strip() == "ready", "a frontend did not start: %r" % line
+        for k in kids:
+            k.stdin.write("go\n")
+            k.stdin.flush()
+        res = []
+        for i, k in enumerate(kids):
+            out = k.stdout.readline()
+            k.wait(180)
+            if i == victim:
+                assert k.returncode == -signal.SIGKILL, "the victim exited %s" % k.returncode
+                continue
+            res.append(json.loads(out))
+        if victim is not None:  # its session is reclaimed (the daemon watches its pid)
+            for _ in range(100):
+                if patd.status(socket=s2)["connections"] == 0:
+                    break
+                time.sleep(0.1)
+        st = status(s2)
+        text = patd.admin("status", socket=s2)
+        metrics = patd.admin("metrics", socket=s2)
+        logits = {r["idx"]: torch.load(os.path.join(rundir, "logits%d.pt" % r["idx"]))
+                  for r in res}
+        return res, logits, st, text, metrics, open(os.path.join(rundir, "patd.log")).read()
+    finally:
+        for k in kids:
+            if k.poll() is None:
+                k.kill()
+        d.send_signal(signal.SIGTERM)
+        d.wait(20)
+
+
+def metric_value(text, name):
+    for ln in text.splitlines():
+        if ln.startswith(name + " "):
+            return float(ln.split()[1])
+    raise AssertionError("no metric " + name)
+
+
+def test_pack(model, sock, bin_path):
+    base, base_l, _, _, _, _ = pack_run(bin_path, "0", 0)
+    res, got_l, st, text, metrics, log = pack_run(bin_path, "1", 1)
+    packs = metric_value(metrics, "patd_cross_packs_total")
+    steps = metric_value(metrics, "patd_cross_pack_steps_total")
+    layers = metric_value(metrics, "patd_cross_pack_layers_total")
+    leaves = metric_value(metrics, "patd_cross_pack_leaves_total")
+    worst_vs_unpacked = 0.0
+    for i, ls in got_l.items():
+        assert len(ls) == len(base_l[i]), (i, len(ls), len(base_l[i]))
+        for a, b in zip(ls, base_l[i]):
+            worst_vs_unpacked = max(worst_vs_unpacked, ((a - b).norm() / b.norm()).item())
+    worst = max(r["worst"] for r in res + base)
+    print("pack: %d frontends x 12 steps: %d packs of %d steps, %d packed layers, %d left a "
+          "pack; worst error vs reference %.2e, packed vs unpacked %.2e"
+          % (PACK, packs, steps, layers, leaves, worst, worst_vs_unpacked))
+    assert not [r for r in res + base if r["err"]], [r["err"] for r in res + base if r["err"]]
+    assert packs >= 1 and layers >= CFG.layers, "no layer ran packed"
+    assert worst < 1e-2 and worst_vs_unpacked < 1e-2, (worst, worst_vs_unpacked)
+    assert "cut:" not in log, [ln for ln in log.splitlines() if "cut:" in ln][:3]
+    # a member dies inside a packed layer
+    res, got_l, st, text, metrics, log = pack_run(bin_path, "k", 1, victim=PACK - 1)
+    worst = max(r["worst"] for r in res)
+    print("pack, one killed inside a layer: %d survivors, worst error %.2e, %d packs, %d left, "
+          "connections after %d, pool check %s"
+          % (len(res), worst, metric_value(metrics, "patd_cross_packs_total"),
+             metric_value(metrics, "patd_cross_pack_leaves_total"), st["connections"],
+             st["pool_check"]))
+    assert not [r for r in res if r["err"]], [r["err"] for r in res if r["err"]]
+    assert worst < 1e-2, worst
+    assert st["connections"] == 0 and st["pool_check"] == "ok", st
+
+
 TESTS = [("e2e", test_e2e), ("kill", test_kill), ("graph", test_graph), ("conns", test_conns),
-         ("stall", test_stall), ("many", test_many)]
+         ("stall", test_stall), ("many", test_many), ("pack", test_pack)]
 
 
 def main():
@@ -481,11 +619,16 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--many-child", metavar="SOCKET")
     ap.add_argument("--idx", type=int, default=0)
+    ap.add_argument("--pack-child", metavar="SOCKET")
+    ap.add_argument("--out")
+    ap.add_argument("--kill-at", type=int, default=-1)
     a = ap.parse_args()
     if a.victim:
         return victim_main(a.victim)
     if a.many_child:
         return many_child(a.many_child, a.idx, 24)
+    if a.pack_child:
+        return pack_child(a.pack_child, a.idx, 12, a.out, a.kill_at)
     rundir = tempfile.mkdtemp(prefix="patd-gpu-")
     daemon, sock = start_daemon(a.patd, rundir)
     model = Llama(CFG, seed=1)
