@@ -135,7 +135,6 @@ struct patd_conn {
     uint8_t *dev_base;       /* = share.dev: lay offsets apply */
     sched_t *sched;
     uint32_t pack_policy; /* sched_policy_t + 1 of the last pack built (step info) */
-    uint32_t pack_last;   /* sessions in the cross-session pack of its last GPU step (0: alone) */
     uint32_t next_tick;
     uint64_t next_step;
     patd_step_t step;

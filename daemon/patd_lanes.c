@@ -525,7 +525,6 @@ static void pack_begin(patd_t *d, uint32_t pi, const uint32_t *lanes, patd_conn_
         ln->pack = pi;
         ln->member = j;
         ln->own_plan = 0;
-        m[j]->pack_last = k;
         pl->members[j] = lanes[j];
         pl->serials[j] = m[j]->serial;
     }
@@ -650,9 +649,9 @@ static int pack_eligible(const patd_t *d, const patd_conn_t *c)
 }
 
 /* Under L->mu: the waiting steps taken into packs this pass (marked), as long as free lanes last
- * (a pack takes one per member and its own). A uid's eligible steps are packed once at least
- * as many wait as were packed with the oldest one's last step (2 at least), or once the oldest
- * has waited gpu.cross_pack_wait_us. Returns the lanes used; *ret_n the packs. */
+ * (a pack takes one per member and its own). A uid's eligible steps are packed once as many wait
+ * as its sessions stepped in the last PATD_LANES_RECENT_NS (2 at least), or once the oldest has
+ * waited gpu.cross_pack_wait_us. Returns the lanes used; *ret_n the packs. */
 static uint32_t packs_select(patd_t *d, uint32_t n_free, uint64_t now, uint32_t *ret_n)
 {
     patd_lanes_t *L = &d->lanes;
@@ -664,7 +663,9 @@ static uint32_t packs_select(patd_t *d, uint32_t n_free, uint64_t now, uint32_t 
         if (L->mark[i] || !pack_eligible(d, c))
             continue;
         patd_conn_t **g = L->pk_conn + (uint64_t)np * KERN_PACK_MAX;
-        uint32_t k = 0, rows = 0, want = PAT_MAX(2u, c->pack_last);
+        /* as many as stepped lately (its uid's sessions), 2 at least */
+        uint32_t k = 0, rows = 0,
+                 want = PAT_MAX(2u, PAT_MIN(KERN_PACK_MAX, recent_peers(L, (uint32_t)c->uid, now)));
         uint32_t idx[KERN_PACK_MAX];
         for (uint32_t j = i; j < L->n_wait && k < KERN_PACK_MAX; j++) {
             patd_conn_t *x = L->wait[j];
@@ -766,10 +767,8 @@ static void *lanes_main(void *arg)
             uint32_t b = atomic_fetch_add(&L->busy, 1) + 1;
             if (b > atomic_load(&L->busy_max))
                 atomic_store(&L->busy_max, b);
-            if (d->cfg.cross_pack) {
+            if (d->cfg.cross_pack)
                 recent_note(L, L->take[i], now);
-                L->take[i]->pack_last = 0;
-            }
             lane_begin(d, &L->lane[L->free_idx[fi++]], L->take[i], now);
         }
         moved |= n_gone || n_take || n_packs;

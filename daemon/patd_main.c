@@ -226,9 +226,12 @@ static void op_status(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *
                 d->lanes.n, atomic_load(&d->lanes.busy), atomic_load(&d->lanes.busy_max),
                 atomic_load(&d->lanes.waiting));
     if (d->gpu && d->cfg.cross_pack)
-        fprintf(f, "cross_packs %llu\ncross_pack_steps %llu\ncross_pack_leaves %llu\n",
+        fprintf(f,
+                "cross_packs %llu\ncross_pack_steps %llu\ncross_pack_layers %llu\n"
+                "cross_pack_leaves %llu\n",
                 (unsigned long long)atomic_load(&d->lanes.packs),
                 (unsigned long long)atomic_load(&d->lanes.pack_steps),
+                (unsigned long long)atomic_load(&d->lanes.pack_layers),
                 (unsigned long long)atomic_load(&d->lanes.pack_leaves));
     fclose(f);
     reply_text(d, rq, out, len);
