@@ -120,7 +120,7 @@ PAT_ABI_LAYOUT := $(B)/tests/pat_abi_layout
 
 CORE_SRCS := $(KV_SRCS) $(SCHED_SRCS) $(KERN_SRCS)
 CORE_OBJS := $(CORE_SRCS:%.c=$(B)/%.o)
-GPU_TESTS := test_cuda_attn test_vmm_share
+GPU_TESTS := test_cuda_attn test_vmm_share test_cuda_xpack
 GPU_TOOLS := $(B)/bin/patd-tile-solver $(B)/bench/bench_attn $(B)/bench/bench_handoff \
              $(B)/bench/bench_mcast
 GPU_BINS  := $(GPU_TESTS:%=$(B)/tests/gpu/%)
