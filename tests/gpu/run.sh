@@ -13,13 +13,15 @@
 # its own allocation passed by descriptor, issue 17), and under MPS the cross-process tests (a real patd on
 # the cuda backend and PyTorch frontends: tests/gpu/test_frontend.py, and a transformers model
 # through patd.transformers: tests/gpu/test_hf.py) and, unless --no-bench, the
-# hand-off and frontend benchmarks. --frontend: only the cross-process part.
+# hand-off and frontend benchmarks. --frontend: test_cuda_xpack (cross-session packing below
+# the daemon, memcheck on it, its --bench unless --no-bench) and the cross-process part.
 # --launch: test_cuda_attn --quick; a build whose forwards skip the wait for the append
 # (KCUDA_NO_DEP_WAIT) must fail test_cuda_attn --dep; bench_mcast (issue 15: a 2-CTA cluster
 # multicasting KV tiles); test_vmm_share as in every cross-process mode; under MPS
 # bench_handoff with gpu.dependent_launch 1 and 0, and test_frontend. --e2e: only tests/bench/bench_e2e.py under MPS (a Llama-3-8B-shaped decode step through patd,
 # in-process FlashInfer from .whl/, and a dense in-process cache). --replay: only patload under MPS (tests/gpu/replay.sh: the CI replay tests on the cuda backend,
 # then trace replays with a Llama-3-8B-shaped model; "quick": the tests and one short replay).
+# FRONTEND_ONLY=LIST with --frontends: test_frontend.py's tests of LIST before the benchmark.
 # --frontends [full|quick|modes]: only tests/bench/bench_frontends.py under MPS (issue 36: N
 # frontend processes through one patd vs one frontend with the union batch vs N in-process
 # FlashInfer frontends; builds patd and libpat only, skips test_units and test_vmm_share): full
@@ -71,7 +73,8 @@ fi
     echo "== build"
 } | tee "$out/gpu.log"
 B=build/gpu
-targets="$B/tests/gpu/test_cuda_attn $B/tests/gpu/test_vmm_share $B/bin/patd-tile-solver
+targets="$B/tests/gpu/test_cuda_attn $B/tests/gpu/test_vmm_share $B/tests/gpu/test_cuda_xpack
+    $B/bin/patd-tile-solver
     $B/bench/bench_attn $B/bin/patd $B/lib/libpat.so.1 $B/bench/bench_handoff $B/bench/bench_mcast
     $B/bin/patload $B/bin/patctl"
 [ $bench = 10 ] && targets="$B/bin/patd $B/bin/patctl"
@@ -180,6 +183,19 @@ if [ $bench = 5 ]; then
         grep -v '^gpu.log$\|^compare_pat.md$') 2>/dev/null)
     [ "$failed" -eq 0 ]
     exit
+fi
+
+# cross-session packing below the daemon (kern_lane_pack_*: float64 checks), its memcheck, and
+# unless --no-bench its attention time per layer against lanes of their own
+if [ $bench -lt 4 ] || [ $bench = 5 ]; then
+    run test_cuda_xpack $B/tests/gpu/test_cuda_xpack
+    command -v compute-sanitizer >/dev/null &&
+        run memcheck_xpack compute-sanitizer --tool memcheck --error-exitcode 3 \
+            $B/tests/gpu/test_cuda_xpack
+    if [ $bench != 0 ]; then
+        run bench_xpack $B/tests/gpu/test_cuda_xpack --bench
+        run bench_xpack16 $B/tests/gpu/test_cuda_xpack --bench 16 8 2048 32 32 10
+    fi
 fi
 
 # ---- cross-process: patd on the cuda backend + frontends in other processes, under MPS
