@@ -134,7 +134,7 @@ static const opt_t opts[] = {
      NULL},
     {"gpu", "cross_pack_wait_us", T_U32, F(cross_pack_wait_us), 0, 100000, "200", 0,
      "cuda backend, gpu.cross_pack = 1: how long a step may wait for a lane, while other sessions "
-     "of its uid stepped in the last 100 ms, for the steps of as many of them to pack with; its "
+     "of its uid stepped in the last second, for the steps of as many of them to pack with; its "
      "client hands its first layers over meanwhile, and they run once it begins",
      NULL},
     {"gpu", "lanes", T_U32A, F(lanes), 1, 64, "auto", 0,

@@ -92,7 +92,7 @@ typedef struct patd_lane {
 
 /* The lane thread's memory of which sessions stepped lately, by uid (cross_pack's hold rule). */
 #define PATD_LANES_RECENT    64u
-#define PATD_LANES_RECENT_NS 100000000ull
+#define PATD_LANES_RECENT_NS 1000000000ull
 typedef struct patd_lanes_recent {
     uint64_t serial, t_ns;
     uint32_t uid;

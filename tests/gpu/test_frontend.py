@@ -592,7 +592,8 @@ def test_pack(model, sock, bin_path):
           "pack; worst error vs reference %.2e, packed vs unpacked %.2e"
           % (PACK, packs, steps, layers, leaves, worst, worst_vs_unpacked))
     assert not [r for r in res + base if r["err"]], [r["err"] for r in res + base if r["err"]]
-    assert packs >= 1 and layers >= CFG.layers, "no layer ran packed"
+    # a quarter of the steps at least (the rest may begin alone: the frontends' own pace)
+    assert steps >= PACK * 12 // 4 and layers >= CFG.layers, "too few steps ran packed"
     assert worst < 1e-2 and worst_vs_unpacked < 1e-2, (worst, worst_vs_unpacked)
     assert "cut:" not in log, [ln for ln in log.splitlines() if "cut:" in ln][:3]
     # a member dies inside a packed layer
