@@ -113,7 +113,7 @@ static void write_file(const char *path, const char *text)
 
 static void test_config_validation(void **state)
 {
-    char out[8192];
+    char out[32768]; /* --help is over 10 KiB */
     char path[] = "/tmp/patd-conf.XXXXXX";
     int fd = mkstemp(path);
     assert_true(fd >= 0);
