@@ -141,7 +141,7 @@ static const opt_t opts[] = {
      "cuda backend: GPU steps in flight at once, each on a stream of its own (a step holds a "
      "lane, not a thread); auto: the hardware queues CUDA_DEVICE_MAX_CONNECTIONS keeps apart "
      "(patd sets 32 where unset) less two, at most what 1/16 of the GPU's memory holds (a lane "
-     "starts small; its partials grow to the largest plan it runs)",
+     "starts small; its partials grow for a large plan and shrink back when its step ends)",
      NULL},
     {"gpu", "dependent_launch", T_U32, F(dependent_launch), 0, 1, "1", 0,
      "cuda backend, sm_90: 1 = a layer's forward is launched as a programmatic dependent of its "

@@ -265,6 +265,7 @@ static void lane_end(patd_t *d, patd_lane_t *ln, uint64_t now)
         atomic_fetch_add(&d->m.qc_bytes, st->qc_bytes * st->layers_done);
     }
     st->t_done_ns = now;
+    kern_lane_trim(ln->lane); /* nothing of it is in flight now */
     ln->phase = LANE_FREE;
     ln->role = ROLE_SOLO;
     ln->c = NULL;
@@ -586,6 +587,7 @@ static int pack_drive(patd_t *d, uint32_t pi, uint64_t now)
         for (uint32_t j = 0; j < pl->n_members; j++)
             if (is_member(L, pl, pi, j) && L->lane[pl->members[j]].phase == LANE_RUN)
                 lane_end(d, &L->lane[pl->members[j]], now);
+        kern_lane_trim(pl->lane);
         pl->phase = LANE_FREE;
         pl->role = ROLE_SOLO;
         atomic_fetch_sub(&L->busy, 1);

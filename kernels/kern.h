@@ -201,9 +201,14 @@ typedef struct kern_lane_layer {
 int kern_lane_create(kern_backend_t *b, kern_lane_t **ret);
 /* Device memory one lane of a backend made with cfg takes when created (its first partials, merge
  * counters, plan and slot buffers; pinned host memory besides). A lane that runs a plan splitting
- * more tokens than its partials hold doubles them (up to cfg.max_partials), so a lane that ran
- * large prefills holds more. Any backend's config; no device call. */
+ * more tokens than its partials hold doubles them (up to cfg.max_partials) until its step ends
+ * (kern_lane_trim), so lanes running large prefills at once hold more meanwhile. Any backend's
+ * config; no device call. */
 uint64_t kern_lane_bytes(const kern_config_t *cfg);
+/* Gives back what the lane grew past its start (partials, union rows) once nothing of it is in
+ * flight (its last step has finished): a lane that ran a large prefill does not keep its
+ * partials for the decodes after it. The next plan that needs more grows them again. */
+void kern_lane_trim(kern_lane_t *l);
 /* Waits for the lane to drain (release its waits first) and frees it; NULL ok. */
 void kern_lane_free(kern_lane_t *l);
 /* Uploads a step's plan (when it changed) and its new tokens' pool slots, once for all layers.

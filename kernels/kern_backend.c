@@ -313,6 +313,12 @@ int kern_lane_pack_layer(kern_lane_t *l, uint32_t layer, const kern_attn_params_
     return l->b->ops->pack_layer(l, layer, params, report);
 }
 
+void kern_lane_trim(kern_lane_t *l)
+{
+    if (l->b->ops->lane_trim)
+        l->b->ops->lane_trim(l);
+}
+
 const volatile uint32_t *kern_lane_pack_out(const kern_lane_t *l)
 {
     return l->pack_out;

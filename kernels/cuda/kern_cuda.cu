@@ -529,5 +529,5 @@ extern "C" const kern_ops_t kern__cuda_ops = {
     "cuda",           cuda_probe,      cuda_create,     cuda_destroy,     cuda_append_kv,
     cuda_copy_blocks, cuda_attend,     cuda_sync,       cuda_tiles,       cuda_lane_create,
     cuda_lane_free,   cuda_lane_begin, cuda_lane_layer, cuda_share_alloc, cuda_share_free,
-    cuda_device_info, cuda_fatal,      cuda_pack_begin, cuda_pack_layer,
+    cuda_device_info, cuda_fatal,      cuda_pack_begin, cuda_pack_layer,  cuda_lane_trim,
 };

@@ -83,6 +83,37 @@ static int partials_reserve(Lane *L, uint32_t n)
     return 0;
 }
 
+/* kern_lane_trim: partials back to LANE_PARTIALS_START (stream-ordered, as partials_reserve);
+ * the next upload is a full one, so that partials_reserve sees its plan again. Errors leave the
+ * lane as it was. */
+void cuda_lane_trim(kern_lane_t *l)
+{
+    Lane *L = reinterpret_cast<Lane *>(l);
+    const kern_config_t *cfg = &L->c->base.cfg;
+    if (cudaSetDevice(L->c->device) != cudaSuccess)
+        return;
+    pack_trim(L);
+    if (L->part_cap <= LANE_PARTIALS_START)
+        return;
+    const uint64_t slots = (uint64_t)LANE_PARTIALS_START * cfg->model.q_heads;
+    float *po, *pl;
+    if (cudaMallocAsync(&po, slots * cfg->model.head_dim * sizeof(float), L->main) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    if (cudaMallocAsync(&pl, slots * sizeof(float), L->main) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFreeAsync(po, L->main);
+        return;
+    }
+    cudaFreeAsync(L->part_o, L->main);
+    cudaFreeAsync(L->part_lse, L->main);
+    L->part_o = po;
+    L->part_lse = pl;
+    L->part_cap = LANE_PARTIALS_START;
+    L->last_len = 0;
+}
+
 /* the launch attend_on makes for h runs fwd_pair (which reads the tiles) */
 static bool runs_pair(const Cuda *c, const sched_plan_hdr_t *h)
 {

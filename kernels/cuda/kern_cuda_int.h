@@ -239,8 +239,11 @@ void cuda_lane_free(kern_lane_t *l);
 int cuda_lane_begin(kern_lane_t *l, const sched_plan_hdr_t *h, const uint32_t *slots, uint32_t n);
 int cuda_lane_layer(kern_lane_t *l, const kern_lane_layer_t *ly);
 
+void cuda_lane_trim(kern_lane_t *l);
+
 /* kern_cuda_xpack.cu */
 void pack_done(Lane *L);
+void pack_trim(Lane *L);
 int cuda_pack_begin(kern_lane_t *l, const sched_plan_hdr_t *h, const uint32_t *slots, uint32_t n,
                     const kern_pack_member_t *m, uint32_t n_members, uint32_t window_us);
 int cuda_pack_layer(kern_lane_t *l, uint32_t layer, const kern_attn_params_t *p, int report);

@@ -1,6 +1,6 @@
 /*
  * kern_cuda_lane.cu — lanes (kern.h, the GPU data path): what one step in flight needs of its own
- * — a stream, the plan and slot buffers, the partials (grown to the largest plan the lane ran)
+ * — a stream, the plan and slot buffers, the partials (grown for a large plan, trimmed after it)
  * and merge arrival counters, and a host-mapped progress word — so that a step whose stream waits
  * on its client's ready word never holds up another client's step. The backend's own calls
  * (kern_append_kv, kern_attend) run on lane 0, which never waits on a client.

@@ -122,6 +122,18 @@ static int rows_reserve(Lane *L, uint64_t n)
     return 0;
 }
 
+/* kern_lane_trim: union rows past a decode's few go back */
+void pack_trim(Lane *L)
+{
+    PackState *ps = L->pack;
+    if (!ps || ps->rows_cap <= 256)
+        return;
+    cudaFreeAsync(ps->uq, L->main);
+    cudaFreeAsync(ps->uo, L->main);
+    ps->uq = ps->uo = nullptr;
+    ps->rows_cap = 0;
+}
+
 static Lane *as_lane(kern_lane_t *l)
 {
     return reinterpret_cast<Lane *>(l);
