@@ -59,7 +59,10 @@ ratio is taken with it ("-" in xunion / xinpr) and a target that only it measure
 as invalid, not met or missed. The
 floors, per round of one step of every frontend: weight bytes (N copies; once for the union) +
 distinct KV bytes over the read bandwidth, and GEMM FLOPs over the bf16 tensor-core rate (both
-measured as bench_frontend.floors() does), and the tokens/s ceiling they give.
+measured as bench_frontend.floors() does), and the tokens/s ceiling they give. The CPU phases of each step, every frontend's median ("step phases": the inputs and
+the step's begin; the forward's enqueue; its end (patd: waiting for STEP_END's answer, given once
+the daemon ran the last layer; FlashInfer: its bookkeeping); the argmax read back, which waits
+for the GPU), averaged over the frontends: where a step's time goes on the CPU side.
 
 If `patd --help` lists an option named cross_pack (cross-session packing, issue 36), every patd
 run of N frontends is made with cross_pack=0 and with cross_pack=1 (a daemon of each, restarted
@@ -328,6 +331,7 @@ class Frontend:
         """One decode step of every sequence; returns the step's attention ms (Hook)."""
         if self.since_reset >= self.o["decode_len"]:
             self.reset()
+        t0 = time.monotonic()
         tt, pp = self.t(self.toks), self.t(self.lens)
         b = len(self.prompts)
         if self.way == "patd":
@@ -337,13 +341,20 @@ class Frontend:
             self.fi.begin_decode(self.reqs)
         else:
             self.ref.begin(list(range(b)), self.lens, [1] * b)
+        t1 = time.monotonic()
         logits = self.model.forward(tt, pp, self.hook)
+        t2 = time.monotonic()
         if self.way == "patd":
             self.in_step = False
             self.conn.step_end()
         elif self.way == "flashinfer":
             self.fi.end_step(self.reqs)
+        t3 = time.monotonic()
         self.toks = logits.argmax(-1).tolist()
+        # CPU phases of the step (ms): inputs and begin, the forward's enqueue, the step's end
+        # (patd: STEP_END's answer, once the daemon ran the last layer), the argmax read back
+        self.phases = [1e3 * (t1 - t0), 1e3 * (t2 - t1), 1e3 * (t3 - t2),
+                       1e3 * (time.monotonic() - t3)]
         self.lens = [x + 1 for x in self.lens]
         self.since_reset += 1
         return self.hook.attn_ms()
@@ -416,7 +427,8 @@ def step_loop(fe, t_go, t0, t1, slow, pipe=None, life_s=None, kill=False, info=(
             first = te
             out["first_step_s"] = te - ts
         consecutive = 0
-        recs.append([te, te - ts, ms, time.process_time(), int(fe.hook.slow)])
+        recs.append([te, te - ts, ms, time.process_time(), int(fe.hook.slow),
+                     getattr(fe, "phases", None)])
         k += 1
     if out["left"] is None:
         out["left"] = "gave up" if out["gave_up"] else "window over"
@@ -944,6 +956,10 @@ def summarize(res, per, t0, t1, batch, layers):
              "first_errors": [e["error"] for e in errs[:3]]}
         if len(inwin) >= 2:
             f["cpu_cores"] = (inwin[-1][3] - inwin[0][3]) / max(1e-9, inwin[-1][0] - inwin[0][0])
+        ph = [r[5] for r in inwin if len(r) > 5 and r[5]]
+        if ph:
+            f["phases_ms_p50"] = {k: pct([x[i] for x in ph], 0.5) for i, k in
+                                  enumerate(("begin", "forward", "end", "readback"))}
         fronts.append(f)
         if m.get("slow"):
             slow_errors += len(errs)
@@ -970,6 +986,9 @@ def summarize(res, per, t0, t1, batch, layers):
     res["slow_frontend_errors"] = slow_errors
     res["fe_cpu_cores_mean"] = (sum(f.get("cpu_cores", 0.0) for f in fronts) / len(fronts)
                                 if fronts else None)
+    phs = [f["phases_ms_p50"] for f in fronts if f.get("phases_ms_p50")]
+    if phs:  # the frontends' medians of each CPU phase of a step, averaged over them
+        res["phases_ms"] = {k: sum(p[k] for p in phs) / len(phs) for k in phs[0]}
 
 
 def slow_pairs(per, windows, t0):
@@ -1388,6 +1407,9 @@ def main():
             out.doc["runs"].append(r)
             out.save()
             print(row(r), flush=True)
+            if r.get("phases_ms"):
+                print("    step phases, ms (frontends' medians): " + ", ".join(
+                    "%s %.2f" % kv for kv in r["phases_ms"].items()), flush=True)
             for f in r["refused"]:
                 print("    refused: frontend %s: %s" % (f["frontend"], f["error"]), flush=True)
             for f in r["setup_errors"][:3]:
