@@ -59,8 +59,8 @@ ratio is taken with it ("-" in xunion / xinpr) and a target that only it measure
 as invalid, not met or missed. The
 floors, per round of one step of every frontend: weight bytes (N copies; once for the union) +
 distinct KV bytes over the read bandwidth, and GEMM FLOPs over the bf16 tensor-core rate (both
-measured as bench_frontend.floors() does), and the tokens/s ceiling they give. The CPU phases of each step, every frontend's median ("step phases": the inputs and
-the step's begin; the forward's enqueue; its end (patd: waiting for STEP_END's answer, given once
+measured as bench_frontend.floors() does), and the tokens/s ceiling they give. The CPU phases
+of each step, every frontend's median ("step phases": the inputs and the step's begin; the forward's enqueue; its end (patd: waiting for STEP_END's answer, given once
 the daemon ran the last layer; FlashInfer: its bookkeeping); the argmax read back, which waits
 for the GPU), averaged over the frontends: where a step's time goes on the CPU side.
 
