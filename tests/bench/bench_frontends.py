@@ -60,9 +60,10 @@ as invalid, not met or missed. The
 floors, per round of one step of every frontend: weight bytes (N copies; once for the union) +
 distinct KV bytes over the read bandwidth, and GEMM FLOPs over the bf16 tensor-core rate (both
 measured as bench_frontend.floors() does), and the tokens/s ceiling they give. The CPU phases
-of each step, every frontend's median ("step phases": the inputs and the step's begin; the forward's enqueue; its end (patd: waiting for STEP_END's answer, given once
-the daemon ran the last layer; FlashInfer: its bookkeeping); the argmax read back, which waits
-for the GPU), averaged over the frontends: where a step's time goes on the CPU side.
+of each step, every frontend's median ("step phases": the inputs and the step's begin; the
+forward's enqueue; its end (patd: waiting for STEP_END's answer, given once the daemon ran the
+last layer; FlashInfer: its bookkeeping); the argmax read back, which waits for the GPU),
+averaged over the frontends: where a step's time goes on the CPU side.
 
 If `patd --help` lists an option named cross_pack (cross-session packing, issue 36), every patd
 run of N frontends is made with cross_pack=0 and with cross_pack=1 (a daemon of each, restarted
