@@ -61,7 +61,7 @@ floors, per round of one step of every frontend: weight bytes (N copies; once fo
 distinct KV bytes over the read bandwidth, and GEMM FLOPs over the bf16 tensor-core rate (both
 measured as bench_frontend.floors() does), and the tokens/s ceiling they give. The CPU phases
 of each step, every frontend's median ("step phases": the inputs and the step's begin; the
-forward's enqueue; its end (patd: waiting for STEP_END's answer, given once the daemon ran the
+forward's enqueue but its attend calls; the attend calls (patd: the hand-offs' enqueue); its end (patd: waiting for STEP_END's answer, given once the daemon ran the
 last layer; FlashInfer: its bookkeeping); the argmax read back, which waits for the GPU),
 averaged over the frontends: where a step's time goes on the CPU side.
 
@@ -213,9 +213,11 @@ class Hook:
             if self.kill:
                 os.kill(os.getpid(), signal.SIGKILL)
         if self.dev == "cuda":
+            t = time.perf_counter()
             self.a[layer].record()
             o = self.inner.attend(layer, q, k, v)
             self.b[layer].record()
+            self.host_s[layer] = time.perf_counter() - t  # its CPU time (step phases)
             return o
         t = time.perf_counter()
         o = self.inner.attend(layer, q, k, v)
@@ -354,7 +356,8 @@ class Frontend:
         self.toks = logits.argmax(-1).tolist()
         # CPU phases of the step (ms): inputs and begin, the forward's enqueue, the step's end
         # (patd: STEP_END's answer, once the daemon ran the last layer), the argmax read back
-        self.phases = [1e3 * (t1 - t0), 1e3 * (t2 - t1), 1e3 * (t3 - t2),
+        att = 1e3 * sum(self.hook.host_s)
+        self.phases = [1e3 * (t1 - t0), 1e3 * (t2 - t1) - att, att, 1e3 * (t3 - t2),
                        1e3 * (time.monotonic() - t3)]
         self.lens = [x + 1 for x in self.lens]
         self.since_reset += 1
@@ -960,7 +963,8 @@ def summarize(res, per, t0, t1, batch, layers):
         ph = [r[5] for r in inwin if len(r) > 5 and r[5]]
         if ph:
             f["phases_ms_p50"] = {k: pct([x[i] for x in ph], 0.5) for i, k in
-                                  enumerate(("begin", "forward", "end", "readback"))}
+                                  enumerate(("begin", "forward", "attend", "end",
+                                             "readback"))}
         fronts.append(f)
         if m.get("slow"):
             slow_errors += len(errs)
