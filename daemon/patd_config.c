@@ -121,11 +121,6 @@ static const opt_t opts[] = {
      "layer once it has seen the hand-over in host memory: the CPU decides per layer, as "
      "packing several sessions' layers together needs; costs the lane thread's poll per layer)",
      NULL},
-    {"gpu", "lane_priority", T_U32, F(lane_priority), 0, 1, "0", 0,
-     "cuda backend: 1 = the lanes' streams at the device's greatest priority, so that the "
-     "daemon's small attention kernels are placed before the frontends' queued GEMMs (under MPS "
-     "the device schedules by stream priority); 0 = the default priority",
-     NULL},
     {"gpu", "cross_pack", T_U32, F(cross_pack), 0, 1, "0", 0,
      "cuda backend, gpu.enqueue = ahead: 1 = steps of one uid's sessions that wait for lanes "
      "together run their layers as one forward over the union of their queries on one lane (a "

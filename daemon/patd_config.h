@@ -30,9 +30,8 @@ typedef struct patd_config {
     uint32_t lanes;         /* steps in flight on the GPU at once; 0: auto (patd_lanes_auto) */
     uint32_t cross_pack;    /* 1: one uid's steps that wait together share a lane's forwards */
     uint32_t cross_pack_window_us, cross_pack_wait_us;
-    uint32_t lane_priority; /* 1: lanes' streams at the device's greatest priority */
-    char enqueue[12];       /* ahead | on_ready: when the lane thread enqueues a layer */
-    char forward[16];       /* auto | cpasync | tma | layer | mma (wide: auto): kern_config_t.fwd */
+    char enqueue[12]; /* ahead | on_ready: when the lane thread enqueues a layer */
+    char forward[16]; /* auto | cpasync | tma | layer | mma (wide: auto): kern_config_t.fwd */
     uint32_t dependent_launch; /* 1: kern_config_t.serial_launch = 0 */
     float memory_fraction;     /* pool.blocks = auto: share of the device's memory for the pool
                                   and the staging arena together */

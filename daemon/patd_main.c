@@ -733,8 +733,7 @@ static int create_pool(patd_t *d)
                                                                   : KERN_FWD_AUTO,
                         .merge =
                             strcmp(cfg->merge, "inside") ? KERN_MERGE_LAUNCH : KERN_MERGE_INSIDE,
-                        .serial_launch = !cfg->dependent_launch,
-                        .lane_priority = cfg->lane_priority};
+                        .serial_launch = !cfg->dependent_launch};
     rc = kern_backend_create(backend, &kc, &d->be);
     if (rc < 0) {
         patd_err("backend %s on %s: %s (pool of %u blocks x %llu bytes)", backend, pr.device,

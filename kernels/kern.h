@@ -88,9 +88,6 @@ typedef struct kern_config {
     uint32_t serial_launch;  /* cuda: 1 = a layer's forward starts after its KV append; 0 = (where
                                 the kernels run sm_90 code) launched as a programmatic dependent
                                 of it, its blocks waiting on the GPU (griddepcontrol) */
-    uint32_t lane_priority;  /* cuda: 1 = every lane's stream at the device's greatest priority
-                                (its small kernels placed before queued frontend GEMMs where
-                                the device schedules by priority); 0 = the default priority */
 } kern_config_t;
 
 typedef struct kern_attn_params {

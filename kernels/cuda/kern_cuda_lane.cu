@@ -63,11 +63,7 @@ int lane_init(Cuda *c, Lane *L)
     L->part_cap = max_part < LANE_PARTIALS_START ? max_part : LANE_PARTIALS_START;
     const uint64_t slots = (uint64_t)L->part_cap * m.q_heads;
     const uint64_t arrivals = ((uint64_t)cfg->max_tokens * m.kv_heads + 2) * sizeof(uint32_t);
-    int least = 0, greatest = 0;
-    if (cfg->lane_priority && cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess)
-        goto io;
-    if (cudaStreamCreateWithPriority(&L->main, cudaStreamNonBlocking,
-                                     cfg->lane_priority ? greatest : 0) != cudaSuccess)
+    if (cudaStreamCreateWithFlags(&L->main, cudaStreamNonBlocking) != cudaSuccess)
         goto io;
     /* stream-ordered, as partials_reserve replaces them */
     if (cudaMallocAsync(&L->part_o, slots * m.head_dim * sizeof(float), L->main) != cudaSuccess ||
