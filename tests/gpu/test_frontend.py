@@ -396,6 +396,20 @@ def test_stall(model, sock, bin_path):
 MANY = 16
 
 
+def start_children(kids, argvs):
+    """Starts this script once per argument list (appended to kids as they start), waits for
+    every one's "ready" line, then tells them all to go at once."""
+    for argv in argvs:
+        kids.append(subprocess.Popen([sys.executable, os.path.abspath(__file__)] + argv,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+    for k in kids:
+        line = k.stdout.readline()
+        assert line.strip() == "ready", "a frontend did not start: %r" % line
+    for k in kids:
+        k.stdin.write("go\n")
+        k.stdin.flush()
+
+
 def many_child(sock, idx, steps):
     """One of test_many's frontends: joins, waits for the go line, steps; prints its result."""
     import json
@@ -437,17 +451,7 @@ def test_many(model, sock, bin_path):
     try:
         lanes = int(patd.admin("status", socket=s2).split("\nlanes ")[1].split()[0])
         assert lanes >= MANY, "gpu.lanes = auto gave %d lanes, fewer than %d" % (lanes, MANY)
-        for i in range(MANY):
-            kids.append(subprocess.Popen([sys.executable, os.path.abspath(__file__),
-                                          "--many-child", s2, "--idx", str(i)],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         text=True))
-        for k in kids:
-            line = k.stdout.readline()
-            assert line.strip() == "ready", "a frontend did not start: %r" % line
-        for k in kids:
-            k.stdin.write("go\n")
-            k.stdin.flush()
+        start_children(kids, [["--many-child", s2, "--idx", str(i)] for i in range(MANY)])
         res = []
         for k in kids:
             out = k.stdout.readline()
@@ -529,18 +533,10 @@ def pack_run(bin_path, tag, cross_pack, victim=None, steps=12):
                                             "--cross-pack-wait-us=50000"])
     kids = []
     try:
-        for i in range(PACK):
-            kids.append(subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), "--pack-child", s2, "--idx", str(i),
-                 "--out", os.path.join(rundir, "logits%d.pt" % i),
-                 "--kill-at", str(4 * 6 + 2 if i == victim else -1)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
-        for k in kids:
-            line = k.stdout.readline()
-            assert line.strip() == "ready", "a frontend did not start: %r" % line
-        for k in kids:
-            k.stdin.write("go\n")
-            k.stdin.flush()
+        start_children(kids, [["--pack-child", s2, "--idx", str(i),
+                               "--out", os.path.join(rundir, "logits%d.pt" % i),
+                               "--kill-at", str(4 * 6 + 2 if i == victim else -1)]
+                              for i in range(PACK)])
         res = []
         for i, k in enumerate(kids):
             out = k.stdout.readline()
