@@ -74,7 +74,7 @@ NVCCFLAGS := -std=c++17 -O3 -g -lineinfo $(NVCC_GENCODE) -Werror all-warnings \
 BASE_SRCS  := daemon/base/pat_base.c
 BASE_OBJS  := $(BASE_SRCS:%.c=$(B)/%.o)
 BASE_LIB   := $(B)/libpatbase.a
-KV_SRCS    := kvcache/kv_pool.c kvcache/kv_seq.c
+KV_SRCS    := kvcache/kv_pool.c kvcache/kv_seq.c kvcache/kv_index.c
 SCHED_SRCS := scheduler/sched_forest.c scheduler/sched_pack.c scheduler/sched_plan.c scheduler/sched_cost.c \
               scheduler/sched_split.c
 KERN_SRCS  := kernels/kern_backend.c kernels/cpu/kern_cpu.c

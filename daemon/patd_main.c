@@ -32,8 +32,9 @@
 #define TICK_MS 100u
 
 static void on_kv_event(void *ud, kv_event_type_t type, uint32_t block, uint64_t hash,
-                        uint64_t scope)
+                        uint64_t scope, uint32_t parent)
 {
+    (void)parent;
     patd_wire_event(ud, scope, "%s %u %016llx", type == KV_EVENT_STORED ? "stored" : "evicted",
                     block, (unsigned long long)hash);
 }

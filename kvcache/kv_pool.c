@@ -99,10 +99,10 @@ static void heap_remove(kv_pool_t *p, uint32_t b)
 
 /* ------------------------------------------------------------------ block states */
 
-static void emit(kv_pool_t *p, kv_event_type_t t, uint32_t b, uint64_t h)
+static void emit(kv_pool_t *p, kv_event_type_t t, uint32_t b, uint64_t h, uint32_t parent)
 {
     if (p->cfg.on_event)
-        p->cfg.on_event(p->cfg.event_ud, t, b, h, p->blk[b].scope);
+        p->cfg.on_event(p->cfg.event_ud, t, b, h, p->blk[b].scope, parent);
 }
 
 /* Removes a CACHED leaf from the prefix cache and puts it on the free list. */
@@ -112,7 +112,8 @@ static void evict_one(kv_pool_t *p)
     kv__block_t *k = &p->blk[b];
     heap_remove(p, b);
     pat_map_del(&p->map, k->hash);
-    uint64_t h = k->hash;
+    const uint64_t h = k->hash;
+    const uint32_t parent = k->parent;
     if (k->parent != KV_NONE) {
         kv__block_t *par = &p->blk[k->parent];
         if (--par->nchild == 0 && par->state == KV__CACHED)
@@ -125,7 +126,7 @@ static void evict_one(kv_pool_t *p)
     p->n_cached--;
     p->free_stack[p->n_free++] = b;
     p->st.evictions++;
-    emit(p, KV_EVENT_EVICTED, b, h);
+    emit(p, KV_EVENT_EVICTED, b, h, parent);
 }
 
 uint32_t kv__block_take(kv_pool_t *p)
@@ -191,7 +192,7 @@ int kv__publish(kv_pool_t *p, uint32_t b, uint64_t h, uint32_t parent, uint64_t 
     if (parent != KV_NONE)
         p->blk[parent].nchild++; /* the parent is USED by the same sequence: not in the heap */
     p->st.published++;
-    emit(p, KV_EVENT_STORED, b, h);
+    emit(p, KV_EVENT_STORED, b, h, parent);
     return 1;
 }
 
@@ -286,6 +287,99 @@ void kv_pool_stats(const kv_pool_t *p, kv_stats_t *ret)
     ret->n_evictable = p->heap_len;
     ret->n_seqs = p->cfg.max_seqs - p->n_seq_free;
     ret->n_logical = p->n_logical;
+}
+
+/* ------------------------------------------------------------------ adoption */
+
+enum { ADOPT_NEW = 0, ADOPT_WALK = 1, ADOPT_OK = 2, ADOPT_NO = 3 };
+
+/* Adopts entry i (its parent adopted, or a root): the block is CACHED and published. */
+static void adopt_one(kv_pool_t *p, const kv_adopt_t *e)
+{
+    kv__block_t *k = &p->blk[e->block];
+    pat_map_put(&p->map, e->hash, e->block);
+    k->hash = e->hash;
+    k->scope = e->scope;
+    k->published = 1;
+    k->parent = e->parent;
+    k->state = KV__CACHED;
+    k->last_use = ++p->tick;
+    if (e->parent != KV_NONE)
+        p->blk[e->parent].nchild++;
+    p->n_cached++;
+}
+
+int kv_pool_adopt(kv_pool_t *p, const kv_adopt_t *e, uint32_t n, uint32_t *ret_adopted,
+                  uint32_t *ret_rejected)
+{
+    if (n && !e)
+        return -EINVAL;
+    if (p->n_free != p->cfg.n_blocks || p->n_seq_free != p->cfg.max_seqs || p->map.count)
+        return -EBUSY;
+    const uint32_t nb = p->cfg.n_blocks;
+    uint32_t *at = pat_xmalloc((size_t)nb * sizeof(uint32_t)); /* block -> entry */
+    uint8_t *st = pat_xcalloc(n ? n : 1, 1);
+    uint32_t *path = pat_xmalloc((size_t)(n ? n : 1) * sizeof(uint32_t));
+    for (uint32_t b = 0; b < nb; b++)
+        at[b] = KV_NONE;
+    for (uint32_t i = 0; i < n; i++) {
+        if (e[i].block >= nb || e[i].hash == 0)
+            st[i] = ADOPT_NO;
+        else if (at[e[i].block] != KV_NONE) /* named twice: neither is trusted */
+            st[i] = st[at[e[i].block]] = ADOPT_NO;
+        else
+            at[e[i].block] = i;
+    }
+    uint32_t adopted = 0, rejected = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        /* walk up to an adopted or rejected ancestor (or a root), then settle the path down */
+        uint32_t len = 0, j = i;
+        int verdict = ADOPT_OK;
+        while (st[j] == ADOPT_NEW) {
+            st[j] = ADOPT_WALK;
+            path[len++] = j;
+            const uint32_t par = e[j].parent;
+            if (par == KV_NONE)
+                break;
+            if (par >= nb || at[par] == KV_NONE) {
+                verdict = ADOPT_NO;
+                break;
+            }
+            j = at[par];
+        }
+        if (verdict == ADOPT_OK && len && e[path[len - 1]].parent != KV_NONE)
+            verdict = st[j] == ADOPT_OK ? ADOPT_OK : ADOPT_NO; /* WALK again: a cycle */
+        if (len == 0)
+            continue; /* settled before */
+        for (uint32_t x = len; x-- > 0;) {
+            const kv_adopt_t *a = &e[path[x]];
+            if (verdict == ADOPT_OK && kv__map_find(p, a->hash) != KV_NONE)
+                verdict = ADOPT_NO; /* the same chain twice: the first one stands */
+            if (verdict == ADOPT_OK)
+                adopt_one(p, a);
+            st[path[x]] = (uint8_t)verdict;
+        }
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        adopted += st[i] == ADOPT_OK;
+        rejected += st[i] == ADOPT_NO;
+    }
+    /* the free stack holds what was not adopted (pop order ascending), the heap the leaves */
+    p->n_free = 0;
+    for (uint32_t b = nb; b-- > 0;)
+        if (p->blk[b].state == KV__FREE)
+            p->free_stack[p->n_free++] = b;
+    for (uint32_t b = 0; b < nb; b++)
+        if (p->blk[b].state == KV__CACHED && p->blk[b].nchild == 0)
+            heap_push(p, b);
+    free(at);
+    free(st);
+    free(path);
+    if (ret_adopted)
+        *ret_adopted = adopted;
+    if (ret_rejected)
+        *ret_rejected = rejected;
+    return 0;
 }
 
 /* ------------------------------------------------------------------ invariants */

@@ -41,7 +41,9 @@ typedef enum kv_event_type {
  * of the sequences the block serves (kv_seq_open_scoped), so that an event reaches only those
  * who may know of it. */
 typedef void (*kv_event_fn)(void *ud, kv_event_type_t type, uint32_t block, uint64_t hash,
-                            uint64_t scope);
+                            uint64_t scope, uint32_t parent);
+/* (parent: STORED's published predecessor in its chain, KV_NONE for a chain root; EVICTED: the
+ * one it had) */
 
 typedef struct kv_pool_config {
     uint32_t n_blocks;    /* capacity in blocks, 1..KV_MAX_BLOCKS */
@@ -152,5 +154,21 @@ int kv_seq_truncate(kv_pool_t *pool, uint32_t seq, uint32_t new_len, kv_copy_t *
 int kv_seq_close(kv_pool_t *pool, uint32_t seq);
 
 int kv_seq_info(const kv_pool_t *pool, uint32_t seq, kv_seq_info_t *ret_info);
+
+/* One published block of an earlier pool over the same memory (kv_index.h keeps them). */
+typedef struct kv_adopt {
+    uint32_t block;
+    uint32_t parent; /* its predecessor in the chain, KV_NONE for a chain root */
+    uint64_t hash;   /* its chain hash */
+    uint64_t scope;
+} kv_adopt_t;
+/* Makes a fresh pool (no sequence, nothing published yet) hold e[0..n) as CACHED blocks of its
+ * prefix cache, as they were published before. A chain is adopted only as a prefix: an entry
+ * whose parent is not adopted (missing, out of range, rejected, part of a cycle), whose block is
+ * out of range or named twice, or whose hash is already adopted is rejected, and so is every
+ * entry below it. Emits no event. *ret_adopted, *ret_rejected (either may be NULL) count them.
+ * Returns 0, -EBUSY (the pool is not fresh), -EINVAL (e NULL with n > 0). */
+int kv_pool_adopt(kv_pool_t *pool, const kv_adopt_t *e, uint32_t n, uint32_t *ret_adopted,
+                  uint32_t *ret_rejected);
 
 #endif

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kv_index.h"
 #include "kv_pool.h"
 #include "tl_rng.h"
 
@@ -510,8 +511,10 @@ typedef struct ev_log {
     int stored, evicted;
 } ev_log_t;
 
-static void on_ev(void *ud, kv_event_type_t t, uint32_t block, uint64_t hash, uint64_t scope)
+static void on_ev(void *ud, kv_event_type_t t, uint32_t block, uint64_t hash, uint64_t scope,
+                  uint32_t parent)
 {
+    (void)parent;
     ev_log_t *l = ud;
     assert_true(hash != 0);
     if (t == KV_EVENT_STORED)
@@ -539,6 +542,214 @@ static void test_events(void **state)
     kv_pool_evict(p, 8);
     assert_int_equal(log.evicted, 2);
     kv_pool_free(p);
+}
+
+/* ------------------------------------------------------------------ the index (issue 37) */
+
+static void on_index(void *ud, kv_event_type_t t, uint32_t block, uint64_t hash, uint64_t scope,
+                     uint32_t parent)
+{
+    if (t == KV_EVENT_STORED)
+        kv_index_stored(ud, block, hash, scope, parent);
+    else
+        kv_index_evicted(ud, block);
+}
+
+static const kv_index_id_t IX_ID = {.model_id = 7,
+                                    .block_bytes = 4096,
+                                    .n_blocks = 64,
+                                    .block_size = BS,
+                                    .layout = KV_INDEX_LAYOUT};
+
+static kv_pool_t *ix_pool(void *mem)
+{
+    kv_pool_config_t c = {.n_blocks = IX_ID.n_blocks,
+                          .block_size = BS,
+                          .max_seqs = 16,
+                          .max_seq_len = 1024,
+                          .model_id = IX_ID.model_id,
+                          .block_bytes = IX_ID.block_bytes,
+                          .on_event = mem ? on_index : NULL,
+                          .event_ud = mem};
+    kv_pool_t *p = NULL;
+    assert_int_equal(kv_pool_create(&c, &p), 0);
+    return p;
+}
+
+/* A fresh pool over the index's entries: returns it; *ret_adopted, *ret_rejected */
+static kv_pool_t *ix_restart(void *mem, uint32_t *ret_adopted, uint32_t *ret_rejected,
+                             uint32_t *ret_torn)
+{
+    char why[128];
+    assert_int_equal(kv_index_check(mem, kv_index_bytes(IX_ID.n_blocks), &IX_ID, why, sizeof(why)),
+                     0);
+    kv_adopt_t e[64];
+    uint32_t n = kv_index_entries(mem, e, ret_torn);
+    kv_pool_t *q = ix_pool(mem);
+    assert_int_equal(kv_pool_adopt(q, e, n, ret_adopted, ret_rejected), 0);
+    assert_int_equal(kv_pool_check(q), 0);
+    return q;
+}
+
+/* cached tokens of tok in p, by a probe sequence opened and closed again */
+static uint32_t ix_cached(kv_pool_t *p, const uint32_t *tok, uint32_t n, uint32_t *ret_blocks)
+{
+    uint32_t s, cached;
+    assert_int_equal(kv_seq_open(p, tok, n, &s, &cached), 0);
+    kv_seq_info_t info;
+    assert_int_equal(kv_seq_info(p, s, &info), 0);
+    for (uint32_t i = 0; ret_blocks && i < cached / BS; i++)
+        ret_blocks[i] = info.blocks[i];
+    assert_int_equal(kv_seq_close(p, s), 0);
+    return cached;
+}
+
+/* Chains published before a "kill" (the pool dropped, its index kept) are cache hits after it,
+ * in the same blocks; the ones evicted before are not; a torn entry drops its chain below it. */
+static void test_index_survives_restart(void **state)
+{
+    (void)state;
+    void *mem = malloc(kv_index_bytes(IX_ID.n_blocks));
+    kv_index_format(mem, &IX_ID);
+    kv_pool_t *p = ix_pool(mem);
+    uint32_t a[96], b[96], c[64];
+    fill_tokens(a, 96, 1);
+    memcpy(b, a, 48 * sizeof(uint32_t)); /* b shares a's first 3 blocks */
+    fill_tokens(b + 48, 48, 2);
+    fill_tokens(c, 64, 3);
+    uint32_t sa = prefill(p, a, 96, NULL);
+    prefill(p, b, 96, NULL); /* still open at the kill: its blocks survive, the session not */
+    uint32_t sc = prefill(p, c, 64, NULL);
+    kv_seq_close(p, sa);
+    kv_seq_close(p, sc);
+    assert_int_equal(kv_pool_evict(p, 2), 2); /* c's last two blocks (its chain's leaves first) */
+    uint32_t ba[6], bb[6], bc[4], xa[6], xb[6], xc[4];
+    const uint32_t ca = ix_cached(p, a, 96, ba), cb = ix_cached(p, b, 96, bb),
+                   cc = ix_cached(p, c, 64, bc);
+    kv_stats_t st;
+    kv_pool_stats(p, &st);
+    kv_pool_free(p); /* kill -9: nothing more is written */
+
+    uint32_t adopted, rejected, torn;
+    kv_pool_t *q = ix_restart(mem, &adopted, &rejected, &torn);
+    assert_int_equal(torn, 0);
+    assert_int_equal(rejected, 0);
+    assert_int_equal(st.published, 6 + 3 + 4); /* b's first 3 blocks are a's */
+    assert_int_equal(adopted, st.published - st.evictions);
+    assert_int_equal(ix_cached(q, a, 96, xa), ca);
+    assert_int_equal(ix_cached(q, b, 96, xb), cb);
+    assert_int_equal(ix_cached(q, c, 64, xc), cc);
+    assert_true(ca < 95 && cb == 95 / BS * BS); /* the evictions took a's leaves; b was open */
+    assert_memory_equal(xa, ba, ca / BS * sizeof(uint32_t));
+    assert_memory_equal(xb, bb, cb / BS * sizeof(uint32_t));
+    assert_memory_equal(xc, bc, cc / BS * sizeof(uint32_t));
+    /* the adopted pool serves: a new prompt evicts adopted leaves, never a chain's middle */
+    uint32_t big[60 * BS];
+    fill_tokens(big, 60 * BS, 9);
+    uint32_t s;
+    assert_int_equal(kv_seq_open(q, big, 60 * BS, &s, NULL), 0);
+    assert_int_equal(kv_seq_reserve(q, s, 60 * BS), 0);
+    assert_int_equal(kv_pool_check(q), 0);
+    kv_pool_free(q);
+
+    /* torn: a's block 2 (below it a's blocks 3-5; b shares blocks 0-2 too) */
+    kv_index_format(mem, &IX_ID);
+    p = ix_pool(mem);
+    prefill(p, a, 96, NULL);
+    prefill(p, b, 96, NULL);
+    kv_pool_free(p);
+    ((uint8_t *)mem)[kv_index_bytes(0) + 32 * ba[2]] ^= 0x40; /* its hash, mid-write */
+    q = ix_restart(mem, &adopted, &rejected, &torn);
+    assert_int_equal(torn, 1);
+    assert_int_equal(adopted, 2);  /* blocks 0 and 1 of the shared prefix */
+    assert_int_equal(rejected, 6); /* a's 3-5 and b's 3-5, below the torn one */
+    assert_int_equal(ix_cached(q, a, 96, NULL), 2 * BS);
+    assert_int_equal(ix_cached(q, b, 96, NULL), 2 * BS);
+    kv_pool_free(q);
+    free(mem);
+}
+
+/* A different identity, a foreign or torn header: refused, and why says which. */
+static void test_index_identity(void **state)
+{
+    (void)state;
+    const uint64_t bytes = kv_index_bytes(IX_ID.n_blocks);
+    void *mem = malloc(bytes);
+    char why[128];
+    kv_index_format(mem, &IX_ID);
+    kv_index_id_t id = IX_ID;
+    assert_int_equal(kv_index_check(mem, bytes, &id, why, sizeof(why)), 0);
+    id.block_size = 32;
+    assert_int_equal(kv_index_check(mem, bytes, &id, why, sizeof(why)), -ESTALE);
+    assert_non_null(strstr(why, "block size"));
+    id = IX_ID;
+    id.model_id = 8;
+    assert_int_equal(kv_index_check(mem, bytes, &id, why, sizeof(why)), -ESTALE);
+    assert_non_null(strstr(why, "model"));
+    id = IX_ID;
+    id.device[3] = 1;
+    assert_int_equal(kv_index_check(mem, bytes, &id, why, sizeof(why)), -ESTALE);
+    assert_non_null(strstr(why, "device"));
+    id = IX_ID;
+    id.layout = KV_INDEX_LAYOUT + 1;
+    assert_int_equal(kv_index_check(mem, bytes, &id, why, sizeof(why)), -ESTALE);
+    assert_int_equal(kv_index_check(mem, bytes - 32, &IX_ID, why, sizeof(why)), -EPROTO);
+    assert_non_null(strstr(why, "size"));
+    ((uint8_t *)mem)[20] ^= 1; /* inside the identity: the header's checksum fails */
+    assert_int_equal(kv_index_check(mem, bytes, &IX_ID, why, sizeof(why)), -EPROTO);
+    assert_non_null(strstr(why, "checksum"));
+    memset(mem, 0x5a, bytes);
+    assert_int_equal(kv_index_check(mem, bytes, &IX_ID, why, sizeof(why)), -EPROTO);
+    assert_non_null(strstr(why, "not a patd cache index"));
+    free(mem);
+}
+
+/* Random opens, prefills, closes and evictions; after each, a copy of the index is what a kill
+ * then would leave: adopted into a fresh pool it passes the pool check, rejects nothing, and
+ * every prompt hits exactly as much of the cache as in the pool that wrote it. */
+static void test_index_random_kills(void **state)
+{
+    (void)state;
+    const uint64_t bytes = kv_index_bytes(IX_ID.n_blocks);
+    void *mem = malloc(bytes), *snap = malloc(bytes);
+    kv_index_format(mem, &IX_ID);
+    kv_pool_t *p = ix_pool(mem);
+    tl_rng_t r;
+    tl_rng_seed(&r, tl_test_seed(0x1d3));
+    uint32_t open_s[16], n_open = 0, prompts[8][128];
+    for (uint32_t f = 0; f < 8; f++) {
+        fill_tokens(prompts[f], 128, 50 + f / 2); /* pairs share a family's tokens ... */
+        prompts[f][64 + (f % 2)] ^= 1;            /* ... up to their 5th block */
+    }
+    for (int it = 0; it < 200; it++) {
+        const uint32_t op = tl_rng_below(&r, 4), f = tl_rng_below(&r, 8),
+                       len = 16 + tl_rng_below(&r, 113);
+        if (op <= 1 && n_open < 15 && kv_pool_available(p) >= 8) { /* one slot for probes */
+            uint32_t s, cached;
+            assert_int_equal(kv_seq_open(p, prompts[f], len, &s, &cached), 0);
+            assert_int_equal(kv_seq_reserve(p, s, len - cached), 0);
+            assert_int_equal(kv_seq_commit(p, s, prompts[f] + cached, len - cached), 0);
+            open_s[n_open++] = s;
+        } else if (op == 2 && n_open) {
+            const uint32_t k = tl_rng_below(&r, n_open);
+            assert_int_equal(kv_seq_close(p, open_s[k]), 0);
+            open_s[k] = open_s[--n_open];
+        } else
+            kv_pool_evict(p, tl_rng_below(&r, 4));
+        if (it % 10 != 9)
+            continue;
+        memcpy(snap, mem, bytes);
+        uint32_t adopted, rejected, torn;
+        kv_pool_t *q = ix_restart(snap, &adopted, &rejected, &torn);
+        assert_int_equal(rejected + torn, 0);
+        for (uint32_t g = 0; g < 8; g++)
+            assert_int_equal(ix_cached(q, prompts[g], 128, NULL),
+                             ix_cached(p, prompts[g], 128, NULL));
+        kv_pool_free(q);
+    }
+    kv_pool_free(p);
+    free(mem);
+    free(snap);
 }
 
 /* ------------------------------------------------------------------ randomized model test */
@@ -730,6 +941,9 @@ int main(void)
         cmocka_unit_test(test_lru_leaves_first),
         cmocka_unit_test(test_reserve_reclaims_whole_chains),
         cmocka_unit_test(test_events),
+        cmocka_unit_test(test_index_survives_restart),
+        cmocka_unit_test(test_index_identity),
+        cmocka_unit_test(test_index_random_kills),
         cmocka_unit_test(test_random_ops_against_model),
     };
     return cmocka_run_group_tests_name("kvcache", tests, NULL, NULL);
