@@ -88,6 +88,12 @@ typedef struct kern_config {
     uint32_t serial_launch;  /* cuda: 1 = a layer's forward starts after its KV append; 0 = (where
                                 the kernels run sm_90 code) launched as a programmatic dependent
                                 of it, its blocks waiting on the GPU (griddepcontrol) */
+    uint32_t pool_keep;      /* 1: the pool is memory a descriptor names (kern_pool_fd), which
+                                another process may keep past this one and a later backend map
+                                again (pool_fd); cpu: a memfd (cuda: not yet, -ENOTSUP) */
+    int pool_fd;             /* with pool_keep: -1 = new memory (zeroed); else the descriptor of
+                                an earlier pool of this exact size, mapped as it is (the backend
+                                takes a duplicate; the caller keeps its own) */
 } kern_config_t;
 
 typedef struct kern_attn_params {
@@ -125,9 +131,14 @@ int kern_backend_probe(const char *name, int device, kern_probe_t *ret);
 /* The names of the backends this build carries, space-separated ("cpu cuda"). */
 const char *kern_backend_list(void);
 
+/* The descriptor of the pool's memory (kern_config_t.pool_keep), the backend's own (dup it to
+ * keep it past kern_backend_free); -1 when the pool is not such memory. */
+int kern_pool_fd(const kern_backend_t *b);
+
 /* Creates the named backend ("cpu" or "cuda") and allocates its pool and workspaces.
- * Returns 0, -EINVAL (bad config), -ENOTSUP (model outside the set, or a backend this build does
- * not have), -ENOMEM (pool memory). */
+ * Returns 0, -EINVAL (bad config; pool_fd not a pool of this size), -ENOTSUP (model outside the
+ * set, a backend this build does not have, pool_keep where the backend cannot), -ENOMEM (pool
+ * memory). */
 int kern_backend_create(const char *name, const kern_config_t *cfg, kern_backend_t **ret);
 void kern_backend_free(kern_backend_t *b); /* accepts NULL */
 const char *kern_backend_name(const kern_backend_t *b);

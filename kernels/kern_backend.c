@@ -86,6 +86,8 @@ int kern_backend_create(const char *name, const kern_config_t *cfg, kern_backend
     for (size_t i = 0; i < sizeof(backends) / sizeof(backends[0]); i++) {
         if (strcmp(backends[i]->name, name) != 0)
             continue;
+        if (cfg->pool_keep && !backends[i]->pool_fd)
+            return -ENOTSUP;
         kern_config_t c = *cfg;
         if (c.max_cta_rows == 0)
             c.max_cta_rows = KERN_DEFAULT_MAX_CTA_ROWS;
@@ -311,6 +313,11 @@ int kern_lane_pack_layer(kern_lane_t *l, uint32_t layer, const kern_attn_params_
         params->softcap < 0.0f)
         return -EINVAL;
     return l->b->ops->pack_layer(l, layer, params, report);
+}
+
+int kern_pool_fd(const kern_backend_t *b)
+{
+    return b->ops->pool_fd ? b->ops->pool_fd(b) : -1;
 }
 
 void kern_lane_trim(kern_lane_t *l)

@@ -33,7 +33,8 @@ typedef struct kern_ops {
                       uint32_t n, const kern_pack_member_t *m, uint32_t n_members,
                       uint32_t window_us);
     int (*pack_layer)(kern_lane_t *l, uint32_t layer, const kern_attn_params_t *params, int report);
-    void (*lane_trim)(kern_lane_t *l); /* NULL: nothing grows */
+    void (*lane_trim)(kern_lane_t *l);       /* NULL: nothing grows */
+    int (*pool_fd)(const kern_backend_t *b); /* NULL: kern_config_t.pool_keep is refused */
 } kern_ops_t;
 
 /* Every lane starts with this header: the progress counters are read without a CUDA call. */

@@ -19,11 +19,14 @@
 #include "pat_base.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define KERN_CPU_TILE 64u /* KV tokens per tile: K and V of a tile fit in L1/L2 at d = 256 */
@@ -42,6 +45,8 @@ typedef void (*cpu_job_fn)(kern_cpu_t *c, cpu_scratch_t *w, uint32_t item);
 struct kern_cpu {
     kern_backend_t base;
     uint8_t *pool;
+    int pool_fd; /* kern_config_t.pool_keep: the memfd mapped at pool; else -1 */
+    uint64_t pool_bytes;
     uint64_t layer_bytes; /* one layer of every block */
     uint64_t block_bytes; /* one block of one layer: K and V */
     uint64_t head_bytes;  /* one KV head of one block: [block_size][d] */
@@ -373,8 +378,49 @@ static void cpu_destroy(kern_backend_t *b)
     free(c->part_o);
     free(c->part_lse);
     free(c->check);
-    free(c->pool);
+    if (c->pool_fd >= 0) {
+        munmap(c->pool, c->pool_bytes);
+        close(c->pool_fd);
+    } else
+        free(c->pool);
     free(c);
+}
+
+/* kern_config_t.pool_keep: the pool as a memfd (new: sized, sealed against resizing, its pages
+ * committed now; given: checked for this exact size and mapped as it is, nothing written). */
+static int pool_map(kern_cpu_t *c, int given, uint64_t bytes)
+{
+    int fd;
+    if (given < 0) {
+        fd = memfd_create("patd-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (fd < 0)
+            return -errno;
+        if (ftruncate(fd, (off_t)bytes) < 0 || fallocate(fd, 0, 0, (off_t)bytes) < 0 ||
+            fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0) {
+            close(fd);
+            return -ENOMEM;
+        }
+    } else {
+        struct stat st;
+        if (fstat(given, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != bytes)
+            return -EINVAL;
+        if ((fd = fcntl(given, F_DUPFD_CLOEXEC, 3)) < 0)
+            return -errno;
+    }
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (p == MAP_FAILED) {
+        close(fd);
+        return -ENOMEM;
+    }
+    c->pool = p;
+    c->pool_fd = fd;
+    c->pool_bytes = bytes;
+    return 0;
+}
+
+static int cpu_pool_fd(const kern_backend_t *b)
+{
+    return ((const kern_cpu_t *)b)->pool_fd;
 }
 
 static void touch_pages(void *p, uint64_t bytes)
@@ -418,19 +464,24 @@ static int cpu_create(const kern_config_t *cfg, kern_backend_t **ret)
     c->block_bytes = 2 * m->kv_heads * c->head_bytes;
     c->layer_bytes = (uint64_t)cfg->n_blocks * c->block_bytes;
     /* the pool is KV memory: it may legitimately not fit, which is -ENOMEM, not an abort */
-    c->pool = malloc(c->layer_bytes * m->n_layers);
+    c->pool_fd = -1;
+    const uint64_t pool_bytes = c->layer_bytes * m->n_layers;
+    int pr = cfg->pool_keep ? pool_map(c, cfg->pool_fd, pool_bytes) : 0;
+    if (!cfg->pool_keep)
+        c->pool = malloc(pool_bytes);
     uint64_t slots = (uint64_t)cfg->max_partials * m->q_heads;
     c->part_o = malloc((slots ? slots : 1) * d * sizeof(float));
     c->part_lse = malloc((slots ? slots : 1) * sizeof(float));
-    if (!c->pool || !c->part_o || !c->part_lse) {
+    if (pr < 0 || !c->pool || !c->part_o || !c->part_lse) {
         cpu_destroy(&c->base);
-        return -ENOMEM;
+        return pr < 0 ? pr : -ENOMEM;
     }
     /* touched now, a write per page: the pages are committed at start, not by the first steps
      * that reach them, so a step never pays their faults and the daemon's RSS is flat from the
      * first request on (a memset of zero after malloc may be turned into calloc, which touches
      * nothing) */
-    touch_pages(c->pool, c->layer_bytes * m->n_layers);
+    if (c->pool_fd < 0) /* (a memfd's pages are committed by fallocate; an adopted one's hold KV) */
+        touch_pages(c->pool, pool_bytes);
     touch_pages(c->part_o, (slots ? slots : 1) * d * sizeof(float));
     long online = sysconf(_SC_NPROCESSORS_ONLN);
     uint32_t threads = cfg->n_threads ? cfg->n_threads : (uint32_t)(online > 0 ? online : 1);
@@ -474,4 +525,5 @@ const kern_ops_t kern__cpu_ops = {
     .append_kv = cpu_append_kv,
     .copy_blocks = cpu_copy_blocks,
     .attend = cpu_attend,
+    .pool_fd = cpu_pool_fd,
 };

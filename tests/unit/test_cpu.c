@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kern.h"
 #include "kern_dtype.h"
@@ -130,10 +131,15 @@ static void poison_unwritten(rig_t *g, uint32_t layer)
 
 /* g->b: a backend of `threads` workers (0: one per online CPU) holding the world's KV, layer 1 from
  * g->seed, its unwritten slots poisoned. */
-static void rig_backend(rig_t *g, uint32_t threads)
+static int g_pool_fd = -2; /* rig_backend: -2 = a pool of the heap; else pool_keep, this fd */
+
+/* the backend config of g's world: `threads` workers (0: one per online CPU) */
+static kern_config_t rig_kc(const rig_t *g, uint32_t threads)
 {
     const mcase_t *mc = &g->mc;
-    kern_config_t kc = {.model = {.n_layers = LAYERS,
+    kern_config_t kc = {.pool_keep = g_pool_fd != -2,
+                        .pool_fd = g_pool_fd,
+                        .model = {.n_layers = LAYERS,
                                   .q_heads = mc->q_heads,
                                   .kv_heads = mc->kv_heads,
                                   .head_dim = mc->d,
@@ -143,6 +149,12 @@ static void rig_backend(rig_t *g, uint32_t threads)
                         .max_tokens = g->w.n_tokens,
                         .max_partials = 8 * g->w.n_tokens + 64,
                         .n_threads = threads};
+    return kc;
+}
+
+static void rig_backend(rig_t *g, uint32_t threads)
+{
+    kern_config_t kc = rig_kc(g, threads);
     assert_int_equal(kern_backend_create("cpu", &kc, &g->b), 0);
     fill_pool(g, 0, g->seed ^ 0x5555); /* layer 0 holds different KV: offsets must be right */
     fill_pool(g, 1, g->seed);
@@ -433,6 +445,49 @@ static void test_threads_and_plan_copies_do_not_change_results(void **state)
     free(moved);
     rig_done(&a);
     rig_done(&b);
+}
+
+/* A pool that outlives its backend (issue 37): KV written through a pool_keep backend, which is
+ * then freed ("the daemon dies") while another descriptor of its memfd stays open, is read back
+ * by a new backend over that descriptor: the same outputs, bit for bit, and float64's; a memfd
+ * of another size is refused; the heap pool has no descriptor. */
+static void test_pool_outlives_backend(void **state)
+{
+    (void)state;
+    tl_rng_t r;
+    tl_rng_seed(&r, tl_test_seed(0x9001));
+    rig_t a;
+    memset(&a, 0, sizeof(a));
+    gen_bounded(&a.w, &r, &cases[1], 1, 0);
+    g_pool_fd = -1;
+    rig_init(&a, &r, &cases[1], SCHED_POLICY_AUTO, 64, 2);
+    g_pool_fd = -2;
+    run_layer1(&a);
+    assert_true(check_outputs(&a) < tol(cases[1].dt));
+    const uint64_t ob = a.q_elems * esz(cases[1].dt);
+    void *first = malloc(ob);
+    memcpy(first, a.o, ob);
+    const int fd = dup(kern_pool_fd(a.b));
+    assert_true(fd >= 0);
+    kern_config_t kc = rig_kc(&a, 2);
+    kern_backend_free(a.b);
+    kc.pool_keep = 1;
+    kc.pool_fd = fd;
+    assert_int_equal(kern_backend_create("cpu", &kc, &a.b), 0);
+    run_layer1(&a);
+    assert_memory_equal(a.o, first, ob);
+    assert_true(check_outputs(&a) < tol(cases[1].dt));
+    kern_backend_t *x = NULL;
+    kc.n_blocks += 1; /* a pool of another size: its memfd is not this one's */
+    assert_int_equal(kern_backend_create("cpu", &kc, &x), -EINVAL);
+    kc.n_blocks -= 1;
+    kc.pool_keep = 0;
+    assert_int_equal(kern_backend_create("cpu", &kc, &x), 0);
+    assert_int_equal(kern_pool_fd(x), -1);
+    kern_backend_free(x);
+    close(fd);
+    free(first);
+    rig_done(&a);
 }
 
 /* A hand-written plan: token 0 has an empty partial (lse -inf) and a real one; token 1 is a
@@ -747,6 +802,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_pool_outlives_backend),
         cmocka_unit_test(test_empty_ranges_and_masked_merge),
         cmocka_unit_test(test_copy_blocks),
         cmocka_unit_test(test_nonfinite_kv_stored_as_zero),
