@@ -530,4 +530,5 @@ extern "C" const kern_ops_t kern__cuda_ops = {
     cuda_copy_blocks, cuda_attend,     cuda_sync,       cuda_tiles,       cuda_lane_create,
     cuda_lane_free,   cuda_lane_begin, cuda_lane_layer, cuda_share_alloc, cuda_share_free,
     cuda_device_info, cuda_fatal,      cuda_pack_begin, cuda_pack_layer,  cuda_lane_trim,
+    nullptr, /* pool_fd: a pool kept across processes is the cpu backend's only, yet */
 };
