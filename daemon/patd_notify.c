@@ -4,6 +4,7 @@
 #include "patd_notify.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -87,6 +88,69 @@ void patd_notify_flush(patd_notify_t *n)
 {
     if (n->pending[0] && send_text(n, n->pending) != -EAGAIN)
         n->pending[0] = 0;
+}
+
+int patd_notify_fds(patd_notify_t *n, const char *name, const int *fds, uint32_t n_fds)
+{
+    if (n->fd < 0)
+        return -ENOTCONN;
+    if (!name || !*name || strlen(name) > 255 || strpbrk(name, ":\n") || n_fds == 0 ||
+        n_fds > PATD_FDS_MAX)
+        return -EINVAL;
+    char text[300];
+    snprintf(text, sizeof(text), "FDSTORE=1\nFDNAME=%s", name);
+    struct iovec iov = {.iov_base = text, .iov_len = strlen(text)};
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(PATD_FDS_MAX * sizeof(int))];
+    } ctl;
+    memset(&ctl, 0, sizeof(ctl));
+    struct msghdr m = {.msg_name = &n->addr,
+                       .msg_namelen = n->addr_len,
+                       .msg_iov = &iov,
+                       .msg_iovlen = 1,
+                       .msg_control = ctl.buf,
+                       .msg_controllen = CMSG_SPACE(n_fds * sizeof(int))};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(n_fds * sizeof(int));
+    memcpy(CMSG_DATA(c), fds, n_fds * sizeof(int));
+    if (sendmsg(n->fd, &m, MSG_NOSIGNAL) >= 0)
+        return 0;
+    return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+}
+
+uint32_t patd_listen_fds(patd_listen_fd_t *out, uint32_t cap)
+{
+    const char *pid = getenv("LISTEN_PID"), *nfd = getenv("LISTEN_FDS");
+    const char *names = getenv("LISTEN_FDNAMES");
+    uint32_t got = 0;
+    char *end;
+    if (pid && nfd && strtol(pid, &end, 10) == (long)getpid() && !*end) {
+        const long k = strtol(nfd, &end, 10);
+        if (!*end && k > 0 && k < 4096) {
+            const char *nm = names ? names : "";
+            for (long i = 0; i < k; i++) {
+                const int fd = 3 + (int)i;
+                const size_t len = strcspn(nm, ":");
+                if (got < cap && fcntl(fd, F_SETFD, FD_CLOEXEC) == 0) {
+                    out[got].fd = fd;
+                    if (len)
+                        snprintf(out[got].name, sizeof(out[got].name), "%.*s", (int)len, nm);
+                    else
+                        snprintf(out[got].name, sizeof(out[got].name), "unknown");
+                    got++;
+                } else
+                    close(fd);
+                nm += len + (nm[len] == ':');
+            }
+        }
+    }
+    unsetenv("LISTEN_PID");
+    unsetenv("LISTEN_FDS");
+    unsetenv("LISTEN_FDNAMES");
+    return got;
 }
 
 void patd_watchdog_init(patd_watchdog_t *w, uint64_t period_ns, uint64_t idle_ns, uint64_t tick_ns)

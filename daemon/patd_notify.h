@@ -39,6 +39,26 @@ void patd_notify_state(patd_notify_t *n, const char *fmt, ...)
 /* Resends a kept state change (each tick). */
 void patd_notify_flush(patd_notify_t *n);
 
+/* Hands n_fds (1..PATD_FDS_MAX) descriptors to the service manager's descriptor store under
+ * `name` ("FDSTORE=1", "FDNAME=name", the descriptors by SCM_RIGHTS): systemd keeps them while
+ * the unit lives (FileDescriptorStoreMax=) and passes them back at its next start (LISTEN_FDS,
+ * patd_listen_fds). Returns 0, -ENOTCONN (no service manager), -EINVAL (a bad name or count),
+ * -EAGAIN (its queue is full), -errno. */
+#define PATD_FDS_MAX 8
+int patd_notify_fds(patd_notify_t *n, const char *name, const int *fds, uint32_t n_fds);
+
+/* A descriptor the service manager passed at start, with its name (LISTEN_FDNAMES; "unknown"
+ * where it gave none). */
+typedef struct patd_listen_fd {
+    int fd;
+    char name[64];
+} patd_listen_fd_t;
+/* The descriptors passed at start as systemd does (LISTEN_PID = this process, LISTEN_FDS of them
+ * from descriptor 3 on, LISTEN_FDNAMES colon-separated), up to cap of them into out, each made
+ * close-on-exec; unsets the three variables (children never see them). Returns how many (0
+ * when none were passed to this process); passed descriptors past cap are closed. */
+uint32_t patd_listen_fds(patd_listen_fd_t *out, uint32_t cap);
+
 /* The watchdog's judgement of the executors' heartbeats (each a counter an executor bumps: every
  * idle_ns while idle, on every wait slice and layer while busy), made by a check every tick_ns:
  * an executor is stuck when its counter has not moved for stuck_ns = max(half the watchdog

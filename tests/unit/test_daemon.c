@@ -5,13 +5,18 @@
  * watchdog's rule on a simulated clock.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -320,6 +325,82 @@ static void test_watchdog_sim(void **state)
     }
 }
 
+/* The descriptor store's two sides as systemd speaks them (issue 37): FDSTORE=1 + FDNAME + the
+ * descriptors by SCM_RIGHTS to $NOTIFY_SOCKET, then LISTEN_PID / LISTEN_FDS / LISTEN_FDNAMES at
+ * the next start. */
+static void test_fd_store_protocol(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/patd-fdstore.XXXXXX", path[96];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/notify", dir);
+    int srv = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
+    assert_int_equal(bind(srv, (struct sockaddr *)&a, sizeof(a)), 0);
+    setenv("NOTIFY_SOCKET", path, 1);
+    patd_notify_t n;
+    assert_int_equal(patd_notify_open(&n), 0);
+    int mfd = memfd_create("patd-test-pool", MFD_CLOEXEC);
+    assert_true(mfd >= 0);
+    assert_int_equal(write(mfd, "kept", 4), 4);
+    assert_int_equal(patd_notify_fds(&n, "patd-pool", &mfd, 1), 0);
+    assert_int_equal(patd_notify_fds(&n, "bad:name", &mfd, 1), -EINVAL);
+    assert_int_equal(patd_notify_fds(&n, "patd-pool", &mfd, 0), -EINVAL);
+    char buf[256] = {0};
+    union {
+        struct cmsghdr h;
+        char b[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    struct iovec iov = {.iov_base = buf, .iov_len = sizeof(buf) - 1};
+    struct msghdr m = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof(ctl.b)};
+    assert_true(recvmsg(srv, &m, 0) > 0);
+    assert_string_equal(buf, "FDSTORE=1\nFDNAME=patd-pool");
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    assert_non_null(c);
+    assert_int_equal(c->cmsg_type, SCM_RIGHTS);
+    int got;
+    memcpy(&got, CMSG_DATA(c), sizeof(int));
+    char back[8] = {0};
+    assert_int_equal(pread(got, back, 4, 0), 4); /* the same memory, through the manager's fd */
+    assert_string_equal(back, "kept");
+    patd_notify_close(&n);
+    /* the next start: the stored descriptors at 3 and 4, named; only for LISTEN_PID's process */
+    pid_t pid = fork();
+    if (pid == 0) {
+        int idx = memfd_create("patd-test-index", 0);
+        if (dup2(got, 3) != 3 || dup2(idx, 4) != 4)
+            _exit(10);
+        char me[32];
+        snprintf(me, sizeof(me), "%d", (int)getpid());
+        setenv("LISTEN_FDS", "2", 1);
+        setenv("LISTEN_FDNAMES", "patd-pool:patd-index", 1);
+        setenv("LISTEN_PID", "1", 1); /* another process's: not ours */
+        patd_listen_fd_t fds[4];
+        if (patd_listen_fds(fds, 4) != 0 || getenv("LISTEN_FDS"))
+            _exit(11);
+        setenv("LISTEN_FDS", "2", 1);
+        setenv("LISTEN_FDNAMES", "patd-pool:patd-index", 1);
+        setenv("LISTEN_PID", me, 1);
+        if (patd_listen_fds(fds, 4) != 2 || fds[0].fd != 3 || fds[1].fd != 4 ||
+            strcmp(fds[0].name, "patd-pool") || strcmp(fds[1].name, "patd-index") ||
+            getenv("LISTEN_PID") || !(fcntl(3, F_GETFD) & FD_CLOEXEC))
+            _exit(12);
+        char b2[8] = {0};
+        _exit(pread(3, b2, 4, 0) == 4 && !strcmp(b2, "kept") ? 0 : 13);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    close(got);
+    close(mfd);
+    close(srv);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -328,6 +409,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_config_reload, cfg_setup, cfg_teardown),
         cmocka_unit_test_setup_teardown(test_config_files, cfg_setup, cfg_teardown),
         cmocka_unit_test(test_watchdog_sim),
+        cmocka_unit_test(test_fd_store_protocol),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
