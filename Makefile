@@ -90,7 +90,7 @@ IPC_SRCS   := ipc/ipc_codec.c ipc/ipc_shm.c
 DAEMON_SRCS := daemon/patd_main.c daemon/patd_config.c daemon/patd_conn.c daemon/patd_memcg.c daemon/patd_exec.c \
                daemon/patd_step.c daemon/patd_seq.c daemon/patd_io.c daemon/patd_gpu.c daemon/patd_lanes.c \
                daemon/patd_notify.c daemon/patd_admin.c daemon/patd_wire.c \
-               daemon/patd_metrics.c daemon/patd_log.c
+               daemon/patd_metrics.c daemon/patd_log.c daemon/patd_persist.c
 IPC_OBJS    := $(IPC_SRCS:%.c=$(B)/%.o)
 DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(B)/%.o)
 PATD_BIN    := $(B)/bin/patd
@@ -146,7 +146,7 @@ UNIT_BINS  := $(UNIT_TESTS:%=$(B)/tests/%)
 # test_daemon links the daemon's objects but its main (and the daemon's libraries)
 DAEMON_TEST_OBJS := $(filter-out $(B)/daemon/patd_main.o,$(DAEMON_OBJS))
 # Integration tests: real patd processes and real clients (tests/integ), run after the units.
-INTEG_TESTS := test_proto test_faults test_multi test_ops test_hostile test_stale test_limits test_many
+INTEG_TESTS := test_proto test_faults test_multi test_ops test_hostile test_stale test_limits test_many test_restart
 INTEG_BINS  := $(INTEG_TESTS:%=$(B)/tests/%)
 TC_CLIENT   := $(B)/tests/tc_client
 BENCH_BINS := $(B)/bench/bench_sched $(B)/bench/bench_daemon

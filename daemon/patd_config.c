@@ -182,6 +182,12 @@ static const opt_t opts[] = {
      "client's KV for a prompt never reaches another user's sequences) or all (every session: "
      "only where every client that may connect is trusted to send true K and V)",
      NULL},
+    {"pool", "persist", T_STR, F(persist), 2, 4, "auto", 0,
+     "auto: the KV pool and the prefix cache's index outlive the daemon where the backend can "
+     "keep its pool (cpu) and a service manager keeps descriptors (systemd's "
+     "FileDescriptorStoreMax=): a restart adopts every block published before it (sessions do "
+     "not survive; their committed blocks do); off: every start is empty",
+     NULL},
     {"pool", "max_seqs", T_U32, F(max_seqs), 1, 1u << 20, "4096", 0,
      "open sequences, all connections together", NULL},
     {"pool", "max_seq_len", T_U32, F(max_seq_len), 1, 1u << 22, "32768", 0, "tokens per sequence",
@@ -520,6 +526,10 @@ static int validate(patd_config_t *c)
     if (strcmp(c->forward, "auto") && strcmp(c->forward, "mma") && strcmp(c->forward, "layer") &&
         strcmp(c->forward, "cpasync") && strcmp(c->forward, "tma") && strcmp(c->forward, "wide")) {
         cfg_error(c, "gpu.forward must be auto, cpasync, tma, layer or mma (got '%s')", c->forward);
+        return -EINVAL;
+    }
+    if (strcmp(c->persist, "auto") && strcmp(c->persist, "off")) {
+        cfg_error(c, "pool.persist must be auto or off (got '%s')", c->persist);
         return -EINVAL;
     }
     if (strcmp(c->prefix_scope, "uid") && strcmp(c->prefix_scope, "all")) {

@@ -20,6 +20,7 @@ typedef struct patd_config {
     char liveness[16];    /* auto | lease */
     char pack_policy[16]; /* auto | bytes | paper | query | tree: sessions' default */
     char prefix_scope[8]; /* uid | all: who shares prefix-cache blocks with whom */
+    char persist[8];      /* auto | off: the pool and its index outlive the daemon */
     uint32_t threads, executors;
     uint32_t log_level; /* syslog priority: 3 err .. 7 debug */
     uint32_t metrics_port;

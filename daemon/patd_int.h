@@ -42,6 +42,7 @@
 #include "patd_lanes.h"
 #include "patd_log.h"
 #include "patd_notify.h"
+#include "patd_persist.h"
 #include "patd_step.h"
 #include "sched_plan.h"
 
@@ -233,10 +234,11 @@ struct patd {
     int gpu;
     int mps; /* the device's contexts are MPS clients */
     uint8_t dev_uuid[16];
-    uint64_t staging_used; /* what the open sessions' staging holds against limits.staging_mb
-                              (bytes: a cpu session's memfd, a GPU session's map_bytes) */
-    uint32_t lanes_want;   /* gpu.lanes, or what auto chose at start (patd_lanes_auto) */
-    patd_lanes_t lanes;    /* the lanes and the thread that drives GPU steps (patd_lanes.c) */
+    uint64_t staging_used;  /* what the open sessions' staging holds against limits.staging_mb
+                               (bytes: a cpu session's memfd, a GPU session's map_bytes) */
+    uint32_t lanes_want;    /* gpu.lanes, or what auto chose at start (patd_lanes_auto) */
+    patd_lanes_t lanes;     /* the lanes and the thread that drives GPU steps (patd_lanes.c) */
+    patd_persist_t persist; /* the pool and its index kept across restarts (patd_persist.c) */
 };
 
 /* The softmax scale applied now: model.scale, or 1/sqrt(head_dim) where it is 0 */

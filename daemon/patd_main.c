@@ -34,7 +34,7 @@
 static void on_kv_event(void *ud, kv_event_type_t type, uint32_t block, uint64_t hash,
                         uint64_t scope, uint32_t parent)
 {
-    (void)parent;
+    patd_persist_event(ud, type, block, hash, scope, parent); /* pool_mu is held */
     patd_wire_event(ud, scope, "%s %u %016llx", type == KV_EVENT_STORED ? "stored" : "evicted",
                     block, (unsigned long long)hash);
 }
@@ -735,13 +735,17 @@ static int create_pool(patd_t *d)
                         .merge =
                             strcmp(cfg->merge, "inside") ? KERN_MERGE_LAUNCH : KERN_MERGE_INSIDE,
                         .serial_launch = !cfg->dependent_launch};
-    rc = kern_backend_create(backend, &kc, &d->be);
+    patd_persist_begin(d, backend, &kc);
+    while ((rc = kern_backend_create(backend, &kc, &d->be)) < 0 && kc.pool_keep &&
+           patd_persist_fallback(d, &kc))
+        ;
     if (rc < 0) {
         patd_err("backend %s on %s: %s (pool of %u blocks x %llu bytes)", backend, pr.device,
                  strerror(-rc), cfg->blocks, (unsigned long long)kern_block_bytes(&d->model));
         return rc;
     }
     kern_tiles(d->be, &d->tiles);
+    patd_persist_adopt(d);
     patd_notice("backend %s on %s: %u blocks of %u tokens (%.1f MiB KV), model %u layers %u/%u "
                 "heads d=%u%s",
                 kern_backend_name(d->be), pr.device, cfg->blocks, cfg->block_size,
@@ -794,6 +798,7 @@ int main(int argc, char **argv)
 
     d->admin_dispatch = admin_dispatch;
     d->wire_dispatch = handle_frame;
+    patd_notify_open(&d->notify); /* before the pool: it is handed to the manager (pool.persist) */
     if ((rc = create_pool(d)) < 0 || (rc = open_sockets(d)) < 0 || (rc = patd_admin_start(d)) < 0 ||
         (rc = patd_gpu_start(d)) < 0)
         goto out;
@@ -818,7 +823,6 @@ int main(int argc, char **argv)
         uv_signal_start(sigs[i], on_signal, signums[i]);
     }
     d->watchdog = sd_watchdog_enabled(0, &d->watchdog_usec) > 0;
-    patd_notify_open(&d->notify);
     patd_watchdog_init(&d->wd, d->watchdog_usec * 1000ull, PATD_EXEC_IDLE_NS, TICK_MS * 1000000ull);
     if (d->watchdog && d->watchdog_usec / 1000 < 2 * TICK_MS)
         patd_warn("WatchdogSec below %u ms is shorter than the check period", 2 * TICK_MS);
@@ -843,5 +847,6 @@ out:
     patd_wire_stop(d);
     kern_backend_free(d->be);
     kv_pool_free(d->pool);
+    patd_persist_end(d);
     return rc < 0 ? 1 : 0;
 }

@@ -9,11 +9,22 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#define TL_STORE_MAX 8
+
 typedef struct tl_daemon {
     pid_t pid;
     char dir[128];
     char sock[192];
     char log[192];
+    /* tl_daemon_start_managed: the test plays systemd's side for the daemon (its notify socket,
+     * its descriptor store, given back at each restart as LISTEN_FDS) */
+    int managed;
+    int notify_fd;
+    char notify_path[200];
+    int store_fd[TL_STORE_MAX];
+    char store_name[TL_STORE_MAX][64];
+    int n_store;
+    int ready; /* READY=1 seen since the last start */
 } tl_daemon_t;
 
 /* Starts patd with the NULL-terminated extra arguments. 0 or -1 (and prints why). */
@@ -21,6 +32,14 @@ int tl_daemon_start(tl_daemon_t *d, const char *const *args);
 /* tl_daemon_start, with patd placed in the cgroup whose cgroup.procs file is procs (before exec,
  * so everything it allocates is charged there). */
 int tl_daemon_start_in(tl_daemon_t *d, const char *const *args, const char *procs);
+/* tl_daemon_start, with the test as the service manager as systemd does it: $NOTIFY_SOCKET names
+ * a datagram socket of the test, descriptors sent with FDSTORE=1 (FDNAME=) are kept by name
+ * (FDSTOREREMOVE=1 drops them; one already kept by inode is not kept twice), and every restart
+ * passes them back from descriptor 3 on with LISTEN_PID, LISTEN_FDS and LISTEN_FDNAMES. */
+int tl_daemon_start_managed(tl_daemon_t *d, const char *const *args);
+/* Reads every message the daemon sent to the notify socket since the last call (managed);
+ * returns how many. */
+int tl_daemon_collect(tl_daemon_t *d);
 /* Starts again in the same directory (a restart). */
 int tl_daemon_restart(tl_daemon_t *d, const char *const *args);
 /* Sends sig and waits up to timeout_ms; returns the exit status, or -1 if it did not exit. */

@@ -1,0 +1,263 @@
+/*
+ * patd_persist.c — the pool and the prefix cache's index outlive the daemon (patd_persist.h).
+ */
+#include "patd_persist.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+#include "patd_int.h"
+#include "patd_log.h"
+#include "pat_base.h"
+
+/* What must be equal for an earlier pool's blocks to mean the same to this run. */
+static void identity(const patd_t *d, kv_index_id_t *id)
+{
+    const patd_config_t *c = &d->cfg;
+    const uint64_t shape[6] = {c->model_id, c->layers,   c->q_heads,
+                               c->kv_heads, c->head_dim, c->dtype}; /* block size: its own */
+    memset(id, 0, sizeof(*id));
+    id->model_id = XXH3_64bits(shape, sizeof(shape));
+    id->block_bytes = kern_block_bytes(&d->model);
+    id->n_blocks = c->blocks;
+    id->block_size = c->block_size;
+    id->layout = KV_INDEX_LAYOUT;
+}
+
+/* The fence: <runtime_dir>/<name>.lock, held while this process lives. 0 or -errno (EWOULDBLOCK:
+ * another daemon holds it). */
+static int fence(patd_t *d)
+{
+    char path[400];
+    if (mkdir(d->cfg.runtime_dir, 0755) < 0 && errno != EEXIST)
+        return -errno;
+    snprintf(path, sizeof(path), "%.255s/%.63s.lock", d->cfg.runtime_dir, d->cfg.name);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0)
+        return -errno;
+    if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        int rc = -errno;
+        close(fd);
+        return rc;
+    }
+    d->persist.lock_fd = fd;
+    return 0;
+}
+
+/* Maps the index given back and checks it; 0, or -errno with why filled. */
+static int index_take(patd_persist_t *p, int fd, char *why, size_t why_len)
+{
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size < (off_t)kv_index_bytes(0)) {
+        snprintf(why, why_len, "the index given back is no index (not a file, or too short)");
+        return -EPROTO;
+    }
+    /* mapped at its own size: the check then names what differs (a pool of another size is
+     * another geometry), not only that the sizes do */
+    const uint64_t bytes = (uint64_t)st.st_size;
+    void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        snprintf(why, why_len, "mapping the index: %s", strerror(errno));
+        return -ENOMEM;
+    }
+    int rc = kv_index_check(m, bytes, &p->id, why, why_len);
+    if (rc == 0 && bytes != p->index_bytes) { /* cannot be: the geometry fixes the size */
+        snprintf(why, why_len, "the index's size does not match this pool's");
+        rc = -EPROTO;
+    }
+    if (rc < 0) {
+        munmap(m, bytes);
+        return rc;
+    }
+    p->index = m;
+    p->index_fd = fd;
+    return 0;
+}
+
+/* A new, empty index. 0 or -errno. */
+static int index_new(patd_persist_t *p)
+{
+    int fd = memfd_create(PATD_FDNAME_INDEX, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return -errno;
+    void *m = MAP_FAILED;
+    if (ftruncate(fd, (off_t)p->index_bytes) < 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0 ||
+        (m = mmap(NULL, p->index_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
+            MAP_FAILED) {
+        int rc = -errno;
+        close(fd);
+        return rc;
+    }
+    kv_index_format(m, &p->id);
+    p->index = m;
+    p->index_fd = fd;
+    return 0;
+}
+
+void patd_persist_begin(patd_t *d, const char *backend, kern_config_t *kc)
+{
+    patd_persist_t *p = &d->persist;
+    memset(p, 0, sizeof(*p));
+    p->given_pool = p->index_fd = p->lock_fd = -1;
+    int given_index = -1;
+    patd_listen_fd_t fds[PATD_FDS_MAX];
+    const uint32_t n = patd_listen_fds(fds, PATD_FDS_MAX);
+    for (uint32_t i = 0; i < n; i++) {
+        int *slot = !strcmp(fds[i].name, PATD_FDNAME_POOL)    ? &p->given_pool
+                    : !strcmp(fds[i].name, PATD_FDNAME_INDEX) ? &given_index
+                                                              : NULL;
+        if (slot && *slot < 0)
+            *slot = fds[i].fd;
+        else {
+            patd_warn("pool.persist: a descriptor named '%s' given at start is not patd's; "
+                      "closed",
+                      fds[i].name);
+            close(fds[i].fd);
+        }
+    }
+    p->given = p->given_pool >= 0 || given_index >= 0;
+    char why[256] = "";
+    if (!strcmp(d->cfg.persist, "off"))
+        snprintf(why, sizeof(why), "pool.persist = off");
+    else if (strcmp(backend, "cpu"))
+        snprintf(why, sizeof(why), "the %s backend does not keep its pool across processes yet",
+                 backend);
+    else if (d->notify.fd < 0 && !p->given)
+        snprintf(why, sizeof(why), "no service manager keeps descriptors ($NOTIFY_SOCKET unset)");
+    else {
+        int rc = fence(d);
+        if (rc < 0)
+            snprintf(why, sizeof(why), "another patd holds %.80s/%.40s.lock (%s)",
+                     d->cfg.runtime_dir, d->cfg.name, strerror(-rc));
+    }
+    if (why[0]) { /* nothing kept: what was given back stays with the manager */
+        if (p->given)
+            patd_notice("pool.persist: the cache starts empty: %s", why);
+        else
+            patd_info("pool.persist: not kept: %s", why);
+        if (p->given_pool >= 0)
+            close(p->given_pool);
+        if (given_index >= 0)
+            close(given_index);
+        p->given_pool = -1;
+        return;
+    }
+    identity(d, &p->id);
+    p->index_bytes = kv_index_bytes(p->id.n_blocks);
+    if (p->given_pool >= 0 && given_index >= 0 &&
+        index_take(p, given_index, why, sizeof(why)) == 0)
+        p->adopt = 1;
+    else if (p->given && !why[0])
+        snprintf(why, sizeof(why), "the %s descriptor was not given back",
+                 p->given_pool < 0 ? "pool's" : "index's");
+    if (!p->adopt) {
+        if (given_index >= 0)
+            close(given_index);
+        if (p->given_pool >= 0)
+            close(p->given_pool);
+        p->given_pool = -1;
+        if (p->given)
+            patd_notice("pool.persist: the cache starts empty: %s", why);
+        int rc = index_new(p);
+        if (rc < 0) {
+            patd_warn("pool.persist: the index's memory: %s; not kept", strerror(-rc));
+            return;
+        }
+    }
+    kc->pool_keep = 1;
+    kc->pool_fd = p->given_pool;
+    p->on = 1;
+}
+
+static void store(patd_t *d, const char *name, int fd)
+{
+    int rc = patd_notify_fds(&d->notify, name, &fd, 1);
+    if (rc < 0)
+        patd_warn("pool.persist: handing %s to the service manager: %s (a restart starts empty)",
+                  name, strerror(-rc));
+}
+
+int patd_persist_fallback(patd_t *d, kern_config_t *kc)
+{
+    patd_persist_t *p = &d->persist;
+    if (!p->on)
+        return 0;
+    if (p->given_pool >= 0) { /* the pool given back did not map: a new one, an empty index */
+        patd_notice("pool.persist: the cache starts empty: the pool's memory given back could "
+                    "not be mapped");
+        close(p->given_pool);
+        p->given_pool = -1;
+        p->adopt = 0;
+        kv_index_format(p->index, &p->id);
+        kc->pool_fd = -1;
+        return 1;
+    }
+    patd_warn("pool.persist: the backend cannot keep this pool; not kept");
+    p->on = 0;
+    kc->pool_keep = 0;
+    return 1;
+}
+
+void patd_persist_adopt(patd_t *d)
+{
+    patd_persist_t *p = &d->persist;
+    if (p->given_pool >= 0) { /* the backend holds its own duplicate now */
+        close(p->given_pool);
+        p->given_pool = -1;
+    }
+    if (!p->on)
+        return;
+    if (p->adopt) {
+        kv_adopt_t *e = pat_xmalloc((size_t)p->id.n_blocks * sizeof(*e));
+        const uint32_t n = kv_index_entries(p->index, e, &p->torn);
+        int rc = kv_pool_adopt(d->pool, e, n, &p->adopted, &p->rejected);
+        free(e);
+        if (rc < 0)
+            patd_warn("pool.persist: adopting the cache: %s", strerror(-rc));
+        patd_notice("pool.persist: adopted %u cached blocks (%.1f MiB of KV) from before the "
+                    "start; %u dropped (%u torn entries and the chains below them)",
+                    p->adopted, p->adopted * (double)p->id.block_bytes / 1048576.0,
+                    p->rejected + p->torn, p->torn);
+    }
+    if (p->given && !p->adopt) { /* the manager's copies are stale: this run's replace them */
+        patd_notify_ping(&d->notify, "FDSTOREREMOVE=1\nFDNAME=" PATD_FDNAME_POOL);
+        patd_notify_ping(&d->notify, "FDSTOREREMOVE=1\nFDNAME=" PATD_FDNAME_INDEX);
+    }
+    store(d, PATD_FDNAME_POOL, kern_pool_fd(d->be));
+    store(d, PATD_FDNAME_INDEX, p->index_fd);
+}
+
+void patd_persist_event(patd_t *d, kv_event_type_t type, uint32_t block, uint64_t hash,
+                        uint64_t scope, uint32_t parent)
+{
+    patd_persist_t *p = &d->persist;
+    if (!p->on)
+        return;
+    if (type == KV_EVENT_STORED)
+        kv_index_stored(p->index, block, hash, scope, parent);
+    else
+        kv_index_evicted(p->index, block);
+}
+
+void patd_persist_end(patd_t *d)
+{
+    patd_persist_t *p = &d->persist;
+    if (p->index)
+        munmap(p->index, p->index_bytes);
+    if (p->index_fd >= 0)
+        close(p->index_fd);
+    if (p->lock_fd >= 0)
+        close(p->lock_fd);
+    memset(p, 0, sizeof(*p));
+    p->index_fd = p->lock_fd = p->given_pool = -1;
+}
