@@ -92,8 +92,7 @@ static int index_new(patd_persist_t *p)
     void *m = MAP_FAILED;
     if (ftruncate(fd, (off_t)p->index_bytes) < 0 ||
         fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0 ||
-        (m = mmap(NULL, p->index_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
-            MAP_FAILED) {
+        (m = mmap(NULL, p->index_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
         int rc = -errno;
         close(fd);
         return rc;
@@ -154,8 +153,7 @@ void patd_persist_begin(patd_t *d, const char *backend, kern_config_t *kc)
     }
     identity(d, &p->id);
     p->index_bytes = kv_index_bytes(p->id.n_blocks);
-    if (p->given_pool >= 0 && given_index >= 0 &&
-        index_take(p, given_index, why, sizeof(why)) == 0)
+    if (p->given_pool >= 0 && given_index >= 0 && index_take(p, given_index, why, sizeof(why)) == 0)
         p->adopt = 1;
     else if (p->given && !why[0])
         snprintf(why, sizeof(why), "the %s descriptor was not given back",

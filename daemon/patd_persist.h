@@ -36,14 +36,14 @@ typedef struct patd patd_t;
 #define PATD_FDNAME_INDEX "patd-index"
 
 typedef struct patd_persist {
-    int on;          /* this run's pool and index are kept (handed to the manager) */
-    int adopt;       /* the index given back checked against this run: its blocks are adopted */
-    int given;       /* descriptors were given back at start */
-    int given_pool;  /* the pool's descriptor given back (-1: none); the backend dups it */
-    int index_fd;    /* the index's memfd, given back or new (-1: none) */
-    void *index;     /* mapped, index_bytes long */
+    int on;         /* this run's pool and index are kept (handed to the manager) */
+    int adopt;      /* the index given back checked against this run: its blocks are adopted */
+    int given;      /* descriptors were given back at start */
+    int given_pool; /* the pool's descriptor given back (-1: none); the backend dups it */
+    int index_fd;   /* the index's memfd, given back or new (-1: none) */
+    void *index;    /* mapped, index_bytes long */
     uint64_t index_bytes;
-    int lock_fd;     /* the fence */
+    int lock_fd; /* the fence */
     kv_index_id_t id;
     uint32_t adopted, rejected, torn;
 } patd_persist_t;
