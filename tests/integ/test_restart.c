@@ -12,7 +12,10 @@
  *     index, not the stale ones (the block size is checked as the geometry is; this build
  *     serves 16-token blocks only, so test_kv's index test changes it);
  *   - 30 kill -9 / restart cycles with steps between: nothing leaks (the store keeps two
- *     descriptors, the pool check passes, the cache keeps what was published).
+ *     descriptors, the pool check passes, the cache keeps what was published);
+ *   - 12 kills at random instants while a client steps (mid-step too): after each restart every
+ *     family of prompts whose step ended before the kill is served whole from the cache, and
+ *     every row the client checks against float64 stays right.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -222,6 +226,135 @@ static void test_cold_starts(void **state)
     tl_daemon_stop(&d);
 }
 
+/* The child of test_random_kills: steps families of prompts through whatever daemon answers,
+ * every row checked against float64 (tl_client's KV is a function of the prefix, so a wrong
+ * adopted block fails the check), and tells the parent each family whose step ended ("F n") or
+ * a check that failed ("BAD"). Reconnects when the daemon goes; exits when out is closed. */
+static void stepper(tl_daemon_t *d, int out, uint64_t seed)
+{
+    tl_rng_t r;
+    tl_rng_seed(&r, seed);
+    for (;;) {
+        pat_connect_opts_t o = {.size = sizeof(o),
+                                .max_batch_tokens = 512,
+                                .max_seqs = 8,
+                                .timeout_ms = 2000,
+                                .socket = d->sock,
+                                .label = "stepper",
+                                .model = MODEL};
+        pat_conn_t *c = NULL;
+        char why[256];
+        if (pat_connect(&o, &c, why, sizeof(why)) < 0) {
+            usleep(10000);
+            continue;
+        }
+        for (;;) {
+            const uint32_t fam = tl_rng_below(&r, 6);
+            tl_seq_t s[2];
+            prompts(s, 3000 + 300 * fam);
+            tl_seq_t *ps[2] = {&s[0], &s[1]};
+            int rc = tl_seq_open(c, &s[0]);
+            if (rc == 0)
+                rc = tl_seq_open(c, &s[1]);
+            tl_step_result_t res;
+            for (int k = 0; rc == 0 && k < 2; k++) {
+                rc = tl_client_step(c, &MODEL, ps, 2, &r, 1, &res);
+                if (rc == -EIO && res.worst >= 1e-2) { /* tl_client's bound */
+                    dprintf(out, "BAD %u %g\n", fam, res.worst);
+                    _exit(2);
+                }
+                for (int i = 0; i < 2; i++)
+                    tl_seq_push(&s[i], 5);
+            }
+            if (rc == 0 && dprintf(out, "F %u\n", fam) < 0)
+                _exit(0); /* the parent is done */
+            for (int i = 0; i < 2; i++) {
+                if (rc == 0)
+                    pat_seq_close(c, s[i].seq);
+                tl_seq_done(&s[i]);
+            }
+            if (rc < 0)
+                break; /* the daemon went: reconnect */
+        }
+        pat_close(c);
+    }
+}
+
+/* kill -9 at random instants while a client steps: after each restart, every family whose step
+ * ended before the kill is served whole from the cache (no evictions: the pool holds them all),
+ * and the client's every checked row stays right across 12 kills. */
+static void test_random_kills(void **state)
+{
+    (void)state;
+    tl_daemon_t d;
+    assert_int_equal(tl_daemon_start_managed(&d, ARGS), 0);
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    tl_rng_t r;
+    tl_rng_seed(&r, tl_test_seed(0x3a));
+    const uint64_t child_seed = tl_rng_u64(&r);
+    pid_t kid = fork();
+    if (kid == 0) {
+        close(p[0]);
+        stepper(&d, p[1], child_seed);
+        _exit(0);
+    }
+    close(p[1]);
+    fcntl(p[0], F_SETFL, O_NONBLOCK);
+    FILE *in = fdopen(p[0], "r");
+    int done[6] = {0}, steps = 0, kills = 0;
+    char line[64];
+    for (kills = 0; kills < 12; kills++) {
+        usleep(50000 + 1000 * tl_rng_below(&r, 250));
+        while (fgets(line, sizeof(line), in)) {
+            if (!strncmp(line, "BAD", 3))
+                fail_msg("a checked row went wrong after a restart: %s", line);
+            unsigned f;
+            if (sscanf(line, "F %u", &f) == 1 && f < 6) {
+                done[f] = 1;
+                steps++;
+            }
+        }
+        clearerr(in);
+        kill_restart(&d, ARGS);
+        pat_conn_t *c = connect_to(&d);
+        for (uint32_t f = 0; f < 6; f++) {
+            if (!done[f])
+                continue;
+            tl_seq_t s[2];
+            prompts(s, 3000 + 300 * f);
+            for (int i = 0; i < 2; i++) {
+                assert_int_equal(tl_seq_open(c, &s[i]), 0);
+                if (s[i].cached != (104 / 16) * 16)
+                    fail_msg("family %u, published before kill %d, hit %u tokens", f, kills,
+                             s[i].cached);
+                pat_seq_close(c, s[i].seq);
+                tl_seq_done(&s[i]);
+            }
+        }
+        pat_close(c);
+    }
+    usleep(200000);
+    while (fgets(line, sizeof(line), in))
+        if (!strncmp(line, "BAD", 3))
+            fail_msg("a checked row went wrong after a restart: %s", line);
+    fclose(in);
+    kill(kid, SIGKILL);
+    waitpid(kid, NULL, 0);
+    int fams = 0;
+    for (int f = 0; f < 6; f++)
+        fams += done[f];
+    printf("%d kills at random instants: %d checked steps ended between them, %d families "
+           "served whole from the cache after each\n",
+           kills, steps, fams);
+    assert_true(steps > 0 && fams > 0);
+    char *out = NULL;
+    assert_int_equal(pat_admin(d.sock, PAT_ADMIN_CHECK, 5000, &out), 0);
+    assert_non_null(strstr(out, "ok"));
+    pat_free(out);
+    tl_daemon_stop(&d);
+}
+
 static int count_fds(void)
 {
     int n = 0;
@@ -279,6 +412,7 @@ int main(void)
         cmocka_unit_test(test_kill_restart_adopts),
         cmocka_unit_test(test_cold_starts),
         cmocka_unit_test(test_restart_cycles),
+        cmocka_unit_test(test_random_kills),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
