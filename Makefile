@@ -71,7 +71,7 @@ NVCCFLAGS := -std=c++17 -O3 -g -lineinfo $(NVCC_GENCODE) -Werror all-warnings \
 # ---------------------------------------------------------------- sources
 # daemon/base: the leaf every module shares (libc only); libpatbase.a for the daemon's side,
 # its objects inside libpat for the client's (each with its own OOM handler).
-BASE_SRCS  := daemon/base/pat_base.c
+BASE_SRCS  := daemon/base/pat_base.c daemon/base/pat_fdstore.c
 BASE_OBJS  := $(BASE_SRCS:%.c=$(B)/%.o)
 BASE_LIB   := $(B)/libpatbase.a
 KV_SRCS    := kvcache/kv_pool.c kvcache/kv_seq.c kvcache/kv_index.c

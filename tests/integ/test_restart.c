@@ -106,8 +106,8 @@ static int log_has(tl_daemon_t *d, const char *what)
 static int stored(tl_daemon_t *d, const char *name)
 {
     int n = 0;
-    for (int i = 0; i < d->n_store; i++)
-        n += !strcmp(d->store_name[i], name);
+    for (int i = 0; i < d->store.n; i++)
+        n += !strcmp(d->store.name[i], name);
     return n;
 }
 
@@ -182,9 +182,9 @@ static void test_cold_starts(void **state)
     /* a torn index: its header overwritten while the daemon is dead */
     assert_true(tl_daemon_signal_wait(&d, SIGKILL, 5000) >= 0);
     tl_daemon_collect(&d);
-    for (int i = 0; i < d.n_store; i++)
-        if (!strcmp(d.store_name[i], "patd-index"))
-            assert_int_equal(pwrite(d.store_fd[i], "garbage!", 8, 0), 8);
+    for (int i = 0; i < d.store.n; i++)
+        if (!strcmp(d.store.name[i], "patd-index"))
+            assert_int_equal(pwrite(d.store.fd[i], "garbage!", 8, 0), 8);
     char old[220];
     snprintf(old, sizeof(old), "%s.prev", d.log);
     rename(d.log, old);

@@ -26,104 +26,12 @@ static void sleep_ms(uint32_t ms)
     nanosleep(&ts, NULL);
 }
 
-/* In the child before exec: $NOTIFY_SOCKET, and the store given back from descriptor 3 on. */
-static int managed_child(tl_daemon_t *d)
-{
-    setenv("NOTIFY_SOCKET", d->notify_path, 1);
-    if (d->n_store == 0)
-        return 0;
-    int high[TL_STORE_MAX];
-    char names[TL_STORE_MAX * 65] = "";
-    for (int i = 0; i < d->n_store; i++) /* out of the way of 3.. first */
-        if ((high[i] = fcntl(d->store_fd[i], F_DUPFD, 100)) < 0)
-            return -1;
-    for (int i = 0; i < d->n_store; i++) {
-        if (dup2(high[i], 3 + i) != 3 + i)
-            return -1;
-        close(high[i]);
-        if (i)
-            strcat(names, ":");
-        strcat(names, d->store_name[i]);
-    }
-    char pid[24], n[8];
-    snprintf(pid, sizeof(pid), "%d", (int)getpid());
-    snprintf(n, sizeof(n), "%d", d->n_store);
-    setenv("LISTEN_PID", pid, 1);
-    setenv("LISTEN_FDS", n, 1);
-    setenv("LISTEN_FDNAMES", names, 1);
-    return 0;
-}
-
-static void store_drop(tl_daemon_t *d, const char *name)
-{
-    for (int i = 0; i < d->n_store;)
-        if (!strcmp(d->store_name[i], name)) {
-            close(d->store_fd[i]);
-            d->n_store--;
-            d->store_fd[i] = d->store_fd[d->n_store];
-            memcpy(d->store_name[i], d->store_name[d->n_store], sizeof(d->store_name[i]));
-        } else
-            i++;
-}
-
-static void store_add(tl_daemon_t *d, const char *name, int fd)
-{
-    struct stat a, b;
-    for (int i = 0; i < d->n_store; i++)
-        if (fstat(fd, &a) == 0 && fstat(d->store_fd[i], &b) == 0 && a.st_dev == b.st_dev &&
-            a.st_ino == b.st_ino) {
-            close(fd); /* systemd keeps one descriptor of a file */
-            return;
-        }
-    if (d->n_store == TL_STORE_MAX) {
-        close(fd);
-        return;
-    }
-    d->store_fd[d->n_store] = fd;
-    snprintf(d->store_name[d->n_store], sizeof(d->store_name[0]), "%s", name);
-    d->n_store++;
-}
-
 int tl_daemon_collect(tl_daemon_t *d)
 {
     int got = 0;
-    for (;;) {
-        char buf[1024];
-        union {
-            struct cmsghdr h;
-            char b[CMSG_SPACE(TL_STORE_MAX * sizeof(int))];
-        } ctl;
-        struct iovec iov = {.iov_base = buf, .iov_len = sizeof(buf) - 1};
-        struct msghdr m = {.msg_iov = &iov,
-                           .msg_iovlen = 1,
-                           .msg_control = ctl.b,
-                           .msg_controllen = sizeof(ctl.b)};
-        ssize_t k = recvmsg(d->notify_fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-        if (k < 0)
-            return got;
-        buf[k] = 0;
+    while (pat_fdstore_recv(&d->store, d->notify_fd) > 0)
         got++;
-        int fds[TL_STORE_MAX], nfd = 0;
-        for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
-            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-                nfd = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-                memcpy(fds, CMSG_DATA(c), (size_t)nfd * sizeof(int));
-            }
-        char name[64] = "unknown";
-        const char *fn = strstr(buf, "FDNAME=");
-        if (fn)
-            snprintf(name, sizeof(name), "%.*s", (int)strcspn(fn + 7, "\n"), fn + 7);
-        if (strstr(buf, "READY=1"))
-            d->ready = 1;
-        if (strstr(buf, "FDSTOREREMOVE=1"))
-            store_drop(d, name);
-        for (int i = 0; i < nfd; i++) {
-            if (strstr(buf, "FDSTORE=1"))
-                store_add(d, name, fds[i]);
-            else
-                close(fds[i]);
-        }
-    }
+    return got;
 }
 
 static int spawn(tl_daemon_t *d, const char *const *args, const char *procs)
@@ -151,8 +59,11 @@ static int spawn(tl_daemon_t *d, const char *const *args, const char *procs)
         }
         if (cg >= 0)
             close(cg);
-        if (d->managed && managed_child(d) < 0)
-            _exit(125);
+        if (d->managed) { /* $NOTIFY_SOCKET, and the store given back from descriptor 3 on */
+            setenv("NOTIFY_SOCKET", d->notify_path, 1);
+            if (pat_fdstore_give(&d->store) < 0)
+                _exit(125);
+        }
         execv(bin, (char *const *)argv);
         fprintf(stderr, "exec %s: %s\n", bin, strerror(errno));
         _exit(127);
@@ -221,10 +132,8 @@ int tl_daemon_start_managed(tl_daemon_t *d, const char *const *args)
 
 int tl_daemon_restart(tl_daemon_t *d, const char *const *args)
 {
-    if (d->managed) {
+    if (d->managed)
         tl_daemon_collect(d); /* what the last one sent before it died */
-        d->ready = 0;
-    }
     int rc = spawn(d, args, NULL);
     if (d->managed)
         tl_daemon_collect(d);
@@ -255,9 +164,7 @@ void tl_daemon_stop(tl_daemon_t *d)
         d->pid = 0;
     }
     if (d->managed) {
-        for (int i = 0; i < d->n_store; i++)
-            close(d->store_fd[i]);
-        d->n_store = 0;
+        pat_fdstore_clear(&d->store);
         close(d->notify_fd);
         d->managed = 0;
     }

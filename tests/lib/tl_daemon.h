@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define TL_STORE_MAX 8
+#include "pat_fdstore.h"
 
 typedef struct tl_daemon {
     pid_t pid;
@@ -21,10 +21,7 @@ typedef struct tl_daemon {
     int managed;
     int notify_fd;
     char notify_path[200];
-    int store_fd[TL_STORE_MAX];
-    char store_name[TL_STORE_MAX][64];
-    int n_store;
-    int ready; /* READY=1 seen since the last start */
+    pat_fdstore_t store;
 } tl_daemon_t;
 
 /* Starts patd with the NULL-terminated extra arguments. 0 or -1 (and prints why). */
