@@ -94,6 +94,7 @@ DAEMON_SRCS := daemon/patd_main.c daemon/patd_config.c daemon/patd_conn.c daemon
 IPC_OBJS    := $(IPC_SRCS:%.c=$(B)/%.o)
 DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(B)/%.o)
 PATD_BIN    := $(B)/bin/patd
+PATD_KEEP_BIN := $(B)/bin/patd-keep
 # The release version is written once, in client/pat.h (PAT_VERSION_MAJOR/MINOR/PATCH): libpat's
 # file name and soname, pat.pc, `patd --version` (daemon/patd_config.c) and the Python package's
 # version (client/python/patd/_version.py) all derive from it.
@@ -152,7 +153,7 @@ TC_CLIENT   := $(B)/tests/tc_client
 BENCH_BINS := $(B)/bench/bench_sched $(B)/bench/bench_daemon
 DEMO_BIN   := $(B)/bin/patd-demo
 
-ALL_OBJS := $(BASE_OBJS) $(CORE_OBJS) $(IPC_OBJS) $(DAEMON_OBJS) $(LIBPAT_OBJS) $(B)/client/patctl.o $(PATLOAD_OBJS) \
+ALL_OBJS := $(BASE_OBJS) $(CORE_OBJS) $(IPC_OBJS) $(DAEMON_OBJS) $(LIBPAT_OBJS) $(B)/daemon/patd_keep.o $(B)/client/patctl.o $(PATLOAD_OBJS) \
             $(B)/tests/demo/pat_client_demo.o $(INTEG_TESTS:%=$(B)/tests/integ/%.o) \
             $(B)/tests/integ/tc_client.o $(B)/tests/bench/bench_daemon.o $(TESTLIB_OBJS) $(UNIT_TESTS:%=$(B)/tests/unit/%.o) \
             $(B)/tests/bench/bench_sched.o $(B)/tests/demo/pat_demo.o $(CUDA_OBJS) $(CUDA_TOOL_OBJS) \
@@ -238,6 +239,11 @@ $(B)/lib/pat.pc: client/pat.pc.in client/pat.h Makefile
 
 # what programs linking libpat.a add (libc's only: libpat speaks patd's own sockets)
 NN_LIBS := -ldl
+
+$(PATD_KEEP_BIN): $(B)/daemon/patd_keep.o $(BASE_LIB)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) $^ -o $@
 
 $(PATCTL_BIN): $(B)/client/patctl.o $(LIBPAT_A)
 	@mkdir -p $(@D)
@@ -371,7 +377,7 @@ $(DEMO_BIN): $(B)/tests/demo/pat_demo.o $(B)/libpattest.a $(B)/libpatcore.a $(BA
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 # ---------------------------------------------------------------- targets
-ALL_TARGETS := $(BASE_LIB) $(B)/libpatcore.a $(PATD_BIN) $(LIBPAT_SO) $(LIBPAT_A) $(B)/lib/pat.pc \
+ALL_TARGETS := $(BASE_LIB) $(B)/libpatcore.a $(PATD_BIN) $(PATD_KEEP_BIN) $(LIBPAT_SO) $(LIBPAT_A) $(B)/lib/pat.pc \
                $(PATCTL_BIN) $(PATLOAD_BIN) $(CLIENT_DEMO) $(PAT_ABI_LAYOUT) $(UNIT_BINS) $(INTEG_BINS) $(TC_CLIENT) $(BENCH_BINS) $(DEMO_BIN) \
                $(FUZZ_SOCK_BIN)
 ifeq ($(HAVE_CUDA),1)
@@ -573,7 +579,7 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include \
 	  $(DESTDIR)$(SYSTEMD_DIR) $(DESTDIR)$(PREFIX)/lib/sysusers.d $(DESTDIR)$(PREFIX)/lib/tmpfiles.d \
 	  $(DESTDIR)/etc/patd $(DESTDIR)$(PREFIX)/share/doc/patd
-	install -m 0755 $(PATD_BIN) $(PATCTL_BIN) $(PATLOAD_BIN) $(DESTDIR)$(PREFIX)/bin/
+	install -m 0755 $(PATD_BIN) $(PATD_KEEP_BIN) $(PATCTL_BIN) $(PATLOAD_BIN) $(DESTDIR)$(PREFIX)/bin/
 	install -m 0755 $(DEMO_BIN) $(DESTDIR)$(PREFIX)/bin/patd-demo
 	install -m 0755 $(LIBPAT_SO) $(DESTDIR)$(PREFIX)/lib/
 	ln -sf libpat.so.$(PAT_SO_VER) $(DESTDIR)$(PREFIX)/lib/libpat.so.$(PAT_SO_MAJOR)

@@ -15,7 +15,9 @@
  *     descriptors, the pool check passes, the cache keeps what was published);
  *   - 12 kills at random instants while a client steps (mid-step too): after each restart every
  *     family of prompts whose step ended before the kill is served whole from the cache, and
- *     every row the client checks against float64 stays right.
+ *     every row the client checks against float64 stays right;
+ *   - without systemd: patd-keep starts patd again after a kill -9 with the store, the prompts
+ *     hit, and SIGTERM to the keeper drains patd and ends both with status 0.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -406,6 +408,76 @@ static void test_restart_cycles(void **state)
     tl_daemon_stop(&d);
 }
 
+/* Without systemd: patd-keep keeps the store and starts patd again after a kill -9, and the
+ * prompts published before it are served from the cache; SIGTERM to the keeper drains patd
+ * and ends both with status 0. */
+static void test_keeper(void **state)
+{
+    (void)state;
+    const char *patd = getenv("PATD_BIN") ? getenv("PATD_BIN") : "build/bin/patd";
+    char keep[300];
+    snprintf(keep, sizeof(keep), "%s", patd);
+    char *slash = strrchr(keep, '/');
+    snprintf(slash ? slash + 1 : keep, 20, "patd-keep");
+    tl_daemon_t d; /* only its directory, socket and log: the keeper starts patd */
+    memset(&d, 0, sizeof(d));
+    snprintf(d.dir, sizeof(d.dir), "/tmp/patd-test.XXXXXX");
+    assert_non_null(mkdtemp(d.dir));
+    snprintf(d.sock, sizeof(d.sock), "%s/patd.sock", d.dir);
+    snprintf(d.log, sizeof(d.log), "%s/patd.log", d.dir);
+    char rt[160];
+    snprintf(rt, sizeof(rt), "--runtime-dir=%s", d.dir);
+    pid_t kp = fork();
+    if (kp == 0) {
+        int fd = open(d.log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        dup2(fd, 2);
+        execl(keep, keep, "--restart-ms", "100", "--", patd, rt, "--metrics-port=0",
+              "--backend=cpu", "--blocks=256", "--executors=2", (char *)NULL);
+        _exit(127);
+    }
+    int64_t first = -1;
+    for (int i = 0; i < 200 && first < 0; i++) {
+        usleep(25000);
+        first = tl_daemon_status(&d, "pid");
+    }
+    assert_true(first > 0);
+    tl_rng_t r;
+    tl_rng_seed(&r, tl_test_seed(0x3b));
+    pat_conn_t *c = connect_to(&d);
+    tl_seq_t s[2];
+    prompts(s, 7000);
+    run(c, s, 1, &r);
+    pat_close(c);
+    assert_int_equal(kill((pid_t)first, SIGKILL), 0);
+    int64_t second = -1;
+    for (int i = 0; i < 400 && (second < 0 || second == first); i++) {
+        usleep(25000);
+        second = tl_daemon_status(&d, "pid");
+    }
+    assert_true(second > 0 && second != first);
+    assert_true(log_has(&d, "patd-keep: patd (pid"));
+    assert_true(log_has(&d, "pool.persist: adopted"));
+    c = connect_to(&d);
+    tl_seq_t t[2];
+    prompts(t, 7000);
+    const uint32_t hit = run(c, t, 1, &r);
+    printf("patd-keep: patd %lld killed, %lld started with the store: %u of %u prompt tokens "
+           "from the cache\n",
+           (long long)first, (long long)second, hit, 2 * 104);
+    assert_int_equal(hit, 2 * (104 / 16) * 16);
+    pat_close(c);
+    kill(kp, SIGTERM);
+    int st = 0;
+    assert_int_equal(waitpid(kp, &st, 0), kp);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    for (int i = 0; i < 2; i++) {
+        tl_seq_done(&s[i]);
+        tl_seq_done(&t[i]);
+    }
+    tl_daemon_stop(&d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -413,6 +485,7 @@ int main(void)
         cmocka_unit_test(test_cold_starts),
         cmocka_unit_test(test_restart_cycles),
         cmocka_unit_test(test_random_kills),
+        cmocka_unit_test(test_keeper),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
