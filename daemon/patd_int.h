@@ -186,7 +186,9 @@ struct patd {
     patd_wire_t *wire; /* the control and event sockets (patd_wire.c) */
     void (*wire_dispatch)(patd_t *d, const uint8_t *frame, size_t len, patd_req_t *rq);
     uv_timer_t tick; /* leases, watchdog, drain */
-    uv_signal_t sig_term, sig_int, sig_hup;
+    uv_signal_t sig_term, sig_int, sig_hup, sig_usr2;
+    int upgrade;     /* SIGUSR2: after the drain, exec exe with the pool and index (pool.persist) */
+    char exe[512];   /* the binary as named at start (its path: an upgraded file there runs) */
     uv_async_t wake; /* executor completions */
     char sock_path[400], ev_path[400], admin_path[400];
     /* the admin socket (patd_admin.c) */

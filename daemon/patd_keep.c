@@ -150,16 +150,19 @@ int main(int argc, char **argv)
                     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
                 fast = pat_now_ns() - started < FAST_DEATH_NS ? fast + 1 : 0;
                 if (WIFSIGNALED(st))
-                    fprintf(stderr, "patd-keep: patd (pid %d) died by signal %d; %d descriptors "
-                                    "kept, starting it again in %ld ms\n",
+                    fprintf(stderr,
+                            "patd-keep: patd (pid %d) died by signal %d; %d descriptors "
+                            "kept, starting it again in %ld ms\n",
                             (int)w, WTERMSIG(st), store.n, restart_ms);
                 else
-                    fprintf(stderr, "patd-keep: patd (pid %d) exited with status %d; starting "
-                                    "it again in %ld ms\n",
+                    fprintf(stderr,
+                            "patd-keep: patd (pid %d) exited with status %d; starting "
+                            "it again in %ld ms\n",
                             (int)w, WEXITSTATUS(st), restart_ms);
                 if (fast >= FAST_DEATHS) {
-                    fprintf(stderr, "patd-keep: patd died within 2 s of its start %d times in "
-                                    "a row; not starting it again\n",
+                    fprintf(stderr,
+                            "patd-keep: patd died within 2 s of its start %d times in "
+                            "a row; not starting it again\n",
                             fast);
                     return 1;
                 }

@@ -29,7 +29,8 @@
 #include "pat.h"
 #include "pat_base.h"
 
-#define TICK_MS 100u
+#define TICK_MS         100u
+#define UPGRADE_TICK_MS 5u /* the tick while an upgrade drains */
 
 static void on_kv_event(void *ud, kv_event_type_t type, uint32_t block, uint64_t hash,
                         uint64_t scope, uint32_t parent)
@@ -447,6 +448,18 @@ static void on_signal(uv_signal_t *s, int signum)
         reload_start(d, "SIGHUP", NULL);
         return;
     }
+    if (signum == SIGUSR2 && !d->draining) {
+        if (!d->persist.on)
+            patd_warn("SIGUSR2: an upgrade without pool.persist (this run keeps no pool): the "
+                      "new binary starts with an empty cache");
+        patd_notice("SIGUSR2: upgrade: draining, then starting %s in this process", d->exe);
+        d->upgrade = 1;
+        patd_notify_state(&d->notify, "RELOADING=1\nSTATUS=upgrading: draining, then exec %s",
+                          d->exe);
+        /* the drain is checked each tick: every 5 ms while it lasts, the gap clients see */
+        uv_timer_set_repeat(&d->tick, UPGRADE_TICK_MS);
+        uv_timer_again(&d->tick);
+    }
     if (d->draining) {
         patd_notice("second %s: exiting now", strsignal(signum));
         d->drain_deadline_ns = 0;
@@ -512,8 +525,9 @@ static void on_tick(uv_timer_t *t)
             close_all(d, "daemon shutting down");
             /* not before two ticks: the reply to `patctl drain` was queued just now, and the
              * loop writes it (a lost reply failed test_ops under ASan on a loaded machine) */
-            if (d->n_conns == 0 && now - d->drain_start_ns >= 2ull * TICK_MS * 1000000ull)
-                uv_stop(&d->loop);
+            if (d->n_conns == 0 &&
+                (d->upgrade || now - d->drain_start_ns >= 2ull * TICK_MS * 1000000ull))
+                uv_stop(&d->loop); /* an upgrade owes no reply: it goes at once */
         }
     }
 }
@@ -776,6 +790,12 @@ int main(int argc, char **argv)
         patd_info("config %s%s%s", d->cfg.path, d->cfg.dropin_read ? " + " : "",
                   d->cfg.dropin_read ? d->cfg.dropin : "");
     raise_nofile(&d->cfg);
+    { /* the binary's path as started: an upgrade execs what is at that path then */
+        ssize_t k = readlink("/proc/self/exe", d->exe, sizeof(d->exe) - 1);
+        d->exe[k > 0 ? k : 0] = 0;
+        if (k <= 0)
+            snprintf(d->exe, sizeof(d->exe), "%s", argv[0]);
+    }
     d->t_start_ns = pat_now_ns();
     if (getrandom(&d->instance, sizeof(d->instance), 0) != sizeof(d->instance))
         d->instance = d->t_start_ns ^ ((uint64_t)getpid() << 40);
@@ -815,9 +835,9 @@ int main(int argc, char **argv)
     uv_timer_init(&d->loop, &d->tick);
     d->tick.data = d;
     uv_timer_start(&d->tick, on_tick, TICK_MS, TICK_MS);
-    uv_signal_t *sigs[3] = {&d->sig_term, &d->sig_int, &d->sig_hup};
-    int signums[3] = {SIGTERM, SIGINT, SIGHUP};
-    for (int i = 0; i < 3; i++) {
+    uv_signal_t *sigs[4] = {&d->sig_term, &d->sig_int, &d->sig_hup, &d->sig_usr2};
+    int signums[4] = {SIGTERM, SIGINT, SIGHUP, SIGUSR2};
+    for (int i = 0; i < 4; i++) {
         uv_signal_init(&d->loop, sigs[i]);
         sigs[i]->data = d;
         uv_signal_start(sigs[i], on_signal, signums[i]);
@@ -845,8 +865,17 @@ out:
         ipc_shm_close(&d->conns[i]->shm);
     patd_gpu_stop(d);
     patd_wire_stop(d);
+    /* SIGUSR2 after a clean drain: the pool's and the index's descriptors survive the backend
+     * (kept duplicates), and the binary at exe starts in this process with them */
+    const int upgrade = d->upgrade && rc == 0;
+    if (upgrade)
+        patd_persist_handoff(d);
     kern_backend_free(d->be);
     kv_pool_free(d->pool);
+    if (upgrade) {
+        patd_persist_exec(d); /* returns only when the exec failed (logged) */
+        rc = -1;
+    }
     patd_persist_end(d);
     return rc < 0 ? 1 : 0;
 }

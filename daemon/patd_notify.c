@@ -27,6 +27,7 @@ int patd_notify_open(patd_notify_t *n)
         unsetenv("NOTIFY_SOCKET");
         return -EINVAL;
     }
+    snprintf(n->env, sizeof(n->env), "%s", e);
     n->addr.sun_family = AF_UNIX;
     memcpy(n->addr.sun_path, e, len);
     if (e[0] == '@')

@@ -24,6 +24,7 @@ typedef struct patd_notify {
     socklen_t addr_len;
     char pending[256]; /* a state change still to deliver ("" when none) */
     uint64_t dropped;  /* periodic messages dropped on a full queue */
+    char env[112];     /* $NOTIFY_SOCKET as it was (an exec of an upgrade sets it again) */
 } patd_notify_t;
 
 /* Reads $NOTIFY_SOCKET (a path, or @name for the abstract namespace) and unsets it, so that

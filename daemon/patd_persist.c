@@ -108,6 +108,7 @@ void patd_persist_begin(patd_t *d, const char *backend, kern_config_t *kc)
     patd_persist_t *p = &d->persist;
     memset(p, 0, sizeof(*p));
     p->given_pool = p->index_fd = p->lock_fd = -1;
+    p->keep[0] = p->keep[1] = -1;
     int given_index = -1;
     patd_listen_fd_t fds[PATD_FDS_MAX];
     const uint32_t n = patd_listen_fds(fds, PATD_FDS_MAX);
@@ -256,6 +257,45 @@ void patd_persist_end(patd_t *d)
         close(p->index_fd);
     if (p->lock_fd >= 0)
         close(p->lock_fd);
+    for (int i = 0; i < 2; i++)
+        if (p->keep[i] >= 0)
+            close(p->keep[i]);
     memset(p, 0, sizeof(*p));
-    p->index_fd = p->lock_fd = p->given_pool = -1;
+    p->index_fd = p->lock_fd = p->given_pool = p->keep[0] = p->keep[1] = -1;
+}
+
+void patd_persist_handoff(patd_t *d)
+{
+    patd_persist_t *p = &d->persist;
+    if (!p->on)
+        return;
+    /* above every descriptor the exec could meet at 3 and 4, close-on-exec until the exec */
+    p->keep[0] = fcntl(kern_pool_fd(d->be), F_DUPFD_CLOEXEC, 64);
+    p->keep[1] = fcntl(p->index_fd, F_DUPFD_CLOEXEC, 64);
+}
+
+void patd_persist_exec(patd_t *d)
+{
+    patd_persist_t *p = &d->persist;
+    if (p->index)
+        munmap(p->index, p->index_bytes);
+    p->index = NULL;
+    if (p->lock_fd >= 0) /* the fence: the new image takes it again */
+        close(p->lock_fd);
+    p->lock_fd = -1;
+    if (p->on && p->keep[0] >= 0 && p->keep[1] >= 0) {
+        /* at 3 and 4 without close-on-exec (dup2 clears it) */
+        if (dup2(p->keep[0], 3) == 3 && dup2(p->keep[1], 4) == 4) {
+            char pid[24];
+            snprintf(pid, sizeof(pid), "%d", (int)getpid());
+            setenv("LISTEN_PID", pid, 1);
+            setenv("LISTEN_FDS", "2", 1);
+            setenv("LISTEN_FDNAMES", PATD_FDNAME_POOL ":" PATD_FDNAME_INDEX, 1);
+        }
+    }
+    if (d->notify.env[0]) /* patd_notify_open took it out of the environment */
+        setenv("NOTIFY_SOCKET", d->notify.env, 1);
+    patd_notice("upgrade: exec %s", d->exe);
+    execv(d->exe, d->argv);
+    patd_err("upgrade: exec %s: %s; exiting", d->exe, strerror(errno));
 }

@@ -46,6 +46,7 @@ typedef struct patd_persist {
     int lock_fd; /* the fence */
     kv_index_id_t id;
     uint32_t adopted, rejected, torn;
+    int keep[2]; /* patd_persist_handoff: the pool's and the index's (-1: none) */
 } patd_persist_t;
 
 /* Before the backend is made (backend: its name): takes the descriptors given back, decides
@@ -62,5 +63,12 @@ void patd_persist_adopt(patd_t *d);
 void patd_persist_event(patd_t *d, kv_event_type_t type, uint32_t block, uint64_t hash,
                         uint64_t scope, uint32_t parent);
 void patd_persist_end(patd_t *d);
+/* An upgrade (SIGUSR2), after the drain and before the backend is freed: keeps duplicates of the
+ * pool's and the index's descriptors for patd_persist_exec. */
+void patd_persist_handoff(patd_t *d);
+/* Execs d->exe with d->argv in this process, the kept descriptors at 3 and 4 as LISTEN_FDS (the
+ * same protocol as the service manager's), the fence released by the exec. Returns only when
+ * the exec failed (logged). */
+void patd_persist_exec(patd_t *d);
 
 #endif

@@ -17,7 +17,10 @@
  *     family of prompts whose step ended before the kill is served whole from the cache, and
  *     every row the client checks against float64 stays right;
  *   - without systemd: patd-keep starts patd again after a kill -9 with the store, the prompts
- *     hit, and SIGTERM to the keeper drains patd and ends both with status 0.
+ *     hit, and SIGTERM to the keeper drains patd and ends both with status 0;
+ *   - SIGUSR2: an upgrade in place (drain, then the binary at patd's path in the same process,
+ *     with the pool and the index): the pid stays, the cache is adopted, a stepping client
+ *     reconnects once with every checked row right.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -268,7 +271,7 @@ static void stepper(tl_daemon_t *d, int out, uint64_t seed)
                 for (int i = 0; i < 2; i++)
                     tl_seq_push(&s[i], 5);
             }
-            if (rc == 0 && dprintf(out, "F %u\n", fam) < 0)
+            if (rc == 0 && dprintf(out, "F %u %llu\n", fam, (unsigned long long)pat_now_ns()) < 0)
                 _exit(0); /* the parent is done */
             for (int i = 0; i < 2; i++) {
                 if (rc == 0)
@@ -408,6 +411,79 @@ static void test_restart_cycles(void **state)
     tl_daemon_stop(&d);
 }
 
+/* SIGUSR2: an upgrade in place (the binary at patd's path started in its process after a drain,
+ * with the pool and the index): the pid stays, the cache is adopted, a client stepping through it
+ * reconnects once and every row it checks stays right; the longest gap between its served steps
+ * is printed (issue 37's target is <= 100 ms; measured here, not bound). */
+static void test_upgrade_in_place(void **state)
+{
+    (void)state;
+    tl_daemon_t d;
+    assert_int_equal(tl_daemon_start_managed(&d, ARGS), 0);
+    const pid_t pid = d.pid;
+    tl_rng_t r;
+    tl_rng_seed(&r, tl_test_seed(0x3c));
+    pat_conn_t *c = connect_to(&d);
+    tl_seq_t s[2];
+    prompts(s, 8000);
+    run(c, s, 1, &r);
+    pat_close(c);
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    const uint64_t child_seed = tl_rng_u64(&r);
+    pid_t kid = fork();
+    if (kid == 0) {
+        close(p[0]);
+        stepper(&d, p[1], child_seed);
+        _exit(0);
+    }
+    close(p[1]);
+    FILE *in = fdopen(p[0], "r");
+    char line[96];
+    uint64_t last = 0, gap = 0, t_sig = 0;
+    int before = 0, after = 0;
+    while (fgets(line, sizeof(line), in)) {
+        if (!strncmp(line, "BAD", 3))
+            fail_msg("a checked row went wrong across the upgrade: %s", line);
+        unsigned f;
+        unsigned long long t;
+        if (sscanf(line, "F %u %llu", &f, &t) != 2)
+            continue;
+        if (last && t_sig && t - last > gap)
+            gap = t - last;
+        last = t;
+        if (!t_sig && ++before == 20) {
+            t_sig = pat_now_ns();
+            assert_int_equal(kill(pid, SIGUSR2), 0);
+        } else if (t_sig && ++after == 20)
+            break;
+    }
+    fclose(in);
+    kill(kid, SIGKILL);
+    waitpid(kid, NULL, 0);
+    tl_daemon_collect(&d);
+    assert_true(log_has(&d, "upgrade: exec"));
+    assert_true(log_has(&d, "pool.persist: adopted"));
+    assert_int_equal(tl_daemon_status(&d, "pid"), pid);
+    assert_int_equal(stored(&d, "patd-pool"), 1);
+    assert_int_equal(stored(&d, "patd-index"), 1);
+    c = connect_to(&d);
+    tl_seq_t t[2];
+    prompts(t, 8000);
+    const uint32_t hit = run(c, t, 1, &r);
+    printf("upgrade in place (SIGUSR2), pid %d kept: %u of %u prompt tokens from the cache; the "
+           "stepping client's longest gap between served steps %.1f ms (20 steps before, 20 "
+           "after)\n",
+           (int)pid, hit, 2 * 104, gap / 1e6);
+    assert_int_equal(hit, 2 * (104 / 16) * 16);
+    pat_close(c);
+    for (int i = 0; i < 2; i++) {
+        tl_seq_done(&s[i]);
+        tl_seq_done(&t[i]);
+    }
+    tl_daemon_stop(&d);
+}
+
 /* Without systemd: patd-keep keeps the store and starts patd again after a kill -9, and the
  * prompts published before it are served from the cache; SIGTERM to the keeper drains patd
  * and ends both with status 0. */
@@ -486,6 +562,7 @@ int main(void)
         cmocka_unit_test(test_restart_cycles),
         cmocka_unit_test(test_random_kills),
         cmocka_unit_test(test_keeper),
+        cmocka_unit_test(test_upgrade_in_place),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
