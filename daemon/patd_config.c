@@ -633,9 +633,11 @@ static void usage(FILE *f)
                 o->def[0] ? o->def : "\"\"", range, "");
     }
     fprintf(f, "\nSignals: SIGTERM/SIGINT drain in-flight steps and exit; SIGHUP reloads the *\n"
-               "options from the config file. Under systemd (Type=notify) it reports READY=1\n"
-               "once the pool is allocated and the sockets are bound, STATUS= lines, and\n"
-               "WATCHDOG=1 while its executors still move.\n");
+               "options from the config file; SIGUSR2 drains, then starts the binary at patd's\n"
+               "path in the same process, keeping the KV cache (pool.persist). Under systemd\n"
+               "(Type=notify) it reports READY=1 once the pool is allocated and the sockets are\n"
+               "bound, STATUS= lines, WATCHDOG=1 while its executors still move, and hands the\n"
+               "pool and the cache index to the descriptor store (FDSTORE=1) at start.\n");
 }
 
 /* Applies --key=value overrides (argv) to c. Sets *ret_path from --config. */
