@@ -22,6 +22,7 @@
  *     with the pool and the index): the pid stays, the cache is adopted, a stepping client
  *     reconnects once with every checked row right.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -411,6 +412,20 @@ static void test_restart_cycles(void **state)
     tl_daemon_stop(&d);
 }
 
+/* Open descriptors of process pid. */
+static int proc_fds(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+    DIR *dir = opendir(path);
+    int n = 0;
+    for (struct dirent *e; dir && (e = readdir(dir));)
+        n += e->d_name[0] != '.';
+    if (dir)
+        closedir(dir);
+    return n;
+}
+
 /* SIGUSR2: an upgrade in place (the binary at patd's path started in its process after a drain,
  * with the pool and the index): the pid stays, the cache is adopted, a client stepping through it
  * reconnects once and every row it checks stays right; the longest gap between its served steps
@@ -428,6 +443,8 @@ static void test_upgrade_in_place(void **state)
     prompts(s, 8000);
     run(c, s, 1, &r);
     pat_close(c);
+    usleep(100000); /* the session's close is the daemon's */
+    const int fds_before = proc_fds(pid);
     int p[2];
     assert_int_equal(pipe(p), 0);
     const uint64_t child_seed = tl_rng_u64(&r);
@@ -477,6 +494,10 @@ static void test_upgrade_in_place(void **state)
            (int)pid, hit, 2 * 104, gap / 1e6);
     assert_int_equal(hit, 2 * (104 / 16) * 16);
     pat_close(c);
+    usleep(100000);
+    printf("the daemon's descriptors: %d before the upgrade, %d after\n", fds_before,
+           proc_fds(pid));
+    assert_true(proc_fds(pid) <= fds_before); /* nothing carried over but the pool's two */
     for (int i = 0; i < 2; i++) {
         tl_seq_done(&s[i]);
         tl_seq_done(&t[i]);
