@@ -461,7 +461,10 @@ static void on_signal(uv_signal_t *s, int signum)
         uv_timer_again(&d->tick);
     }
     if (d->draining) {
-        patd_notice("second %s: exiting now", strsignal(signum));
+        patd_notice("second %s: exiting now%s", strsignal(signum),
+                    d->upgrade && signum != SIGUSR2 ? " (the upgrade is off)" : "");
+        if (signum != SIGUSR2)
+            d->upgrade = 0; /* SIGTERM/SIGINT during an upgrade's drain: exit, no exec */
         d->drain_deadline_ns = 0;
         return;
     }
