@@ -311,17 +311,30 @@ static void test_random_kills(void **state)
     int done[6] = {0}, steps = 0, kills = 0;
     char line[64];
     for (kills = 0; kills < 12; kills++) {
-        usleep(50000 + 1000 * tl_rng_below(&r, 250));
-        while (fgets(line, sizeof(line), in)) {
-            if (!strncmp(line, "BAD", 3))
-                fail_msg("a checked row went wrong after a restart: %s", line);
-            unsigned f;
-            if (sscanf(line, "F %u", &f) == 1 && f < 6) {
-                done[f] = 1;
-                steps++;
+        /* the client's first step after the last restart (a slow build's restart takes longer
+         * than the random wait alone), then a random instant within the next 250 ms */
+        const int before = steps;
+        uint64_t until = pat_now_ns() + 20000000000ull, kill_at = 0;
+        for (;;) {
+            while (fgets(line, sizeof(line), in)) {
+                if (!strncmp(line, "BAD", 3))
+                    fail_msg("a checked row went wrong after a restart: %s", line);
+                unsigned f;
+                if (sscanf(line, "F %u", &f) == 1 && f < 6) {
+                    done[f] = 1;
+                    steps++;
+                }
             }
+            clearerr(in);
+            const uint64_t now = pat_now_ns();
+            if (!kill_at && steps > before)
+                kill_at = now + 1000000ull * tl_rng_below(&r, 250);
+            if (kill_at && now >= kill_at)
+                break;
+            if (now > until)
+                fail_msg("no step ended within 20 s of restart %d", kills);
+            usleep(2000);
         }
-        clearerr(in);
         kill_restart(&d, ARGS);
         pat_conn_t *c = connect_to(&d);
         for (uint32_t f = 0; f < 6; f++) {
