@@ -396,6 +396,15 @@ def test_stall(model, sock, bin_path):
 MANY = 16
 
 
+def stop_all(kids, daemon):
+    """Kills the frontend processes still running, then stops their daemon (SIGTERM: drains)."""
+    for k in kids:
+        if k.poll() is None:
+            k.kill()
+    daemon.send_signal(signal.SIGTERM)
+    daemon.wait(20)
+
+
 def start_children(kids, argvs):
     """Starts this script once per argument list (appended to kids as they start), waits for
     every one's "ready" line, then tells them all to go at once."""
@@ -474,11 +483,7 @@ def test_many(model, sock, bin_path):
         assert "cut:" not in log, [ln for ln in log.splitlines() if "cut:" in ln][:3]
         assert busy_max >= MANY, "only %d of %d steps were on lanes at once" % (busy_max, MANY)
     finally:
-        for k in kids:
-            if k.poll() is None:
-                k.kill()
-        d.send_signal(signal.SIGTERM)
-        d.wait(20)
+        stop_all(kids, d)
 
 
 PACK = 4
@@ -557,11 +562,7 @@ def pack_run(bin_path, tag, cross_pack, victim=None, steps=12):
                   for r in res}
         return res, logits, st, text, metrics, open(os.path.join(rundir, "patd.log")).read()
     finally:
-        for k in kids:
-            if k.poll() is None:
-                k.kill()
-        d.send_signal(signal.SIGTERM)
-        d.wait(20)
+        stop_all(kids, d)
 
 
 def metric_value(text, name):

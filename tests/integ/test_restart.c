@@ -47,16 +47,9 @@ static const char *const ARGS[] = {"--backend=cpu", "--blocks=256", "--executors
 
 static pat_conn_t *connect_to(tl_daemon_t *d)
 {
-    pat_connect_opts_t o = {.size = sizeof(o),
-                            .max_batch_tokens = 512,
-                            .max_seqs = 8,
-                            .timeout_ms = 10000,
-                            .socket = d->sock,
-                            .label = "test_restart",
-                            .model = MODEL};
     pat_conn_t *c = NULL;
     char why[256];
-    int rc = pat_connect(&o, &c, why, sizeof(why));
+    int rc = tl_connect(d->sock, &MODEL, "test_restart", 512, 10000, &c, why, sizeof(why));
     if (rc < 0)
         fail_msg("connect: %s: %s", pat_strerror(rc), why);
     return c;
@@ -94,6 +87,16 @@ static uint32_t run(pat_conn_t *c, tl_seq_t s[2], int decodes, tl_rng_t *r)
             tl_seq_push(&s[i], 7 + (uint32_t)k);
     }
     return cached;
+}
+
+/* The two pairs of sequences a test stepped, freed, and its daemon stopped. */
+static void finish(tl_daemon_t *d, tl_seq_t a[2], tl_seq_t b[2])
+{
+    for (int i = 0; i < 2; i++) {
+        tl_seq_done(&a[i]);
+        tl_seq_done(&b[i]);
+    }
+    tl_daemon_stop(d);
 }
 
 static int log_has(tl_daemon_t *d, const char *what)
@@ -166,11 +169,7 @@ static void test_kill_restart_adopts(void **state)
     assert_non_null(strstr(out, "ok"));
     pat_free(out);
     pat_close(c);
-    for (int i = 0; i < 2; i++) {
-        tl_seq_done(&s[i]);
-        tl_seq_done(&t[i]);
-    }
-    tl_daemon_stop(&d);
+    finish(&d, s, t);
 }
 
 static void test_cold_starts(void **state)
@@ -241,16 +240,9 @@ static void stepper(tl_daemon_t *d, int out, uint64_t seed)
     tl_rng_t r;
     tl_rng_seed(&r, seed);
     for (;;) {
-        pat_connect_opts_t o = {.size = sizeof(o),
-                                .max_batch_tokens = 512,
-                                .max_seqs = 8,
-                                .timeout_ms = 2000,
-                                .socket = d->sock,
-                                .label = "stepper",
-                                .model = MODEL};
         pat_conn_t *c = NULL;
         char why[256];
-        if (pat_connect(&o, &c, why, sizeof(why)) < 0) {
+        if (tl_connect(d->sock, &MODEL, "stepper", 512, 2000, &c, why, sizeof(why)) < 0) {
             usleep(10000);
             continue;
         }
@@ -286,6 +278,25 @@ static void stepper(tl_daemon_t *d, int out, uint64_t seed)
     }
 }
 
+/* A stepper in a child process: its lines come on the returned stream (non-blocking: never
+ * waits for the next line). */
+static FILE *stepper_start(tl_daemon_t *d, uint64_t seed, int nonblock, pid_t *ret_kid)
+{
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t kid = fork();
+    if (kid == 0) {
+        close(p[0]);
+        stepper(d, p[1], seed);
+        _exit(0);
+    }
+    close(p[1]);
+    if (nonblock)
+        fcntl(p[0], F_SETFL, O_NONBLOCK);
+    *ret_kid = kid;
+    return fdopen(p[0], "r");
+}
+
 /* kill -9 at random instants while a client steps: after each restart, every family whose step
  * ended before the kill is served whole from the cache (no evictions: the pool holds them all),
  * and the client's every checked row stays right across 12 kills. */
@@ -294,20 +305,10 @@ static void test_random_kills(void **state)
     (void)state;
     tl_daemon_t d;
     assert_int_equal(tl_daemon_start_managed(&d, ARGS), 0);
-    int p[2];
-    assert_int_equal(pipe(p), 0);
     tl_rng_t r;
     tl_rng_seed(&r, tl_test_seed(0x3a));
-    const uint64_t child_seed = tl_rng_u64(&r);
-    pid_t kid = fork();
-    if (kid == 0) {
-        close(p[0]);
-        stepper(&d, p[1], child_seed);
-        _exit(0);
-    }
-    close(p[1]);
-    fcntl(p[0], F_SETFL, O_NONBLOCK);
-    FILE *in = fdopen(p[0], "r");
+    pid_t kid;
+    FILE *in = stepper_start(&d, tl_rng_u64(&r), 1, &kid);
     int done[6] = {0}, steps = 0, kills = 0;
     char line[64];
     for (kills = 0; kills < 12; kills++) {
@@ -458,17 +459,8 @@ static void test_upgrade_in_place(void **state)
     pat_close(c);
     usleep(100000); /* the session's close is the daemon's */
     const int fds_before = proc_fds(pid);
-    int p[2];
-    assert_int_equal(pipe(p), 0);
-    const uint64_t child_seed = tl_rng_u64(&r);
-    pid_t kid = fork();
-    if (kid == 0) {
-        close(p[0]);
-        stepper(&d, p[1], child_seed);
-        _exit(0);
-    }
-    close(p[1]);
-    FILE *in = fdopen(p[0], "r");
+    pid_t kid;
+    FILE *in = stepper_start(&d, tl_rng_u64(&r), 0, &kid);
     char line[96];
     uint64_t last = 0, gap = 0, t_sig = 0;
     int before = 0, after = 0;
@@ -511,11 +503,7 @@ static void test_upgrade_in_place(void **state)
     printf("the daemon's descriptors: %d before the upgrade, %d after\n", fds_before,
            proc_fds(pid));
     assert_true(proc_fds(pid) <= fds_before); /* nothing carried over but the pool's two */
-    for (int i = 0; i < 2; i++) {
-        tl_seq_done(&s[i]);
-        tl_seq_done(&t[i]);
-    }
-    tl_daemon_stop(&d);
+    finish(&d, s, t);
 }
 
 /* Without systemd: patd-keep keeps the store and starts patd again after a kill -9, and the
@@ -530,11 +518,7 @@ static void test_keeper(void **state)
     char *slash = strrchr(keep, '/');
     snprintf(slash ? slash + 1 : keep, 20, "patd-keep");
     tl_daemon_t d; /* only its directory, socket and log: the keeper starts patd */
-    memset(&d, 0, sizeof(d));
-    snprintf(d.dir, sizeof(d.dir), "/tmp/patd-test.XXXXXX");
-    assert_non_null(mkdtemp(d.dir));
-    snprintf(d.sock, sizeof(d.sock), "%s/patd.sock", d.dir);
-    snprintf(d.log, sizeof(d.log), "%s/patd.log", d.dir);
+    assert_int_equal(tl_daemon_dir(&d), 0);
     char rt[160];
     snprintf(rt, sizeof(rt), "--runtime-dir=%s", d.dir);
     pid_t kp = fork();
@@ -581,11 +565,7 @@ static void test_keeper(void **state)
     assert_int_equal(waitpid(kp, &st, 0), kp);
     assert_true(WIFEXITED(st));
     assert_int_equal(WEXITSTATUS(st), 0);
-    for (int i = 0; i < 2; i++) {
-        tl_seq_done(&s[i]);
-        tl_seq_done(&t[i]);
-    }
-    tl_daemon_stop(&d);
+    finish(&d, s, t);
 }
 
 int main(void)

@@ -177,19 +177,25 @@ static void by_prompt(tl_bystander_t *b, int i)
     tl_seq_push(&b->s[i], 90 + (uint32_t)i);
 }
 
+int tl_connect(const char *sock, const pat_model_t *m, const char *label, uint32_t batch_tokens,
+               uint32_t timeout_ms, pat_conn_t **ret, char *why, size_t why_len)
+{
+    pat_connect_opts_t o = {.size = sizeof(o),
+                            .max_batch_tokens = batch_tokens,
+                            .max_seqs = 8,
+                            .timeout_ms = timeout_ms,
+                            .socket = sock,
+                            .label = label,
+                            .model = *m};
+    return pat_connect(&o, ret, why, why_len);
+}
+
 int tl_by_open(tl_bystander_t *b, const char *sock, const pat_model_t *m, uint32_t base, char *why,
                size_t why_len)
 {
     memset(b, 0, sizeof(*b));
     b->m = m;
-    pat_connect_opts_t o = {.size = sizeof(o),
-                            .max_batch_tokens = 256,
-                            .max_seqs = 8,
-                            .timeout_ms = 10000,
-                            .socket = sock,
-                            .label = "bystander",
-                            .model = *m};
-    int rc = pat_connect(&o, &b->c, why, why_len);
+    int rc = tl_connect(sock, m, "bystander", 256, 10000, &b->c, why, why_len);
     if (rc < 0)
         return rc;
     tl_rng_seed(&b->rng, base);

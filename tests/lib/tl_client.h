@@ -24,6 +24,9 @@ typedef struct tl_seq {
 void tl_seq_init(tl_seq_t *s);
 void tl_seq_push(tl_seq_t *s, uint32_t tok);
 void tl_seq_done(tl_seq_t *s);
+/* A session of model m on sock (up to 8 sequences, batch_tokens a step): pat_connect's result. */
+int tl_connect(const char *sock, const pat_model_t *m, const char *label, uint32_t batch_tokens,
+               uint32_t timeout_ms, pat_conn_t **ret, char *why, size_t why_len);
 /* Opens s in patd with its current tokens as the prompt; sets seq, cached and len. */
 int tl_seq_open(pat_conn_t *c, tl_seq_t *s);
 

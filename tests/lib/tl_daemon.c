@@ -97,7 +97,7 @@ int tl_daemon_start(tl_daemon_t *d, const char *const *args)
     return tl_daemon_start_in(d, args, NULL);
 }
 
-int tl_daemon_start_in(tl_daemon_t *d, const char *const *args, const char *procs)
+int tl_daemon_dir(tl_daemon_t *d)
 {
     memset(d, 0, sizeof(*d));
     snprintf(d->dir, sizeof(d->dir), "/tmp/patd-test.XXXXXX");
@@ -105,17 +105,18 @@ int tl_daemon_start_in(tl_daemon_t *d, const char *const *args, const char *proc
         return -1;
     snprintf(d->sock, sizeof(d->sock), "%s/patd.sock", d->dir);
     snprintf(d->log, sizeof(d->log), "%s/patd.log", d->dir);
-    return spawn(d, args, procs);
+    return 0;
+}
+
+int tl_daemon_start_in(tl_daemon_t *d, const char *const *args, const char *procs)
+{
+    return tl_daemon_dir(d) < 0 ? -1 : spawn(d, args, procs);
 }
 
 int tl_daemon_start_managed(tl_daemon_t *d, const char *const *args)
 {
-    memset(d, 0, sizeof(*d));
-    snprintf(d->dir, sizeof(d->dir), "/tmp/patd-test.XXXXXX");
-    if (!mkdtemp(d->dir))
+    if (tl_daemon_dir(d) < 0)
         return -1;
-    snprintf(d->sock, sizeof(d->sock), "%s/patd.sock", d->dir);
-    snprintf(d->log, sizeof(d->log), "%s/patd.log", d->dir);
     snprintf(d->notify_path, sizeof(d->notify_path), "%s/notify", d->dir);
     d->notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     struct sockaddr_un a = {.sun_family = AF_UNIX};

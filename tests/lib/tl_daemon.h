@@ -24,6 +24,9 @@ typedef struct tl_daemon {
     pat_fdstore_t store;
 } tl_daemon_t;
 
+/* A fresh directory for a daemon, and its socket's and log's paths in it (no daemon yet: the
+ * caller starts one its own way). 0 or -1. */
+int tl_daemon_dir(tl_daemon_t *d);
 /* Starts patd with the NULL-terminated extra arguments. 0 or -1 (and prints why). */
 int tl_daemon_start(tl_daemon_t *d, const char *const *args);
 /* tl_daemon_start, with patd placed in the cgroup whose cgroup.procs file is procs (before exec,
