@@ -214,6 +214,23 @@ static int hello_validate(patd_t *d, const ipc_hello_req_t *r, const struct ucre
     return 0;
 }
 
+sched_config_t patd_sched_config(const patd_t *d, uint32_t max_queries, uint32_t max_tokens,
+                                 sched_policy_t policy)
+{
+    const kern_model_t *m = &d->model;
+    return (sched_config_t){.max_queries = max_queries,
+                            .max_tokens = max_tokens,
+                            .block_size = m->block_size,
+                            .q_heads = m->q_heads,
+                            .kv_heads = m->kv_heads,
+                            .head_dim = m->head_dim,
+                            .kv_elt_bytes = kern_dtype_size(m->dtype),
+                            .split_min_kv = 256,
+                            .max_partials = PATD_MAX_PARTIALS(&d->cfg),
+                            .tiles = &d->tiles,
+                            .policy = policy};
+}
+
 /* Builds the session: liveness watch, sequence table, scheduler, staging buffer (cpu) or signal
  * slice and staging range (GPU), and enters it in the table. 0 with the session and its buffer's
  * name, or a negative errno with why and nothing left behind. */
@@ -261,19 +278,10 @@ static int conn_create(patd_t *d, const ipc_hello_req_t *r, const ipc_layout_t *
     c->next_tick = 1;
 
     int rc;
-    sched_config_t sc = {.max_queries = max_seqs,
-                         .max_tokens = r->max_batch_tokens,
-                         .block_size = m->block_size,
-                         .q_heads = m->q_heads,
-                         .kv_heads = m->kv_heads,
-                         .head_dim = m->head_dim,
-                         .kv_elt_bytes = kern_dtype_size(m->dtype),
-                         .split_min_kv = 256,
-                         .max_partials = PATD_MAX_PARTIALS(cfg),
-                         .tiles = &d->tiles,
-                         .policy = (r->flags & IPC_HELLO_PACK_MASK)
-                                       ? (sched_policy_t)((r->flags & IPC_HELLO_PACK_MASK) - 1)
-                                       : (sched_policy_t)sched_policy_parse(cfg->pack_policy)};
+    sched_config_t sc = patd_sched_config(
+        d, max_seqs, r->max_batch_tokens,
+        (r->flags & IPC_HELLO_PACK_MASK) ? (sched_policy_t)((r->flags & IPC_HELLO_PACK_MASK) - 1)
+                                         : (sched_policy_t)sched_policy_parse(cfg->pack_policy));
     if ((rc = sched_create(&sc, &c->sched)) < 0) {
         WHY("scheduler: %s", strerror(-rc));
         goto fail;

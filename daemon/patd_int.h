@@ -244,6 +244,12 @@ struct patd {
 };
 
 /* The softmax scale applied now: model.scale, or 1/sqrt(head_dim) where it is 0 */
+/* The scheduler's config for steps of this daemon's model: up to max_queries sequences and
+ * max_tokens rows, with the backend's tiles and partials (a session's, patd_conn.c; a
+ * cross-session pack's union, patd_lanes.c). */
+sched_config_t patd_sched_config(const patd_t *d, uint32_t max_queries, uint32_t max_tokens,
+                                 sched_policy_t policy);
+
 static inline float patd_softmax_scale(const patd_t *d)
 {
     return d->cfg.scale > 0 ? d->cfg.scale : 1.0f / sqrtf((float)d->model.head_dim);

@@ -106,13 +106,19 @@ static void give_back_unstarted(patd_t *d, patd_conn_t *c, int why)
     patd_step_give_back(d, c);
 }
 
+/* Whether layer l of nl reports the lane's progress: every few layers and the last, so that any
+ * `depth` consecutive layers hold a reported one (the window always drains) and it refills while
+ * half of it is queued. */
+static int reports(uint32_t l, uint32_t nl, uint32_t depth)
+{
+    const uint32_t every = PAT_MAX(1u, PAT_MIN(8u, depth / 2));
+    return (l + 1) % every == 0 || l + 1 == nl;
+}
+
 static int lane_enqueue(patd_t *d, patd_lane_t *ln)
 {
     patd_conn_t *c = ln->c;
     const uint32_t nl = d->model.n_layers, depth = d->cfg.enqueue_depth;
-    /* progress is reported every `every` layers and on the last: any `depth` consecutive layers
-     * hold a reported one, so the window always drains, and refills while half of it is queued */
-    const uint32_t every = PAT_MAX(1u, PAT_MIN(8u, depth / 2));
     uint64_t *ready = ipc_gsig_ready(c->gsig), *done = ipc_gsig_done(c->gsig, nl);
     kern_lane_layer_t ly = {
         .compute = ln->begun,
@@ -129,7 +135,7 @@ static int lane_enqueue(patd_t *d, patd_lane_t *ln)
         if (d->lanes.on_ready && l >= ln->handed)
             break; /* not handed over yet (count_handed ran this pass) */
         ly.layer = l;
-        ly.report = (l + 1) % every == 0 || l + 1 == nl;
+        ly.report = reports(l, nl, depth);
         ly.wait_word = ready + l;
         ly.post_word = done + l;
         int rc = kern_lane_layer(ln->lane, &ly);
@@ -163,8 +169,7 @@ static void lane_take(patd_t *d, patd_lane_t *ln, patd_conn_t *c, int rc, uint64
                         .epoch = epoch,
                         .seen = kern_lane_progress(ln->lane),
                         .t_moved = now,
-                        .begun = rc == 0,
-                        .own_plan = 1};
+                        .begun = rc == 0};
     st->tick_base = (uint32_t)epoch;
     st->err = rc;
     st->t_begun_ns = now;
@@ -230,6 +235,15 @@ static void lane_cut(patd_t *d, patd_lane_t *ln, int why, uint64_t now)
     ln->t_cut = now;
 }
 
+/* Layers of ln's step that ran, its own lane's progress being p (a pack member's: those its
+ * client handed over, which its pack ran or will drain). */
+static uint32_t lane_ran(const patd_t *d, const patd_lane_t *ln, uint64_t p)
+{
+    if (ln->role == ROLE_MEMBER)
+        return ln->handed;
+    return (uint32_t)PAT_MIN((uint64_t)d->model.n_layers, p - ln->base);
+}
+
 /* The step leaves its lane: counts its layers, resets or releases its words, gives it back. */
 static void lane_end(patd_t *d, patd_lane_t *ln, uint64_t now)
 {
@@ -237,10 +251,7 @@ static void lane_end(patd_t *d, patd_lane_t *ln, uint64_t now)
     patd_conn_t *c = ln->c;
     patd_step_t *st = &c->step;
     const uint32_t nl = d->model.n_layers;
-    const uint32_t ran =
-        ln->role == ROLE_MEMBER
-            ? ln->handed
-            : (uint32_t)PAT_MIN((uint64_t)nl, kern_lane_progress(ln->lane) - ln->base);
+    const uint32_t ran = lane_ran(d, ln, kern_lane_progress(ln->lane));
     if (ln->phase == LANE_RUN) {
         /* Every layer ran: the lane consumed every ready word, and the client every done word but
          * the last (it wrote ready[l + 1] after its wait for done[l] on its stream; it resets
@@ -353,8 +364,7 @@ static int lane_drive(patd_t *d, patd_lane_t *ln, uint64_t now)
     }
     const uint64_t limit = (uint64_t)d->cfg.step_timeout_ms * 1000000ull;
     if (now - ln->t_moved > limit) {
-        const uint32_t ran =
-            ln->role == ROLE_MEMBER ? ln->handed : (uint32_t)PAT_MIN((uint64_t)nl, p - ln->base);
+        const uint32_t ran = lane_ran(d, ln, p);
         snprintf(st->why, sizeof(st->why),
                  "cut: no layer handed over for %u ms (after %u of %u layers; "
                  "limits.step_timeout_ms)",
@@ -432,17 +442,9 @@ static int pack_plan(patd_t *d, patd_conn_t **m, uint32_t k, const sched_plan_hd
     int rc = 0;
     if (!L->xs) {
         const patd_config_t *cfg = &d->cfg;
-        sched_config_t sc = {.max_queries = KERN_PACK_MAX * cfg->conn_max_seqs,
-                             .max_tokens = cfg->conn_max_batch_tokens,
-                             .block_size = d->model.block_size,
-                             .q_heads = d->model.q_heads,
-                             .kv_heads = d->model.kv_heads,
-                             .head_dim = d->model.head_dim,
-                             .kv_elt_bytes = kern_dtype_size(d->model.dtype),
-                             .split_min_kv = 256,
-                             .max_partials = PATD_MAX_PARTIALS(cfg),
-                             .tiles = &d->tiles,
-                             .policy = (sched_policy_t)sched_policy_parse(cfg->pack_policy)};
+        sched_config_t sc =
+            patd_sched_config(d, KERN_PACK_MAX * cfg->conn_max_seqs, cfg->conn_max_batch_tokens,
+                              (sched_policy_t)sched_policy_parse(cfg->pack_policy));
         if ((rc = sched_create(&sc, &L->xs)) < 0)
             return rc;
         L->xslots = pat_xcalloc(cfg->conn_max_batch_tokens, sizeof(uint32_t));
@@ -525,7 +527,6 @@ static void pack_begin(patd_t *d, uint32_t pi, const uint32_t *lanes, patd_conn_
         ln->role = ROLE_MEMBER;
         ln->pack = pi;
         ln->member = j;
-        ln->own_plan = 0;
         pl->members[j] = lanes[j];
         pl->serials[j] = m[j]->serial;
     }
@@ -545,15 +546,13 @@ static void member_leaves(patd_t *d, patd_lane_t *pl, patd_lane_t *ln, uint32_t 
     ln->seen = kern_lane_progress(ln->lane);
     ln->next = from;
     ln->t_moved = now;
-    int rc = kern_lane_begin(ln->lane, st->plan, st->kvslot, st->n_tokens);
+    const int rc = kern_lane_begin(ln->lane, st->plan, st->kvslot, st->n_tokens);
     if (rc < 0) {
         patd_gpu_check_fatal(d, rc);
         snprintf(st->why, sizeof(st->why), "its plan could not be uploaded when it left a pack: %s",
                  strerror(-rc));
         lane_cut(d, ln, -EIO, now);
-        return;
     }
-    ln->own_plan = 1;
 }
 
 static int is_member(const patd_lanes_t *L, const patd_lane_t *pl, uint32_t pi, uint32_t j)
@@ -593,11 +592,10 @@ static int pack_drive(patd_t *d, uint32_t pi, uint64_t now)
         atomic_fetch_sub(&L->busy, 1);
         return 1;
     }
-    const uint32_t every = PAT_MAX(1u, PAT_MIN(8u, depth / 2));
     const kern_attn_params_t prm = {.scale = patd_softmax_scale(d), .softcap = d->cfg.softcap};
     while (pl->live && pl->next < nl && kern_lane_enqueued(pl->lane) - p < depth) {
         const uint32_t l = pl->next;
-        int rc = kern_lane_pack_layer(pl->lane, l, &prm, (l + 1) % every == 0 || l + 1 == nl);
+        int rc = kern_lane_pack_layer(pl->lane, l, &prm, reports(l, nl, depth));
         if (rc < 0) {
             patd_gpu_check_fatal(d, rc);
             patd_err("cross_pack: enqueueing packed layer %u failed: %s", l, strerror(-rc));
@@ -699,6 +697,14 @@ static void nap(patd_lanes_t *L, uint32_t seen, uint64_t ns)
     syscall(SYS_futex, &L->kick, FUTEX_WAIT_PRIVATE, seen, &ts, NULL, 0);
 }
 
+/* n more lanes taken (the lane thread's only writer of busy_max) */
+static void busy_add(patd_lanes_t *L, uint32_t n)
+{
+    const uint32_t b = atomic_fetch_add(&L->busy, n) + n;
+    if (b > atomic_load(&L->busy_max))
+        atomic_store(&L->busy_max, b);
+}
+
 static void *lanes_main(void *arg)
 {
     patd_t *d = arg;
@@ -755,9 +761,7 @@ static void *lanes_main(void *arg)
         for (uint32_t p = 0; p < n_packs; p++) {
             const uint32_t k = L->pk_n[p];
             patd_conn_t **m = L->pk_conn + (uint64_t)p * KERN_PACK_MAX;
-            uint32_t b = atomic_fetch_add(&L->busy, k + 1) + k + 1;
-            if (b > atomic_load(&L->busy_max))
-                atomic_store(&L->busy_max, b);
+            busy_add(L, k + 1);
             const uint32_t pi = L->free_idx[fi++];
             for (uint32_t j = 0; j < k; j++) {
                 L->pk_lane[j] = L->free_idx[fi++];
@@ -766,9 +770,7 @@ static void *lanes_main(void *arg)
             pack_begin(d, pi, L->pk_lane, m, k, now);
         }
         for (uint32_t i = 0; i < n_take; i++) {
-            uint32_t b = atomic_fetch_add(&L->busy, 1) + 1;
-            if (b > atomic_load(&L->busy_max))
-                atomic_store(&L->busy_max, b);
+            busy_add(L, 1);
             if (d->cfg.cross_pack)
                 recent_note(L, L->take[i], now);
             lane_begin(d, &L->lane[L->free_idx[fi++]], L->take[i], now);

@@ -81,9 +81,8 @@ typedef struct patd_lane {
     int why;            /* LANE_DRAIN: the cut's errno */
     kern_lane_t *drain; /* LANE_DRAIN: the lane whose progress must reach target (a member's:
                            its pack's) */
-    /* ROLE_MEMBER: its pack's lane, its index there, whether its own lane has its plan yet */
+    /* ROLE_MEMBER: its pack's lane and its index there */
     uint32_t pack, member;
-    int own_plan;
     /* ROLE_PACK: its members' lanes, and how many are still served by it */
     uint32_t n_members, live;
     uint32_t members[KERN_PACK_MAX];
