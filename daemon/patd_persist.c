@@ -86,13 +86,11 @@ static int index_take(patd_persist_t *p, int fd, char *why, size_t why_len)
 /* A new, empty index. 0 or -errno. */
 static int index_new(patd_persist_t *p)
 {
-    int fd = memfd_create(PATD_FDNAME_INDEX, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    int fd = pat_memfd_new(PATD_FDNAME_INDEX, p->index_bytes, F_SEAL_SHRINK | F_SEAL_GROW);
     if (fd < 0)
-        return -errno;
-    void *m = MAP_FAILED;
-    if (ftruncate(fd, (off_t)p->index_bytes) < 0 ||
-        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0 ||
-        (m = mmap(NULL, p->index_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+        return fd;
+    void *m = mmap(NULL, p->index_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
         int rc = -errno;
         close(fd);
         return rc;

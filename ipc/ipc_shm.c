@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "ipc_proto.h"
+#include "pat_base.h"
 
 static uint64_t align_up(uint64_t x)
 {
@@ -139,22 +140,12 @@ int ipc_shm_create_memfd(ipc_shm_t *s, size_t bytes, uint32_t n_layers)
     memset(s, 0, sizeof(*s));
     if (bytes < IPC_ALIGN)
         return -EINVAL;
-    int fd = memfd_create("patd-staging", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    /* every page now: never a SIGBUS */
+    int fd = pat_memfd_new("patd-staging", bytes, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
     if (fd < 0)
-        return -errno;
+        return fd;
     int r = 0;
-    void *p = MAP_FAILED;
-    if (ftruncate(fd, (off_t)bytes) < 0) {
-        r = -errno;
-        goto fail;
-    }
-    if ((r = -posix_fallocate(fd, 0, (off_t)bytes)) < 0) /* every page now: never a SIGBUS */
-        goto fail;
-    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
-        r = -errno;
-        goto fail;
-    }
-    p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         r = -errno;
         goto fail;

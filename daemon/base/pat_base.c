@@ -10,6 +10,9 @@
 #include "pat_base.h"
 
 #include <errno.h> /* program_invocation_short_name (_GNU_SOURCE) */
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 static void oom_default(size_t bytes)
 {
@@ -29,4 +32,23 @@ void pat_oom(size_t n)
     pat_oom_handler_t h = __atomic_load_n(&oom_handler, __ATOMIC_ACQUIRE);
     h(n);
     abort(); /* a handler that returns has nothing better to offer */
+}
+
+int pat_memfd_new(const char *name, uint64_t bytes, int seals)
+{
+    int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return -errno;
+    int r = 0;
+    if (ftruncate(fd, (off_t)bytes) < 0)
+        r = -errno;
+    else if ((r = -posix_fallocate(fd, 0, (off_t)bytes)) < 0) /* every page now */
+        ;
+    else if (fcntl(fd, F_ADD_SEALS, seals) < 0)
+        r = -errno;
+    if (r < 0) {
+        close(fd);
+        return r;
+    }
+    return fd;
 }

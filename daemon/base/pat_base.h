@@ -7,8 +7,8 @@
  * and are reported as -ENOSPC / -ENOMEM to a caller that handles it; they never come through here.
  *
  * Lives under daemon/base because the top-level layout is fixed; it knows nothing of the daemon.
- * daemon/base is a leaf (libc only): these headers and pat_base.c (the OOM handler), built into
- * libpatbase.a for the daemon's side and into libpat for the client's.
+ * daemon/base is a leaf (libc only): these headers and pat_base.c (the OOM handler, memfds), built
+ * into libpatbase.a for the daemon's side and into libpat for the client's.
  */
 #ifndef PAT_BASE_H
 #define PAT_BASE_H
@@ -94,5 +94,10 @@ static inline uint64_t pat_now_ns(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+
+/* A memfd of `bytes` named `name`, close-on-exec, its pages allocated now (a later touch never
+ * faults for want of memory: no SIGBUS) and sealed with `seals` (F_SEAL_*; sealing allowed).
+ * Returns the descriptor, or a negative errno with nothing left behind. pat_base.c. */
+int pat_memfd_new(const char *name, uint64_t bytes, int seals);
 
 #endif

@@ -392,14 +392,8 @@ static int pool_map(kern_cpu_t *c, int given, uint64_t bytes)
 {
     int fd;
     if (given < 0) {
-        fd = memfd_create("patd-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-        if (fd < 0)
-            return -errno;
-        if (ftruncate(fd, (off_t)bytes) < 0 || fallocate(fd, 0, 0, (off_t)bytes) < 0 ||
-            fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0) {
-            close(fd);
-            return -ENOMEM;
-        }
+        if ((fd = pat_memfd_new("patd-pool", bytes, F_SEAL_SHRINK | F_SEAL_GROW)) < 0)
+            return -ENOMEM; /* pool memory (kern.h), whatever stopped it */
     } else {
         struct stat st;
         if (fstat(given, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != bytes)
