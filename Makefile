@@ -71,7 +71,9 @@ NVCCFLAGS := -std=c++17 -O3 -g -lineinfo $(NVCC_GENCODE) -Werror all-warnings \
 # ---------------------------------------------------------------- sources
 # daemon/base: the leaf every module shares (libc only); libpatbase.a for the daemon's side,
 # its objects inside libpat for the client's (each with its own OOM handler).
-BASE_SRCS  := daemon/base/pat_base.c daemon/base/pat_fdstore.c
+BASE_SRCS  := daemon/base/pat_base.c
+# systemd's side of the descriptor store: patd-keep and the tests' harness, not patd or libpat
+FDSTORE_OBJ := $(B)/daemon/base/pat_fdstore.o
 BASE_OBJS  := $(BASE_SRCS:%.c=$(B)/%.o)
 BASE_LIB   := $(B)/libpatbase.a
 KV_SRCS    := kvcache/kv_pool.c kvcache/kv_seq.c kvcache/kv_index.c
@@ -135,7 +137,7 @@ CUDA_CORE_OBJS := $(B)/cudacore/kern_backend.o $(filter-out $(B)/kernels/kern_ba
 TESTLIB_SRCS := tests/lib/tl_rng.c tests/lib/tl_world.c tests/lib/tl_ref.c tests/lib/tl_client.c \
                 tests/lib/tl_wire.c \
                 tests/lib/tl_daemon.c
-TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(B)/%.o)
+TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(B)/%.o) $(FDSTORE_OBJ)
 # the transport-level fuzzer (make fuzz-sockets): a plain program over libpat, no clang needed
 FUZZ_SOCK_SRCS := tests/fuzz/fuzz_sockets.c tests/fuzz/fz_live.c tests/fuzz/fz_wire.c tests/fuzz/fz_mutate.c
 FUZZ_SOCK_OBJS := $(FUZZ_SOCK_SRCS:%.c=$(B)/%.o)
@@ -240,7 +242,7 @@ $(B)/lib/pat.pc: client/pat.pc.in client/pat.h Makefile
 # what programs linking libpat.a add (libc's only: libpat speaks patd's own sockets)
 NN_LIBS := -ldl
 
-$(PATD_KEEP_BIN): $(B)/daemon/patd_keep.o $(BASE_LIB)
+$(PATD_KEEP_BIN): $(B)/daemon/patd_keep.o $(FDSTORE_OBJ) $(BASE_LIB)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@

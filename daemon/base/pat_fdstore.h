@@ -4,7 +4,8 @@
  * FDSTORE=1 (FDNAME=name, the descriptors by SCM_RIGHTS) is kept by name (one descriptor of a
  * file is kept once), FDSTOREREMOVE=1 drops a name, and the next start of the service gets them
  * back from descriptor 3 on with LISTEN_PID, LISTEN_FDS and LISTEN_FDNAMES. Used by patd-keep
- * (patd's keeper where no systemd runs) and by the tests that play systemd's side.
+ * (patd's keeper where no systemd runs) and by the tests that play systemd's side; linked into
+ * those alone (not libpatbase.a: neither patd nor libpat needs it).
  */
 #ifndef PAT_FDSTORE_H
 #define PAT_FDSTORE_H
