@@ -24,6 +24,7 @@ import signal
 import re
 import socket
 import struct
+import sys
 import subprocess
 import tempfile
 import threading
@@ -32,6 +33,8 @@ import unittest
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 BUILD = os.environ.get("PATD_DEMO_BUILD", os.path.join(ROOT, "build"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+from tl_port import free_port  # noqa: E402
 PATD = os.environ.get("PATD_BIN", os.path.join(BUILD, "bin", "patd"))
 
 FDS = 2100           # descriptors the daemon is made to hold, past select()'s 1,024
@@ -54,21 +57,6 @@ def hello_frame(corr):
     body = struct.pack("<6IQ", 4, 8, 2, 64, 1, 16, 0)  # the built-in model, f16, id 0
     body += struct.pack("<6I", os.getpid(), 1, 0, 1, 0, 0) + b"fds".ljust(64, b"\0")
     return HDR.pack(IPC_MAGIC, ipc_version(), IPC_OP_HELLO, 0, len(body), corr, 0, 0) + body
-
-
-def free_port():
-    """A loopback TCP port nothing holds now, below the kernel's ephemeral range, where the
-    outgoing connections of anything else on the host (a socket fuzzer's millions) never land
-    between this check and patd's bind."""
-    for i in range(2000):
-        port = 20000 + (os.getpid() * 7 + i * 13) % 12000
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free loopback port in 20000-31999")
 
 
 def raise_nofile(want):

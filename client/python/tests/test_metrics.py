@@ -12,7 +12,6 @@ Run: PATD_BIN=build/bin/patd PATD_LIBPAT=build/lib/libpat.so.1 python3 -m unitte
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -23,23 +22,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import patd  # noqa: E402
 from daemon_fixture import start_daemon, stop_daemon  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                                "tests", "lib"))
+from tl_port import free_port  # noqa: E402
+
 MODEL = patd.Model(n_layers=2, q_heads=4, kv_heads=2, head_dim=64, dtype=patd.F16)
 BLOCK_BYTES = MODEL.n_layers * 2 * MODEL.kv_heads * 16 * MODEL.head_dim * 2  # K+V, f16, 16 tokens
-
-
-def free_port():
-    """A loopback TCP port nothing holds now, below the kernel's ephemeral range, where the
-    outgoing connections of anything else on the host (a socket fuzzer's millions) never land
-    between this check and patd's bind."""
-    for i in range(2000):
-        port = 20000 + (os.getpid() * 7 + i * 13) % 12000
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free loopback port in 20000-31999")
 
 
 class MetricsCase(unittest.TestCase):
