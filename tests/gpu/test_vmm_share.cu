@@ -21,6 +21,10 @@
  * not checked: what registering and unregistering a host signal slice (12 KiB of a memfd) costs
  * there. Unregistering waited for the kernel (399 ms, H100, 2026-11-26), which is why patd keeps
  * one signal arena registered at start instead of a slice of its own per session (patd_gpu.c).
+ * And (issue 37: the KV pool outlives the daemon) an allocation whose maker is killed by SIGKILL
+ * right after handing its descriptor over lives on while the descriptor is held: another process
+ * imports it afterwards and reads every byte the maker wrote (printed: what the import and the
+ * mapping of 256 MiB cost, a part of a restarted daemon's start).
  * Driver functions come from cudaGetDriverEntryPointByVersion (no link against libcuda, as the
  * backend). Ends with "N passed, N failed"; exit status 1 if any failed.
  */
@@ -180,7 +184,30 @@ static int recv_fd(int sock)
     return fd;
 }
 
-enum { PAT_A = 0x0a0a0a0a, PAT_B = 0x0b0b0b0b, PAT_C = 0x0c0c0c0c };
+enum { PAT_A = 0x0a0a0a0a, PAT_B = 0x0b0b0b0b, PAT_C = 0x0c0c0c0c, PAT_D = 0x0d0d0d0d };
+
+/* The maker of an allocation that outlives it (a daemon's KV pool): creates KILLED_BYTES of
+ * device memory, fills it, sends its descriptor and its size, and is killed by SIGKILL. */
+static const size_t KILLED_BYTES = 256u << 20;
+static void maker(int sock)
+{
+    if (cudaSetDevice(0) != cudaSuccess || cudaFree(0) != cudaSuccess || !load_driver())
+        _exit(1);
+    const CUmemAllocationProp prop = prop_for(0);
+    CUmemGenericAllocationHandle h = 0;
+    CUresult why;
+    CUdeviceptr va = 0;
+    int fd = -1;
+    if (drv.create(&h, KILLED_BYTES, &prop, 0) != CUDA_SUCCESS ||
+        !(va = map_rw(h, KILLED_BYTES, 0, &why)) ||
+        cudaMemset((void *)va, 0x0d, KILLED_BYTES) != cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess ||
+        drv.exp(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != CUDA_SUCCESS)
+        _exit(1);
+    send_fd(sock, fd);
+    kill(getpid(), SIGKILL); /* mapped, its context alive: as a daemon dies */
+    _exit(1);
+}
 
 /* spins for about ns nanoseconds of the GPU's global timer */
 __global__ void spin(uint64_t ns)
@@ -357,11 +384,23 @@ static int child(int sock)
 
 int main(void)
 {
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0) {
+    int sv[2], mk[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0 ||
+        socketpair(AF_UNIX, SOCK_STREAM, 0, mk) < 0) {
         perror("socketpair");
         return 1;
     }
+    /* the pool's maker first, killed once its descriptor is here (before this process's CUDA) */
+    pid_t mpid = fork();
+    if (mpid == 0) {
+        close(mk[0]);
+        maker(mk[1]);
+    }
+    close(mk[1]);
+    const int kept = recv_fd(mk[0]);
+    int mstatus = 0;
+    waitpid(mpid, &mstatus, 0);
+    close(mk[0]);
     /* forked before any CUDA call: the child makes its own context, as a client does */
     pid_t pid = fork();
     if (pid == 0) {
@@ -375,6 +414,28 @@ int main(void)
         printf("no device or no VMM entry points\n0 passed, 1 failed\n");
         kill(pid, SIGKILL);
         return 1;
+    }
+    { /* the allocation of the killed maker, imported by this process afterwards */
+        const bool killed = WIFSIGNALED(mstatus) && WTERMSIG(mstatus) == SIGKILL;
+        CUmemGenericAllocationHandle hk = 0;
+        CUdeviceptr vk = 0;
+        CUresult why = CUDA_SUCCESS;
+        const double t0 = now_ms();
+        if (kept >= 0 && drv.imp(&hk, (void *)(uintptr_t)kept,
+                                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == CUDA_SUCCESS)
+            vk = map_rw(hk, KILLED_BYTES, 0, &why);
+        const double t1 = now_ms();
+        const bool same = vk && all_words(vk, KILLED_BYTES, PAT_D);
+        printf("a killed maker's %zu MiB: import and map %.2f ms\n", KILLED_BYTES >> 20, t1 - t0);
+        check(killed && same, "an allocation outlives its maker's SIGKILL (descriptor held)");
+        if (vk) {
+            drv.unmap(vk, KILLED_BYTES);
+            drv.free(vk, KILLED_BYTES);
+        }
+        if (hk)
+            drv.release(hk);
+        if (kept >= 0)
+            close(kept);
     }
     const CUmemAllocationProp prop = prop_for(0);
     size_t gran = 0;
