@@ -49,7 +49,7 @@ extern "C" {
 #endif
 
 #define PAT_VERSION_MAJOR 1
-#define PAT_VERSION_MINOR 9
+#define PAT_VERSION_MINOR 10
 #define PAT_VERSION_PATCH 0
 #define PAT_VERSION       ((PAT_VERSION_MAJOR << 16) | (PAT_VERSION_MINOR << 8) | PAT_VERSION_PATCH)
 
@@ -138,12 +138,14 @@ typedef struct pat_conn_stats {
 } pat_conn_stats_t;
 
 typedef enum pat_admin_op {
-    PAT_ADMIN_STATUS = 16, /* text for people: "key value" lines (programs: pat_status) */
-    PAT_ADMIN_STATS = 17,  /* Prometheus text format */
-    PAT_ADMIN_SEQS = 18,   /* one line per open sequence */
-    PAT_ADMIN_DRAIN = 19,  /* refuse new work, finish steps in flight, exit */
-    PAT_ADMIN_RELOAD = 20, /* re-read the config file */
-    PAT_ADMIN_CHECK = 22,  /* run the KV pool's invariant check: "pool_check ok ..." (since 1.2) */
+    PAT_ADMIN_STATUS = 16,  /* text for people: "key value" lines (programs: pat_status) */
+    PAT_ADMIN_STATS = 17,   /* Prometheus text format */
+    PAT_ADMIN_SEQS = 18,    /* one line per open sequence */
+    PAT_ADMIN_DRAIN = 19,   /* refuse new work, finish steps in flight, exit */
+    PAT_ADMIN_RELOAD = 20,  /* re-read the config file */
+    PAT_ADMIN_CHECK = 22,   /* run the KV pool's invariant check: "pool_check ok ..." (since 1.2) */
+    PAT_ADMIN_UPGRADE = 25, /* start the daemon's binary as its successor, which takes over the
+                               cache and the sockets once ready: "upgrading: pid N ..." (1.10) */
 } pat_admin_op_t;
 
 /* What a daemon reports about itself (pat_status, since 1.2). */

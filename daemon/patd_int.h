@@ -187,7 +187,11 @@ struct patd {
     void (*wire_dispatch)(patd_t *d, const uint8_t *frame, size_t len, patd_req_t *rq);
     uv_timer_t tick; /* leases, watchdog, drain */
     uv_signal_t sig_term, sig_int, sig_hup, sig_usr2;
-    int upgrade;     /* SIGUSR2: after the drain, exec exe with the pool and index (pool.persist) */
+    /* an upgrade (SIGUSR2, patctl upgrade; patd_persist.h): 1 while the successor starts, 2 once
+     * it is ready and this daemon drains to hand over */
+    int upgrade;
+    uint64_t upgrade_deadline_ns; /* the successor's start must end by then */
+    uv_poll_t upgrade_poll;       /* on persist.successor_fd */
     char exe[512];   /* the binary as named at start (its path: an upgraded file there runs) */
     uv_async_t wake; /* executor completions */
     char sock_path[400], ev_path[400], admin_path[400];

@@ -10,7 +10,10 @@
  * FileDescriptorStoreMax=, and nothing more. SIGTERM, SIGINT and SIGHUP are passed to patd; once
  * patd exits after SIGTERM or SIGINT, or exits 0, patd-keep exits with its status. A patd that
  * dies within 2 s of its start 5 times in a row is not started again (exit 1: a configuration
- * that cannot start is not retried for ever). Messages: one line each on stderr.
+ * that cannot start is not retried for ever). An upgrade (SIGUSR2 or `patctl upgrade` to patd)
+ * names its successor with MAINPID=: patd-keep follows it (it is the subreaper of patd's
+ * children, so the successor becomes its child once the old patd exits). Messages: one line each
+ * on stderr.
  */
 #include <errno.h>
 #include <poll.h>
@@ -18,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -38,7 +42,8 @@ static void usage(FILE *f)
                "PATD with\nNOTIFY_SOCKET set to its own socket, keeps the descriptors it stores, "
                "and starts it again\nwith them (LISTEN_FDS) when it dies by a signal or an "
                "error exit, after --restart-ms\n(default 1000). SIGTERM, SIGINT, SIGHUP go to "
-               "patd; its clean exit ends patd-keep.\n");
+               "patd; its clean exit ends patd-keep. An upgrade\n(SIGUSR2 or patctl upgrade to "
+               "patd) hands over to a successor, which patd-keep then\nkeeps.\n");
 }
 
 static pid_t start(char **argv, const char *notify, const pat_fdstore_t *store)
@@ -111,6 +116,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "patd-keep: signalfd: %s\n", strerror(errno));
         return 1;
     }
+    /* an upgraded patd's successor is the old one's child: it becomes ours when that one exits */
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0) {
+        fprintf(stderr, "patd-keep: PR_SET_CHILD_SUBREAPER: %s\n", strerror(errno));
+        return 1;
+    }
     pat_fdstore_t store = {0};
     int stopping = 0, fast = 0;
     uint64_t started = pat_now_ns(), restart_at = 0;
@@ -126,6 +136,12 @@ int main(int argc, char **argv)
             return 1;
         while (pat_fdstore_recv(&store, sock) > 0)
             ;
+        if (pid > 0 && store.mainpid > 0 && store.mainpid != pid) {
+            fprintf(stderr, "patd-keep: patd's main process is now pid %d (an upgrade; was %d)\n",
+                    store.mainpid, (int)pid);
+            pid = store.mainpid;
+        }
+        store.mainpid = 0; /* each MAINPID= is followed once */
         struct signalfd_siginfo si;
         while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
             if (si.ssi_signo != SIGCHLD) {

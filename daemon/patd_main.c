@@ -16,6 +16,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <string.h>
 #include <sys/random.h>
@@ -30,7 +31,8 @@
 #include "pat_base.h"
 
 #define TICK_MS         100u
-#define UPGRADE_TICK_MS 5u /* the tick while an upgrade drains */
+#define UPGRADE_TICK_MS 5u     /* the tick while an upgrade drains */
+#define UPGRADE_READY_S 120ull /* a successor not ready by then is stopped: this one serves on */
 
 static void on_kv_event(void *ud, kv_event_type_t type, uint32_t block, uint64_t hash,
                         uint64_t scope, uint32_t parent)
@@ -227,6 +229,11 @@ static void op_status(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *
         fprintf(f, "lanes %u\nlanes_busy %u\nlanes_busy_max %u\nsteps_waiting_for_lane %u\n",
                 d->lanes.n, atomic_load(&d->lanes.busy), atomic_load(&d->lanes.busy_max),
                 atomic_load(&d->lanes.waiting));
+    fprintf(f, "persist %s\npersist_adopted %u\n", d->persist.on ? "on" : "off",
+            d->persist.adopted);
+    if (d->upgrade)
+        fprintf(f, "upgrade %s\nupgrade_pid %d\n", d->upgrade == 1 ? "starting" : "handing_over",
+                d->persist.successor);
     if (d->gpu && d->cfg.cross_pack)
         fprintf(f,
                 "cross_packs %llu\ncross_pack_steps %llu\ncross_pack_layers %llu\n"
@@ -305,6 +312,17 @@ static void op_reload(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *
     reload_start(d, "patctl reload", rq);
 }
 
+static int upgrade_start(patd_t *d, const char *by, char *why, size_t why_len);
+static void op_upgrade(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *body)
+{
+    char why[600];
+    int rc = upgrade_start(d, "patctl upgrade", why, sizeof(why));
+    if (rc < 0)
+        patd_reply_error(d, rq, rc, "%s", why);
+    else
+        reply_text(d, rq, why, strlen(why));
+}
+
 static void op_ping(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *body)
 {
     patd_reply_ok(d, c, rq, NULL, 0);
@@ -339,6 +357,7 @@ static const struct {
     [IPC_OP_RELOAD] = {op_reload, 0},
     [IPC_OP_INFO] = {op_info, 0},
     [IPC_OP_CHECK] = {op_check, 0},
+    [IPC_OP_UPGRADE] = {op_upgrade, 0},
 };
 
 /* Validates a frame, finds its session, replays the answer to a resent request, and hands it
@@ -441,6 +460,90 @@ static void start_drain(patd_t *d, const char *why)
     patd_notify_state(&d->notify, "STOPPING=1\nSTATUS=draining in-flight steps");
 }
 
+static void upgrade_abandon(patd_t *d, const char *why)
+{
+    const int pid = d->persist.successor;
+    uv_poll_stop(&d->upgrade_poll);
+    patd_persist_spawn_end(d);
+    d->upgrade = 0;
+    int st = 0;
+    if (pid > 0 && waitpid(pid, &st, WNOHANG) != pid) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
+    }
+    patd_err("upgrade failed: %s; pid %d serves on", why, (int)getpid());
+    patd_notify_state(&d->notify, "READY=1\nSTATUS=serving on %s (an upgrade failed: %s)",
+                      d->sock_path, why);
+}
+
+/* The successor's socket: 'R' (ready: drain and hand over) or its end (it failed). */
+static void on_upgrade(uv_poll_t *h, int status, int events)
+{
+    patd_t *d = h->data;
+    char b = 0;
+    ssize_t k = read(d->persist.successor_fd, &b, 1);
+    if (k < 0 && (errno == EAGAIN || errno == EINTR))
+        return;
+    if (k != 1 || b != 'R') {
+        char why[96];
+        int st = 0;
+        const int pid = d->persist.successor;
+        if (pid > 0 && waitpid(pid, &st, 0) == pid) {
+            snprintf(why, sizeof(why), "the successor (pid %d) %s %d before it was ready", pid,
+                     WIFEXITED(st) ? "exited with status" : "was killed by signal",
+                     WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+            d->persist.successor = 0;
+        } else
+            snprintf(why, sizeof(why), "the successor (pid %d) closed its socket", pid);
+        upgrade_abandon(d, why);
+        return;
+    }
+    uv_poll_stop(h);
+    d->upgrade = 2;
+    patd_notice("upgrade: the successor (pid %d) is ready: draining, then handing over",
+                d->persist.successor);
+    /* the service's main process from now (systemd: NotifyAccess=main then hears it) */
+    patd_notify_state(&d->notify, "MAINPID=%d\nSTATUS=handing over to pid %d", d->persist.successor,
+                      d->persist.successor);
+    /* the drain is checked each tick: every 5 ms while it lasts, the gap clients see */
+    uv_timer_set_repeat(&d->tick, UPGRADE_TICK_MS);
+    uv_timer_again(&d->tick);
+    start_drain(d, "upgrade");
+}
+
+/* SIGUSR2 or patctl upgrade: the successor is started; 0 or -errno (why: for the reply). */
+static int upgrade_start(patd_t *d, const char *by, char *why, size_t why_len)
+{
+    if (d->upgrade || d->draining) {
+        snprintf(why, why_len, "%s", d->upgrade ? "an upgrade is under way" : "draining");
+        return d->upgrade ? -EALREADY : -ESHUTDOWN;
+    }
+    if (!d->persist.on)
+        patd_warn("%s: an upgrade without pool.persist (this run keeps no pool): the new binary "
+                  "starts with an empty cache",
+                  by);
+    int pid = patd_persist_spawn(d);
+    if (pid < 0) {
+        snprintf(why, why_len, "starting %s: %s", d->exe, strerror(-pid));
+        patd_err("%s: upgrade: %s", by, why);
+        return pid;
+    }
+    uv_poll_init(&d->loop, &d->upgrade_poll, d->persist.successor_fd);
+    d->upgrade_poll.data = d;
+    uv_poll_start(&d->upgrade_poll, UV_READABLE | UV_DISCONNECT, on_upgrade);
+    d->upgrade = 1;
+    d->upgrade_deadline_ns = pat_now_ns() + UPGRADE_READY_S * 1000000000ull;
+    patd_notice("%s: upgrade: started %s as pid %d; serving until it is ready", by, d->exe, pid);
+    struct timespec mono;
+    clock_gettime(CLOCK_MONOTONIC, &mono);
+    patd_notify_state(
+        &d->notify, "RELOADING=1\nMONOTONIC_USEC=%llu\nSTATUS=upgrading: pid %d starts %s",
+        (unsigned long long)mono.tv_sec * 1000000ull + (unsigned long long)mono.tv_nsec / 1000ull,
+        pid, d->exe);
+    snprintf(why, why_len, "upgrading: pid %d started %s; it takes over once ready\n", pid, d->exe);
+    return pid;
+}
+
 static void on_signal(uv_signal_t *s, int signum)
 {
     patd_t *d = s->data;
@@ -448,23 +551,15 @@ static void on_signal(uv_signal_t *s, int signum)
         reload_start(d, "SIGHUP", NULL);
         return;
     }
-    if (signum == SIGUSR2 && !d->draining) {
-        if (!d->persist.on)
-            patd_warn("SIGUSR2: an upgrade without pool.persist (this run keeps no pool): the "
-                      "new binary starts with an empty cache");
-        patd_notice("SIGUSR2: upgrade: draining, then starting %s in this process", d->exe);
-        d->upgrade = 1;
-        patd_notify_state(&d->notify, "RELOADING=1\nSTATUS=upgrading: draining, then exec %s",
-                          d->exe);
-        /* the drain is checked each tick: every 5 ms while it lasts, the gap clients see */
-        uv_timer_set_repeat(&d->tick, UPGRADE_TICK_MS);
-        uv_timer_again(&d->tick);
+    if (signum == SIGUSR2) {
+        char why[160];
+        upgrade_start(d, "SIGUSR2", why, sizeof(why));
+        return;
     }
+    if (d->upgrade == 1) /* the successor has not taken anything yet */
+        upgrade_abandon(d, "stopped by a signal");
     if (d->draining) {
-        patd_notice("second %s: exiting now%s", strsignal(signum),
-                    d->upgrade && signum != SIGUSR2 ? " (the upgrade is off)" : "");
-        if (signum != SIGUSR2)
-            d->upgrade = 0; /* SIGTERM/SIGINT during an upgrade's drain: exit, no exec */
+        patd_notice("second %s: exiting now", strsignal(signum));
         d->drain_deadline_ns = 0;
         return;
     }
@@ -518,6 +613,8 @@ static void on_tick(uv_timer_t *t)
                          d->draining ? "draining" : "serving", d->n_conns,
                          (unsigned long long)atomic_load(&d->m.steps), kern_backend_name(d->be));
     }
+    if (d->upgrade == 1 && now >= d->upgrade_deadline_ns)
+        upgrade_abandon(d, "the successor was not ready within 120 s");
     if (d->draining) {
         uint32_t busy = 0;
         for (uint32_t i = 0; i < d->n_conns; i++)
@@ -752,7 +849,7 @@ static int create_pool(patd_t *d)
                         .merge =
                             strcmp(cfg->merge, "inside") ? KERN_MERGE_LAUNCH : KERN_MERGE_INSIDE,
                         .serial_launch = !cfg->dependent_launch};
-    patd_persist_begin(d, backend, &kc);
+    patd_persist_begin(d, &pr, &kc);
     while ((rc = kern_backend_create(backend, &kc, &d->be)) < 0 && kc.pool_keep &&
            patd_persist_fallback(d, &kc))
         ;
@@ -762,7 +859,6 @@ static int create_pool(patd_t *d)
         return rc;
     }
     kern_tiles(d->be, &d->tiles);
-    patd_persist_adopt(d);
     patd_notice("backend %s on %s: %u blocks of %u tokens (%.1f MiB KV), model %u layers %u/%u "
                 "heads d=%u%s",
                 kern_backend_name(d->be), pr.device, cfg->blocks, cfg->block_size,
@@ -813,16 +909,20 @@ int main(int argc, char **argv)
     pthread_mutex_init(&d->pool_mu, NULL);
     pthread_mutex_init(&d->be_mu, NULL);
     uv_loop_init(&d->loop);
+    d->admin_dispatch = admin_dispatch;
+    d->wire_dispatch = handle_frame;
+    patd_notify_open(&d->notify); /* before the pool: it is handed to the manager (pool.persist) */
+    /* the backend first: a successor (an upgrade) makes it while its predecessor serves, and
+     * takes over (the fence, the index, the sockets) only after that one let go */
+    if ((rc = create_pool(d)) < 0 || (rc = patd_persist_takeover(d)) < 0)
+        goto out;
+    patd_persist_adopt(d);
     char prefix[IPC_NAME_LEN + 16];
     snprintf(prefix, sizeof(prefix), "/patd.%.40s.", d->cfg.name);
     int swept = ipc_shm_sweep(prefix);
     if (swept)
         patd_notice("removed %d stale staging buffers of a previous run", swept);
-
-    d->admin_dispatch = admin_dispatch;
-    d->wire_dispatch = handle_frame;
-    patd_notify_open(&d->notify); /* before the pool: it is handed to the manager (pool.persist) */
-    if ((rc = create_pool(d)) < 0 || (rc = open_sockets(d)) < 0 || (rc = patd_admin_start(d)) < 0 ||
+    if ((rc = open_sockets(d)) < 0 || (rc = patd_admin_start(d)) < 0 ||
         (rc = patd_gpu_start(d)) < 0)
         goto out;
     uv_async_init(&d->loop, &d->wake, on_wake);
@@ -868,17 +968,15 @@ out:
         ipc_shm_close(&d->conns[i]->shm);
     patd_gpu_stop(d);
     patd_wire_stop(d);
-    /* SIGUSR2 after a clean drain: the pool's and the index's descriptors survive the backend
-     * (kept duplicates), and the binary at exe starts in this process with them */
-    const int upgrade = d->upgrade && rc == 0;
-    if (upgrade)
-        patd_persist_handoff(d);
+    if (d->upgrade == 2) { /* drained, sockets closed: the successor may go once the GPU is done */
+        if (d->be && kern_sync(d->be) < 0)
+            patd_warn("upgrade: the GPU's last work failed; the successor takes over all the same");
+        patd_persist_release(d);
+        patd_notice("upgrade: handed over to the successor");
+    } else if (d->upgrade == 1) /* a start-up failure or a forced stop before it was ready */
+        upgrade_abandon(d, "this daemon stopped first");
     kern_backend_free(d->be);
     kv_pool_free(d->pool);
-    if (upgrade) {
-        patd_persist_exec(d); /* returns only when the exec failed (logged) */
-        rc = -1;
-    }
     patd_persist_end(d);
     return rc < 0 ? 1 : 0;
 }

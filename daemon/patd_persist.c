@@ -5,11 +5,14 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,7 +23,7 @@
 #include "pat_base.h"
 
 /* What must be equal for an earlier pool's blocks to mean the same to this run. */
-static void identity(const patd_t *d, kv_index_id_t *id)
+static void identity(const patd_t *d, const kern_probe_t *pr, kv_index_id_t *id)
 {
     const patd_config_t *c = &d->cfg;
     const uint64_t shape[6] = {c->model_id, c->layers,   c->q_heads,
@@ -31,6 +34,8 @@ static void identity(const patd_t *d, kv_index_id_t *id)
     id->n_blocks = c->blocks;
     id->block_size = c->block_size;
     id->layout = KV_INDEX_LAYOUT;
+    id->driver = pr->driver;
+    memcpy(id->device, pr->uuid, sizeof(id->device));
 }
 
 /* The fence: <runtime_dir>/<name>.lock, held while this process lives. 0 or -errno (EWOULDBLOCK:
@@ -101,19 +106,19 @@ static int index_new(patd_persist_t *p)
     return 0;
 }
 
-void patd_persist_begin(patd_t *d, const char *backend, kern_config_t *kc)
+void patd_persist_begin(patd_t *d, const kern_probe_t *pr, kern_config_t *kc)
 {
     patd_persist_t *p = &d->persist;
     memset(p, 0, sizeof(*p));
-    p->given_pool = p->index_fd = p->lock_fd = -1;
-    p->keep[0] = p->keep[1] = -1;
+    p->given_pool = p->index_fd = p->lock_fd = p->upgrade_fd = p->successor_fd = -1;
     int given_index = -1;
     patd_listen_fd_t fds[PATD_FDS_MAX];
     const uint32_t n = patd_listen_fds(fds, PATD_FDS_MAX);
     for (uint32_t i = 0; i < n; i++) {
-        int *slot = !strcmp(fds[i].name, PATD_FDNAME_POOL)    ? &p->given_pool
-                    : !strcmp(fds[i].name, PATD_FDNAME_INDEX) ? &given_index
-                                                              : NULL;
+        int *slot = !strcmp(fds[i].name, PATD_FDNAME_POOL)      ? &p->given_pool
+                    : !strcmp(fds[i].name, PATD_FDNAME_INDEX)   ? &given_index
+                    : !strcmp(fds[i].name, PATD_FDNAME_UPGRADE) ? &p->upgrade_fd
+                                                                : NULL;
         if (slot && *slot < 0)
             *slot = fds[i].fd;
         else {
@@ -124,15 +129,14 @@ void patd_persist_begin(patd_t *d, const char *backend, kern_config_t *kc)
         }
     }
     p->given = p->given_pool >= 0 || given_index >= 0;
+    if (p->upgrade_fd >= 0)
+        patd_notice("upgrade: started by pid %d to take over from it", (int)getppid());
     char why[256] = "";
     if (!strcmp(d->cfg.persist, "off"))
         snprintf(why, sizeof(why), "pool.persist = off");
-    else if (strcmp(backend, "cpu"))
-        snprintf(why, sizeof(why), "the %s backend does not keep its pool across processes yet",
-                 backend);
     else if (d->notify.fd < 0 && !p->given)
         snprintf(why, sizeof(why), "no service manager keeps descriptors ($NOTIFY_SOCKET unset)");
-    else {
+    else if (p->upgrade_fd < 0) { /* a successor takes the fence once its predecessor lets go */
         int rc = fence(d);
         if (rc < 0)
             snprintf(why, sizeof(why), "another patd holds %.80s/%.40s.lock (%s)",
@@ -150,7 +154,7 @@ void patd_persist_begin(patd_t *d, const char *backend, kern_config_t *kc)
         p->given_pool = -1;
         return;
     }
-    identity(d, &p->id);
+    identity(d, pr, &p->id);
     p->index_bytes = kv_index_bytes(p->id.n_blocks);
     if (p->given_pool >= 0 && given_index >= 0 && index_take(p, given_index, why, sizeof(why)) == 0)
         p->adopt = 1;
@@ -214,6 +218,7 @@ void patd_persist_adopt(patd_t *d)
     }
     if (!p->on)
         return;
+    p->adopt_ns = pat_now_ns();
     if (p->adopt) {
         kv_adopt_t *e = pat_xmalloc((size_t)p->id.n_blocks * sizeof(*e));
         const uint32_t n = kv_index_entries(p->index, e, &p->torn);
@@ -222,9 +227,9 @@ void patd_persist_adopt(patd_t *d)
         if (rc < 0)
             patd_warn("pool.persist: adopting the cache: %s", strerror(-rc));
         patd_notice("pool.persist: adopted %u cached blocks (%.1f MiB of KV) from before the "
-                    "start; %u dropped (%u torn entries and the chains below them)",
+                    "start in %.1f ms; %u dropped (%u torn entries and the chains below them)",
                     p->adopted, p->adopted * (double)p->id.block_bytes / 1048576.0,
-                    p->rejected + p->torn, p->torn);
+                    (pat_now_ns() - p->adopt_ns) / 1e6, p->rejected + p->torn, p->torn);
     }
     if (p->given && !p->adopt) { /* the manager's copies are stale: this run's replace them */
         patd_notify_ping(&d->notify, "FDSTOREREMOVE=1\nFDNAME=" PATD_FDNAME_POOL);
@@ -255,45 +260,183 @@ void patd_persist_end(patd_t *d)
         close(p->index_fd);
     if (p->lock_fd >= 0)
         close(p->lock_fd);
-    for (int i = 0; i < 2; i++)
-        if (p->keep[i] >= 0)
-            close(p->keep[i]);
+    if (p->upgrade_fd >= 0)
+        close(p->upgrade_fd);
+    if (p->successor_fd >= 0)
+        close(p->successor_fd);
     memset(p, 0, sizeof(*p));
-    p->index_fd = p->lock_fd = p->given_pool = p->keep[0] = p->keep[1] = -1;
+    p->index_fd = p->lock_fd = p->given_pool = p->upgrade_fd = p->successor_fd = -1;
 }
 
-void patd_persist_handoff(patd_t *d)
+/* A decimal into buf (async-signal-safe: the child of a threaded fork calls it). */
+static void decimal(char *buf, long v)
+{
+    char t[24];
+    int n = 0;
+    do
+        t[n++] = (char)('0' + v % 10);
+    while ((v /= 10) > 0);
+    while (n)
+        *buf++ = t[--n];
+    *buf = 0;
+}
+
+int patd_persist_spawn(patd_t *d)
 {
     patd_persist_t *p = &d->persist;
-    if (!p->on)
-        return;
-    /* above every descriptor the exec could meet at 3 and 4, close-on-exec until the exec */
-    p->keep[0] = fcntl(kern_pool_fd(d->be), F_DUPFD_CLOEXEC, 64);
-    p->keep[1] = fcntl(p->index_fd, F_DUPFD_CLOEXEC, 64);
+    if (p->successor > 0)
+        return -EALREADY;
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+        return -errno;
+    /* what the successor gets at 3.., kept high until the child puts them there */
+    int high[3], n = 0;
+    const char *names = PATD_FDNAME_UPGRADE;
+    if (p->on) {
+        high[n++] = fcntl(kern_pool_fd(d->be), F_DUPFD_CLOEXEC, 64);
+        high[n++] = fcntl(p->index_fd, F_DUPFD_CLOEXEC, 64);
+        names = PATD_FDNAME_POOL ":" PATD_FDNAME_INDEX ":" PATD_FDNAME_UPGRADE;
+    }
+    high[n++] = fcntl(sv[1], F_DUPFD_CLOEXEC, 64);
+    close(sv[1]);
+    int rc = 0;
+    for (int i = 0; i < n; i++)
+        if (high[i] < 0)
+            rc = -EMFILE;
+    /* the environment, made before the fork: LISTEN_PID is written in the child */
+    extern char **environ;
+    size_t n_env = 0;
+    while (environ[n_env])
+        n_env++;
+    char **envp = calloc(n_env + 5, sizeof(*envp));
+    static char e_pid[40], e_fds[32], e_names[160], e_notify[160];
+    snprintf(e_fds, sizeof(e_fds), "LISTEN_FDS=%d", n);
+    snprintf(e_names, sizeof(e_names), "LISTEN_FDNAMES=%s", names);
+    snprintf(e_notify, sizeof(e_notify), "NOTIFY_SOCKET=%s", d->notify.env);
+    pid_t pid = -1;
+    if (rc == 0 && envp) {
+        size_t k = 0;
+        for (size_t i = 0; i < n_env; i++)
+            if (strncmp(environ[i], "LISTEN_", 7) && strncmp(environ[i], "NOTIFY_SOCKET=", 14))
+                envp[k++] = environ[i];
+        envp[k++] = e_pid;
+        envp[k++] = e_fds;
+        envp[k++] = e_names;
+        if (d->notify.env[0])
+            envp[k++] = e_notify;
+        pid = fork();
+        if (pid == 0) { /* async-signal-safe calls only, until the exec */
+            sigset_t none;
+            sigemptyset(&none);
+            sigprocmask(SIG_SETMASK, &none, NULL);
+            for (int i = 0; i < n; i++)
+                if (dup2(high[i], 3 + i) != 3 + i)
+                    _exit(126);
+            memcpy(e_pid, "LISTEN_PID=", 11);
+            decimal(e_pid + 11, (long)getpid());
+            execve(d->exe, d->argv, envp);
+            _exit(127);
+        }
+        if (pid < 0)
+            rc = -errno;
+    } else if (rc == 0)
+        rc = -ENOMEM;
+    free(envp);
+    for (int i = 0; i < n; i++)
+        if (high[i] >= 0)
+            close(high[i]);
+    if (rc < 0) {
+        close(sv[0]);
+        return rc;
+    }
+    p->successor = pid;
+    p->successor_fd = sv[0];
+    return (int)pid;
 }
 
-void patd_persist_exec(patd_t *d)
+void patd_persist_spawn_end(patd_t *d)
+{
+    patd_persist_t *p = &d->persist;
+    if (p->successor_fd >= 0)
+        close(p->successor_fd);
+    p->successor_fd = -1;
+    p->successor = 0;
+}
+
+/* Reads one byte from fd within deadline_ns (monotonic): the byte, 0 at end of file, -ETIMEDOUT
+ * or -errno. */
+static int read_byte(int fd, uint64_t deadline_ns)
+{
+    for (;;) {
+        const uint64_t now = pat_now_ns();
+        if (now >= deadline_ns)
+            return -ETIMEDOUT;
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        int k = poll(&pf, 1, (int)((deadline_ns - now) / 1000000ull) + 1);
+        if (k < 0 && errno != EINTR)
+            return -errno;
+        if (k <= 0)
+            continue;
+        char b;
+        ssize_t r = read(fd, &b, 1);
+        if (r == 1)
+            return (unsigned char)b;
+        if (r == 0 || (errno != EINTR && errno != EAGAIN))
+            return r == 0 ? 0 : -errno;
+    }
+}
+
+int patd_persist_takeover(patd_t *d)
+{
+    patd_persist_t *p = &d->persist;
+    if (p->upgrade_fd < 0)
+        return 0;
+    const uint64_t t0 = pat_now_ns();
+    if (write(p->upgrade_fd, "R", 1) != 1) {
+        patd_err("upgrade: telling the predecessor this one is ready: %s", strerror(errno));
+        return -EPIPE;
+    }
+    /* its drain, at most drain_timeout_ms, then its sockets and GPU work, then 'G' (or its end,
+     * if it died meanwhile: then its descriptors are closed, its fence released) */
+    const uint64_t deadline = t0 + ((uint64_t)d->cfg.drain_timeout_ms + 30000ull) * 1000000ull;
+    int b = read_byte(p->upgrade_fd, deadline);
+    close(p->upgrade_fd);
+    p->upgrade_fd = -1;
+    if (b < 0) {
+        patd_err("upgrade: the predecessor did not let go within drain_timeout_ms + 30 s (%s); "
+                 "exiting",
+                 strerror(-b));
+        return b;
+    }
+    const uint64_t t1 = pat_now_ns();
+    if (p->on) { /* its fence: released just before 'G'; held a moment longer if it died now */
+        int rc;
+        while ((rc = fence(d)) == -EWOULDBLOCK && pat_now_ns() - t1 < 2000000000ull)
+            usleep(200);
+        if (rc < 0) {
+            patd_err("upgrade: %s/%s.lock is still held (%s): another daemon owns the pool; "
+                     "exiting",
+                     d->cfg.runtime_dir, d->cfg.name, strerror(-rc));
+            return rc;
+        }
+    }
+    patd_notice("upgrade: taking over (the predecessor %s after %.1f ms; fence %.1f ms)",
+                b == 'G' ? "let go" : "ended", (t1 - t0) / 1e6, (pat_now_ns() - t1) / 1e6);
+    return 0;
+}
+
+void patd_persist_release(patd_t *d)
 {
     patd_persist_t *p = &d->persist;
     if (p->index)
         munmap(p->index, p->index_bytes);
     p->index = NULL;
-    if (p->lock_fd >= 0) /* the fence: the new image takes it again */
+    p->on = 0; /* no more events reach the index */
+    if (p->lock_fd >= 0)
         close(p->lock_fd);
     p->lock_fd = -1;
-    if (p->on && p->keep[0] >= 0 && p->keep[1] >= 0) {
-        /* at 3 and 4 without close-on-exec (dup2 clears it) */
-        if (dup2(p->keep[0], 3) == 3 && dup2(p->keep[1], 4) == 4) {
-            char pid[24];
-            snprintf(pid, sizeof(pid), "%d", (int)getpid());
-            setenv("LISTEN_PID", pid, 1);
-            setenv("LISTEN_FDS", "2", 1);
-            setenv("LISTEN_FDNAMES", PATD_FDNAME_POOL ":" PATD_FDNAME_INDEX, 1);
-        }
-    }
-    if (d->notify.env[0]) /* patd_notify_open took it out of the environment */
-        setenv("NOTIFY_SOCKET", d->notify.env, 1);
-    patd_notice("upgrade: exec %s", d->exe);
-    execv(d->exe, d->argv);
-    patd_err("upgrade: exec %s: %s; exiting", d->exe, strerror(errno));
+    if (p->successor_fd >= 0 && write(p->successor_fd, "G", 1) != 1)
+        patd_warn("upgrade: telling the successor to take over: %s (it does at this exit)",
+                  strerror(errno));
+    patd_persist_spawn_end(d);
 }

@@ -2,7 +2,8 @@
  * patd_persist.h — the KV pool and the prefix cache's index outlive the daemon (issue 37,
  * pool.persist): a restart, a crash or an upgrade adopts every block published before it.
  *
- * The pool is memory a descriptor names (kern_config_t.pool_keep: a memfd on the cpu backend),
+ * The pool is memory a descriptor names (kern_config_t.pool_keep: a memfd on the cpu backend, an
+ * allocation of the driver's virtual memory management on the cuda backend),
  * and so is the index (kvcache/kv_index.h: one checked entry per block, written as blocks are
  * published and evicted, crash-consistent). At start patd hands both to the service manager's
  * descriptor store (FDSTORE=1, FDNAME=patd-pool / patd-index; systemd keeps them while the unit
@@ -32,8 +33,9 @@
 
 typedef struct patd patd_t;
 
-#define PATD_FDNAME_POOL  "patd-pool"
-#define PATD_FDNAME_INDEX "patd-index"
+#define PATD_FDNAME_POOL    "patd-pool"
+#define PATD_FDNAME_INDEX   "patd-index"
+#define PATD_FDNAME_UPGRADE "patd-upgrade"
 
 typedef struct patd_persist {
     int on;         /* this run's pool and index are kept (handed to the manager) */
@@ -46,13 +48,16 @@ typedef struct patd_persist {
     int lock_fd; /* the fence */
     kv_index_id_t id;
     uint32_t adopted, rejected, torn;
-    int keep[2]; /* patd_persist_handoff: the pool's and the index's (-1: none) */
+    uint64_t adopt_ns;
+    int upgrade_fd;   /* a successor: its socket to the daemon it takes over from (-1: none) */
+    int successor;    /* an upgrading daemon: the successor's pid (0: none) */
+    int successor_fd; /* ... and the socket to it (-1: none) */
 } patd_persist_t;
 
-/* Before the backend is made (backend: its name): takes the descriptors given back, decides
- * whether this run keeps its pool, and sets kc->pool_keep / kc->pool_fd. Never fails the start:
- * a doubt starts cold (logged). */
-void patd_persist_begin(patd_t *d, const char *backend, kern_config_t *kc);
+/* Before the backend is made (pr: its probe, whose device and driver are a part of the identity):
+ * takes the descriptors given back, decides whether this run keeps its pool, and sets
+ * kc->pool_keep / kc->pool_fd. Never fails the start: a doubt starts cold (logged). */
+void patd_persist_begin(patd_t *d, const kern_probe_t *pr, kern_config_t *kc);
 /* The backend refused kc as patd_persist_begin set it: 1 when kc was changed to try again (an
  * empty pool that is kept; then one that is not), 0 when there is nothing left to change. */
 int patd_persist_fallback(patd_t *d, kern_config_t *kc);
@@ -63,12 +68,24 @@ void patd_persist_adopt(patd_t *d);
 void patd_persist_event(patd_t *d, kv_event_type_t type, uint32_t block, uint64_t hash,
                         uint64_t scope, uint32_t parent);
 void patd_persist_end(patd_t *d);
-/* An upgrade (SIGUSR2), after the drain and before the backend is freed: keeps duplicates of the
- * pool's and the index's descriptors for patd_persist_exec. */
-void patd_persist_handoff(patd_t *d);
-/* Execs d->exe with d->argv in this process, the kept descriptors at 3 and 4 as LISTEN_FDS (the
- * same protocol as the service manager's), the fence released by the exec. Returns only when
- * the exec failed (logged). */
-void patd_persist_exec(patd_t *d);
+/* An upgrade (SIGUSR2, patctl upgrade) starts the binary at d->exe with d->argv as a successor
+ * while this daemon serves on: fork and exec, the pool's and the index's descriptors (this run
+ * keeps them) and one end of a socket pair from descriptor 3 on, named by LISTEN_FDS and
+ * LISTEN_FDNAMES (patd-pool, patd-index, patd-upgrade: the service manager's protocol), and
+ * $NOTIFY_SOCKET as patd was given it. The successor creates its backend (CUDA's context, the
+ * pool imported and mapped, the kernels loaded) and sends 'R' when ready; this daemon then
+ * drains, closes its sockets, waits for its GPU work, and calls patd_persist_release, which
+ * unmaps the index, releases the fence and sends 'G'; the successor takes the fence, adopts the
+ * index, opens the sockets and serves. Its end of file before 'R' is a failed upgrade (this one
+ * serves on). Returns the successor's pid, -EALREADY (one is under way), or -errno. */
+int patd_persist_spawn(patd_t *d);
+/* The successor is gone or abandoned: its socket closed, none under way. */
+void patd_persist_spawn_end(patd_t *d);
+/* A successor, once its backend exists (no-op unless started by an upgrade): 'R', then waits
+ * for 'G' (or the predecessor's end) at most drain_timeout_ms + 30 s, then takes the fence.
+ * 0, or -errno (logged: the start fails). */
+int patd_persist_takeover(patd_t *d);
+/* The predecessor, drained, its sockets closed and its GPU work done: lets the successor in. */
+void patd_persist_release(patd_t *d);
 
 #endif

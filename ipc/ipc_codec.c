@@ -48,7 +48,8 @@ int ipc_op_is_admin(uint32_t opcode)
 
 int ipc_op_changes_state(uint32_t opcode)
 {
-    return opcode == IPC_OP_DRAIN || opcode == IPC_OP_RELOAD || opcode == IPC_OP_CHECK;
+    return opcode == IPC_OP_DRAIN || opcode == IPC_OP_RELOAD || opcode == IPC_OP_CHECK ||
+           opcode == IPC_OP_UPGRADE;
 }
 
 const char *ipc_err_name(int code)
@@ -187,6 +188,7 @@ int ipc_body_check(uint32_t opcode, const void *body, size_t len)
     case IPC_OP_RELOAD:
     case IPC_OP_INFO:
     case IPC_OP_CHECK:
+    case IPC_OP_UPGRADE:
     case IPC_OP_ATTACH:
         return need_len(len, 0);
     default:

@@ -77,13 +77,14 @@
     X(INFO, 21, 1)             /* admin: the daemon's figures as one ipc_info_rep_t */             \
     X(CHECK, 22, 1)            /* admin: the KV pool's invariant check (O(blocks)), text */        \
     X(ATTACH, 23, 2)           /* retired in version 5 (HELLO binds the session): -EOPNOTSUPP */   \
-    X(SEQ_OPEN_PENDING, 24, 0) /* since 1.7: SEQ_OPEN's body -> ipc_seq_open_rep_t (+ pending) */
+    X(SEQ_OPEN_PENDING, 24, 0) /* since 1.7: SEQ_OPEN's body -> ipc_seq_open_rep_t (+ pending) */  \
+    X(UPGRADE, 25, 1)          /* admin, since 1.10: start the binary as a successor (SIGUSR2) */
 
 typedef enum ipc_op {
 #define IPC_OP_ENUM(name, val, admin) IPC_OP_##name = val,
     IPC_OPCODES(IPC_OP_ENUM)
 #undef IPC_OP_ENUM
-        IPC_OP_MAX = 25
+        IPC_OP_MAX = 26
 } ipc_op_t;
 
 /* Error codes on the wire and from every libpat call: a negative errno with a patd meaning.

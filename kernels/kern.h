@@ -90,7 +90,9 @@ typedef struct kern_config {
                                 of it, its blocks waiting on the GPU (griddepcontrol) */
     uint32_t pool_keep;      /* 1: the pool is memory a descriptor names (kern_pool_fd), which
                                 another process may keep past this one and a later backend map
-                                again (pool_fd); cpu: a memfd (cuda: not yet, -ENOTSUP) */
+                                again (pool_fd); cpu: a memfd; cuda: an allocation of the
+                                driver's virtual memory management with a POSIX-descriptor
+                                handle (-ENOTSUP where the device or driver has none) */
     int pool_fd;             /* with pool_keep: -1 = new memory (zeroed); else the descriptor of
                                 an earlier pool of this exact size, mapped as it is (the backend
                                 takes a duplicate; the caller keeps its own) */
@@ -119,6 +121,8 @@ typedef struct kern_probe {
     int driver_present; /* cuda: 1 when an NVIDIA driver answers (a GPU host, even where no
                            device is visible to this process); cpu: 0 */
     char device[96];    /* what serves, for people: "NVIDIA H100 80GB HBM3 (cuda:0, sm_90)" */
+    uint8_t uuid[16];   /* cuda: the GPU's UUID; cpu: zeros */
+    uint32_t driver;    /* cuda: the driver's CUDA version (cudaDriverGetVersion); cpu: 0 */
     char why[256];      /* when the probe fails: why, for people (names the cause and the fix) */
 } kern_probe_t;
 

@@ -85,6 +85,8 @@ int kv_index_check(const void *mem, uint64_t bytes, const kv_index_id_t *id, cha
             w = "another pool geometry (blocks or bytes per block)";
         else if (memcmp(h->id.device, id->device, sizeof(id->device)))
             w = "another device";
+        else if (h->id.driver != id->driver)
+            w = "another driver version";
         else
             rc = 0;
     }

@@ -31,8 +31,8 @@ typedef struct kv_index_id {
     uint64_t model_id;    /* kv_pool_config_t.model_id (shape and dtype hashed in) */
     uint64_t block_bytes; /* backend bytes of one block, every layer */
     uint32_t n_blocks, block_size;
-    uint32_t layout; /* KV_INDEX_LAYOUT */
-    uint32_t reserved;
+    uint32_t layout;    /* KV_INDEX_LAYOUT */
+    uint32_t driver;    /* the CUDA driver's version; 0 on the cpu backend */
     uint8_t device[16]; /* the GPU's UUID; zeros on the cpu backend */
 } kv_index_id_t;
 

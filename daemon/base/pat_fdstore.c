@@ -70,6 +70,9 @@ int pat_fdstore_recv(pat_fdstore_t *s, int sock)
         snprintf(name, sizeof(name), "%.*s", (int)strcspn(fn + 7, "\n"), fn + 7);
     if (strstr(buf, "READY=1"))
         s->ready = 1;
+    const char *mp = strstr(buf, "MAINPID=");
+    if (mp && (mp == buf || mp[-1] == '\n'))
+        s->mainpid = atoi(mp + 8);
     if (strstr(buf, "FDSTOREREMOVE=1"))
         drop(s, name);
     const int store = strstr(buf, "FDSTORE=1") != NULL;

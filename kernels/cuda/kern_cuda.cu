@@ -7,7 +7,9 @@
  * kern_cuda_int.h maps them.
  *
  * Everything is allocated at create: the pool (one allocation, [layer][block][K|V][kv_head]
- * [block_size][head_dim]) and lane 0. The forward kernel is launched once at create on an empty
+ * [block_size][head_dim]; with kern_config_t.pool_keep one of the driver's virtual memory
+ * management, exported as a POSIX descriptor, or an earlier one imported from its descriptor
+ * and mapped as it is) and lane 0. The forward kernel is launched once at create on an empty
  * CTA, so no module loads lazily behind a queued GPU-side wait (DESIGN.md §2). Calls enqueue and
  * return; kern_sync waits. A CUDA error returns -EIO with the error printed, never aborts.
  */
@@ -15,9 +17,11 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 namespace kcuda
 {
@@ -125,6 +129,7 @@ static void load_vmm(Cuda *c)
     auto entry = [](const char *name, void *fn) { return driver_entry(name, (void **)fn); };
     if (!entry("cuMemGetAllocationGranularity", &v.gran) || !entry("cuMemCreate", &v.create) ||
         !entry("cuMemExportToShareableHandle", &v.exp) ||
+        !entry("cuMemImportFromShareableHandle", &v.imp) ||
         !entry("cuMemAddressReserve", &v.reserve) || !entry("cuMemMap", &v.map) ||
         !entry("cuMemSetAccess", &v.access) || !entry("cuMemUnmap", &v.unmap) ||
         !entry("cuMemRelease", &v.release) || !entry("cuMemAddressFree", &v.addr_free))
@@ -265,18 +270,95 @@ void cuda_destroy(kern_backend_t *b)
     if (c->cow_done)
         cudaEventDestroy(c->cow_done);
     pthread_mutex_destroy(&c->cow_mu);
-    cudaFree(c->pool);
+    if (c->pool_h) { /* the memory lives on while another process holds a descriptor of it */
+        const CUdeviceptr va = reinterpret_cast<CUdeviceptr>(c->pool);
+        if (c->pool) {
+            c->vmm.unmap(va, c->pool_map);
+            c->vmm.addr_free(va, c->pool_map);
+        }
+        c->vmm.release(c->pool_h);
+    } else
+        cudaFree(c->pool);
+    if (c->pool_fd >= 0)
+        close(c->pool_fd);
     free(c);
 }
 
+/* kern_config_t.pool_keep: the pool (bytes) as one allocation of the virtual memory management,
+ * fd < 0: new, exported as a descriptor, zeroed; else imported from fd and mapped as it is (an
+ * allocation smaller than this pool fails the map). 0, -ENOTSUP (no virtual memory management
+ * with POSIX descriptors here), -ENOMEM, -EINVAL (fd names no allocation, or one too small), or
+ * -EIO. */
+int pool_vmm(Cuda *c, int fd, size_t bytes)
+{
+    const VmmApi &v = c->vmm;
+    if (!v.granularity)
+        return -ENOTSUP;
+    const size_t size = (bytes + v.granularity - 1) / v.granularity * v.granularity;
+    const CUmemAllocationProp p = share_prop(c->device, false, 0);
+    CUresult r;
+    if (fd < 0) {
+        if ((r = v.create(&c->pool_h, size, &p, 0)) != CUDA_SUCCESS)
+            return r == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : kern_cuda_fail_cu("cuMemCreate", r);
+        if ((r = v.exp(&c->pool_fd, c->pool_h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)) !=
+            CUDA_SUCCESS)
+            return kern_cuda_fail_cu("cuMemExportToShareableHandle (the pool)", r);
+    } else {
+        r = v.imp(&c->pool_h, reinterpret_cast<void *>(static_cast<uintptr_t>(fd)),
+                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        if (r != CUDA_SUCCESS) {
+            c->pool_h = 0;
+            fprintf(stderr,
+                    "<4>kern_cuda: the pool's descriptor names no allocation of this "
+                    "device (cuMemImportFromShareableHandle: CUresult %d)\n",
+                    (int)r);
+            return -EINVAL;
+        }
+        if ((c->pool_fd = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0)
+            return -errno;
+    }
+    CUdeviceptr va = 0;
+    if ((r = v.reserve(&va, size, 0, 0, 0)) != CUDA_SUCCESS)
+        return kern_cuda_fail_cu("cuMemAddressReserve (the pool)", r);
+    if ((r = v.map(va, size, 0, c->pool_h, 0)) != CUDA_SUCCESS) {
+        v.addr_free(va, size);
+        if (fd < 0)
+            return kern_cuda_fail_cu("cuMemMap (the pool)", r);
+        fprintf(stderr,
+                "<4>kern_cuda: the pool given back does not map as %zu bytes (CUresult "
+                "%d): another pool's\n",
+                size, (int)r);
+        return -EINVAL;
+    }
+    c->pool = reinterpret_cast<void *>(va);
+    c->pool_map = size;
+    CUmemAccessDesc a;
+    memset(&a, 0, sizeof(a));
+    a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    a.location.id = c->device;
+    a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if ((r = v.access(va, size, &a, 1)) != CUDA_SUCCESS)
+        return kern_cuda_fail_cu("cuMemSetAccess (the pool)", r);
+    return 0;
+}
+
 /* One launch of the forward kernel on an empty plan CTA (no rows, no KV) and one append: loads
- * every module now. */
+ * every module now. The pool is as it was after: an adopted one holds KV (its first block, which
+ * the append writes, is kept aside and put back). */
 int warm_kernels(Cuda *c)
 {
     sched_plan_cta_t *dcta;
     cudaStream_t st = c->lane0.main;
-    KC_TRY(cudaMalloc(&dcta, sizeof(*dcta)), "warm-up alloc");
+    const kern_model_t &m = c->base.cfg.model;
+    /* the CTA; the merge's row of output; the first block of layer 0 */
+    const size_t row = (size_t)m.q_heads * m.head_dim * sizeof(float);
+    const size_t first = c->block_elems * c->elt;
+    KC_TRY(cudaMalloc(&dcta, sizeof(*dcta) + row + first), "warm-up alloc");
+    uint8_t *o_row = reinterpret_cast<uint8_t *>(dcta) + sizeof(*dcta);
+    uint8_t *kept = o_row + row;
     cudaError_t me = cudaMemsetAsync(dcta, 0, sizeof(*dcta), st);
+    if (me == cudaSuccess)
+        me = cudaMemcpyAsync(kept, c->pool, first, cudaMemcpyDeviceToDevice, st);
     if (me != cudaSuccess) {
         cudaFree(dcta);
         return kern_cuda_fail("warm-up memset", me);
@@ -284,7 +366,7 @@ int warm_kernels(Cuda *c)
     FwdArgs a = {};
     a.ctas = dcta;
     a.q = a.kv = c->pool;
-    a.o = c->pool;
+    a.o = o_row;
     a.q_heads = a.kv_heads = a.group = 1;
     a.scale = 1.f;
     void *args[] = {&a};
@@ -293,17 +375,19 @@ int warm_kernels(Cuda *c)
         cudaLaunchKernel(c->fwd.fn, dim3(1), dim3(KCUDA_THREADS), args, (size_t)c->fwd.smem, st);
     if (e != cudaSuccess)
         r = kern_cuda_fail("warm-up launch", e);
-    /* the merge kernel, on a zero-part merge entry: writes one zero row into the still unused
-     * pool */
+    /* the merge kernel, on a zero-part merge entry: writes one zero row (o_row) */
     a.merges = reinterpret_cast<const sched_plan_merge_t *>(dcta); /* 32 zero bytes */
     e = r == 0 ? cudaLaunchKernel(c->fwd.merge_fn, dim3(1), dim3(128), args, 0, st) : cudaSuccess;
     if (e != cudaSuccess)
         r = kern_cuda_fail("warm-up merge launch", e);
-    /* the append kernel: one token into slot 0 of the still unused pool */
+    /* the append kernel: one token into slot 0, then the block as it was */
     if (r == 0) {
         uint32_t slot0 = 0;
         if ((r = slots_upload(&c->lane0, &slot0, 1)) == 0)
             r = append_on(&c->lane0, 0, c->pool, c->pool, 1);
+        if (r == 0 && (e = cudaMemcpyAsync(c->pool, kept, first, cudaMemcpyDeviceToDevice, st)) !=
+                          cudaSuccess)
+            r = kern_cuda_fail("warm-up restore", e);
     }
     e = cudaStreamSynchronize(st);
     if (r == 0 && e != cudaSuccess)
@@ -416,6 +500,8 @@ int cuda_probe(int device, kern_probe_t *p)
     }
     snprintf(p->device, sizeof(p->device), "%.60s (cuda:%d, sm_%d%d)", prop.name, device,
              prop.major, prop.minor);
+    memcpy(p->uuid, prop.uuid.bytes, sizeof(p->uuid));
+    p->driver = (uint32_t)drv;
     if (prop.major < 8) { /* mma.sync m16n8k16 bf16 and cp.async need sm_80 */
         snprintf(p->why, sizeof(p->why), "%.90s is sm_%d%d; the cuda backend needs sm_80 or newer",
                  p->device, prop.major, prop.minor);
@@ -461,16 +547,22 @@ int cuda_create(const kern_config_t *cfg, kern_backend_t **ret)
     c->dt = m.dtype == KERN_F16 ? 0 : 1;
     c->block_elems = 2ull * m.kv_heads * m.block_size * m.head_dim;
     c->layer_elems = c->block_elems * cfg->n_blocks;
+    c->pool_fd = -1;
     pthread_mutex_init(&c->cow_mu, NULL);
+    load_vmm(c);
     int r = -ENOMEM;
     FwdVariant v[2] = {};
-    if (cudaMalloc(&c->pool, c->layer_elems * m.n_layers * c->elt) != cudaSuccess)
+    if (cfg->pool_keep) {
+        if ((r = pool_vmm(c, cfg->pool_fd, c->layer_elems * m.n_layers * c->elt)) < 0)
+            goto fail;
+    } else if (cudaMalloc(&c->pool, c->layer_elems * m.n_layers * c->elt) != cudaSuccess)
         goto fail; /* device memory may legitimately not suffice: -ENOMEM */
     r = -EIO;
     /* zero, so that every slot holds finite values before its first append: the TMA loads copy
      * whole pages, a partial block's unwritten tail too, and a masked score's 0 times a NaN of V
-     * would still be NaN */
-    if (cudaMemset(c->pool, 0, c->layer_elems * m.n_layers * c->elt) != cudaSuccess)
+     * would still be NaN (a pool given back holds KV and finite values already) */
+    if ((!cfg->pool_keep || cfg->pool_fd < 0) &&
+        cudaMemset(c->pool, 0, c->layer_elems * m.n_layers * c->elt) != cudaSuccess)
         goto fail;
     r = -ENOMEM;
     if ((r = lane_init(c, &c->lane0)) < 0)
@@ -480,7 +572,6 @@ int cuda_create(const kern_config_t *cfg, kern_backend_t **ret)
         goto fail;
     if ((r = load_memops(c)) < 0 || (r = fwd_register(m.head_dim, v)) < 0)
         goto fail;
-    load_vmm(c);
     {
         int sms = 0;
         if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c->device) !=
@@ -525,10 +616,18 @@ extern "C" void *kern_cuda_pool(kern_backend_t *b, uint32_t layer, uint64_t *blo
     return static_cast<uint8_t *>(c->pool) + layer * c->layer_elems * c->elt;
 }
 
+namespace
+{
+int cuda_pool_fd(const kern_backend_t *b)
+{
+    return reinterpret_cast<const Cuda *>(b)->pool_fd;
+}
+} // namespace
+
 extern "C" const kern_ops_t kern__cuda_ops = {
     "cuda",           cuda_probe,      cuda_create,     cuda_destroy,     cuda_append_kv,
     cuda_copy_blocks, cuda_attend,     cuda_sync,       cuda_tiles,       cuda_lane_create,
     cuda_lane_free,   cuda_lane_begin, cuda_lane_layer, cuda_share_alloc, cuda_share_free,
     cuda_device_info, cuda_fatal,      cuda_pack_begin, cuda_pack_layer,  cuda_lane_trim,
-    nullptr, /* pool_fd: a pool kept across processes is the cpu backend's only, yet */
+    cuda_pool_fd,
 };

@@ -144,6 +144,7 @@ struct VmmApi {
                        unsigned long long);
     CUresult (*exp)(void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType,
                     unsigned long long);
+    CUresult (*imp)(CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType);
     CUresult (*reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
     CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
     CUresult (*access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
@@ -191,6 +192,12 @@ struct Cuda {
     kern_backend_t base;
     int device;
     void *pool;
+    /* kern_config_t.pool_keep: the pool is one allocation of the driver's virtual memory
+     * management, named by a POSIX descriptor (pool_fd, the backend's own), mapped pool_map
+     * bytes at pool; else pool_fd is -1 and the pool is cudaMalloc's */
+    int pool_fd;
+    CUmemGenericAllocationHandle pool_h;
+    size_t pool_map;
     uint64_t block_elems; /* one block of one layer: K and V of every head */
     uint64_t layer_elems;
     uint32_t elt;

@@ -18,9 +18,13 @@
  *     every row the client checks against float64 stays right;
  *   - without systemd: patd-keep starts patd again after a kill -9 with the store, the prompts
  *     hit, and SIGTERM to the keeper drains patd and ends both with status 0;
- *   - SIGUSR2: an upgrade in place (drain, then the binary at patd's path in the same process,
- *     with the pool and the index): the pid stays, the cache is adopted, a stepping client
- *     reconnects once with every checked row right.
+ *   - patctl upgrade (PAT_ADMIN_UPGRADE): the binary at patd's path starts as a successor while
+ *     patd serves, takes over once ready (MAINPID= names it to the manager), adopts the cache,
+ *     and a stepping client reconnects once with every checked row right; the old daemon exits
+ *     0 and nothing but the pool's two descriptors is carried over;
+ *   - an upgrade to a binary that fails (SIGUSR2): the old daemon serves on, says why, and a
+ *     later upgrade to a good binary at the same path works;
+ *   - patd-keep follows an upgrade's successor and ends it at SIGTERM.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -32,6 +36,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -440,16 +446,66 @@ static int proc_fds(pid_t pid)
     return n;
 }
 
-/* SIGUSR2: an upgrade in place (the binary at patd's path started in its process after a drain,
- * with the pool and the index): the pid stays, the cache is adopted, a client stepping through it
- * reconnects once and every row it checks stays right; the longest gap between its served steps
- * is printed (issue 37's target is <= 100 ms; measured here, not bound). */
-static void test_upgrade_in_place(void **state)
+/* Reads the stepper's lines until `after` steps ended after t_from (0: none yet); the longest
+ * gap between two steps from t_from on is returned. Fails on a wrong row. */
+static uint64_t steps_until(FILE *in, int after, uint64_t t_from)
+{
+    char line[96];
+    uint64_t last = 0, gap = 0;
+    int n = 0;
+    while (n < after && fgets(line, sizeof(line), in)) {
+        if (!strncmp(line, "BAD", 3))
+            fail_msg("a checked row went wrong across the upgrade: %s", line);
+        unsigned f;
+        unsigned long long t;
+        if (sscanf(line, "F %u %llu", &f, &t) != 2)
+            continue;
+        if (last && t > t_from && t - last > gap)
+            gap = t - last;
+        last = t;
+        n += t > t_from;
+    }
+    if (n < after)
+        fail_msg("the stepper stopped after %d steps", n);
+    return gap;
+}
+
+/* A line of the STATUS text ("key value"): its integer value, or -1 when absent. */
+static int64_t status_line(tl_daemon_t *d, const char *key)
+{
+    char *out = NULL;
+    int64_t v = -1;
+    if (pat_admin(d->sock, PAT_ADMIN_STATUS, 2000, &out) == 0) {
+        const size_t n = strlen(key);
+        for (const char *p = out; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+            if (!strncmp(p, key, n) && p[n] == ' ')
+                v = strtoll(p + n + 1, NULL, 10);
+    }
+    pat_free(out);
+    return v;
+}
+
+/* Polls STATUS until its pid is `pid` (5 s); 0 or -1. */
+static int status_pid_is(tl_daemon_t *d, int64_t pid)
+{
+    for (int i = 0; i < 500; i++) {
+        if (tl_daemon_status(d, "pid") == pid)
+            return 0;
+        usleep(10000);
+    }
+    return -1;
+}
+
+/* patctl upgrade (PAT_ADMIN_UPGRADE) while a client steps: the successor starts beside the
+ * serving daemon, takes over once ready, adopts the cache, and the client's every checked row
+ * stays right; the longest gap between its served steps is printed (issue 37's target is
+ * <= 100 ms; measured here, not bound). */
+static void test_upgrade(void **state)
 {
     (void)state;
     tl_daemon_t d;
     assert_int_equal(tl_daemon_start_managed(&d, ARGS), 0);
-    const pid_t pid = d.pid;
+    const pid_t old = d.pid;
     tl_rng_t r;
     tl_rng_seed(&r, tl_test_seed(0x3c));
     pat_conn_t *c = connect_to(&d);
@@ -458,52 +514,124 @@ static void test_upgrade_in_place(void **state)
     run(c, s, 1, &r);
     pat_close(c);
     usleep(100000); /* the session's close is the daemon's */
-    const int fds_before = proc_fds(pid);
+    const int fds_before = proc_fds(old);
     pid_t kid;
     FILE *in = stepper_start(&d, tl_rng_u64(&r), 0, &kid);
-    char line[96];
-    uint64_t last = 0, gap = 0, t_sig = 0;
-    int before = 0, after = 0;
-    while (fgets(line, sizeof(line), in)) {
-        if (!strncmp(line, "BAD", 3))
-            fail_msg("a checked row went wrong across the upgrade: %s", line);
-        unsigned f;
-        unsigned long long t;
-        if (sscanf(line, "F %u %llu", &f, &t) != 2)
-            continue;
-        if (last && t_sig && t - last > gap)
-            gap = t - last;
-        last = t;
-        if (!t_sig && ++before == 20) {
-            t_sig = pat_now_ns();
-            assert_int_equal(kill(pid, SIGUSR2), 0);
-        } else if (t_sig && ++after == 20)
-            break;
-    }
+    steps_until(in, 20, 0);
+    const uint64_t t_up = pat_now_ns();
+    char *out = NULL;
+    assert_int_equal(pat_admin(d.sock, PAT_ADMIN_UPGRADE, 5000, &out), 0);
+    int succ = 0;
+    assert_int_equal(sscanf(out, "upgrading: pid %d", &succ), 1);
+    pat_free(out);
+    const uint64_t gap = steps_until(in, 20, t_up);
     fclose(in);
     kill(kid, SIGKILL);
     waitpid(kid, NULL, 0);
-    tl_daemon_collect(&d);
-    assert_true(log_has(&d, "upgrade: exec"));
+    int st = 0;
+    assert_int_equal(waitpid(old, &st, 0), old); /* handed over, then exited 0 */
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    tl_daemon_collect(&d); /* MAINPID= named the successor */
+    assert_int_equal(d.pid, succ);
+    assert_int_equal(status_pid_is(&d, succ), 0);
+    assert_true(log_has(&d, "upgrade: taking over"));
     assert_true(log_has(&d, "pool.persist: adopted"));
-    assert_int_equal(tl_daemon_status(&d, "pid"), pid);
     assert_int_equal(stored(&d, "patd-pool"), 1);
     assert_int_equal(stored(&d, "patd-index"), 1);
     c = connect_to(&d);
     tl_seq_t t[2];
     prompts(t, 8000);
     const uint32_t hit = run(c, t, 1, &r);
-    printf("upgrade in place (SIGUSR2), pid %d kept: %u of %u prompt tokens from the cache; the "
+    printf("upgrade (patctl upgrade): pid %d -> %d, %u of %u prompt tokens from the cache; the "
            "stepping client's longest gap between served steps %.1f ms (20 steps before, 20 "
            "after)\n",
-           (int)pid, hit, 2 * 104, gap / 1e6);
+           (int)old, succ, hit, 2 * 104, gap / 1e6);
     assert_int_equal(hit, 2 * (104 / 16) * 16);
     pat_close(c);
     usleep(100000);
-    printf("the daemon's descriptors: %d before the upgrade, %d after\n", fds_before,
-           proc_fds(pid));
-    assert_true(proc_fds(pid) <= fds_before); /* nothing carried over but the pool's two */
+    printf("the daemon's descriptors: %d before the upgrade, %d in its successor\n", fds_before,
+           proc_fds(succ));
+    assert_true(proc_fds(succ) <= fds_before); /* nothing carried over but the pool's two */
     finish(&d, s, t);
+}
+
+/* Puts `what` (a file) at path by a rename, as a package manager installs a binary. */
+static void install(const char *what, const char *path)
+{
+    char tmp[300], cmd[700];
+    snprintf(tmp, sizeof(tmp), "%s.new", path);
+    snprintf(cmd, sizeof(cmd), "cp '%s' '%s' && chmod 755 '%s'", what, tmp, tmp);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(rename(tmp, path), 0);
+}
+
+/* An upgrade to a binary that fails at start (SIGUSR2): the old daemon serves on without a gap
+ * and says why; a good binary put at the same path then upgrades (PAT_ADMIN_UPGRADE). */
+static void test_upgrade_fails(void **state)
+{
+    (void)state;
+    const char *built = getenv("PATD_BIN") ? getenv("PATD_BIN") : "build/bin/patd";
+    char bdir[] = "/tmp/patd-test-bin.XXXXXX", bin[200], bad[220];
+    assert_non_null(mkdtemp(bdir));
+    snprintf(bin, sizeof(bin), "%s/patd", bdir);
+    snprintf(bad, sizeof(bad), "%s/broken", bdir);
+    install(built, bin);
+    FILE *f = fopen(bad, "w");
+    assert_non_null(f);
+    fputs("#!/bin/sh\necho 'a broken patd' >&2\nexit 3\n", f);
+    fclose(f);
+    char *was = getenv("PATD_BIN") ? strdup(getenv("PATD_BIN")) : NULL;
+    setenv("PATD_BIN", bin, 1);
+    tl_daemon_t d;
+    const int started = tl_daemon_start_managed(&d, ARGS);
+    if (was)
+        setenv("PATD_BIN", was, 1);
+    else
+        unsetenv("PATD_BIN");
+    free(was);
+    assert_int_equal(started, 0);
+    const pid_t old = d.pid;
+    tl_rng_t r;
+    tl_rng_seed(&r, tl_test_seed(0x3d));
+    pid_t kid;
+    FILE *in = stepper_start(&d, tl_rng_u64(&r), 0, &kid);
+    steps_until(in, 10, 0);
+    install(bad, bin);
+    const uint64_t t_up = pat_now_ns();
+    assert_int_equal(kill(old, SIGUSR2), 0);
+    for (int i = 0; i < 500 && !log_has(&d, "upgrade failed"); i++)
+        usleep(10000);
+    const uint64_t gap = steps_until(in, 20, t_up);
+    assert_true(log_has(&d, "upgrade failed: the successor (pid"));
+    assert_true(log_has(&d, "exited with status 3 before it was ready"));
+    assert_int_equal(tl_daemon_status(&d, "pid"), old);
+    assert_int_equal(status_line(&d, "upgrade_pid"), -1); /* none under way */
+    printf("an upgrade to a broken binary: pid %d serves on; the stepping client's longest gap "
+           "%.1f ms\n",
+           (int)old, gap / 1e6);
+    /* the good binary at the same path */
+    install(built, bin);
+    char *out = NULL;
+    assert_int_equal(pat_admin(d.sock, PAT_ADMIN_UPGRADE, 5000, &out), 0);
+    int succ = 0;
+    assert_int_equal(sscanf(out, "upgrading: pid %d", &succ), 1);
+    pat_free(out);
+    /* two at once are refused */
+    assert_int_equal(pat_admin(d.sock, PAT_ADMIN_UPGRADE, 5000, &out), -EALREADY);
+    pat_free(out);
+    steps_until(in, 10, pat_now_ns());
+    fclose(in);
+    kill(kid, SIGKILL);
+    waitpid(kid, NULL, 0);
+    int st = 0;
+    assert_int_equal(waitpid(old, &st, 0), old);
+    tl_daemon_collect(&d);
+    assert_int_equal(status_pid_is(&d, succ), 0);
+    assert_true(status_line(&d, "persist_adopted") > 0);
+    tl_daemon_stop(&d);
+    unlink(bin);
+    unlink(bad);
+    rmdir(bdir);
 }
 
 /* Without systemd: patd-keep keeps the store and starts patd again after a kill -9, and the
@@ -560,11 +688,23 @@ static void test_keeper(void **state)
            (long long)first, (long long)second, hit, 2 * 104);
     assert_int_equal(hit, 2 * (104 / 16) * 16);
     pat_close(c);
+    /* an upgrade: the keeper follows the successor */
+    assert_int_equal(kill((pid_t)second, SIGUSR2), 0);
+    int64_t third = -1;
+    for (int i = 0; i < 400 && (third < 0 || third == second); i++) {
+        usleep(25000);
+        third = tl_daemon_status(&d, "pid");
+    }
+    assert_true(third > 0 && third != second);
+    for (int i = 0; i < 200 && !log_has(&d, "patd-keep: patd's main process is now pid"); i++)
+        usleep(10000);
+    assert_true(log_has(&d, "patd-keep: patd's main process is now pid"));
     kill(kp, SIGTERM);
     int st = 0;
     assert_int_equal(waitpid(kp, &st, 0), kp);
     assert_true(WIFEXITED(st));
     assert_int_equal(WEXITSTATUS(st), 0);
+    assert_true(kill((pid_t)third, 0) < 0 && errno == ESRCH); /* drained and reaped */
     finish(&d, s, t);
 }
 
@@ -576,7 +716,13 @@ int main(void)
         cmocka_unit_test(test_restart_cycles),
         cmocka_unit_test(test_random_kills),
         cmocka_unit_test(test_keeper),
-        cmocka_unit_test(test_upgrade_in_place),
+        cmocka_unit_test(test_upgrade),
+        cmocka_unit_test(test_upgrade_fails),
     };
+    /* an upgrade's successor is the old daemon's child: it becomes this test's when that exits */
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0) {
+        perror("PR_SET_CHILD_SUBREAPER");
+        return 1;
+    }
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

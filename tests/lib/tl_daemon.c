@@ -31,6 +31,9 @@ int tl_daemon_collect(tl_daemon_t *d)
     int got = 0;
     while (pat_fdstore_recv(&d->store, d->notify_fd) > 0)
         got++;
+    if (d->store.mainpid > 0 && d->store.mainpid != d->pid)
+        d->pid = d->store.mainpid; /* an upgrade's successor (reaped by a subreaper test) */
+    d->store.mainpid = 0;
     return got;
 }
 

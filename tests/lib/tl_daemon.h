@@ -37,8 +37,10 @@ int tl_daemon_start_in(tl_daemon_t *d, const char *const *args, const char *proc
  * (FDSTOREREMOVE=1 drops them; one already kept by inode is not kept twice), and every restart
  * passes them back from descriptor 3 on with LISTEN_PID, LISTEN_FDS and LISTEN_FDNAMES. */
 int tl_daemon_start_managed(tl_daemon_t *d, const char *const *args);
-/* Reads every message the daemon sent to the notify socket since the last call (managed);
- * returns how many. */
+/* Reads every message the daemon sent to the notify socket since the last call (managed), and
+ * follows MAINPID= (an upgrade's successor becomes d->pid; a test that upgrades makes itself
+ * the subreaper, so that the successor is its child once the old daemon exits); returns how
+ * many. */
 int tl_daemon_collect(tl_daemon_t *d);
 /* Starts again in the same directory (a restart). */
 int tl_daemon_restart(tl_daemon_t *d, const char *const *args);

@@ -691,6 +691,10 @@ static void test_index_identity(void **state)
     assert_int_equal(kv_index_check(mem, bytes, &id, why, sizeof(why)), -ESTALE);
     assert_non_null(strstr(why, "device"));
     id = IX_ID;
+    id.driver = 13000;
+    assert_int_equal(kv_index_check(mem, bytes, &id, why, sizeof(why)), -ESTALE);
+    assert_non_null(strstr(why, "driver"));
+    id = IX_ID;
     id.layout = KV_INDEX_LAYOUT + 1;
     assert_int_equal(kv_index_check(mem, bytes, &id, why, sizeof(why)), -ESTALE);
     assert_int_equal(kv_index_check(mem, bytes - 32, &IX_ID, why, sizeof(why)), -EPROTO);

@@ -57,7 +57,8 @@ __all__ = ["Model", "Conn", "PatError", "admin", "default_socket", "library_vers
 _SONAME = "libpat.so.%s" % __version__.split(".")[0]
 
 F16, BF16, F32 = 1, 2, 3
-_ADMIN = {"status": 16, "stats": 17, "seqs": 18, "drain": 19, "reload": 20, "check": 22}
+_ADMIN = {"status": 16, "stats": 17, "seqs": 18, "drain": 19, "reload": 20, "check": 22,
+          "upgrade": 25}
 
 
 def _candidates():
