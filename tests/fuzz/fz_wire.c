@@ -75,8 +75,9 @@ const size_t fz_n_targets = sizeof(fz_targets) / sizeof(fz_targets[0]);
 
 /* Opcodes that end the daemon on request of a caller allowed to (the fuzzer runs as patd's user
  * or root, who are): an admin frame at the start of the stream with one of these becomes a
- * STATUS, or every such input would read as a death. */
-static const uint16_t ending_ops[] = {IPC_OP_DRAIN};
+ * STATUS, or every such input would read as a death (UPGRADE: the daemon hands over to a
+ * successor and exits). */
+static const uint16_t ending_ops[] = {IPC_OP_DRAIN, IPC_OP_UPGRADE};
 
 static const char *const prefix_names[] = {
     [FZ_PFX_NONE] = "none",

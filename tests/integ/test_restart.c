@@ -22,13 +22,14 @@
  *     patd serves, takes over once ready (MAINPID= names it to the manager), adopts the cache,
  *     and a stepping client reconnects once with every checked row right; the old daemon exits
  *     0 and nothing but the pool's two descriptors is carried over;
- *   - an upgrade to a binary that fails (SIGUSR2): the old daemon serves on, says why, and a
- *     later upgrade to a good binary at the same path works;
- *   - patd-keep follows an upgrade's successor and ends it at SIGTERM.
+ *   - patctl upgrade to a binary that fails: patctl says so, the old daemon serves on and says
+ *     why; a good binary at the same path then upgrades (a second upgrade meanwhile: EALREADY);
+ *   - patd-keep follows an upgrade's successor (SIGUSR2) and ends it at SIGTERM.
  */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -565,20 +566,55 @@ static void install(const char *what, const char *path)
     assert_int_equal(rename(tmp, path), 0);
 }
 
-/* An upgrade to a binary that fails at start (SIGUSR2): the old daemon serves on without a gap
- * and says why; a good binary put at the same path then upgrades (PAT_ADMIN_UPGRADE). */
+/* A tool beside the patd binary the tests run (build/bin/NAME). */
+static void tool_path(const char *name, char *out, size_t len)
+{
+    const char *patd = getenv("PATD_BIN") ? getenv("PATD_BIN") : "build/bin/patd";
+    snprintf(out, len, "%s", patd);
+    char *slash = strrchr(out, '/');
+    snprintf(slash ? slash + 1 : out, len - (size_t)(slash ? slash + 1 - out : 0), "%s", name);
+}
+
+/* Runs `patctl --socket S upgrade`, its output (both streams) into out; its exit status. */
+static int patctl_upgrade(tl_daemon_t *d, char *out, size_t len, FILE **bg)
+{
+    char patctl[300], cmd[700];
+    tool_path("patctl", patctl, sizeof(patctl));
+    snprintf(cmd, sizeof(cmd), "%s --socket %s upgrade 2>&1", patctl, d->sock);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    if (bg) { /* the caller reads and closes it */
+        *bg = p;
+        return 0;
+    }
+    size_t n = fread(out, 1, len - 1, p);
+    out[n] = 0;
+    const int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* patctl upgrade to a binary that fails at start: exit 1 saying so, and the old daemon serves
+ * on without a gap and logs why; a good binary put at the same path (one that takes a moment to
+ * start) then upgrades, a second upgrade meanwhile is refused with EALREADY, and patctl says
+ * the new pid. */
 static void test_upgrade_fails(void **state)
 {
     (void)state;
     const char *built = getenv("PATD_BIN") ? getenv("PATD_BIN") : "build/bin/patd";
-    char bdir[] = "/tmp/patd-test-bin.XXXXXX", bin[200], bad[220];
+    char bdir[] = "/tmp/patd-test-bin.XXXXXX", bin[200], bad[220], slow[220], real[PATH_MAX];
     assert_non_null(mkdtemp(bdir));
+    assert_non_null(realpath(built, real));
     snprintf(bin, sizeof(bin), "%s/patd", bdir);
     snprintf(bad, sizeof(bad), "%s/broken", bdir);
+    snprintf(slow, sizeof(slow), "%s/slow", bdir);
     install(built, bin);
     FILE *f = fopen(bad, "w");
     assert_non_null(f);
     fputs("#!/bin/sh\necho 'a broken patd' >&2\nexit 3\n", f);
+    fclose(f);
+    f = fopen(slow, "w");
+    assert_non_null(f);
+    fprintf(f, "#!/bin/sh\nsleep 0.5\nexec '%s' \"$@\"\n", real);
     fclose(f);
     char *was = getenv("PATD_BIN") ? strdup(getenv("PATD_BIN")) : NULL;
     setenv("PATD_BIN", bin, 1);
@@ -598,9 +634,9 @@ static void test_upgrade_fails(void **state)
     steps_until(in, 10, 0);
     install(bad, bin);
     const uint64_t t_up = pat_now_ns();
-    assert_int_equal(kill(old, SIGUSR2), 0);
-    for (int i = 0; i < 500 && !log_has(&d, "upgrade failed"); i++)
-        usleep(10000);
+    char out[1024];
+    assert_int_equal(patctl_upgrade(&d, out, sizeof(out), NULL), 1);
+    assert_non_null(strstr(out, "the upgrade failed"));
     const uint64_t gap = steps_until(in, 20, t_up);
     assert_true(log_has(&d, "upgrade failed: the successor (pid"));
     assert_true(log_has(&d, "exited with status 3 before it was ready"));
@@ -609,28 +645,39 @@ static void test_upgrade_fails(void **state)
     printf("an upgrade to a broken binary: pid %d serves on; the stepping client's longest gap "
            "%.1f ms\n",
            (int)old, gap / 1e6);
-    /* the good binary at the same path */
-    install(built, bin);
-    char *out = NULL;
-    assert_int_equal(pat_admin(d.sock, PAT_ADMIN_UPGRADE, 5000, &out), 0);
-    int succ = 0;
-    assert_int_equal(sscanf(out, "upgrading: pid %d", &succ), 1);
-    pat_free(out);
-    /* two at once are refused */
-    assert_int_equal(pat_admin(d.sock, PAT_ADMIN_UPGRADE, 5000, &out), -EALREADY);
-    pat_free(out);
+    /* a good binary at the same path, slow to start: a second upgrade meanwhile is refused */
+    install(slow, bin);
+    FILE *bg = NULL;
+    patctl_upgrade(&d, NULL, 0, &bg);
+    int under_way = -1;
+    for (int i = 0; i < 200 && under_way < 0; i++) {
+        usleep(5000);
+        under_way = (int)status_line(&d, "upgrade_pid");
+    }
+    assert_true(under_way > 0);
+    char *text = NULL;
+    assert_int_equal(pat_admin(d.sock, PAT_ADMIN_UPGRADE, 5000, &text), -EALREADY);
+    pat_free(text);
+    size_t n = fread(out, 1, sizeof(out) - 1, bg);
+    out[n] = 0;
+    const int st = pclose(bg);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    char want[64];
+    snprintf(want, sizeof(want), "upgraded: pid %d serves", under_way);
+    if (!strstr(out, want))
+        fail_msg("patctl upgrade said: %s", out);
     steps_until(in, 10, pat_now_ns());
     fclose(in);
     kill(kid, SIGKILL);
     waitpid(kid, NULL, 0);
-    int st = 0;
-    assert_int_equal(waitpid(old, &st, 0), old);
+    assert_int_equal(waitpid(old, NULL, 0), old);
     tl_daemon_collect(&d);
-    assert_int_equal(status_pid_is(&d, succ), 0);
+    assert_int_equal(d.pid, under_way);
     assert_true(status_line(&d, "persist_adopted") > 0);
     tl_daemon_stop(&d);
     unlink(bin);
     unlink(bad);
+    unlink(slow);
     rmdir(bdir);
 }
 
@@ -642,9 +689,7 @@ static void test_keeper(void **state)
     (void)state;
     const char *patd = getenv("PATD_BIN") ? getenv("PATD_BIN") : "build/bin/patd";
     char keep[300];
-    snprintf(keep, sizeof(keep), "%s", patd);
-    char *slash = strrchr(keep, '/');
-    snprintf(slash ? slash + 1 : keep, 20, "patd-keep");
+    tool_path("patd-keep", keep, sizeof(keep));
     tl_daemon_t d; /* only its directory, socket and log: the keeper starts patd */
     assert_int_equal(tl_daemon_dir(&d), 0);
     char rt[160];
