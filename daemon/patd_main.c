@@ -912,9 +912,10 @@ int main(int argc, char **argv)
     d->admin_dispatch = admin_dispatch;
     d->wire_dispatch = handle_frame;
     patd_notify_open(&d->notify); /* before the pool: it is handed to the manager (pool.persist) */
-    /* the backend first: a successor (an upgrade) makes it while its predecessor serves, and
-     * takes over (the fence, the index, the sockets) only after that one let go */
-    if ((rc = create_pool(d)) < 0 || (rc = patd_persist_takeover(d)) < 0)
+    /* the backend and its lanes first: a successor (an upgrade) makes them while its predecessor
+     * serves, and takes over (the fence, the index, the sockets) only after that one let go */
+    if ((rc = create_pool(d)) < 0 || (rc = patd_gpu_start(d)) < 0 ||
+        (rc = patd_persist_takeover(d)) < 0)
         goto out;
     patd_persist_adopt(d);
     char prefix[IPC_NAME_LEN + 16];
@@ -922,8 +923,7 @@ int main(int argc, char **argv)
     int swept = ipc_shm_sweep(prefix);
     if (swept)
         patd_notice("removed %d stale staging buffers of a previous run", swept);
-    if ((rc = open_sockets(d)) < 0 || (rc = patd_admin_start(d)) < 0 ||
-        (rc = patd_gpu_start(d)) < 0)
+    if ((rc = open_sockets(d)) < 0 || (rc = patd_admin_start(d)) < 0)
         goto out;
     uv_async_init(&d->loop, &d->wake, on_wake);
     d->wake.data = d;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU test and benchmark driver, run on the GPU machine from the repository root:
 #   tests/gpu/run.sh [--no-bench | --quick-bench | --attn | --attn-bench | --smoke | --frontend |
-#                     --sanitize | --replay [quick] | --frontends [full|quick|modes]]
+#                     --sanitize | --replay [quick] | --frontends [full|quick|modes] | --persist]
 # builds the CUDA parts, runs every GPU test, compute-sanitizer memcheck and racecheck on a
 # reduced set, the tile solver, and the attention benchmark (bench_attn + PAT's kernel on the same
 # GPU when .peers/ holds it (../shared/peers/pat/README.md), joined by tests/bench/compare_pat.py,
@@ -21,6 +21,9 @@
 # bench_handoff with gpu.dependent_launch 1 and 0, and test_frontend. --e2e: only tests/bench/bench_e2e.py under MPS (a Llama-3-8B-shaped decode step through patd,
 # in-process FlashInfer from .whl/, and a dense in-process cache). --replay: only patload under MPS (tests/gpu/replay.sh: the CI replay tests on the cuda backend,
 # then trace replays with a Llama-3-8B-shaped model; "quick": the tests and one short replay).
+# --persist: only tests/gpu/test_persist.py under MPS (issue 37: the KV cache survives patd's
+# kill -9 and its upgrade, a transformers model as the frontend; builds patd, patctl, patd-keep
+# and libpat; the other modes that run test_hf run it too).
 # FRONTEND_ONLY=LIST with --frontends: test_frontend.py's tests of LIST before the benchmark.
 # --frontends [full|quick|modes]: only tests/bench/bench_frontends.py under MPS (issue 36: N
 # frontend processes through one patd vs one frontend with the union batch vs N in-process
@@ -52,6 +55,7 @@ case "${1:-}" in
 --launch) bench=9 ;;
 --units) bench=10 ;;
 --frontends) bench=11 ;;
+--persist) bench=12 ;;
 esac
 
 # PAT's reference kernel (../shared/peers/pat): built in the background while patd builds and
@@ -76,8 +80,9 @@ B=build/gpu
 targets="$B/tests/gpu/test_cuda_attn $B/tests/gpu/test_vmm_share $B/tests/gpu/test_cuda_xpack
     $B/bin/patd-tile-solver
     $B/bench/bench_attn $B/bin/patd $B/lib/libpat.so.1 $B/bench/bench_handoff $B/bench/bench_mcast
-    $B/bin/patload $B/bin/patctl"
+    $B/bin/patload $B/bin/patctl $B/bin/patd-keep"
 [ $bench = 10 ] && targets="$B/bin/patd $B/bin/patctl"
+[ $bench = 12 ] && targets="$B/bin/patd $B/bin/patctl $B/bin/patd-keep $B/lib/libpat.so.1"
 [ $bench = 11 ] && targets="$B/bin/patd $B/lib/libpat.so.1"
 # shellcheck disable=SC2086 # a list of targets
 if ! make -j"$(nproc)" B=$B CUDA=1 CUDA_ARCHS=90a $targets >>"$out/gpu.log" 2>&1; then
@@ -103,7 +108,7 @@ run() { # name, command...
 # the shipped units and config started as systemd starts them: the cuda backend on this GPU
 # (tests/integ/test_units.py; two patd@ instances share the one GPU); not before --frontends,
 # whose time is the benchmark's
-[ $bench = 11 ] || run test_units env PATD_BIN=$B/bin/patd PATCTL_BIN=$B/bin/patctl \
+[ $bench = 11 ] || [ $bench = 12 ] || run test_units env PATD_BIN=$B/bin/patd PATCTL_BIN=$B/bin/patctl \
     python3 tests/integ/test_units.py --expect cuda
 if [ $bench = 10 ]; then # --units: only that
     echo "$passed passed, $failed failed" | tee -a "$out/gpu.log"
@@ -203,15 +208,15 @@ export CUDA_MPS_PIPE_DIRECTORY=/tmp/patd-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/pa
 mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
 export PATD_LIBPAT=$PWD/$B/lib/libpat.so.1
 mps_stop() { echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; sleep 1; }
-if [ $bench != 0 ] && [ $bench != 4 ] && [ $bench != 7 ] && [ $bench != 9 ] && [ $bench != 11 ]; then # the floor and patd's round trip without MPS first
+if [ $bench != 0 ] && [ $bench != 4 ] && [ $bench != 7 ] && [ $bench != 9 ] && [ $bench != 11 ] && [ $bench != 12 ]; then # the floor and patd's round trip without MPS first
     run handoff_nomps $B/bench/bench_handoff --patd $B/bin/patd --label no-MPS \
         --json "$out/handoff.jsonl"
 fi
 # per-session GPU staging by descriptor (issue 17): does the driver share a VMM allocation with
 # one other process, without MPS and under it
-[ $bench = 11 ] || run vmm_share_nomps $B/tests/gpu/test_vmm_share
+[ $bench = 11 ] || [ $bench = 12 ] || run vmm_share_nomps $B/tests/gpu/test_vmm_share
 nvidia-cuda-mps-control -d && sleep 1
-[ $bench = 11 ] || run vmm_share_mps $B/tests/gpu/test_vmm_share
+[ $bench = 11 ] || [ $bench = 12 ] || run vmm_share_mps $B/tests/gpu/test_vmm_share
 flashinfer_whl() { # FlashInfer from the carried wheel (.whl/) where the host's python lacks it
     if ! python3 -c 'import flashinfer' 2>/dev/null && ls .whl/flashinfer_python-*.whl >/dev/null 2>&1; then
         python3 -m pip install --quiet --no-deps --no-index .whl/*.whl >>"$out/gpu.log" 2>&1
@@ -270,14 +275,16 @@ if [ $bench = 4 ]; then
     [ "$failed" -eq 0 ]
     exit
 fi
-run test_frontend python3 tests/gpu/test_frontend.py --patd $B/bin/patd
+[ $bench = 12 ] || run test_frontend python3 tests/gpu/test_frontend.py --patd $B/bin/patd
 # a transformers Llama-3-8B-shaped model generating through patd.transformers vs its own sdpa
 # (needs transformers in the GPU host's python; .whl/ may bring a wheel: installed if missing)
 if ! python3 -c 'import transformers' 2>/dev/null && ls .whl/transformers-*.whl >/dev/null 2>&1; then
     python3 -m pip install --quiet --no-index --find-links .whl transformers >/dev/null 2>&1
 fi
-run test_hf python3 tests/gpu/test_hf.py --patd $B/bin/patd
-if [ $bench != 0 ]; then
+[ $bench = 12 ] || run test_hf python3 tests/gpu/test_hf.py --patd $B/bin/patd
+# the cache survives patd's kill -9 and its upgrade, with that model as the frontend (issue 37)
+run test_persist python3 tests/gpu/test_persist.py --bindir $B/bin
+if [ $bench != 0 ] && [ $bench != 12 ]; then
     run handoff_mps $B/bench/bench_handoff --patd $B/bin/patd --label MPS \
         --json "$out/handoff.jsonl"
     run bench_frontend python3 tests/bench/bench_frontend.py --patd $B/bin/patd \
