@@ -914,8 +914,16 @@ int main(int argc, char **argv)
     patd_notify_open(&d->notify); /* before the pool: it is handed to the manager (pool.persist) */
     /* the backend and its lanes first: a successor (an upgrade) makes them while its predecessor
      * serves, and takes over (the fence, the index, the sockets) only after that one let go */
-    if ((rc = create_pool(d)) < 0 || (rc = patd_gpu_start(d)) < 0 ||
-        (rc = patd_persist_takeover(d)) < 0)
+    if ((rc = create_pool(d)) < 0)
+        goto out;
+    const uint64_t t_backend = pat_now_ns();
+    if ((rc = patd_gpu_start(d)) < 0)
+        goto out;
+    if (d->persist.upgrade_fd >= 0)
+        patd_notice("upgrade: ready %.1f ms after start (the backend %.1f ms, its lanes %.1f ms)",
+                    (pat_now_ns() - d->t_start_ns) / 1e6, (t_backend - d->t_start_ns) / 1e6,
+                    (pat_now_ns() - t_backend) / 1e6);
+    if ((rc = patd_persist_takeover(d)) < 0)
         goto out;
     patd_persist_adopt(d);
     char prefix[IPC_NAME_LEN + 16];
@@ -949,9 +957,9 @@ int main(int argc, char **argv)
     patd_watchdog_init(&d->wd, d->watchdog_usec * 1000ull, PATD_EXEC_IDLE_NS, TICK_MS * 1000000ull);
     if (d->watchdog && d->watchdog_usec / 1000 < 2 * TICK_MS)
         patd_warn("WatchdogSec below %u ms is shorter than the check period", 2 * TICK_MS);
-    patd_notice("ready: control %s, events %s, %u executors, metrics %s%u", d->sock_path,
-                d->ev_path, d->exec.n, d->cfg.metrics_port ? "127.0.0.1:" : "off ",
-                d->cfg.metrics_port);
+    patd_notice("ready: control %s, events %s, %u executors, metrics %s%u (%.1f ms after start)",
+                d->sock_path, d->ev_path, d->exec.n, d->cfg.metrics_port ? "127.0.0.1:" : "off ",
+                d->cfg.metrics_port, (pat_now_ns() - d->t_start_ns) / 1e6);
     patd_notify_state(&d->notify, "READY=1\nSTATUS=serving on %s (%s backend, %s)\nMAINPID=%d",
                       d->sock_path, kern_backend_name(d->be), d->device, getpid());
     uv_run(&d->loop, UV_RUN_DEFAULT);

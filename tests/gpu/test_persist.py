@@ -6,23 +6,24 @@ default) runs its attention through patd.transformers in a real patd on the cuda
 process, under MPS), which runs under patd-keep (started again at once; the pool's and the
 index's descriptors kept, as systemd's descriptor store keeps them). Eight requests share a
 512-token system prompt; every request is teacher-forced on a fixed stream of tokens, so that
-two runs' logits are comparable step by step. A reference daemon (its cache empty) first records
-each step's logits of both sets of requests.
+two runs' logits are comparable step by step. The reference of each run is a second patd (its
+cache empty at the start) running the same requests with the same disruption minus the daemon's
+part: the frontend closes its session and opens its requests again from a new Engine at the same
+step, so the steps after read KV from the cache there too.
 
 1. kill -9: the requests run their first 4 steps, patd is killed with SIGKILL, patd-keep starts
    it again with the pool's descriptor. Checked: its log says the cached blocks were adopted
    (the pool's device memory imported, not made anew: a pool that did not map starts empty and
    says so); the same requests opened by a new Engine are served every full block of their
    tokens from the cache (0 recomputed tokens for what was published before the kill); every
-   step's logits, before the kill and after, match the reference (relative L2 <= 1e-2, and the
-   same argmax wherever the top-two margin exceeds four times the step's largest absolute
-   difference). Printed: kill
+   step's logits, before the kill and after, equal the reference's (relative L2 <= 1e-3 and the
+   same argmax; printed: whether bitwise equal). Printed: kill
    to the daemon answering again and to the first served step (issue 37's target: <= 1.5 s).
 2. upgrade: eight other requests decode step after step while `patctl upgrade` runs beside them; when
    the session goes (the old daemon drained and closed it) the frontend connects again, opens
    its requests with the tokens it has (served from the cache) and goes on. Checked: patctl
-   exits 0 naming the new pid, the successor adopted the cache, every step's logits match the
-   reference. Printed: the longest gap between served steps (target: <= 100 ms).
+   exits 0 naming the new pid, the successor took over, every step's logits equal the
+   reference's. Printed: the longest gap between served steps (target: <= 100 ms).
 
 Run by tests/gpu/run.sh (MPS started there). Prints "N passed, N failed"; exit 1 on failure.
 """
@@ -140,12 +141,12 @@ class Stream:
         return cached, want
 
     def step(self, eng):
-        """One step; returns {j: logits} of the requests served."""
+        """One step; returns {(j, k): logits} of the requests served (k: their step)."""
         out = eng.step()
         got = {}
         for j, r in enumerate(self.reqs):
             if r in out:
-                got[j] = (self.done[j], out[r].float().cpu())
+                got[(j, self.done[j])] = out[r].float().cpu()
                 self.done[j] += 1
                 if self.done[j] < STEPS:
                     eng.append(r, self.streams[j][self.plen[j] + self.done[j] - 1])
@@ -170,8 +171,8 @@ class Compare:
         self.ref, self.worst, self.ties, self.wrong, self.n = ref, 0.0, 0, [], 0
 
     def add(self, got):
-        for j, (k, lg) in got.items():
-            r = self.ref[(j, k)]
+        for key, lg in got.items():
+            r = self.ref[key]
             self.worst = max(self.worst, float((lg - r).norm() / r.norm()))
             d = float((lg - r).abs().max())
             top = torch.topk(r, 2)
@@ -182,12 +183,14 @@ class Compare:
                     self.ties += 1
             self.n += 1
 
-    def ok(self):
-        return self.worst <= 1e-2 and not self.wrong
+    def ok(self):  # the same computation on the same KV: equal but for float noise
+        return self.worst <= 1e-3 and not self.wrong and not self.ties
 
     def say(self):
-        return ("%d steps vs the reference: worst relative L2 %.2e, %d bf16 ties, %d clear "
-                "mismatches" % (self.n, self.worst, self.ties, len(self.wrong)))
+        return ("%d steps vs the reference: worst relative L2 %.2e (%s), %d other argmax, %d "
+                "clear mismatches" % (self.n, self.worst,
+                                      "bitwise equal" if self.worst == 0 else "not bitwise",
+                                      self.ties, len(self.wrong)))
 
 
 def main():
@@ -227,34 +230,34 @@ def main():
     prompts_b = [system + torch.randint(0, cfg.vocab_size, (20 + 7 * j,), generator=g).tolist()
                  for j in range(8)]
 
-    def run_all(eng, streams):  # every step of every request: {(j, k): logits}
-        s = Stream(*streams)
+    def replay(sock, prompts_, breaks):
+        """The reference of a disrupted run: every step of every request, the session closed
+        and the requests opened again from a new Engine after `breaks` steps (as the run
+        reconnected after the kill or the upgrade, with no restart here)."""
+        eng = connect(model, sock)
+        s = Stream(prompts_, forced)
         s.open(eng)
         out = {}
         while min(s.done) < STEPS:
-            for j, (k, lg) in s.step(eng).items():
-                out[(j, k)] = lg
+            if breaks and min(s.done) == breaks[0]:
+                breaks = breaks[1:]
+                s.close(eng)
+                eng = connect(model, sock)
+                s.open(eng)
+            out.update(s.step(eng))
         s.close(eng)
         return out
 
-    # the references, from a daemon of their own with an empty cache
-    r = Daemon(args.bindir, args.layers, backend)
-    try:
-        eng = connect(model, r.sock)
-        ref_a = run_all(eng, (prompts, forced))
-        eng = connect(model, r.sock)
-        ref_b = run_all(eng, (prompts_b, forced))
-    finally:
-        r.stop()
+    r = Daemon(args.bindir, args.layers, backend)  # the references' daemon, its cache empty
     d = Daemon(args.bindir, args.layers, backend)
     try:
         # 1. kill -9 after KILL_AT steps, then the same requests from a new Engine
         eng = connect(model, d.sock)
         s = Stream(prompts, forced)
         s.open(eng)
-        cmp1 = Compare(ref_a)
+        got1 = {}
         while min(s.done) < KILL_AT:
-            cmp1.add(s.step(eng))
+            got1.update(s.step(eng))
         st = d.status()
         blocks_before = int(st["blocks_used"]) + int(st["blocks_cached"])
         old = d.pid
@@ -268,10 +271,10 @@ def main():
         t_up = time.time()
         eng = connect(model, d.sock)
         cached, want = s.open(eng)
-        cmp1.add(s.step(eng))
+        got1.update(s.step(eng))
         t_first = time.time()
         while min(s.done) < STEPS:
-            cmp1.add(s.step(eng))
+            got1.update(s.step(eng))
         s.close(eng)
         log = d.text()
         adopted = "pool.persist: adopted" in log and "the cache starts empty" not in log
@@ -280,29 +283,32 @@ def main():
               "the kill came from the cache" % (blocks_before, (t_up - t_kill) * 1e3,
                                                (t_first - t_kill) * 1e3, cached, want))
         for line in log.splitlines():
-            if "pool.persist: adopted" in line or "starts empty" in line:
+            if "pool.persist: adopted" in line or "starts empty" in line or "ready:" in line:
                 print("  log:", line.strip())
+        cmp1 = Compare(replay(r.sock, prompts, [KILL_AT]))
+        cmp1.add(got1)
         print("kill -9:", cmp1.say())
         verdict(adopted, "kill -9: the restarted patd adopted the cache (the pool imported)")
         verdict(cached >= want > 0, "kill -9: every full block fed before the kill is cached")
         verdict(cmp1.ok() and cmp1.n == len(prompts) * STEPS,
-                "kill -9: every step's logits match the reference")
+                "kill -9: every step's logits equal a run without the kill")
 
-        # 2. upgrade while the requests step
+        # 2. upgrade while eight other requests step
         eng = connect(model, d.sock)
         s = Stream(prompts_b, forced)
         s.open(eng)
-        cmp2 = Compare(ref_b)
-        stamps, reconnects, up, t1 = [], 0, None, 0.0
+        got2, stamps, breaks, up, t1 = {}, [], [], None, 0.0
         old = d.pid
         while min(s.done) < STEPS:
             if up is None and min(s.done) >= UPGRADE_AT:
                 up = subprocess.Popen([d.patctl, "--socket", d.sock, "upgrade"],
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                t_patctl = time.time()
             try:
+                t_begin = time.time()
                 got = s.step(eng)
             except (patd.PatError, OSError) as e:
-                reconnects += 1
+                breaks.append(min(s.done))
                 t0 = time.time()
                 try:
                     eng.close()
@@ -311,13 +317,17 @@ def main():
                 eng = connect(model, d.sock)
                 t1 = time.time()
                 c, w = s.open(eng)
-                print("  the session went (%s) %.1f ms after the last served step: connected "
-                      "again %.1f ms later, reopened with %d of %d tokens from the cache in "
-                      "%.1f ms" % (e, (t0 - stamps[-1]) * 1e3, (t1 - t0) * 1e3, c, w,
-                                   (time.time() - t1) * 1e3))
+                last = [(b - a) * 1e3 for a, b in zip(stamps[-5:], stamps[-4:])]
+                print("  the session went (%s): its step began %.1f ms after the last served "
+                      "one and failed %.1f ms later; patctl ran %.1f ms before; the steps before "
+                      "took %s ms; connected again %.1f ms later, reopened with %d of %d tokens "
+                      "from the cache in %.1f ms"
+                      % (e, (t_begin - stamps[-1]) * 1e3, (t0 - t_begin) * 1e3,
+                         (t0 - t_patctl) * 1e3, " ".join("%.1f" % x for x in last),
+                         (t1 - t0) * 1e3, c, w, (time.time() - t1) * 1e3))
                 continue
-            cmp2.add(got)
-            if reconnects and len(stamps) and stamps[-1] < t1:
+            got2.update(got)
+            if breaks and stamps[-1] < t1:
                 print("  the first step after reopening took %.1f ms" % ((time.time() - t1) * 1e3))
             stamps.append(time.time())
         s.close(eng)
@@ -325,22 +335,26 @@ def main():
         new = d.wait_pid(lambda p: p != old, 30)
         gaps = [b - a for a, b in zip(stamps, stamps[1:])]
         typical = sorted(gaps)[len(gaps) // 2] if gaps else 0
-        print("upgrade: pid %d -> %d, %d reconnects; longest gap between served steps %.1f ms "
-              "(target <= 100 ms), median step %.1f ms; patctl said: %s"
-              % (old, new, reconnects, max(gaps) * 1e3 if gaps else 0, typical * 1e3,
+        print("upgrade: pid %d -> %d, reopened after steps %s; longest gap between served steps "
+              "%.1f ms (target <= 100 ms), median step %.1f ms; patctl said: %s"
+              % (old, new, breaks, max(gaps) * 1e3 if gaps else 0, typical * 1e3,
                  said.strip()))
         for line in d.text().splitlines():
-            if "upgrade:" in line or "pool.persist: adopted" in line:
+            if any(w in line for w in ("upgrade", "pool.persist: adopted", "drain", "ready:",
+                                       "session", "stopped")) and "<7>" not in line:
                 print("  log:", line.strip())
+        cmp2 = Compare(replay(r.sock, prompts_b, list(breaks)))
+        cmp2.add(got2)
         print("upgrade:", cmp2.say())
         verdict(up is not None and up.returncode == 0 and ("upgraded: pid %d" % new) in said,
                 "upgrade: patctl upgrade names the successor")
         verdict(new != old and "upgrade: taking over" in d.text(),
                 "upgrade: the successor took over")
         verdict(cmp2.ok() and cmp2.n == len(prompts_b) * STEPS,
-                "upgrade: every step served, logits match the reference")
+                "upgrade: every step served, logits equal a run without the upgrade")
     finally:
         d.stop()
+        r.stop()
     print("%d passed, %d failed" % (passed, failed))
     return 0 if failed == 0 else 1
 
