@@ -808,9 +808,11 @@ static int create_pool(patd_t *d)
                               cfg->head_dim, cfg->block_size, (kern_dtype_t)cfg->dtype};
     const char *backend = NULL;
     kern_probe_t pr;
+    const uint64_t t0 = pat_now_ns();
     int rc = pick_backend(cfg, &backend, &pr);
     if (rc < 0)
         return rc;
+    const uint64_t t_probe = pat_now_ns();
     snprintf(d->device, sizeof(d->device), "%s", pr.device);
     uint64_t lanes_bytes = 0;
     if (!strcmp(backend, "cuda")) {
@@ -859,6 +861,9 @@ static int create_pool(patd_t *d)
         return rc;
     }
     kern_tiles(d->be, &d->tiles);
+    patd_info("start: %.1f ms to the backend's probe (the process, the config), the probe %.1f "
+              "ms (cuda: the context), the backend %.1f ms (the pool, the kernels' warm-up)",
+              (t0 - d->t_start_ns) / 1e6, (t_probe - t0) / 1e6, (pat_now_ns() - t_probe) / 1e6);
     patd_notice("backend %s on %s: %u blocks of %u tokens (%.1f MiB KV), model %u layers %u/%u "
                 "heads d=%u%s",
                 kern_backend_name(d->be), pr.device, cfg->blocks, cfg->block_size,
