@@ -546,19 +546,26 @@ static void release_waits(pat_conn_t *c)
 static void *watch_main(void *arg)
 {
     pat_conn_t *c = arg;
-    struct pollfd p[2] = {{c->watch_efd, POLLIN, 0}, {c->daemon_pidfd, POLLIN, 0}};
-    const nfds_t n = c->daemon_pidfd >= 0 ? 2 : 1;
+    /* the control connection's hang-up too: a daemon that ended this session (a drain, an
+     * upgrade's handover) closes it, and may live on a while (its exit); the words are released
+     * at once (POLLRDHUP: replies arriving on it do not wake this thread; the next call reads
+     * why, as without this thread) */
+    struct pollfd p[3] = {
+        {c->watch_efd, POLLIN, 0}, {c->sock, POLLRDHUP, 0}, {c->daemon_pidfd, POLLIN, 0}};
+    const nfds_t n = c->daemon_pidfd >= 0 ? 3 : 2;
     int dead = 0;
     for (;;) {
         /* after the daemon died the words are stored again every 50 ms: a graph replayed later
          * resets them as it goes */
-        int r = poll(p, n, dead || n == 1 ? 50 : -1);
+        int r = poll(p, dead ? 1 : n, dead || n == 2 ? 50 : -1);
         if (r > 0 && (p[0].revents & POLLIN))
             return NULL;
-        if (!dead && ((n == 2 && (p[1].revents & POLLIN)) ||
-                      (n == 1 && kill(c->daemon_pid, 0) < 0 && errno == ESRCH))) {
+        if (!dead && ((n == 3 && (p[2].revents & POLLIN)) ||
+                      (n == 2 && kill(c->daemon_pid, 0) < 0 && errno == ESRCH))) {
             dead = 1;
             atomic_store(&c->lost_async, 1);
+        } else if (!dead && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+            dead = 1; /* the session ended; what the daemon said is read by the next call */
         }
         if (dead)
             release_waits(c);
@@ -740,6 +747,8 @@ void pat_close(pat_conn_t *c)
         call(c, IPC_OP_BYE, NULL, 0, NULL, 0, NULL, 0);
     }
     watcher_stop(c);
+    if (c->gpu) /* the session is over: no wait of ours may outlive it (pat__gpu_close syncs) */
+        release_waits(c);
     pat__gpu_close(c->gpu);
     ipc_shm_close(&c->shm);
     if (c->daemon_pidfd >= 0)

@@ -71,6 +71,7 @@ typedef struct {
     X(stream_create, "cuStreamCreate", (CUstream *, unsigned))                                     \
     X(stream_destroy, "cuStreamDestroy_v2", (CUstream))                                            \
     X(stream_sync, "cuStreamSynchronize", (CUstream))                                              \
+    X(ctx_sync, "cuCtxSynchronize", (void))                                                        \
     X(is_capturing, "cuStreamIsCapturing", (CUstream, int *))                                      \
     X(write64, "cuStreamWriteValue64_v2", (CUstream, CUdeviceptr, uint64_t, unsigned))             \
     X(wait64, "cuStreamWaitValue64_v2", (CUstream, CUdeviceptr, uint64_t, unsigned))               \

@@ -50,6 +50,11 @@ void pat__gpu_close(pat_gpu_t *g)
     if (!g)
         return;
     if (g->ctx && g->cu->ctx_push(g->ctx) == 0) {
+        /* the caller's streams may still hold this session's hand-offs (a step cut short by the
+         * daemon's end, or the last layers of one whose O nobody waited for): they must pass
+         * before the memory they wait on and copy from is unmapped, or the device faults in the
+         * frontend's context (the caller released every wait first) */
+        g->cu->ctx_sync();
         if (g->sig) {
             g->cu->mem_unmap(g->sig, g->sig_bytes);
             g->cu->va_free(g->sig, g->sig_bytes);
