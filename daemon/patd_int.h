@@ -188,9 +188,11 @@ struct patd {
     uv_timer_t tick; /* leases, watchdog, drain */
     uv_signal_t sig_term, sig_int, sig_hup, sig_usr2;
     /* an upgrade (SIGUSR2, patctl upgrade; patd_persist.h): 1 while the successor starts, 2 once
-     * it is ready and this daemon drains to hand over */
+     * it is ready and this daemon drains to hand over, 3 once handed over (winding down) */
     int upgrade;
     uint64_t upgrade_deadline_ns; /* the successor's start must end by then */
+    uint64_t upgrade_ready_ns;    /* when it said it was ready */
+    int upgrade_pid;              /* ... its pid (upgrade >= 2) */
     uv_poll_t upgrade_poll;       /* on persist.successor_fd */
     char exe[512];   /* the binary as named at start (its path: an upgraded file there runs) */
     uv_async_t wake; /* executor completions */
@@ -344,6 +346,9 @@ void patd_send(patd_t *d, patd_req_t *to, const void *frame, size_t len);
 
 /* patd_wire.c: the control socket and the event socket (loop thread; events from any thread) */
 int patd_wire_start(patd_t *d);
+/* Stops listening: the control and event sockets closed and their paths removed (an upgrade's
+ * successor binds them next); connections made stay. */
+void patd_wire_unlisten(patd_t *d);
 void patd_wire_stop(patd_t *d);
 /* Writes a reply frame to control connection id, if it still waits for that very reply. */
 void patd_wire_send(patd_t *d, uint64_t id, const void *frame, size_t len);

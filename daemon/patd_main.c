@@ -500,6 +500,8 @@ static void on_upgrade(uv_poll_t *h, int status, int events)
     }
     uv_poll_stop(h);
     d->upgrade = 2;
+    d->upgrade_ready_ns = pat_now_ns();
+    d->upgrade_pid = d->persist.successor;
     patd_notice("upgrade: the successor (pid %d) is ready: draining, then handing over",
                 d->persist.successor);
     /* the service's main process from now (systemd: NotifyAccess=main then hears it) */
@@ -509,6 +511,24 @@ static void on_upgrade(uv_poll_t *h, int status, int events)
     uv_timer_set_repeat(&d->tick, UPGRADE_TICK_MS);
     uv_timer_again(&d->tick);
     start_drain(d, "upgrade");
+}
+
+/* The drain of an upgrade is done (no session left, so no step, no pool or index write): the
+ * listening sockets and the metrics port go, the GPU's last work passes, and the successor is
+ * let in (patd_persist_release), before this daemon's threads and backend wind down. */
+static void upgrade_hand_over(patd_t *d, uint64_t now)
+{
+    patd_metrics_stop(d);
+    patd_admin_stop(d);
+    patd_wire_unlisten(d);
+    if (d->be && kern_sync(d->be) < 0)
+        patd_warn("upgrade: the GPU's last work failed; the successor takes over all the same");
+    patd_persist_release(d);
+    d->upgrade = 3;
+    patd_notice("upgrade: handed over to pid %d, %.1f ms after it was ready (the drain %.1f ms, "
+                "letting go %.1f ms)",
+                d->upgrade_pid, (pat_now_ns() - d->upgrade_ready_ns) / 1e6,
+                (now - d->upgrade_ready_ns) / 1e6, (pat_now_ns() - now) / 1e6);
 }
 
 /* SIGUSR2 or patctl upgrade: the successor is started; 0 or -errno (why: for the reply). */
@@ -622,7 +642,10 @@ static void on_tick(uv_timer_t *t)
         if (busy == 0 || now >= d->drain_deadline_ns) {
             if (busy)
                 patd_warn("drain timeout: aborting %u steps in flight", busy);
-            close_all(d, "daemon shutting down");
+            close_all(d, d->upgrade == 2 ? "patd upgraded: the successor serves"
+                                         : "daemon shutting down");
+            if (d->upgrade == 2 && d->n_conns == 0)
+                upgrade_hand_over(d, now);
             /* not before two ticks: the reply to `patctl drain` was queued just now, and the
              * loop writes it (a lost reply failed test_ops under ASan on a loaded machine) */
             if (d->n_conns == 0 &&
@@ -981,7 +1004,7 @@ out:
         ipc_shm_close(&d->conns[i]->shm);
     patd_gpu_stop(d);
     patd_wire_stop(d);
-    if (d->upgrade == 2) { /* drained, sockets closed: the successor may go once the GPU is done */
+    if (d->upgrade == 2) { /* stopped before the drain ended (a second signal): let go now */
         if (d->be && kern_sync(d->be) < 0)
             patd_warn("upgrade: the GPU's last work failed; the successor takes over all the same");
         patd_persist_release(d);

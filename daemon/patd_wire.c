@@ -748,6 +748,23 @@ int patd_wire_start(patd_t *d)
     return 0;
 }
 
+void patd_wire_unlisten(patd_t *d)
+{
+    patd_wire_t *w = d->wire;
+    if (!w)
+        return;
+    if (w->ctl_on) {
+        uv_close((uv_handle_t *)&w->ctl, NULL);
+        unlink(d->sock_path);
+        w->ctl_on = 0;
+    }
+    if (w->ev_on) {
+        uv_close((uv_handle_t *)&w->ev, NULL);
+        unlink(d->ev_path);
+        w->ev_on = 0;
+    }
+}
+
 void patd_wire_stop(patd_t *d)
 {
     patd_wire_t *w = d->wire;
@@ -756,14 +773,7 @@ void patd_wire_stop(patd_t *d)
     for (uint32_t i = 0; i < w->n_slots; i++)
         if (w->slot[i])
             conn_close(w->slot[i], NULL);
-    if (w->ctl_on) {
-        uv_close((uv_handle_t *)&w->ctl, NULL);
-        unlink(d->sock_path);
-    }
-    if (w->ev_on) {
-        uv_close((uv_handle_t *)&w->ev, NULL);
-        unlink(d->ev_path);
-    }
+    patd_wire_unlisten(d);
     uv_close((uv_handle_t *)&w->lost_timer, NULL);
     if (w->ev_async_on) {
         pthread_mutex_lock(&w->ev_mu);

@@ -106,12 +106,22 @@ class Daemon:
         subprocess.run(["rm", "-rf", self.dir], check=False)
 
 
+LAST_CONNECT = {}
+
+
 def connect(model, sock, timeout=30.0):
-    """An Engine, trying again until the daemon takes the session."""
+    """An Engine, trying again until the daemon takes the session (LAST_CONNECT: when the daemon
+    first answered STATUS, and when the Engine was made)."""
     end = time.time() + timeout
+    answered = None
     while True:
         try:
-            return pt.Engine(model, socket=sock, max_batch_tokens=8192)
+            if answered is None:
+                patd.status(socket=sock)
+                answered = time.time()
+            eng = pt.Engine(model, socket=sock, max_batch_tokens=8192)
+            LAST_CONNECT.update(answered=answered, made=time.time())
+            return eng
         except (patd.PatError, OSError):
             if time.time() > end:
                 raise
@@ -323,11 +333,14 @@ def main():
                 last = [(b - a) * 1e3 for a, b in zip(stamps[-5:], stamps[-4:])]
                 print("  the session went (%s): its step began %.1f ms after the last served "
                       "one and failed %.1f ms later; patctl ran %.1f ms before; the steps before "
-                      "took %s ms; connected again %.1f ms later, reopened with %d of %d tokens "
-                      "from the cache in %.1f ms"
+                      "took %s ms; the successor answered %.1f ms after the failure, the new "
+                      "Engine was made %.1f ms after that, and the requests reopened with %d of "
+                      "%d tokens from the cache in %.1f ms"
                       % (e, (t_begin - stamps[-1]) * 1e3, (t0 - t_begin) * 1e3,
                          (t0 - t_patctl) * 1e3, " ".join("%.1f" % x for x in last),
-                         (t1 - t0) * 1e3, c, w, (time.time() - t1) * 1e3))
+                         (LAST_CONNECT["answered"] - t0) * 1e3,
+                         (LAST_CONNECT["made"] - LAST_CONNECT["answered"]) * 1e3, c, w,
+                         (time.time() - t1) * 1e3))
                 continue
             got2.update(got)
             if breaks and stamps[-1] < t1:
