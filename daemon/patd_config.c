@@ -184,7 +184,8 @@ static const opt_t opts[] = {
      NULL},
     {"pool", "persist", T_STR, F(persist), 2, 4, "auto", 0,
      "auto: the KV pool and the prefix cache's index outlive the daemon where the backend can "
-     "keep its pool (cpu) and a service manager keeps descriptors (systemd's "
+     "keep its pool (cpu: a memfd; cuda: a VMM allocation with a POSIX descriptor) and a service "
+     "manager keeps descriptors (systemd's "
      "FileDescriptorStoreMax=): a restart adopts every block published before it (sessions do "
      "not survive; their committed blocks do); off: every start is empty",
      NULL},
@@ -633,11 +634,14 @@ static void usage(FILE *f)
                 o->def[0] ? o->def : "\"\"", range, "");
     }
     fprintf(f, "\nSignals: SIGTERM/SIGINT drain in-flight steps and exit; SIGHUP reloads the *\n"
-               "options from the config file; SIGUSR2 drains, then starts the binary at patd's\n"
-               "path in the same process, keeping the KV cache (pool.persist). Under systemd\n"
-               "(Type=notify) it reports READY=1 once the pool is allocated and the sockets are\n"
-               "bound, STATUS= lines, WATCHDOG=1 while its executors still move, and hands the\n"
-               "pool and the cache index to the descriptor store (FDSTORE=1) at start.\n");
+               "options from the config file; SIGUSR2 (as `patctl upgrade`) starts the binary at\n"
+               "patd's path as a successor beside this daemon, which serves on until the\n"
+               "successor is ready, then drains and hands it the KV cache (pool.persist) and the\n"
+               "sockets (a successor that fails costs nothing). Under systemd (Type=notify) it\n"
+               "reports READY=1 once the pool is allocated and the sockets are bound, STATUS=\n"
+               "lines, WATCHDOG=1 while its executors still move, hands the pool and the cache\n"
+               "index to the descriptor store (FDSTORE=1) at start, and names an upgrade's\n"
+               "successor with MAINPID=.\n");
 }
 
 /* Applies --key=value overrides (argv) to c. Sets *ret_path from --config. */
