@@ -352,11 +352,22 @@ static int conn_closed(pat_conn_t *c)
 {
     if (!c)
         return -ECONNRESET;
-    for (int i = 0; i < 10 && !daemon_gone(c); i++)
+    /* a daemon that ended the session itself (a drain, an upgrade's handover, a lease, a cut)
+     * says so on its signal page before it closes the connection: no wait for its exit then
+     * (an upgraded daemon winds down for a while; its successor already serves) */
+    const int ended =
+        (c->gpu || c->shm.base) && atomic_load(&conn_sig(c)->state) == IPC_STATE_CLOSED;
+    for (int i = 0; i < 10 && !ended && !daemon_gone(c); i++)
         usleep(20000);
     if (daemon_gone(c))
         return c->lost_rc;
-    set_err(c, "patd (pid %d) closed this session's control connection", (int)c->daemon_pid);
+    if (ended)
+        set_err(c,
+                "patd (pid %d) ended this session (a drain, an upgrade's handover, a lease or a "
+                "cut: its log says which); reconnect",
+                (int)c->daemon_pid);
+    else
+        set_err(c, "patd (pid %d) closed this session's control connection", (int)c->daemon_pid);
     return -ECONNRESET;
 }
 
