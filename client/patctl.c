@@ -114,11 +114,11 @@ static int wait_upgrade(const char *sock, int pid)
                 return EXIT_OK;
             }
             /* the old one serves on and no upgrade is under way: the successor failed */
-            const int failed = !status_value(text, "upgrade") && v;
+            const int failed = !status_value(text, "upgrade") && v, serving = v ? atoi(v) : 0;
             pat_free(text);
             if (failed) {
                 fprintf(stderr, "patctl: the upgrade failed: pid %d serves on (its log says why)\n",
-                        atoi(v));
+                        serving);
                 return EXIT_FAILED;
             }
         } else

@@ -268,7 +268,7 @@ void patd_persist_end(patd_t *d)
     p->index_fd = p->lock_fd = p->given_pool = p->upgrade_fd = p->successor_fd = -1;
 }
 
-/* A decimal into buf (async-signal-safe: the child of a threaded fork calls it). */
+/* A decimal into buf (async-signal-safe: the child of patd_persist_spawn's vfork calls it). */
 static void decimal(char *buf, long v)
 {
     char t[24];
@@ -279,6 +279,31 @@ static void decimal(char *buf, long v)
     while (n)
         *buf++ = t[--n];
     *buf = 0;
+}
+
+/* Starts exe (argv, envp) with high[0..n) at descriptors 3.., LISTEN_PID written into e_pid
+ * ("LISTEN_PID=" + the child's pid). vfork: no copy of a serving daemon's page tables (a fork
+ * of one with a large pool, or with the sanitizers' shadow, stalled the loop thread for tens to
+ * hundreds of ms); the child shares this memory until its exec, writes only e_pid, and calls
+ * nothing but what posix_spawn's child does (the signal mask, dup2, execve, _exit). Returns the
+ * pid, or -1 (errno). */
+static pid_t spawn_child(const char *exe, char **argv, char **envp, const int *high, int n,
+                         char *e_pid)
+{
+    pid_t pid = vfork();
+    if (pid == 0) {
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        for (int i = 0; i < n; i++)
+            if (dup2(high[i], 3 + i) != 3 + i)
+                _exit(126);
+        memcpy(e_pid, "LISTEN_PID=", 11);
+        decimal(e_pid + 11, (long)getpid());
+        execve(exe, argv, envp);
+        _exit(127);
+    }
+    return pid;
 }
 
 int patd_persist_spawn(patd_t *d)
@@ -303,7 +328,7 @@ int patd_persist_spawn(patd_t *d)
     for (int i = 0; i < n; i++)
         if (high[i] < 0)
             rc = -EMFILE;
-    /* the environment, made before the fork: LISTEN_PID is written in the child */
+    /* the environment, made before the vfork: LISTEN_PID is written in the child */
     extern char **environ;
     size_t n_env = 0;
     while (environ[n_env])
@@ -324,19 +349,7 @@ int patd_persist_spawn(patd_t *d)
         envp[k++] = e_names;
         if (d->notify.env[0])
             envp[k++] = e_notify;
-        pid = fork();
-        if (pid == 0) { /* async-signal-safe calls only, until the exec */
-            sigset_t none;
-            sigemptyset(&none);
-            sigprocmask(SIG_SETMASK, &none, NULL);
-            for (int i = 0; i < n; i++)
-                if (dup2(high[i], 3 + i) != 3 + i)
-                    _exit(126);
-            memcpy(e_pid, "LISTEN_PID=", 11);
-            decimal(e_pid + 11, (long)getpid());
-            execve(d->exe, d->argv, envp);
-            _exit(127);
-        }
+        pid = spawn_child(d->exe, d->argv, envp, high, n, e_pid);
         if (pid < 0)
             rc = -errno;
     } else if (rc == 0)
