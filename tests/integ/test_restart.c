@@ -15,7 +15,9 @@
  *     descriptors, the pool check passes, the cache keeps what was published);
  *   - 12 kills at random instants while a client steps (mid-step too): after each restart every
  *     family of prompts whose step ended before the kill is served whole from the cache, and
- *     every row the client checks against float64 stays right;
+ *     every row the client checks against float64 stays right; the same in a pool so small that
+ *     blocks are evicted and reused all along (each family then hits a prefix of any length),
+ *     the pool's check passing after every restart;
  *   - without systemd: patd-keep starts patd again after a kill -9 with the store, the prompts
  *     hit, and SIGTERM to the keeper drains patd and ends both with status 0;
  *   - patctl upgrade (PAT_ADMIN_UPGRADE): the binary at patd's path starts as a successor while
@@ -304,14 +306,17 @@ static FILE *stepper_start(tl_daemon_t *d, uint64_t seed, int nonblock, pid_t *r
     return fdopen(p[0], "r");
 }
 
-/* kill -9 at random instants while a client steps: after each restart, every family whose step
- * ended before the kill is served whole from the cache (no evictions: the pool holds them all),
- * and the client's every checked row stays right across 12 kills. */
-static void test_random_kills(void **state)
+/* kill -9 at random instants while a client steps, 12 times. Without evictions (the pool holds
+ * every family): after each restart every family whose step ended before the kill is served
+ * whole from the cache. With them (a pool of 40 blocks for six families of 10: blocks are
+ * evicted and reused all along, the index following): each family opens with a prefix of its
+ * blocks, any length. Either way the client's every checked row stays right (a block adopted
+ * with another's KV would fail float64) and the pool's check passes after each restart. */
+static void random_kills(const char *const *args, int evicting)
 {
-    (void)state;
     tl_daemon_t d;
-    assert_int_equal(tl_daemon_start_managed(&d, ARGS), 0);
+    assert_int_equal(tl_daemon_start_managed(&d, args), 0);
+    int64_t evictions = 0, hit_tokens = 0;
     tl_rng_t r;
     tl_rng_seed(&r, tl_test_seed(0x3a));
     pid_t kid;
@@ -343,7 +348,10 @@ static void test_random_kills(void **state)
                 fail_msg("no step ended within 20 s of restart %d", kills);
             usleep(2000);
         }
-        kill_restart(&d, ARGS);
+        const int64_t ev = tl_daemon_metric(&d, "patd_kv_evictions_total");
+        evictions += ev > 0 ? ev : 0;
+        kill_restart(&d, args);
+        assert_int_equal(tl_daemon_status(&d, "pool_check"), 0);
         pat_conn_t *c = connect_to(&d);
         for (uint32_t f = 0; f < 6; f++) {
             if (!done[f])
@@ -352,9 +360,11 @@ static void test_random_kills(void **state)
             prompts(s, 3000 + 300 * f);
             for (int i = 0; i < 2; i++) {
                 assert_int_equal(tl_seq_open(c, &s[i]), 0);
-                if (s[i].cached != (104 / 16) * 16)
+                hit_tokens += s[i].cached;
+                if (!evicting && s[i].cached != (104 / 16) * 16)
                     fail_msg("family %u, published before kill %d, hit %u tokens", f, kills,
                              s[i].cached);
+                assert_true(s[i].cached % 16 == 0 && s[i].cached <= (104 / 16) * 16);
                 pat_seq_close(c, s[i].seq);
                 tl_seq_done(&s[i]);
             }
@@ -371,15 +381,36 @@ static void test_random_kills(void **state)
     int fams = 0;
     for (int f = 0; f < 6; f++)
         fams += done[f];
-    printf("%d kills at random instants: %d checked steps ended between them, %d families "
-           "served whole from the cache after each\n",
-           kills, steps, fams);
+    if (evicting)
+        printf("%d kills at random instants in a pool that evicts (%lld evictions before the "
+               "kills): %d checked steps ended between them, %lld prompt tokens from the cache "
+               "after the restarts, every checked row right\n",
+               kills, (long long)evictions, steps, (long long)hit_tokens);
+    else
+        printf("%d kills at random instants: %d checked steps ended between them, %d families "
+               "served whole from the cache after each\n",
+               kills, steps, fams);
     assert_true(steps > 0 && fams > 0);
+    if (evicting)
+        assert_true(evictions > 0 && hit_tokens > 0);
     char *out = NULL;
     assert_int_equal(pat_admin(d.sock, PAT_ADMIN_CHECK, 5000, &out), 0);
     assert_non_null(strstr(out, "ok"));
     pat_free(out);
     tl_daemon_stop(&d);
+}
+
+static void test_random_kills(void **state)
+{
+    (void)state;
+    random_kills(ARGS, 0);
+}
+
+static void test_random_kills_evicting(void **state)
+{
+    (void)state;
+    static const char *const small[] = {"--backend=cpu", "--blocks=40", "--executors=2", NULL};
+    random_kills(small, 1);
 }
 
 static int count_fds(void)
@@ -767,6 +798,7 @@ int main(void)
         cmocka_unit_test(test_cold_starts),
         cmocka_unit_test(test_restart_cycles),
         cmocka_unit_test(test_random_kills),
+        cmocka_unit_test(test_random_kills_evicting),
         cmocka_unit_test(test_keeper),
         cmocka_unit_test(test_upgrade),
         cmocka_unit_test(test_upgrade_fails),
