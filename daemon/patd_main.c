@@ -30,6 +30,11 @@
 #include "pat.h"
 #include "pat_base.h"
 
+/* the config's and the wire's dtype codes are pat.h's, and the backends take them as they are */
+_Static_assert(PAT_F16 == (unsigned)KERN_F16 && PAT_BF16 == (unsigned)KERN_BF16 &&
+                   PAT_F32 == (unsigned)KERN_F32,
+               "kern_dtype_t follows pat.h's dtype codes");
+
 #define TICK_MS         100u
 #define UPGRADE_TICK_MS 5u     /* the tick while an upgrade drains */
 #define UPGRADE_READY_S 120ull /* a successor not ready by then is stopped: this one serves on */

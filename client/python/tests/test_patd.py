@@ -328,6 +328,19 @@ class OfflineCase(unittest.TestCase):
                 patd._check_version(bad)
             self.assertIn("cannot serve this binding", str(cm.exception))
 
+    def test_constants_match_pat_h(self):
+        """The binding's dtype codes and admin operations are pat.h's (the C side checks
+        pat.h against the wire's opcodes at compile time)."""
+        header = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "pat.h")
+        with open(header) as f:
+            text = f.read()
+        dtypes = {m.group(1): int(m.group(2))
+                  for m in re.finditer(r"#define PAT_(F16|BF16|F32)\s+(\d+)u", text)}
+        self.assertEqual(dtypes, {"F16": patd.F16, "BF16": patd.BF16, "F32": patd.F32})
+        admin = {m.group(1).lower(): int(m.group(2))
+                 for m in re.finditer(r"PAT_ADMIN_([A-Z]+)\s*=\s*(\d+)", text)}
+        self.assertEqual(admin, patd._ADMIN)
+
     def test_bf16_conversions(self):
         self.assertEqual(int(patd.float32_to_bf16(np.float32(1.0))), 0x3F80)
         self.assertEqual(int(patd.float32_to_bf16(np.float32(-2.0))), 0xC000)
