@@ -84,7 +84,6 @@ struct pat_conn {
     _Atomic int lost_async; /* the watcher saw the daemon die */
 };
 
-/* The session's signal page: the staging buffer's first page (cpu), or the signal slice's */
 /* pat.h's admin operations are the wire's opcodes: one value each, checked here */
 #define PAT__SAME_OP(x) ((int)PAT_ADMIN_##x == (int)IPC_OP_##x)
 _Static_assert(PAT__SAME_OP(STATUS) && PAT__SAME_OP(STATS) && PAT__SAME_OP(SEQS) &&
@@ -93,6 +92,7 @@ _Static_assert(PAT__SAME_OP(STATUS) && PAT__SAME_OP(STATS) && PAT__SAME_OP(SEQS)
                "pat_admin_op_t follows ipc_proto.h's opcodes");
 #undef PAT__SAME_OP
 
+/* The session's signal page: the staging buffer's first page (cpu), or the signal slice's */
 static ipc_sig_t *conn_sig(pat_conn_t *c)
 {
     return c->gpu ? (ipc_sig_t *)pat__gpu_sig(c->gpu) : ipc_shm_sig(&c->shm);

@@ -132,13 +132,8 @@ void patd_gpu_conn_close(patd_t *d, patd_conn_t *c)
      * ran (refused by a drain, then the session ended before its STEP_END) would otherwise hold
      * them until its watcher sees this process exit */
     ipc_sig_t *g = c->gsig;
-    const uint32_t nl = d->model.n_layers;
-    uint64_t *ready = ipc_gsig_ready(c->gsig), *done = ipc_gsig_done(c->gsig, nl);
-    const uint64_t e = atomic_load(&g->epoch) + 1; /* past any step's value the client used */
-    for (uint32_t l = 0; l < nl; l++) {
-        __atomic_store_n(&done[l], e, __ATOMIC_RELEASE);
-        __atomic_store_n(&ready[l], 0, __ATOMIC_RELEASE);
-    }
+    /* past any step's value the client used */
+    ipc_gsig_release(c->gsig, d->model.n_layers, atomic_load(&g->epoch) + 1);
     atomic_store(&g->state, IPC_STATE_CLOSED);
     d->staging_used -= c->share.map_bytes;
     kern_share_free(d->be, &c->share);

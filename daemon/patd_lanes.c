@@ -78,13 +78,8 @@ void patd_lanes_submit(patd_t *d, patd_conn_t *c)
  * epoch satisfy nothing (epoch + 1), and the client reads why on its signal page. */
 static void words_release(patd_t *d, patd_conn_t *c, uint64_t epoch, int why)
 {
-    const uint32_t nl = d->model.n_layers;
     ipc_sig_t *g = patd_conn_sig(c);
-    uint64_t *ready = ipc_gsig_ready(c->gsig), *done = ipc_gsig_done(c->gsig, nl);
-    for (uint32_t l = 0; l < nl; l++) {
-        __atomic_store_n(&done[l], epoch, __ATOMIC_RELEASE);
-        __atomic_store_n(&ready[l], 0, __ATOMIC_RELEASE);
-    }
+    ipc_gsig_release(c->gsig, d->model.n_layers, epoch);
     atomic_store(&g->err, why);
     atomic_store(&g->epoch, epoch + 1);
     atomic_store(&g->state, IPC_STATE_ABORTED);

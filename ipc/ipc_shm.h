@@ -132,6 +132,18 @@ static inline uint64_t *ipc_gsig_done(void *slice, uint32_t n_layers)
                         ((uint64_t)n_layers * 8 + IPC_ALIGN - 1) / IPC_ALIGN * IPC_ALIGN);
 }
 
+/* The daemon gives up a slice's step (aborted, or the session ended): every done word becomes
+ * value, so that the client's stream passes each wait it may hold (a wait is for done >= its
+ * epoch), and every ready word 0, so that no later store of an old epoch counts. */
+static inline void ipc_gsig_release(void *slice, uint32_t n_layers, uint64_t value)
+{
+    uint64_t *ready = ipc_gsig_ready(slice), *done = ipc_gsig_done(slice, n_layers);
+    for (uint32_t l = 0; l < n_layers; l++) {
+        __atomic_store_n(&done[l], value, __ATOMIC_RELEASE);
+        __atomic_store_n(&ready[l], 0, __ATOMIC_RELEASE);
+    }
+}
+
 /* Unlinks every /dev/shm entry whose name starts with prefix (stale named buffers a crashed
  * daemon left: the GPU arena of versions before protocol 4). Returns how many. */
 int ipc_shm_sweep(const char *prefix);
