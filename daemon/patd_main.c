@@ -518,9 +518,10 @@ static void on_upgrade(uv_poll_t *h, int status, int events)
     start_drain(d, "upgrade");
 }
 
-/* The drain of an upgrade is done (no session left, so no step, no pool or index write): the
- * listening sockets and the metrics port go, the GPU's last work passes, and the successor is
- * let in (patd_persist_release), before this daemon's threads and backend wind down. */
+/* The drain of an upgrade is done (no session left, so no step, no pool or index write), or a
+ * second signal cut it short and everything has stopped: the listening sockets and the metrics
+ * port go (each stop may run twice), the GPU's last work passes, and the successor is let in
+ * (patd_persist_release), before this daemon's backend winds down. */
 static void upgrade_hand_over(patd_t *d, uint64_t now)
 {
     patd_metrics_stop(d);
@@ -1009,12 +1010,9 @@ out:
         ipc_shm_close(&d->conns[i]->shm);
     patd_gpu_stop(d);
     patd_wire_stop(d);
-    if (d->upgrade == 2) { /* stopped before the drain ended (a second signal): let go now */
-        if (d->be && kern_sync(d->be) < 0)
-            patd_warn("upgrade: the GPU's last work failed; the successor takes over all the same");
-        patd_persist_release(d);
-        patd_notice("upgrade: handed over to the successor");
-    } else if (d->upgrade == 1) /* a start-up failure or a forced stop before it was ready */
+    if (d->upgrade == 2) /* stopped before the drain ended (a second signal): let go now */
+        upgrade_hand_over(d, pat_now_ns());
+    else if (d->upgrade == 1) /* a start-up failure or a forced stop before it was ready */
         upgrade_abandon(d, "this daemon stopped first");
     kern_backend_free(d->be);
     kv_pool_free(d->pool);
