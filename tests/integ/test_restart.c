@@ -517,6 +517,18 @@ static int64_t status_line(tl_daemon_t *d, const char *key)
     return v;
 }
 
+/* Polls STATUS (every 25 ms, tries times) until a daemon other than pid `old` answers; its pid,
+ * or -1. */
+static int64_t status_pid_other(tl_daemon_t *d, int64_t old, int tries)
+{
+    int64_t pid = -1;
+    for (int i = 0; i < tries && (pid < 0 || pid == old); i++) {
+        usleep(25000);
+        pid = tl_daemon_status(d, "pid");
+    }
+    return pid == old ? -1 : pid;
+}
+
 /* Polls STATUS until its pid is `pid` (5 s); 0 or -1. */
 static int status_pid_is(tl_daemon_t *d, int64_t pid)
 {
@@ -740,11 +752,7 @@ static void test_keeper(void **state)
               "--backend=cpu", "--blocks=256", "--executors=2", (char *)NULL);
         _exit(127);
     }
-    int64_t first = -1;
-    for (int i = 0; i < 200 && first < 0; i++) {
-        usleep(25000);
-        first = tl_daemon_status(&d, "pid");
-    }
+    const int64_t first = status_pid_other(&d, 0, 200);
     assert_true(first > 0);
     tl_rng_t r;
     tl_rng_seed(&r, tl_test_seed(0x3b));
@@ -754,12 +762,8 @@ static void test_keeper(void **state)
     run(c, s, 1, &r);
     pat_close(c);
     assert_int_equal(kill((pid_t)first, SIGKILL), 0);
-    int64_t second = -1;
-    for (int i = 0; i < 400 && (second < 0 || second == first); i++) {
-        usleep(25000);
-        second = tl_daemon_status(&d, "pid");
-    }
-    assert_true(second > 0 && second != first);
+    const int64_t second = status_pid_other(&d, first, 400);
+    assert_true(second > 0);
     assert_true(log_has(&d, "patd-keep: patd (pid"));
     assert_true(log_has(&d, "pool.persist: adopted"));
     c = connect_to(&d);
@@ -773,12 +777,8 @@ static void test_keeper(void **state)
     pat_close(c);
     /* an upgrade: the keeper follows the successor */
     assert_int_equal(kill((pid_t)second, SIGUSR2), 0);
-    int64_t third = -1;
-    for (int i = 0; i < 400 && (third < 0 || third == second); i++) {
-        usleep(25000);
-        third = tl_daemon_status(&d, "pid");
-    }
-    assert_true(third > 0 && third != second);
+    const int64_t third = status_pid_other(&d, second, 400);
+    assert_true(third > 0);
     for (int i = 0; i < 200 && !log_has(&d, "patd-keep: patd's main process is now pid"); i++)
         usleep(10000);
     assert_true(log_has(&d, "patd-keep: patd's main process is now pid"));
