@@ -31,18 +31,11 @@ import transformers  # noqa: E402
 import patd  # noqa: E402
 import patd.transformers as pt  # noqa: E402
 from hf_drive import greedy_plan  # noqa: E402
-
-SHAPE = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-             num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-             max_position_embeddings=8192, rope_theta=500000.0)
-
+from hf_model import llama, patd_args  # noqa: E402
 
 def start_daemon(bin_path, rundir, layers, backend):
-    args = [bin_path, "--backend=" + backend, "--runtime-dir=" + rundir, "--name=hf",
-            "--metrics-port=0", "--layers=%d" % layers, "--q-heads=32", "--kv-heads=8",
-            "--head-dim=128", "--dtype=bf16", "--blocks=4096", "--conn-max-batch-tokens=8192",
-            "--staging-mb=2048", "--conn-max-staging-mb=1024",
-            "--step-timeout-ms=%d" % (20000 if backend == "cuda" else 600000)]
+    args = [bin_path, "--runtime-dir=" + rundir, "--name=hf", "--metrics-port=0"] + \
+        patd_args(layers, backend)
     log = open(os.path.join(rundir, "patd.log"), "w")
     p = subprocess.Popen(args, stderr=log, stdout=log)
     sock = os.path.join(rundir, "hf.sock")
@@ -72,16 +65,8 @@ def main():
     proc, sock = start_daemon(args.patd, rundir, args.layers, "cpu" if args.cpu else "cuda")
     passed = failed = 0
     try:
-        torch.manual_seed(0)
-        shape = dict(SHAPE, num_hidden_layers=args.layers)
-        if args.cpu:  # the smoke run: the attention's shape, a small rest
-            shape.update(hidden_size=512, intermediate_size=1024, vocab_size=4096)
-        cfg = transformers.LlamaConfig(**shape)
-        if args.cpu:
-            model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
-        else:
-            with torch.device("cuda"):
-                model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+        model = llama(args.layers, args.cpu)
+        cfg = model.config
         g = torch.Generator().manual_seed(1)
         system = torch.randint(0, cfg.vocab_size, (512,), generator=g).tolist()
         plan = []  # (prompt, join step, tokens to generate)

@@ -45,10 +45,7 @@ import transformers  # noqa: E402
 
 import patd  # noqa: E402
 import patd.transformers as pt  # noqa: E402
-
-SHAPE = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-             num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-             max_position_embeddings=8192, rope_theta=500000.0)
+from hf_model import llama, patd_args  # noqa: E402
 STEPS = 24     # teacher-forced steps per request (the first is the prompt's)
 KILL_AT = 4    # steps before the kill
 UPGRADE_AT = 8  # steps before patctl upgrade starts
@@ -65,13 +62,8 @@ class Daemon:
         self.log = os.path.join(self.dir, "patd.log")
         self.patctl = os.path.join(bindir, "patctl")
         args = [os.path.join(bindir, "patd-keep"), "--restart-ms", "0", "--",
-                os.path.abspath(os.path.join(bindir, "patd")), "--backend=" + backend,
-                "--runtime-dir=" + self.dir, "--name=p", "--metrics-port=0",
-                "--log-level=debug", "--layers=%d" % layers, "--q-heads=32", "--kv-heads=8",
-                "--head-dim=128",
-                "--dtype=bf16", "--blocks=4096", "--conn-max-batch-tokens=8192",
-                "--staging-mb=2048", "--conn-max-staging-mb=1024",
-                "--step-timeout-ms=%d" % (20000 if backend == "cuda" else 600000)]
+                os.path.abspath(os.path.join(bindir, "patd")), "--runtime-dir=" + self.dir,
+                "--name=p", "--metrics-port=0", "--log-level=debug"] + patd_args(layers, backend)
         self.keeper = subprocess.Popen(args, stderr=open(self.log, "w"),
                                        stdout=subprocess.DEVNULL)
         self.pid = self.wait_pid(lambda p: True, 120)
@@ -224,16 +216,8 @@ def main():
         passed += bool(ok)
         failed += not ok
 
-    torch.manual_seed(0)
-    shape = dict(SHAPE, num_hidden_layers=args.layers)
-    if args.cpu:
-        shape.update(hidden_size=512, intermediate_size=1024, vocab_size=4096)
-    cfg = transformers.LlamaConfig(**shape)
-    if args.cpu:
-        model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
-    else:
-        with torch.device("cuda"):
-            model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    model = llama(args.layers, args.cpu)
+    cfg = model.config
     g = torch.Generator().manual_seed(1)
     system = torch.randint(0, cfg.vocab_size, (512,), generator=g).tolist()
     prompts = [system + torch.randint(0, cfg.vocab_size, (16 + 9 * j,), generator=g).tolist()
