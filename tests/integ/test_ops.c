@@ -917,33 +917,37 @@ static void test_reload_big(void **state)
     reload_bad_conf(BAD_BIG);
 }
 
-/* Who may change the daemon: DRAIN, RELOAD and CHECK go to the admin socket, where the kernel
- * names the caller; on the control socket they are refused. Another user (nobody, via setpriv) may
- * read the status but not reload, check or drain; a member of daemon.admin_group may. Before, any
- * member of the socket group could. */
+/* Who may change the daemon: DRAIN, RELOAD, CHECK and UPGRADE go to the admin socket, where the
+ * kernel names the caller; on the control socket they are refused. Another user (nobody, via
+ * setpriv) may read the status but not reload, check, drain or upgrade; a member of
+ * daemon.admin_group may. Before, any member of the socket group could. */
 static void test_admin_rights(void **state)
 {
     char out[4096];
     static const char *const open_args[] = {"--socket-mode=0666", NULL};
     tl_daemon_t d;
     assert_int_equal(tl_daemon_start(&d, open_args), 0);
-    /* a raw DRAIN on the control socket */
-    int s = tl_wire_open(d.sock);
-    assert_true(s >= 0);
-    ipc_hdr_t h = {.magic = IPC_MAGIC, .version = IPC_VERSION, .opcode = IPC_OP_DRAIN, .corr = 5};
-    assert_int_equal(tl_wire_send(s, &h, sizeof(h)), 0);
-    void *msg = NULL;
-    int n = tl_wire_recv(s, &msg);
-    assert_true(n == (int)(sizeof(ipc_hdr_t) + sizeof(ipc_err_body_t)));
-    ipc_err_body_t e;
-    memcpy(&e, (uint8_t *)msg + sizeof(ipc_hdr_t), sizeof(e));
-    assert_int_equal(e.code, -EPERM);
-    assert_non_null(strstr(e.msg, "admin socket"));
-    free(msg);
-    close(s);
+    /* a raw DRAIN, then a raw UPGRADE, on the control socket */
+    static const uint16_t raw_ops[] = {IPC_OP_DRAIN, IPC_OP_UPGRADE};
+    for (int i = 0; i < 2; i++) {
+        int s = tl_wire_open(d.sock);
+        assert_true(s >= 0);
+        ipc_hdr_t h = {.magic = IPC_MAGIC, .version = IPC_VERSION, .opcode = raw_ops[i], .corr = 5};
+        assert_int_equal(tl_wire_send(s, &h, sizeof(h)), 0);
+        void *msg = NULL;
+        int n = tl_wire_recv(s, &msg);
+        assert_true(n == (int)(sizeof(ipc_hdr_t) + sizeof(ipc_err_body_t)));
+        ipc_err_body_t e;
+        memcpy(&e, (uint8_t *)msg + sizeof(ipc_hdr_t), sizeof(e));
+        assert_int_equal(e.code, -EPERM);
+        assert_non_null(strstr(e.msg, "admin socket"));
+        free(msg);
+        close(s);
+    }
     pat_status_t st = {.size = sizeof(st)};
     assert_int_equal(pat_status(d.sock, 2000, &st), 0);
     assert_false(st.draining);
+    const uint32_t pid = st.pid; /* no successor took over */
     if (geteuid() != 0 || access("/usr/bin/setpriv", X_OK) != 0) {
         printf("not root or no setpriv: the other-user cases are skipped\n");
         assert_int_equal(tl_daemon_signal_wait(&d, SIGTERM, 5000), 0);
@@ -961,15 +965,16 @@ static void test_admin_rights(void **state)
     }
     assert_int_equal(
         run(out, sizeof(out), "%s %s --socket %s status", as_nobody, patctl_bin(), d.sock), 0);
-    static const char *const changes[] = {"reload", "check", "drain"};
-    for (int i = 0; i < 3; i++) {
+    static const char *const changes[] = {"reload", "check", "drain", "upgrade"};
+    for (int i = 0; i < 4; i++) {
         int rc = run(out, sizeof(out), "%s %s --socket %s %s", as_nobody, patctl_bin(), d.sock,
                      changes[i]);
         if (rc != 1 || !strstr(out, "admin_group"))
             fail_msg("patctl %s as nobody: status %d, '%s'", changes[i], rc, out);
     }
     assert_int_equal(pat_status(d.sock, 2000, &st), 0);
-    assert_false(st.draining); /* still serving */
+    assert_false(st.draining); /* still serving, and the same daemon */
+    assert_int_equal(st.pid, pid);
     assert_int_equal(tl_daemon_signal_wait(&d, SIGTERM, 5000), 0);
     tl_daemon_stop(&d);
 
