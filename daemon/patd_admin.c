@@ -2,14 +2,14 @@
  * patd_admin.c — the admin socket, <runtime_dir>/<name>.admin: a Unix stream socket served by
  * libuv on the loop thread, where the kernel tells who is asking (SO_PEERCRED).
  *
- * Operations that change the daemon's state (DRAIN, RELOAD, CHECK: the last holds the pool lock
- * for O(blocks)) are served here only, and
- * only to the daemon's own user, root, or members of daemon.admin_group; read-only ones (STATUS,
- * STATS, SEQS, INFO) are served here too, to anyone the socket's mode lets connect. One request
- * per connection: a 40-byte frame header (admin bodies are empty), one reply frame, close.
+ * Operations that change the daemon's state (DRAIN, RELOAD, CHECK, UPGRADE; CHECK holds the pool
+ * lock for O(blocks)) are served here only, and only to the daemon's own user, root, or members
+ * of daemon.admin_group; read-only ones (STATUS, STATS, SEQS, INFO) are served here too, to
+ * anyone the socket's mode lets connect. One request per connection: a 40-byte frame header
+ * (admin bodies are empty), one reply frame, close.
  *
- * HELLO is served here only (protocol 5): the request is the header and an ipc_hello_req_t, the
- * reply the header and an ipc_hello_rep_t with the session's buffer fd beside it (SCM_RIGHTS: a
+ * HELLO is served here only: the request is the header and an ipc_hello_req_t, the reply the
+ * header and an ipc_hello_rep_t with the session's buffer fd beside it (SCM_RIGHTS: a
  * cpu session's staging buffer, a sealed memfd with no name another process could open; a GPU
  * session's own signal slice and staging allocation). The session is bound at once to the process
  * the kernel names (its pid is watched, whatever pid the HELLO claims) and counted against its

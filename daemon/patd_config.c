@@ -1,7 +1,9 @@
 /*
  * patd_config.c — the option table, INI parsing (libinih) and command-line overrides.
  *
- * One row per option (STYLE.md rule 9): section, key, type, bounds, default, reloadable, help.
+ * One row per option: section, key, type, bounds, default, reloadable, help, and an optional apply
+ * hook that runs once a value is stored (at load and after a reload). Rules across options are
+ * checked once every layer is read (validate).
  * The same key names are INI keys under their section and `--key=value` on the command line
  * (dashes or underscores). Values are checked against their bounds wherever they come from; a
  * bad value names the option, the source and the allowed range, and nothing is applied.
@@ -523,7 +525,7 @@ static int validate(patd_config_t *c)
         cfg_error(c, "gpu.merge must be launch or inside (got '%s')", c->merge);
         return -EINVAL;
     }
-    /* wide: before 2026-11-25 the opt-in name of what auto is now (patd_main reads it as auto) */
+    /* wide: another name of auto (patd_main reads it as auto) */
     if (strcmp(c->forward, "auto") && strcmp(c->forward, "mma") && strcmp(c->forward, "layer") &&
         strcmp(c->forward, "cpasync") && strcmp(c->forward, "tma") && strcmp(c->forward, "wide")) {
         cfg_error(c, "gpu.forward must be auto, cpasync, tma, layer or mma (got '%s')", c->forward);

@@ -1,21 +1,20 @@
 /*
- * patd_gpu.c — what the cuda backend adds to the daemon (DESIGN.md §2): the MPS check, the two
- * allocations of its own every GPU session gets, and the lanes (patd_lanes.c).
+ * patd_gpu.c — what the cuda backend adds to the daemon: the MPS check (without MPS every
+ * per-layer hand-off waits for a context switch), the two allocations of its own every GPU
+ * session gets, and the lanes (patd_lanes.c).
  *
  *   signal slice   a session's handshake words (ipc_gsig_bytes) are pinned host memory of its
  *                  own (kern_share_alloc with KERN_SHARE_HOST: CUDA virtual memory on the host
  *                  NUMA node, exported as a descriptor), which the device and the daemon's CPU
  *                  reach at one address, so the CPU can always store to them (releasing a wait
  *                  without a stream). Its descriptor goes to the session's one client, which
- *                  maps it the same way; no other client can name it (until protocol 6 every GPU
- *                  client got the fd of one arena holding every session's words, so it could
- *                  stall or confuse its neighbours' steps)
+ *                  maps it the same way; no other client can name it, so none can stall or
+ *                  confuse another session's steps
  *   staging        a session's Q/K/V/O rows are an allocation of its own (kern_share_alloc: CUDA
  *                  virtual memory with a POSIX descriptor handle), made at HELLO and exported as
  *                  a descriptor that goes to its one client beside the reply and is closed here
  *                  once sent; importing it maps that session's rows and nothing else, so one
- *                  client cannot read or write another's (until protocol 5 one CUDA IPC handle
- *                  named a single arena of every session's rows). limits.staging_mb (also read as
+ *                  client cannot read or write another's. limits.staging_mb (also read as
  *                  gpu.staging_mb) bounds what the open sessions' allocations add up to.
  *
  * HELLO therefore makes CUDA calls on the loop thread (create, map, export) and so does a
@@ -25,10 +24,10 @@
  * client that keeps its imports mapped after its session ends keeps that memory in its own
  * process until it exits; it is no longer counted here, and another session's allocations are
  * never the same memory. (A slice registered with cudaHostRegister instead would need an
- * unregistration per reclaim, and cudaHostUnregister waited for a kernel running on another
- * stream: 399 ms behind a 400 ms kernel, H100, 2026-11-26.) Host memory through the virtual
- * memory calls needs a CUDA 12.2 driver or later: without it patd does not start on the cuda
- * backend.
+ * unregistration per reclaim, and cudaHostUnregister waits for a kernel running on another
+ * stream: 399 ms behind a 400 ms kernel on an H100, tests/bench/RESULTS.md.) Host memory through
+ * the virtual memory calls needs a CUDA 12.2 driver or later: without it patd does not start on
+ * the cuda backend.
  *
  * Thread context: start/stop on the main thread before/after the loop; conn_open/close on the
  * loop thread; check_fatal anywhere.

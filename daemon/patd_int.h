@@ -20,7 +20,8 @@
  *
  * With the cuda backend (patd_gpu.c) every session is a GPU session: its staging rows are a device
  * allocation of its own and its signal words a host allocation of its own, each exported to its
- * one client by fd, and each executor owns a kern lane on which it enqueues a step's layers.
+ * one client by fd; an executor prepares its steps and the lane thread runs them on kern lanes
+ * (patd_lanes.h).
  */
 #ifndef PATD_INT_H
 #define PATD_INT_H

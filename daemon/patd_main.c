@@ -750,9 +750,9 @@ static int pick_backend(const patd_config_t *cfg, const char **ret_name, kern_pr
         *ret_name = "cpu";
         return kern_backend_probe("cpu", 0, pr);
     }
-    /* before the first CUDA call (the probe): lazy module loading can hang a first launch behind
-     * a queued stream wait (DESIGN.md §2), and more hardware queues keep a lane blocked on its
-     * client's word from stalling another lane's stream */
+    /* before the first CUDA call (the probe): with lazy module loading a kernel's first launch
+     * behind a queued GPU-side stream wait can hang for ever, and more hardware queues keep a
+     * lane blocked on its client's word from stalling another lane's stream */
     const char *ml = getenv("CUDA_MODULE_LOADING");
     if (ml && strcmp(ml, "EAGER"))
         patd_notice("CUDA_MODULE_LOADING=%s overridden with EAGER", ml);

@@ -1,5 +1,7 @@
 /*
- * patd_metrics.c — the numbers of DESIGN.md §7 in Prometheus text format, served on
+ * patd_metrics.c — what an operator watches (steps and their latency, packs and their reuse, the
+ * plans' KV bytes against query-centric, KV blocks and prefix-cache hits, lanes, sessions, memory,
+ * CPU time by thread role) in Prometheus text format, served on
  * http://127.0.0.1:<metrics_port>/metrics by libmicrohttpd on a thread of its own (the endpoint's
  * defences against hostile local clients are described at its code, below) and returned by the
  * STATS admin request (`patctl stats`).

@@ -1,6 +1,6 @@
 /*
- * patd_persist.h — the KV pool and the prefix cache's index outlive the daemon (issue 37,
- * pool.persist): a restart, a crash or an upgrade adopts every block published before it.
+ * patd_persist.h — the KV pool and the prefix cache's index outlive the daemon (pool.persist): a
+ * restart, a crash or an upgrade adopts every block published before it.
  *
  * The pool is memory a descriptor names (kern_config_t.pool_keep: a memfd on the cpu backend, an
  * allocation of the driver's virtual memory management on the cuda backend),

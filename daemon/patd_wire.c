@@ -1,13 +1,14 @@
 /*
  * patd_wire.c — the control socket <runtime_dir>/<name>.sock and the event socket <name>.events:
- * Unix stream sockets of patd's own, served by libuv on the loop thread (wire protocol 8; nanomsg
- * carried both until protocol 7).
+ * Unix stream sockets of patd's own, served by libuv on the loop thread (the wire protocol of
+ * ipc_proto.h, IPC_VERSION).
  *
  * Why not nanomsg: its ipc transport asserts on a peer's bytes (a 13-byte message from any member
- * of the socket group aborted the daemon) and keeps the descriptors peers attach (SCM_RIGHTS);
- * it cannot say who sent a frame. Here the kernel says who is at the other end of each connection
- * (SO_PEERCRED at accept), libuv reads with read(2), so any descriptor a peer attaches is closed by
- * the kernel unread, and every byte is parsed by code of ours that answers or closes.
+ * of the socket group aborts the process: tests/integ/test_hostile.c sends it) and keeps the
+ * descriptors peers attach (SCM_RIGHTS); it cannot say who sent a frame. Here the kernel says who
+ * is at the other end of each connection (SO_PEERCRED at accept), libuv reads with read(2), so any
+ * descriptor a peer attaches is closed by the kernel unread, and every byte is parsed by code of
+ * ours that answers or closes.
  *
  * Control connections. A stream of frames (ipc_proto.h: a 40-byte header, then body_len bytes),
  * one request at a time: after a whole frame, reading stops until its reply is written, so a peer

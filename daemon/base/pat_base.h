@@ -2,9 +2,9 @@
  * pat_base.h — the few helpers every module of patd shares: the host-OOM policy and a clock.
  *
  * Host bookkeeping (block tables, forest nodes, plan arenas) may abort on host out-of-memory
- * through the one wrapper below (STYLE.md rule 5): such an allocation failing means the machine
- * is already lost. KV blocks and device memory are different: they run out as a matter of course
- * and are reported as -ENOSPC / -ENOMEM to a caller that handles it; they never come through here.
+ * through the one wrapper below: such an allocation failing means the machine is already lost. KV
+ * blocks and device memory are different: they run out as a matter of course and are reported as
+ * -ENOSPC / -ENOMEM to a caller that handles it; they never come through here.
  *
  * Lives under daemon/base because the top-level layout is fixed; it knows nothing of the daemon.
  * daemon/base is a leaf (libc only): these headers and pat_base.c (the OOM handler, memfds), built
