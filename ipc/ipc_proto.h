@@ -1,5 +1,5 @@
 /*
- * ipc_proto.h — the patd wire protocol (IPC_VERSION): one frame per nanomsg message.
+ * ipc_proto.h — the patd wire protocol (IPC_VERSION): frames on patd's Unix stream sockets.
  *
  * Every frame is a 40-byte header followed by a fixed-layout little-endian body. Request bodies
  * are one fixed struct per opcode, optionally followed by arrays whose counts the struct gives;
@@ -10,29 +10,23 @@
  * Who uses it: the daemon (decode requests, encode replies) and libpat (the reverse). Neither
  * trusts the other's lengths: ipc_frame_check() and the body decoders validate every field.
  *
- * Buffers: HELLO names the buffer kind. Host memory (cpu backend): one sealed memfd per session
- * holds the signal page and the staging rows; it has no name, and reaches its client by fd in
- * the HELLO reply: HELLO is served on the admin socket only, where the kernel names the caller
- * (its pid is the one watched, its uid counts toward limits.conns_per_uid; the pid the HELLO
- * carries is only logged). Device memory (cuda backend, since version 6): the staging rows are
- * an allocation of the session's own, whose descriptor comes beside the HELLO reply (until
- * version 5 they were a range of one allocation that one CUDA IPC handle named whole, for every
- * client), and the signal page with the per-layer 64-bit handshake words is a slice of one shm
- * arena (ipc_shm.h, "GPU sessions").
+ * Sockets: requests of a session go on the control socket (<name>.sock), on a connection bound
+ * to that session; HELLO and the admin requests go on the admin socket (<name>.admin), one frame
+ * each way per connection, where the kernel names the caller (SO_PEERCRED): the session is bound
+ * to that process (its pid is the one watched, its uid counts toward limits.conns_per_uid; the pid
+ * the HELLO carries is only logged). DRAIN, RELOAD, CHECK and UPGRADE are served on the admin
+ * socket only (-EPERM on the control socket), to the daemon's user, root and daemon.admin_group.
  *
- * Version 2 (2026-11): the HELLO reply grew the device range, the signal slice and the GPU's
- * UUID. Version 6 (2026-11-26): a GPU session's staging by descriptor (IPC_BUF_CUDA). A peer of
- * another version is refused with -EPROTONOSUPPORT. Opcodes added later within a version
- * (INFO, CHECK) are refused by an older daemon with -EOPNOTSUPP. Error codes (IPC_ERRORS) are an
- * open set within a version: the error body's layout is what the version fixes, a peer that does
- * not know a code still reads it and the daemon's text beside it (an older libpat names ENOBUFS,
- * the staging budget, by strerror), so a new code needs no new version. DRAIN, RELOAD and CHECK are
- * served on the daemon's admin socket (a Unix stream socket, one frame each way, where the
- * kernel names the caller) and refused on the control socket with -EPERM. Version 3: the
- * session key. Version 4: ATTACH. Version 5 (2026-11-25): HELLO on the admin socket, one frame
- * each way (the reply carries the buffer's fd), the session bound to the caller at once; HELLO on
- * the control socket is refused with -EPERM and ATTACH is retired (-EOPNOTSUPP): a flood of
- * HELLOs no one can attribute can no longer fill the session table.
+ * Buffers: HELLO names the buffer kind, and the session's buffers reach its client alone, as
+ * descriptors beside the HELLO reply (SCM_RIGHTS). Host memory (cpu backend): one sealed memfd
+ * with no name holds the signal page and the staging rows. Device memory (cuda backend): the
+ * staging rows are a device allocation of the session's own and its per-layer 64-bit handshake
+ * words a pinned host allocation of its own (ipc_shm.h, "GPU sessions").
+ *
+ * A peer of another version is refused with -EPROTONOSUPPORT. An opcode a daemon does not serve
+ * is refused with -EOPNOTSUPP. Error codes (IPC_ERRORS) are an open set within a version: the
+ * error body's layout is what the version fixes; a peer that does not know a code still reads it
+ * and the daemon's text beside it, so a new code needs no new version.
  */
 #ifndef IPC_PROTO_H
 #define IPC_PROTO_H
@@ -46,7 +40,7 @@
 #endif
 
 #define IPC_MAGIC   0x44544150u /* "PATD" read as a little-endian u32 */
-#define IPC_VERSION 8u /* 8: patd's own Unix stream sockets instead of nanomsg (2026-11-27) */
+#define IPC_VERSION 8u
 
 /* Upper bounds of the protocol itself (configs may be lower): they bound what a decoder will
  * even look at before the connection's own limits apply. */
@@ -76,7 +70,7 @@
     X(RELOAD, 20, 1)           /* admin: re-read the config file (as SIGHUP) */                    \
     X(INFO, 21, 1)             /* admin: the daemon's figures as one ipc_info_rep_t */             \
     X(CHECK, 22, 1)            /* admin: the KV pool's invariant check (O(blocks)), text */        \
-    X(ATTACH, 23, 2)           /* retired in version 5 (HELLO binds the session): -EOPNOTSUPP */   \
+    X(ATTACH, 23, 2)           /* retired (HELLO binds the session): -EOPNOTSUPP */                \
     X(SEQ_OPEN_PENDING, 24, 0) /* since 1.7: SEQ_OPEN's body -> ipc_seq_open_rep_t (+ pending) */  \
     X(UPGRADE, 25, 1)          /* admin, since 1.10: start the binary as a successor (SIGUSR2) */
 
@@ -142,9 +136,8 @@ typedef struct ipc_err_body {
     int32_t code; /* negative errno from IPC_ERRORS */
     uint32_t reserved;
     char msg[IPC_ERRMSG_LEN]; /* NUL-terminated detail for humans */
-    /* since release 1.6 (the layout's size unchanged: msg was 200 bytes, zero past its NUL, so
-     * an older daemon's reply reads 0 here): who answered, so a client tells a daemon that
-     * restarted between two of its calls from one that refused the call */
+    /* who answered, so a client tells a daemon that restarted between two of its calls from
+     * one that refused the call */
     uint64_t instance;      /* the answering daemon's instance (as in the HELLO reply) */
     uint64_t start_unix_ms; /* when it started */
 } ipc_err_body_t;
@@ -174,7 +167,7 @@ typedef struct ipc_hello_req {
     char label[IPC_NAME_LEN];  /* printable ASCII for logs and `patctl seqs` (else -EINVAL) */
 } ipc_hello_req_t;
 _Static_assert(sizeof(ipc_hello_req_t) == 120, "hello layout");
-/* HELLO flags bits 0-2 (since 1.6): the session's pack policy, sched_policy_t + 1 (1 auto,
+/* HELLO flags bits 0-2: the session's pack policy, sched_policy_t + 1 (1 auto,
  * 2 bytes, 3 paper, 4 query, 5 tree); 0: the daemon's daemon.pack_policy */
 #define IPC_HELLO_PACK_MASK 0x7u
 
@@ -183,9 +176,9 @@ _Static_assert(sizeof(ipc_hello_req_t) == 120, "hello layout");
  * IPC_BUF_CUDA: two fds come beside the reply, in this order, each a CUDA virtual-memory
  * allocation's POSIX descriptor that names the session's memory and nothing else: its signal
  * slice (host memory: import it, map sig_bytes of it and grant the device and the CPU access;
- * the slice starts there, sig_off is 0; until protocol 6 a sealed memfd holding every session's
- * slice) and its staging allocation (device memory: import it, map dev_map_bytes of it; q/k/v/o
- * offsets are from its start, the layout's dev_bytes). shm_name is empty. */
+ * the slice starts there, sig_off is 0) and its staging allocation (device memory: import it, map
+ * dev_map_bytes of it; q/k/v/o offsets are from its start, the layout's dev_bytes). shm_name is
+ * empty. */
 typedef struct ipc_hello_rep {
     uint64_t session;
     uint32_t daemon_pid;
@@ -196,12 +189,12 @@ typedef struct ipc_hello_rep {
     uint64_t instance; /* random per daemon start: tells a restart apart */
     char shm_name[IPC_NAME_LEN];
     uint64_t dev_map_bytes; /* IPC_BUF_CUDA: the staging allocation's size */
-    uint8_t reserved[64];   /* 0 (until protocol 5: a CUDA IPC handle) */
+    uint8_t reserved[64];   /* 0 */
     uint64_t dev_bytes;     /* IPC_BUF_CUDA: the layout's bytes, <= dev_map_bytes */
     uint64_t sig_bytes;     /* IPC_BUF_CUDA: the signal slice's allocation, >= ipc_gsig_bytes */
     uint8_t dev_uuid[16];   /* IPC_BUF_CUDA: the GPU (cudaDeviceProp.uuid) */
     uint32_t mps;           /* 1: the daemon's GPU contexts are MPS clients */
-    uint32_t start_unix_s;  /* when the daemon started (since 1.6; 0 before) */
+    uint32_t start_unix_s;  /* when the daemon started */
     uint64_t key; /* 64 random bits, never published: every request of the session carries it */
 } ipc_hello_rep_t;
 _Static_assert(sizeof(ipc_hello_rep_t) == 272, "hello reply layout");
@@ -248,13 +241,13 @@ typedef struct ipc_step_begin_req {
 
 typedef struct ipc_step_begin_rep {
     uint64_t step;      /* id for STEP_END */
-    uint32_t tick_base; /* shm: layer L is handed over with signal value tick_base + L + 1;
-                           cuda-ipc: the session's handshake epoch (ipc_shm.h) */
+    uint32_t tick_base; /* cpu sessions: layer L is handed over with signal value
+                           tick_base + L + 1; GPU sessions: the handshake epoch (ipc_shm.h) */
     uint32_t n_tokens;  /* rows of Q/K/V/O this step, in the order of the request */
     uint64_t kv_bytes;  /* K+V bytes the plan reads per layer */
     uint64_t qc_bytes;  /* ... and what query-centric execution would read */
     uint32_t pack_reused;
-    uint32_t pack_policy; /* the policy that built the step's pack: sched_policy_t + 1 (1.6) */
+    uint32_t pack_policy; /* the policy that built the step's pack: sched_policy_t + 1 */
 } ipc_step_begin_rep_t;
 
 #define IPC_STEP_END_ABORT 1u
@@ -291,7 +284,7 @@ typedef struct ipc_info_rep {
     /* the pool and the daemon now */
     uint32_t blocks_total, blocks_free, blocks_used, blocks_cached;
     uint32_t sequences, connections, steps_in_flight, reserved1;
-    /* appended in release 1.6 (an older daemon's reply ends before them: read as 0) */
+    /* appended later than the fields above: a shorter reply reads them as 0 */
     float scale;   /* the softmax scale applied now (model.scale, or 1/sqrt(head_dim)) */
     float softcap; /* the logit soft cap applied now (0: off) */
 } ipc_info_rep_t;

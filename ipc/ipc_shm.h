@@ -20,8 +20,8 @@
  *
  * GPU sessions (cuda backend, IPC_BUF_CUDA): the staging rows are device memory and the
  * hand-off runs on the two processes' CUDA streams, never through their CPUs. The session's
- * signal slice (ipc_gsig_bytes) is pinned host memory of its own (protocol 7: a CUDA
- * virtual-memory allocation passed by descriptor) that both processes map for their device and
+ * signal slice (ipc_gsig_bytes) is pinned host memory of its own (a CUDA virtual-memory
+ * allocation passed by descriptor) that both processes map for their device and
  * their CPU at one address:
  *
  *   [ ipc_sig_t page | ready[n_layers] (u64) | done[n_layers] (u64) ]   each part 4 KiB aligned
@@ -144,8 +144,8 @@ static inline void ipc_gsig_release(void *slice, uint32_t n_layers, uint64_t val
     }
 }
 
-/* Unlinks every /dev/shm entry whose name starts with prefix (stale named buffers a crashed
- * daemon left: the GPU arena of versions before protocol 4). Returns how many. */
+/* Unlinks every /dev/shm entry whose name starts with prefix (named buffers an older release
+ * left; patd makes none now). Returns how many. */
 int ipc_shm_sweep(const char *prefix);
 
 static inline ipc_sig_t *ipc_shm_sig(const ipc_shm_t *s)
