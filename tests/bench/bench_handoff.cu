@@ -1,6 +1,6 @@
 /*
- * bench_handoff — the cross-process per-layer hand-off, measured on the GPU (DESIGN.md §8:
- * <= 10 us median per layer round trip under MPS).
+ * bench_handoff — the cross-process per-layer hand-off, measured on the GPU (target: <= 10 us
+ * median per layer round trip under MPS; README.md, "Numbers").
  *
  *   floor   two processes, no patd: A writes ready = i and waits done >= i on its stream; B waits
  *           ready >= i and writes done = i on its own. Twice: words in host memory mapped into

@@ -1,6 +1,6 @@
 /*
- * bench_sched.c — CPU time of the scheduler (DESIGN.md §8 targets), and the traffic its plans
- * save, on shared-prefix trees shaped like the PAT paper's synthetic batches.
+ * bench_sched.c — CPU time of the scheduler against its targets (README.md, "Numbers"), and the
+ * traffic its plans save, on shared-prefix trees shaped like the PAT paper's synthetic batches.
  *
  *   incremental: a decode step of 256 queries in a 4-level forest (fan-out 4 per level): every
  *                query grows by one token, then the plan is built (pack reused: lazy update).
