@@ -635,7 +635,7 @@ help:
 	@echo "  soak          patload --loop for SOAK_SECONDS (120): flat RSS, blocks, no failures"
 	@echo "  demo          start patd (cpu backend) and the client demo against it, checked in fp64"
 	@echo "                (builds only those programs, without CUDA, in $(B)/demo)"
-	@echo "  bench         scheduler CPU-time and daemon cpu-path latency benchmarks (see RESULTS.md)"
+	@echo "  bench         scheduler CPU-time and daemon cpu-path latency benchmarks (see tests/bench/log/2026-11-21-sched-cpu.md, 2026-11-21-daemon-cpu.md)"
 	@echo "  gpu-tests     build and run the GPU tests (needs a GPU; tests/gpu/run.sh wraps it)"
 	@echo "  deps          apt-get install the Debian packages the build and tests need, if missing"
 	@echo "  deps-build    only those the build, the demo and replays need (make demo, make replay)"

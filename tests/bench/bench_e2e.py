@@ -12,7 +12,7 @@ four ways, on the same GPU in the same run:
               per-request cache padded to the longest context, padding masked: what a
               transformers model with attn_implementation="sdpa" and a static cache runs, in
               this file's model code so that only the attention differs (SdpaAttention; first
-              run on a GPU 2026-11-26, tests/bench/RESULTS.md)
+              run on a GPU: tests/bench/log/2026-11-26-e2e-sdpa.md)
   dense       the same dense cache with llama_patd.DenseAttention's einsum attention (what the
               example frontend compares with)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """bench_sdpa.py — PyTorch SDPA on dense per-query KV for the rows of bench_attn --json, and the
-RESULTS.md table of the whole attention benchmark.
+table of the whole attention benchmark (as in tests/bench/log/2026-11-21-pat-trees-h200.md).
 
 For each (tree, heads) row: every query's KV materialized densely ([queries, kv_heads, kv_len,
 128] fp16, GQA through enable_gqa), one decode token per query, torch.nn.functional

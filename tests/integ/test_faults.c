@@ -344,9 +344,10 @@ static void test_stalled_sessions(void **state)
                with[round], n, 100.0 * with[round] / alone);
     }
     /* executors used to wait for a stalled client for the whole step timeout: 0 steps/s here.
-     * Measured on a quiet machine: 96-99 % and 91-103 % (tests/bench/RESULTS.md); CI's loaded
-     * 2-core machine gets a looser bound than the 90 % target, looser still under ASan (80-84 %
-     * measured there while another build ran) */
+     * Measured on a quiet machine: 96-99 % and 91-103 %
+     * (tests/bench/log/2026-11-25-stalled-client.md); CI's loaded 2-core machine gets a looser
+     * bound than the 90 % target, looser still under ASan (80-84 % measured there while another
+     * build ran) */
 #if defined(__SANITIZE_ADDRESS__)
     const double bound = 0.5;
 #else
