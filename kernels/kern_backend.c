@@ -148,15 +148,7 @@ int kern_sync(kern_backend_t *b)
     return b->ops->sync ? b->ops->sync(b) : 0;
 }
 
-/* The shapes a backend without its own table plans with: m powers of two >= 16 (the MMA row
- * rule), n by KV length (a partly filled last tile is wasted work; long KV wants long tiles). */
-static const sched_tiles_t generic_tiles = {
-    .n_m = 4,
-    .m = {16, 32, 64, 128},
-    .n_n = 3,
-    .n = {32, 64, 128},
-    .n_upto = {256, 2048, UINT32_MAX},
-};
+static const sched_tiles_t generic_tiles = SCHED_TILES_DEFAULT;
 
 int kern_tiles(const kern_backend_t *b, sched_tiles_t *ret)
 {

@@ -17,10 +17,11 @@
  * reports (sched_plan_traffic, sched_query_centric_traffic) count them.
  *
  * Time model (sched_tiles_t.cost, measured per GPU): per work item (a CTA for one KV head)
- * max(bytes / bandwidth share, FLOPs / tensor-rate share, tiles x tile_us) + cta_us (the pair
- * kernel's items: pair_cta_us), and a makespan over the device's resident slots. A CTA's tiles:
- * a segment starts its own, or (sched_tiles_t.tile_pages, the pair kernel) its segments' blocks
- * are packed tile_pages to a tile. Without a cost model (the cpu backend) the time is the bytes.
+ * max(bytes / bandwidth share, FLOPs / tensor-rate share, tiles x tile_us) + its fixed cost, and a
+ * makespan over the device's resident slots. How many KV tiles a CTA walks, how many slots it
+ * holds and which fixed cost it pays are the backend's to say (sched_tiles_t.item, the rule it
+ * lays out its plans with); without a rule every segment starts its own tiles. Without a cost
+ * model (the cpu backend) the time is the bytes.
  *
  * Cost: linear in the chunks and rows walked; no allocation.
  */
@@ -64,18 +65,12 @@ void sched__model_init(sched__model_t *m, const sched_config_t *cfg, const sched
 
 /* ------------------------------------------------------------------ time model */
 
-/* Slots an item with an m-row tile holds (sched_tiles_t.pair_m): 1, or 2 for the pair kernel. */
-static uint32_t item_units(const sched_t *s, uint32_t m)
-{
-    return s->tiles.pair_m && m > s->tiles.pair_m ? 2 : 1;
-}
-
-/* Modelled ns of one work item (a CTA for one KV head) reading kv_tokens in `tiles` KV tiles of
+/* Modelled ns of one work item (a CTA for one KV head) reading kv_tokens in it->tiles KV tiles of
  * tn tokens with an m-row tile for `rows` query rows, partial_rows of which write fp32 partials
  * that a merge reads back. Without a cost model the time is the bytes (1 byte = 1 ns), so every
  * comparison falls back to bytes. */
-static double item_ns(const sched_t *s, uint64_t kv_tokens, uint64_t tiles, uint32_t tn, uint32_t m,
-                      uint32_t rows, uint32_t partial_rows)
+static double item_ns(const sched_t *s, uint64_t kv_tokens, const sched_item_t *it, uint32_t tn,
+                      uint32_t m, uint32_t rows, uint32_t partial_rows)
 {
     const sched__model_t *md = &s->mdl;
     const sched_cost_t *c = &s->tiles.cost;
@@ -84,18 +79,14 @@ static double item_ns(const sched_t *s, uint64_t kv_tokens, uint64_t tiles, uint
     if (!c->slots)
         return bytes;
     /* the tensor cores compute all m rows of a tile over its n tokens, however few read it */
-    double flops = 4.0 * m * (double)tiles * tn * md->head_dim;
-    /* an item of two slots gets twice the share (item_units) */
-    double share = (double)c->slots / item_units(s, m);
-    double t_mem = bytes * share / c->read_gbs;           /* GB/s = bytes per ns */
-    double t_mma = flops * share / (c->mma_tflops * 1e3); /* TFLOP/s = 1e3 FLOP per ns */
-    double t_chain = (double)tiles * c->tile_us * 1e3;    /* latency, not a shared rate */
+    double flops = 4.0 * m * (double)it->tiles * tn * md->head_dim;
+    /* an item of two slots gets twice the share */
+    double share = (double)c->slots / it->units;
+    double t_mem = bytes * share / c->read_gbs;            /* GB/s = bytes per ns */
+    double t_mma = flops * share / (c->mma_tflops * 1e3);  /* TFLOP/s = 1e3 FLOP per ns */
+    double t_chain = (double)it->tiles * c->tile_us * 1e3; /* latency, not a shared rate */
     double t = t_mem > t_mma ? t_mem : t_mma;
-    /* the pair kernel's fixed cost is one block's per item: the two items of a small-mode block
-     * item share it, as the two slots of a big one do */
-    const float fixed = s->tiles.pair_from_m && m >= s->tiles.pair_from_m && c->pair_cta_us > 0
-                            ? c->pair_cta_us
-                            : c->cta_us;
+    const float fixed = it->kind == 1 && c->kind1_cta_us > 0 ? c->kind1_cta_us : c->cta_us;
     return (t > t_chain ? t : t_chain) + fixed * 1e3;
 }
 
@@ -120,38 +111,20 @@ typedef struct tally {
     double max_ns;  /* the longest item */
 } tally_t;
 
-/* A tile costs the CTA the time of the whole m-row tile however few of its 16-row bands read it
- * (each band is one warp's; a band that skips a tile leaves its tensor cores to the other CTA on
- * the SM, not to its own). m: the tile rows the CTA gets. */
-static inline double cta_time(const sched_t *s, const sched__seg_t *sg, uint32_t n, uint32_t m,
-                              uint32_t rows, uint32_t kv_tokens, uint32_t partial_rows)
+/* The work item a CTA with an m-row tile over its n segments is, KV tiles of tn tokens: the
+ * backend's rule, or one slot whose segments each start their own tiles. */
+static inline void cta_item(const sched_t *s, const sched__seg_t *sg, uint32_t n, uint32_t m,
+                            uint32_t tn, sched_item_t *it)
 {
-    const sched_tiles_t *t = &s->tiles;
-    uint32_t tn = t->n[sched__pick_n(t, kv_tokens)];
-    uint64_t tiles = 0;
-    if (t->tile_pages && t->pair_from_m && m >= t->pair_from_m) {
-        /* the pair kernel: the blocks its segments touch, tile_pages to a tile, in three classes
-         * where the CTA holds two slots (read by both warpgroups' rows, by the first's only, by
-         * the second's only: pair_m rows each) */
-        const uint32_t bs = s->cfg.block_size, g = s->mdl.group;
-        const int two = item_units(s, m) == 2;
-        uint64_t pages[3] = {0, 0, 0};
-        for (uint32_t i = 0; i < n; i++) {
-            if (sg[i].kv_end <= sg[i].kv_begin)
-                continue;
-            int cl = 0;
-            if (two && sg[i].row_hi * g <= t->pair_m)
-                cl = 1;
-            else if (two && sg[i].row_lo * g >= t->pair_m)
-                cl = 2;
-            pages[cl] += (sg[i].kv_end - 1) / bs - sg[i].kv_begin / bs + 1;
-        }
-        for (int cl = 0; cl < 3; cl++)
-            tiles += PAT_DIV_UP(pages[cl], t->tile_pages);
-    } else
-        for (uint32_t i = 0; i < n; i++)
-            tiles += PAT_DIV_UP(sg[i].kv_end - sg[i].kv_begin, tn);
-    return item_ns(s, kv_tokens, tiles, tn, m, rows, partial_rows);
+    if (s->tiles.item) {
+        s->tiles.item(m, s->mdl.group, tn, sg, sizeof(*sg), n, it);
+        return;
+    }
+    it->units = 1;
+    it->kind = 0;
+    it->tiles = 0;
+    for (uint32_t i = 0; i < n; i++)
+        it->tiles += PAT_DIV_UP(sg[i].kv_end - sg[i].kv_begin, tn);
 }
 
 /* Adds one CTA of `rows` q-head rows over its n segments of kv_tokens in all, partial_rows of its
@@ -160,12 +133,17 @@ static inline double tally_cta(const sched_t *s, tally_t *t, const sched__seg_t 
                                uint32_t rows, uint32_t kv_tokens, uint32_t partial_rows)
 {
     const sched__model_t *md = &s->mdl;
-    uint32_t m = s->tiles.m[sched__pick_m(&s->tiles, rows)];
-    double ns = cta_time(s, sg, n, m, rows, kv_tokens, partial_rows);
-    uint32_t u = item_units(s, m);
+    const uint32_t m = s->tiles.m[sched__pick_m(&s->tiles, rows)];
+    const uint32_t tn = s->tiles.n[sched__pick_n(&s->tiles, kv_tokens)];
+    sched_item_t it;
+    cta_item(s, sg, n, m, tn, &it);
+    /* a tile costs the CTA the time of the whole m-row tile however few of its 16-row bands read
+     * it (each band is one warp's; a band that skips a tile leaves its tensor cores to the other
+     * CTA on the SM, not to its own) */
+    double ns = item_ns(s, kv_tokens, &it, tn, m, rows, partial_rows);
     t->bytes += kv_tokens * md->kv_tok + rows * md->q_row + partial_rows * md->ic_row;
-    t->sum_ns += u * ns;
-    t->units += u;
+    t->sum_ns += it.units * ns;
+    t->units += it.units;
     t->max_ns = ns > t->max_ns ? ns : t->max_ns;
     return ns;
 }
@@ -175,8 +153,9 @@ static inline double tally_cta(const sched_t *s, tally_t *t, const sched__seg_t 
 static void tally_partials(const sched_t *s, tally_t *t, uint64_t partial_rows)
 {
     t->bytes += partial_rows * s->mdl.ic_row;
-    t->sum_ns += item_ns(s, 0, 0, 0, 0, 0, (uint32_t)PAT_MIN(partial_rows, UINT32_MAX)) -
-                 item_ns(s, 0, 0, 0, 0, 0, 0);
+    const sched_item_t none = {.tiles = 0, .units = 1, .kind = 0};
+    t->sum_ns += item_ns(s, 0, &none, 0, 0, 0, (uint32_t)PAT_MIN(partial_rows, UINT32_MAX)) -
+                 item_ns(s, 0, &none, 0, 0, 0, 0);
 }
 
 /* Modelled time of one layer: the makespan of the tallied items over every KV head. */

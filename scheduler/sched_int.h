@@ -6,6 +6,7 @@
 #ifndef SCHED_INT_H
 #define SCHED_INT_H
 
+#include <stddef.h>
 #include <string.h>
 
 #include "pat_base.h"
@@ -62,9 +63,15 @@ typedef struct sched__cta {
  * source run (psrc[] index and the segment's first page within it). */
 typedef struct sched__seg {
     uint32_t kv_begin, kv_end;
-    uint32_t psrc, poff;
     uint32_t row_lo, row_hi; /* CTA rows, in query tokens */
+    uint32_t psrc, poff;
 } sched__seg_t;
+/* the backend's item rule reads a segment as a sched_span_t (sched_tiles_t.item) */
+_Static_assert(offsetof(sched__seg_t, kv_begin) == offsetof(sched_span_t, kv_begin) &&
+                   offsetof(sched__seg_t, kv_end) == offsetof(sched_span_t, kv_end) &&
+                   offsetof(sched__seg_t, row_lo) == offsetof(sched_span_t, row_lo) &&
+                   offsetof(sched__seg_t, row_hi) == offsetof(sched_span_t, row_hi),
+               "a segment starts as a span");
 
 /* TREE: a node kept out of the CTA that reaches it, read in a CTA of its own by the rows [lo, hi)
  * of that CTA. */

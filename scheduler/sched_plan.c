@@ -23,16 +23,7 @@
 #include <math.h>
 #include <string.h>
 
-static const sched_tiles_t default_tiles = {
-    /* m: powers of two >= 16 (MMA shape rule); n: short KV favours small n (a partly filled last
-     * tile is compute bubble), long KV larger n (fewer, longer CTAs shrink the tail). Until a
-     * backend measures its own table (kernels/cuda), these are the PAT paper's shapes. */
-    .n_m = 4,
-    .m = {16, 32, 64, 128},
-    .n_n = 3,
-    .n = {32, 64, 128},
-    .n_upto = {256, 2048, UINT32_MAX},
-};
+static const sched_tiles_t default_tiles = SCHED_TILES_DEFAULT;
 
 static const char *const policy_names[] = {"auto", "bytes", "paper", "query", "tree"};
 

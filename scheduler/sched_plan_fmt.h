@@ -39,6 +39,7 @@
 #ifndef SCHED_PLAN_FMT_H
 #define SCHED_PLAN_FMT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* the layout checks hold for C and for the CUDA C++ that reads plans */
@@ -83,9 +84,8 @@ typedef struct sched_plan_cta {
     uint32_t seg_count; /* 0: its rows read nothing (o = 0, lse = -inf) */
     uint32_t kv_tokens; /* sum of its segments' lengths (the KV it reads per KV head) */
     uint32_t group;     /* index in groups[] (its tile shape) */
-    uint32_t pack;      /* pack it came from (diagnostics, split parts share it; the cuda
-                           backend's device copy keeps the CTA's first tile there) */
-    uint32_t reserved;  /* 0 here; the cuda backend's device copy keeps the CTA's tile count */
+    uint32_t pack;      /* pack it came from (diagnostics; the parts of a split CTA share it) */
+    uint32_t reserved;  /* 0 */
 } sched_plan_cta_t;
 SCHED_STATIC_ASSERT(sizeof(sched_plan_cta_t) == 32, "cta layout");
 
@@ -117,21 +117,45 @@ SCHED_STATIC_ASSERT(sizeof(sched_plan_merge_t) == 16, "merge layout");
 #define SCHED_MAX_TILE_N 8
 
 /* What one work item (a CTA for one KV head) costs on the device, for the scheduler's time model
- * (sched_plan.c): t = max(bytes / bandwidth share, FLOPs / tensor-rate share, tiles x tile_us) +
- * cta_us, where a share is the device rate divided by `slots` and tiles counts the KV tiles the
- * CTA walks (every segment starts one, or tile_pages blocks make one). All zero: no model; plans
- * are scored on bytes (the cpu backend). Measured per GPU by kernels/cuda/tile_solver.cu. */
+ * (sched_cost.c): t = max(bytes / bandwidth share, FLOPs / tensor-rate share, tiles x tile_us) +
+ * the item's fixed cost, where a share is the device rate divided by `slots` and by the slots
+ * the item holds, and tiles counts the KV tiles it walks (sched_item_t, from the backend's rule).
+ * All zero: no model; plans are scored on bytes (the cpu backend). Measured per GPU by
+ * kernels/cuda/tile_solver.cu. */
 typedef struct sched_cost {
     float read_gbs;   /* device read bandwidth, GB/s (16-byte loads, measured) */
     float mma_tflops; /* the forward kernel's sustained rate on compute-bound CTAs, whole device */
-    float cta_us;     /* fixed time of one work item: Q load, pipeline fill, epilogue, scheduling */
+    float cta_us;     /* fixed time of one work item of kind 0: Q load, pipeline fill, epilogue,
+                         scheduling */
     uint32_t slots;   /* work items resident at once: SMs x CTAs per SM */
     float tile_us;    /* the shortest time one KV tile costs its CTA: the chain wait for the
                          tile, products, softmax, barrier that nothing inside the CTA overlaps;
                          it bounds CTAs of many short segments (0: not modelled) */
-    float pair_cta_us; /* cta_us of an item the pair kernel runs (sched_tiles_t.pair_from_m), per
-                          item and block (0: cta_us) */
+    float kind1_cta_us; /* fixed time of an item of kind 1 (sched_item_t.kind: the backend runs
+                           it on another kernel), per item (0: cta_us) */
 } sched_cost_t;
+
+/* A KV range of a CTA as a backend's item rule reads it: the first four words of each of the
+ * records it is handed (the scheduler's own segments start the same way). */
+typedef struct sched_span {
+    uint32_t kv_begin, kv_end; /* absolute positions [kv_begin, kv_end) */
+    uint32_t row_lo, row_hi;   /* its readers: the CTA's rows [row_lo, row_hi), in query tokens */
+} sched_span_t;
+
+/* One work item (a CTA for one KV head) as the backend will run it. */
+typedef struct sched_item {
+    uint64_t tiles; /* KV tiles it walks */
+    uint32_t units; /* resident slots it holds at once (>= 1) */
+    uint32_t kind;  /* 0, or 1: its fixed cost is cost.kind1_cta_us */
+} sched_item_t;
+
+/* A backend's rule for the item a CTA becomes: an m-row tile (group rows per query token) over
+ * n spans (span i at (const char *)spans + i * stride, read with memcpy), KV tiles of tile_n
+ * tokens. The scheduler's time model asks it for every CTA it prices; the backend lays out the
+ * plan's CTAs with the same rule, so the two agree by construction (tests/unit/test_cuda_pack.c
+ * checks it on random plans). */
+typedef void (*sched_item_fn)(uint32_t m, uint32_t group, uint32_t tile_n, const void *spans,
+                              size_t stride, uint32_t n, sched_item_t *ret);
 
 /* The compiled tile shapes of a backend on one GPU and the rule that picks n: the backend
  * publishes it (kern_tiles), the scheduler plans with it. */
@@ -142,20 +166,23 @@ typedef struct sched_tiles {
     uint16_t n[SCHED_MAX_TILE_N];      /* KV tile sizes */
     uint32_t n_upto[SCHED_MAX_TILE_N]; /* choose n[i] for the first i with kv_len <= n_upto[i];
                                           the last entry should be UINT32_MAX */
-    uint32_t min_ctas;    /* when a plan has fewer CTA x KV-head work items than this, its CTAs are
-                             split (down to split_min_kv tokens) until it has about this many: a GPU
-                             with few, long CTAs idles in its last wave; 0 = never. With a cost model
-                             the split is kept only when the model says it is faster */
-    uint32_t pair_m;      /* a CTA of more than pair_m rows holds two slots (the cuda pair kernel:
-                             one block of two warpgroups per SM runs it); 0 = every CTA one slot */
-    uint32_t pair_from_m; /* items with an m-row tile of at least this run on the pair kernel
-                             and cost cost.pair_cta_us; 0 = none (a plan whose CTAs all have
-                             fewer rows runs on the 4-warp kernels) */
-    uint32_t tile_pages;  /* a KV tile holds this many blocks of any of a CTA's segments (the
-                             backend packs short segments together: the cuda pair kernel); 0 =
-                             every segment starts a tile of its own */
+    uint32_t min_ctas;  /* when a plan has fewer CTA x KV-head work items than this, its CTAs are
+                           split (down to split_min_kv tokens) until it has about this many: a GPU
+                           with few, long CTAs idles in its last wave; 0 = never. With a cost model
+                           the split is kept only when the model says it is faster */
+    sched_item_fn item; /* the backend's item rule; NULL: one slot, kind 0, every span starts
+                           ceil(length / n) tiles of its own */
     sched_cost_t cost;
 } sched_tiles_t;
+
+/* The tile table of a backend without its own (the cpu backend) and the scheduler's default: m
+ * powers of two >= 16 (the MMA row rule), n by KV length (a partly filled last tile is wasted
+ * work; long KV wants long tiles). The PAT paper's shapes. */
+#define SCHED_TILES_DEFAULT                                                                        \
+    {                                                                                              \
+        .n_m = 4, .m = {16, 32, 64, 128}, .n_n = 3, .n = {32, 64, 128},                            \
+        .n_upto = {256, 2048, UINT32_MAX},                                                         \
+    }
 
 /* Typed views of a plan buffer (no copies). */
 static inline const sched_plan_group_t *sched_plan_groups(const sched_plan_hdr_t *h)

@@ -97,12 +97,7 @@ void cuda_tiles(const kern_backend_t *b, sched_tiles_t *ret)
     ret->cost.slots = slots;
     if (c->max_m > KCUDA_SMALL_M && ret->n_m < SCHED_MAX_TILE_M) {
         ret->m[ret->n_m++] = (uint16_t)c->max_m; /* the pair kernel's two warpgroups */
-        ret->pair_m = KCUDA_SMALL_M;             /* one block per SM: two slots */
-        for (uint32_t i = 0; i < ret->n_m && !ret->pair_from_m; i++)
-            if (ret->m[i] > KCUDA_WS_MIN_ROWS)
-                ret->pair_from_m = ret->m[i]; /* kern_cuda_attn.cu runs fwd_pair from there */
-        /* fwd_pair's tiles are four pages of any of a CTA's segments (WsTile) */
-        ret->tile_pages = KCUDA_TILE_N / KERN_BLOCK_SIZE;
+        ret->item = kcuda_pack_item;             /* how plan_upload lays out the CTAs */
     }
     if (ret->min_ctas == 0)
         ret->min_ctas = 4 * slots;
@@ -347,7 +342,7 @@ int pool_vmm(Cuda *c, int fd, size_t bytes)
  * the append writes, is kept aside and put back). */
 int warm_kernels(Cuda *c)
 {
-    sched_plan_cta_t *dcta;
+    kcuda_cta_t *dcta;
     cudaStream_t st = c->lane0.main;
     const kern_model_t &m = c->base.cfg.model;
     /* the CTA; the merge's row of output; the first block of layer 0 */

@@ -146,16 +146,17 @@ int plan_upload(Lane *L, const sched_plan_hdr_t *h)
     PlanBuf *pb = &L->plan[next];
     if (pb->used)
         KC_TRY(cudaEventSynchronize(pb->copied), "plan buffer");
+    /* the device plan: the plan with its CTAs lowered (kcuda_cta_t, the same size) */
     memcpy(pb->host, h, h->total_bytes);
-    sched_plan_hdr_t *dst = reinterpret_cast<sched_plan_hdr_t *>(pb->host);
+    kcuda_cta_t *dcta = reinterpret_cast<kcuda_cta_t *>(pb->host + h->off_ctas);
     uint64_t n_tiles;
-    pb->n_big = kcuda_pack_prepare(h, dst, &n_tiles);
+    pb->n_big = kcuda_pack_prepare(h, dcta, &n_tiles);
     const bool pair = runs_pair(c, h);
     r = pair ? tiles_reserve(L, pb, n_tiles) : 0;
     if (r < 0)
         return r;
     if (pair && n_tiles) {
-        kcuda_pack_fill(h, dst, pb->tl_host);
+        kcuda_pack_fill(h, dcta, pb->tl_host);
         KC_TRY(cudaMemcpyAsync(pb->tl_dev, pb->tl_host, n_tiles * sizeof(WsTile),
                                cudaMemcpyHostToDevice, L->main),
                "tile upload");
@@ -202,7 +203,7 @@ int attend_on(Lane *L, uint32_t layer, const sched_plan_hdr_t *h, const void *q,
     memcpy(&a.kv_map, c->kv_map, sizeof(a.kv_map));
     a.tma = c->tma;
     a.tma_block0 = layer * c->base.cfg.n_blocks;
-    a.ctas = reinterpret_cast<const sched_plan_cta_t *>(dp + h->off_ctas);
+    a.ctas = reinterpret_cast<const kcuda_cta_t *>(dp + h->off_ctas);
     a.rows = reinterpret_cast<const sched_plan_row_t *>(dp + h->off_rows);
     a.pages = reinterpret_cast<const uint32_t *>(dp + h->off_pages);
     a.segs = reinterpret_cast<const sched_plan_seg_t *>(dp + h->off_segs);

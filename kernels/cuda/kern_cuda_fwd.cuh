@@ -314,8 +314,8 @@ __device__ __forceinline__ void fwd_rows_out(const FwdArgs &a, const sched_plan_
  * wgmma (kern_cuda_wgmma.cuh; head_dim <= 128, sm_90a); the tiles use wgmma's swizzle and the
  * rows are written straight from the accumulators. */
 template <typename T, int D, int M, bool SEGS, bool WG = false>
-__device__ __forceinline__ void fwd_cta(const FwdArgs &a, const sched_plan_cta_t &cta,
-                                        uint32_t head, uint8_t *smem)
+__device__ __forceinline__ void fwd_cta(const FwdArgs &a, const kcuda_cta_t &cta, uint32_t head,
+                                        uint8_t *smem)
 {
     using G = Geom<D, M>;
     constexpr int N = G::N;
@@ -710,7 +710,7 @@ __device__ __forceinline__ uint32_t arrive(uint32_t *p)
  * merge of that token's group of q heads for this KV head (see the top of the file). The CTA's
  * team: nth threads from thread tid 0, barrier `team` (team_sync). */
 template <typename T, int D>
-__device__ __forceinline__ void fwd_arrive_merge(const FwdArgs &a, const sched_plan_cta_t &cta,
+__device__ __forceinline__ void fwd_arrive_merge(const FwdArgs &a, const kcuda_cta_t &cta,
                                                  uint32_t head, uint8_t *smem, uint32_t tid,
                                                  uint32_t nth, int team)
 {
@@ -749,8 +749,8 @@ __device__ __forceinline__ void fwd_arrive_merge(const FwdArgs &a, const sched_p
  * use wgmma where compiled for sm_90a at head_dim <= 128: measured 11 % faster on TREE plans and
  * 3 % slower on one-segment packs (RESULTS.md, 2026-11-24). */
 template <typename T, int D, bool WGK>
-__device__ __forceinline__ void fwd_small(const FwdArgs &a, const sched_plan_cta_t &cta,
-                                          uint32_t head, uint8_t *smem)
+__device__ __forceinline__ void fwd_small(const FwdArgs &a, const kcuda_cta_t &cta, uint32_t head,
+                                          uint8_t *smem)
 {
     const uint32_t rows = cta.row_count * a.group, tid = threadIdx.x;
 #if KCUDA_WGMMA

@@ -233,7 +233,7 @@ template <int D> struct WsMap {
  * past its last pair of heads were empty, and every one a block fetched cost it a round trip of
  * the counter and the CTA record). ws_ref gives the CTA's index, ws_item reads its record. */
 struct WsItem {
-    sched_plan_cta_t cta;
+    kcuda_cta_t cta;
     uint32_t j, n_heads;
     bool small;
 };
@@ -256,11 +256,11 @@ __device__ __forceinline__ void ws_item(const FwdArgs &a, uint32_t b, WsItem &it
 {
     it.cta = a.ctas[ws_ref(a, b, it)];
 }
-/* the CTA's tile count: plan_upload leaves it in the device copy's `reserved` (walking a TREE
- * CTA's segments here cost one round trip per segment, each read waiting for the last) */
-__device__ __forceinline__ int ws_tiles(const sched_plan_cta_t &cta)
+/* the CTA's tile count, counted on the host when the plan was lowered (walking a TREE CTA's
+ * segments here would cost one round trip per segment, each read waiting for the last) */
+__device__ __forceinline__ int ws_tiles(const kcuda_cta_t &cta)
 {
-    return (int)cta.reserved;
+    return (int)cta.n_tiles;
 }
 
 constexpr uint32_t WS_END = 0xffffffffu; /* the item id that ends the consumers' loop */
@@ -345,7 +345,7 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
         /* the item's tiles (plan_upload's list), each read two tiles ahead of its copies: the
          * producer has nothing to compute while a read is in flight, so one tile ahead would put
          * that read's latency into every tile */
-        const uint4 *tl = reinterpret_cast<const uint4 *>(a.tiles + it.cta.pack);
+        const uint4 *tl = reinterpret_cast<const uint4 *>(a.tiles + it.cta.first_tile);
         uint4 ta[4], tb[4]; /* blk, pos, rng, (whole, live, next) of tiles t and t + 1 */
         auto fetch_tile = [&](int t, uint4(&x)[4]) {
 #pragma unroll
@@ -507,7 +507,7 @@ ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles, uint32_t live0, uint
     constexpr int N = G::N, NT = N / 8, DT = D / 8;
     const int tid = threadIdx.x % KCUDA_THREADS, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tq = lane & 3;
-    const sched_plan_cta_t &cta = it.cta;
+    const kcuda_cta_t &cta = it.cta;
     const bool small = it.small;
     const sched_plan_row_t *rows = a.rows + cta.row_begin;
     const uint32_t group = a.group, n_rows = idle ? 0 : cta.row_count * group;

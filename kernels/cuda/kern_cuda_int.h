@@ -48,9 +48,10 @@ struct FwdArgs {
      * head][token of the block][D], boxes of 64 x 16 elements in the 128-byte swizzle (one page
      * of one head, 64 columns); a kernel parameter (__grid_constant__), so first and aligned */
     CUtensorMap kv_map;
-    uint32_t tma;                 /* 1: fwd_pair loads KV pages with kv_map (where aligned) */
-    uint32_t tma_block0;          /* kv_map's block coordinate of this layer's block 0 */
-    const sched_plan_cta_t *ctas; /* device copy of the plan */
+    uint32_t tma;            /* 1: fwd_pair loads KV pages with kv_map (where aligned) */
+    uint32_t tma_block0;     /* kv_map's block coordinate of this layer's block 0 */
+    const kcuda_cta_t *ctas; /* the device plan (kcuda_pack_prepare); the other arrays as the
+                                plan has them */
     const sched_plan_seg_t *segs;
     const sched_plan_row_t *rows;
     const uint32_t *pages;
@@ -67,8 +68,7 @@ struct FwdArgs {
     uint32_t *arrivals;    /* [merge][kv_head]: parts written so far; 0 between launches */
     uint32_t *work;        /* fwd_pair: [0] items taken, [1] blocks done; 0 between launches */
     uint32_t n_ctas;
-    uint32_t
-        n_big; /* fwd_pair: the device copy's CTAs of more than KCUDA_SMALL_M rows come first */
+    uint32_t n_big; /* the device plan's CTAs of more than KCUDA_SMALL_M rows, first in ctas */
     uint32_t q_heads, kv_heads, group;
     float scale, softcap;
     uint32_t merge_inside; /* 1: the last CTA of a split token merges (KERN_MERGE_INSIDE) */
@@ -128,8 +128,7 @@ struct PlanBuf {
     uint8_t *host; /* pinned */
     uint8_t *dev;
     cudaEvent_t copied; /* the H2D copy from host has completed */
-    uint32_t
-        n_big; /* CTAs of more than KCUDA_SMALL_M rows, first in the copy (kcuda_pack_prepare) */
+    uint32_t n_big;  /* CTAs of more than KCUDA_SMALL_M rows, first in dev (kcuda_pack_prepare) */
     WsTile *tl_host; /* pinned: fwd_pair's tiles of the plan in dev */
     WsTile *tl_dev;
     uint32_t tl_cap; /* tiles both hold (grown by plan_upload) */

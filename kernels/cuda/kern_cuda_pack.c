@@ -1,6 +1,7 @@
 /*
- * kern_cuda_pack.c — the pair kernel's KV tiles from a plan (kern_cuda_pack.h). Linear in the
- * plan's chunks; writes only the caller's buffers.
+ * kern_cuda_pack.c — a plan lowered for the cuda backend (kern_cuda_pack.h): its CTAs as the
+ * device plan's records, the pair kernel's KV tiles, and the item rule the scheduler prices them
+ * with. Linear in the plan's chunks; writes only the caller's buffers.
  */
 #include "kern_cuda_pack.h"
 
@@ -13,87 +14,120 @@ _Static_assert(KCUDA_TILE_N == 4 * KERN_BLOCK_SIZE, "a tile is four blocks");
 _Static_assert(KCUDA_MAX_M < 256, "a CTA's rows fit a chunk's 8-bit row range");
 _Static_assert(sizeof(kcuda_tile_t) == 64, "a tile's record is four 16-byte loads");
 
-/* blocks of a segment: its chunks (none for an empty one) */
-static uint32_t seg_chunks(const sched_plan_seg_t *g)
+_Static_assert(sizeof(kcuda_cta_t) == sizeof(sched_plan_cta_t), "the device plan's CTAs sit where "
+                                                                "the plan's are");
+
+/* blocks of a KV range: its chunks (none for an empty one) */
+static uint32_t span_chunks(uint32_t kv_begin, uint32_t kv_end)
 {
-    return g->kv_end > g->kv_begin
-               ? (g->kv_end - 1) / KERN_BLOCK_SIZE - g->kv_begin / KERN_BLOCK_SIZE + 1
-               : 0;
+    return kv_end > kv_begin ? (kv_end - 1) / KERN_BLOCK_SIZE - kv_begin / KERN_BLOCK_SIZE + 1 : 0;
 }
 
-/* the class of a segment's chunks: 0 read by both consumers' rows (or the CTA is small: each
- * consumer reads all of them, for its own KV head), 1 by consumer 0's only (q-head rows 0..63),
- * 2 by consumer 1's only */
-static int seg_class(const sched_plan_seg_t *g, int small, uint32_t group)
+/* the class of a range's chunks, by its readers [row_lo, row_hi): 0 read by both consumers' rows
+ * (or the CTA is small: each consumer reads all of them, for its own KV head), 1 by consumer 0's
+ * only (q-head rows 0..63), 2 by consumer 1's only */
+static int span_class(uint32_t row_lo, uint32_t row_hi, int small, uint32_t group)
 {
     if (small)
         return 0;
-    if (g->row_hi * group <= KCUDA_SMALL_M)
+    if (row_hi * group <= KCUDA_SMALL_M)
         return 1;
-    return g->row_lo * group >= KCUDA_SMALL_M ? 2 : 0;
+    return row_lo * group >= KCUDA_SMALL_M ? 2 : 0;
 }
 
-static int cta_small(const sched_plan_cta_t *c, uint32_t group)
+/* tiles of a CTA whose classes hold n[] chunks: each class four chunks to a tile */
+static uint64_t class_tiles(const uint64_t n[3])
 {
-    return c->row_count * group <= KCUDA_SMALL_M;
+    return (n[0] + 3) / 4 + (n[1] + 3) / 4 + (n[2] + 3) / 4;
+}
+
+static int rows_small(uint32_t rows)
+{
+    return rows <= KCUDA_SMALL_M;
+}
+
+void kcuda_pack_item(uint32_t m, uint32_t group, uint32_t tile_n, const void *spans, size_t stride,
+                     uint32_t n, sched_item_t *ret)
+{
+    const char *p = (const char *)spans;
+    ret->units = m > KCUDA_SMALL_M ? 2 : 1;
+    ret->kind = m > KCUDA_WS_MIN_ROWS;
+    ret->tiles = 0;
+    uint64_t cls[3] = {0, 0, 0};
+    for (uint32_t i = 0; i < n; i++) {
+        sched_span_t sp;
+        memcpy(&sp, p + i * stride, sizeof(sp));
+        if (!ret->kind)
+            ret->tiles += (sp.kv_end - sp.kv_begin + tile_n - 1) / tile_n;
+        else
+            cls[span_class(sp.row_lo, sp.row_hi, rows_small(m), group)] +=
+                span_chunks(sp.kv_begin, sp.kv_end);
+    }
+    if (ret->kind)
+        ret->tiles = class_tiles(cls);
 }
 
 /* chunks of a CTA per class */
-static void class_chunks(const sched_plan_hdr_t *h, const sched_plan_cta_t *c, uint64_t n[3])
+static void class_chunks(const sched_plan_hdr_t *h, const sched_plan_seg_t *sg, uint32_t n,
+                         int small, uint64_t cls[3])
 {
-    const sched_plan_seg_t *sg = sched_plan_segs(h) + c->seg_begin;
-    n[0] = n[1] = n[2] = 0;
-    for (uint32_t k = 0; k < c->seg_count; k++)
-        n[seg_class(&sg[k], cta_small(c, h->group), h->group)] += seg_chunks(&sg[k]);
+    cls[0] = cls[1] = cls[2] = 0;
+    for (uint32_t k = 0; k < n; k++)
+        cls[span_class(sg[k].row_lo, sg[k].row_hi, small, h->group)] +=
+            span_chunks(sg[k].kv_begin, sg[k].kv_end);
 }
 
-uint32_t kcuda_pack_prepare(const sched_plan_hdr_t *h, sched_plan_hdr_t *dst, uint64_t *n_tiles)
+uint32_t kcuda_pack_prepare(const sched_plan_hdr_t *h, kcuda_cta_t *out, uint64_t *n_tiles)
 {
     const sched_plan_cta_t *ct = sched_plan_ctas(h);
-    sched_plan_cta_t *cout = (sched_plan_cta_t *)((uint8_t *)dst + h->off_ctas);
     uint32_t n_big = 0, at = 0;
     uint64_t tiles = 0;
     for (int pass = 0; pass < 2; pass++)
         for (uint32_t i = 0; i < h->n_ctas; i++) {
-            if (cta_small(&ct[i], h->group) != (pass == 1))
+            const int small = rows_small(ct[i].row_count * h->group);
+            if (small != (pass == 1))
                 continue;
             n_big += pass == 0;
-            sched_plan_cta_t *d = &cout[at++];
-            *d = ct[i];
+            kcuda_cta_t *d = &out[at++];
+            d->row_begin = ct[i].row_begin;
+            d->row_count = ct[i].row_count;
+            d->seg_begin = ct[i].seg_begin;
+            d->seg_count = ct[i].seg_count;
+            d->kv_tokens = ct[i].kv_tokens;
+            d->pad = 0;
             uint64_t n[3];
-            class_chunks(h, d, n);
-            const uint64_t t = (n[0] + 3) / 4 + (n[1] + 3) / 4 + (n[2] + 3) / 4;
-            d->reserved = (uint32_t)(t > UINT32_MAX ? UINT32_MAX : t);
-            d->pack = (uint32_t)(tiles > UINT32_MAX ? UINT32_MAX : tiles);
+            class_chunks(h, sched_plan_segs(h) + d->seg_begin, d->seg_count, small, n);
+            const uint64_t t = class_tiles(n);
+            d->n_tiles = (uint32_t)(t > UINT32_MAX ? UINT32_MAX : t);
+            d->first_tile = (uint32_t)(tiles > UINT32_MAX ? UINT32_MAX : tiles);
             tiles += t;
         }
     *n_tiles = tiles;
     return n_big;
 }
 
-void kcuda_pack_fill(const sched_plan_hdr_t *h, const sched_plan_hdr_t *dst, kcuda_tile_t *out)
+void kcuda_pack_fill(const sched_plan_hdr_t *h, const kcuda_cta_t *cd, kcuda_tile_t *out)
 {
-    const sched_plan_cta_t *cd = sched_plan_ctas(dst);
     const sched_plan_seg_t *src = sched_plan_segs(h);
     const uint32_t *pages = sched_plan_pages(h);
     const uint32_t group = h->group, bs = KERN_BLOCK_SIZE;
     for (uint32_t i = 0; i < h->n_ctas; i++) {
-        const sched_plan_cta_t *c = &cd[i];
-        const int small = cta_small(c, group);
-        kcuda_tile_t *t = out + c->pack;
-        for (uint32_t k = 0; k < c->reserved; k++) {
+        const kcuda_cta_t *c = &cd[i];
+        const int small = rows_small(c->row_count * group);
+        kcuda_tile_t *t = out + c->first_tile;
+        for (uint32_t k = 0; k < c->n_tiles; k++) {
             memset(&t[k], 0, sizeof(t[k]));
             for (int e = 0; e < 4; e++)
                 t[k].blk[e] = KCUDA_NO_BLOCK;
         }
         uint64_t n[3];
-        class_chunks(h, c, n);
+        class_chunks(h, src + c->seg_begin, c->seg_count, small, n);
         const uint64_t tb = (n[0] + 3) / 4, t0 = (n[1] + 3) / 4, t1 = (n[2] + 3) / 4;
         uint64_t j[3] = {0, 0, 0};
         for (uint32_t k = 0; k < c->seg_count; k++) {
             const sched_plan_seg_t *g = &src[c->seg_begin + k];
-            const int cl = seg_class(g, small, group);
-            const uint32_t p0 = g->kv_begin / bs, nc = seg_chunks(g);
+            const int cl = span_class(g->row_lo, g->row_hi, small, group);
+            const uint32_t p0 = g->kv_begin / bs, nc = span_chunks(g->kv_begin, g->kv_end);
             for (uint32_t q = 0; q < nc; q++, j[cl]++) {
                 /* class 1's tile x has x of its own and min(x, t1) of class 2's before it, class
                  * 2's tile x has min(x + 1, t0) of class 1's and x of its own */
@@ -110,7 +144,7 @@ void kcuda_pack_fill(const sched_plan_hdr_t *h, const sched_plan_hdr_t *dst, kcu
                 t[ti].rng[e] = lo | hi << 8 | (uint32_t)g->row_lo << 16 | (uint32_t)g->row_hi << 24;
             }
         }
-        for (uint32_t k = 0; k < c->reserved; k++) {
+        for (uint32_t k = 0; k < c->n_tiles; k++) {
             int whole = 1;
             for (int e = 0; e < 4; e++) {
                 const uint32_t rg = t[k].rng[e], lo = rg & 0xffu, hi = (rg >> 8) & 0xffu;

@@ -38,18 +38,38 @@ typedef struct kcuda_tile {
     uint32_t pad;
 } kcuda_tile_t;
 
-/* Copies h's CTAs into the device copy dst (same layout, every other array already copied):
- * those of more than KCUDA_SMALL_M rows first, then the others, each run in plan order (longest
- * first), so that fwd_pair numbers its work items without gaps (ws_ref: a big CTA is an item per
- * KV head, a small one an item per two; the plan's first CTA's mode first instead measured 1.7 %
- * slower on the PAT trees, H100, 2026-11-26); each with its tile count in `reserved` and its
- * first tile's index in `pack`. Nothing else names a CTA by its index, and the plan's meaning
- * does not depend on their order (sched_plan_fmt.h). Returns the number of the first kind;
- * *n_tiles = the plan's tiles. */
-uint32_t kcuda_pack_prepare(const sched_plan_hdr_t *h, sched_plan_hdr_t *dst, uint64_t *n_tiles);
+/* A CTA of the device plan: the scheduler's CTA lowered for this backend. The device copy of a
+ * plan holds these where the plan holds its CTAs (same size, same offset), every other array as
+ * the plan has it. */
+typedef struct kcuda_cta {
+    uint32_t row_begin, row_count; /* as sched_plan_cta_t */
+    uint32_t seg_begin, seg_count;
+    uint32_t kv_tokens;
+    uint32_t first_tile; /* fwd_pair: index of its first tile in the plan's tile list */
+    uint32_t n_tiles;    /* fwd_pair: its tiles (kcuda_pack_fill writes them) */
+    uint32_t pad;
+} kcuda_cta_t;
 
-/* Writes the tiles of dst's CTAs (kcuda_pack_prepare counted them: *n_tiles of room) to out. */
-void kcuda_pack_fill(const sched_plan_hdr_t *h, const sched_plan_hdr_t *dst, kcuda_tile_t *out);
+/* Lowers h's CTAs into out (h->n_ctas records): those of more than KCUDA_SMALL_M rows first,
+ * then the others, each run in plan order (longest first), so that fwd_pair numbers its work
+ * items without gaps (ws_ref: a big CTA is an item per KV head, a small one an item per two;
+ * the plan's first CTA's mode first instead measured 1.7 % slower on the PAT trees, H100,
+ * tests/bench/log); each with its tiles counted by kcuda_pack_item's rule and placed. Nothing
+ * else names a CTA by its index, and the plan's meaning does not depend on their order
+ * (sched_plan_fmt.h). Returns the number of the first kind; *n_tiles = the plan's tiles. */
+uint32_t kcuda_pack_prepare(const sched_plan_hdr_t *h, kcuda_cta_t *out, uint64_t *n_tiles);
+
+/* Writes the tiles of the lowered CTAs cd (kcuda_pack_prepare counted them: *n_tiles of room)
+ * to out. */
+void kcuda_pack_fill(const sched_plan_hdr_t *h, const kcuda_cta_t *cd, kcuda_tile_t *out);
+
+/* The pair kernel's item rule (sched_item_fn), the one kcuda_pack_prepare lays CTAs out with:
+ * an m-row CTA runs on fwd_pair (kind 1) from KCUDA_WS_MIN_ROWS rows up, holds two slots above
+ * KCUDA_SMALL_M rows, and walks its segments' blocks four to a tile in three classes (read by
+ * both consumers' rows, by the first's only, by the second's only); at most KCUDA_WS_MIN_ROWS
+ * rows it is a 4-warp kernel's item (kind 0): one slot, each segment its own tile_n tiles. */
+void kcuda_pack_item(uint32_t m, uint32_t group, uint32_t tile_n, const void *spans, size_t stride,
+                     uint32_t n, sched_item_t *ret);
 
 #ifdef __cplusplus
 }

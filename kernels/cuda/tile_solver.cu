@@ -31,6 +31,7 @@
 
 extern "C" {
 #include "kern.h"
+#include "kern_cuda_shapes.h"
 #include "sched_plan.h"
 }
 #include "kern_cuda.h"
@@ -290,11 +291,21 @@ int main(int argc, char **argv)
     const double t_pair = measure_tree(e0, e1, pair_q, 32, 0);
     const double pair_items = (pair_q / 32.0) * 8 / 2, pair_blocks = dev.cost.slots / 2.0;
     /* the chain's tiles: a 64-token segment each. The one-page segments' tiles: a segment each,
-     * or 65 pages four to a tile where the backend packs them (sched_tiles_t.tile_pages). The
+     * or as the backend's item rule lays them out (sched_tiles_t.item: 17 tiles of four). The
      * model prices every tile at the whole tile's tile_us: the packed tile's own price (below,
      * for the report) made its plans slower on the 72 cases (RESULTS.md, 2026-11-26) */
     const double tile_us = (t_chain - cta_us) / 65.0;
-    const double packed_tiles = dev.tile_pages ? ceil(65.0 / dev.tile_pages) : 65.0;
+    double packed_tiles = 65.0;
+    if (dev.item) {
+        /* the 64 rows' shared block, then each row's private one */
+        sched_span_t sp[65];
+        sp[0] = {0, 16, 0, 64};
+        for (uint32_t i = 1; i < 65; i++)
+            sp[i] = {16 * i, 16 * i + 16, i - 1, i};
+        sched_item_t it;
+        dev.item(64, 1, KCUDA_TILE_N, sp, sizeof(sp[0]), 65, &it);
+        packed_tiles = (double)it.tiles;
+    }
     const double packed_us = (t_packed - cta_us) / packed_tiles;
     printf(
         "\ntensor rate: 512 queries x 64/8 heads over one shared 2,048-token prefix (the default "

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "kern_cuda_pack.h"
+#include "kern_cuda_shapes.h"
 #include "sched_plan.h"
 #include "tl_rng.h"
 #include "tl_world.h"
@@ -33,7 +34,7 @@ static int cmp_u64(const void *a, const void *b)
 }
 
 /* the (position, block) pairs row r (q-head row of CTA c) reads by the plan */
-static uint32_t plan_reads(const sched_plan_hdr_t *h, const sched_plan_cta_t *c, uint32_t r,
+static uint32_t plan_reads(const sched_plan_hdr_t *h, const kcuda_cta_t *c, uint32_t r,
                            uint64_t *out)
 {
     const sched_plan_seg_t *sg = sched_plan_segs(h) + c->seg_begin;
@@ -52,14 +53,14 @@ static uint32_t plan_reads(const sched_plan_hdr_t *h, const sched_plan_cta_t *c,
 
 /* the pairs row r reads through the tiles, as the kernel masks them; fails where a row would read
  * a tile its consumer skips */
-static uint32_t tile_reads(const sched_plan_hdr_t *h, const sched_plan_cta_t *c,
-                           const kcuda_tile_t *t, uint32_t r, uint64_t *out)
+static uint32_t tile_reads(const sched_plan_hdr_t *h, const kcuda_cta_t *c, const kcuda_tile_t *t,
+                           uint32_t r, uint64_t *out)
 {
     const sched_plan_row_t *row = sched_plan_rows(h) + c->row_begin + r / h->group;
     const int small = c->row_count * h->group <= 64;
     const uint32_t bit = small ? 0 : r / 64, qt = r / h->group;
     uint32_t n = 0;
-    for (uint32_t i = 0; i < c->reserved; i++)
+    for (uint32_t i = 0; i < c->n_tiles; i++)
         for (int k = 0; k < 4; k++) {
             const uint32_t rg = t[i].rng[k], lo = rg & 0xffu, hi = (rg >> 8) & 0xffu;
             const uint32_t rlo = (rg >> 16) & 0xffu, rhi = rg >> 24, pos = t[i].pos[k];
@@ -74,16 +75,73 @@ static uint32_t tile_reads(const sched_plan_hdr_t *h, const sched_plan_cta_t *c,
     return n;
 }
 
+/* What the scheduler's time model was told while it built a plan: every item it priced through
+ * the backend's rule, by its spans (the wrapper below records them). */
+#define PRICED_MAX (1u << 16)
+static struct priced {
+    uint64_t key;
+    uint64_t tiles;
+    uint32_t units, kind;
+} priced[PRICED_MAX];
+static uint32_t n_priced;
+
+static uint64_t spans_key(uint32_t m, uint32_t n, const sched_span_t *sp)
+{
+    uint64_t k = 0xcbf29ce484222325ull ^ m ^ (uint64_t)n << 32;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint32_t w[4] = {sp[i].kv_begin, sp[i].kv_end, sp[i].row_lo, sp[i].row_hi};
+        for (int j = 0; j < 4; j++)
+            k = (k ^ w[j]) * 0x100000001b3ull;
+    }
+    return k;
+}
+
+/* the cuda rule, recorded */
+static void recording_item(uint32_t m, uint32_t group, uint32_t tile_n, const void *spans,
+                           size_t stride, uint32_t n, sched_item_t *ret)
+{
+    kcuda_pack_item(m, group, tile_n, spans, stride, n, ret);
+    sched_span_t *sp = malloc((n ? n : 1) * sizeof(*sp));
+    for (uint32_t i = 0; i < n; i++)
+        memcpy(&sp[i], (const char *)spans + i * stride, sizeof(*sp));
+    if (n_priced < PRICED_MAX)
+        priced[n_priced++] =
+            (struct priced){spans_key(m, n, sp), ret->tiles, ret->units, ret->kind};
+    free(sp);
+}
+
+/* The model priced CTA c (m-row tile) as the packer lays it out: the same tiles, where it runs on
+ * fwd_pair (kind 1), and two slots above 64 rows. Items of at most KCUDA_WS_MIN_ROWS rows are
+ * priced as the 4-warp kernels' (kind 0), which is what they run on in a plan of no larger CTA. */
+static void check_priced(const sched_plan_hdr_t *h, const sched_plan_cta_t *pc,
+                         const kcuda_cta_t *c)
+{
+    const sched_plan_seg_t *sg = sched_plan_segs(h) + c->seg_begin;
+    const uint32_t tm = sched_plan_groups(h)[pc->group].m;
+    sched_span_t *sp = malloc((c->seg_count ? c->seg_count : 1) * sizeof(*sp));
+    for (uint32_t k = 0; k < c->seg_count; k++)
+        sp[k] = (sched_span_t){sg[k].kv_begin, sg[k].kv_end, sg[k].row_lo, sg[k].row_hi};
+    const uint64_t key = spans_key(tm, c->seg_count, sp);
+    free(sp);
+    uint32_t i = 0;
+    while (i < n_priced && priced[i].key != key)
+        i++;
+    assert_true(i < n_priced); /* the model priced this very CTA */
+    assert_int_equal(priced[i].kind, tm > KCUDA_WS_MIN_ROWS);
+    assert_int_equal(priced[i].units, tm > 64 ? 2 : 1);
+    if (priced[i].kind)
+        assert_int_equal(priced[i].tiles, c->n_tiles);
+}
+
 static void check_tiles(const sched_plan_hdr_t *h)
 {
-    sched_plan_hdr_t *d = malloc(h->total_bytes);
-    memcpy(d, h, h->total_bytes);
+    kcuda_cta_t *dc = malloc((h->n_ctas ? h->n_ctas : 1) * sizeof(kcuda_cta_t));
     uint64_t n_tiles = 0;
-    const uint32_t n_big = kcuda_pack_prepare(h, d, &n_tiles);
+    const uint32_t n_big = kcuda_pack_prepare(h, dc, &n_tiles);
     kcuda_tile_t *tiles = malloc((n_tiles ? n_tiles : 1) * sizeof(kcuda_tile_t));
     memset(tiles, 0xa5, (n_tiles ? n_tiles : 1) * sizeof(kcuda_tile_t)); /* no stale zeros */
-    kcuda_pack_fill(h, d, tiles);
-    const sched_plan_cta_t *src = sched_plan_ctas(h), *dc = sched_plan_ctas(d);
+    kcuda_pack_fill(h, dc, tiles);
+    const sched_plan_cta_t *src = sched_plan_ctas(h);
     uint8_t *seen = calloc(h->n_rows + 1, 1);
     uint64_t at = 0, max_kv = 0;
     for (uint32_t i = 0; i < h->n_ctas; i++)
@@ -91,7 +149,7 @@ static void check_tiles(const sched_plan_hdr_t *h)
     uint64_t *want = malloc((max_kv + 1) * sizeof(uint64_t));
     uint64_t *got = malloc((max_kv + 1) * sizeof(uint64_t));
     for (uint32_t i = 0; i < h->n_ctas; i++) {
-        const sched_plan_cta_t *c = &dc[i];
+        const kcuda_cta_t *c = &dc[i];
         /* a permutation of the plan's CTAs (each names its own rows), big ones first */
         assert_int_equal(seen[c->row_begin]++, 0);
         assert_int_equal(c->row_count * h->group > 64, i < n_big);
@@ -100,11 +158,13 @@ static void check_tiles(const sched_plan_hdr_t *h)
             j++;
         assert_int_equal(src[j].seg_begin, c->seg_begin);
         assert_int_equal(src[j].seg_count, c->seg_count);
-        assert_int_equal(c->pack, at);
-        at += c->reserved;
-        const kcuda_tile_t *t = tiles + c->pack;
-        for (uint32_t k = 0; k < c->reserved; k++) {
-            assert_int_equal(t[k].next, k + 1 < c->reserved ? t[k + 1].live : 0);
+        assert_int_equal(src[j].kv_tokens, c->kv_tokens);
+        check_priced(h, &src[j], c);
+        assert_int_equal(c->first_tile, at);
+        at += c->n_tiles;
+        const kcuda_tile_t *t = tiles + c->first_tile;
+        for (uint32_t k = 0; k < c->n_tiles; k++) {
+            assert_int_equal(t[k].next, k + 1 < c->n_tiles ? t[k + 1].live : 0);
             int whole = 1;
             uint32_t end = 0;
             for (int e = 0; e < 4; e++) {
@@ -151,7 +211,7 @@ static void check_tiles(const sched_plan_hdr_t *h)
     free(got);
     free(seen);
     free(tiles);
-    free(d);
+    free(dc);
 }
 
 static void test_random_plans(void **state)
@@ -195,9 +255,7 @@ static void test_random_plans(void **state)
                             .n_n = 1,
                             .n = {64},
                             .n_upto = {UINT32_MAX},
-                            .pair_m = 64,
-                            .pair_from_m = 32,
-                            .tile_pages = 4};
+                            .item = recording_item};
         tt.cost = (sched_cost_t){3066.0f, 381.0f, 3.41f, 132, 1.80f, 5.43f};
         /* every policy, then TREE with 128-row CTAs only (leaves of both consumers' rows) */
         for (int pol = 0; pol <= SCHED_POLICY_TREE + 1; pol++)
@@ -224,6 +282,7 @@ static void test_random_plans(void **state)
                     assert_int_equal(sched_forest_join(sched_forest(s), i, &v), 0);
                 }
                 const sched_plan_hdr_t *h;
+                n_priced = 0;
                 assert_int_equal(sched_build(s, &h), 0);
                 check_tiles(h);
                 sched_free(s);

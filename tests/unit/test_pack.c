@@ -288,6 +288,24 @@ static void test_bytes_never_above_baselines(void **state)
     assert_true(strictly_better_than_paper > 0);
 }
 
+/* A backend's item rule for the tests (sched_tiles_t.item): an m-row item of more than 64 rows
+ * holds two slots, items from test_kind1_from_m rows up (0: none) are of kind 1, and every span
+ * starts its own tile_n tiles. */
+static uint32_t test_kind1_from_m;
+static void test_item(uint32_t m, uint32_t group, uint32_t tile_n, const void *spans, size_t stride,
+                      uint32_t n, sched_item_t *ret)
+{
+    (void)group;
+    ret->units = m > 64 ? 2 : 1;
+    ret->kind = test_kind1_from_m && m >= test_kind1_from_m;
+    ret->tiles = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        sched_span_t sp;
+        memcpy(&sp, (const char *)spans + i * stride, sizeof(sp));
+        ret->tiles += (sp.kv_end - sp.kv_begin + tile_n - 1) / tile_n;
+    }
+}
+
 /* Bytes of one KV head that a plan moves, summed over its items (outputs aside, as in the model):
  * each segment's K and V, each CTA's Q rows, each partial slot written and read back. */
 static uint64_t plan_item_bytes(const sched_plan_hdr_t *h, uint32_t head_dim, uint32_t elt)
@@ -327,7 +345,7 @@ static void test_model_bytes_equal_plan_bytes(void **state)
          .n_n = 1,
          .n = {64},
          .n_upto = {UINT32_MAX},
-         .pair_m = 64,
+         .item = test_item,
          .cost = {3054.3f, 167.5f, 3.53f, 264, 0.0f}},
         {.n_m = 2, .m = {16, 48}, .n_n = 2, .n = {16, 32}, .n_upto = {100, UINT32_MAX}},
     };
@@ -728,17 +746,17 @@ static void test_tree_cta_size(void **state)
 }
 
 /* Modelled ns of one layer for one query of `group` q heads over one KV head and 4 blocks, under
- * the H100's rates with the pair kernel from m = pair_from_m at pair_cta_us. */
-static double one_query_model_ns(uint32_t group, uint32_t pair_from_m, float pair_cta_us)
+ * the H100's rates with items of kind 1 from m = kind1_from_m (0: none) at kind1_cta_us. */
+static double one_query_model_ns(uint32_t group, uint32_t kind1_from_m, float kind1_cta_us)
 {
     sched_tiles_t t = {.n_m = 4,
                        .m = {16, 32, 64, 128},
                        .n_n = 1,
                        .n = {64},
                        .n_upto = {UINT32_MAX},
-                       .pair_m = 64,
-                       .pair_from_m = pair_from_m};
-    t.cost = (sched_cost_t){3054.3f, 167.5f, 3.53f, 264, 2.0f, pair_cta_us};
+                       .item = test_item};
+    t.cost = (sched_cost_t){3054.3f, 167.5f, 3.53f, 264, 2.0f, kind1_cta_us};
+    test_kind1_from_m = kind1_from_m;
     sched_config_t c = {.max_queries = 1,
                         .max_tokens = 1,
                         .block_size = BS,
@@ -758,11 +776,12 @@ static double one_query_model_ns(uint32_t group, uint32_t pair_from_m, float pai
     sched_stats_t st;
     sched_get_stats(s, &st);
     sched_free(s);
+    test_kind1_from_m = 0;
     return st.last_model_ns;
 }
 
-/* The pair kernel's fixed cost per item (pair_cta_us) is charged to items of at least
- * pair_from_m rows, and only to them: cta_us stays the 4-warp kernels' */
+/* The fixed cost of kind 1 (kind1_cta_us) is charged to the items the backend's rule calls kind 1,
+ * and only to them: cta_us stays kind 0's */
 static void test_pair_fixed_cost(void **state)
 {
     (void)state;
