@@ -25,9 +25,9 @@
  * process until it exits; it is no longer counted here, and another session's allocations are
  * never the same memory. (A slice registered with cudaHostRegister instead would need an
  * unregistration per reclaim, and cudaHostUnregister waits for a kernel running on another
- * stream: 399 ms behind a 400 ms kernel on an H100, tests/bench/RESULTS.md.) Host memory through
- * the virtual memory calls needs a CUDA 12.2 driver or later: without it patd does not start on
- * the cuda backend.
+ * stream: 399 ms behind a 400 ms kernel on an H100,
+ * tests/bench/log/2026-11-26-work-items-staging.md.) Host memory through the virtual memory calls
+ * needs a CUDA 12.2 driver or later: without it patd does not start on the cuda backend.
  *
  * Thread context: start/stop on the main thread before/after the loop; conn_open/close on the
  * loop thread; check_fatal anywhere.
@@ -56,9 +56,10 @@ int patd_gpu_start(patd_t *d)
     if (!d->mps)
         patd_warn("!!! MPS is NOT active on GPU %u: frontends in other processes will be "
                   "time-sliced with patd, and every per-layer hand-off then waits for a context "
-                  "switch (measured on an H100: ~290 us per round trip without MPS, ~9 us with; "
-                  "tests/bench/RESULTS.md). Start the MPS control daemon (systemd/patd-mps.service "
-                  "or `nvidia-cuda-mps-control -d`) before patd and the frontends. !!!",
+                  "switch (measured on an H100: ~290 us per round trip without MPS, ~10 us with; "
+                  "tests/bench/log/2026-11-27-units-sockets-fuzz.md). Start the MPS control daemon "
+                  "(systemd/patd-mps.service or `nvidia-cuda-mps-control -d`) before patd and the "
+                  "frontends. !!!",
                   cfg->device);
     else
         patd_notice("cuda: MPS is active on GPU %u (cross-process hand-offs stay on the GPU)",
