@@ -106,7 +106,8 @@ PAT_SO_VER   := $(PAT_SO_MAJOR).$(call pat_version_part,MINOR).$(call pat_versio
 ifeq ($(shell echo '$(PAT_SO_VER)' | grep -xE '[0-9]+\.[0-9]+\.[0-9]+'),)
 $(error cannot read PAT_VERSION_MAJOR/MINOR/PATCH from client/pat.h (got '$(PAT_SO_VER)'))
 endif
-LIBPAT_SRCS := client/pat_client.c client/pat_gpu.c client/pat_cuda_shim.c
+LIBPAT_SRCS := client/pat_client.c client/pat_conn.c client/pat_admin.c client/pat_session.c \
+               client/pat_step.c client/pat_gpu.c client/pat_cuda_shim.c
 LIBPAT_OBJS := $(LIBPAT_SRCS:%.c=$(B)/%.o)
 LIBPAT_SO   := $(B)/lib/libpat.so.$(PAT_SO_VER)
 LIBPAT_A    := $(B)/lib/libpat.a
