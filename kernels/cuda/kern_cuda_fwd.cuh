@@ -50,116 +50,12 @@
 #include <type_traits>
 
 #include "kern_cuda_int.h"
+#include "kern_cuda_ptx.cuh"
 #include "kern_cuda_wgmma.cuh"
 #include "kern_softmax.h"
 
 namespace kcuda
 {
-
-/* ---------------------------------------------------------------- PTX wrappers */
-
-/* Waits (sm_90) until the grid this one was launched as a programmatic dependent of has
- * completed and its stores are visible; returns at once for a launch that is not one. The
- * forwards call it before their first global access (FwdVariant.dep). KCUDA_NO_DEP_WAIT leaves
- * it out: a wrong build that test_cuda_attn's dependent-launch test must catch. */
-__device__ __forceinline__ void dep_wait()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(KCUDA_NO_DEP_WAIT)
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p)
-{
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-/* 16-byte async copy; src_bytes 0 zero-fills the destination without reading src. */
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, uint32_t src_bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N> __device__ __forceinline__ void cp_async_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-/* Shared-memory barriers (mbarrier, sm_80+): init with an expected arrival count; arrive_cp
- * arrives once this thread's cp.async copies issued so far have landed (without adding to the
- * expected count); wait spins until the phase of the given parity has completed. */
-__device__ __forceinline__ void mb_init(uint32_t bar, uint32_t count)
-{
-    asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mb_arrive_cp(uint32_t bar)
-{
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mb_arrive(uint32_t bar)
-{
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared.b64 st, [%0];\n}\n" ::"r"(bar)
-                 : "memory");
-}
-__device__ __forceinline__ void mb_wait(uint32_t bar, uint32_t parity)
-{
-    asm volatile("{\n.reg .pred p;\nW:\n"
-                 "mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n"
-                 "@!p bra W;\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,
-                                        uint32_t &r3)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,
-                                          uint32_t &r3)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-
-template <typename T> struct Mma;
-template <> struct Mma<__half> {
-    __device__ __forceinline__ static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                               uint32_t b1)
-    {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-    __device__ __forceinline__ static uint32_t pack(float x, float y)
-    {
-        __half2 h = __floats2half2_rn(x, y);
-        return *reinterpret_cast<uint32_t *>(&h);
-    }
-};
-template <> struct Mma<__nv_bfloat16> {
-    __device__ __forceinline__ static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                               uint32_t b1)
-    {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-    __device__ __forceinline__ static uint32_t pack(float x, float y)
-    {
-        __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-        return *reinterpret_cast<uint32_t *>(&h);
-    }
-};
 
 /* acc += w * x and acc *= s, four lanes at a time (the epilogue and the merge) */
 __device__ __forceinline__ void axpy4(float4 &acc, float w, const float4 &x)
@@ -258,21 +154,13 @@ __device__ __forceinline__ void team_sync(int team, uint32_t nth)
     if (team == 0)
         __syncthreads();
     else
-        asm volatile("bar.sync %0, %1;\n" ::"r"(team), "r"(nth) : "memory");
+        bar_sync(team, (int)nth);
 }
 
 /* byte offset of 16-byte chunk c of row r in a swizzled [rows][D] tile */
 template <int D> __device__ __forceinline__ uint32_t swz(int r, int c)
 {
     return static_cast<uint32_t>((r * (D / 8) + (c ^ (r & 7))) * 16);
-}
-
-/* keeps the compiler from moving accumulator registers across an asynchronous wgmma */
-template <int K> __device__ __forceinline__ void wg_hold(float (&d)[K])
-{
-#pragma unroll
-    for (int i = 0; i < K; i++)
-        asm volatile("" : "+f"(d[i])::"memory");
 }
 
 /* Row r's output from the accumulators of the thread holding it (half e of each o[j]: 0 for row
@@ -496,7 +384,7 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const kcuda_cta_t &cta
                     Wg<T>::ss64(sw, wg_desc(qa + (ks >> 2) * (M * 128) + (ks & 3) * 32, 16, 1024),
                                 wg_desc(ka + (ks >> 2) * (N * 128) + (ks & 3) * 32, 16, 1024), ks);
                 wg_commit();
-                wg_wait0();
+                wg_wait<0>();
                 wg_hold(sw);
             } else
 #endif
@@ -581,7 +469,7 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const kcuda_cta_t &cta
                         Wg<T>::rs128(ow, pf[kk], vd);
                 }
                 wg_commit();
-                wg_wait0();
+                wg_wait<0>();
                 wg_hold(ow);
             } else
 #endif
@@ -698,14 +586,6 @@ __device__ __forceinline__ void merge_elem(const FwdArgs &a, const sched_plan_me
            acc);
 }
 
-/* atomically adds 1 with release and acquire semantics at GPU scope; returns the old value */
-__device__ __forceinline__ uint32_t arrive(uint32_t *p)
-{
-    uint32_t old;
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
-    return old;
-}
-
 /* The arrivals of a CTA's partial rows and, for every token whose last part this CTA wrote, the
  * merge of that token's group of q heads for this KV head (see the top of the file). The CTA's
  * team: nth threads from thread tid 0, barrier `team` (team_sync). */
@@ -730,7 +610,7 @@ __device__ __forceinline__ void fwd_arrive_merge(const FwdArgs &a, const kcuda_c
         if (mi == SCHED_ROW_DIRECT)
             continue;
         uint32_t *ctr = a.arrivals + (uint64_t)mi * a.kv_heads + head;
-        if (arrive(ctr) + 1 == a.merges[mi].part_count) {
+        if (atom_add1_acq_rel(ctr) + 1 == a.merges[mi].part_count) {
             *ctr = 0; /* every part is in: ready for the next launch */
             done[atomicAdd(&n_done, 1u)] = mi;
         }

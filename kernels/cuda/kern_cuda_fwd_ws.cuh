@@ -97,75 +97,18 @@ template <int D> __host__ __device__ constexpr int pair_smem()
  * ever); fwd_prepare refuses the kernel where it does not. */
 #define WS_REGS_PRODUCER 120
 #define WS_REGS_CONSUMER 192
-#define WS_STR_(x)       #x
-#define WS_STR(x)        WS_STR_(x)
-
 #if KCUDA_WGMMA
 __device__ __forceinline__ void ws_regs_producer()
 {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 " WS_STR(WS_REGS_PRODUCER) ";\n" ::);
+    setmaxnreg_dec<WS_REGS_PRODUCER>();
 }
 __device__ __forceinline__ void ws_regs_consumer()
 {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 " WS_STR(WS_REGS_CONSUMER) ";\n" ::);
-}
-template <int K> __device__ __forceinline__ void wg_hold_u(uint32_t (&d)[K][4])
-{
-#pragma unroll
-    for (int i = 0; i < K; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            asm volatile("" : "+r"(d[i][e])::"memory");
+    setmaxnreg_inc<WS_REGS_CONSUMER>();
 }
 #ifndef KCUDA_WS_PINGPONG
 #define KCUDA_WS_PINGPONG 1 /* consumers take turns issuing (named barriers 4 and 5) */
 #endif
-__device__ __forceinline__ void bar_arrive(int id, int n)
-{
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-__device__ __forceinline__ void bar_wait(int id, int n)
-{
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-/* 2^x on the special-function unit, subnormal results flushed to 0 (a probability below 2^-126
- * adds nothing to a row sum of at least 1) */
-__device__ __forceinline__ float ex2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-template <int N> __device__ __forceinline__ void wg_wait()
-{
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void mb_arrive_n(uint32_t bar, uint32_t n)
-{
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar),
-                 "r"(n)
-                 : "memory");
-}
-
-/* The tensor memory accelerator: the next phase of barrier `bar` also waits for `bytes` more
- * bytes of asynchronous copies (no arrival), and one box of the 5-d map `map` at coordinates
- * c0..c4 (innermost first) into shared memory at `dst` (1024-byte aligned for the 128-byte
- * swizzle), counted on `bar` */
-__device__ __forceinline__ void mb_expect_tx(uint32_t bar, uint32_t bytes)
-{
-    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void tma_load5(uint32_t dst, const void *map, uint32_t bar, int c0,
-                                          int c1, int c2, int c3, int c4)
-{
-    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];\n" ::"r"(dst),
-                 "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
-                 "r"(c4)
-                 : "memory");
-}
 
 /* A position in the ring: its slot and the parity of that slot's current use. */
 template <int SLOTS> struct RingPos {
@@ -304,9 +247,9 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
          * tiles, left the fixed cost per item as it was: 3.68 us, H200, 2026-11-25) */
         if (tid == 0)
             *bcast = atomicAdd(a.work, 1u);
-        bar_wait(6, KCUDA_THREADS);
+        bar_sync(6, KCUDA_THREADS);
         b = *bcast;
-        bar_wait(6, KCUDA_THREADS); /* read by all before thread 0 writes again */
+        bar_sync(6, KCUDA_THREADS); /* read by all before thread 0 writes again */
         if (b >= n_items) {
             const int qs = take();
             if (tid == 0)
@@ -720,7 +663,7 @@ ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles, uint32_t live0, uint
             lvb = mp.words(nx.s)[9];
             nx.step(adv);
             if (pp) {
-                bar_wait(4 + c, 2 * KCUDA_THREADS);
+                bar_sync(4 + c, 2 * KCUDA_THREADS);
                 bar_arrive(5 - c, 2 * KCUDA_THREADS);
             }
             release();
@@ -741,7 +684,7 @@ ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles, uint32_t live0, uint
         for (; t + 1 < n_tiles && live(); t++) {
             wait_full();
             if (pp)
-                bar_wait(4 + c, 2 * KCUDA_THREADS);
+                bar_sync(4 + c, 2 * KCUDA_THREADS);
             issue_qk();
             issue_pv();
             if (pp)
@@ -758,7 +701,7 @@ ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles, uint32_t live0, uint
             rescale_pack(c0, c1);
         }
         if (pp)
-            bar_wait(4 + c, 2 * KCUDA_THREADS);
+            bar_sync(4 + c, 2 * KCUDA_THREADS);
         issue_pv();
         if (pp)
             bar_arrive(5 - c, 2 * KCUDA_THREADS);

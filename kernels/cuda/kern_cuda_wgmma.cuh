@@ -1,10 +1,12 @@
 /*
- * kern_cuda_wgmma.cuh — the Hopper warpgroup matrix instructions the forward uses (sm_90a only;
- * KCUDA_WGMMA is 0 elsewhere and nothing here is compiled). Operand tiles in shared memory use the
- * 128-byte swizzle: column blocks of 64 16-bit elements one after another, rows 128 bytes apart
- * inside a block, 16-byte chunks XOR-swizzled by row % 8, every tile 1024-byte aligned (wswz).
- * The accumulator layout per warp of the warpgroup is mma.sync's m16n8 C layout repeated over n:
- * warp w holds rows 16w + lane / 4 and + 8, and for each 8 columns j the pair 8j + 2 (lane % 4).
+ * kern_cuda_wgmma.cuh — the Hopper warpgroup matrix instructions the forwards use and their
+ * shared-memory descriptors (the instructions on sm_90a only: KCUDA_WGMMA is 0 elsewhere and they
+ * are not compiled; wgmma's fences are with the other PTX wrappers in kern_cuda_ptx.cuh).
+ * Operand tiles in shared memory use the 128-byte swizzle: column blocks of 64 16-bit elements
+ * one after another, rows 128 bytes apart inside a block, 16-byte chunks XOR-swizzled by row % 8,
+ * every tile 1024-byte aligned (wswz). The accumulator layout per warp of the warpgroup is
+ * mma.sync's m16n8 C layout repeated over n: warp w holds rows 16w + lane / 4 and + 8, and for
+ * each 8 columns j the pair 8j + 2 (lane % 4).
  */
 #ifndef KERN_CUDA_WGMMA_CUH
 #define KERN_CUDA_WGMMA_CUH
@@ -13,11 +15,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define KCUDA_WGMMA 1
-#else
-#define KCUDA_WGMMA 0
-#endif
+#include "kern_cuda_ptx.cuh" /* KCUDA_WGMMA; the fences wg_fence, wg_commit, wg_wait */
 
 namespace kcuda
 {
@@ -38,24 +36,6 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_
 }
 
 #if KCUDA_WGMMA
-__device__ __forceinline__ void wg_fence()
-{
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wg_commit()
-{
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wg_wait0()
-{
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
-/* shared memory written through the generic proxy (cp.async, st.shared) made visible to wgmma */
-__device__ __forceinline__ void wg_proxy_fence()
-{
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
 /* ss64: d (64 x 64 fp32) = (acc 0) or += A (64 x 16, K-major, desc da) . B (16 x 64, K-major,
  * desc db). rsN: d (64 x N fp32) += A (64 x 16, registers) . B (16 x N, N-major, desc db). */
 #define KCUDA_WG_SS64(TY)                                                                          \

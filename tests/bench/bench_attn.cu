@@ -63,6 +63,7 @@ extern "C" {
 #include "tl_world.h"
 }
 #include "kern_cuda.h"
+#include "kern_cuda_ptx.cuh" /* globaltimer */
 #include "kern_cuda_tool.h"
 
 #define BS 16u
@@ -108,11 +109,9 @@ __global__ void fill_kernel(__half *p, uint64_t n, uint64_t seed)
 
 __global__ void spin_kernel(uint64_t ns)
 {
-    uint64_t t0;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    const uint64_t t0 = kcuda::globaltimer();
     for (;;) {
-        uint64_t t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        const uint64_t t = kcuda::globaltimer();
         if (t - t0 >= ns)
             break;
         __nanosleep(1000);

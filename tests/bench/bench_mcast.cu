@@ -35,6 +35,7 @@
 #include <string.h>
 #include <vector>
 
+#include "kern_cuda_ptx.cuh"
 #include "kern_cuda_tool.h" /* CK */
 
 namespace
@@ -56,82 +57,15 @@ struct Args {
     unsigned long long *sink;
 };
 
-/* the device code needs sm_90 (its pass for older targets only traps) */
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-#define MC_SM90 1
-#else
-#define MC_SM90 0
-#endif
-#if MC_SM90
-__device__ __forceinline__ uint32_t smem_u32(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-__device__ __forceinline__ void mb_init(uint32_t bar, uint32_t n)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(n) : "memory");
-}
-__device__ __forceinline__ void mb_wait(uint32_t bar, uint32_t ph)
-{
-    asm volatile("{\n.reg .pred p;\nW:\n"
-                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra W;\n}\n" ::"r"(bar),
-                 "r"(ph)
-                 : "memory");
-}
-__device__ __forceinline__ void mb_arrive_tx(uint32_t bar, uint32_t bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void mb_arrive_local(uint32_t bar)
-{
-    asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-/* an arrival on the barrier at the same offset in cluster CTA `rank` */
-__device__ __forceinline__ void mb_arrive_rank(uint32_t bar, uint32_t rank)
-{
-    asm volatile("{\n.reg .b32 r;\nmapa.shared::cluster.u32 r, %0, %1;\n"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [r];\n}\n" ::"r"(bar),
-                 "r"(rank)
-                 : "memory");
-}
-__device__ __forceinline__ void tma2(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0,
-                                     int c1)
-{
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
-                 "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
-                 : "memory");
-}
-__device__ __forceinline__ void tma2_mc(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0,
-                                        int c1, uint16_t mask)
-{
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 ".multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(dst),
-                 "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "h"(mask)
-                 : "memory");
-}
-__device__ __forceinline__ uint32_t cluster_rank()
-{
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ void cluster_sync()
-{
-    asm volatile(
-        "barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
-            : "memory");
-}
-
-#endif /* MC_SM90 */
+/* kern_cuda_ptx.cuh: the mbarrier, TMA and cluster wrappers; the device code needs sm_90
+ * (KCUDA_SM90: its pass for older targets only traps) */
+using namespace kcuda;
 
 /* Items: solo, CTA c of the plan (head c % HEADS); pair, CTAs 2p and 2p + 1 on the two CTAs of a
  * cluster (head p % HEADS). Taken round-robin by block (solo) or cluster (pair). */
 __global__ void __launch_bounds__(THREADS, 1) feed(const __grid_constant__ Args a)
 {
-#if MC_SM90
+#if KCUDA_SM90
     extern __shared__ __align__(1024) uint8_t smem[];
     uint8_t *ring = smem + ((1024 - (smem_u32(smem) & 1023u)) & 1023u);
     const uint32_t full0 = smem_u32(ring + SLOTS * SLOT_BYTES), empty0 = full0 + 8 * SLOTS;
@@ -143,7 +77,7 @@ __global__ void __launch_bounds__(THREADS, 1) feed(const __grid_constant__ Args 
         mb_init(full0 + 8 * threadIdx.x, 1);
         mb_init(empty0 + 8 * threadIdx.x, a.pair ? 4 : 2);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_mbarrier_init();
     __syncthreads();
     if (a.pair)
         cluster_sync(); /* the peer's barriers exist before anything arrives on them */
@@ -157,16 +91,16 @@ __global__ void __launch_bounds__(THREADS, 1) feed(const __grid_constant__ Args 
                 const int head = (int)(it % HEADS);
                 for (int t = 0; t < TILES; t++) {
                     if (n >= SLOTS)
-                        mb_wait(empty0 + 8 * s, ph ^ 1);
+                        mb_wait_cluster(empty0 + 8 * s, ph ^ 1);
                     n++;
                     const uint32_t dst = smem_u32(ring + s * SLOT_BYTES), bar = full0 + 8 * s;
-                    mb_arrive_tx(bar, SLOT_BYTES);
+                    mb_arrive_expect_tx(bar, SLOT_BYTES);
                     for (int b = 0; b < 4; b++) { /* K lo, K hi, V lo, V hi */
                         const int row = (head * 2 + b / 2) * TOKENS + t * TILE, col = (b & 1) * 64;
                         if (!a.pair)
-                            tma2(dst + b * BOX_BYTES, &a.map, bar, col, row);
+                            tma_load2(dst + b * BOX_BYTES, &a.map, bar, col, row);
                         else if ((uint32_t)(b & 1) == rank)
-                            tma2_mc(dst + b * BOX_BYTES, &a.map, bar, col, row, 3);
+                            tma_load2_mc(dst + b * BOX_BYTES, &a.map, bar, col, row, 3);
                     }
                     if (++s == SLOTS) {
                         s = 0;
@@ -180,14 +114,14 @@ __global__ void __launch_bounds__(THREADS, 1) feed(const __grid_constant__ Args 
         uint32_t ph = 0;
         for (uint32_t it = unit; it < items; it += n_units)
             for (int t = 0; t < TILES; t++) {
-                mb_wait(full0 + 8 * s, ph);
+                mb_wait_cluster(full0 + 8 * s, ph);
                 acc += *reinterpret_cast<volatile uint32_t *>(ring + s * SLOT_BYTES + 64 * wg);
                 if (a.work_cycles) {
                     const long long t0 = clock64();
                     while (clock64() - t0 < (long long)a.work_cycles) {
                     }
                 }
-                mb_arrive_local(empty0 + 8 * s);
+                mb_arrive_release(empty0 + 8 * s);
                 if (a.pair)
                     mb_arrive_rank(empty0 + 8 * s, rank ^ 1);
                 if (++s == SLOTS) {
