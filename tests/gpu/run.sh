@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU test and benchmark driver, run on the GPU machine from the repository root:
 #   tests/gpu/run.sh [--no-bench | --quick-bench | --attn | --attn-bench | --smoke | --frontend |
-#                     --sanitize | --replay [quick] | --frontends [full|quick|modes] | --persist]
+#                     --sanitize | --replay [quick] | --frontends [full|quick|modes] | --persist |
+#                     --flake [N]]
 # builds the CUDA parts, runs every GPU test, compute-sanitizer memcheck and racecheck on a
 # reduced set, the tile solver, and the attention benchmark (bench_attn + PAT's kernel on the same
 # GPU when .peers/ holds it (../shared/peers/pat/README.md), joined by tests/bench/compare_pat.py,
@@ -24,6 +25,9 @@
 # --persist: only tests/gpu/test_persist.py under MPS (issue 37: the KV cache survives patd's
 # kill -9 and its upgrade, a transformers model as the frontend; builds patd, patctl, patd-keep
 # and libpat; the other modes that run test_hf run it too).
+# --flake [N]: test_cuda_attn --quick, then every TREE world of its --tree (fixed seed) run N
+# more times (default 200), bitwise equal to the first, then racecheck, initcheck and memcheck
+# on --tree-quick.
 # FRONTEND_ONLY=LIST with --frontends: test_frontend.py's tests of LIST before the benchmark.
 # --frontends [full|quick|modes]: only tests/bench/bench_frontends.py under MPS (issue 36: N
 # frontend processes through one patd vs one frontend with the union batch vs N in-process
@@ -56,6 +60,7 @@ case "${1:-}" in
 --units) bench=10 ;;
 --frontends) bench=11 ;;
 --persist) bench=12 ;;
+--flake) bench=13 ;;
 esac
 
 # PAT's reference kernel (../shared/peers/pat): built in the background while patd builds and
@@ -84,6 +89,7 @@ targets="$B/tests/gpu/test_cuda_attn $B/tests/gpu/test_vmm_share $B/tests/gpu/te
 [ $bench = 10 ] && targets="$B/bin/patd $B/bin/patctl"
 [ $bench = 12 ] && targets="$B/bin/patd $B/bin/patctl $B/bin/patd-keep $B/lib/libpat.so.1"
 [ $bench = 11 ] && targets="$B/bin/patd $B/lib/libpat.so.1"
+[ $bench = 13 ] && targets="$B/tests/gpu/test_cuda_attn"
 # shellcheck disable=SC2086 # a list of targets
 if ! make -j"$(nproc)" B=$B CUDA=1 CUDA_ARCHS=90a $targets >>"$out/gpu.log" 2>&1; then
     tail -30 "$out/gpu.log"
@@ -108,7 +114,7 @@ run() { # name, command...
 # the shipped units and config started as systemd starts them: the cuda backend on this GPU
 # (tests/integ/test_units.py; two patd@ instances share the one GPU); not before --frontends,
 # whose time is the benchmark's
-[ $bench = 11 ] || [ $bench = 12 ] || run test_units env PATD_BIN=$B/bin/patd PATCTL_BIN=$B/bin/patctl \
+[ $bench = 11 ] || [ $bench = 12 ] || [ $bench = 13 ] || run test_units env PATD_BIN=$B/bin/patd PATCTL_BIN=$B/bin/patctl \
     python3 tests/integ/test_units.py --expect cuda
 if [ $bench = 10 ]; then # --units: only that
     echo "$passed passed, $failed failed" | tee -a "$out/gpu.log"
@@ -132,6 +138,17 @@ if [ $bench = 9 ]; then # --launch: the forward as the append's programmatic dep
     wait $nodep_pid
     # passes when the test catches the wrong build (exit status 1 from its failed verdicts)
     run nodep_caught bash -c "build/nodep/tests/gpu/test_cuda_attn --dep; [ \$? = 1 ]"
+fi
+if [ $bench = 13 ]; then # --flake [N]: the TREE tests looped, then three sanitizers on them
+    run test_cuda_attn $B/tests/gpu/test_cuda_attn --quick
+    run tree_loop $B/tests/gpu/test_cuda_attn --tree-loop "${2:-200}"
+    for tool in racecheck initcheck memcheck; do
+        run ${tool}_tree compute-sanitizer --tool $tool --error-exitcode 3 \
+            $B/tests/gpu/test_cuda_attn --tree-quick
+    done
+    echo "$passed passed, $failed failed" | tee -a "$out/gpu.log"
+    [ "$failed" -eq 0 ]
+    exit
 fi
 if [ $bench = 8 ]; then # --sanitize: the quick GPU tests, both sanitizers on them, the tile solver
     run test_cuda_attn $B/tests/gpu/test_cuda_attn --quick

@@ -10,7 +10,8 @@
  * Also: plans mixing 32- and 1024-token queries (several tile shapes, split and unsplit), the
  * device tile table, forced serial vs multi-stream (bitwise equal), copy-on-write block copies,
  * NaN and infinity in appended K/V (stored as 0), and error codes. `--quick` runs a reduced set
- * (for compute-sanitizer), `--tree` only the TREE plans (`--tree-quick` small ones)
+ * (for compute-sanitizer), `--tree` only the TREE plans (`--tree-quick` small ones; `--tree-loop
+ * N` each TREE world's forward N more times, bitwise equal to its first)
  * (PATD_TEST_NO_POISON=1 leaves unused pool slots unwritten, for initcheck). Ends with "N passed, N
  * failed".
  */
@@ -267,6 +268,21 @@ static const sched_plan_hdr_t *run(Rig &g)
     CK(cudaMemcpy(g.o_gpu.data(), g.dout, g.o_gpu.size(), cudaMemcpyDeviceToHost));
     return h;
 }
+
+/* The GPU half of run() again on plan h: poisoned output, the forward, the result back. */
+static void rerun_gpu(Rig &g, const sched_plan_hdr_t *h)
+{
+    kern_attn_params_t p = {(float)g.scale, g.mc.softcap};
+    CK(cudaMemset(g.dout, 0xff, g.o_gpu.size()));
+    CK(cudaDeviceSynchronize());
+    REQ(kern_attend(g.gpu, 1, h, g.dq, g.dout, &p));
+    REQ(kern_sync(g.gpu));
+    CK(cudaMemcpy(g.o_gpu.data(), g.dout, g.o_gpu.size(), cudaMemcpyDeviceToHost));
+}
+
+/* --tree-loop N: each TREE world's forward N more times, every output bitwise the first's (which
+ * was checked against float64): a race or an uninitialised read shows as a run that differs */
+static int g_tree_repeat;
 
 /* all outputs finite and close to the cpu backend's; returns the worst per-token relative error */
 static double vs_cpu(const Rig &g, bool *finite)
@@ -685,6 +701,16 @@ static void test_tree()
         verdict(name, finite && ec < 1e-2 && ef < 1e-2, " fp64 rel err %.2e", ef);
         if (!(ec < 1e-2))
             explain(g, h);
+        if (g_tree_repeat) {
+            const std::vector<uint8_t> first = g.o_gpu;
+            int differ = 0;
+            for (int i = 0; i < g_tree_repeat; i++) {
+                rerun_gpu(g, h);
+                differ += g.o_gpu != first;
+            }
+            printf("  ");
+            verdict(name, differ == 0, " reruns that differ: %.0f", (double)differ);
+        }
         fused += h->n_segs > h->n_ctas;
         rig_done(g);
     }
@@ -1090,6 +1116,8 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc > 1 && strncmp(argv[1], "--tree", 6) == 0) { /* one test; --tree-quick: small */
         g_quick = strcmp(argv[1], "--tree-quick") == 0;
+        if (strcmp(argv[1], "--tree-loop") == 0) /* --tree-loop N: the worlds rerun N times */
+            g_tree_repeat = argc > 2 ? atoi(argv[2]) : 200;
         test_tree();
     } else if (argc > 1 && strcmp(argv[1], "--dep") == 0) { /* one test */
         test_dependent_launch();
