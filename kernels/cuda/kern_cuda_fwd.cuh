@@ -147,11 +147,31 @@ template <int D> __host__ __device__ constexpr int fwd_smem()
     return s;
 }
 
-/* A barrier of the nth threads that run one CTA: the whole block (team 0) or the consumer
- * warpgroups of fwd_pair (named barrier `team`). */
+/* The named barriers (bar.sync / bar.arrive ids, 16 a block) the forwards use, with who syncs on
+ * each and how many threads it counts. */
+enum Bar : int {
+    /* __syncthreads: every thread of the block (fwd_layer's 128, fwd_pair's 384 once after the
+     * mbarriers' init); fwd_layer's merge team */
+    BAR_BLOCK = 0,
+    /* fwd_pair, small item: consumer 0's merge (fwd_arrive_merge), its warpgroup's 128 threads;
+     * consumer c's is BAR_MERGE_C0 + c */
+    BAR_MERGE_C0 = 1,
+    BAR_MERGE_C1 = 2,  /* fwd_pair, small item: consumer 1's merge, its 128 threads */
+    BAR_MERGE_BIG = 3, /* fwd_pair, big item: the merge of both consumers, 256 threads */
+    /* fwd_pair's issue turns (KCUDA_WS_PINGPONG), 256 threads each: consumer 0 syncs on
+     * BAR_TURN_C0 before it issues and consumer 1 arrives once its own issue is done; BAR_TURN_C1
+     * the other way round (consumer c takes BAR_TURN_C0 + c and passes BAR_TURN_C1 - c) */
+    BAR_TURN_C0 = 4,
+    BAR_TURN_C1 = 5,
+    /* fwd_pair's producer warpgroup, 128 threads: around thread 0's broadcast of the next item */
+    BAR_PRODUCER = 6,
+};
+
+/* A barrier of the nth threads that run one CTA: the whole block (team BAR_BLOCK) or the consumer
+ * warpgroups of fwd_pair (named barrier `team`: BAR_MERGE_*). */
 __device__ __forceinline__ void team_sync(int team, uint32_t nth)
 {
-    if (team == 0)
+    if (team == BAR_BLOCK)
         __syncthreads();
     else
         bar_sync(team, (int)nth);
@@ -638,7 +658,7 @@ __device__ __forceinline__ void fwd_small(const FwdArgs &a, const kcuda_cta_t &c
         if (rows > 32 && cta.seg_count > 1) {
             fwd_cta<T, D, 64, true, true>(a, cta, head, smem);
             if (a.merge_inside)
-                fwd_arrive_merge<T, D>(a, cta, head, smem, tid, KCUDA_THREADS, 0);
+                fwd_arrive_merge<T, D>(a, cta, head, smem, tid, KCUDA_THREADS, BAR_BLOCK);
             return;
         }
     }
@@ -651,7 +671,7 @@ __device__ __forceinline__ void fwd_small(const FwdArgs &a, const kcuda_cta_t &c
         else                                                                                       \
             fwd_cta<T, D, m, false>(a, cta, head, smem);                                           \
         if (a.merge_inside)                                                                        \
-            fwd_arrive_merge<T, D>(a, cta, head, smem, tid, KCUDA_THREADS, 0);                     \
+            fwd_arrive_merge<T, D>(a, cta, head, smem, tid, KCUDA_THREADS, BAR_BLOCK);             \
         return;                                                                                    \
     }
     KCUDA_TILE_MS(KCUDA_CASE)

@@ -107,8 +107,17 @@ __device__ __forceinline__ void ws_regs_consumer()
     setmaxnreg_inc<WS_REGS_CONSUMER>();
 }
 #ifndef KCUDA_WS_PINGPONG
-#define KCUDA_WS_PINGPONG 1 /* consumers take turns issuing (named barriers 4 and 5) */
+#define KCUDA_WS_PINGPONG 1 /* consumers take turns issuing (BAR_TURN_C0 and BAR_TURN_C1) */
 #endif
+/* consumer c waits for its turn to issue, and passes the turn to the other consumer */
+__device__ __forceinline__ void ws_turn_take(int c)
+{
+    bar_sync(BAR_TURN_C0 + c, 2 * KCUDA_THREADS);
+}
+__device__ __forceinline__ void ws_turn_pass(int c)
+{
+    bar_arrive(BAR_TURN_C1 - c, 2 * KCUDA_THREADS);
+}
 
 /* A position in the ring: its slot and the parity of that slot's current use. */
 template <int SLOTS> struct RingPos {
@@ -247,9 +256,9 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
          * tiles, left the fixed cost per item as it was: 3.68 us, H200, 2026-11-25) */
         if (tid == 0)
             *bcast = atomicAdd(a.work, 1u);
-        bar_sync(6, KCUDA_THREADS);
+        bar_sync(BAR_PRODUCER, KCUDA_THREADS);
         b = *bcast;
-        bar_sync(6, KCUDA_THREADS); /* read by all before thread 0 writes again */
+        bar_sync(BAR_PRODUCER, KCUDA_THREADS); /* read by all before thread 0 writes again */
         if (b >= n_items) {
             const int qs = take();
             if (tid == 0)
@@ -663,8 +672,8 @@ ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles, uint32_t live0, uint
             lvb = mp.words(nx.s)[9];
             nx.step(adv);
             if (pp) {
-                bar_sync(4 + c, 2 * KCUDA_THREADS);
-                bar_arrive(5 - c, 2 * KCUDA_THREADS);
+                ws_turn_take(c);
+                ws_turn_pass(c);
             }
             release();
             t++;
@@ -684,11 +693,11 @@ ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles, uint32_t live0, uint
         for (; t + 1 < n_tiles && live(); t++) {
             wait_full();
             if (pp)
-                bar_sync(4 + c, 2 * KCUDA_THREADS);
+                ws_turn_take(c);
             issue_qk();
             issue_pv();
             if (pp)
-                bar_arrive(5 - c, 2 * KCUDA_THREADS);
+                ws_turn_pass(c);
             wg_wait<1>(); /* S of tile t + 1; P.V of tile t may still run */
             wg_hold(sw);
             wg_hold_u(qf);
@@ -701,10 +710,10 @@ ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles, uint32_t live0, uint
             rescale_pack(c0, c1);
         }
         if (pp)
-            bar_sync(4 + c, 2 * KCUDA_THREADS);
+            ws_turn_take(c);
         issue_pv();
         if (pp)
-            bar_arrive(5 - c, 2 * KCUDA_THREADS);
+            ws_turn_pass(c);
         wg_wait<0>();
         wg_hold(ow);
         release();
@@ -752,7 +761,7 @@ __global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const __grid_c
         const int c = wg - 1;
         const bool pp = KCUDA_WS_PINGPONG;
         if (pp && c == 1)
-            bar_arrive(4, 2 * KCUDA_THREADS); /* consumer 0 issues first */
+            bar_arrive(BAR_TURN_C0, 2 * KCUDA_THREADS); /* consumer 0 issues first */
         RingPos<G::SLOTS> rp;
         for (;;) {
             mb_wait(mp.full(rp.s), rp.ph);
@@ -771,10 +780,12 @@ __global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const __grid_c
             if (a.merge_inside && !idle) {
                 if (it.small)
                     fwd_arrive_merge<T, D>(a, it.cta, head, mp.scratch(c),
-                                           threadIdx.x % KCUDA_THREADS, KCUDA_THREADS, 1 + c);
+                                           threadIdx.x % KCUDA_THREADS, KCUDA_THREADS,
+                                           BAR_MERGE_C0 + c);
                 else
                     fwd_arrive_merge<T, D>(a, it.cta, head, mp.scratch(0),
-                                           threadIdx.x - KCUDA_THREADS, 2 * KCUDA_THREADS, 3);
+                                           threadIdx.x - KCUDA_THREADS, 2 * KCUDA_THREADS,
+                                           BAR_MERGE_BIG);
             }
         }
         return;
