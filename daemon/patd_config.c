@@ -509,7 +509,7 @@ static int validate(patd_config_t *c)
     if (kern_supported(&m) < 0) {
         cfg_error(c,
                   "model not supported: q_heads %u / kv_heads %u (group <= 16, divisible), "
-                  "head_dim %u (64, 128, 256), block_size %u (16)",
+                  "head_dim %u (one of" KERN_HEAD_DIMS(KERN_HEAD_DIM_TEXT) "), block_size %u (16)",
                   c->q_heads, c->kv_heads, c->head_dim, c->block_size);
         return -EINVAL;
     }

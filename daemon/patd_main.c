@@ -858,7 +858,6 @@ static int create_pool(patd_t *d)
                            .max_seqs = cfg->max_seqs,
                            .max_seq_len = cfg->max_seq_len,
                            .model_id = cfg->model_id,
-                           .block_bytes = kern_block_bytes(&d->model),
                            .on_event = on_kv_event,
                            .event_ud = d};
     rc = kv_pool_create(&pc, &d->pool);

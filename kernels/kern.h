@@ -4,16 +4,17 @@
  * KV pool memory and the partials workspace; it executes the scheduler's plan
  * (scheduler/sched_plan_fmt.h) one layer at a time and knows nothing of the forest or sockets.
  *
- * Memory layout (DESIGN.md §3): per layer and block, K then V, each [kv_heads][block_size]
- * [head_dim] of the model dtype: [layer][block][K|V][kv_head][block_size][head_dim]. A slot is
- * block * block_size + offset. Q and O of a step are [token][q_head][head_dim]; new K and V are
+ * Memory layout (kern_layout_t, computed once per backend and used by every address computation
+ * of both): per layer and block, K then V, each [kv_heads][block_size][head_dim] of the model
+ * dtype: [layer][block][K|V][kv_head][block_size][head_dim]. A slot is block * block_size +
+ * offset. Q and O of a step are [token][q_head][head_dim]; new K and V are
  * [token][kv_head][head_dim]. Pointers are in the backend's address space (host for cpu,
  * device for cuda).
  *
  * Supported set (closed, checked by kern_supported before anything runs, -ENOTSUP otherwise):
- * head_dim 64, 128, 256; q_heads / kv_heads (the GQA group) 1..16; block_size 16; dtype fp16,
- * bf16 or fp32. Every call returns 0 or a negative errno; nothing aborts, nothing allocates after
- * create.
+ * head_dim one of KERN_HEAD_DIMS (64, 128, 256); q_heads / kv_heads (the GQA group) 1..16;
+ * block_size 16; dtype fp16, bf16 or fp32. Every call returns 0 or a negative errno; nothing
+ * aborts, nothing allocates after create.
  */
 #ifndef KERN_H
 #define KERN_H
@@ -32,6 +33,13 @@ typedef enum kern_dtype {
     KERN_F32 = 3,
 } kern_dtype_t;
 
+/* The head dims patd serves, written once. The support check (kern_supported), the cuda
+ * backend's forward (the Makefile generates one translation unit per entry), its dispatch and the
+ * KV append's, the config's error text and the Python binding's list (a test compares) all come
+ * from this line; the Makefile reads it as written: keep it on one line. */
+#define KERN_HEAD_DIMS(X)     X(64) X(128) X(256)
+#define KERN_HEAD_DIM_TEXT(d) " " #d /* "(one of" KERN_HEAD_DIMS(KERN_HEAD_DIM_TEXT) ")" */
+
 #define KERN_MAX_GROUP            16u
 #define KERN_BLOCK_SIZE           16u
 #define KERN_DEFAULT_MAX_CTA_ROWS 128u
@@ -45,6 +53,39 @@ typedef struct kern_model {
     uint32_t block_size; /* tokens per KV block */
     kern_dtype_t dtype;  /* of Q, K, V and O */
 } kern_model_t;
+
+/* The KV layout as one value: element strides of [layer][block][K|V][kv_head][block_size]
+ * [head_dim] (kern_layout). Every backend computes it once at create (kern_backend_t.layout) and
+ * every address into the pool, host or device, is kern_layout_at of it. */
+typedef struct kern_layout {
+    uint64_t token; /* one token of one head: head_dim */
+    uint64_t head;  /* one KV head of a block: block_size * head_dim */
+    uint64_t kv;    /* K to V of a block: kv_heads * head */
+    uint64_t block; /* one block of one layer, K and V: 2 * kv */
+    uint64_t layer; /* one layer of every block: n_blocks * block */
+    uint32_t elt;   /* bytes of one element */
+    uint32_t n_layers;
+} kern_layout_t;
+
+#ifdef __CUDACC__
+#define KERN_HOST_DEVICE __host__ __device__
+#else
+#define KERN_HOST_DEVICE
+#endif
+
+/* The element of (layer, block, K (0) or V (1), KV head, token offset in the block). */
+KERN_HOST_DEVICE static inline uint64_t kern_layout_at(const kern_layout_t *l, uint32_t layer,
+                                                       uint32_t block, uint32_t is_v, uint32_t head,
+                                                       uint32_t off)
+{
+    return layer * l->layer + block * l->block + is_v * l->kv + head * l->head + off * l->token;
+}
+
+/* Bytes of the whole pool. */
+static inline uint64_t kern_layout_pool_bytes(const kern_layout_t *l)
+{
+    return l->layer * l->n_layers * l->elt;
+}
 
 /* Where the cuda backend merges split tokens (kern_config_t.merge). */
 typedef enum kern_merge {
@@ -111,6 +152,8 @@ int kern_supported(const kern_model_t *m);
 uint32_t kern_dtype_size(kern_dtype_t d);
 /* Bytes one KV block occupies across all layers. */
 uint64_t kern_block_bytes(const kern_model_t *m);
+/* The layout of a pool of n_blocks blocks of model m (a supported one). */
+kern_layout_t kern_layout(const kern_model_t *m, uint32_t n_blocks);
 
 /* What a backend can serve on this host, asked before anything is allocated (kern_backend_probe).
  * The one place that decides whether a backend and its device are usable: the daemon picks

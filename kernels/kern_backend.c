@@ -5,6 +5,7 @@
 #include "kern_int.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -30,10 +31,14 @@ uint32_t kern_dtype_size(kern_dtype_t d)
 
 int kern_supported(const kern_model_t *m)
 {
-    /* the closed set of DESIGN.md §5; the cuda backend instantiates exactly these */
+    /* the closed set of kern.h; the cuda backend instantiates exactly these */
     if (!m || m->n_layers == 0 || m->kv_heads == 0 || m->q_heads % m->kv_heads != 0)
         return -ENOTSUP;
-    if (m->head_dim != 64 && m->head_dim != 128 && m->head_dim != 256)
+    bool dim = false;
+#define KERN_DIM_IS(d) dim = dim || m->head_dim == d;
+    KERN_HEAD_DIMS(KERN_DIM_IS)
+#undef KERN_DIM_IS
+    if (!dim)
         return -ENOTSUP;
     uint32_t group = m->q_heads / m->kv_heads;
     if (group < 1 || group > KERN_MAX_GROUP || m->block_size != KERN_BLOCK_SIZE)
@@ -43,10 +48,23 @@ int kern_supported(const kern_model_t *m)
     return 0;
 }
 
+kern_layout_t kern_layout(const kern_model_t *m, uint32_t n_blocks)
+{
+    kern_layout_t l;
+    l.token = m->head_dim;
+    l.head = (uint64_t)m->block_size * l.token;
+    l.kv = m->kv_heads * l.head;
+    l.block = 2 * l.kv;
+    l.layer = (uint64_t)n_blocks * l.block;
+    l.elt = kern_dtype_size(m->dtype);
+    l.n_layers = m->n_layers;
+    return l;
+}
+
 uint64_t kern_block_bytes(const kern_model_t *m)
 {
-    return (uint64_t)m->n_layers * 2 * m->kv_heads * m->block_size * m->head_dim *
-           kern_dtype_size(m->dtype);
+    const kern_layout_t l = kern_layout(m, 1);
+    return l.layer * l.n_layers * l.elt;
 }
 
 const char *kern_backend_list(void)

@@ -53,6 +53,7 @@ struct kern_lane {
 struct kern_backend {
     const kern_ops_t *ops;
     kern_config_t cfg;
+    kern_layout_t layout; /* kern_layout(cfg.model, cfg.n_blocks), set by the backend's create */
 };
 
 extern const kern_ops_t kern__cpu_ops;

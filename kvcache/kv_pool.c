@@ -262,11 +262,6 @@ uint32_t kv_pool_available(const kv_pool_t *p)
     return p->n_free + p->n_cached;
 }
 
-uint64_t kv_block_offset(const kv_pool_t *p, uint32_t block)
-{
-    return (uint64_t)block * p->cfg.block_bytes;
-}
-
 uint32_t kv_pool_evict(kv_pool_t *p, uint32_t n)
 {
     uint32_t done = 0;

@@ -51,7 +51,6 @@ typedef struct kv_pool_config {
     uint32_t max_seqs;    /* open sequences at once, 1..KV_MAX_SEQS */
     uint32_t max_seq_len; /* tokens per sequence, >= 1 */
     uint64_t model_id;    /* mixed into every chain hash: caches of two models never match */
-    uint64_t block_bytes; /* backend bytes one block occupies (all layers), for kv_block_offset */
     kv_event_fn on_event; /* optional */
     void *event_ud;
 } kv_pool_config_t;
@@ -102,8 +101,6 @@ void kv_pool_stats(const kv_pool_t *pool, kv_stats_t *ret_stats);
 uint32_t kv_pool_block_size(const kv_pool_t *pool);
 /* Blocks a reservation can get now: free plus every cached (reclaimable) block. */
 uint32_t kv_pool_available(const kv_pool_t *pool);
-/* Byte offset of a block in the backend's pool (64-bit: pools exceed 4 GiB). */
-uint64_t kv_block_offset(const kv_pool_t *pool, uint32_t block);
 /* Reclaims up to n cached blocks (LRU, leaves first) to the free list; returns how many. */
 uint32_t kv_pool_evict(kv_pool_t *pool, uint32_t n);
 

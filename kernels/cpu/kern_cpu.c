@@ -47,12 +47,9 @@ struct kern_cpu {
     uint8_t *pool;
     int pool_fd; /* kern_config_t.pool_keep: the memfd mapped at pool; else -1 */
     uint64_t pool_bytes;
-    uint64_t layer_bytes; /* one layer of every block */
-    uint64_t block_bytes; /* one block of one layer: K and V */
-    uint64_t head_bytes;  /* one KV head of one block: [block_size][d] */
-    float *part_o;        /* [slots * kv_heads * group][d] */
-    float *part_lse;      /* [slots * kv_heads * group] */
-    uint8_t *check;       /* kern__plan_check's scratch */
+    float *part_o;   /* [slots * kv_heads * group][d] */
+    float *part_lse; /* [slots * kv_heads * group] */
+    uint8_t *check;  /* kern__plan_check's scratch */
 
     uint32_t n_workers; /* threads started (the caller is one more) */
     pthread_t *th;
@@ -144,11 +141,8 @@ static void pool_run(kern_cpu_t *c, cpu_job_fn fn, uint32_t n_items)
 static const uint8_t *kv_ptr(const kern_cpu_t *c, uint32_t layer, uint32_t block, int is_v,
                              uint32_t head, uint32_t off)
 {
-    const kern_model_t *m = &c->base.cfg.model;
-    uint32_t elt = kern_dtype_size(m->dtype);
-    return c->pool + layer * c->layer_bytes + (uint64_t)block * c->block_bytes +
-           ((uint64_t)is_v * m->kv_heads + head) * c->head_bytes +
-           (uint64_t)off * m->head_dim * elt;
+    const kern_layout_t *l = &c->base.layout;
+    return c->pool + kern_layout_at(l, layer, block, (uint32_t)is_v, head, off) * l->elt;
 }
 
 /* One KV tile [t0, t1) of a segment for the CTA rows [lo, hi) (q-head rows) of KV head `head`:
@@ -336,11 +330,12 @@ static int cpu_append_kv(kern_backend_t *b, uint32_t layer, const void *k, const
 static int cpu_copy_blocks(kern_backend_t *b, const uint32_t *src, const uint32_t *dst, uint32_t n)
 {
     kern_cpu_t *c = (kern_cpu_t *)b;
+    const kern_layout_t *lo = &b->layout;
     for (uint32_t i = 0; i < n; i++)
-        for (uint32_t l = 0; l < b->cfg.model.n_layers; l++)
-            memmove(c->pool + l * c->layer_bytes + (uint64_t)dst[i] * c->block_bytes,
-                    c->pool + l * c->layer_bytes + (uint64_t)src[i] * c->block_bytes,
-                    c->block_bytes);
+        for (uint32_t l = 0; l < lo->n_layers; l++)
+            memmove(c->pool + kern_layout_at(lo, l, dst[i], 0, 0, 0) * lo->elt,
+                    c->pool + kern_layout_at(lo, l, src[i], 0, 0, 0) * lo->elt,
+                    lo->block * lo->elt);
     return 0;
 }
 
@@ -448,18 +443,16 @@ static int cpu_probe(int device, kern_probe_t *p)
 static int cpu_create(const kern_config_t *cfg, kern_backend_t **ret)
 {
     const kern_model_t *m = &cfg->model;
-    uint32_t elt = kern_dtype_size(m->dtype), d = m->head_dim;
+    const uint32_t d = m->head_dim;
     kern_cpu_t *c = pat_xcalloc(1, sizeof(*c));
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv_go, NULL);
     pthread_cond_init(&c->cv_done, NULL);
     c->base.cfg = *cfg;
-    c->head_bytes = (uint64_t)m->block_size * d * elt;
-    c->block_bytes = 2 * m->kv_heads * c->head_bytes;
-    c->layer_bytes = (uint64_t)cfg->n_blocks * c->block_bytes;
+    c->base.layout = kern_layout(m, cfg->n_blocks);
     /* the pool is KV memory: it may legitimately not fit, which is -ENOMEM, not an abort */
     c->pool_fd = -1;
-    const uint64_t pool_bytes = c->layer_bytes * m->n_layers;
+    const uint64_t pool_bytes = kern_layout_pool_bytes(&c->base.layout);
     int pr = cfg->pool_keep ? pool_map(c, cfg->pool_fd, pool_bytes) : 0;
     if (!cfg->pool_keep)
         c->pool = malloc(pool_bytes);

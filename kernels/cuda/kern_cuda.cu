@@ -51,13 +51,12 @@ bool driver_entry(const char *name, void **fn)
 
 int fwd_register(uint32_t head_dim, FwdVariant (&v)[2])
 {
-    switch (head_dim) { /* the closed set: 64, 128, 256 */
-    case 64:
-        return fwd_register_d64(v);
-    case 128:
-        return fwd_register_d128(v);
-    case 256:
-        return fwd_register_d256(v);
+    switch (head_dim) { /* the closed set, KERN_HEAD_DIMS */
+#define KCUDA_FWD_REGISTER_CASE(d)                                                                 \
+    case d:                                                                                        \
+        return fwd_register_d##d(v);
+        KERN_HEAD_DIMS(KCUDA_FWD_REGISTER_CASE)
+#undef KCUDA_FWD_REGISTER_CASE
     }
     return -ENOTSUP;
 }
@@ -347,7 +346,7 @@ int warm_kernels(Cuda *c)
     const kern_model_t &m = c->base.cfg.model;
     /* the CTA; the merge's row of output; the first block of layer 0 */
     const size_t row = (size_t)m.q_heads * m.head_dim * sizeof(float);
-    const size_t first = c->block_elems * c->elt;
+    const size_t first = c->base.layout.block * c->base.layout.elt;
     KC_TRY(cudaMalloc(&dcta, sizeof(*dcta) + row + first), "warm-up alloc");
     uint8_t *o_row = reinterpret_cast<uint8_t *>(dcta) + sizeof(*dcta);
     uint8_t *kept = o_row + row;
@@ -413,12 +412,12 @@ int encode_kv_map(Cuda *c)
     }
     if ((uint64_t)c->base.cfg.n_blocks * m.n_layers > INT32_MAX)
         return -ENOTSUP; /* the block coordinate is a signed 32-bit int */
-    const uint64_t e = c->elt;
+    /* the pool's layout as the map's strides: token, KV head, K|V, block (across layers) */
+    const kern_layout_t &lo = c->base.layout;
+    const uint64_t e = lo.elt;
     const cuuint64_t dims[5] = {m.head_dim, m.block_size, m.kv_heads, 2,
                                 (cuuint64_t)c->base.cfg.n_blocks * m.n_layers};
-    const cuuint64_t strides[4] = {m.head_dim * e, (uint64_t)m.block_size * m.head_dim * e,
-                                   (uint64_t)m.kv_heads * m.block_size * m.head_dim * e,
-                                   c->block_elems * e};
+    const cuuint64_t strides[4] = {lo.token * e, lo.head * e, lo.kv * e, lo.block * e};
     const cuuint32_t box[5] = {64, m.block_size, 1, 1, 1}, unit[5] = {1, 1, 1, 1, 1};
     CUtensorMap map;
     CUresult r = reinterpret_cast<EncodeFn>(fn)(
@@ -538,26 +537,24 @@ int cuda_create(const kern_config_t *cfg, kern_backend_t **ret)
         return -ENOMEM;
     c->base.cfg = *cfg;
     c->device = cfg->device;
-    c->elt = 2;
     c->dt = m.dtype == KERN_F16 ? 0 : 1;
-    c->block_elems = 2ull * m.kv_heads * m.block_size * m.head_dim;
-    c->layer_elems = c->block_elems * cfg->n_blocks;
+    c->base.layout = kern_layout(&m, cfg->n_blocks);
     c->pool_fd = -1;
     pthread_mutex_init(&c->cow_mu, NULL);
     load_vmm(c);
     int r = -ENOMEM;
     FwdVariant v[2] = {};
     if (cfg->pool_keep) {
-        if ((r = pool_vmm(c, cfg->pool_fd, c->layer_elems * m.n_layers * c->elt)) < 0)
+        if ((r = pool_vmm(c, cfg->pool_fd, kern_layout_pool_bytes(&c->base.layout))) < 0)
             goto fail;
-    } else if (cudaMalloc(&c->pool, c->layer_elems * m.n_layers * c->elt) != cudaSuccess)
+    } else if (cudaMalloc(&c->pool, kern_layout_pool_bytes(&c->base.layout)) != cudaSuccess)
         goto fail; /* device memory may legitimately not suffice: -ENOMEM */
     r = -EIO;
     /* zero, so that every slot holds finite values before its first append: the TMA loads copy
      * whole pages, a partial block's unwritten tail too, and a masked score's 0 times a NaN of V
      * would still be NaN (a pool given back holds KV and finite values already) */
     if ((!cfg->pool_keep || cfg->pool_fd < 0) &&
-        cudaMemset(c->pool, 0, c->layer_elems * m.n_layers * c->elt) != cudaSuccess)
+        cudaMemset(c->pool, 0, kern_layout_pool_bytes(&c->base.layout)) != cudaSuccess)
         goto fail;
     r = -ENOMEM;
     if ((r = lane_init(c, &c->lane0)) < 0)
@@ -607,8 +604,9 @@ extern "C" void *kern_cuda_stream(kern_backend_t *b)
 extern "C" void *kern_cuda_pool(kern_backend_t *b, uint32_t layer, uint64_t *block_elems)
 {
     Cuda *c = as_cuda(b);
-    *block_elems = c->block_elems;
-    return static_cast<uint8_t *>(c->pool) + layer * c->layer_elems * c->elt;
+    const kern_layout_t &lo = c->base.layout;
+    *block_elems = lo.block;
+    return static_cast<uint8_t *>(c->pool) + kern_layout_at(&lo, layer, 0, 0, 0, 0) * lo.elt;
 }
 
 namespace

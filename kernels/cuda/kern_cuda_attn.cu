@@ -211,10 +211,11 @@ int attend_on(Lane *L, uint32_t layer, const sched_plan_hdr_t *h, const void *q,
     a.tiles = L->plan[L->cur].tl_dev;
     a.q = q;
     a.o = o;
-    a.kv = static_cast<const uint8_t *>(c->pool) + layer * c->layer_elems * c->elt;
-    a.block_stride = c->block_elems;
-    a.head_stride = (uint64_t)m.block_size * m.head_dim;
-    a.v_offset = a.head_stride * m.kv_heads;
+    const kern_layout_t &lo = c->base.layout;
+    a.kv = static_cast<const uint8_t *>(c->pool) + kern_layout_at(&lo, layer, 0, 0, 0, 0) * lo.elt;
+    a.block_stride = lo.block;
+    a.head_stride = lo.head;
+    a.v_offset = lo.kv;
     a.part_o = L->part_o;
     a.part_lse = L->part_lse;
     a.arrivals = L->arrivals;

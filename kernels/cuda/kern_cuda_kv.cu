@@ -17,7 +17,7 @@ namespace kcuda
 template <typename T, int D>
 __global__ void append_kernel(const T *__restrict__ k, const T *__restrict__ v,
                               const uint32_t *__restrict__ slots, uint32_t n, T *__restrict__ kv,
-                              uint32_t kv_heads, uint64_t block_elems)
+                              uint32_t kv_heads, kern_layout_t lo)
 {
     constexpr uint32_t CPR = D / 8;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -30,8 +30,8 @@ __global__ void append_kernel(const T *__restrict__ k, const T *__restrict__ v,
          e += (uint64_t)gridDim.x * blockDim.x) {
         const uint32_t ch = e % CPR, h = (e / CPR) % kv_heads, i = e / ((uint64_t)CPR * kv_heads);
         const uint32_t slot = slots[i], blk = slot / KERN_BLOCK_SIZE, off = slot % KERN_BLOCK_SIZE;
-        T *dk = kv + blk * block_elems + ((uint64_t)h * KERN_BLOCK_SIZE + off) * D + ch * 8;
-        T *dv = dk + (uint64_t)kv_heads * KERN_BLOCK_SIZE * D;
+        T *dk = kv + kern_layout_at(&lo, 0, blk, 0, h, off) + ch * 8;
+        T *dv = kv + kern_layout_at(&lo, 0, blk, 1, h, off) + ch * 8;
         const uint64_t src = ((uint64_t)i * kv_heads + h) * D + ch * 8;
         constexpr uint32_t E = std::is_same<T, __half>::value ? 0x7c00u : 0x7f80u;
         *reinterpret_cast<uint4 *>(dk) = finite8<E>(*reinterpret_cast<const uint4 *>(k + src));
@@ -44,30 +44,29 @@ int append_launch(Cuda *c, cudaStream_t st, const uint32_t *slot_dev, uint32_t l
                   const void *v, uint32_t n)
 {
     const kern_model_t &m = c->base.cfg.model;
-    T *kv = static_cast<T *>(c->pool) + layer * c->layer_elems;
+    T *kv = static_cast<T *>(c->pool) + kern_layout_at(&c->base.layout, layer, 0, 0, 0, 0);
     const uint64_t total = (uint64_t)n * m.kv_heads * (D / 8);
     const uint32_t threads = 256;
     const uint64_t want = (total + threads - 1) / threads;
     const uint32_t blocks = (uint32_t)(want < 4096 ? want : 4096);
     append_kernel<T, D><<<blocks, threads, 0, st>>>(static_cast<const T *>(k),
                                                     static_cast<const T *>(v), slot_dev, n, kv,
-                                                    m.kv_heads, c->block_elems);
+                                                    m.kv_heads, c->base.layout);
     KC_TRY(cudaGetLastError(), "append launch");
     return 0;
 }
 
-/* One dispatch point over the closed set: dtype {fp16, bf16} x head_dim {64, 128, 256}. */
+/* One dispatch point over the closed set: dtype {fp16, bf16} x KERN_HEAD_DIMS. */
 template <typename T>
 int append_dim(Cuda *c, cudaStream_t st, const uint32_t *slot_dev, uint32_t layer, const void *k,
                const void *v, uint32_t n)
 {
-    switch (c->base.cfg.model.head_dim) {
-    case 64:
-        return append_launch<T, 64>(c, st, slot_dev, layer, k, v, n);
-    case 128:
-        return append_launch<T, 128>(c, st, slot_dev, layer, k, v, n);
-    case 256:
-        return append_launch<T, 256>(c, st, slot_dev, layer, k, v, n);
+    switch (c->base.cfg.model.head_dim) { /* the closed set, KERN_HEAD_DIMS */
+#define KCUDA_APPEND_CASE(d)                                                                       \
+    case d:                                                                                        \
+        return append_launch<T, d>(c, st, slot_dev, layer, k, v, n);
+        KERN_HEAD_DIMS(KCUDA_APPEND_CASE)
+#undef KCUDA_APPEND_CASE
     }
     return -ENOTSUP;
 }
@@ -118,14 +117,14 @@ int cuda_copy_blocks(kern_backend_t *b, const uint32_t *src, const uint32_t *dst
 {
     Cuda *c = as_cuda(b);
     KC_TRY(cudaSetDevice(c->device), "cudaSetDevice");
-    const uint64_t bytes = c->block_elems * c->elt;
+    const kern_layout_t &lo = c->base.layout;
+    uint8_t *pool = static_cast<uint8_t *>(c->pool);
     for (uint32_t i = 0; i < n; i++)
-        for (uint32_t l = 0; l < b->cfg.model.n_layers; l++) {
-            uint8_t *base = static_cast<uint8_t *>(c->pool) + l * c->layer_elems * c->elt;
-            KC_TRY(cudaMemcpyAsync(base + dst[i] * bytes, base + src[i] * bytes, bytes,
-                                   cudaMemcpyDeviceToDevice, c->lane0.main),
+        for (uint32_t l = 0; l < lo.n_layers; l++)
+            KC_TRY(cudaMemcpyAsync(pool + kern_layout_at(&lo, l, dst[i], 0, 0, 0) * lo.elt,
+                                   pool + kern_layout_at(&lo, l, src[i], 0, 0, 0) * lo.elt,
+                                   lo.block * lo.elt, cudaMemcpyDeviceToDevice, c->lane0.main),
                    "copy_blocks");
-        }
     /* steps begun on other lanes from now on start after these copies */
     pthread_mutex_lock(&c->cow_mu);
     cudaError_t e = cudaEventRecord(c->cow_done, c->lane0.main);

@@ -101,7 +101,7 @@ static int rows_reserve(Lane *L, uint64_t n)
         cap *= 2;
     if (cap > L->c->base.cfg.max_tokens)
         cap = L->c->base.cfg.max_tokens;
-    const uint64_t bytes = cap * m.q_heads * m.head_dim * L->c->elt;
+    const uint64_t bytes = cap * m.q_heads * m.head_dim * L->c->base.layout.elt;
     uint8_t *q, *o;
     if (cudaMallocAsync(&q, bytes, L->main) != cudaSuccess) {
         cudaGetLastError();
@@ -242,11 +242,10 @@ template <uint32_t E>
 __global__ void pack_gather(const PackDev *__restrict__ pd, const uint32_t *__restrict__ slots,
                             uint32_t n_tok, uint8_t *__restrict__ uq, uint8_t *__restrict__ kv,
                             uint32_t q_chunks, uint32_t kv_heads, uint32_t d_chunks,
-                            uint64_t block_bytes)
+                            kern_layout_t lo)
 {
     const uint32_t served = pd->served;
     const uint32_t kv_chunks = kv_heads * d_chunks, per_tok = q_chunks + 2 * kv_chunks;
-    const uint64_t head_bytes = (uint64_t)KERN_BLOCK_SIZE * d_chunks * 16;
     const uint64_t total = (uint64_t)n_tok * per_tok;
     for (uint64_t e = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; e < total;
          e += (uint64_t)gridDim.x * blockDim.x) {
@@ -266,8 +265,7 @@ __global__ void pack_gather(const PackDev *__restrict__ pd, const uint32_t *__re
         const uint8_t *src =
             (which ? m.v : m.k) + (((uint64_t)lt * kv_heads + h) * d_chunks + dc) * 16;
         const uint32_t slot = slots[t], blk = slot / KERN_BLOCK_SIZE, off = slot % KERN_BLOCK_SIZE;
-        uint8_t *dst = kv + blk * block_bytes + ((uint64_t)which * kv_heads + h) * head_bytes +
-                       ((uint64_t)off * d_chunks + dc) * 16;
+        uint8_t *dst = kv + kern_layout_at(&lo, 0, blk, which, h, off) * lo.elt + dc * 16u;
         *reinterpret_cast<uint4 *>(dst) = finite8<E>(*reinterpret_cast<const uint4 *>(src));
     }
 }
@@ -319,20 +317,20 @@ int cuda_pack_layer(kern_lane_t *l, uint32_t layer, const kern_attn_params_t *p,
     if (!ps)
         return -EINVAL;
     KC_TRY(cudaSetDevice(c->device), "cudaSetDevice");
-    const uint32_t q_chunks = m.q_heads * m.head_dim * c->elt / 16;
-    const uint32_t d_chunks = m.head_dim * c->elt / 16;
+    const kern_layout_t &lo = c->base.layout;
+    const uint32_t q_chunks = m.q_heads * m.head_dim * lo.elt / 16;
+    const uint32_t d_chunks = m.head_dim * lo.elt / 16;
     const uint32_t n = ps->n_tokens;
     pack_gate<<<1, 32, 0, L->main>>>(ps->dev, layer, ps->words_dev, ps->words_dev + KERN_PACK_MAX);
     KC_TRY(cudaGetLastError(), "pack gate launch");
-    uint8_t *kv = static_cast<uint8_t *>(c->pool) + layer * c->layer_elems * c->elt;
-    const uint64_t block_bytes = c->block_elems * c->elt;
+    uint8_t *kv = static_cast<uint8_t *>(c->pool) + kern_layout_at(&lo, layer, 0, 0, 0, 0) * lo.elt;
     const uint64_t items = (uint64_t)n * (q_chunks + 2 * m.kv_heads * d_chunks);
     if (c->dt == 0)
         pack_gather<F16_EXP><<<grid_for(items, 256), 256, 0, L->main>>>(
-            ps->dev, ps->slots, n, ps->uq, kv, q_chunks, m.kv_heads, d_chunks, block_bytes);
+            ps->dev, ps->slots, n, ps->uq, kv, q_chunks, m.kv_heads, d_chunks, lo);
     else
         pack_gather<BF16_EXP><<<grid_for(items, 256), 256, 0, L->main>>>(
-            ps->dev, ps->slots, n, ps->uq, kv, q_chunks, m.kv_heads, d_chunks, block_bytes);
+            ps->dev, ps->slots, n, ps->uq, kv, q_chunks, m.kv_heads, d_chunks, lo);
     KC_TRY(cudaGetLastError(), "pack gather launch");
     int r =
         attend_on(L, layer, reinterpret_cast<const sched_plan_hdr_t *>(L->last), ps->uq, ps->uo, p);

@@ -98,7 +98,6 @@ int main(int argc, char **argv)
                            .max_seq_len = 4096,
                            .model_id = 0x70617464};
     kern_model_t model = {LAYERS, Q_HEADS, KV_HEADS, HEAD_DIM, BS, DTYPE};
-    pc.block_bytes = kern_block_bytes(&model);
     kv_pool_t *pool;
     sched_t *sched;
     kern_backend_t *be;

@@ -30,8 +30,7 @@ static kv_pool_t *mk_pool(uint32_t n_blocks, uint32_t max_seqs)
                           .block_size = BS,
                           .max_seqs = max_seqs,
                           .max_seq_len = 1u << 16,
-                          .model_id = 42,
-                          .block_bytes = 1u << 20};
+                          .model_id = 42};
     kv_pool_t *p = NULL;
     assert_int_equal(kv_pool_create(&c, &p), 0);
     return p;
@@ -568,7 +567,6 @@ static kv_pool_t *ix_pool(void *mem)
                           .max_seqs = 16,
                           .max_seq_len = 1024,
                           .model_id = IX_ID.model_id,
-                          .block_bytes = IX_ID.block_bytes,
                           .on_event = mem ? on_index : NULL,
                           .event_ud = mem};
     kv_pool_t *p = NULL;

@@ -53,7 +53,7 @@ __all__ = ["Engine", "Request", "UnsupportedModel", "check_model", "register", "
 TESTED = ((4, 48), (4, 49))  # the transformers releases (major, minor) the tests ran on
 NAME = "patd"                # the attn_implementation name registered with transformers
 PREFILL_CHUNK = 512          # tokens of a prompt one step feeds, unless Engine() is told
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = (64, 128, 256)  # KERN_HEAD_DIMS of kernels/kern.h (tests/test_patd.py compares)
 _DTYPES = {torch.float16: patd.F16, torch.bfloat16: patd.BF16, torch.float32: patd.F32}
 
 

@@ -341,6 +341,17 @@ class OfflineCase(unittest.TestCase):
                  for m in re.finditer(r"PAT_ADMIN_([A-Z]+)\s*=\s*(\d+)", text)}
         self.assertEqual(admin, patd._ADMIN)
 
+    def test_head_dims_match_kern_h(self):
+        """patd.transformers refuses the head dims the daemon cannot serve: its list is
+        KERN_HEAD_DIMS of kernels/kern.h (read as text: importing patd.transformers needs torch)."""
+        here = os.path.dirname(os.path.abspath(__file__))
+        with open(os.path.join(here, "..", "..", "..", "kernels", "kern.h")) as f:
+            line = re.search(r"#define KERN_HEAD_DIMS\(X\)(.*)", f.read()).group(1)
+        with open(os.path.join(here, "..", "patd", "transformers.py")) as f:
+            mine = re.search(r"^HEAD_DIMS = \(([0-9, ]+)\)", f.read(), re.M).group(1)
+        self.assertEqual([int(d) for d in re.findall(r"X\((\d+)\)", line)],
+                         [int(d) for d in mine.split(",") if d.strip()])
+
     def test_bf16_conversions(self):
         self.assertEqual(int(patd.float32_to_bf16(np.float32(1.0))), 0x3F80)
         self.assertEqual(int(patd.float32_to_bf16(np.float32(-2.0))), 0xC000)
