@@ -23,6 +23,13 @@ if [ "${1:-}" = --pack ]; then
     exit 0
 fi
 . tests/gpu/ab_base.sh
+# PAT's extension builds beside patd's two trees unless a built one came along
+pat_pid=
+if [ -x .peers/tools/run.sh ] && ! ls .peers/PAT/prefix_attn/_prefix_attn*.so >/dev/null 2>&1; then
+    mkdir -p "${OUT:-build/gpu-results}"
+    (MAX_JOBS=8 .peers/tools/run.sh build >"${OUT:-build/gpu-results}/pat_build.log" 2>&1) &
+    pat_pid=$!
+fi
 ab_build ab.sh build/gpu/bench/bench_attn build/gpu/bin/patd-tile-solver
 args=$([ -n "${1:-}" ] && echo --trees "$1")
 heads=$([ -n "${2:-}" ] && echo --heads "$2")
@@ -37,6 +44,7 @@ for d in base new; do
     if [ $d = base ]; then $base/build/gpu/bin/patd-tile-solver; else build/gpu/bin/patd-tile-solver; fi 2>&1 |
         grep -E 'tensor rate|fixed cost|tile chain|read bandwidth|^\{"'
 done | tee "$out/ab_solver.log"
+[ -z "$pat_pid" ] || wait $pat_pid
 if [ -x .peers/tools/run.sh ]; then
     tests/gpu/pat_bench.sh "$out/new1.jsonl" "$out/pat.jsonl" >"$out/pat_bench.log" 2>&1
     for r in base1 new1 base2 new2; do
