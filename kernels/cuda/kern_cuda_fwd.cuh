@@ -46,6 +46,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <stddef.h>
 #include <stdint.h>
 #include <type_traits>
 
@@ -135,6 +136,31 @@ template <int D, int M> struct Geom {
     static_assert(D % 64 == 0, "head_dim: 16-wide k-steps and an 8-chunk swizzle");
     static_assert((N * CPR) % T == 0 && (M * CPR) % T == 0, "loads divide evenly");
     static_assert(M <= KCUDA_MAX_M, "KCUDA_MAX_M bounds the merge list");
+};
+
+/* fwd_cta's shared memory for tile m = M (Geom's sizes): the Q tile, then the ring of K and V
+ * stages; the epilogue's per-warp rows take the ring's place once the last tile is computed. */
+template <int D, int M> struct FwdSmem {
+    using G = Geom<D, M>;
+    struct Stage {
+        uint8_t k[G::KV_BYTES], v[G::KV_BYTES]; /* one tile's K and V (swz or wswz layout) */
+    };
+    /* the epilogue: row e = w * M + r holds warp column slice w's state of tile row r, its
+     * accumulator row unnormalized (ERS floats apart, padded against bank conflicts) */
+    struct Epi {
+        float acc[G::WN * M][G::ERS];
+        float m[G::WN * M], l[G::WN * M];
+    };
+    uint8_t q[G::Q_BYTES]; /* the Q tile (swz or wswz layout); fwd_arrive_merge's list after */
+    union {
+        Stage ring[G::STAGES];
+        Epi epi;
+    };
+    /* fwd_cta addresses the ring and the epilogue from ring[0].k by int offsets: stage i's K is
+     * STAGE * i bytes after it, its V V_OFF bytes after its K; the epilogue's acc row e is e *
+     * ERS floats after it, its m and l EPI_M and EPI_L floats */
+    static constexpr int STAGE = (int)sizeof(Stage), V_OFF = (int)offsetof(Stage, v);
+    static constexpr int EPI_M = (int)(offsetof(Epi, m) / 4), EPI_L = (int)(offsetof(Epi, l) / 4);
 };
 
 /* the shared memory one launch needs: the largest shape's */
@@ -229,8 +255,16 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const kcuda_cta_t &cta
     constexpr int N = G::N;
     static_assert(!WG || (KCUDA_WGMMA && M == 64 && D <= 128 && N == 64),
                   "the wgmma path: a warpgroup of 64 rows, 64-token tiles");
-    uint8_t *sq = smem;
-    uint8_t *ring = smem + G::Q_BYTES;
+    using Smem = FwdSmem<D, M>;
+    static_assert(sizeof(Smem) == G::SMEM && offsetof(Smem, ring) == G::Q_BYTES &&
+                      Smem::STAGE == G::STAGE_BYTES && Smem::V_OFF == G::KV_BYTES &&
+                      sizeof(Smem::ring) == G::RING_BYTES &&
+                      sizeof(typename Smem::Epi) == G::EPI_BYTES &&
+                      Smem::EPI_M == G::WN * M * G::ERS && Smem::EPI_L == Smem::EPI_M + G::WN * M,
+                  "fwd_cta's layout: Q tile, then the ring or the epilogue");
+    Smem &sm = *reinterpret_cast<Smem *>(smem);
+    uint8_t *sq = sm.q;
+    uint8_t *ring = sm.ring[0].k;
     /* where chunk c of row r of the Q tile (M rows) and of a K or V tile (N rows) goes */
     auto qoff = [](int r, int c) { return WG ? wswz<M>(r, c) : swz<D>(r, c); };
     auto kvoff = [](int r, int c) { return WG ? wswz<N>(r, c) : swz<D>(r, c); };
@@ -310,7 +344,7 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const kcuda_cta_t &cta
             fetch_seg();
     };
     auto load_tile = [&](int it) {
-        uint8_t *sk = ring + (it % G::STAGES) * G::STAGE_BYTES, *sv = sk + G::KV_BYTES;
+        uint8_t *sk = ring + (it % G::STAGES) * Smem::STAGE, *sv = sk + Smem::V_OFF;
 #pragma unroll
         for (int k = 0; k < LPT; k++) {
             const int c = tid + k * G::T, r = c / G::CPR, ch = c % G::CPR;
@@ -386,7 +420,7 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const kcuda_cta_t &cta
 #endif
         __syncthreads();
         if (work) {
-            const uint8_t *sk = ring + (it % G::STAGES) * G::STAGE_BYTES, *sv = sk + G::KV_BYTES;
+            const uint8_t *sk = ring + (it % G::STAGES) * Smem::STAGE, *sv = sk + Smem::V_OFF;
             const int cb = wn * G::NW; /* first column of this warp in the tile */
 
             float s[NT][4];
@@ -524,8 +558,7 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const kcuda_cta_t &cta
         return;
     }
     /* epilogue: each warp's (m, l, acc) into shared memory, then combine the WN column slices */
-    float *ea = reinterpret_cast<float *>(ring);
-    float *em = ea + G::WN * M * G::ERS, *el = em + G::WN * M;
+    float *ea = reinterpret_cast<float *>(ring), *em = ea + Smem::EPI_M, *el = ea + Smem::EPI_L;
     {
         const int e0 = wn * M + r0, e1 = wn * M + r1;
 #pragma unroll
@@ -606,20 +639,28 @@ __device__ __forceinline__ void merge_elem(const FwdArgs &a, const sched_plan_me
            acc);
 }
 
+/* fwd_arrive_merge's list: the merge entries whose last part this CTA's arrivals brought in, at
+ * most one per token. In dynamic shared memory the caller lends (fwd_layer: the Q tile, whose
+ * last use is behind the merge's first barrier; fwd_pair: one per consumer, WsMeta), never static
+ * shared memory, so that the dynamic tiles start 1024-aligned. */
+struct MergeList {
+    uint32_t entry[KCUDA_MAX_M];
+    uint32_t count;
+};
+
 /* The arrivals of a CTA's partial rows and, for every token whose last part this CTA wrote, the
  * merge of that token's group of q heads for this KV head (see the top of the file). The CTA's
  * team: nth threads from thread tid 0, barrier `team` (team_sync). */
 template <typename T, int D>
 __device__ __forceinline__ void fwd_arrive_merge(const FwdArgs &a, const kcuda_cta_t &cta,
-                                                 uint32_t head, uint8_t *smem, uint32_t tid,
+                                                 uint32_t head, MergeList &ml, uint32_t tid,
                                                  uint32_t nth, int team)
 {
     /* merge entries to run, at most one per token, in the Q tile's space (its last use is behind
      * the barrier below): no static shared memory, so the dynamic tiles start 1024-aligned */
-    uint32_t *done = reinterpret_cast<uint32_t *>(smem), &n_done = done[KCUDA_MAX_M];
     const sched_plan_row_t *rows = a.rows + cta.row_begin;
     if (tid == 0)
-        n_done = 0;
+        ml.count = 0;
     /* every thread's partials are written (CTA scope); the arrival below is a release at GPU
      * scope, which by cumulativity publishes them all, and its acquire half orders the merge's
      * reads after the other CTAs' arrivals: one acq_rel atomic per arriving row instead of a
@@ -632,16 +673,16 @@ __device__ __forceinline__ void fwd_arrive_merge(const FwdArgs &a, const kcuda_c
         uint32_t *ctr = a.arrivals + (uint64_t)mi * a.kv_heads + head;
         if (atom_add1_acq_rel(ctr) + 1 == a.merges[mi].part_count) {
             *ctr = 0; /* every part is in: ready for the next launch */
-            done[atomicAdd(&n_done, 1u)] = mi;
+            ml.entry[atomicAdd(&ml.count, 1u)] = mi;
         }
     }
     team_sync(team, nth);
-    const uint32_t n = n_done;
+    const uint32_t n = ml.count;
     if (n == 0)
         return;
     constexpr uint32_t V4 = D / 4;
     for (uint32_t e = tid; e < n * a.group * V4; e += nth)
-        merge_elem<T, D>(a, a.merges[done[e / (V4 * a.group)]], head, e % (V4 * a.group));
+        merge_elem<T, D>(a, a.merges[ml.entry[e / (V4 * a.group)]], head, e % (V4 * a.group));
 }
 
 /* One plan CTA of at most KCUDA_SMALL_M rows for one KV head on the block's 4 warps (smem:
@@ -658,7 +699,8 @@ __device__ __forceinline__ void fwd_small(const FwdArgs &a, const kcuda_cta_t &c
         if (rows > 32 && cta.seg_count > 1) {
             fwd_cta<T, D, 64, true, true>(a, cta, head, smem);
             if (a.merge_inside)
-                fwd_arrive_merge<T, D>(a, cta, head, smem, tid, KCUDA_THREADS, BAR_BLOCK);
+                fwd_arrive_merge<T, D>(a, cta, head, *reinterpret_cast<MergeList *>(smem), tid,
+                                       KCUDA_THREADS, BAR_BLOCK);
             return;
         }
     }
@@ -671,7 +713,8 @@ __device__ __forceinline__ void fwd_small(const FwdArgs &a, const kcuda_cta_t &c
         else                                                                                       \
             fwd_cta<T, D, m, false>(a, cta, head, smem);                                           \
         if (a.merge_inside)                                                                        \
-            fwd_arrive_merge<T, D>(a, cta, head, smem, tid, KCUDA_THREADS, BAR_BLOCK);             \
+            fwd_arrive_merge<T, D>(a, cta, head, *reinterpret_cast<MergeList *>(smem), tid,        \
+                                   KCUDA_THREADS, BAR_BLOCK);                                      \
         return;                                                                                    \
     }
     KCUDA_TILE_MS(KCUDA_CASE)

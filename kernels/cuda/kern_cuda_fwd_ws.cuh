@@ -59,23 +59,50 @@
 namespace kcuda
 {
 
-/* shared memory of fwd_pair: the ring (an item's Q fills a slot, as a tile's K and V do), a full
- * and an empty barrier per slot, sixteen words per slot, two merge lists */
+/* The words beside a ring slot, written by the producer's thread 0 before its arrival on the
+ * slot's full barrier (a release: the consumers read them once the slot is in). */
+struct WsQWords {                  /* beside an item's Q */
+    uint32_t item;                 /* the item id; WS_END ends the consumers' loop */
+    uint32_t n_tiles;              /* the CTA's tiles */
+    uint32_t row_begin, row_count; /* the CTA's (the consumers' first global read saved) */
+    uint32_t live0;                /* the first tile's live bits */
+};
+struct WsTileWords { /* beside a KV tile's, from its WsTile */
+    uint32_t pos[4], rng[4], whole, next;
+};
+union WsWords {
+    WsQWords q;
+    WsTileWords t;
+    uint32_t pad[16];
+};
+
+/* fwd_pair's shared memory after the ring */
+struct WsMeta {
+    uint64_t bar[16];  /* slot s's full mbarrier bar[s] and its empty one bar[SLOTS + s] */
+    WsWords words[8];  /* beside slot s */
+    MergeList list[2]; /* fwd_arrive_merge's, one per consumer */
+    uint32_t bcast;    /* the producer's thread 0's fetch of the next item, to its other threads */
+    uint32_t pad[3];
+};
+static_assert(sizeof(WsWords) == 64 && offsetof(WsMeta, words) == 16 * 8 &&
+                  offsetof(WsMeta, list) == 16 * 8 + 8 * 64 &&
+                  offsetof(WsMeta, bcast) == 16 * 8 + 8 * 64 + 2 * 4 * (KCUDA_MAX_M + 1) &&
+                  sizeof(WsMeta) == offsetof(WsMeta, bcast) + 16,
+              "fwd_pair's byte layout, on which its slot count and shared memory size depend");
+
+/* fwd_pair's sizes: the ring (an item's Q fills a slot, as a tile's K and V do) as many slots as
+ * fit beside WsMeta, at most 8 */
 template <int D> struct WsGeom {
     static constexpr int N = KCUDA_TILE_N;
     static constexpr int CPR = D / 8;
     static constexpr int Q_BYTES = KCUDA_BIG_M * D * 2;
     static constexpr int KV_BYTES = N * D * 2; /* K or V of one tile */
     static constexpr int SLOT_BYTES = 2 * KV_BYTES;
-    static constexpr int MAX_SMEM = 232448;               /* sm_90 opt-in shared memory per block */
-    static constexpr int SCRATCH = 4 * (KCUDA_MAX_M + 1); /* fwd_arrive_merge's list */
-    static constexpr int WORDS = 16 * 8;                  /* after 16 barriers */
-    static constexpr int LISTS = WORDS + 8 * 64;          /* after 16 words per slot */
-    static constexpr int BCAST = LISTS + 2 * SCRATCH;     /* the producer's broadcast word */
-    static constexpr int META_BYTES = BCAST + 16;
+    static constexpr int MAX_SMEM = 232448; /* sm_90 opt-in shared memory per block */
+    static constexpr int META_BYTES = sizeof(WsMeta);
     static constexpr int FIT = (MAX_SMEM - META_BYTES) / SLOT_BYTES;
     static constexpr int SLOTS = FIT > 8 ? 8 : FIT;
-    static constexpr int META = SLOTS * SLOT_BYTES; /* offset of the barriers */
+    static constexpr int META = SLOTS * SLOT_BYTES; /* offset of WsMeta */
     static constexpr int SMEM = META + META_BYTES;
     static constexpr int LPT = N * CPR / KCUDA_THREADS; /* 16-byte K (and V) loads per thread */
     static_assert(SLOTS >= 5, "a Q slot and two small-mode stages");
@@ -86,8 +113,21 @@ template <int D> struct WsGeom {
                   "a warp's Q copies cover 32 rows, one per lane");
 };
 
+/* fwd_pair's shared memory (WsMap's addresses) */
+template <int D> struct WsSmem {
+    using G = WsGeom<D>;
+    struct Slot {
+        uint8_t k[G::KV_BYTES], v[G::KV_BYTES]; /* a KV tile's (wswz layout), or an item's Q */
+    };
+    Slot slot[G::SLOTS];
+    WsMeta meta;
+};
+
 template <int D> __host__ __device__ constexpr int pair_smem()
 {
+    static_assert(sizeof(WsSmem<D>) == WsGeom<D>::SMEM &&
+                      offsetof(WsSmem<D>, meta) == WsGeom<D>::META,
+                  "fwd_pair's layout: the ring's slots, then WsMeta");
     return WsGeom<D>::SMEM;
 }
 
@@ -153,28 +193,29 @@ template <int D> struct WsMap {
     {
         return smem_u32(base) + s * G::SLOT_BYTES;
     }
+    /* the mbarriers of slot s (WsMeta.bar) */
     __device__ __forceinline__ uint32_t full(int s) const
     {
-        return smem_u32(base) + G::META + 8 * s;
+        return smem_u32(base) + G::META + (int)offsetof(WsMeta, bar) + 8 * s;
     }
     __device__ __forceinline__ uint32_t empty(int s) const
     {
-        return smem_u32(base) + G::META + 8 * (G::SLOTS + s);
+        return smem_u32(base) + G::META + (int)offsetof(WsMeta, bar) + 8 * (G::SLOTS + s);
     }
-    /* beside a slot that holds an item's Q: [0] item id, [1] tile count, [2..3] the CTA's
-     * row_begin, row_count (the consumers' first global read saved), [4] the first tile's live
-     * bits; beside a KV tile's, from its WsTile: [0..3] pos, [4..7] rng, [8] whole, [9] next */
-    __device__ __forceinline__ volatile uint32_t *words(int s) const
+    /* WsMeta's fields (byte offsets added in int, like every other shared-memory address) */
+    __device__ __forceinline__ volatile WsWords *words(int s) const
     {
-        return reinterpret_cast<volatile uint32_t *>(base + G::META + G::WORDS + 64 * s);
+        return reinterpret_cast<volatile WsWords *>(base + G::META + (int)offsetof(WsMeta, words) +
+                                                    s * (int)sizeof(WsWords));
     }
     __device__ __forceinline__ volatile uint32_t *bcast() const
     {
-        return reinterpret_cast<volatile uint32_t *>(base + G::META + G::BCAST);
+        return reinterpret_cast<volatile uint32_t *>(base + G::META + (int)offsetof(WsMeta, bcast));
     }
-    __device__ __forceinline__ uint8_t *scratch(int c) const /* merge list c */
+    __device__ __forceinline__ MergeList &list(int c) const /* merge list c */
     {
-        return base + G::META + G::LISTS + c * G::SCRATCH;
+        return *reinterpret_cast<MergeList *>(base + G::META + (int)offsetof(WsMeta, list) +
+                                              c * (int)sizeof(MergeList));
     }
 };
 
@@ -208,6 +249,46 @@ __device__ __forceinline__ void ws_item(const FwdArgs &a, uint32_t b, WsItem &it
 {
     it.cta = a.ctas[ws_ref(a, b, it)];
 }
+/* A tile's record (WsTile) as the producer reads it, in four 16-byte loads: v[0] blk[4], v[1]
+ * pos[4], v[2] rng[4], v[3] whole, live, next, pad */
+struct WsTileRec {
+    uint4 v[4];
+    __device__ __forceinline__ void load(const uint4 *r, int i) /* the record at r[i..i + 3] */
+    {
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            v[k] = r[i + k];
+    }
+    __device__ __forceinline__ const uint4 &blk() const
+    {
+        return v[0];
+    }
+    __device__ __forceinline__ const uint4 &pos() const
+    {
+        return v[1];
+    }
+    __device__ __forceinline__ const uint4 &rng() const
+    {
+        return v[2];
+    }
+    __device__ __forceinline__ uint32_t whole() const
+    {
+        return v[3].x;
+    }
+    __device__ __forceinline__ uint32_t live() const
+    {
+        return v[3].y;
+    }
+    __device__ __forceinline__ uint32_t next() const
+    {
+        return v[3].z;
+    }
+};
+static_assert(sizeof(WsTileRec) == sizeof(WsTile) && offsetof(WsTile, pos) == 16 &&
+                  offsetof(WsTile, rng) == 32 && offsetof(WsTile, whole) == 48 &&
+                  offsetof(WsTile, live) == 52 && offsetof(WsTile, next) == 56,
+              "WsTileRec reads WsTile's fields");
+
 /* the CTA's tile count, counted on the host when the plan was lowered (walking a TREE CTA's
  * segments here would cost one round trip per segment, each read waiting for the last) */
 __device__ __forceinline__ int ws_tiles(const kcuda_cta_t &cta)
@@ -262,7 +343,7 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
         if (b >= n_items) {
             const int qs = take();
             if (tid == 0)
-                mp.words(qs)[0] = WS_END;
+                mp.words(qs)->q.item = WS_END;
             filled(qs);
             break;
         }
@@ -298,12 +379,8 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
          * producer has nothing to compute while a read is in flight, so one tile ahead would put
          * that read's latency into every tile */
         const uint4 *tl = reinterpret_cast<const uint4 *>(a.tiles + it.cta.first_tile);
-        uint4 ta[4], tb[4]; /* blk, pos, rng, (whole, live, next) of tiles t and t + 1 */
-        auto fetch_tile = [&](int t, uint4(&x)[4]) {
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                x[i] = tl[4 * t + i];
-        };
+        WsTileRec ta, tb; /* tiles t and t + 1 */
+        auto fetch_tile = [&](int t, WsTileRec &x) { x.load(tl, 4 * t); };
         if (n_tiles) {
             fetch_tile(0, ta);
             if (n_tiles > 1)
@@ -312,11 +389,11 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
 
         const int qs = take();
         if (tid == 0) {
-            volatile uint32_t *wd = mp.words(qs);
-            wd[0] = b;
-            wd[1] = (uint32_t)n_tiles;
-            wd[2] = it.cta.row_begin;
-            wd[3] = it.cta.row_count;
+            volatile WsQWords &wd = mp.words(qs)->q;
+            wd.item = b;
+            wd.n_tiles = (uint32_t)n_tiles;
+            wd.row_begin = it.cta.row_begin;
+            wd.row_count = it.cta.row_count;
         }
         const uint32_t sq = mp.slot(qs);
         if (my_live) {
@@ -338,7 +415,7 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
                 cp_async16(sq + wswz<KCUDA_BIG_M>(r, ch), src, bytes);
         }
         if (tid == 0) /* after the copies: the record's read had the tokens' time to land */
-            mp.words(qs)[4] = n_tiles ? ta[3].y : 0; /* the first tile's live bits */
+            mp.words(qs)->q.live0 = n_tiles ? ta.live() : 0;
         filled(qs);
 
         /* tile t from its record x: chunk k into tile rows 16k..16k+15. The rows of a chunk's
@@ -349,24 +426,24 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
         /* a thread's copy e is of tile row r = tid / CPR + e * RPP: chunk e * RPP / 16 */
         constexpr int RPP = KCUDA_THREADS / G::CPR;
         static_assert(KERN_BLOCK_SIZE % RPP == 0, "a copy's chunk is known at compile time");
-        auto produce = [&](int t, uint4(&x)[4]) {
-            const uint32_t blk[4] = {x[0].x, x[0].y, x[0].z, x[0].w};
-            const uint32_t rng[4] = {x[2].x, x[2].y, x[2].z, x[2].w};
+        auto produce = [&](int t, WsTileRec &x) {
+            const uint32_t blk[4] = {x.blk().x, x.blk().y, x.blk().z, x.blk().w};
+            const uint32_t rng[4] = {x.rng().x, x.rng().y, x.rng().z, x.rng().w};
             for (uint32_t h = 0; h < (small ? 2u : 1u); h++) {
                 const int s = take();
                 const uint32_t head = small ? 2 * j + h : j;
                 const uint32_t sk = mp.slot(s);
                 if (tid == 0) {
-                    volatile uint32_t *wd = mp.words(s);
-                    wd[0] = x[1].x;
-                    wd[1] = x[1].y;
-                    wd[2] = x[1].z;
-                    wd[3] = x[1].w;
+                    volatile WsTileWords &wd = mp.words(s)->t;
+                    wd.pos[0] = x.pos().x;
+                    wd.pos[1] = x.pos().y;
+                    wd.pos[2] = x.pos().z;
+                    wd.pos[3] = x.pos().w;
 #pragma unroll
                     for (int k = 0; k < 4; k++)
-                        wd[4 + k] = rng[k];
-                    wd[8] = x[3].x; /* whole */
-                    wd[9] = x[3].z; /* the next tile's live bits */
+                        wd.rng[k] = rng[k];
+                    wd.whole = x.whole();
+                    wd.next = x.next();
                 }
                 if (KCUDA_ABLATE == 2) {
                 } else if (h < it.n_heads && a.tma) {
@@ -521,7 +598,7 @@ ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles, uint32_t live0, uint
     auto issue_qk = [&]() {
         const uint64_t k0 = kd + slot(nx.s);
         ms = nx.s;
-        lvb = mp.words(nx.s)[9];
+        lvb = mp.words(nx.s)->t.next;
         nx.step(adv);
         wg_hold(sw);
         wg_hold_u(qf);
@@ -577,11 +654,11 @@ ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles, uint32_t live0, uint
          * its end; the rest is a bit per score, four columns a chunk (2tq, 2tq + 1, 8 + 2tq,
          * 9 + 2tq) */
         {
-            volatile uint32_t *w = mp.words(ms);
-            const uint32_t end = w[8];
+            volatile WsTileWords &w = mp.words(ms)->t;
+            const uint32_t end = w.whole;
             bool plain0 = false, plain1 = false;
             if (end) {
-                const uint32_t rg = w[4], rlo = (rg >> 16) & 0xffu, rhi = rg >> 24;
+                const uint32_t rg = w.rng[0], rlo = (rg >> 16) & 0xffu, rhi = rg >> 24;
                 plain0 = qt0 >= rlo && qt0 < rhi && row_lim0 >= end;
                 plain1 = qt1 >= rlo && qt1 < rhi && row_lim1 >= end;
             }
@@ -589,7 +666,7 @@ ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles, uint32_t live0, uint
                 uint32_t bits0 = 0, bits1 = 0;
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
-                    const uint32_t pos = w[k], rg = w[4 + k];
+                    const uint32_t pos = w.pos[k], rg = w.rng[k];
                     const uint32_t lo = rg & 0xffu, hi = (rg >> 8) & 0xffu;
                     const uint32_t rlo = (rg >> 16) & 0xffu, rhi = rg >> 24;
                     auto cols = [&](uint32_t qt, uint32_t lim) {
@@ -669,7 +746,7 @@ ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles, uint32_t live0, uint
     while (t < n_tiles) {
         while (t < n_tiles && !live()) {
             mb_wait(mp.full(nx.s), nx.ph);
-            lvb = mp.words(nx.s)[9];
+            lvb = mp.words(nx.s)->t.next;
             nx.step(adv);
             if (pp) {
                 ws_turn_take(c);
@@ -765,27 +842,25 @@ __global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const __grid_c
         RingPos<G::SLOTS> rp;
         for (;;) {
             mb_wait(mp.full(rp.s), rp.ph);
-            volatile uint32_t *w = mp.words(rp.s);
-            const uint32_t b = w[0];
+            volatile WsQWords &w = mp.words(rp.s)->q;
+            const uint32_t b = w.item;
             if (b == WS_END)
                 break;
-            const int n_tiles = (int)w[1];
+            const int n_tiles = (int)w.n_tiles;
             WsItem it;
             ws_ref(a, b, it);
-            it.cta.row_begin = w[2];
-            it.cta.row_count = w[3];
+            it.cta.row_begin = w.row_begin;
+            it.cta.row_count = w.row_count;
             const bool idle = it.small && (uint32_t)c >= it.n_heads;
             const uint32_t head = it.small ? 2 * it.j + c : it.j;
-            ws_consume<T, D>(a, it, n_tiles, w[4], head, c, idle, mp, rp, pp);
+            ws_consume<T, D>(a, it, n_tiles, w.live0, head, c, idle, mp, rp, pp);
             if (a.merge_inside && !idle) {
                 if (it.small)
-                    fwd_arrive_merge<T, D>(a, it.cta, head, mp.scratch(c),
-                                           threadIdx.x % KCUDA_THREADS, KCUDA_THREADS,
-                                           BAR_MERGE_C0 + c);
+                    fwd_arrive_merge<T, D>(a, it.cta, head, mp.list(c), threadIdx.x % KCUDA_THREADS,
+                                           KCUDA_THREADS, BAR_MERGE_C0 + c);
                 else
-                    fwd_arrive_merge<T, D>(a, it.cta, head, mp.scratch(0),
-                                           threadIdx.x - KCUDA_THREADS, 2 * KCUDA_THREADS,
-                                           BAR_MERGE_BIG);
+                    fwd_arrive_merge<T, D>(a, it.cta, head, mp.list(0), threadIdx.x - KCUDA_THREADS,
+                                           2 * KCUDA_THREADS, BAR_MERGE_BIG);
             }
         }
         return;
