@@ -736,6 +736,20 @@ __global__ void __launch_bounds__(KCUDA_THREADS) fwd_layer(const FwdArgs a)
 
 #include "kern_cuda_fwd_ws.cuh" /* fwd_pair: it uses the pieces above */
 
+/* The pair kernel fwd_prepare registers: fwd_pair<T, D> (WS_FULL), or in tests/gpu/ablate.sh's
+ * timing builds (nvcc -DKCUDA_ABLATE=i) fwd_pair<T, D, WsAblate(i)> (kern_cuda_fwd_ablate.cuh) */
+#ifdef KCUDA_ABLATE
+#include "kern_cuda_fwd_ablate.cuh"
+#else
+namespace kcuda
+{
+template <typename T, int D> constexpr auto pair_kernel()
+{
+    return fwd_pair<T, D>;
+}
+} // namespace kcuda
+#endif
+
 namespace kcuda
 {
 
@@ -773,7 +787,7 @@ template <typename T, int D> int fwd_prepare(FwdVariant *v)
     if constexpr (D <= 128) {
         constexpr int ps = pair_smem<D>();
         static_assert(ps <= 232448, "sm_90 opt-in shared memory per block (227 KB)");
-        auto pf = fwd_pair<T, D>;
+        auto pf = pair_kernel<T, D>();
         cudaFuncAttributes fa;
         KC_TRY(cudaFuncGetAttributes(&fa, pf), "cudaFuncGetAttributes(fwd, pair)");
         /* the sm_90a code runs (the wgmma path is there), and its block's registers hold what

@@ -49,15 +49,20 @@
 #ifndef KERN_CUDA_FWD_WS_CUH
 #define KERN_CUDA_FWD_WS_CUH
 
-/* Ablations for timing only (tests/gpu/ablate.sh builds them; the results are wrong by design):
- * 1 = the consumers compute and write nothing (every tile only waited for and released: the
- * load pipeline alone), 2 = the producer loads no KV tiles (the products alone, on whatever the
- * ring holds), 3 = the producer gathers no Q. 0, the default, is the kernel. */
-#ifndef KCUDA_ABLATE
-#define KCUDA_ABLATE 0
-#endif
 namespace kcuda
 {
+
+/* What a timing ablation of fwd_pair leaves out. The kernel is WS_FULL; only tests/gpu/ablate.sh's
+ * builds instantiate the others (kern_cuda_fwd_ablate.cuh), whose results are wrong by design. */
+enum WsAblate : int {
+    WS_FULL = 0,
+    /* the consumers compute and write nothing: every tile only waited for and released (the load
+     * pipeline alone) */
+    WS_NO_PRODUCTS = 1,
+    WS_NO_KV =
+        2, /* the producer loads no KV tiles (the products alone, on whatever the ring holds) */
+    WS_NO_Q = 3, /* the producer gathers no Q */
+};
 
 /* The words beside a ring slot, written by the producer's thread 0 before its arrival on the
  * slot's full barrier (a release: the consumers read them once the slot is in). */
@@ -301,7 +306,7 @@ constexpr uint32_t WS_END = 0xffffffffu; /* the item id that ends the consumers'
 /* The producer: fetches items from the launch's counter (in plan order) until none is left; for
  * each, Q of the CTA's rows into a slot (with the item id and tile count beside it), then every
  * tile into the next ones; at the end a slot whose item id is WS_END. */
-template <typename T, int D>
+template <typename T, int D, WsAblate AB>
 __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
 {
     using G = WsGeom<D>;
@@ -411,7 +416,7 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
                 src = q + (uint64_t)qr * D + ch * 8;
                 bytes = 16;
             }
-            if (KCUDA_ABLATE != 3)
+            if (AB != WS_NO_Q)
                 cp_async16(sq + wswz<KCUDA_BIG_M>(r, ch), src, bytes);
         }
         if (tid == 0) /* after the copies: the record's read had the tokens' time to land */
@@ -445,7 +450,7 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
                     wd.whole = x.whole();
                     wd.next = x.next();
                 }
-                if (KCUDA_ABLATE == 2) {
+                if (AB == WS_NO_KV) {
                 } else if (h < it.n_heads && a.tma) {
                     /* a box per chunk, K and V, 64 columns each: thread 0 issues them all, the
                      * slot's barrier counts their bytes */
@@ -527,7 +532,7 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
  * slots (rp advanced past them); then its outputs. An idle consumer (a small item of one head,
  * c == 1) computes masked rows and writes nothing, so that both keep taking turns and releasing
  * the same stages. */
-template <typename T, int D>
+template <typename T, int D, WsAblate AB>
 __device__ __forceinline__ void
 ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles, uint32_t live0, uint32_t head, int c,
            bool idle, const WsMap<D> &mp, RingPos<WsGeom<D>::SLOTS> &rp, bool pp)
@@ -569,7 +574,7 @@ ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles, uint32_t live0, uint
      * without waiting for the tile after it */
     const uint32_t lbit = small ? 0 : (uint32_t)c;
     uint32_t lvb = live0;
-    auto live = [&]() { return KCUDA_ABLATE != 1 && !idle && ((lvb >> lbit) & 1u); };
+    auto live = [&]() { return AB != WS_NO_PRODUCTS && !idle && ((lvb >> lbit) & 1u); };
     /* Descriptors once: a product's operand is one of these plus a constant offset (16-byte
      * units in the start-address field, which no tile address overflows): K and V of ring slot 0,
      * a slot SLOT_BYTES further. */
@@ -797,7 +802,7 @@ ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles, uint32_t live0, uint
         t++;
     }
     rp.skip((uint32_t)(adv * n_tiles));
-    if (idle || KCUDA_ABLATE == 1)
+    if (idle || AB == WS_NO_PRODUCTS)
         return;
     l0 = quad_sum(l0);
     l1 = quad_sum(l1);
@@ -809,8 +814,8 @@ ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles, uint32_t live0, uint
 /* One layer of a plan with CTAs of up to KCUDA_BIG_M rows (sm_90a, head_dim <= 128,
  * KERN_FWD_AUTO), persistent: grid = at most one block of KCUDA_PAIR_THREADS per SM (dynamic
  * shared memory pair_smem<D>()), each running items until the launch's counter passes
- * ws_items(a) (see the top of the file). */
-template <typename T, int D>
+ * ws_items(a) (see the top of the file). AB: WS_FULL; the others only in ablate.sh's builds. */
+template <typename T, int D, WsAblate AB = WS_FULL>
 __global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const __grid_constant__ FwdArgs a)
 {
     extern __shared__ __align__(1024) uint8_t smem[];
@@ -831,7 +836,7 @@ __global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const __grid_c
         const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x / KCUDA_THREADS), 0);
         if (wg == 0) {
             ws_regs_producer();
-            ws_produce<T, D>(a, mp);
+            ws_produce<T, D, AB>(a, mp);
             return;
         }
         ws_regs_consumer();
@@ -853,7 +858,7 @@ __global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const __grid_c
             it.cta.row_count = w.row_count;
             const bool idle = it.small && (uint32_t)c >= it.n_heads;
             const uint32_t head = it.small ? 2 * it.j + c : it.j;
-            ws_consume<T, D>(a, it, n_tiles, w.live0, head, c, idle, mp, rp, pp);
+            ws_consume<T, D, AB>(a, it, n_tiles, w.live0, head, c, idle, mp, rp, pp);
             if (a.merge_inside && !idle) {
                 if (it.small)
                     fwd_arrive_merge<T, D>(a, it.cta, head, mp.list(c), threadIdx.x % KCUDA_THREADS,
