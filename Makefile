@@ -1,4 +1,5 @@
-# patd — one non-recursive Makefile (STYLE.md rule 14).
+# patd — one non-recursive Makefile: out of tree into build/, -MMD -MP dependency files, a
+# flags stamp that rebuilds everything when flags change (README.md, "Build").
 #
 #   make            build libraries, programs, tests and benchmarks into build/
 #   make test       build and run every CPU test (what CI runs)
@@ -37,7 +38,9 @@ endif
 PKGS     := libxxhash
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lxxhash)
-# the daemon's own dependencies (DESIGN.md §1); jemalloc is left out of sanitizer builds
+# the daemon's own dependencies (libuv: the loop; inih: the config; libmicrohttpd: the metrics
+# port; libsystemd: sd_notify and the watchdog; daemon/README.md); jemalloc is left out of
+# sanitizer builds
 DAEMON_PKGS := libuv inih libmicrohttpd libsystemd
 DAEMON_CFLAGS := $(shell pkg-config --cflags $(DAEMON_PKGS) 2>/dev/null)
 DAEMON_LIBS   := $(shell pkg-config --libs $(DAEMON_PKGS) 2>/dev/null || \
@@ -346,7 +349,8 @@ $(B)/kernels/cuda/kern_cuda_tiles.o $(B)/kernels/cuda/kern_cuda_pack.o: CFLAGS +
 # unused branch of kv_seq.c that moved cta_job by 16 bytes)
 $(B)/kernels/cpu/kern_cpu.o: CFLAGS += -falign-functions=64 -falign-loops=64
 # client/ (libpat, patctl, patload) sees the wire protocol, daemon/base and itself, nothing of
-# the daemon's modules (DESIGN.md §1): a stray include of kernels/ or scheduler/ fails here.
+# the daemon's modules (README.md, "Architecture": client/ knows nothing of the daemon's
+# modules): a stray include of kernels/ or scheduler/ fails here.
 $(B)/client/%.o: INCS := -Idaemon/base -Iipc -Iclient
 
 $(B)/cudacore/kern_backend.o: kernels/kern_backend.c $(B)/.flags
@@ -439,8 +443,9 @@ run-tests:
 	  PATD_DEMO_BUILD=$(B) $(SAN_ENV) $(if $(T),PATD_TESTS=$(T)) tests/run.sh $(TEST_LIST)
 
 # The whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer (build/asan). The
-# trace replays of test_patload.py keep 16 requests each: with 24 they took 451 of its 600 s on
-# CI's two cores (2026-11-26), and timed out when anything else ran there.
+# trace replays of test_patload.py keep 16 requests each: with 24 they take 451 of its 600 s on
+# CI's two cores (a CI run's timing; no tests/bench/log entry), and time out when anything else
+# runs there.
 test-asan: | deps
 	$(Q)$(MAKE) --no-print-directory B=$(B)/asan DEBUG=1 CUDA=0 all
 	$(Q)PATLOAD_TEST_LIMIT=16 $(MAKE) --no-print-directory B=$(B)/asan DEBUG=1 CUDA=0 run-tests

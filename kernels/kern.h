@@ -90,25 +90,32 @@ static inline uint64_t kern_layout_pool_bytes(const kern_layout_t *l)
 /* Where the cuda backend merges split tokens (kern_config_t.merge). */
 typedef enum kern_merge {
     KERN_MERGE_LAUNCH = 0, /* a merge launch of its own after the forward (one block per token and
-                              KV head): measured faster on an H100 (tests/bench/RESULTS.md) */
+                              KV head): measured faster on an H100, merging inside took 1.39x
+                              (tests/bench/log/2026-11-24-one-launch-per-layer.md) and 1.17x
+                              (tests/bench/log/2026-11-24-tree-plans.md) its time */
     KERN_MERGE_INSIDE = 1, /* the last CTA of a split token merges inside the forward launch */
 } kern_merge_t;
 
 /* Which matrix instructions the cuda forward uses (kern_config_t.fwd). */
 typedef enum kern_fwd {
     KERN_FWD_AUTO = 0,    /* on a device running the build's sm_90a code at head_dim <= 128: the
-                             warp-specialized kernel for every CTA (a loading warpgroup, two wgmma
-                             warpgroups; the tile table offers CTAs of up to 128 rows; KV tiles by
-                             16-byte cp.async); elsewhere as LAYER (tests/bench/RESULTS.md,
-                             2026-11-25) */
+                             warp-specialized kernel for every CTA of a plan with a CTA of more
+                             than 16 rows (a loading warpgroup, two wgmma warpgroups; the tile
+                             table offers CTAs of up to 128 rows; KV tiles by 16-byte cp.async),
+                             measured faster than LAYER against PAT; plans of smaller CTAs only
+                             (unshared decode), and every plan elsewhere, as LAYER
+                             (tests/bench/log/2026-11-25-ws-forward.md) */
     KERN_FWD_MMA = 1,     /* the 4-warp kernel on mma.sync for every CTA */
     KERN_FWD_LAYER = 2,   /* the 4-warp kernels, CTAs of up to 64 rows: wgmma for those of 33-64
                              rows and several segments (TREE plans) where sm_90a code runs at
-                             head_dim <= 128, mma.sync elsewhere (the default until 2026-11-25) */
+                             head_dim <= 128, mma.sync elsewhere; kept as an option because
+                             it measured faster than AUTO's kernel on some memory-bound plans of
+                             small CTAs (tests/bench/log/2026-11-25-ws-forward.md) */
     KERN_FWD_CPASYNC = 3, /* as AUTO (its explicit name) */
     KERN_FWD_TMA = 4,     /* as AUTO, but the warp-specialized kernel loads KV pages by the tensor
-                             memory accelerator (the default on 2026-11-25 only: cp.async measured
-                             faster in the same call on the H100 and the H200, RESULTS.md) */
+                             memory accelerator; not the default: cp.async measured faster in the
+                             same call on the H100 and the H200
+                             (tests/bench/log/2026-11-25-tile-skip-cpasync.md) */
 } kern_fwd_t;
 
 typedef struct kern_config {
@@ -221,7 +228,9 @@ int kern_tiles(const kern_backend_t *b, sched_tiles_t *ret_tiles);
 /* ------------------------------------------------------------------ GPU data path (cuda only)
  *
  * What patd needs to serve clients in other processes without a CPU round trip per layer
- * (DESIGN.md §2). The cpu backend has none of it: every call returns -ENOTSUP there.
+ * (each layer's hand-off is a GPU-side wait and write on the two processes' streams, so a
+ * frontend's forward never waits on a CPU and can be captured in a CUDA graph; ipc/README.md
+ * gives the words). The cpu backend has none of it: every call returns -ENOTSUP there.
  *
  * A lane is one in-flight step's private set of streams, events, plan and slot buffers and
  * partials: a step enqueued on one lane never queues behind a wait of another lane's client. The

@@ -25,7 +25,7 @@
 
 #include "kv_pool.h"
 
-#define KV_INDEX_LAYOUT 1u /* the pool memory's layout version (DESIGN §3's, kern.h) */
+#define KV_INDEX_LAYOUT 1u /* the pool memory's layout version (kern.h's "Memory layout") */
 
 typedef struct kv_index_id {
     uint64_t model_id;    /* kv_pool_config_t.model_id (shape and dtype hashed in) */

@@ -10,7 +10,8 @@
  * [block_size][head_dim]; with kern_config_t.pool_keep one of the driver's virtual memory
  * management, exported as a POSIX descriptor, or an earlier one imported from its descriptor
  * and mapped as it is) and lane 0. The forward kernel is launched once at create on an empty
- * CTA, so no module loads lazily behind a queued GPU-side wait (DESIGN.md §2). Calls enqueue and
+ * CTA, so no module loads lazily behind a queued GPU-side wait (with lazy loading such a first
+ * launch can hang for ever; patd also sets CUDA_MODULE_LOADING=EAGER). Calls enqueue and
  * return; kern_sync waits. A CUDA error returns -EIO with the error printed, never aborts.
  */
 #include "kern_cuda_int.h"

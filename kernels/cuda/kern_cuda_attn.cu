@@ -229,10 +229,11 @@ int attend_on(Lane *L, uint32_t layer, const sched_plan_hdr_t *h, const void *q,
     a.softcap = p->softcap;
     a.merge_inside = c->base.cfg.merge == KERN_MERGE_INSIDE;
     void *args[] = {&a};
-    /* KERN_FWD_AUTO on sm_90a: the warp-specialized kernel, but for plans whose CTAs are all of
-     * at most KCUDA_WS_MIN_ROWS rows (unshared decode): its 64-row products would be mostly
-     * padding, and the 4-warp kernels measured faster there (RESULTS.md, 2026-11-25) */
-    if (runs_pair(c, h)) { /* every plan with a CTA of more than KCUDA_SMALL_M rows (max_m) */
+    /* KERN_FWD_AUTO on sm_90a: the warp-specialized kernel for every plan with a CTA of more
+     * than KCUDA_WS_MIN_ROWS rows (runs_pair); plans whose CTAs are all of at most that many
+     * (unshared decode) run on the 4-warp kernels: the 64-row products would be mostly padding,
+     * and the 4-warp kernels measured faster there (tests/bench/log/2026-11-25-ws-forward.md) */
+    if (runs_pair(c, h)) {
         const uint32_t items = ws_items(a);
         KC_TRY(launch_fwd(c, c->fwd.pair_fn, items < c->n_sms ? items : c->n_sms,
                           KCUDA_PAIR_THREADS, args, (size_t)c->fwd.pair_smem, L->main),

@@ -53,10 +53,11 @@ typedef struct kcuda_cta {
 /* Lowers h's CTAs into out (h->n_ctas records): those of more than KCUDA_SMALL_M rows first,
  * then the others, each run in plan order (longest first), so that fwd_pair numbers its work
  * items without gaps (ws_ref: a big CTA is an item per KV head, a small one an item per two;
- * the plan's first CTA's mode first instead measured 1.7 % slower on the PAT trees, H100,
- * tests/bench/log); each with its tiles counted by kcuda_pack_item's rule and placed. Nothing
- * else names a CTA by its index, and the plan's meaning does not depend on their order
- * (sched_plan_fmt.h). Returns the number of the first kind; *n_tiles = the plan's tiles. */
+ * the plan's first CTA's mode first instead measured slower on the PAT trees, H100: 1.011x the
+ * time, up to 1.017x by head config, tests/bench/log/2026-11-26-work-items-staging.md); each
+ * with its tiles counted by kcuda_pack_item's rule and placed. Nothing else names a CTA by its
+ * index, and the plan's meaning does not depend on their order (sched_plan_fmt.h). Returns the
+ * number of the first kind; *n_tiles = the plan's tiles. */
 uint32_t kcuda_pack_prepare(const sched_plan_hdr_t *h, kcuda_cta_t *out, uint64_t *n_tiles);
 
 /* Writes the tiles of the lowered CTAs cd (kcuda_pack_prepare counted them: *n_tiles of room)

@@ -6,10 +6,12 @@
  * Every shape runs with KCUDA_THREADS threads (4 warps) and KCUDA_TILE_N KV tokens per tile, so
  * one launch can run a plan's CTAs of every shape: each CTA picks the smallest m that holds its
  * rows. m is a multiple of 16 (mma.sync m16n8k16 row bands); with 4 warps and n = 64 every
- * warp's KV slice is a multiple of 16 (one k-step of P.V). m = 128 and n = 128 were measured and
- * dropped (tests/bench/RESULTS.md): m = 128 CTAs on four mma.sync warps were neither byte- nor
- * compute-bound and capping packs at m = 64 was 6-21 % faster on deep GQA-8 trees; n = 64 won or
- * tied every KV length. m = 128 is back on Hopper as eight warps, two wgmma warpgroups.
+ * warp's KV slice is a multiple of 16 (one k-step of P.V). The set has no m = 128 and no
+ * n = 128, as measured: m = 128 CTAs on four mma.sync warps were neither byte- nor compute-bound
+ * and capping packs at m = 64 was 6-21 % faster on deep GQA-8 trees; n = 64 won or tied every KV
+ * length (tests/bench/log/2026-11-21-pat-trees-h200.md and
+ * tests/bench/log/2026-11-21-pat-trees-h100.md). m = 128 runs on Hopper only, as eight warps, two
+ * wgmma warpgroups (KCUDA_BIG_M).
  */
 #ifndef KERN_CUDA_SHAPES_H
 #define KERN_CUDA_SHAPES_H

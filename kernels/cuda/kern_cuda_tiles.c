@@ -1,9 +1,9 @@
 /*
  * kern_cuda_tiles.c — the tile table the cuda backend hands the scheduler: the compiled shape set
  * (kern_cuda_shapes.h, the one place it is written) and, per GPU, the rates of the scheduler's
- * time model as kernels/cuda/tile_solver.cu measured them on that GPU (its report is in
- * tests/bench/RESULTS.md). A GPU without an entry gets generic rates: a model of the right
- * shape, untuned.
+ * time model as kernels/cuda/tile_solver.cu measured them on that GPU (each run's report is a
+ * file under tests/bench/log/, the rows in use are tests/bench/RESULTS.md's "Tile solver"). A
+ * GPU without an entry gets generic rates: a model of the right shape, untuned.
  */
 #include "kern_cuda.h"
 #include "kern_cuda_shapes.h"
@@ -18,16 +18,19 @@ typedef struct gpu_cost {
 
 static const gpu_cost_t measured[] = {
     /* NVIDIA H100 80GB HBM3, patd-tile-solver on the persistent warp-specialized default with
-     * packed tiles, 2026-11-26 (eleventh session, its --sanitize run; RESULTS.md) */
+     * packed tiles, its --sanitize run (tests/bench/log/2026-11-26-tile-pack.md) */
     {"H100", 1, {3071.6f, 386.9f, 3.42f, 0, 2.10f, 4.85f}},
-    /* NVIDIA H200, 2026-11-25, patd-tile-solver on the persistent warp-specialized default (the
-     * non-persistent one: 6.40 us per item); pair_cta_us: 2026-11-26, after the producer's
-     * early reads (RESULTS.md) */
+    /* NVIDIA H200, patd-tile-solver on the persistent warp-specialized default (per item 3.69 us
+     * against 6.40 for the non-persistent one: tests/bench/log/2026-11-25-ws-persistent.md; the
+     * row as kept: tests/bench/log/2026-11-26-mcast-h200-table.md); pair_cta_us measured with
+     * the producer's early reads (tests/bench/log/2026-11-26-producer-issue-bound.md) */
     {"H200", 1, {4345.3f, 351.7f, 3.79f, 0, 2.03f, 6.83f}},
-    /* NVIDIA H200, 2026-11-24, patd-tile-solver; tile_us: the H100's (not yet measured) */
+    /* NVIDIA H200, patd-tile-solver (tests/bench/log/2026-11-24-handoff-h200-pat.md); tile_us:
+     * the H100's, no H200 measurement of it */
     {"H200", 0, {4457.3f, 154.6f, 3.60f, 0, 2.0f, 0}},
-    /* NVIDIA H100 80GB HBM3, 2026-11-24, patd-tile-solver; tile_us: the median of its three
-     * runs of the day (2.53, 2.64, 2.74) */
+    /* NVIDIA H100 80GB HBM3, patd-tile-solver (tests/bench/log/2026-11-24-one-launch-per-layer.md);
+     * tile_us: the median of its runs (2.53-2.74 us:
+     * tests/bench/log/2026-11-24-tree-cta-size-pair.md) */
     {"H100", 0, {3054.3f, 167.5f, 3.53f, 0, 2.64f, 0}},
 };
 

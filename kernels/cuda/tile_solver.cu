@@ -1,7 +1,7 @@
 /*
  * tile_solver.cu — the offline solver of the per-GPU time-model rates (patd-tile-solver). Run it
- * on a GPU; paste its last line into kern_cuda_tiles.c and its report into
- * tests/bench/RESULTS.md.
+ * on a GPU; paste its last line into kern_cuda_tiles.c and its report into a new
+ * tests/bench/log/YYYY-MM-DD-topic.md, and update tests/bench/RESULTS.md's "Tile solver" rows.
  *
  * 1. Device limits: SMs, shared memory and registers per SM; measured read bandwidth (16-byte
  *    loads over 1 GiB) and DRAM latency (a dependent pointer chase over 1 GiB, one thread).
@@ -293,7 +293,8 @@ int main(int argc, char **argv)
     /* the chain's tiles: a 64-token segment each. The one-page segments' tiles: a segment each,
      * or as the backend's item rule lays them out (sched_tiles_t.item: 17 tiles of four). The
      * model prices every tile at the whole tile's tile_us: the packed tile's own price (below,
-     * for the report) made its plans slower on the 72 cases (RESULTS.md, 2026-11-26) */
+     * for the report) made its plans slower on the 72 cases
+     * (tests/bench/log/2026-11-26-tile-pack.md) */
     const double tile_us = (t_chain - cta_us) / 65.0;
     double packed_tiles = 65.0;
     if (dev.item) {

@@ -88,8 +88,9 @@ static uint32_t esz(const Rig &g)
 /* Host to device, complete on return. cudaMemcpy from pageable memory may return once the bytes
  * are staged, before its DMA lands, and the backend's stream (non-blocking) does not wait for the
  * legacy stream: an append launched right after could read the buffer's previous contents. That
- * race was the TREE "flake" of 2026-11-23..25: one query's KV wrong on every head, only for
- * models with much KV per token (MHA 16-32 heads), in a few runs of each (2026-11-25). */
+ * race shows as one query's KV wrong on every head, only for models with much KV per token (MHA
+ * 16-32 heads), in a few runs of each: a TREE "flake" that was the test's, not a kernel's
+ * (tests/bench/log/2026-11-25-tma-tree-flake.md). */
 static void h2d(void *dst, const void *src, size_t n)
 {
     CK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
@@ -261,7 +262,8 @@ static const sched_plan_hdr_t *run(Rig &g)
     REQ(kern_attend(g.cpu, 1, h, g.q.data(), g.o_cpu.data(), &p));
     CK(cudaMemset(g.dout, 0xff, g.o_gpu.size()));
     /* the lane's stream does not wait for the legacy stream's memset: without this the poison
-     * could land after the forward wrote (a flaky failure, 2026-11-24) */
+     * can land after the forward wrote, a flaky failure
+     * (tests/bench/log/2026-11-24-tree-cta-size-pair.md) */
     CK(cudaDeviceSynchronize());
     REQ(kern_attend(g.gpu, 1, h, g.dq, g.dout, &p));
     REQ(kern_sync(g.gpu));
@@ -689,9 +691,9 @@ static void test_tree()
                  k % 4 == 1 ? KERN_MERGE_INSIDE : KERN_MERGE_LAUNCH);
         const sched_plan_hdr_t *h = run(g);
         bool finite;
-        /* every query against float64: with a sample, a wrong GPU token outside it showed only
-         * as a GPU-cpu difference, which read as a cpu error (2026-11-25: the cpu backend was
-         * exact on every token, the GPU was not) */
+        /* every query against float64: with a sample, a wrong GPU token outside it shows only
+         * as a GPU-cpu difference, which reads as a cpu error (in such a run the cpu backend was
+         * exact on every token, the GPU was not: tests/bench/log/2026-11-25-ws-persistent.md) */
         double ec = vs_cpu(g, &finite), ef = vs_fp64(g, &r, g.w.n_q);
         char name[200];
         snprintf(name, sizeof(name), "tree q%u/kv%u d%u %s%s: %uq %u CTAs %u segments %u merges",
@@ -1075,7 +1077,8 @@ static void test_tiles()
              measured ? "measured" : "generic");
     verdict(name, ok);
     /* the shapes the table plans with run resident and unspilled at d 64 and 128 (d 256 holds a
-     * 16 x 256 fp32 accumulator per warp: some of its variants spill, see RESULTS.md); the pair
+     * 16 x 256 fp32 accumulator per warp: some of its variants spill, see
+     * tests/bench/log/2026-11-21-pat-trees-h200.md); the pair
      * warp-specialized kernel (384 threads) may spill in its producer warpgroup */
     int used = 0;
     bool vok = true;

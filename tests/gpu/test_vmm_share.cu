@@ -1,7 +1,8 @@
 /*
  * test_vmm_share.cu — can a session's GPU staging be its own allocation, handed to its one client
- * as a file descriptor? (issue 17: today one CUDA IPC handle names the whole staging arena, so
- * every GPU client of a daemon can map every session's rows.) A parent process plays the daemon:
+ * as a file descriptor? (issue 17: one CUDA IPC handle naming a whole staging arena would let
+ * every GPU client of a daemon map every session's rows; patd gives each session an allocation
+ * of its own, patd_gpu.c.) A parent process plays the daemon:
  * it creates two allocations with the driver's virtual memory management (cuMemCreate, POSIX
  * file-descriptor handles), "session A" and "session B", maps both and fills them; it exports
  * A's handle as a descriptor and passes it by SCM_RIGHTS to a child that plays A's client. The
@@ -19,7 +20,8 @@
  *     400 ms on another stream each sequence returns within 50 ms and the kernel still runs
  *     (patd makes them on its loop thread), for device and for host memory. Printed beside them,
  * not checked: what registering and unregistering a host signal slice (12 KiB of a memfd) costs
- * there. Unregistering waited for the kernel (399 ms, H100, 2026-11-26), which is why patd keeps
+ * there. Unregistering waits for the kernel (399 ms behind the 400 ms kernel, H100:
+ * tests/bench/log/2026-11-26-work-items-staging.md), which is why patd keeps
  * one signal arena registered at start instead of a slice of its own per session (patd_gpu.c).
  * And (issue 37: the KV pool outlives the daemon) an allocation whose maker is killed by SIGKILL
  * right after handing its descriptor over lives on while the descriptor is held: another process
