@@ -103,6 +103,38 @@ void cuda_tiles(const kern_backend_t *b, sched_tiles_t *ret)
         ret->min_ctas = 4 * slots;
 }
 
+/* Reserves an address range of size bytes, maps allocation h there and grants read-write access
+ * to the device, and with host_too to this process's CPU on the NUMA node nearest it (v.numa).
+ * On failure nothing is left reserved or mapped and *what names the call that failed. */
+static CUresult vmm_map(const VmmApi &v, CUmemGenericAllocationHandle h, size_t size, int device,
+                        bool host_too, CUdeviceptr *ret, const char **what)
+{
+    CUdeviceptr va = 0;
+    *what = "cuMemAddressReserve";
+    CUresult r = v.reserve(&va, size, 0, 0, 0);
+    if (r != CUDA_SUCCESS)
+        return r;
+    *what = "cuMemMap";
+    if ((r = v.map(va, size, 0, h, 0)) == CUDA_SUCCESS) {
+        CUmemAccessDesc a[2];
+        memset(a, 0, sizeof(a));
+        a[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        a[0].location.id = device;
+        a[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        a[1].location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+        a[1].location.id = v.numa;
+        a[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        *what = "cuMemSetAccess";
+        if ((r = v.access(va, size, a, host_too ? 2 : 1)) == CUDA_SUCCESS) {
+            *ret = va;
+            return r;
+        }
+        v.unmap(va, size);
+    }
+    v.addr_free(va, size);
+    return r;
+}
+
 /* A shared allocation's properties: device memory of this GPU, or pinned host memory of the NUMA
  * node nearest to it (numa; 0 where the system has no NUMA), exportable as a descriptor */
 static CUmemAllocationProp share_prop(int device, bool host, int numa)
@@ -178,35 +210,19 @@ int cuda_share_alloc(kern_backend_t *b, uint64_t bytes, unsigned flags, kern_sha
         return kern_cuda_fail_cu("cuMemCreate", r);
     CUdeviceptr va = 0;
     int fd = -1;
-    const char *what = "cuMemAddressReserve";
-    if ((r = v.reserve(&va, size, 0, 0, 0)) == CUDA_SUCCESS) {
-        what = "cuMemMap";
-        if ((r = v.map(va, size, 0, h, 0)) == CUDA_SUCCESS) {
-            /* the device; and for host memory this process's CPU, at the same address */
-            CUmemAccessDesc a[2];
-            memset(a, 0, sizeof(a));
-            a[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-            a[0].location.id = c->device;
-            a[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-            a[1].location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
-            a[1].location.id = v.numa;
-            a[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-            what = "cuMemSetAccess";
-            if ((r = v.access(va, size, a, host ? 2 : 1)) == CUDA_SUCCESS) {
-                what = "cuMemExportToShareableHandle";
-                if ((r = v.exp(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)) ==
-                    CUDA_SUCCESS) {
-                    if (host) /* fresh pages from the driver; zeroed here all the same */
-                        memset(reinterpret_cast<void *>(va), 0, size);
-                    ret->dev = reinterpret_cast<void *>(va);
-                    ret->map_bytes = size;
-                    ret->fd = fd;
-                    ret->handle = (uint64_t)h;
-                    return 0;
-                }
-            }
-            v.unmap(va, size);
+    const char *what;
+    if ((r = vmm_map(v, h, size, c->device, host, &va, &what)) == CUDA_SUCCESS) {
+        what = "cuMemExportToShareableHandle";
+        if ((r = v.exp(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)) == CUDA_SUCCESS) {
+            if (host) /* fresh pages from the driver; zeroed here all the same */
+                memset(reinterpret_cast<void *>(va), 0, size);
+            ret->dev = reinterpret_cast<void *>(va);
+            ret->map_bytes = size;
+            ret->fd = fd;
+            ret->handle = (uint64_t)h;
+            return 0;
         }
+        v.unmap(va, size);
         v.addr_free(va, size);
     }
     v.release(h);
@@ -313,12 +329,10 @@ int pool_vmm(Cuda *c, int fd, size_t bytes)
             return -errno;
     }
     CUdeviceptr va = 0;
-    if ((r = v.reserve(&va, size, 0, 0, 0)) != CUDA_SUCCESS)
-        return kern_cuda_fail_cu("cuMemAddressReserve (the pool)", r);
-    if ((r = v.map(va, size, 0, c->pool_h, 0)) != CUDA_SUCCESS) {
-        v.addr_free(va, size);
-        if (fd < 0)
-            return kern_cuda_fail_cu("cuMemMap (the pool)", r);
+    const char *what;
+    if ((r = vmm_map(v, c->pool_h, size, c->device, false, &va, &what)) != CUDA_SUCCESS) {
+        if (fd < 0 || strcmp(what, "cuMemMap"))
+            return kern_cuda_fail_cu(what, r);
         fprintf(stderr,
                 "<4>kern_cuda: the pool given back does not map as %zu bytes (CUresult "
                 "%d): another pool's\n",
@@ -327,13 +341,6 @@ int pool_vmm(Cuda *c, int fd, size_t bytes)
     }
     c->pool = reinterpret_cast<void *>(va);
     c->pool_map = size;
-    CUmemAccessDesc a;
-    memset(&a, 0, sizeof(a));
-    a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    a.location.id = c->device;
-    a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    if ((r = v.access(va, size, &a, 1)) != CUDA_SUCCESS)
-        return kern_cuda_fail_cu("cuMemSetAccess (the pool)", r);
     return 0;
 }
 

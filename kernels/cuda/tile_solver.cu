@@ -53,6 +53,24 @@ static float time_ms(cudaEvent_t a, cudaEvent_t b)
     return ms;
 }
 
+/* Median seconds of one layer of plan h on b's stream: 30 timed calls after 5 of warm-up. */
+static double layer_median(kern_backend_t *b, const sched_plan_hdr_t *h, const void *q, void *o,
+                           cudaEvent_t e0, cudaEvent_t e1)
+{
+    kern_attn_params_t p = {0.088f, 0};
+    cudaStream_t st = static_cast<cudaStream_t>(kern_cuda_stream(b));
+    std::vector<float> tt;
+    for (int r = 0; r < 35; r++) {
+        CK(cudaEventRecord(e0, st));
+        REQ(kern_attend(b, 0, h, q, o, &p));
+        CK(cudaEventRecord(e1, st));
+        if (r >= 5)
+            tt.push_back(time_ms(e0, e1) * 1e-3f);
+    }
+    std::sort(tt.begin(), tt.end());
+    return tt[tt.size() / 2];
+}
+
 /* Median seconds of one layer of a plan over nq queries of kv_len tokens, q_heads / kv_heads,
  * d 128 fp16: shared = every query reads the same blocks (one pack, policy paper, no split), else
  * each its own (query-centric). Returns FLOP/s when shared, else seconds. */
@@ -98,18 +116,7 @@ static double measure_plan(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t
     }
     const sched_plan_hdr_t *h;
     REQ(sched_build(s, &h));
-    kern_attn_params_t p = {0.088f, 0};
-    cudaStream_t st = static_cast<cudaStream_t>(kern_cuda_stream(b));
-    std::vector<float> tt;
-    for (int r = 0; r < 35; r++) {
-        CK(cudaEventRecord(e0, st));
-        REQ(kern_attend(b, 0, h, q, o, &p));
-        CK(cudaEventRecord(e1, st));
-        if (r >= 5)
-            tt.push_back(time_ms(e0, e1) * 1e-3f);
-    }
-    std::sort(tt.begin(), tt.end());
-    const double sec = tt[tt.size() / 2];
+    const double sec = layer_median(b, h, q, o, e0, e1);
     /* the FLOPs the tensor cores run: every CTA's m rows (padded) over its KV */
     double flops = 0;
     const sched_plan_cta_t *c = sched_plan_ctas(h);
@@ -170,22 +177,12 @@ static double measure_tree(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t
     }
     const sched_plan_hdr_t *h;
     REQ(sched_build(s, &h));
-    kern_attn_params_t p = {0.088f, 0};
-    cudaStream_t st = static_cast<cudaStream_t>(kern_cuda_stream(b));
-    std::vector<float> tt;
-    for (int r = 0; r < 35; r++) {
-        CK(cudaEventRecord(e0, st));
-        REQ(kern_attend(b, 0, h, q, o, &p));
-        CK(cudaEventRecord(e1, st));
-        if (r >= 5)
-            tt.push_back(time_ms(e0, e1) * 1e-3f);
-    }
-    std::sort(tt.begin(), tt.end());
+    const double sec = layer_median(b, h, q, o, e0, e1);
     sched_free(s);
     CK(cudaFree(q));
     CK(cudaFree(o));
     kern_backend_free(b);
-    return tt[tt.size() / 2];
+    return sec;
 }
 
 int main(int argc, char **argv)
