@@ -1,6 +1,6 @@
 /*
- * kern_cuda_fwd.cuh — the forward kernel: one launch runs every CTA of a plan for every KV head
- * (DESIGN.md §4.5), and the merge of split tokens happens inside it. Included by one translation
+ * kern_cuda_fwd.cuh — the forward kernel: one launch runs every CTA of a plan for every KV head,
+ * and the merge of split tokens happens inside it. Included by one translation
  * unit per head_dim (kern_cuda_fwd_d{64,128,256}.cu).
  *
  * Work items: block b runs plan CTA b / kv_heads for KV head b % kv_heads; the plan lists its CTAs
@@ -28,9 +28,9 @@
  * KERN_FWD_AUTO (the default) runs every CTA on fwd_pair instead where sm_90a code runs at
  * head_dim <= 128, the warp-specialized kernel of kern_cuda_fwd_ws.cuh (a producer warpgroup and
  * two wgmma consumers: CTAs of up to 128 rows, smaller ones two KV heads a block);
- * softmax online in the log2 domain; fully masked rows keep max = -inf and give o = 0 and
- * lse = -inf, never NaN (kern_softmax.h). Output: the final row (dtype) when the row is DIRECT,
- * else an fp32 partial (o normalized, natural-log lse).
+ * softmax online in the log2 domain (kern_cuda_softmax.cuh); fully masked rows keep max = -inf
+ * and give o = 0 and lse = -inf, never NaN (kern_softmax.h). Output: the final row (dtype) when the
+ * row is DIRECT, else an fp32 partial (o normalized, natural-log lse).
  *
  * Merge, two ways (kern_config_t.merge). Inside (TRT-LLM XQA's last-CTA pattern): after writing
  * its partials a CTA adds one arrival per partial row to a counter per (merge entry, KV head),
@@ -52,6 +52,7 @@
 
 #include "kern_cuda_int.h"
 #include "kern_cuda_ptx.cuh"
+#include "kern_cuda_softmax.cuh"
 #include "kern_cuda_wgmma.cuh"
 #include "kern_softmax.h"
 
@@ -72,41 +73,6 @@ __device__ __forceinline__ void scale4(float4 &acc, float s)
     acc.y *= s;
     acc.z *= s;
     acc.w *= s;
-}
-
-/* Accumulator rows (the mma.sync m16n8 C layout, which wgmma's repeats): the four lanes of a quad
- * hold one row's columns, elements 0-1 of each n8 tile are row g of the band and 2-3 row g + 8. */
-__device__ __forceinline__ float quad_max(float x)
-{
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x)
-{
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-/* O's two rows times their softmax corrections c0 and c1 */
-template <int DT>
-__device__ __forceinline__ void rescale_rows(float (&o)[DT][4], float c0, float c1)
-{
-#pragma unroll
-    for (int i = 0; i < DT; i++) {
-        o[i][0] *= c0;
-        o[i][1] *= c0;
-        o[i][2] *= c1;
-        o[i][3] *= c1;
-    }
-}
-/* The A fragment of one k16 step of P.V from S's n8 tiles a and b (the C layout of two n8 tiles is
- * the A layout of one k16 step) */
-template <typename T>
-__device__ __forceinline__ void pack_p(uint32_t (&pf)[4], const float (&a)[4], const float (&b)[4])
-{
-    pf[0] = Mma<T>::pack(a[0], a[1]);
-    pf[1] = Mma<T>::pack(a[2], a[3]);
-    pf[2] = Mma<T>::pack(b[0], b[1]);
-    pf[3] = Mma<T>::pack(b[2], b[3]);
 }
 
 /* ---------------------------------------------------------------- tile geometry */
@@ -688,7 +654,7 @@ __device__ __forceinline__ void fwd_arrive_merge(const FwdArgs &a, const kcuda_c
 /* One plan CTA of at most KCUDA_SMALL_M rows for one KV head on the block's 4 warps (smem:
  * fwd_smem<D>() bytes). WGK (KERN_FWD_AUTO): CTAs of more than 32 rows and several segments
  * use wgmma where compiled for sm_90a at head_dim <= 128: measured 11 % faster on TREE plans and
- * 3 % slower on one-segment packs (RESULTS.md, 2026-11-24). */
+ * 3 % slower on one-segment packs (tests/bench/log/2026-11-24-wgmma-tree.md). */
 template <typename T, int D, bool WGK>
 __device__ __forceinline__ void fwd_small(const FwdArgs &a, const kcuda_cta_t &cta, uint32_t head,
                                           uint8_t *smem)

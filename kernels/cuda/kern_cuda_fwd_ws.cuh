@@ -9,7 +9,7 @@
  * longest first) from a counter per launch (FwdArgs.work, which the last block out sets back to 0),
  * so the next item's Q and first tiles load while the consumers finish the current one and write
  * its outputs, instead of every CTA paying its own fill and drain (6.4 us an item against 2.0 a
- * tile, tile solver, H100, 2026-11-25).
+ * tile, tile solver, H100: tests/bench/log/2026-11-25-ws-persistent.md).
  *
  * A KV tile is four chunks, each a page (KERN_BLOCK_SIZE tokens) of one of the CTA's segments:
  * plan_upload lists every CTA's tiles (WsTile), packing its short segments together, so a TREE
@@ -24,9 +24,9 @@
  * their bytes; a chunk's rows outside its range are masked, and finite: the pool is zeroed at
  * create and appends store NaN and infinity as 0; the rows of no chunk are zero-filled). TMA
  * measured 1-3 % slower than cp.async against PAT in the same call on the H100 and the H200
- * (RESULTS.md, 2026-11-25). A full mbarrier per slot tells the consumers it is in
- * (cp.async.mbarrier.arrive: no thread waits for its own copies; the producer's thread 0 also
- * arrives, a release of the words it wrote beside the slot: an item's id and tile count beside
+ * (tests/bench/log/2026-11-25-tile-skip-cpasync.md). A full mbarrier per slot tells the consumers
+ * it is in (cp.async.mbarrier.arrive: no thread waits for its own copies; the producer's thread 0
+ * also arrives, a release of the words it wrote beside the slot: an item's id and tile count beside
  * its Q, a tile's chunks beside its K and V). Warpgroups 1 and 2 are the consumers: each owns 64
  * rows, takes its Q rows into registers and frees the Q slot at once (so an item of any length
  * streams through the ring), then issues only wgmma (Q.K^T with Q from registers, P.V) and the
@@ -48,6 +48,9 @@
  */
 #ifndef KERN_CUDA_FWD_WS_CUH
 #define KERN_CUDA_FWD_WS_CUH
+
+#include "kern_cuda_page.cuh"    /* kv_chunk */
+#include "kern_cuda_softmax.cuh" /* RowSoftmax */
 
 namespace kcuda
 {
@@ -138,8 +141,8 @@ template <int D> __host__ __device__ constexpr int pair_smem()
 
 /* registers per thread after the producer gives its away. The consumers' increase waits until
  * the block's pool (its threads x the kernel's registers, 168 by ptxas) holds theirs, so
- * 128 x (WS_REGS_PRODUCER + 2 x WS_REGS_CONSUMER) must fit in it (at 128 the consumers waited for
- * ever); fwd_prepare refuses the kernel where it does not. */
+ * 128 x (WS_REGS_PRODUCER + 2 x WS_REGS_CONSUMER) must fit in it (at 128 the consumers would wait
+ * for ever); fwd_prepare refuses the kernel where it does not. */
 #define WS_REGS_PRODUCER 120
 #define WS_REGS_CONSUMER 192
 #if KCUDA_WGMMA
@@ -228,7 +231,7 @@ template <int D> struct WsMap {
  * 2j and 2j + 1 (small mode). kcuda_pack_prepare puts the n_big CTAs of big mode first, then the
  * others, each run in plan order, so that the items are numbered without gaps: a CTA's items are
  * consecutive, big mode's before small mode's (with the CTAs in plan order a small CTA's items
- * past its last pair of heads were empty, and every one a block fetched cost it a round trip of
+ * past its last pair of heads would be empty, each one a block fetched costing it a round trip of
  * the counter and the CTA record). ws_ref gives the CTA's index, ws_item reads its record. */
 struct WsItem {
     kcuda_cta_t cta;
@@ -301,6 +304,126 @@ __device__ __forceinline__ int ws_tiles(const kcuda_cta_t &cta)
     return (int)cta.n_tiles;
 }
 
+/* The producer's Q copies into the slot at sq: tile row r of q_rows, a warp's copies covering
+ * 32 rows, each row's index in Q ([token][q head]; WS_NO_TOKEN: none, zero-filled) taken from
+ * the lane that computed it (my_q) by a shuffle */
+constexpr uint32_t WS_NO_TOKEN = 0xffffffffu;
+template <typename T, int D, WsAblate AB>
+__device__ __forceinline__ void ws_copy_q(const FwdArgs &a, uint32_t my_q, int q_rows, uint32_t sq,
+                                          int tid)
+{
+    using G = WsGeom<D>;
+    constexpr int RPW = 32 / G::CPR; /* rows a warp */
+    const int lane = tid & 31;
+    const T *q = static_cast<const T *>(a.q);
+    const int passes = q_rows * G::CPR / KCUDA_THREADS; /* the same in every lane */
+    const int ch = tid % G::CPR;                        /* the same in every pass */
+    for (int e = 0; e < passes; e++) {
+        const int r = (tid + e * KCUDA_THREADS) / G::CPR;
+        const uint32_t qr = __shfl_sync(0xffffffffu, my_q, e * RPW + lane / G::CPR);
+        const T *src = q;
+        uint32_t bytes = 0;
+        if (qr != WS_NO_TOKEN) {
+            src = q + (uint64_t)qr * D + ch * 8;
+            bytes = 16;
+        }
+        if (AB != WS_NO_Q)
+            cp_async16(sq + wswz<KCUDA_BIG_M>(r, ch), src, bytes);
+    }
+}
+
+/* The words beside a KV tile's slot from its record (rng already unpacked) */
+__device__ __forceinline__ void ws_tile_words(volatile WsTileWords &wd, const WsTileRec &x,
+                                              const uint32_t (&rng)[4])
+{
+    wd.pos[0] = x.pos().x;
+    wd.pos[1] = x.pos().y;
+    wd.pos[2] = x.pos().z;
+    wd.pos[3] = x.pos().w;
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        wd.rng[k] = rng[k];
+    wd.whole = x.whole();
+    wd.next = x.next();
+}
+
+/* A KV tile of KV head `head` into the slot at sk (K, then V KV_BYTES further), chunk k (block
+ * blk[k]) into tile rows 16k..16k+15. A thread's copy e is of tile row r = tid / CPR + e * RPP,
+ * of chunk e * RPP / 16. The rows of a chunk's block outside its range [lo, hi) come too where
+ * TMA brings the whole page (masked, and finite: the pool never holds NaN or infinity, kern.h)
+ * and are zero-filled by cp.async; the rows of no chunk are zero-filled (no global read): masked
+ * as well, they must not hold what the slot held before (an item's Q, which a client wrote). */
+template <int D> struct WsCopies {
+    static constexpr int RPP = KCUDA_THREADS / WsGeom<D>::CPR;
+    static_assert(KERN_BLOCK_SIZE % RPP == 0, "a copy's chunk is known at compile time");
+};
+
+/* by TMA: a box per chunk, K and V, 64 columns each, thread 0 issuing them all and the slot's
+ * full barrier bar counting their bytes; the rows of no chunk zero-filled by cp.async */
+template <int D>
+__device__ __forceinline__ void ws_load_tile_tma(const FwdArgs &a, const uint32_t (&blk)[4],
+                                                 uint32_t head, uint32_t sk, uint32_t bar, int tid)
+{
+    using G = WsGeom<D>;
+    constexpr int N = G::N, RPP = WsCopies<D>::RPP;
+    if (tid == 0) {
+        uint32_t n_boxes = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            n_boxes += blk[k] != WS_NO_BLOCK;
+        if (n_boxes)
+            mb_expect_tx(bar, n_boxes * (2 * G::KV_BYTES / 4));
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            if (blk[k] == WS_NO_BLOCK)
+                continue;
+            const int bi = (int)(a.tma_block0 + blk[k]);
+#pragma unroll
+            for (int cb = 0; cb < D / 64; cb++) {
+                const uint32_t off = cb * (N * 128) + k * KERN_BLOCK_SIZE * 128;
+                tma_load5(sk + off, &a.kv_map, bar, cb * 64, 0, (int)head, 0, bi);
+                tma_load5(sk + G::KV_BYTES + off, &a.kv_map, bar, cb * 64, 0, (int)head, 1, bi);
+            }
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < G::LPT; e++) {
+        const int c = tid + e * KCUDA_THREADS, r = c / G::CPR, ch = c % G::CPR;
+        if (blk[e * RPP / KERN_BLOCK_SIZE] == WS_NO_BLOCK) {
+            cp_async16(sk + wswz<N>(r, ch), a.kv, 0);
+            cp_async16(sk + G::KV_BYTES + wswz<N>(r, ch), a.kv, 0);
+        }
+    }
+}
+
+/* by 16-byte cp.async, each thread its copies: a row is read where its chunk has a block and the
+ * row is in the chunk's range [lo, hi) (rng), else zero-filled */
+template <typename T, int D>
+__device__ __forceinline__ void ws_load_tile_cp(const FwdArgs &a, const uint32_t (&blk)[4],
+                                                const uint32_t (&rng)[4], uint32_t head,
+                                                uint32_t sk, int tid)
+{
+    using G = WsGeom<D>;
+    constexpr int N = G::N, RPP = WsCopies<D>::RPP;
+    const uint32_t sv = sk + G::KV_BYTES;
+    const T *kbase = static_cast<const T *>(a.kv) + (uint64_t)head * a.head_stride;
+#pragma unroll
+    for (int e = 0; e < G::LPT; e++) {
+        const int c = tid + e * KCUDA_THREADS, r = c / G::CPR, ch = c % G::CPR;
+        const int k = e * RPP / KERN_BLOCK_SIZE, pr = r % KERN_BLOCK_SIZE;
+        const T *ks = kbase, *vs = kbase;
+        uint32_t bytes = 0;
+        if (blk[k] != WS_NO_BLOCK && (uint32_t)pr >= (rng[k] & 0xffu) &&
+            (uint32_t)pr < ((rng[k] >> 8) & 0xffu)) {
+            ks = kv_chunk<T, D>(a, kbase, blk[k], pr, ch);
+            vs = ks + a.v_offset;
+            bytes = 16;
+        }
+        cp_async16(sk + wswz<N>(r, ch), ks, bytes);
+        cp_async16(sv + wswz<N>(r, ch), vs, bytes);
+    }
+}
+
 constexpr uint32_t WS_END = 0xffffffffu; /* the item id that ends the consumers' loop */
 
 /* The producer: fetches items from the launch's counter (in plan order) until none is left; for
@@ -310,11 +433,8 @@ template <typename T, int D, WsAblate AB>
 __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
 {
     using G = WsGeom<D>;
-    constexpr int N = G::N;
-    constexpr uint32_t NO_TOKEN = 0xffffffffu;
     const int tid = threadIdx.x; /* 0..127 */
     const uint32_t group = a.group, n_items = ws_items(a);
-    const T *q = static_cast<const T *>(a.q);
     volatile uint32_t *bcast = mp.bcast(); /* thread 0's fetch, to the producer's threads */
     auto filled = [&](int s) {
         mb_arrive_cp(mp.full(s)); /* once this thread's copies have landed */
@@ -338,8 +458,9 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
         /* the next item, or the end. Taken only once this block's producer has issued
          * every load of its current item: a fetch made earlier (a prefetch of the id) reserves
          * the item while other blocks may be idle, and measured twice the time on TREE plans
-         * whose long CTAs fill one wave (and fetching early after short items only, at most 8
-         * tiles, left the fixed cost per item as it was: 3.68 us, H200, 2026-11-25) */
+         * whose long CTAs fill one wave (tests/bench/log/2026-11-25-ws-persistent.md); fetching
+         * early after short items only (at most 8 tiles) left the fixed cost per item where it
+         * was, 3.65-3.71 us on both GPUs (tests/bench/log/2026-11-25-tile-skip-cpasync.md) */
         if (tid == 0)
             *bcast = atomicAdd(a.work, 1u);
         bar_sync(BAR_PRODUCER, KCUDA_THREADS);
@@ -360,25 +481,26 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
 
         /* Every read the item's first copies wait for goes out before anything waits: the Q rows'
          * tokens and the first two tiles' records; then the Q slot (a wait on the ring) and the
-         * copies. Read after the Q copies (asm statements that clobber memory), the first
-         * segment and its page ids were two more round trips an item after the tokens'.
+         * copies. Read after the Q copies (asm statements that clobber memory), each read would
+         * be one more round trip an item after the tokens'.
          *
          * Q: tile row r is CTA row r of head j (big), or CTA row r % 64 of head 2j + r / 64.
          * The copies of a warp cover 32 rows: each lane reads one of those rows' tokens and
          * computes its row index in Q ([token][q head]) once, and every copy takes its row's from
          * that lane (a shuffle): per copy, the division by the group cost 30 % of the producer's
-         * time on one-tile items (ncu, H200, 2026-11-26). Reads between copies each
-         * waited for their own round trip: the gather cost 3.8 of fwd_pair's 8.5 us per one-tile
-         * item (tile solver, H200); unrolled reads spilled the producer's registers (then 104), and
-         * tokens through shared memory cost a barrier that made 1-row items slower. */
+         * time on one-tile items (ncu, H200: tests/bench/log/2026-11-26-producer-issue-bound.md).
+         * Reads between copies each wait for their own round trip: that gather cost 3.8 of
+         * fwd_pair's 8.5 us per one-tile item (tile solver, H200:
+         * tests/bench/log/2026-11-26-q-gather.md); unrolled reads spill the producer's registers,
+         * and tokens through shared memory cost a barrier that made 1-row items slower. */
         const int q_rows = small ? 64 * (int)it.n_heads : KCUDA_BIG_M;
         constexpr int RPW = 32 / G::CPR, RPI = KCUDA_THREADS / G::CPR; /* rows a warp, a pass */
         const int lane = tid & 31, w = tid >> 5;
-        uint32_t my_q = NO_TOKEN;
+        uint32_t my_q = WS_NO_TOKEN;
         const int my_r = w * RPW + lane % RPW + lane / RPW * RPI;
         const uint32_t my_rr = small ? my_r % 64 : my_r;
         const bool my_live = my_r < q_rows && my_rr < n_rows;
-        const uint32_t my_tok = my_live ? rows[my_rr / group].q_tok : NO_TOKEN;
+        const uint32_t my_tok = my_live ? rows[my_rr / group].q_tok : WS_NO_TOKEN;
 
         /* the item's tiles (plan_upload's list), each read two tiles ahead of its copies: the
          * producer has nothing to compute while a read is in flight, so one tile ahead would put
@@ -400,37 +522,16 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
             wd.row_begin = it.cta.row_begin;
             wd.row_count = it.cta.row_count;
         }
-        const uint32_t sq = mp.slot(qs);
         if (my_live) {
             const uint32_t head = small ? 2 * j + my_r / 64 : j;
             my_q = my_tok * a.q_heads + head * group + my_rr % group;
         }
-        const int passes = q_rows * G::CPR / KCUDA_THREADS; /* the same in every lane */
-        const int ch = tid % G::CPR;                        /* the same in every pass */
-        for (int e = 0; e < passes; e++) {
-            const int r = (tid + e * KCUDA_THREADS) / G::CPR;
-            const uint32_t qr = __shfl_sync(0xffffffffu, my_q, e * RPW + lane / G::CPR);
-            const T *src = q;
-            uint32_t bytes = 0;
-            if (qr != NO_TOKEN) {
-                src = q + (uint64_t)qr * D + ch * 8;
-                bytes = 16;
-            }
-            if (AB != WS_NO_Q)
-                cp_async16(sq + wswz<KCUDA_BIG_M>(r, ch), src, bytes);
-        }
+        ws_copy_q<T, D, AB>(a, my_q, q_rows, mp.slot(qs), tid);
         if (tid == 0) /* after the copies: the record's read had the tokens' time to land */
             mp.words(qs)->q.live0 = n_tiles ? ta.live() : 0;
         filled(qs);
 
-        /* tile t from its record x: chunk k into tile rows 16k..16k+15. The rows of a chunk's
-         * block outside its range [lo, hi) come too where TMA brings the whole page (masked, and
-         * finite: the pool never holds NaN or infinity, kern.h) and are zero-filled by cp.async;
-         * the rows of no chunk are zero-filled (no global read): masked as well, they must not
-         * hold what the slot held before (an item's Q, which a client wrote) */
-        /* a thread's copy e is of tile row r = tid / CPR + e * RPP: chunk e * RPP / 16 */
-        constexpr int RPP = KCUDA_THREADS / G::CPR;
-        static_assert(KERN_BLOCK_SIZE % RPP == 0, "a copy's chunk is known at compile time");
+        /* tile t from its record x: a slot per head (small), filled by ws_load_tile_* */
         auto produce = [&](int t, WsTileRec &x) {
             const uint32_t blk[4] = {x.blk().x, x.blk().y, x.blk().z, x.blk().w};
             const uint32_t rng[4] = {x.rng().x, x.rng().y, x.rng().z, x.rng().w};
@@ -438,70 +539,13 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
                 const int s = take();
                 const uint32_t head = small ? 2 * j + h : j;
                 const uint32_t sk = mp.slot(s);
-                if (tid == 0) {
-                    volatile WsTileWords &wd = mp.words(s)->t;
-                    wd.pos[0] = x.pos().x;
-                    wd.pos[1] = x.pos().y;
-                    wd.pos[2] = x.pos().z;
-                    wd.pos[3] = x.pos().w;
-#pragma unroll
-                    for (int k = 0; k < 4; k++)
-                        wd.rng[k] = rng[k];
-                    wd.whole = x.whole();
-                    wd.next = x.next();
-                }
+                if (tid == 0)
+                    ws_tile_words(mp.words(s)->t, x, rng);
                 if (AB == WS_NO_KV) {
                 } else if (h < it.n_heads && a.tma) {
-                    /* a box per chunk, K and V, 64 columns each: thread 0 issues them all, the
-                     * slot's barrier counts their bytes */
-                    if (tid == 0) {
-                        uint32_t n_boxes = 0;
-#pragma unroll
-                        for (int k = 0; k < 4; k++)
-                            n_boxes += blk[k] != WS_NO_BLOCK;
-                        const uint32_t bar = mp.full(s);
-                        if (n_boxes)
-                            mb_expect_tx(bar, n_boxes * (2 * G::KV_BYTES / 4));
-#pragma unroll
-                        for (int k = 0; k < 4; k++) {
-                            if (blk[k] == WS_NO_BLOCK)
-                                continue;
-                            const int bi = (int)(a.tma_block0 + blk[k]);
-#pragma unroll
-                            for (int cb = 0; cb < D / 64; cb++) {
-                                const uint32_t off = cb * (N * 128) + k * KERN_BLOCK_SIZE * 128;
-                                tma_load5(sk + off, &a.kv_map, bar, cb * 64, 0, (int)head, 0, bi);
-                                tma_load5(sk + G::KV_BYTES + off, &a.kv_map, bar, cb * 64, 0,
-                                          (int)head, 1, bi);
-                            }
-                        }
-                    }
-#pragma unroll
-                    for (int e = 0; e < G::LPT; e++) {
-                        const int c = tid + e * KCUDA_THREADS, r = c / G::CPR, ch = c % G::CPR;
-                        if (blk[e * RPP / KERN_BLOCK_SIZE] == WS_NO_BLOCK) {
-                            cp_async16(sk + wswz<N>(r, ch), a.kv, 0);
-                            cp_async16(sk + G::KV_BYTES + wswz<N>(r, ch), a.kv, 0);
-                        }
-                    }
+                    ws_load_tile_tma<D>(a, blk, head, sk, mp.full(s), tid);
                 } else if (h < it.n_heads) { /* a small item of one head leaves its second slot */
-                    const uint32_t sv = sk + G::KV_BYTES;
-                    const T *kbase = static_cast<const T *>(a.kv) + (uint64_t)head * a.head_stride;
-#pragma unroll
-                    for (int e = 0; e < G::LPT; e++) {
-                        const int c = tid + e * KCUDA_THREADS, r = c / G::CPR, ch = c % G::CPR;
-                        const int k = e * RPP / KERN_BLOCK_SIZE, pr = r % KERN_BLOCK_SIZE;
-                        const T *ks = kbase, *vs = kbase;
-                        uint32_t bytes = 0;
-                        if (blk[k] != WS_NO_BLOCK && (uint32_t)pr >= (rng[k] & 0xffu) &&
-                            (uint32_t)pr < ((rng[k] >> 8) & 0xffu)) {
-                            ks = kbase + (uint64_t)blk[k] * a.block_stride + pr * D + ch * 8;
-                            vs = ks + a.v_offset;
-                            bytes = 16;
-                        }
-                        cp_async16(sk + wswz<N>(r, ch), ks, bytes);
-                        cp_async16(sv + wswz<N>(r, ch), vs, bytes);
-                    }
+                    ws_load_tile_cp<T, D>(a, blk, rng, head, sk, tid);
                 }
                 filled(s);
             }
@@ -525,6 +569,138 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
             __threadfence();
         }
     }
+}
+
+/* Q's A fragments of every k-step, row r of the Q slot at qs (wgmma's swizzle) */
+template <int KS>
+__device__ __forceinline__ void ws_load_qf(uint32_t (&qf)[KS][4], uint32_t qs, int r, int lane)
+{
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++)
+        ldsm_x4(qs + wswz<KCUDA_BIG_M>(r, 2 * ks + (lane >> 4)), qf[ks][0], qf[ks][1], qf[ks][2],
+                qf[ks][3]);
+}
+
+/* S (64 x N) = Q.K^T: one group of wgmma, K from descriptor k0, Q's fragments from registers;
+ * the registers pinned around the issue (nothing may copy them while the products run) */
+template <typename T, int D>
+__device__ __forceinline__ void ws_issue_qk(float (&sw)[4 * (KCUDA_TILE_N / 8)],
+                                            uint32_t (&qf)[D / 16][4], uint64_t k0)
+{
+    constexpr int N = KCUDA_TILE_N;
+    wg_hold(sw);
+    wg_hold_u(qf);
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++)
+        Wg<T>::rsk64(sw, qf[ks], k0 + (((ks >> 2) * (N * 128) + (ks & 3) * 32) >> 4), ks);
+    wg_commit();
+    wg_hold(sw);
+    wg_hold_u(qf);
+}
+/* O += P.V: one group of wgmma, V from descriptor v0, P's fragments from registers */
+template <typename T, int D>
+__device__ __forceinline__ void ws_issue_pv(float (&ow)[4 * (D / 8)],
+                                            uint32_t (&pf)[KCUDA_TILE_N / 16][4], uint64_t v0)
+{
+    wg_hold(ow);
+    wg_hold_u(pf);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < KCUDA_TILE_N / 16; kk++) {
+        if constexpr (D == 64)
+            Wg<T>::rs64(ow, pf[kk], v0 + ((kk * 16 * 128) >> 4));
+        else
+            Wg<T>::rs128(ow, pf[kk], v0 + ((kk * 16 * 128) >> 4));
+    }
+    wg_commit();
+    wg_hold(ow);
+    wg_hold_u(pf);
+}
+
+/* A consumer thread's two rows r0 and r1 as the mask reads them: their causal limits and query
+ * tokens (0xffffffff past the CTA's rows), and the thread's column pair in the quad (tq) */
+struct WsRows {
+    uint32_t lim0, lim1, qt0, qt1;
+    int tq;
+};
+
+/* The mask of a tile (its words w) on S: row r reads chunk k's block rows [lo, b) with b the
+ * smaller of hi and its limit, where r is one of the chunk's readers. A whole tile (every chunk a
+ * whole page of the same readers) needs none for a reader whose limit is past its end; the rest is
+ * a bit per score, four columns a chunk (2tq, 2tq + 1, 8 + 2tq, 9 + 2tq). A branch of its own,
+ * taken by a warp only where one of its rows does not read the whole tile (else the compiler
+ * selects every score). */
+template <int NT>
+__device__ __forceinline__ void ws_mask(float (&s)[NT][4], volatile WsTileWords &w,
+                                        const WsRows &wr)
+{
+    const uint32_t qt0 = wr.qt0, qt1 = wr.qt1, row_lim0 = wr.lim0, row_lim1 = wr.lim1;
+    const int tq = wr.tq;
+    const uint32_t end = w.whole;
+    bool plain0 = false, plain1 = false;
+    if (end) {
+        const uint32_t rg = w.rng[0], rlo = (rg >> 16) & 0xffu, rhi = rg >> 24;
+        plain0 = qt0 >= rlo && qt0 < rhi && row_lim0 >= end;
+        plain1 = qt1 >= rlo && qt1 < rhi && row_lim1 >= end;
+    }
+    if (__any_sync(0xffffffffu, !plain0 || !plain1)) {
+        uint32_t bits0 = 0, bits1 = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t pos = w.pos[k], rg = w.rng[k];
+            const uint32_t lo = rg & 0xffu, hi = (rg >> 8) & 0xffu;
+            const uint32_t rlo = (rg >> 16) & 0xffu, rhi = rg >> 24;
+            auto cols = [&](uint32_t qt, uint32_t lim) {
+                if (qt < rlo || qt >= rhi || lim <= pos + lo)
+                    return 0u;
+                const uint32_t b = min(hi, lim - pos);
+                const uint32_t m = ((1u << b) - 1) & ~((1u << lo) - 1);
+                return ((m >> (2 * tq)) & 3u) | ((m >> (8 + 2 * tq)) & 3u) << 2;
+            };
+            bits0 |= cols(qt0, row_lim0) << (4 * k);
+            bits1 |= cols(qt1, row_lim1) << (4 * k);
+        }
+#pragma unroll
+        for (int jn = 0; jn < NT; jn++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int bit = (jn >> 1) * 4 + (jn & 1) * 2 + (e & 1);
+                if (!(((e < 2 ? bits0 : bits1) >> bit) & 1u))
+                    s[jn][e] = -INFINITY;
+            }
+    }
+}
+
+/* Scale, softcap, mask (the tile's words w) and the online softmax of S in place: probabilities
+ * in s, the sums updated; returns O's corrections c for rows r0 and r1. Without a softcap (and
+ * with a positive scale: plain) the scale rides in the exponent's FMA: the maximum of the raw
+ * scores is taken first, p = 2^(s * scale * log2 e - base) (RowSoftmax.add_ex2_fma). */
+template <int NT>
+__device__ __forceinline__ void ws_softmax(float (&s)[NT][4], RowSoftmax &sm, float &c0, float &c1,
+                                           const FwdArgs &a, bool plain, float sl2,
+                                           volatile WsTileWords &w, const WsRows &wr)
+{
+    if (!plain) {
+#pragma unroll
+        for (int jn = 0; jn < NT; jn++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                s[jn][e] = a.softcap > 0.f ? a.softcap * 1.4426950408889634f *
+                                                 tanhf(s[jn][e] * a.scale / a.softcap)
+                                           : s[jn][e] * sl2;
+    }
+    ws_mask(s, w, wr);
+    float tm0 = -INFINITY, tm1 = -INFINITY;
+#pragma unroll
+    for (int jn = 0; jn < NT; jn++) {
+        tm0 = fmaxf(tm0, fmaxf(s[jn][0], s[jn][1]));
+        tm1 = fmaxf(tm1, fmaxf(s[jn][2], s[jn][3]));
+    }
+    const float k = plain ? sl2 : 1.f; /* scores still to be scaled by k */
+    float b0, b1;
+    sm.rebase<Exp2Ftz>(tm0, tm1, k, b0, b1, c0, c1);
+    sm.add_ex2_fma(s, k, b0, b1, c0, c1);
 }
 
 /* One consumer warpgroup's part of one item whose Q slot is at rp: its 64 rows of the CTA for
@@ -553,16 +729,9 @@ ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles, uint32_t live0, uint
     /* Q: this warp's 16 rows of the warpgroup's 64 (Q slot rows 64c..), the A fragment of every
      * k-step; then the slot is free */
     uint32_t qf[D / 16][4];
-    {
-        const uint32_t qs = mp.slot(rp.s);
-        const int r = 64 * c + warp * 16 + (lane & 15);
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ks++)
-            ldsm_x4(qs + wswz<KCUDA_BIG_M>(r, 2 * ks + (lane >> 4)), qf[ks][0], qf[ks][1],
-                    qf[ks][2], qf[ks][3]);
-        mb_arrive(mp.empty(rp.s));
-        rp.step(1);
-    }
+    ws_load_qf(qf, mp.slot(rp.s), 64 * c + warp * 16 + (lane & 15), lane);
+    mb_arrive(mp.empty(rp.s));
+    rp.step(1);
 
     const int r0 = rb + warp * 16 + g, r1 = r0 + 8;
     const uint32_t row_lim0 = (uint32_t)r0 < n_rows ? rows[r0 / group].limit : 0;
@@ -589,7 +758,7 @@ ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles, uint32_t live0, uint
 #pragma unroll
     for (int i = 0; i < DT; i++)
         o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    RowSoftmax sm;
     const float sl2 = a.scale * 1.4426950408889634f;
     float(&sw)[4 * NT] = *reinterpret_cast<float(*)[4 * NT]>(&s[0][0]);
     float(&ow)[4 * DT] = *reinterpret_cast<float(*)[4 * DT]>(&o[0][0]);
@@ -605,122 +774,18 @@ ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles, uint32_t live0, uint
         ms = nx.s;
         lvb = mp.words(nx.s)->t.next;
         nx.step(adv);
-        wg_hold(sw);
-        wg_hold_u(qf);
-        wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ks++)
-            Wg<T>::rsk64(sw, qf[ks], k0 + (((ks >> 2) * (N * 128) + (ks & 3) * 32) >> 4), ks);
-        wg_commit();
-        wg_hold(sw); /* pinned: nothing may copy them while the products run */
-        wg_hold_u(qf);
+        ws_issue_qk<T, D>(sw, qf, k0);
     };
     /* O += P.V of stage cu, one group */
-    auto issue_pv = [&]() {
-        const uint64_t v0 = vd + slot(cu.s);
-        wg_hold(ow);
-        wg_hold_u(pf);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < N / 16; kk++) {
-            if constexpr (D == 64)
-                Wg<T>::rs64(ow, pf[kk], v0 + ((kk * 16 * 128) >> 4));
-            else
-                Wg<T>::rs128(ow, pf[kk], v0 + ((kk * 16 * 128) >> 4));
-        }
-        wg_commit();
-        wg_hold(ow);
-        wg_hold_u(pf);
-    };
+    auto issue_pv = [&]() { ws_issue_pv<T, D>(ow, pf, vd + slot(cu.s)); };
     auto release = [&]() {
         mb_arrive_n(mp.empty(cu.s), rel);
         cu.step(adv);
     };
-    /* scale, softcap, mask (of the tile in slot ms) and the online softmax of s in
-     * place: exps in s, l updated; returns O's correction factors for rows r0 and r1. Without a
-     * softcap (and with a positive scale) the scale rides in the exponent's FMA: the maximum of
-     * the raw scores is taken first, p = 2^(s * scale * log2 e - base), one FFMA and one MUFU per
-     * score. The mask is a branch of its own, taken by a warp only where one of its rows does
-     * not read the whole tile (else the compiler selects every score). */
     const bool plain = !(a.softcap > 0.f) && sl2 > 0.f;
+    const WsRows wr{row_lim0, row_lim1, qt0, qt1, tq};
     auto softmax = [&](float &c0, float &c1) {
-        if (!plain) {
-#pragma unroll
-            for (int jn = 0; jn < NT; jn++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    s[jn][e] = a.softcap > 0.f ? a.softcap * 1.4426950408889634f *
-                                                     tanhf(s[jn][e] * a.scale / a.softcap)
-                                               : s[jn][e] * sl2;
-        }
-        /* the mask of the tile in slot ms: row r reads chunk k's block rows [lo, b) with b the
-         * smaller of hi and its limit, where r is one of the chunk's readers. A whole tile (every
-         * chunk a whole page of the same readers) needs none for a reader whose limit is past
-         * its end; the rest is a bit per score, four columns a chunk (2tq, 2tq + 1, 8 + 2tq,
-         * 9 + 2tq) */
-        {
-            volatile WsTileWords &w = mp.words(ms)->t;
-            const uint32_t end = w.whole;
-            bool plain0 = false, plain1 = false;
-            if (end) {
-                const uint32_t rg = w.rng[0], rlo = (rg >> 16) & 0xffu, rhi = rg >> 24;
-                plain0 = qt0 >= rlo && qt0 < rhi && row_lim0 >= end;
-                plain1 = qt1 >= rlo && qt1 < rhi && row_lim1 >= end;
-            }
-            if (__any_sync(0xffffffffu, !plain0 || !plain1)) {
-                uint32_t bits0 = 0, bits1 = 0;
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const uint32_t pos = w.pos[k], rg = w.rng[k];
-                    const uint32_t lo = rg & 0xffu, hi = (rg >> 8) & 0xffu;
-                    const uint32_t rlo = (rg >> 16) & 0xffu, rhi = rg >> 24;
-                    auto cols = [&](uint32_t qt, uint32_t lim) {
-                        if (qt < rlo || qt >= rhi || lim <= pos + lo)
-                            return 0u;
-                        const uint32_t b = min(hi, lim - pos);
-                        const uint32_t m = ((1u << b) - 1) & ~((1u << lo) - 1);
-                        return ((m >> (2 * tq)) & 3u) | ((m >> (8 + 2 * tq)) & 3u) << 2;
-                    };
-                    bits0 |= cols(qt0, row_lim0) << (4 * k);
-                    bits1 |= cols(qt1, row_lim1) << (4 * k);
-                }
-#pragma unroll
-                for (int jn = 0; jn < NT; jn++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int bit = (jn >> 1) * 4 + (jn & 1) * 2 + (e & 1);
-                        if (!(((e < 2 ? bits0 : bits1) >> bit) & 1u))
-                            s[jn][e] = -INFINITY;
-                    }
-            }
-        }
-        float tm0 = -INFINITY, tm1 = -INFINITY;
-#pragma unroll
-        for (int jn = 0; jn < NT; jn++) {
-            tm0 = fmaxf(tm0, fmaxf(s[jn][0], s[jn][1]));
-            tm1 = fmaxf(tm1, fmaxf(s[jn][2], s[jn][3]));
-        }
-        tm0 = quad_max(tm0);
-        tm1 = quad_max(tm1);
-        const float k = plain ? sl2 : 1.f; /* scores still to be scaled by k */
-        const float n0 = fmaxf(m0, tm0 * k), n1 = fmaxf(m1, tm1 * k);
-        const float b0 = kern_sm_base(n0), b1 = kern_sm_base(n1);
-        c0 = ex2(m0 - b0);
-        c1 = ex2(m1 - b1);
-        m0 = n0;
-        m1 = n1;
-        float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-        for (int jn = 0; jn < NT; jn++) {
-            s[jn][0] = ex2(fmaf(s[jn][0], k, -b0));
-            s[jn][1] = ex2(fmaf(s[jn][1], k, -b0));
-            s[jn][2] = ex2(fmaf(s[jn][2], k, -b1));
-            s[jn][3] = ex2(fmaf(s[jn][3], k, -b1));
-            s0 += s[jn][0] + s[jn][1];
-            s1 += s[jn][2] + s[jn][3];
-        }
-        l0 = l0 * c0 + s0;
-        l1 = l1 * c1 + s1;
+        ws_softmax(s, sm, c0, c1, a, plain, sl2, mp.words(ms)->t, wr);
     };
     /* O's correction, then P from the S accumulators (the C layout of two n8 tiles is the A
      * layout of one k16 step); once the rows' maxima settle most tiles leave them, and a warp
@@ -745,8 +810,10 @@ ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles, uint32_t live0, uint
      * (FlashAttention-3's intra-warpgroup overlap); with pp the two consumers take turns to issue,
      * so that one's softmax runs under the other's products (the turn passes on across items:
      * both take one per tile, a skipped one too). A single tile per step: two (S of 64 x 128, the
-     * producer padding to an even count) measured 25 % slower on the tile solver's dense plan
-     * (RESULTS.md, 2026-11-25). */
+     * producer padding to an even count) measured slower on the tile solver's dense plan, 229 /
+     * 259 -> 166 / 183 TFLOP/s (tests/bench/log/2026-11-25-ws-forward.md). The loop stays one
+     * function with its steps as lambdas over ws_consume's registers (o, s, pf, qf, the ring
+     * positions): held in a struct instead, they cost the descriptors their uniform registers. */
     int t = 0;
     while (t < n_tiles) {
         while (t < n_tiles && !live()) {
@@ -804,10 +871,9 @@ ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles, uint32_t live0, uint
     rp.skip((uint32_t)(adv * n_tiles));
     if (idle || AB == WS_NO_PRODUCTS)
         return;
-    l0 = quad_sum(l0);
-    l1 = quad_sum(l1);
-    fwd_rows_out<T, D>(a, rows, head, r0, n_rows, m0, l0, o, 0, tq);
-    fwd_rows_out<T, D>(a, rows, head, r1, n_rows, m1, l1, o, 2, tq);
+    sm.finish();
+    fwd_rows_out<T, D>(a, rows, head, r0, n_rows, sm.m0, sm.l0, o, 0, tq);
+    fwd_rows_out<T, D>(a, rows, head, r1, n_rows, sm.m1, sm.l1, o, 2, tq);
 }
 #endif /* KCUDA_WGMMA */
 
