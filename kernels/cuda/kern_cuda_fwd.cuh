@@ -51,6 +51,7 @@
 #include <type_traits>
 
 #include "kern_cuda_int.h"
+#include "kern_cuda_page.cuh"
 #include "kern_cuda_ptx.cuh"
 #include "kern_cuda_softmax.cuh"
 #include "kern_cuda_wgmma.cuh"
@@ -205,51 +206,25 @@ __device__ __forceinline__ void fwd_rows_out(const FwdArgs &a, const sched_plan_
     }
 }
 
-/* ---------------------------------------------------------------- the kernel */
+/* ---------------------------------------------------------------- the kernel's stages */
 
-/* One plan CTA for one KV head with tile m = M: attention over its segments, then the direct
- * outputs and partials. Every thread of the block calls it. SEGS: several segments (the band
- * skip and the segment cursor); a CTA of one segment runs the loop without them (its row range
- * still masks). WG: the four warps are one warpgroup of 64 rows and the matrix products are
- * wgmma (kern_cuda_wgmma.cuh; head_dim <= 128, sm_90a); the tiles use wgmma's swizzle and the
- * rows are written straight from the accumulators. */
-template <typename T, int D, int M, bool SEGS, bool WG = false>
-__device__ __forceinline__ void fwd_cta(const FwdArgs &a, const kcuda_cta_t &cta, uint32_t head,
-                                        uint8_t *smem)
+/* where chunk c of row r of an R-row tile of fwd_cta goes: wgmma's swizzle (WG) or swz */
+template <int D, int R, bool WG> __device__ __forceinline__ uint32_t fwd_off(int r, int c)
+{
+    return WG ? wswz<R>(r, c) : swz<D>(r, c);
+}
+
+/* fwd_cta's Q rows into the Q tile sq, gathered: row i = token i / group, q head
+ * h * group + i % group; rows >= n_rows zero-filled. Every row's token is read before the first
+ * copy is issued: a copy is an asm statement that clobbers memory, so a read after it waits for
+ * its own round trip, one per chunk */
+template <typename T, int D, int M, bool WG>
+__device__ __forceinline__ void fwd_load_q(const FwdArgs &a, const sched_plan_row_t *rows,
+                                           uint32_t n_rows, uint32_t head, uint8_t *sq, int tid)
 {
     using G = Geom<D, M>;
-    constexpr int N = G::N;
-    static_assert(!WG || (KCUDA_WGMMA && M == 64 && D <= 128 && N == 64),
-                  "the wgmma path: a warpgroup of 64 rows, 64-token tiles");
-    using Smem = FwdSmem<D, M>;
-    static_assert(sizeof(Smem) == G::SMEM && offsetof(Smem, ring) == G::Q_BYTES &&
-                      Smem::STAGE == G::STAGE_BYTES && Smem::V_OFF == G::KV_BYTES &&
-                      sizeof(Smem::ring) == G::RING_BYTES &&
-                      sizeof(typename Smem::Epi) == G::EPI_BYTES &&
-                      Smem::EPI_M == G::WN * M * G::ERS && Smem::EPI_L == Smem::EPI_M + G::WN * M,
-                  "fwd_cta's layout: Q tile, then the ring or the epilogue");
-    Smem &sm = *reinterpret_cast<Smem *>(smem);
-    uint8_t *sq = sm.q;
-    uint8_t *ring = sm.ring[0].k;
-    /* where chunk c of row r of the Q tile (M rows) and of a K or V tile (N rows) goes */
-    auto qoff = [](int r, int c) { return WG ? wswz<M>(r, c) : swz<D>(r, c); };
-    auto kvoff = [](int r, int c) { return WG ? wswz<N>(r, c) : swz<D>(r, c); };
-    if (WG && (smem_u32(smem) & 1023u))
-        __trap(); /* the swizzle needs 1024-byte aligned tiles: a layout bug, never data */
-
-    const int tid = threadIdx.x;
-    const int lane = tid & 31, warp = tid >> 5;
-    const int wm = warp % G::WM, wn = warp / G::WM;
-    const sched_plan_row_t *rows = a.rows + cta.row_begin;
-    const uint32_t group = a.group, n_rows = cta.row_count * group;
-    const sched_plan_seg_t *segs = a.segs + cta.seg_begin;
-    const uint32_t n_segs = cta.seg_count;
-    const T *kbase = static_cast<const T *>(a.kv) + (uint64_t)head * a.head_stride;
+    const uint32_t group = a.group;
     const T *q = static_cast<const T *>(a.q);
-
-    /* Q rows, gathered: row i = token i / group, q head h * group + i % group. Every row's token
-     * is read before the first copy is issued: a copy is an asm statement that clobbers memory,
-     * so a read after it waits for its own round trip, one per chunk */
     constexpr int QPT = M * G::CPR / G::T;
     static_assert(M * G::CPR % G::T == 0, "Q chunks divide evenly");
     uint32_t qtok[QPT];
@@ -268,262 +243,185 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const kcuda_cta_t &cta
             src = q + ((uint64_t)qtok[e] * a.q_heads + qh) * D + ch * 8;
             bytes = 16;
         }
-        cp_async16(smem_u32(sq + qoff(r, ch)), src, bytes);
+        cp_async16(smem_u32(sq + fwd_off<D, M, WG>(r, ch)), src, bytes);
     }
+}
 
-    /* the tiles: each segment's range from its kv_begin in steps of N, segments end to end; an
-     * empty segment is one masked tile, as the cursors below walk it */
-    int n_tiles = 0;
-    for (uint32_t k = 0; k < n_segs; k++) {
-        const uint32_t len = segs[k].kv_end - segs[k].kv_begin;
-        n_tiles += len ? (int)((len + N - 1) / N) : 1;
+/* one KV tile into a ring stage (K at sk, V at sv): this thread's loads, their tokens from pg
+ * (SegPages) */
+template <typename T, int D, int M, bool WG, int LPT>
+__device__ __forceinline__ void fwd_load_kv(const FwdArgs &a, const T *kbase,
+                                            const uint32_t (&pg)[LPT], uint8_t *sk, uint8_t *sv,
+                                            int tid)
+{
+    using G = Geom<D, M>;
+#pragma unroll
+    for (int k = 0; k < LPT; k++) {
+        const int c = tid + k * G::T, r = c / G::CPR, ch = c % G::CPR;
+        copy_kv_chunk<T, D>(a, kbase, pg[k] != PAGE_NONE, pg[k] / KERN_BLOCK_SIZE,
+                            pg[k] % KERN_BLOCK_SIZE, ch, smem_u32(sk + fwd_off<D, G::N, WG>(r, ch)),
+                            smem_u32(sv + fwd_off<D, G::N, WG>(r, ch)));
     }
+}
 
-    /* Page ids are fetched one tile before the tile's loads are issued, so the dependent pages[]
-     * read never stalls the issue of the copies. Fetches run in tile order with a cursor over the
-     * segments; each leaves, per load, block * KERN_BLOCK_SIZE + offset (NO_TOKEN past the end). */
-    constexpr int LPT = N * G::CPR / G::T; /* 16-byte K (and V) loads per thread per tile */
-    constexpr uint32_t NO_TOKEN = 0xffffffffu;
-    uint32_t pg[LPT];
-    /* the next tile to fetch: segment fk (its end, pages and first page kept in registers) */
-    uint32_t fk = 0, ft0 = 0, fend = 0, fpage0 = 0;
-    const uint32_t *fpages = a.pages;
-    auto fetch_seg = [&]() {
-        const sched_plan_seg_t sg = segs[fk];
-        ft0 = sg.kv_begin;
-        fend = sg.kv_end;
-        fpage0 = sg.kv_begin / KERN_BLOCK_SIZE;
-        fpages = a.pages + sg.page_begin;
-    };
-    if (n_segs)
-        fetch_seg();
-    auto fetch_pages = [&]() {
-#pragma unroll
-        for (int k = 0; k < LPT; k++) {
-            const uint32_t t = ft0 + (tid + k * G::T) / G::CPR;
-            pg[k] = t < fend ? fpages[t / KERN_BLOCK_SIZE - fpage0] * KERN_BLOCK_SIZE +
-                                   t % KERN_BLOCK_SIZE
-                             : NO_TOKEN;
-        }
-        ft0 += N;
-        if (ft0 >= fend && ++fk < n_segs)
-            fetch_seg();
-    };
-    auto load_tile = [&](int it) {
-        uint8_t *sk = ring + (it % G::STAGES) * Smem::STAGE, *sv = sk + Smem::V_OFF;
-#pragma unroll
-        for (int k = 0; k < LPT; k++) {
-            const int c = tid + k * G::T, r = c / G::CPR, ch = c % G::CPR;
-            const T *ks = kbase, *vs = kbase;
-            uint32_t bytes = 0;
-            if (pg[k] != NO_TOKEN) {
-                ks = kbase + (uint64_t)(pg[k] / KERN_BLOCK_SIZE) * a.block_stride +
-                     (pg[k] % KERN_BLOCK_SIZE) * D + ch * 8;
-                vs = ks + a.v_offset;
-                bytes = 16;
-            }
-            cp_async16(smem_u32(sk + kvoff(r, ch)), ks, bytes);
-            cp_async16(smem_u32(sv + kvoff(r, ch)), vs, bytes);
-        }
-    };
-
-#pragma unroll
-    for (int st = 0; st < G::STAGES - 1; st++) {
-        if (st < n_tiles) {
-            fetch_pages();
-            load_tile(st);
-        }
-        cp_async_commit(); /* group 0 also holds Q */
-    }
-    if (G::STAGES - 1 < n_tiles)
-        fetch_pages();
-
-    /* this thread's two rows of its band: their causal limits, and per segment the effective
-     * limits (0 for a row the segment is not read by); a band none of whose rows reads the
-     * segment skips its tiles (tensor-core work, softmax), loading only */
-    const int g = lane >> 2, tq = lane & 3;
-    const int r0 = wm * 16 + g, r1 = r0 + 8;
-    const uint32_t row_lim0 = (uint32_t)r0 < n_rows ? rows[r0 / group].limit : 0;
-    const uint32_t row_lim1 = (uint32_t)r1 < n_rows ? rows[r1 / group].limit : 0;
-    uint32_t ck = 0, ct0 = 0, cend = 0, lim0 = 0, lim1 = 0; /* the segment being computed */
+/* fwd_cta's compute cursor: the segment whose tiles are computed (ck, its tokens from ct0 to
+ * cend), the effective limits of this thread's two rows in it (0 for a row the segment is not
+ * read by), and whether the rows that compute together (a warp's band, or a warpgroup's 64 rows)
+ * read it at all: a band none of whose rows reads the segment skips its tiles (tensor-core work,
+ * softmax), loading only */
+struct SegRows {
+    uint32_t ck = 0, ct0 = 0, cend = 0, lim0 = 0, lim1 = 0;
     bool band = false;
-    auto enter_seg = [&]() {
+    template <bool WG>
+    __device__ __forceinline__ void enter(const sched_plan_seg_t *segs, uint32_t group, int r0,
+                                          int r1, uint32_t row_lim0, uint32_t row_lim1, int wm,
+                                          uint32_t n_rows)
+    {
         const sched_plan_seg_t sg = segs[ck];
         const uint32_t lo = sg.row_lo * group, hi = sg.row_hi * group;
         ct0 = sg.kv_begin;
         cend = sg.kv_end;
         lim0 = (uint32_t)r0 >= lo && (uint32_t)r0 < hi ? min(row_lim0, cend) : 0;
         lim1 = (uint32_t)r1 >= lo && (uint32_t)r1 < hi ? min(row_lim1, cend) : 0;
-        /* the rows that compute together: a warp's band, or a warpgroup's 64 rows */
         const uint32_t b0 = WG ? 0 : wm * 16, b1 = b0 + (WG ? 64 : 16);
         band = lo < b1 && hi > b0 && b0 < n_rows;
-    };
-    if (n_tiles)
-        enter_seg();
-
-    constexpr int NT = G::NW / 8; /* n8 tiles of S per warp */
-    constexpr int DT = D / 8;     /* n8 tiles of O */
-    float o[DT][4];
-#pragma unroll
-    for (int i = 0; i < DT; i++)
-        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-    const float sl2 = a.scale * 1.4426950408889634f;
-
-    for (int it = 0; it < n_tiles; it++) {
-        const int nx = it + G::STAGES - 1;
-        if (nx < n_tiles)
-            load_tile(nx); /* into the slot computed in iteration it - 1 */
-        cp_async_commit();
-        if (it + G::STAGES < n_tiles)
-            fetch_pages();
-        /* one warpgroup computes every band: its row limits mask */
-        const bool work = !SEGS || WG || band;
-        cp_async_wait<G::STAGES - 1>();
-#if KCUDA_WGMMA
-        if constexpr (WG)
-            wg_proxy_fence(); /* this thread's copies become visible to wgmma's reads */
-#endif
-        __syncthreads();
-        if (work) {
-            const uint8_t *sk = ring + (it % G::STAGES) * Smem::STAGE, *sv = sk + Smem::V_OFF;
-            const int cb = wn * G::NW; /* first column of this warp in the tile */
-
-            float s[NT][4];
-#pragma unroll
-            for (int j = 0; j < NT; j++)
-                s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-#if KCUDA_WGMMA
-            if constexpr (WG) {
-                float(&sw)[4 * NT] = *reinterpret_cast<float(*)[4 * NT]>(&s[0][0]);
-                /* this warpgroup's 64 rows: 128-byte rows inside each 64-column block */
-                const uint32_t qa = smem_u32(sq), ka = smem_u32(sk);
-                wg_fence();
-#pragma unroll
-                for (int ks = 0; ks < D / 16; ks++)
-                    Wg<T>::ss64(sw, wg_desc(qa + (ks >> 2) * (M * 128) + (ks & 3) * 32, 16, 1024),
-                                wg_desc(ka + (ks >> 2) * (N * 128) + (ks & 3) * 32, 16, 1024), ks);
-                wg_commit();
-                wg_wait<0>();
-                wg_hold(sw);
-            } else
-#endif
-#pragma unroll
-                for (int ks = 0; ks < D / 16; ks++) {
-                    uint32_t af[4];
-                    ldsm_x4(smem_u32(sq + swz<D>(wm * 16 + (lane & 15), 2 * ks + (lane >> 4))),
-                            af[0], af[1], af[2], af[3]);
-#pragma unroll
-                    for (int j = 0; j < NT; j += 2) {
-                        uint32_t b0, b1, b2, b3;
-                        const int kr = cb + j * 8 + (lane & 7) + ((lane >> 4) << 3);
-                        ldsm_x4(smem_u32(sk + swz<D>(kr, 2 * ks + ((lane >> 3) & 1))), b0, b1, b2,
-                                b3);
-                        Mma<T>::run(s[j], af, b0, b1);
-                        Mma<T>::run(s[j + 1], af, b2, b3);
-                    }
-                }
-
-            /* scale, softcap, mask; log2 domain */
-            const uint32_t t0 = ct0 + cb;
-            const bool full = t0 + G::NW <= lim0 && t0 + G::NW <= lim1;
-            float tm0 = -INFINITY, tm1 = -INFINITY;
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float v = s[j][e];
-                    if (a.softcap > 0.f)
-                        v = a.softcap * 1.4426950408889634f * tanhf(v * a.scale / a.softcap);
-                    else
-                        v *= sl2;
-                    if (!full) {
-                        const uint32_t t = t0 + j * 8 + 2 * tq + (e & 1);
-                        if (t >= (e < 2 ? lim0 : lim1))
-                            v = -INFINITY;
-                    }
-                    s[j][e] = v;
-                }
-                tm0 = fmaxf(tm0, fmaxf(s[j][0], s[j][1]));
-                tm1 = fmaxf(tm1, fmaxf(s[j][2], s[j][3]));
-            }
-            tm0 = quad_max(tm0);
-            tm1 = quad_max(tm1);
-            const float n0 = fmaxf(m0, tm0), n1 = fmaxf(m1, tm1);
-            const float b0 = kern_sm_base(n0), b1 = kern_sm_base(n1);
-            const float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
-            m0 = n0;
-            m1 = n1;
-            l0 *= c0;
-            l1 *= c1;
-            rescale_rows(o, c0, c1);
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                s[j][0] = exp2f(s[j][0] - b0);
-                s[j][1] = exp2f(s[j][1] - b0);
-                s[j][2] = exp2f(s[j][2] - b1);
-                s[j][3] = exp2f(s[j][3] - b1);
-                l0 += s[j][0] + s[j][1];
-                l1 += s[j][2] + s[j][3];
-            }
-
-            /* O += P.V: P straight from the S accumulators (the C layout of two n8 tiles is the A
-             * layout of one k16 step) */
-#if KCUDA_WGMMA
-            if constexpr (WG) {
-                float(&ow)[4 * DT] = *reinterpret_cast<float(*)[4 * DT]>(&o[0][0]);
-                const uint32_t va = smem_u32(sv);
-                uint32_t pf[N / 16][4]; /* every A fragment before the fence: none moves after */
-#pragma unroll
-                for (int kk = 0; kk < N / 16; kk++)
-                    pack_p<T>(pf[kk], s[2 * kk], s[2 * kk + 1]);
-                wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < N / 16; kk++) {
-                    /* 16 tokens = two 8-row groups (1024 bytes apart); 64-wide D blocks are a
-                     * whole tile (N rows of 128 bytes) apart */
-                    const uint64_t vd = wg_desc(va + kk * 16 * 128, N * 128, 1024);
-                    if constexpr (D == 64)
-                        Wg<T>::rs64(ow, pf[kk], vd);
-                    else
-                        Wg<T>::rs128(ow, pf[kk], vd);
-                }
-                wg_commit();
-                wg_wait<0>();
-                wg_hold(ow);
-            } else
-#endif
-#pragma unroll
-                for (int kk = 0; kk < G::NW / 16; kk++) {
-                    uint32_t pf[4];
-                    pack_p<T>(pf, s[2 * kk], s[2 * kk + 1]);
-                    const int vr = cb + kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
-#pragma unroll
-                    for (int dn = 0; dn < D / 16; dn++) {
-                        uint32_t v0, v1, v2, v3;
-                        ldsm_x4_t(smem_u32(sv + swz<D>(vr, 2 * dn + (lane >> 4))), v0, v1, v2, v3);
-                        Mma<T>::run(o[2 * dn], pf, v0, v1);
-                        Mma<T>::run(o[2 * dn + 1], pf, v2, v3);
-                    }
-                }
-        }
-        __syncthreads(); /* the stage is refilled by the next iteration's loads */
-        ct0 += N;
-        if (SEGS && ct0 >= cend && ++ck < n_segs)
-            enter_seg();
     }
-    cp_async_wait<0>();
-    __syncthreads();
+};
 
-    l0 = quad_sum(l0);
-    l1 = quad_sum(l1);
+/* S = Q.K^T of this warp's band (mma.sync: its columns from cb) or of the warpgroup's 64 rows
+ * (WG: wgmma, 128-byte rows inside each 64-column block) */
+template <typename T, int D, int M, bool WG, int NT>
+__device__ __forceinline__ void fwd_qk(float (&s)[NT][4], const uint8_t *sq, const uint8_t *sk,
+                                       int wm, int cb, int lane)
+{
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+        s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#if KCUDA_WGMMA
     if constexpr (WG) {
-        /* one warp holds whole rows: straight from the accumulators */
-        fwd_rows_out<T, D>(a, rows, head, r0, n_rows, m0, l0, o, 0, tq);
-        fwd_rows_out<T, D>(a, rows, head, r1, n_rows, m1, l1, o, 2, tq);
-        return;
+        constexpr int N = Geom<D, M>::N;
+        float(&sw)[4 * NT] = *reinterpret_cast<float(*)[4 * NT]>(&s[0][0]);
+        const uint32_t qa = smem_u32(sq), ka = smem_u32(sk);
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++)
+            Wg<T>::ss64(sw, wg_desc(qa + (ks >> 2) * (M * 128) + (ks & 3) * 32, 16, 1024),
+                        wg_desc(ka + (ks >> 2) * (N * 128) + (ks & 3) * 32, 16, 1024), ks);
+        wg_commit();
+        wg_wait<0>();
+        wg_hold(sw);
+    } else
+#endif
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            uint32_t af[4];
+            ldsm_x4(smem_u32(sq + swz<D>(wm * 16 + (lane & 15), 2 * ks + (lane >> 4))), af[0],
+                    af[1], af[2], af[3]);
+#pragma unroll
+            for (int j = 0; j < NT; j += 2) {
+                uint32_t b0, b1, b2, b3;
+                const int kr = cb + j * 8 + (lane & 7) + ((lane >> 4) << 3);
+                ldsm_x4(smem_u32(sk + swz<D>(kr, 2 * ks + ((lane >> 3) & 1))), b0, b1, b2, b3);
+                Mma<T>::run(s[j], af, b0, b1);
+                Mma<T>::run(s[j + 1], af, b2, b3);
+            }
+        }
+}
+
+/* Scale, softcap and mask (token t0 + j is this thread's column j of the tile; limits lim0 and
+ * lim1, none where the whole slice of NW columns is below both), log2 domain; then the online
+ * softmax: O rescaled, probabilities in s (RowSoftmax: fwd_cta's exp2f form) */
+template <int NW, int NT, int DT>
+__device__ __forceinline__ void fwd_softmax(float (&s)[NT][4], float (&o)[DT][4], RowSoftmax &rs,
+                                            const FwdArgs &a, float sl2, uint32_t t0, uint32_t lim0,
+                                            uint32_t lim1, int tq)
+{
+    const bool full = t0 + NW <= lim0 && t0 + NW <= lim1;
+    float tm0 = -INFINITY, tm1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float v = s[j][e];
+            if (a.softcap > 0.f)
+                v = a.softcap * 1.4426950408889634f * tanhf(v * a.scale / a.softcap);
+            else
+                v *= sl2;
+            if (!full) {
+                const uint32_t t = t0 + j * 8 + 2 * tq + (e & 1);
+                if (t >= (e < 2 ? lim0 : lim1))
+                    v = -INFINITY;
+            }
+            s[j][e] = v;
+        }
+        tm0 = fmaxf(tm0, fmaxf(s[j][0], s[j][1]));
+        tm1 = fmaxf(tm1, fmaxf(s[j][2], s[j][3]));
     }
-    /* epilogue: each warp's (m, l, acc) into shared memory, then combine the WN column slices */
+    float b0, b1, c0, c1;
+    rs.rebase<Exp2f>(tm0, tm1, 1.f, b0, b1, c0, c1);
+    rs.scale_sums(c0, c1);
+    rescale_rows(o, c0, c1);
+    rs.add_exp2f(s, b0, b1);
+}
+
+/* O += P.V: P straight from the S accumulators (the C layout of two n8 tiles is the A layout of
+ * one k16 step); mma.sync over this warp's columns from cb, or wgmma (WG) */
+template <typename T, int D, int M, bool WG, int NT, int DT>
+__device__ __forceinline__ void fwd_pv(float (&o)[DT][4], const float (&s)[NT][4],
+                                       const uint8_t *sv, int cb, int lane)
+{
+    using G = Geom<D, M>;
+#if KCUDA_WGMMA
+    if constexpr (WG) {
+        constexpr int N = G::N;
+        float(&ow)[4 * DT] = *reinterpret_cast<float(*)[4 * DT]>(&o[0][0]);
+        const uint32_t va = smem_u32(sv);
+        uint32_t pf[N / 16][4]; /* every A fragment before the fence: none moves after */
+#pragma unroll
+        for (int kk = 0; kk < N / 16; kk++)
+            pack_p<T>(pf[kk], s[2 * kk], s[2 * kk + 1]);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < N / 16; kk++) {
+            /* 16 tokens = two 8-row groups (1024 bytes apart); 64-wide D blocks are a whole tile
+             * (N rows of 128 bytes) apart */
+            const uint64_t vd = wg_desc(va + kk * 16 * 128, N * 128, 1024);
+            if constexpr (D == 64)
+                Wg<T>::rs64(ow, pf[kk], vd);
+            else
+                Wg<T>::rs128(ow, pf[kk], vd);
+        }
+        wg_commit();
+        wg_wait<0>();
+        wg_hold(ow);
+    } else
+#endif
+#pragma unroll
+        for (int kk = 0; kk < G::NW / 16; kk++) {
+            uint32_t pf[4];
+            pack_p<T>(pf, s[2 * kk], s[2 * kk + 1]);
+            const int vr = cb + kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+            for (int dn = 0; dn < D / 16; dn++) {
+                uint32_t v0, v1, v2, v3;
+                ldsm_x4_t(smem_u32(sv + swz<D>(vr, 2 * dn + (lane >> 4))), v0, v1, v2, v3);
+                Mma<T>::run(o[2 * dn], pf, v0, v1);
+                Mma<T>::run(o[2 * dn + 1], pf, v2, v3);
+            }
+        }
+}
+
+/* fwd_cta's epilogue on mma.sync: each warp's (m, l, acc) of its column slice into shared memory
+ * (FwdSmem::Epi in the ring's place), then every row combined over the WN slices and written as
+ * the final row or a partial */
+template <typename T, int D, int M, int DT>
+__device__ __forceinline__ void
+fwd_combine(const FwdArgs &a, const sched_plan_row_t *rows, uint32_t head, uint32_t group,
+            uint32_t n_rows, uint8_t *ring, const float (&o)[DT][4], const RowSoftmax &rs, int wn,
+            int r0, int r1, int tq, int tid)
+{
+    using G = Geom<D, M>;
+    using Smem = FwdSmem<D, M>;
     float *ea = reinterpret_cast<float *>(ring), *em = ea + Smem::EPI_M, *el = ea + Smem::EPI_L;
     {
         const int e0 = wn * M + r0, e1 = wn * M + r1;
@@ -535,10 +433,10 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const kcuda_cta_t &cta
                 make_float2(o[i][2], o[i][3]);
         }
         if (tq == 0) {
-            em[e0] = m0;
-            el[e0] = l0;
-            em[e1] = m1;
-            el[e1] = l1;
+            em[e0] = rs.m0;
+            el[e0] = rs.l0;
+            em[e1] = rs.m1;
+            el[e1] = rs.l1;
         }
     }
     __syncthreads();
@@ -576,6 +474,154 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const kcuda_cta_t &cta
                 a.part_lse[slot] = kern_sm_lse(mx, lsum, KERN_LN2);
         }
     }
+}
+
+/* ---------------------------------------------------------------- the kernel */
+
+/* One plan CTA for one KV head with tile m = M: attention over its segments, then the direct
+ * outputs and partials. Every thread of the block calls it. SEGS: several segments (the band
+ * skip and the segment cursor); a CTA of one segment runs the loop without them (its row range
+ * still masks). WG: the four warps are one warpgroup of 64 rows and the matrix products are
+ * wgmma (kern_cuda_wgmma.cuh; head_dim <= 128, sm_90a); the tiles use wgmma's swizzle and the
+ * rows are written straight from the accumulators. */
+template <typename T, int D, int M, bool SEGS, bool WG = false>
+__device__ __forceinline__ void fwd_cta(const FwdArgs &a, const kcuda_cta_t &cta, uint32_t head,
+                                        uint8_t *smem)
+{
+    using G = Geom<D, M>;
+    constexpr int N = G::N;
+    static_assert(!WG || (KCUDA_WGMMA && M == 64 && D <= 128 && N == 64),
+                  "the wgmma path: a warpgroup of 64 rows, 64-token tiles");
+    using Smem = FwdSmem<D, M>;
+    static_assert(sizeof(Smem) == G::SMEM && offsetof(Smem, ring) == G::Q_BYTES &&
+                      Smem::STAGE == G::STAGE_BYTES && Smem::V_OFF == G::KV_BYTES &&
+                      sizeof(Smem::ring) == G::RING_BYTES &&
+                      sizeof(typename Smem::Epi) == G::EPI_BYTES &&
+                      Smem::EPI_M == G::WN * M * G::ERS && Smem::EPI_L == Smem::EPI_M + G::WN * M,
+                  "fwd_cta's layout: Q tile, then the ring or the epilogue");
+    Smem &sm = *reinterpret_cast<Smem *>(smem);
+    uint8_t *sq = sm.q;
+    uint8_t *ring = sm.ring[0].k;
+    if (WG && (smem_u32(smem) & 1023u))
+        __trap(); /* the swizzle needs 1024-byte aligned tiles: a layout bug, never data */
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    const int wm = warp % G::WM, wn = warp / G::WM;
+    const sched_plan_row_t *rows = a.rows + cta.row_begin;
+    const uint32_t group = a.group, n_rows = cta.row_count * group;
+    const sched_plan_seg_t *segs = a.segs + cta.seg_begin;
+    const uint32_t n_segs = cta.seg_count;
+    const T *kbase = static_cast<const T *>(a.kv) + (uint64_t)head * a.head_stride;
+
+    fwd_load_q<T, D, M, WG>(a, rows, n_rows, head, sq, tid);
+    const int n_tiles = seg_tiles<N>(segs, n_segs);
+
+    /* The page cursor. Page ids are fetched one tile before the tile's loads are issued, so the
+     * dependent pages[] read never stalls the issue of the copies. Fetches run in tile order over
+     * the segments; each leaves, per load, block * KERN_BLOCK_SIZE + offset (PAGE_NONE past the
+     * end). The segment being fetched (fk) keeps its end, pages and first page in registers.
+     * Lambdas over fwd_cta's locals: as a struct of its own the cursor compiled to branches around
+     * the stores to pg. */
+    constexpr int LPT = N * G::CPR / G::T; /* 16-byte K (and V) loads per thread per tile */
+    uint32_t pg[LPT];
+    uint32_t fk = 0, ft0 = 0, fend = 0, fpage0 = 0;
+    const uint32_t *fpages = a.pages;
+    auto fetch_seg = [&]() {
+        const sched_plan_seg_t sg = segs[fk];
+        ft0 = sg.kv_begin;
+        fend = sg.kv_end;
+        fpage0 = sg.kv_begin / KERN_BLOCK_SIZE;
+        fpages = a.pages + sg.page_begin;
+    };
+    if (n_segs)
+        fetch_seg();
+    auto fetch_pages = [&]() {
+#pragma unroll
+        for (int k = 0; k < LPT; k++) {
+            const uint32_t t = ft0 + (tid + k * G::T) / G::CPR;
+            pg[k] = t < fend ? fpages[t / KERN_BLOCK_SIZE - fpage0] * KERN_BLOCK_SIZE +
+                                   t % KERN_BLOCK_SIZE
+                             : PAGE_NONE;
+        }
+        ft0 += N;
+        if (ft0 >= fend && ++fk < n_segs)
+            fetch_seg();
+    };
+    auto load_tile = [&](int it) {
+        uint8_t *sk = ring + (it % G::STAGES) * Smem::STAGE, *sv = sk + Smem::V_OFF;
+        fwd_load_kv<T, D, M, WG>(a, kbase, pg, sk, sv, tid);
+    };
+
+#pragma unroll
+    for (int st = 0; st < G::STAGES - 1; st++) {
+        if (st < n_tiles) {
+            fetch_pages();
+            load_tile(st);
+        }
+        cp_async_commit(); /* group 0 also holds Q */
+    }
+    if (G::STAGES - 1 < n_tiles)
+        fetch_pages();
+
+    /* this thread's two rows of its band and their causal limits */
+    const int g = lane >> 2, tq = lane & 3;
+    const int r0 = wm * 16 + g, r1 = r0 + 8;
+    const uint32_t row_lim0 = (uint32_t)r0 < n_rows ? rows[r0 / group].limit : 0;
+    const uint32_t row_lim1 = (uint32_t)r1 < n_rows ? rows[r1 / group].limit : 0;
+    SegRows cur;
+    if (n_tiles)
+        cur.enter<WG>(segs, group, r0, r1, row_lim0, row_lim1, wm, n_rows);
+
+    constexpr int NT = G::NW / 8; /* n8 tiles of S per warp */
+    constexpr int DT = D / 8;     /* n8 tiles of O */
+    float o[DT][4];
+#pragma unroll
+    for (int i = 0; i < DT; i++)
+        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    RowSoftmax rs;
+    const float sl2 = a.scale * 1.4426950408889634f;
+
+    /* The pipelined loop: tile it computed while tiles it + 1 .. it + STAGES - 1 load */
+    for (int it = 0; it < n_tiles; it++) {
+        const int nx = it + G::STAGES - 1;
+        if (nx < n_tiles)
+            load_tile(nx); /* into the slot computed in iteration it - 1 */
+        cp_async_commit();
+        if (it + G::STAGES < n_tiles)
+            fetch_pages();
+        /* one warpgroup computes every band: its row limits mask */
+        const bool work = !SEGS || WG || cur.band;
+        cp_async_wait<G::STAGES - 1>();
+#if KCUDA_WGMMA
+        if constexpr (WG)
+            wg_proxy_fence(); /* this thread's copies become visible to wgmma's reads */
+#endif
+        __syncthreads();
+        if (work) {
+            const uint8_t *sk = ring + (it % G::STAGES) * Smem::STAGE, *sv = sk + Smem::V_OFF;
+            const int cb = wn * G::NW; /* first column of this warp in the tile */
+            float s[NT][4];
+            fwd_qk<T, D, M, WG>(s, sq, sk, wm, cb, lane);
+            fwd_softmax<G::NW>(s, o, rs, a, sl2, cur.ct0 + cb, cur.lim0, cur.lim1, tq);
+            fwd_pv<T, D, M, WG>(o, s, sv, cb, lane);
+        }
+        __syncthreads(); /* the stage is refilled by the next iteration's loads */
+        cur.ct0 += N;
+        if (SEGS && cur.ct0 >= cur.cend && ++cur.ck < n_segs)
+            cur.enter<WG>(segs, group, r0, r1, row_lim0, row_lim1, wm, n_rows);
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    rs.finish();
+    if constexpr (WG) {
+        /* one warp holds whole rows: straight from the accumulators */
+        fwd_rows_out<T, D>(a, rows, head, r0, n_rows, rs.m0, rs.l0, o, 0, tq);
+        fwd_rows_out<T, D>(a, rows, head, r1, n_rows, rs.m1, rs.l1, o, 2, tq);
+        return;
+    }
+    fwd_combine<T, D, M>(a, rows, head, group, n_rows, ring, o, rs, wn, r0, r1, tq, tid);
 }
 
 /* One float4 of one merged row: element e < group x D/4 of token mg for KV head `head`
