@@ -247,23 +247,6 @@ __device__ __forceinline__ void fwd_load_q(const FwdArgs &a, const sched_plan_ro
     }
 }
 
-/* one KV tile into a ring stage (K at sk, V at sv): this thread's loads, their tokens from pg
- * (SegPages) */
-template <typename T, int D, int M, bool WG, int LPT>
-__device__ __forceinline__ void fwd_load_kv(const FwdArgs &a, const T *kbase,
-                                            const uint32_t (&pg)[LPT], uint8_t *sk, uint8_t *sv,
-                                            int tid)
-{
-    using G = Geom<D, M>;
-#pragma unroll
-    for (int k = 0; k < LPT; k++) {
-        const int c = tid + k * G::T, r = c / G::CPR, ch = c % G::CPR;
-        copy_kv_chunk<T, D>(a, kbase, pg[k] != PAGE_NONE, pg[k] / KERN_BLOCK_SIZE,
-                            pg[k] % KERN_BLOCK_SIZE, ch, smem_u32(sk + fwd_off<D, G::N, WG>(r, ch)),
-                            smem_u32(sv + fwd_off<D, G::N, WG>(r, ch)));
-    }
-}
-
 /* fwd_cta's compute cursor: the segment whose tiles are computed (ck, its tokens from ct0 to
  * cend), the effective limits of this thread's two rows in it (0 for a row the segment is not
  * read by), and whether the rows that compute together (a warp's band, or a warpgroup's 64 rows)
@@ -522,7 +505,9 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const kcuda_cta_t &cta
      * the segments; each leaves, per load, block * KERN_BLOCK_SIZE + offset (PAGE_NONE past the
      * end). The segment being fetched (fk) keeps its end, pages and first page in registers.
      * Lambdas over fwd_cta's locals: as a struct of its own the cursor compiled to branches around
-     * the stores to pg. */
+     * the stores to pg. A load's address is kv_chunk's (kern_cuda_page.cuh), spelled out: through
+     * kv_chunk or copy_kv_chunk, fwd_layer took more registers (d128: 229 -> 233) or spilled
+     * more (d256). */
     constexpr int LPT = N * G::CPR / G::T; /* 16-byte K (and V) loads per thread per tile */
     uint32_t pg[LPT];
     uint32_t fk = 0, ft0 = 0, fend = 0, fpage0 = 0;
@@ -550,7 +535,20 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const kcuda_cta_t &cta
     };
     auto load_tile = [&](int it) {
         uint8_t *sk = ring + (it % G::STAGES) * Smem::STAGE, *sv = sk + Smem::V_OFF;
-        fwd_load_kv<T, D, M, WG>(a, kbase, pg, sk, sv, tid);
+#pragma unroll
+        for (int k = 0; k < LPT; k++) {
+            const int c = tid + k * G::T, r = c / G::CPR, ch = c % G::CPR;
+            const T *ks = kbase, *vs = kbase;
+            uint32_t bytes = 0;
+            if (pg[k] != PAGE_NONE) {
+                ks = kbase + (uint64_t)(pg[k] / KERN_BLOCK_SIZE) * a.block_stride +
+                     (pg[k] % KERN_BLOCK_SIZE) * D + ch * 8;
+                vs = ks + a.v_offset;
+                bytes = 16;
+            }
+            cp_async16(smem_u32(sk + fwd_off<D, N, WG>(r, ch)), ks, bytes);
+            cp_async16(smem_u32(sv + fwd_off<D, N, WG>(r, ch)), vs, bytes);
+        }
     };
 
 #pragma unroll
