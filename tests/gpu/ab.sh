@@ -44,7 +44,7 @@ for d in base new; do
     if [ $d = base ]; then $base/build/gpu/bin/patd-tile-solver; else build/gpu/bin/patd-tile-solver; fi 2>&1 |
         grep -E 'tensor rate|fixed cost|tile chain|read bandwidth|^\{"'
 done | tee "$out/ab_solver.log"
-[ -z "$pat_pid" ] || wait $pat_pid
+[ -z "$pat_pid" ] || wait "$pat_pid" 2>/dev/null || true # ab_build may have waited for it
 if [ -x .peers/tools/run.sh ]; then
     tests/gpu/pat_bench.sh "$out/new1.jsonl" "$out/pat.jsonl" >"$out/pat_bench.log" 2>&1
     for r in base1 new1 base2 new2; do
