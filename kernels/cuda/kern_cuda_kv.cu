@@ -5,6 +5,7 @@
  * once per step (slots_upload), then every layer's append reads it.
  */
 #include "kern_cuda_int.h"
+#include "kern_cuda_ptx.cuh"
 
 #include <errno.h>
 #include <string.h>
@@ -20,11 +21,7 @@ __global__ void append_kernel(const T *__restrict__ k, const T *__restrict__ v,
                               uint32_t kv_heads, kern_layout_t lo)
 {
     constexpr uint32_t CPR = D / 8;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    /* the layer's forward, launched as its dependent, may start its blocks now: they wait for
-     * this grid's completion (and its stores) before their first global access */
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+    dep_launch_dependents(); /* the layer's forward may place its blocks now */
     const uint64_t total = (uint64_t)n * kv_heads * CPR;
     for (uint64_t e = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; e < total;
          e += (uint64_t)gridDim.x * blockDim.x) {

@@ -11,8 +11,6 @@
  * around the barriers. Wrappers of instructions a target lacks are declared only where it has
  * them (KCUDA_WGMMA, KCUDA_SM90), so a use elsewhere fails to compile instead of to assemble.
  *
- * Not here: kern_cuda_kv.cu's griddepcontrol.launch_dependents and kern_cuda_xpack.cu's
- * %globaltimer read are single statements inside those translation units.
  */
 #ifndef KERN_CUDA_PTX_CUH
 #define KERN_CUDA_PTX_CUH
@@ -57,6 +55,16 @@ __device__ __forceinline__ void dep_wait()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(KCUDA_NO_DEP_WAIT)
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+/* Lets (sm_90) the grid launched as this one's programmatic dependent start its blocks now; they
+ * wait for this grid's completion and stores (dep_wait) before their first global access. The
+ * KV append calls it first thing, so the layer's forward is placed while the append runs. */
+__device__ __forceinline__ void dep_launch_dependents()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
 

@@ -18,6 +18,7 @@
  * costs the others at most one window, once per step.
  */
 #include "kern_cuda_int.h"
+#include "kern_cuda_ptx.cuh"
 
 #include <errno.h>
 #include <string.h>
@@ -185,13 +186,6 @@ int cuda_pack_begin(kern_lane_t *l, const sched_plan_hdr_t *h, const uint32_t *s
     return 0;
 }
 
-__device__ __forceinline__ uint64_t global_ns()
-{
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
 /* One warp; lane t watches member t. */
 __global__ void pack_gate(PackDev *pd, uint32_t layer, uint32_t *out, const uint32_t *excl)
 {
@@ -210,7 +204,7 @@ __global__ void pack_gate(PackDev *pd, uint32_t layer, uint32_t *out, const uint
         if (ready_mask == act_mask)
             break;
         if (ready_mask) {
-            const uint64_t now = global_ns();
+            const uint64_t now = globaltimer();
             if (!t0)
                 t0 = now;
             else if (now - t0 >= window)
