@@ -122,9 +122,7 @@ static inline void cta_item(const sched_t *s, const sched__seg_t *sg, uint32_t n
     }
     it->units = 1;
     it->kind = 0;
-    it->tiles = 0;
-    for (uint32_t i = 0; i < n; i++)
-        it->tiles += PAT_DIV_UP(sg[i].kv_end - sg[i].kv_begin, tn);
+    it->tiles = sched_span_tiles(sg, sizeof(*sg), n, tn);
 }
 
 /* Adds one CTA of `rows` q-head rows over its n segments of kv_tokens in all, partial_rows of its

@@ -41,6 +41,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* the layout checks hold for C and for the CUDA C++ that reads plans */
 #ifdef __cplusplus
@@ -156,6 +157,21 @@ typedef struct sched_item {
  * checks it on random plans). */
 typedef void (*sched_item_fn)(uint32_t m, uint32_t group, uint32_t tile_n, const void *spans,
                               size_t stride, uint32_t n, sched_item_t *ret);
+
+/* The KV tiles of n spans (as sched_item_fn hands them) when every span starts ceil(length /
+ * tile_n) tiles of its own: the rule of an item without a backend rule, and of the cuda backend's
+ * 4-warp items. */
+static inline uint64_t sched_span_tiles(const void *spans, size_t stride, uint32_t n,
+                                        uint32_t tile_n)
+{
+    uint64_t tiles = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        sched_span_t sp;
+        memcpy(&sp, (const char *)spans + i * stride, sizeof(sp));
+        tiles += (sp.kv_end - sp.kv_begin + (uint64_t)tile_n - 1) / tile_n;
+    }
+    return tiles;
+}
 
 /* The compiled tile shapes of a backend on one GPU and the rule that picks n: the backend
  * publishes it (kern_tiles), the scheduler plans with it. */

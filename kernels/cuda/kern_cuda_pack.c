@@ -49,22 +49,20 @@ static int rows_small(uint32_t rows)
 void kcuda_pack_item(uint32_t m, uint32_t group, uint32_t tile_n, const void *spans, size_t stride,
                      uint32_t n, sched_item_t *ret)
 {
-    const char *p = (const char *)spans;
     ret->units = m > KCUDA_SMALL_M ? 2 : 1;
     ret->kind = m > KCUDA_WS_MIN_ROWS;
-    ret->tiles = 0;
+    if (!ret->kind) { /* a 4-warp kernel's item: each segment its own tiles */
+        ret->tiles = sched_span_tiles(spans, stride, n, tile_n);
+        return;
+    }
     uint64_t cls[3] = {0, 0, 0};
     for (uint32_t i = 0; i < n; i++) {
         sched_span_t sp;
-        memcpy(&sp, p + i * stride, sizeof(sp));
-        if (!ret->kind)
-            ret->tiles += (sp.kv_end - sp.kv_begin + tile_n - 1) / tile_n;
-        else
-            cls[span_class(sp.row_lo, sp.row_hi, rows_small(m), group)] +=
-                span_chunks(sp.kv_begin, sp.kv_end);
+        memcpy(&sp, (const char *)spans + i * stride, sizeof(sp));
+        cls[span_class(sp.row_lo, sp.row_hi, rows_small(m), group)] +=
+            span_chunks(sp.kv_begin, sp.kv_end);
     }
-    if (ret->kind)
-        ret->tiles = class_tiles(cls);
+    ret->tiles = class_tiles(cls);
 }
 
 /* chunks of a CTA per class */

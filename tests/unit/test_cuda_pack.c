@@ -85,11 +85,14 @@ static struct priced {
 } priced[PRICED_MAX];
 static uint32_t n_priced;
 
-static uint64_t spans_key(uint32_t m, uint32_t n, const sched_span_t *sp)
+/* a hash of an item's tile rows and spans (as sched_item_fn hands them) */
+static uint64_t spans_key(uint32_t m, uint32_t n, const void *spans, size_t stride)
 {
     uint64_t k = 0xcbf29ce484222325ull ^ m ^ (uint64_t)n << 32;
     for (uint32_t i = 0; i < n; i++) {
-        const uint32_t w[4] = {sp[i].kv_begin, sp[i].kv_end, sp[i].row_lo, sp[i].row_hi};
+        sched_span_t sp;
+        memcpy(&sp, (const char *)spans + i * stride, sizeof(sp));
+        const uint32_t w[4] = {sp.kv_begin, sp.kv_end, sp.row_lo, sp.row_hi};
         for (int j = 0; j < 4; j++)
             k = (k ^ w[j]) * 0x100000001b3ull;
     }
@@ -101,13 +104,9 @@ static void recording_item(uint32_t m, uint32_t group, uint32_t tile_n, const vo
                            size_t stride, uint32_t n, sched_item_t *ret)
 {
     kcuda_pack_item(m, group, tile_n, spans, stride, n, ret);
-    sched_span_t *sp = malloc((n ? n : 1) * sizeof(*sp));
-    for (uint32_t i = 0; i < n; i++)
-        memcpy(&sp[i], (const char *)spans + i * stride, sizeof(*sp));
     if (n_priced < PRICED_MAX)
         priced[n_priced++] =
-            (struct priced){spans_key(m, n, sp), ret->tiles, ret->units, ret->kind};
-    free(sp);
+            (struct priced){spans_key(m, n, spans, stride), ret->tiles, ret->units, ret->kind};
 }
 
 /* The model priced CTA c (m-row tile) as the packer lays it out: the same tiles, where it runs on
@@ -121,7 +120,7 @@ static void check_priced(const sched_plan_hdr_t *h, const sched_plan_cta_t *pc,
     sched_span_t *sp = malloc((c->seg_count ? c->seg_count : 1) * sizeof(*sp));
     for (uint32_t k = 0; k < c->seg_count; k++)
         sp[k] = (sched_span_t){sg[k].kv_begin, sg[k].kv_end, sg[k].row_lo, sg[k].row_hi};
-    const uint64_t key = spans_key(tm, c->seg_count, sp);
+    const uint64_t key = spans_key(tm, c->seg_count, sp, sizeof(*sp));
     free(sp);
     uint32_t i = 0;
     while (i < n_priced && priced[i].key != key)

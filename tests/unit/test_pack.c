@@ -298,12 +298,7 @@ static void test_item(uint32_t m, uint32_t group, uint32_t tile_n, const void *s
     (void)group;
     ret->units = m > 64 ? 2 : 1;
     ret->kind = test_kind1_from_m && m >= test_kind1_from_m;
-    ret->tiles = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        sched_span_t sp;
-        memcpy(&sp, (const char *)spans + i * stride, sizeof(sp));
-        ret->tiles += (sp.kv_end - sp.kv_begin + tile_n - 1) / tile_n;
-    }
+    ret->tiles = sched_span_tiles(spans, stride, n, tile_n);
 }
 
 /* Bytes of one KV head that a plan moves, summed over its items (outputs aside, as in the model):
