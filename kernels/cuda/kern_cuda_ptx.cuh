@@ -132,36 +132,25 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t &r0, uint32_t 
 /* mma.sync m16n8k16 (c += a . b, fp32 accumulate) of the 16-bit type T, and two floats packed
  * into one 32-bit register of T (an A fragment element pair) */
 template <typename T> struct Mma;
-template <> struct Mma<__half> {
-    __device__ __forceinline__ static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                               uint32_t b1)
-    {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-    __device__ __forceinline__ static uint32_t pack(float x, float y)
-    {
-        __half2 h = __floats2half2_rn(x, y);
-        return *reinterpret_cast<uint32_t *>(&h);
-    }
-};
-template <> struct Mma<__nv_bfloat16> {
-    __device__ __forceinline__ static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                               uint32_t b1)
-    {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-    __device__ __forceinline__ static uint32_t pack(float x, float y)
-    {
-        __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-        return *reinterpret_cast<uint32_t *>(&h);
-    }
-};
+#define KCUDA_MMA(T, TY, T2, CVT2)                                                                 \
+    template <> struct Mma<T> {                                                                    \
+        __device__ __forceinline__ static void run(float (&c)[4], const uint32_t (&a)[4],          \
+                                                   uint32_t b0, uint32_t b1)                       \
+        {                                                                                          \
+            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 "                \
+                         "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                 \
+                         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                          \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));          \
+        }                                                                                          \
+        __device__ __forceinline__ static uint32_t pack(float x, float y)                          \
+        {                                                                                          \
+            T2 h = CVT2(x, y);                                                                     \
+            return *reinterpret_cast<uint32_t *>(&h);                                              \
+        }                                                                                          \
+    };
+KCUDA_MMA(__half, "f16", __half2, __floats2half2_rn)
+KCUDA_MMA(__nv_bfloat16, "bf16", __nv_bfloat162, __floats2bfloat162_rn)
+#undef KCUDA_MMA
 
 /* ---------------------------------------------------------------- named barriers, atomics */
 

@@ -36,22 +36,26 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_
 }
 
 #if KCUDA_WGMMA
+/* the asm output operands of 32 fp32 accumulators d[i] .. d[i + 31] */
+#define KCUDA_WG_ACC8(d, i)                                                                        \
+    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),    \
+        "+f"(d[i + 6]), "+f"(d[i + 7])
+/* their registers in the instruction, operands 0 .. 31 */
+#define KCUDA_WG_D32                                                                               \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                      \
+    "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
+#define KCUDA_WG_ACC32(d, i)                                                                       \
+    KCUDA_WG_ACC8(d, i), KCUDA_WG_ACC8(d, i + 8), KCUDA_WG_ACC8(d, i + 16), KCUDA_WG_ACC8(d, i + 24)
+
 /* ss64: d (64 x 64 fp32) = (acc 0) or += A (64 x 16, K-major, desc da) . B (16 x 64, K-major,
  * desc db). rsN: d (64 x N fp32) += A (64 x 16, registers) . B (16 x N, N-major, desc db). */
 #define KCUDA_WG_SS64(TY)                                                                          \
     __device__ __forceinline__ static void ss64(float(&d)[32], uint64_t da, uint64_t db, int acc)  \
     {                                                                                              \
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                  \
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " "                   \
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20," \
-                     "%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "                              \
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " KCUDA_WG_D32 ", " \
                      "%32, %33, p, 1, 1, 0, 0;\n}\n"                                               \
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),     \
-                       "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),   \
-                       "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),            \
-                       "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),            \
-                       "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]),            \
-                       "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])             \
+                     : KCUDA_WG_ACC32(d, 0)                                                        \
                      : "l"(da), "l"(db), "r"(acc)                                                  \
                      : "memory");                                                                  \
     }
@@ -60,16 +64,9 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_
     __device__ __forceinline__ static void rs64(float(&d)[32], const uint32_t(&a)[4], uint64_t db) \
     {                                                                                              \
         asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"                                    \
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " "                   \
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                     \
-                     "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "          \
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " KCUDA_WG_D32 ", " \
                      "{%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"                                    \
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),     \
-                       "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),   \
-                       "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),            \
-                       "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),            \
-                       "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]),            \
-                       "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])             \
+                     : KCUDA_WG_ACC32(d, 0)                                                        \
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)                         \
                      : "memory");                                                                  \
     }
@@ -80,16 +77,9 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_
                                                  uint64_t db, int acc)                             \
     {                                                                                              \
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                  \
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " "                   \
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                     \
-                     "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "          \
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " KCUDA_WG_D32 ", " \
                      "{%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"                                    \
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),     \
-                       "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),   \
-                       "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),            \
-                       "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),            \
-                       "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]),            \
-                       "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])             \
+                     : KCUDA_WG_ACC32(d, 0)                                                        \
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc)               \
                      : "memory");                                                                  \
     }
@@ -98,27 +88,16 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_
     __device__ __forceinline__ static void rs128(float(&d)[64], const uint32_t(&a)[4],             \
                                                  uint64_t db)                                      \
     {                                                                                              \
-        asm volatile(                                                                              \
-            "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"                                             \
-            "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " "                           \
-            "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                              \
-            "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"                     \
-            "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"                     \
-            "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "                   \
-            "{%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"                                             \
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),  \
-              "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),           \
-              "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),        \
-              "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),        \
-              "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),        \
-              "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),        \
-              "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),        \
-              "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),        \
-              "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),        \
-              "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),        \
-              "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                                \
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)                                  \
-            : "memory");                                                                           \
+        asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"                                    \
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " "                  \
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                     \
+                     "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"            \
+                     "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"            \
+                     "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "          \
+                     "{%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"                                    \
+                     : KCUDA_WG_ACC32(d, 0), KCUDA_WG_ACC32(d, 32)                                 \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)                         \
+                     : "memory");                                                                  \
     }
 
 template <typename T> struct Wg;
@@ -138,6 +117,9 @@ template <> struct Wg<__nv_bfloat16> {
 #undef KCUDA_WG_RS64
 #undef KCUDA_WG_RSK64
 #undef KCUDA_WG_RS128
+#undef KCUDA_WG_ACC32
+#undef KCUDA_WG_ACC8
+#undef KCUDA_WG_D32
 #endif /* KCUDA_WGMMA */
 
 } // namespace kcuda

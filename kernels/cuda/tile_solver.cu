@@ -71,28 +71,37 @@ static double layer_median(kern_backend_t *b, const sched_plan_hdr_t *h, const v
     return tt[tt.size() / 2];
 }
 
-/* Median seconds of one layer of a plan over nq queries of kv_len tokens, q_heads / kv_heads,
- * d 128 fp16: shared = every query reads the same blocks (one pack, policy paper, no split), else
- * each its own (query-centric). Returns FLOP/s when shared, else seconds. */
-static double measure_plan(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t kv_len,
-                           uint32_t qh, uint32_t kvh, bool shared, kern_fwd_t fwd = KERN_FWD_AUTO)
+/* One measurement's world: a cuda backend over n_blocks blocks for nq one-token queries of
+ * qh / kvh heads, d 128 fp16 (one layer, one partial), a finite Q and an O on the GPU, and a
+ * scheduler of the backend's tiles under policy (only_m > 0: CTAs of only_m rows). */
+struct World {
+    kern_backend_t *b;
+    sched_tiles_t tiles; /* the scheduler reads it through its config */
+    sched_t *s;
+    void *q, *o;
+};
+
+static void world_open(World *w, uint32_t nq, uint32_t qh, uint32_t kvh, uint32_t n_blocks,
+                       kern_fwd_t fwd, sched_policy_t policy, uint32_t only_m)
 {
-    const uint32_t dd = 128, blocks_per = (kv_len + 15) / 16;
+    const uint32_t dd = 128;
     kern_config_t kc = {};
     kc.model = {1, qh, kvh, dd, 16, KERN_F16};
-    kc.n_blocks = shared ? blocks_per : nq * blocks_per;
+    kc.n_blocks = n_blocks;
     kc.max_tokens = nq;
     kc.max_partials = 1;
     kc.fwd = fwd;
-    kern_backend_t *b;
-    REQ(kern_backend_create("cuda", &kc, &b));
-    void *q, *o;
-    CK(cudaMalloc(&q, (size_t)nq * qh * dd * 2));
-    CK(cudaMalloc(&o, (size_t)nq * qh * dd * 2));
-    CK(cudaMemset(q, 0x3c, (size_t)nq * qh * dd * 2)); /* 1.0 in fp16: a finite Q */
+    REQ(kern_backend_create("cuda", &kc, &w->b));
+    const size_t qo_bytes = (size_t)nq * qh * dd * 2;
+    CK(cudaMalloc(&w->q, qo_bytes));
+    CK(cudaMalloc(&w->o, qo_bytes));
+    CK(cudaMemset(w->q, 0x3c, qo_bytes)); /* 1.0 in fp16: a finite Q */
     CK(cudaDeviceSynchronize()); /* the backend's stream does not wait for the legacy stream */
-    sched_tiles_t tiles;
-    kern_tiles(b, &tiles);
+    kern_tiles(w->b, &w->tiles);
+    if (only_m) {
+        w->tiles.n_m = 1;
+        w->tiles.m[0] = (uint16_t)only_m;
+    }
     sched_config_t sc = {};
     sc.max_queries = nq;
     sc.max_tokens = nq;
@@ -101,12 +110,32 @@ static double measure_plan(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t
     sc.kv_heads = kvh;
     sc.head_dim = dd;
     sc.kv_elt_bytes = 2;
-    sc.policy = shared ? SCHED_POLICY_PAPER : SCHED_POLICY_QUERY;
-    sc.tiles = &tiles;
+    sc.policy = policy;
+    sc.tiles = &w->tiles;
     sc.split_min_kv = 0;
     sc.max_partials = kc.max_partials;
-    sched_t *s;
-    REQ(sched_create(&sc, &s));
+    REQ(sched_create(&sc, &w->s));
+}
+
+static void world_close(World *w)
+{
+    sched_free(w->s);
+    CK(cudaFree(w->q));
+    CK(cudaFree(w->o));
+    kern_backend_free(w->b);
+}
+
+/* Median seconds of one layer of a plan over nq queries of kv_len tokens, q_heads / kv_heads,
+ * d 128 fp16: shared = every query reads the same blocks (one pack, policy paper, no split), else
+ * each its own (query-centric). Returns FLOP/s when shared, else seconds. */
+static double measure_plan(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t kv_len,
+                           uint32_t qh, uint32_t kvh, bool shared, kern_fwd_t fwd = KERN_FWD_AUTO)
+{
+    const uint32_t dd = 128, blocks_per = (kv_len + 15) / 16;
+    World w;
+    world_open(&w, nq, qh, kvh, shared ? blocks_per : nq * blocks_per, fwd,
+               shared ? SCHED_POLICY_PAPER : SCHED_POLICY_QUERY, 0);
+    sched_t *s = w.s;
     std::vector<uint32_t> tbl(blocks_per);
     for (uint32_t i = 0; i < nq; i++) {
         for (uint32_t k = 0; k < blocks_per; k++)
@@ -116,16 +145,13 @@ static double measure_plan(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t
     }
     const sched_plan_hdr_t *h;
     REQ(sched_build(s, &h));
-    const double sec = layer_median(b, h, q, o, e0, e1);
+    const double sec = layer_median(w.b, h, w.q, w.o, e0, e1);
     /* the FLOPs the tensor cores run: every CTA's m rows (padded) over its KV */
     double flops = 0;
     const sched_plan_cta_t *c = sched_plan_ctas(h);
     for (uint32_t i = 0; i < h->n_ctas; i++)
         flops += 4.0 * sched_plan_groups(h)[c[i].group].m * c[i].kv_tokens * dd * kvh;
-    sched_free(s);
-    CK(cudaFree(q));
-    CK(cudaFree(o));
-    kern_backend_free(b);
+    world_close(&w);
     return shared ? flops / sec : sec;
 }
 
@@ -140,36 +166,10 @@ static double measure_plan(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t
 static double measure_tree(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t m, uint32_t priv)
 {
     const bool chain = priv > 0;
-    const uint32_t dd = 128, qh = 8, kvh = 8;
-    kern_config_t kc = {};
-    kc.model = {1, qh, kvh, dd, 16, KERN_F16};
-    kc.n_blocks = chain ? 1 + nq : (nq + m - 1) / m;
-    kc.max_tokens = nq;
-    kc.max_partials = 1;
-    kern_backend_t *b;
-    REQ(kern_backend_create("cuda", &kc, &b));
-    void *q, *o;
-    CK(cudaMalloc(&q, (size_t)nq * qh * dd * 2));
-    CK(cudaMalloc(&o, (size_t)nq * qh * dd * 2));
-    CK(cudaMemset(q, 0x3c, (size_t)nq * qh * dd * 2));
-    CK(cudaDeviceSynchronize());
-    sched_tiles_t tiles;
-    kern_tiles(b, &tiles);
-    tiles.n_m = 1; /* CTAs of m rows only */
-    tiles.m[0] = (uint16_t)m;
-    sched_config_t sc = {};
-    sc.max_queries = nq;
-    sc.max_tokens = nq;
-    sc.block_size = 16;
-    sc.q_heads = qh;
-    sc.kv_heads = kvh;
-    sc.head_dim = dd;
-    sc.kv_elt_bytes = 2;
-    sc.policy = SCHED_POLICY_TREE;
-    sc.tiles = &tiles;
-    sc.max_partials = kc.max_partials;
-    sched_t *s;
-    REQ(sched_create(&sc, &s));
+    World w;
+    world_open(&w, nq, 8, 8, chain ? 1 + nq : (nq + m - 1) / m, KERN_FWD_AUTO, SCHED_POLICY_TREE,
+               m);
+    sched_t *s = w.s;
     for (uint32_t i = 0; i < nq; i++) {
         uint32_t tbl[5] = {chain ? 0 : i / m, 1 + i, 1 + i, 1 + i, 1 + i};
         sched_query_t qq = {tbl, 1 + priv, 16 * (1 + priv), 1, i, 0};
@@ -177,11 +177,8 @@ static double measure_tree(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t
     }
     const sched_plan_hdr_t *h;
     REQ(sched_build(s, &h));
-    const double sec = layer_median(b, h, q, o, e0, e1);
-    sched_free(s);
-    CK(cudaFree(q));
-    CK(cudaFree(o));
-    kern_backend_free(b);
+    const double sec = layer_median(w.b, h, w.q, w.o, e0, e1);
+    world_close(&w);
     return sec;
 }
 
