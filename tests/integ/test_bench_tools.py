@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""The benchmark's own tools, walked without a GPU: what tests/gpu/run.sh and ab.sh run after
+bench_attn on the device.
+
+- tests/bench/compare_pat.py on bench_attn and PAT rows written here: the per-set summaries
+  (paper, own), issue 39's targets each met or missed as the numbers say, and the time model's
+  pick against the best forced policy. Each target is also driven to a miss by changing one
+  number, so that a verdict that never moves fails.
+- bench_attn's tree sets (tests/bench/bench_attn.cu): the paper's 20 and our ten are trees PAT's
+  bench can run (counts divide, every level a multiple of its 32-token page), none repeated.
+- bench_attn refuses a malformed tree before it touches the GPU (exit status 2, the spec named),
+  where BENCH_ATTN names the built program (make test sets it when the CUDA tools were built).
+
+Prints "N passed, N failed".
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+COMPARE = os.path.join(ROOT, "tests", "bench", "compare_pat.py")
+BENCH_SRC = os.path.join(ROOT, "tests", "bench", "bench_attn.cu")
+
+passed = failed = 0
+
+
+def check(name, ok, detail=""):
+    global passed, failed
+    print("%-66s %s%s" % (name, "ok" if ok else "FAILED", "" if ok else "  " + detail))
+    passed, failed = passed + bool(ok), failed + (not ok)
+
+
+def row(tree, hq, hkv, pat_us, peer_us, floor_us, queries, set_name, merge=0.02, forced=None):
+    """one bench_attn row and its PAT row: patd pat_us, PAT peer_us"""
+    f = forced or {}
+    r = {"tree": tree, "q_heads": hq, "kv_heads": hkv, "queries": queries, "kv_len": 1024,
+         "pat_us": pat_us, "floor_us": floor_us, "tbs": 2.0, "tflops": 100.0, "reread": 1.1,
+         "merge_frac": merge, "distinct_bytes": floor_us * 3e12 / 1e6, "read_bw": 3e12,
+         "qc_us": f.get("qc", pat_us * 2), "tree_us": f.get("tree", pat_us * 1.5),
+         "bytes_us": f.get("bytes", pat_us), "paper_us": f.get("paper", pat_us * 1.2),
+         "policy": "bytes", "set": set_name}
+    return r, {"tree": tree, "hq": hq, "hkv": hkv, "pat_us": peer_us}
+
+
+def world():
+    """rows on which every issue 39 target is met"""
+    rows = []
+    for i in range(8):  # paper, shared: 1.8x PAT, 1.2x the floor, >= 64 queries
+        rows.append(row("1,%d_1024,32" % (64 * (i + 1)), 32, 8, 12.0, 21.6, 10.0, 64 * (i + 1),
+                        "paper"))
+    # unshared: 1.02x the bytes floor (distinct bytes / read bandwidth = floor_us here)
+    rows.append(row("256_1024", 32, 8, 10.2, 11.0, 10.0, 256, "paper"))
+    for i in range(3):  # own: faster than PAT
+        rows.append(row("2,%d_2048,64" % (8 * (i + 1)), 32, 8, 30.0, 33.0, 25.0, 8, "own"))
+    return rows
+
+
+def run_compare(rows):
+    with tempfile.TemporaryDirectory() as d:
+        a, b = os.path.join(d, "patd.jsonl"), os.path.join(d, "pat.jsonl")
+        with open(a, "w") as fa, open(b, "w") as fb:
+            for r, p in rows:
+                fa.write(json.dumps(r) + "\n")
+                fb.write(json.dumps(p) + "\n")
+        res = subprocess.run([sys.executable, COMPARE, a, b], capture_output=True, text=True,
+                             timeout=60)
+        return res.returncode, res.stdout + res.stderr
+
+
+def verdicts(text):
+    m = re.search(r"^targets \(step 3\): (.*)$", text, re.M)
+    if not m:
+        return {}
+    return dict(part.rsplit(": ", 1) for part in m.group(1).split("; "))
+
+
+def test_compare():
+    rc, text = run_compare(world())
+    check("compare_pat: exits 0", rc == 0, text[-400:])
+    check("compare_pat: paper set summarised",
+          re.search(r"^paper shared-prefix cases: 8; patd faster than PAT on 8; geometric mean "
+                    r"PAT / patd 1\.800", text, re.M) is not None, text[-600:])
+    check("compare_pat: own set summarised apart",
+          re.search(r"^own shared-prefix cases: 3; patd faster than PAT on 3; geometric mean "
+                    r"PAT / patd 1\.100", text, re.M) is not None, text[-600:])
+    v = verdicts(text)
+    check("compare_pat: eight targets, all met", len(v) == 8 and set(v.values()) == {"met"},
+          str(v))
+    rc, text = run_compare([x for x in world() if x[0]["set"] != "own"])
+    check("compare_pat: no own trees -> their target not run",
+          verdicts(text).get("own trees: none slower than PAT") == "not run", str(verdicts(text)))
+    rc, text = run_compare(world())
+    check("compare_pat: the model's pick line", "pick within 3 % of the best of "
+          "bytes/paper/query/tree on 12 of 12 cases" in text, text[-600:])
+
+    # one number changed each time: its target, and only it, is missed
+    def missed(name, mutate):
+        rows = world()
+        mutate(rows)
+        rc, text = run_compare(rows)
+        v = verdicts(text)
+        bad = sorted(k for k, x in v.items() if x != "met")
+        check("compare_pat: %s -> missed" % name, rc == 0 and bad == [name], str(bad))
+
+    def slow_paper(rows):  # one paper case slower than PAT
+        rows[0][0].update(pat_us=21.7, bytes_us=21.7, paper_us=26.0, qc_us=43.4, tree_us=32.6)
+
+    missed("every paper case >= 1.0x PAT", slow_paper)
+
+    def slow_own(rows):
+        rows[-1][0].update(pat_us=34.0, bytes_us=34.0, paper_us=40.8, qc_us=68.0, tree_us=51.0)
+
+    missed("own trees: none slower than PAT", slow_own)
+
+    def merges(rows):
+        rows[2][0]["merge_frac"] = 0.11
+
+    missed("merge <= 10 % of every call", merges)
+
+    def unshared(rows):
+        rows[8][0].update(pat_us=10.6, bytes_us=10.6, paper_us=12.7, qc_us=21.2, tree_us=15.9)
+
+    missed("unshared <= 1.05x bytes floor", unshared)
+
+    def pick(rows):  # forced tree 4 % faster than the pick
+        rows[1][0]["tree_us"] = 12.0 / 1.04
+
+    missed("time model's pick within 3 % of the best forced policy", pick)
+
+    def far(rows):  # most of the >= 64-query trees 1.35x the floor (geo stays under 1.4)
+        for r, _ in rows[:5]:
+            r["floor_us"] = 12.0 / 1.35
+
+    missed("trees of >= 64 queries <= 1.3x the floor on half", far)
+
+
+def bench_trees():
+    src = open(BENCH_SRC).read()
+    out = {}
+    for name in ("kTrees", "kOwnTrees"):
+        m = re.search(r"static const char \*const %s\[\] = \{(.*?)\n\};" % name, src, re.S)
+        out[name] = re.findall(r'"([0-9,_]+)"', m.group(1)) if m else []
+    return out
+
+
+def pat_can_run(spec):
+    b, l = spec.split("_")
+    counts, lens = [int(x) for x in b.split(",")], [int(x) for x in l.split(",")]
+    return (len(counts) == len(lens) and all(counts) and
+            all(counts[i + 1] % counts[i] == 0 for i in range(len(counts) - 1)) and
+            all(x > 0 and x % 32 == 0 for x in lens))
+
+
+def test_trees():
+    t = bench_trees()
+    check("bench_attn: the paper's 20 trees", len(t["kTrees"]) == 20, str(len(t["kTrees"])))
+    check("bench_attn: ten trees of our own", len(t["kOwnTrees"]) == 10, str(len(t["kOwnTrees"])))
+    every = t["kTrees"] + t["kOwnTrees"]
+    check("bench_attn: no tree twice", len(set(every)) == len(every))
+    bad = [s for s in every if not pat_can_run(s)]
+    check("bench_attn: every tree one PAT's bench runs", not bad, str(bad))
+    # the shapes the issue names: a long prompt with >= 128 leaves, a forest, a deep tree
+    own = [(s.split("_")[0].split(","), s.split("_")[1].split(",")) for s in t["kOwnTrees"]]
+    check("bench_attn: own trees hold a forest, a 6+ level tree, a 4K+ prompt over 128+ leaves",
+          any(int(c[0]) > 1 for c, _ in own) and any(len(c) >= 6 for c, _ in own) and
+          any(int(l[0]) >= 4096 and int(c[-1]) >= 128 for c, l in own))
+
+
+def test_bench_refuses():
+    exe = os.environ.get("BENCH_ATTN")
+    if not exe:
+        print("bench_attn: BENCH_ATTN not set (built without the CUDA tools): its check skipped")
+        return
+    for spec, why in (("1,4_64", "2 counts, 1 length"), ("2,3_64,32", "2 does not divide 3"),
+                      ("1,4_64,0", "a level of 0 tokens"), ("1,x_64,32", "not a number")):
+        res = subprocess.run([exe, "--trees", "own;" + spec], capture_output=True, text=True,
+                             timeout=60)
+        check("bench_attn: refuses %s (%s)" % (spec, why),
+              res.returncode == 2 and ("bad tree '%s'" % spec) in res.stderr,
+              "rc %d: %s" % (res.returncode, res.stderr[-200:]))
+
+
+def main():
+    test_compare()
+    test_trees()
+    test_bench_refuses()
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
