@@ -413,7 +413,7 @@ all: $(ALL_TARGETS)
 
 # The sanitizer build skips the Python tests: CPython cannot load an ASan-built libpat.so.
 TEST_LIST := $(UNIT_BINS) $(DEMO_BIN) $(INTEG_BINS) tests/demo/test_demo.sh tests/integ/test_patload.py \
-             tests/integ/test_units.py tests/integ/test_metrics_http.py \
+             tests/integ/test_units.py tests/integ/test_metrics_http.py tests/integ/test_bench_tools.py \
              $(if $(filter 1,$(DEBUG)),,tests/integ/test_python.sh tests/integ/test_pip.sh \
                                         tests/integ/test_transformers.sh)
 SAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
@@ -440,7 +440,8 @@ test: | deps
 run-tests:
 	$(Q)PATD_BIN=$(PATD_BIN) TC_CLIENT=$(TC_CLIENT) PATD_LIBPAT=$(B)/lib/libpat.so.$(PAT_SO_MAJOR) \
 	  PATLOAD_BIN=$(PATLOAD_BIN) PATCTL_BIN=$(PATCTL_BIN) PATD_ABI_LAYOUT=$(PAT_ABI_LAYOUT) \
-	  PATD_DEMO_BUILD=$(B) $(SAN_ENV) $(if $(T),PATD_TESTS=$(T)) tests/run.sh $(TEST_LIST)
+	  PATD_DEMO_BUILD=$(B) $(if $(filter 1,$(HAVE_CUDA)),BENCH_ATTN=$(B)/bench/bench_attn) \
+	  $(SAN_ENV) $(if $(T),PATD_TESTS=$(T)) tests/run.sh $(TEST_LIST)
 
 # The whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer (build/asan). The
 # trace replays of test_patload.py keep 16 requests each: with 24 they take 451 of its 600 s on

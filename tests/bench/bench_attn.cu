@@ -11,6 +11,8 @@
  *   pat      patd's plan: pack policy auto (least modelled time), the device's tile table and
  *            time-model rates
  *   qc       query-centric: one query per CTA over its whole KV (policy query), same tiles
+ *   bytes    policy bytes forced; paper: policy paper forced (auto picks among bytes, paper,
+ *            query and tree by modelled time: compare_pat.py judges its pick against the best)
  *   tree     policy tree: queries in prefix-tree order, a tile's rows per CTA, each CTA reading
  *            its rows' whole paths as block-diagonal segments (auto may choose it too);
  *            tree16 / tree32: the same with CTAs of at most 16 / 32 rows
@@ -41,7 +43,9 @@
  *
  * Output: a table on stdout; --json FILE writes one JSON object per row (tests/bench/bench_sdpa.py
  * adds PyTorch SDPA on dense per-query KV; tests/bench/compare_pat.py puts PAT's run beside it).
- * --quick: 4 trees, one head config; --trees / --heads pick cases.
+ * --quick: 4 trees, one head config; --trees / --heads pick cases: --trees takes B_L specs and
+ * the sets paper (the PAT paper's 20 trees, the default), own (kOwnTrees: ten shapes of our own)
+ * and all, separated by ';'; every spec is checked before anything runs.
  */
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
@@ -90,6 +94,20 @@ static const char *const kTrees[] = {
     "8,16,32,256_512,512,256,32",
     "256_1024",
     "256_4096",
+};
+/* Ten shared-prefix shapes of our own beyond the paper's (serving shapes it does not cover; every
+ * level a multiple of 32 tokens, so that PAT runs them too): --trees own */
+static const char *const kOwnTrees[] = {
+    "1,128_8192,32",                         /* a long system prompt, 128 short leaves */
+    "1,512_2048,64",                         /* one prompt, 512 chats behind it */
+    "1,2,4,8,16,32_1024,512,256,256,128,64", /* an agent's binary tree, 6 levels */
+    "1,2,4,8,16,32,64,128_512,256,256,128,128,64,64,32", /* a deeper one, 8 levels, 128 leaves */
+    "1,3,9,27,81_2048,512,256,128,32",                   /* tool calls three ways at each step */
+    "2,128_4096,64",                                     /* a forest of two system prompts */
+    "4,16,64_2048,256,32", /* four roots, few-shot templates under each */
+    "1,4_4096,32",         /* beam search, width 4, one request */
+    "16,64_1024,64",       /* beam search, 16 requests x 4 beams */
+    "64,128_512,32",       /* parallel sampling: 64 prompts x 2 */
 };
 static const uint32_t kHeads[][2] = {{32, 32}, {16, 8}, {32, 8}, {64, 8}};
 
@@ -181,21 +199,47 @@ struct Tree {
     std::vector<uint32_t> nodes, toks;
 };
 
-static Tree parse(const char *s)
+/* B_L -> its levels; false where s is not a tree (the counts and lengths differ in number, a
+ * count or length is 0, or a count does not divide the next) */
+static bool parse(const char *s, Tree *out)
 {
     Tree t;
     const char *us = strchr(s, '_');
+    if (!us)
+        return false;
     for (const char *p = s; p < us;) {
-        t.nodes.push_back((uint32_t)strtoul(p, (char **)&p, 10));
-        if (*p == ',')
-            p++;
+        const char *e;
+        t.nodes.push_back((uint32_t)strtoul(p, (char **)&e, 10));
+        if (e == p || (*e != ',' && *e != '_'))
+            return false;
+        p = *e == ',' ? e + 1 : e;
     }
     for (const char *p = us + 1; *p;) {
-        t.toks.push_back((uint32_t)strtoul(p, (char **)&p, 10));
-        if (*p == ',')
-            p++;
+        const char *e;
+        t.toks.push_back((uint32_t)strtoul(p, (char **)&e, 10));
+        if (e == p || (*e != ',' && *e))
+            return false;
+        p = *e == ',' ? e + 1 : e;
     }
-    return t;
+    if (t.nodes.empty() || t.nodes.size() != t.toks.size())
+        return false;
+    for (size_t l = 0; l < t.nodes.size(); l++)
+        if (!t.nodes[l] || !t.toks[l] || (l && t.nodes[l] % t.nodes[l - 1]))
+            return false;
+    *out = t;
+    return true;
+}
+
+/* "paper" (kTrees), "own" (kOwnTrees) or "other": compare_pat.py's sets */
+static const char *tree_set(const char *spec)
+{
+    for (const char *t : kTrees)
+        if (!strcmp(t, spec))
+            return "paper";
+    for (const char *t : kOwnTrees)
+        if (!strcmp(t, spec))
+            return "own";
+    return "other";
 }
 
 /* one query per last-level node; node i of level l hangs under node i / (n_l / n_{l-1}) */
@@ -374,7 +418,8 @@ struct Floors {
 
 static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors &f, FILE *js)
 {
-    const Tree t = parse(spec);
+    Tree t;
+    parse(spec, &t); /* main checked every spec */
     tl_world_t w;
     build(&w, t);
     kern_config_t kc = {};
@@ -433,6 +478,10 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     sched_t *s_pat = make_sched(&w, qh, kvh, SCHED_POLICY_AUTO, &tiles);
     sched_t *s_qc = make_sched(&w, qh, kvh, SCHED_POLICY_QUERY, &tiles);
     sched_t *s_tree = make_sched(&w, qh, kvh, SCHED_POLICY_TREE, &tiles);
+    /* auto's other two forced alternatives (with query and tree: the time model's choice is
+     * judged against the best of the four) */
+    sched_t *s_bytes = make_sched(&w, qh, kvh, SCHED_POLICY_BYTES, &tiles);
+    sched_t *s_paper = make_sched(&w, qh, kvh, SCHED_POLICY_PAPER, &tiles);
     sched_tiles_t fixed = tiles; /* one tile shape: m 64 */
     fixed.n_m = 1;
     fixed.m[0] = 64;
@@ -464,8 +513,10 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     REQ(sched_build(s_w128, &h_w128));
     sched_traffic_t tr128;
     sched_plan_traffic(h_w128, qh, kvh, D, 2, &tr128);
-    const sched_plan_hdr_t *h_pat, *h_qc, *h_fix, *h_tree;
+    const sched_plan_hdr_t *h_pat, *h_qc, *h_fix, *h_tree, *h_bytes, *h_paper;
     REQ(sched_build(s_pat, &h_pat));
+    REQ(sched_build(s_bytes, &h_bytes));
+    REQ(sched_build(s_paper, &h_paper));
     REQ(sched_build(s_tree, &h_tree));
     REQ(sched_build(s_qc, &h_qc));
     REQ(sched_build(s_fix, &h_fix));
@@ -486,6 +537,8 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
     CK(cudaMemcpy(o_qc.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
     const double us_fix = time_plan(b, h_fix, dq, dout, &p);
     const double us_tree = time_plan(b, h_tree, dq, dout, &p);
+    const double us_bytes = time_plan(b, h_bytes, dq, dout, &p);
+    const double us_paper = time_plan(b, h_paper, dq, dout, &p);
     const double us_t16 = time_plan(b, h_t16, dq, dout, &p);
     const double us_t32 = time_plan(b, h_t32, dq, dout, &p);
     const double us_layer = time_plan(b_layer, h_layer, dq, dout, &p);
@@ -551,18 +604,22 @@ static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors
                 "\"mma_us\":%.2f,\"mma_vs_auto_rel_err\":%.2e,\"tree_us\":%.2f,"
                 "\"tree16_us\":%.2f,\"tree32_us\":%.2f,\"layer_us\":%.2f,\"layer_rows\":%u,"
                 "\"wide128_us\":%.2f,\"wide128_reread\":%.3f,\"tma_us\":%.2f,"
-                "\"inside_us\":%.2f,\"policy\":\"%s\"}\n",
+                "\"inside_us\":%.2f,\"policy\":\"%s\",\"bytes_us\":%.2f,\"paper_us\":%.2f,"
+                "\"set\":\"%s\"}\n",
                 spec, qh, kvh, w.n_q, w.q[0].kv_len, us_pat, us_qc, us_fix, us_nm, pk, bytes, flops,
                 floor_bw, floor_tc, floor, bytes / (us_pat * 1e-6) / f.bw,
                 bytes / (us_pat * 1e-6) / 1e12, flops / (us_pat * 1e-6) / 1e12, reread, merge_frac,
                 st.last_model_ns / 1e3, h_pat->n_ctas, h_pat->n_merges, agree, f.bw, us_mma,
                 mma_agree, us_tree, us_t16, us_t32, us_layer, h_layer->max_cta_rows, us_w128,
-                (double)tr128.kv / bytes, us_tma, us_in, pol_name[chosen]);
+                (double)tr128.kv / bytes, us_tma, us_in, pol_name[chosen], us_bytes, us_paper,
+                tree_set(spec));
     sched_free(s_pat);
     sched_free(s_layer);
     sched_free(s_mma);
     sched_free(s_qc);
     sched_free(s_tree);
+    sched_free(s_bytes);
+    sched_free(s_paper);
     sched_free(s_t16);
     sched_free(s_t32);
     sched_free(s_w128);
@@ -602,8 +659,13 @@ int main(int argc, char **argv)
                 size_t e = all.find(';', at);
                 if (e == std::string::npos)
                     e = all.size();
-                if (e > at)
-                    trees.push_back(all.substr(at, e - at));
+                const std::string one = all.substr(at, e - at);
+                if (one == "paper" || one == "all")
+                    trees.insert(trees.end(), std::begin(kTrees), std::end(kTrees));
+                if (one == "own" || one == "all")
+                    trees.insert(trees.end(), std::begin(kOwnTrees), std::end(kOwnTrees));
+                if (e > at && one != "paper" && one != "own" && one != "all")
+                    trees.push_back(one);
                 at = e + 1;
             }
         } else if (!strcmp(argv[i], "--heads") && i + 1 < argc) {
@@ -617,8 +679,8 @@ int main(int argc, char **argv)
                 heads.push_back({a, b});
             }
         } else {
-            fprintf(stderr, "usage: bench_attn [--quick] [--trees 'B_L;B_L'] [--heads 32/8,...] "
-                            "[--json FILE]\n");
+            fprintf(stderr, "usage: bench_attn [--quick] [--trees 'B_L;B_L;paper;own;all'] "
+                            "[--heads 32/8,...] [--json FILE]\n");
             return 2;
         }
     }
@@ -628,6 +690,16 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < trees.size(); i += 5)
             some.push_back(trees[i]);
         trees = some;
+    }
+    for (const auto &t : trees) {
+        Tree ok;
+        if (!parse(t.c_str(), &ok)) {
+            fprintf(stderr,
+                    "bench_attn: bad tree '%s' (want B_L: node counts per level, each "
+                    "dividing the next, then as many token counts, none 0)\n",
+                    t.c_str());
+            return 2;
+        }
     }
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));

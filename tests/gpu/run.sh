@@ -4,8 +4,8 @@
 #                     --sanitize | --replay [quick] | --frontends [full|quick|modes] | --persist |
 #                     --flake [N]]
 # builds the CUDA parts, runs every GPU test, compute-sanitizer memcheck and racecheck on a
-# reduced set, the tile solver, and the attention benchmark (bench_attn + PAT's kernel on the same
-# GPU when .peers/ holds it (../shared/peers/pat/README.md), joined by tests/bench/compare_pat.py,
+# reduced set, the tile solver, and the attention benchmark (bench_attn --trees all: the PAT
+# paper's 20 trees and ten of our own, + PAT's kernel on the same GPU when .peers/ holds it (../shared/peers/pat/README.md), joined by tests/bench/compare_pat.py,
 # + PyTorch SDPA; --quick-bench: a few trees, --no-bench: none; --attn: the GPU tests,
 # sanitizers, solver and the attention benchmark with PAT, nothing cross-process; --attn-bench:
 # the tile solver and the attention benchmark with PAT; --smoke: test_cuda_attn --quick and
@@ -177,7 +177,7 @@ fi
 if [ $bench -lt 3 ] || [ $bench = 5 ]; then
 if [ $bench != 0 ]; then
     run tile_solver $B/bin/patd-tile-solver
-    run bench_attn $B/bench/bench_attn $([ $bench = 2 ] && echo --quick) --json "$out/bench_attn.jsonl"
+    run bench_attn $B/bench/bench_attn $([ $bench = 2 ] && echo --quick || echo --trees all) --json "$out/bench_attn.jsonl"
     if [ -x .peers/tools/run.sh ]; then
         [ -n "$pat_pid" ] && { wait $pat_pid || tail -20 "$out/pat_build.log"; }
         run pat_bench tests/gpu/pat_bench.sh "$out/bench_attn.jsonl" "$out/pat.jsonl"
