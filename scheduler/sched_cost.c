@@ -18,10 +18,11 @@
  *
  * Time model (sched_tiles_t.cost, measured per GPU): per work item (a CTA for one KV head)
  * max(bytes / bandwidth share, FLOPs / tensor-rate share, tiles x tile_us) + its fixed cost, and a
- * makespan over the device's resident slots. How many KV tiles a CTA walks, how many slots it
- * holds and which fixed cost it pays are the backend's to say (sched_tiles_t.item, the rule it
- * lays out its plans with); without a rule every segment starts its own tiles. Without a cost
- * model (the cpu backend) the time is the bytes.
+ * makespan over the device's resident slots, plus cost.merge_us once where any row is written as a
+ * partial (the merge launch's own time; the partials' bytes are in the items). How many KV tiles a
+ * CTA walks, how many slots it holds and which fixed cost it pays are the backend's to say
+ * (sched_tiles_t.item, the rule it lays out its plans with); without a rule every segment starts
+ * its own tiles. Without a cost model (the cpu backend) the time is the bytes.
  *
  * Cost: linear in the chunks and rows walked; no allocation.
  */
@@ -105,10 +106,11 @@ static double makespan_ns(const sched_t *s, double sum_ns, double max_ns, uint64
 
 /* A running total of CTAs as work items of one KV head: their bytes and the makespan inputs. */
 typedef struct tally {
-    uint64_t bytes; /* KV + Q + partials, one KV head */
-    uint64_t units; /* work items in slot units */
-    double sum_ns;  /* sum of units x modelled time */
-    double max_ns;  /* the longest item */
+    uint64_t bytes;        /* KV + Q + partials, one KV head */
+    uint64_t units;        /* work items in slot units */
+    double sum_ns;         /* sum of units x modelled time */
+    double max_ns;         /* the longest item */
+    uint64_t partial_rows; /* rows written as partials: any makes the layer pay cost.merge_us */
 } tally_t;
 
 /* The work item a CTA with an m-row tile over its n segments is, KV tiles of tn tokens: the
@@ -140,6 +142,7 @@ static inline double tally_cta(const sched_t *s, tally_t *t, const sched__seg_t 
      * CTA on the SM, not to its own) */
     double ns = item_ns(s, kv_tokens, &it, tn, m, rows, partial_rows);
     t->bytes += kv_tokens * md->kv_tok + rows * md->q_row + partial_rows * md->ic_row;
+    t->partial_rows += partial_rows;
     t->sum_ns += it.units * ns;
     t->units += it.units;
     t->max_ns = ns > t->max_ns ? ns : t->max_ns;
@@ -151,16 +154,21 @@ static inline double tally_cta(const sched_t *s, tally_t *t, const sched__seg_t 
 static void tally_partials(const sched_t *s, tally_t *t, uint64_t partial_rows)
 {
     t->bytes += partial_rows * s->mdl.ic_row;
+    t->partial_rows += partial_rows;
     const sched_item_t none = {.tiles = 0, .units = 1, .kind = 0};
     t->sum_ns += item_ns(s, 0, &none, 0, 0, 0, (uint32_t)PAT_MIN(partial_rows, UINT32_MAX)) -
                  item_ns(s, 0, &none, 0, 0, 0, 0);
 }
 
-/* Modelled time of one layer: the makespan of the tallied items over every KV head. */
+/* Modelled time of one layer: the makespan of the tallied items over every KV head, then the
+ * merge's fixed time where any row was written as a partial. */
 static double tally_ns(const sched_t *s, const tally_t *t)
 {
     uint32_t kvh = s->cfg.kv_heads;
-    return makespan_ns(s, t->sum_ns * kvh, t->max_ns, t->units * kvh);
+    double ns = makespan_ns(s, t->sum_ns * kvh, t->max_ns, t->units * kvh);
+    if (t->partial_rows && s->tiles.cost.slots)
+        ns += s->tiles.cost.merge_us * 1e3;
+    return ns;
 }
 
 /* ------------------------------------------------------------------ byte model of packing */

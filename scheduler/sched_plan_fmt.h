@@ -134,6 +134,9 @@ typedef struct sched_cost {
                          it bounds CTAs of many short segments (0: not modelled) */
     float kind1_cta_us; /* fixed time of an item of kind 1 (sched_item_t.kind: the backend runs
                            it on another kernel), per item (0: cta_us) */
+    float merge_us;     /* fixed time a layer with split tokens pays once for merging them after
+                           the forward (the merge launch's gap, fill and drain), beyond the
+                           partials' bytes; 0: not modelled */
 } sched_cost_t;
 
 /* A KV range of a CTA as a backend's item rule reads it: the first four words of each of the

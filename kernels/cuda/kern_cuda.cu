@@ -95,6 +95,8 @@ void cuda_tiles(const kern_backend_t *b, sched_tiles_t *ret)
      * has fewer items (the time model keeps the fill split only where it pays) */
     const uint32_t slots = (uint32_t)(prop.multiProcessorCount * fwd_resident(c->fwd));
     ret->cost.slots = slots;
+    if (c->base.cfg.merge == KERN_MERGE_INSIDE)
+        ret->cost.merge_us = 0; /* no merge launch: the last CTA of a token merges it */
     if (c->max_m > KCUDA_SMALL_M && ret->n_m < SCHED_MAX_TILE_M) {
         ret->m[ret->n_m++] = (uint16_t)c->max_m; /* the pair kernel's two warpgroups */
         ret->item = kcuda_pack_item;             /* how plan_upload lays out the CTAs */

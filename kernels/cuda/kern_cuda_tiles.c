@@ -3,7 +3,8 @@
  * (kern_cuda_shapes.h, the one place it is written) and, per GPU, the rates of the scheduler's
  * time model as kernels/cuda/tile_solver.cu measured them on that GPU (each run's report is a
  * file under tests/bench/log/, the rows in use are tests/bench/RESULTS.md's "Tile solver"). A
- * GPU without an entry gets generic rates: a model of the right shape, untuned.
+ * GPU without an entry gets generic rates: a model of the right shape, untuned. A row without
+ * merge_us (0) leaves the merge launch unpriced beyond its partials' bytes.
  */
 #include "kern_cuda.h"
 #include "kern_cuda_shapes.h"
@@ -18,24 +19,26 @@ typedef struct gpu_cost {
 
 static const gpu_cost_t measured[] = {
     /* NVIDIA H100 80GB HBM3, patd-tile-solver on the persistent warp-specialized default with
-     * packed tiles, its --sanitize run (tests/bench/log/2026-11-26-tile-pack.md) */
-    {"H100", 1, {3071.6f, 386.9f, 3.42f, 0, 2.10f, 4.85f}},
+     * packed tiles, its --sanitize run (tests/bench/log/2026-11-26-tile-pack.md); merge_us:
+     * bench_attn's pat - nomerge on the plans of at most 640 merged rows, where the partials'
+     * bytes are negligible (6.4-8.3 us, tests/bench/log/2026-11-28-merge-fixed-cost.md) */
+    {"H100", 1, {3071.6f, 386.9f, 3.42f, 0, 2.10f, 4.85f, 7.0f}},
     /* NVIDIA H200, patd-tile-solver on the persistent warp-specialized default (per item 3.69 us
      * against 6.40 for the non-persistent one: tests/bench/log/2026-11-25-ws-persistent.md; the
      * row as kept: tests/bench/log/2026-11-26-mcast-h200-table.md); pair_cta_us measured with
      * the producer's early reads (tests/bench/log/2026-11-26-producer-issue-bound.md) */
-    {"H200", 1, {4345.3f, 351.7f, 3.79f, 0, 2.03f, 6.83f}},
+    {"H200", 1, {4345.3f, 351.7f, 3.79f, 0, 2.03f, 6.83f, 0}},
     /* NVIDIA H200, patd-tile-solver (tests/bench/log/2026-11-24-handoff-h200-pat.md); tile_us:
      * the H100's, no H200 measurement of it */
-    {"H200", 0, {4457.3f, 154.6f, 3.60f, 0, 2.0f, 0}},
+    {"H200", 0, {4457.3f, 154.6f, 3.60f, 0, 2.0f, 0, 0}},
     /* NVIDIA H100 80GB HBM3, patd-tile-solver (tests/bench/log/2026-11-24-one-launch-per-layer.md);
      * tile_us: the median of its runs (2.53-2.74 us:
      * tests/bench/log/2026-11-24-tree-cta-size-pair.md) */
-    {"H100", 0, {3054.3f, 167.5f, 3.53f, 0, 2.64f, 0}},
+    {"H100", 0, {3054.3f, 167.5f, 3.53f, 0, 2.64f, 0, 0}},
 };
 
 /* an sm_80-class part: half an H100's bandwidth, a quarter of its rate */
-static const sched_cost_t generic = {1500.0f, 60.0f, 2.5f, 0, 2.0f, 0};
+static const sched_cost_t generic = {1500.0f, 60.0f, 2.5f, 0, 2.0f, 0, 0};
 
 int kern_cuda_tiles_for(const char *device_name, int ws, sched_tiles_t *ret)
 {

@@ -255,7 +255,7 @@ static void test_random_plans(void **state)
                             .n = {64},
                             .n_upto = {UINT32_MAX},
                             .item = recording_item};
-        tt.cost = (sched_cost_t){3066.0f, 381.0f, 3.41f, 132, 1.80f, 5.43f};
+        tt.cost = (sched_cost_t){3066.0f, 381.0f, 3.41f, 132, 1.80f, 5.43f, 0};
         /* every policy, then TREE with 128-row CTAs only (leaves of both consumers' rows) */
         for (int pol = 0; pol <= SCHED_POLICY_TREE + 1; pol++)
             for (int split = 0; split < 2; split++) {

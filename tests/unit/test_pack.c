@@ -701,7 +701,7 @@ static void test_errors(void **state)
 static uint32_t tree_rows(uint32_t nq, uint32_t prefix, uint32_t q_heads, uint32_t kv_heads)
 {
     sched_tiles_t t = {.n_m = 3, .m = {16, 32, 64}, .n_n = 1, .n = {64}, .n_upto = {UINT32_MAX}};
-    t.cost = (sched_cost_t){3054.3f, 167.5f, 3.53f, 264, 2.0f, 0.0f};
+    t.cost = (sched_cost_t){3054.3f, 167.5f, 3.53f, 264, 2.0f, 0.0f, 0};
     sched_config_t c = {.max_queries = nq,
                         .max_tokens = nq,
                         .block_size = BS,
@@ -750,7 +750,7 @@ static double one_query_model_ns(uint32_t group, uint32_t kind1_from_m, float ki
                        .n = {64},
                        .n_upto = {UINT32_MAX},
                        .item = test_item};
-    t.cost = (sched_cost_t){3054.3f, 167.5f, 3.53f, 264, 2.0f, kind1_cta_us};
+    t.cost = (sched_cost_t){3054.3f, 167.5f, 3.53f, 264, 2.0f, kind1_cta_us, 0};
     test_kind1_from_m = kind1_from_m;
     sched_config_t c = {.max_queries = 1,
                         .max_tokens = 1,
@@ -787,6 +787,70 @@ static void test_pair_fixed_cost(void **state)
     assert_true(fabs(one_query_model_ns(16, 32, 10.0f) - base16) < 1e-6);
 }
 
+/* nq queries of one token each under a shared prefix of `prefix` blocks, each with a private
+ * block, 8/8 heads, built under policy pol at the H100's rates with merge_us; returns the plan's
+ * merges and its modelled ns in *ns. */
+static uint32_t prefix_plan(uint32_t nq, uint32_t prefix, sched_policy_t pol, float merge_us,
+                            double *ns)
+{
+    sched_tiles_t t = {.n_m = 3, .m = {16, 32, 64}, .n_n = 1, .n = {64}, .n_upto = {UINT32_MAX}};
+    t.cost = (sched_cost_t){3054.3f, 167.5f, 3.53f, 264, 2.0f, 0.0f, merge_us};
+    t.min_ctas = 4 * 264; /* as the cuda backend sets it: long KV split to fill the device */
+    sched_config_t c = {.max_queries = nq,
+                        .max_tokens = nq,
+                        .block_size = BS,
+                        .q_heads = 8,
+                        .kv_heads = 8,
+                        .head_dim = 128,
+                        .kv_elt_bytes = 2,
+                        .policy = pol,
+                        .tiles = &t,
+                        .split_min_kv = 256, /* the daemon's setting */
+                        .max_partials = 64 * nq};
+    sched_t *s;
+    assert_int_equal(sched_create(&c, &s), 0);
+    uint32_t *tbl = malloc((prefix + 1) * sizeof(uint32_t));
+    for (uint32_t k = 0; k < prefix; k++)
+        tbl[k] = k;
+    for (uint32_t i = 0; i < nq; i++) {
+        tbl[prefix] = prefix + i;
+        sched_query_t v = {tbl, prefix + 1, (prefix + 1) * BS, 1, i, 0};
+        assert_int_equal(sched_forest_join(sched_forest(s), i, &v), 0);
+    }
+    free(tbl);
+    const sched_plan_hdr_t *h;
+    assert_int_equal(sched_build(s, &h), 0);
+    const uint32_t merges = h->n_merges;
+    sched_stats_t st;
+    sched_get_stats(s, &st);
+    *ns = st.last_model_ns;
+    sched_free(s);
+    return merges;
+}
+
+/* cost.merge_us: a layer whose plan merges pays it once on top of its items; a plan without
+ * merges pays nothing; and priced high enough, auto picks a plan without merges where the cheap
+ * merge had it pick one with them. */
+static void test_merge_fixed_cost(void **state)
+{
+    (void)state;
+    double a, b;
+    /* policy bytes on 16 queries under a shared prefix: the prefix pack and each leaf write
+     * partials */
+    assert_true(prefix_plan(16, 64, SCHED_POLICY_BYTES, 0.0f, &a) > 0);
+    assert_true(prefix_plan(16, 64, SCHED_POLICY_BYTES, 20.0f, &b) > 0);
+    assert_true(fabs(b - a - 20e3) < 1.0);
+    /* the query-centric plan of short queries has no merges: the same time */
+    assert_int_equal(prefix_plan(16, 2, SCHED_POLICY_QUERY, 0.0f, &a), 0);
+    assert_int_equal(prefix_plan(16, 2, SCHED_POLICY_QUERY, 20.0f, &b), 0);
+    assert_true(fabs(b - a) < 1e-6);
+    /* auto on a 4,096-token prefix: split and merged while merging is free (the split fills the
+     * device), neither once a merge costs a millisecond */
+    assert_true(prefix_plan(16, 256, SCHED_POLICY_AUTO, 0.0f, &a) > 0);
+    assert_int_equal(prefix_plan(16, 256, SCHED_POLICY_AUTO, 1000.0f, &b), 0);
+    assert_true(b < 1000e3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -801,6 +865,7 @@ int main(void)
         cmocka_unit_test(test_long_kv_split),
         cmocka_unit_test(test_fill_split),
         cmocka_unit_test(test_tree_cta_size),
+        cmocka_unit_test(test_merge_fixed_cost),
     };
     return cmocka_run_group_tests_name("pack", tests, NULL, NULL);
 }
