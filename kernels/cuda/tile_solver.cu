@@ -321,7 +321,10 @@ int main(int argc, char **argv)
     printf("fwd_pair's fixed cost: %u queries in runs of 32 sharing a 16-token block, TREE CTAs of "
            "32 rows (%.0f items of one tile, %.0f blocks): %.1f us -> %.2f us per item and block\n",
            pair_q, pair_items, pair_blocks, t_pair * 1e6, pair_us);
-    printf("\n/* %s, tile_solver */\n{\"%s\", 1, {%.1ff, %.1ff, %.2ff, 0, %.2ff, %.2ff}},\n",
+    /* merge_us is not measured here: bench_attn's pat - nomerge on plans of few merges gives it
+     * (tests/bench/log/2026-11-28-merge-fixed-cost.md) */
+    printf("\n/* %s, tile_solver; merge_us: bench_attn's pat - nomerge */\n"
+           "{\"%s\", 1, {%.1ff, %.1ff, %.2ff, 0, %.2ff, %.2ff, MERGE_US}},\n",
            prop.name, prop.name, bw / 1e9, mma / 1e12, cta_us * 1e6, tile_us * 1e6, pair_us);
     return 0;
 }
