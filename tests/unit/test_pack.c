@@ -695,6 +695,21 @@ static void test_errors(void **state)
     sched_free(s);
 }
 
+/* Joins nq one-token queries to s's forest, sharing blocks [0, prefix) and each with one private
+ * block after them. */
+static void join_under_prefix(sched_t *s, uint32_t nq, uint32_t prefix)
+{
+    uint32_t *tbl = malloc((prefix + 1) * sizeof(uint32_t));
+    for (uint32_t k = 0; k < prefix; k++)
+        tbl[k] = k;
+    for (uint32_t i = 0; i < nq; i++) {
+        tbl[prefix] = prefix + i;
+        sched_query_t v = {tbl, prefix + 1, (prefix + 1) * BS, 1, i, 0};
+        assert_int_equal(sched_forest_join(sched_forest(s), i, &v), 0);
+    }
+    free(tbl);
+}
+
 /* TREE's CTA size under a time model (the H100's rates, tiles m 16/32/64, n 64): nq queries
  * share a prefix of `prefix` blocks, each with one private block. Returns the largest CTA's rows
  * of the TREE plan. */
@@ -713,15 +728,7 @@ static uint32_t tree_rows(uint32_t nq, uint32_t prefix, uint32_t q_heads, uint32
                         .tiles = &t};
     sched_t *s;
     assert_int_equal(sched_create(&c, &s), 0);
-    uint32_t *tbl = malloc((prefix + 1) * sizeof(uint32_t));
-    for (uint32_t k = 0; k < prefix; k++)
-        tbl[k] = k;
-    for (uint32_t i = 0; i < nq; i++) {
-        tbl[prefix] = prefix + i;
-        sched_query_t v = {tbl, prefix + 1, (prefix + 1) * BS, 1, i, 0};
-        assert_int_equal(sched_forest_join(sched_forest(s), i, &v), 0);
-    }
-    free(tbl);
+    join_under_prefix(s, nq, prefix);
     const sched_plan_hdr_t *h;
     assert_int_equal(sched_build(s, &h), 0);
     uint32_t rows = h->max_cta_rows;
@@ -809,15 +816,7 @@ static uint32_t prefix_plan(uint32_t nq, uint32_t prefix, sched_policy_t pol, fl
                         .max_partials = 64 * nq};
     sched_t *s;
     assert_int_equal(sched_create(&c, &s), 0);
-    uint32_t *tbl = malloc((prefix + 1) * sizeof(uint32_t));
-    for (uint32_t k = 0; k < prefix; k++)
-        tbl[k] = k;
-    for (uint32_t i = 0; i < nq; i++) {
-        tbl[prefix] = prefix + i;
-        sched_query_t v = {tbl, prefix + 1, (prefix + 1) * BS, 1, i, 0};
-        assert_int_equal(sched_forest_join(sched_forest(s), i, &v), 0);
-    }
-    free(tbl);
+    join_under_prefix(s, nq, prefix);
     const sched_plan_hdr_t *h;
     assert_int_equal(sched_build(s, &h), 0);
     const uint32_t merges = h->n_merges;
