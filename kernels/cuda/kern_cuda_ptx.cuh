@@ -10,7 +10,6 @@
  * `asm volatile` keeping issue order and on the "memory" clobbers ordering shared-memory accesses
  * around the barriers. Wrappers of instructions a target lacks are declared only where it has
  * them (KCUDA_WGMMA, KCUDA_SM90), so a use elsewhere fails to compile instead of to assemble.
- *
  */
 #ifndef KERN_CUDA_PTX_CUH
 #define KERN_CUDA_PTX_CUH

@@ -135,16 +135,15 @@ static double measure_plan(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t
     World w;
     world_open(&w, nq, qh, kvh, shared ? blocks_per : nq * blocks_per, fwd,
                shared ? SCHED_POLICY_PAPER : SCHED_POLICY_QUERY, 0);
-    sched_t *s = w.s;
     std::vector<uint32_t> tbl(blocks_per);
     for (uint32_t i = 0; i < nq; i++) {
         for (uint32_t k = 0; k < blocks_per; k++)
             tbl[k] = shared ? k : i * blocks_per + k;
         sched_query_t qq = {tbl.data(), blocks_per, kv_len, 1, i, 0};
-        REQ(sched_forest_join(sched_forest(s), i, &qq));
+        REQ(sched_forest_join(sched_forest(w.s), i, &qq));
     }
     const sched_plan_hdr_t *h;
-    REQ(sched_build(s, &h));
+    REQ(sched_build(w.s, &h));
     const double sec = layer_median(w.b, h, w.q, w.o, e0, e1);
     /* the FLOPs the tensor cores run: every CTA's m rows (padded) over its KV */
     double flops = 0;
@@ -169,14 +168,13 @@ static double measure_tree(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t
     World w;
     world_open(&w, nq, 8, 8, chain ? 1 + nq : (nq + m - 1) / m, KERN_FWD_AUTO, SCHED_POLICY_TREE,
                m);
-    sched_t *s = w.s;
     for (uint32_t i = 0; i < nq; i++) {
         uint32_t tbl[5] = {chain ? 0 : i / m, 1 + i, 1 + i, 1 + i, 1 + i};
         sched_query_t qq = {tbl, 1 + priv, 16 * (1 + priv), 1, i, 0};
-        REQ(sched_forest_join(sched_forest(s), i, &qq));
+        REQ(sched_forest_join(sched_forest(w.s), i, &qq));
     }
     const sched_plan_hdr_t *h;
-    REQ(sched_build(s, &h));
+    REQ(sched_build(w.s, &h));
     const double sec = layer_median(w.b, h, w.q, w.o, e0, e1);
     world_close(&w);
     return sec;

@@ -416,10 +416,9 @@ struct Floors {
     double bw, tc;
 };
 
-static void run_config(const char *spec, uint32_t qh, uint32_t kvh, const Floors &f, FILE *js)
+static void run_config(const char *spec, const Tree &t, uint32_t qh, uint32_t kvh, const Floors &f,
+                       FILE *js)
 {
-    Tree t;
-    parse(spec, &t); /* main checked every spec */
     tl_world_t w;
     build(&w, t);
     kern_config_t kc = {};
@@ -660,11 +659,13 @@ int main(int argc, char **argv)
                 if (e == std::string::npos)
                     e = all.size();
                 const std::string one = all.substr(at, e - at);
-                if (one == "paper" || one == "all")
+                const bool paper = one == "paper" || one == "all";
+                const bool own = one == "own" || one == "all";
+                if (paper)
                     trees.insert(trees.end(), std::begin(kTrees), std::end(kTrees));
-                if (one == "own" || one == "all")
+                if (own)
                     trees.insert(trees.end(), std::begin(kOwnTrees), std::end(kOwnTrees));
-                if (e > at && one != "paper" && one != "own" && one != "all")
+                if (!paper && !own && !one.empty())
                     trees.push_back(one);
                 at = e + 1;
             }
@@ -691,9 +692,10 @@ int main(int argc, char **argv)
             some.push_back(trees[i]);
         trees = some;
     }
-    for (const auto &t : trees) {
-        Tree ok;
-        if (!parse(t.c_str(), &ok)) {
+    std::vector<Tree> parsed(trees.size());
+    for (size_t i = 0; i < trees.size(); i++) {
+        const std::string &t = trees[i];
+        if (!parse(t.c_str(), &parsed[i])) {
             fprintf(stderr,
                     "bench_attn: bad tree '%s' (want B_L: node counts per level, each "
                     "dividing the next, then as many token counts, none 0)\n",
@@ -716,8 +718,8 @@ int main(int argc, char **argv)
            "TB/s", "TFLOPs", "rerd", "merge", "model", "qc/pat", "fx/pat", "pack_us", "ctas",
            "pat~qc", "tree_us", "policy", "mma_us");
     for (const auto &h : heads)
-        for (const auto &t : trees)
-            run_config(t.c_str(), h.first, h.second, f, js);
+        for (size_t i = 0; i < trees.size(); i++)
+            run_config(trees[i].c_str(), parsed[i], h.first, h.second, f, js);
     if (js)
         fclose(js);
     return 0;

@@ -5,10 +5,11 @@
 #                     --flake [N]]
 # builds the CUDA parts, runs every GPU test, compute-sanitizer memcheck and racecheck on a
 # reduced set, the tile solver, and the attention benchmark (bench_attn --trees all: the PAT
-# paper's 20 trees and ten of our own, + PAT's kernel on the same GPU when .peers/ holds it (../shared/peers/pat/README.md), joined by tests/bench/compare_pat.py,
-# + PyTorch SDPA; --quick-bench: a few trees, --no-bench: none; --attn: the GPU tests,
-# sanitizers, solver and the attention benchmark with PAT, nothing cross-process; --attn-bench:
-# the tile solver and the attention benchmark with PAT; --smoke: test_cuda_attn --quick and
+# paper's 20 trees and ten of our own, + PAT's kernel on the same GPU when .peers/ holds it
+# (../shared/peers/pat/README.md), joined by tests/bench/compare_pat.py, + PyTorch SDPA;
+# --quick-bench: a few trees, --no-bench: none; --attn: the GPU tests, sanitizers, solver and the
+# attention benchmark with PAT, nothing cross-process; --attn-bench: the tile solver and the
+# attention benchmark with PAT; --smoke: test_cuda_attn --quick and
 # bench_attn --quick, a few minutes; --sanitize: test_cuda_attn --quick, memcheck and racecheck
 # on it, the tile solver); then test_vmm_share without MPS and under it (a session's staging as
 # its own allocation passed by descriptor, issue 17), and under MPS the cross-process tests (a real patd on
