@@ -171,10 +171,12 @@ int plan_upload(Lane *L, const sched_plan_hdr_t *h)
     return 0;
 }
 
-/* A forward launch: where c->pdl, as a programmatic dependent of the kernel before it on the
- * stream (the layer's KV append), so that its blocks are placed and set up while that kernel
- * runs; the forward waits for it on the GPU before reading anything (dep_wait). */
-static cudaError_t launch_fwd(const Cuda *c, const void *fn, uint32_t grid, uint32_t threads,
+/* A forward or merge launch: where c->pdl, as a programmatic dependent of the kernel before it on
+ * the stream (the forward's: the layer's KV append; the merge's: the forward), so that its blocks
+ * are placed and set up while that kernel runs; each waits for it on the GPU before reading
+ * anything (dep_wait). The forwards let their dependent start at once (dep_launch_dependents):
+ * the merge's blocks are placed on each SM as the forward's leave it, with no launch gap. */
+static cudaError_t launch_dep(const Cuda *c, const void *fn, uint32_t grid, uint32_t threads,
                               void **args, size_t smem, cudaStream_t st)
 {
     cudaLaunchConfig_t cfg = {};
@@ -235,16 +237,15 @@ int attend_on(Lane *L, uint32_t layer, const sched_plan_hdr_t *h, const void *q,
      * and the 4-warp kernels measured faster there (tests/bench/log/2026-11-25-ws-forward.md) */
     if (runs_pair(c, h)) {
         const uint32_t items = ws_items(a);
-        KC_TRY(launch_fwd(c, c->fwd.pair_fn, items < c->n_sms ? items : c->n_sms,
+        KC_TRY(launch_dep(c, c->fwd.pair_fn, items < c->n_sms ? items : c->n_sms,
                           KCUDA_PAIR_THREADS, args, (size_t)c->fwd.pair_smem, L->main),
                "forward launch (pair)");
     } else
-        KC_TRY(launch_fwd(c, c->fwd.fn, h->n_ctas * m.kv_heads, KCUDA_THREADS, args,
+        KC_TRY(launch_dep(c, c->fwd.fn, h->n_ctas * m.kv_heads, KCUDA_THREADS, args,
                           (size_t)c->fwd.smem, L->main),
                "forward launch");
     if (!a.merge_inside && h->n_merges)
-        KC_TRY(cudaLaunchKernel(c->fwd.merge_fn, dim3(h->n_merges * m.kv_heads), dim3(128), args, 0,
-                                L->main),
+        KC_TRY(launch_dep(c, c->fwd.merge_fn, h->n_merges * m.kv_heads, 128, args, 0, L->main),
                "merge launch");
     return 0;
 }

@@ -739,6 +739,7 @@ __global__ void __launch_bounds__(KCUDA_THREADS) fwd_layer(const FwdArgs a)
 {
     extern __shared__ __align__(1024) uint8_t smem[];
     dep_wait();
+    dep_launch_dependents(); /* the merge's blocks take SMs as this grid's last wave leaves them */
     fwd_small<T, D, WGK>(a, a.ctas[blockIdx.x / a.kv_heads], blockIdx.x % a.kv_heads, smem);
 }
 
@@ -764,9 +765,11 @@ namespace kcuda
 {
 
 /* The merge as a launch of its own (KERN_MERGE_LAUNCH): grid = n_merges x kv_heads blocks, each
- * one token's group of q heads for one KV head, after the forward on the same stream. */
+ * one token's group of q heads for one KV head, after the forward on the same stream (on sm_90
+ * its programmatic dependent: placed while the forward runs, waiting for it in dep_wait). */
 template <typename T, int D> __global__ void __launch_bounds__(128) merge_layer(const FwdArgs a)
 {
+    dep_wait(); /* the forward's partials (a programmatic dependent of it, launch_dep) */
     const sched_plan_merge_t mg = a.merges[blockIdx.x / a.kv_heads];
     const uint32_t head = blockIdx.x % a.kv_heads;
     for (uint32_t e = threadIdx.x; e < a.group * (D / 4); e += blockDim.x)

@@ -895,8 +895,9 @@ __global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const __grid_c
             mb_init(mp.full(threadIdx.x), KCUDA_THREADS + 1);
             mb_init(mp.empty(threadIdx.x), 2 * KCUDA_THREADS);
         }
-        __syncthreads(); /* the barriers exist before anyone arrives */
-        dep_wait();      /* every global access after it (the work counter's too) */
+        __syncthreads();         /* the barriers exist before anyone arrives */
+        dep_wait();              /* every global access after it (the work counter's too) */
+        dep_launch_dependents(); /* the merge's blocks wait on the SMs this grid leaves */
         /* broadcast from lane 0: the compiler then knows it is warp-uniform (descriptors and
          * slot offsets stay in uniform registers) */
         const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x / KCUDA_THREADS), 0);

@@ -6,10 +6,10 @@
  * (kern_append_kv, kern_attend) run on lane 0, which never waits on a client.
  *
  * A layer on a lane is, on its one stream: wait(ready) -> append -> forward and merge -> post(done)
- * [-> progress, when asked]. On sm_90 the forward is the append's programmatic dependent
- * (kern_cuda_attn.cu's launch_fwd): its blocks start while the append runs and wait for it on the
- * GPU. Handshakes are 64-bit stream memory operations
- * (cuStreamWaitValue64 / cuStreamWriteValue64, taken from the driver with
+ * [-> progress, when asked]. On sm_90 the forward is the append's programmatic dependent and the
+ * merge the forward's (kern_cuda_attn.cu's launch_dep): each one's blocks are placed while the
+ * kernel before it runs and wait for it on the GPU. Handshakes are 64-bit stream memory
+ * operations (cuStreamWaitValue64 / cuStreamWriteValue64, taken from the driver with
  * cudaGetDriverEntryPointByVersion: no link against libcuda).
  */
 #include "kern_cuda_int.h"
