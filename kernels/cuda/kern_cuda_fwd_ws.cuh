@@ -467,6 +467,11 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
         b = *bcast;
         bar_sync(BAR_PRODUCER, KCUDA_THREADS); /* read by all before thread 0 writes again */
         if (b >= n_items) {
+            /* no item left: once every block is here, the merge's blocks are placed as this
+             * grid's leave their SMs. Triggered at the start instead, they were placed beside
+             * running blocks and measured up to 1.2x slower calls (tests/bench/log/
+             * 2026-11-28-merge-pdl.md) */
+            dep_launch_dependents();
             const int qs = take();
             if (tid == 0)
                 mp.words(qs)->q.item = WS_END;
@@ -895,9 +900,8 @@ __global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const __grid_c
             mb_init(mp.full(threadIdx.x), KCUDA_THREADS + 1);
             mb_init(mp.empty(threadIdx.x), 2 * KCUDA_THREADS);
         }
-        __syncthreads();         /* the barriers exist before anyone arrives */
-        dep_wait();              /* every global access after it (the work counter's too) */
-        dep_launch_dependents(); /* the merge's blocks wait on the SMs this grid leaves */
+        __syncthreads(); /* the barriers exist before anyone arrives */
+        dep_wait();      /* every global access after it (the work counter's too) */
         /* broadcast from lane 0: the compiler then knows it is warp-uniform (descriptors and
          * slot offsets stay in uniform registers) */
         const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x / KCUDA_THREADS), 0);

@@ -60,7 +60,8 @@ __device__ __forceinline__ void dep_wait()
 /* Lets (sm_90) the grid launched as this one's programmatic dependent start its blocks now; they
  * wait for this grid's completion and stores (dep_wait) before their first global access. The
  * KV append calls it first thing, so the layer's forward is placed while the append runs; the
- * forwards call it after their dep_wait, so the merge is placed as their blocks leave. */
+ * forwards call it (fwd_layer at its start, fwd_pair's producer when no item is left), so the
+ * merge is placed as their blocks leave. */
 __device__ __forceinline__ void dep_launch_dependents()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
