@@ -23,11 +23,11 @@ static const gpu_cost_t measured[] = {
      * bench_attn's pat - nomerge on the plans of at most 640 merged rows, where the partials'
      * bytes are negligible (6.4-8.3 us, tests/bench/log/2026-11-28-merge-fixed-cost.md) */
     {"H100", 1, {3071.6f, 386.9f, 3.42f, 0, 2.10f, 4.85f, 7.0f}},
-    /* NVIDIA H200, patd-tile-solver on the persistent warp-specialized default (per item 3.69 us
-     * against 6.40 for the non-persistent one: tests/bench/log/2026-11-25-ws-persistent.md; the
-     * row as kept: tests/bench/log/2026-11-26-mcast-h200-table.md); pair_cta_us measured with
-     * the producer's early reads (tests/bench/log/2026-11-26-producer-issue-bound.md) */
-    {"H200", 1, {4345.3f, 351.7f, 3.79f, 0, 2.03f, 6.83f, 0}},
+    /* NVIDIA H200, patd-tile-solver on the persistent warp-specialized default: the medians of
+     * five runs on one H200 (tests/bench/log/2026-11-28-merge-pdl.md); merge_us: bench_attn's
+     * pat - nomerge on the plans of at most 1,024 merged rows, the merge launched as the
+     * forward's dependent (4.0-9.6 us, median 6.6, same entry) */
+    {"H200", 1, {4356.0f, 381.8f, 3.44f, 0, 2.14f, 4.95f, 6.6f}},
     /* NVIDIA H200, patd-tile-solver (tests/bench/log/2026-11-24-handoff-h200-pat.md); tile_us:
      * the H100's, no H200 measurement of it */
     {"H200", 0, {4457.3f, 154.6f, 3.60f, 0, 2.0f, 0, 0}},
