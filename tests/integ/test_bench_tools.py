@@ -4,8 +4,9 @@ bench_attn on the device.
 
 - tests/bench/compare_pat.py on bench_attn and PAT rows written here: the per-set summaries
   (paper, own), issue 39's targets each met or missed as the numbers say, and the time model's
-  pick against the best forced policy. Each target is also driven to a miss by changing one
-  number, so that a verdict that never moves fails.
+  pick against the best forced policy (judged only on auto's own timing, never on an
+  ablation's --field). Each target is also driven to a miss by changing one number, so that a
+  verdict that never moves fails.
 - bench_attn's tree sets (tests/bench/bench_attn.cu): the paper's 20 and our ten are trees PAT's
   bench can run (counts divide, every level a multiple of its 32-token page), none repeated.
 - bench_attn refuses a malformed tree before it touches the GPU (exit status 2, the spec named),
@@ -59,15 +60,15 @@ def world():
     return rows
 
 
-def run_compare(rows):
+def run_compare(rows, *args):
     with tempfile.TemporaryDirectory() as d:
         a, b = os.path.join(d, "patd.jsonl"), os.path.join(d, "pat.jsonl")
         with open(a, "w") as fa, open(b, "w") as fb:
             for r, p in rows:
                 fa.write(json.dumps(r) + "\n")
                 fb.write(json.dumps(p) + "\n")
-        res = subprocess.run([sys.executable, COMPARE, a, b], capture_output=True, text=True,
-                             timeout=60)
+        res = subprocess.run([sys.executable, COMPARE, a, b, *args], capture_output=True,
+                             text=True, timeout=60)
         return res.returncode, res.stdout + res.stderr
 
 
@@ -96,6 +97,16 @@ def test_compare():
     rc, text = run_compare(world())
     check("compare_pat: the model's pick line", "pick within 3 % of the best of "
           "bytes/paper/query/tree on 12 of 12 cases" in text, text[-600:])
+
+    slow = world()  # an ablation's column 2x slower than auto: its table, never a pick verdict
+    for r, _ in slow:
+        r["mma_us"] = 2 * r["pat_us"]
+    rc, text = run_compare(slow, "--field", "mma_us")
+    v = verdicts(text)
+    check("compare_pat --field: no pick verdict on an ablation's timing",
+          rc == 0 and "patd timing: mma_us" in text and "pick within" not in text and
+          "time model's pick within 3 % of the best forced policy" not in v and
+          v.get("every paper case >= 1.0x PAT") == "MISSED", text[-600:])
 
     # one number changed each time: its target, and only it, is missed
     def missed(name, mutate):
