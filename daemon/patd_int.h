@@ -171,7 +171,8 @@ typedef struct patd_metrics {
     _Atomic uint64_t packs_policy[5]; /* packs built, by sched_policy_t used */
     _Atomic uint64_t plan_ctas, plan_merges, plan_partials; /* summed over the plans built */
     _Atomic uint64_t layer_ns_sum, layers;                  /* append + attend per layer */
-    _Atomic uint64_t kv_bytes, qc_bytes;                    /* per layer, summed */
+    _Atomic uint64_t start_ns_sum, starts; /* STEP_BEGIN received -> first layer begun */
+    _Atomic uint64_t kv_bytes, qc_bytes;   /* per layer, summed */
     _Atomic uint64_t conns_opened, conns_closed, reclaims_dead, reclaims_lease;
     _Atomic uint64_t reclaim_ns_max, reclaim_ns_last;
 } patd_metrics_t;

@@ -140,6 +140,8 @@ static int lane_enqueue(patd_t *d, patd_lane_t *ln)
                      (unsigned long long)c->session, l, strerror(-rc));
             return rc;
         }
+        if (l == 0 && ln->begun)
+            patd_step_started(d, &c->step, pat_now_ns());
         ln->next = l + 1;
     }
     return 0;
@@ -604,6 +606,10 @@ static int pack_drive(patd_t *d, uint32_t pi, uint64_t now)
             }
             return 1;
         }
+        if (l == 0) /* each member's first layer is in the packed one */
+            for (uint32_t j = 0; j < pl->n_members; j++)
+                if (is_member(L, pl, pi, j) && L->lane[pl->members[j]].phase == LANE_RUN)
+                    patd_step_started(d, &L->lane[pl->members[j]].c->step, now);
         pl->next = l + 1;
         atomic_fetch_add(&L->pack_layers, 1);
         moved = 1;

@@ -318,6 +318,11 @@ char *patd_metrics_text(patd_t *d, size_t *ret_len)
     metric_seconds(f, "patd_layer_seconds_total", "counter",
                    "KV append + attention time, all layers", LD(m->layer_ns_sum));
     metric(f, "patd_layers_total", "counter", "layers executed", LD(m->layers));
+    metric_seconds(f, "patd_step_start_seconds_total", "counter",
+                   "STEP_BEGIN received to the step's first layer begun (cpu: computing, once its "
+                   "client handed the layer over; cuda: enqueued on its lane), summed",
+                   LD(m->start_ns_sum));
+    metric(f, "patd_step_starts_total", "counter", "steps whose first layer began", LD(m->starts));
     metric(f, "patd_kv_read_bytes_total", "counter", "K+V bytes the plans read", LD(m->kv_bytes));
     metric(f, "patd_kv_query_centric_bytes_total", "counter",
            "K+V bytes query-centric execution would have read", LD(m->qc_bytes));

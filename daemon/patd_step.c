@@ -97,6 +97,12 @@ void patd_step_move(patd_step_t *st, patd_step_state_t to)
     atomic_store(&st->state, (int)to);
 }
 
+void patd_step_started(patd_t *d, const patd_step_t *st, uint64_t now)
+{
+    atomic_fetch_add(&d->m.start_ns_sum, now - st->t_recv_ns);
+    atomic_fetch_add(&d->m.starts, 1);
+}
+
 /* The executor's last move: stored under the post list's lock (patd_exec_post), so a loop that
  * sees BACK/UNSTARTED also finds the post, and a reap can purge every post naming c. */
 void patd_step_give_back(patd_t *d, patd_conn_t *c)
@@ -576,6 +582,8 @@ static int step_layers_cpu(patd_t *d, patd_conn_t *c, uint32_t exec_id)
         if (rc < 0)
             break;
         uint64_t t0 = pat_now_ns();
+        if (l == 0)
+            patd_step_started(d, st, t0);
         pthread_mutex_lock(&d->be_mu);
         rc = kern_append_kv(d->be, l, base + c->lay.k_off, base + c->lay.v_off, st->kvslot,
                             st->n_tokens);

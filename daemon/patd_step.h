@@ -115,6 +115,9 @@ void patd_step_move(patd_step_t *st, patd_step_state_t to);
 void patd_step_rollback(patd_conn_t *c);
 /* The owner's last move (BACK from RUNNING, else UNSTARTED), posted to the loop. */
 void patd_step_give_back(patd_t *d, patd_conn_t *c);
+/* Counts the time from the step's STEP_BEGIN to `now`, when its first layer's work began (cpu: the
+ * layer starts computing; cuda: it is enqueued on the lane). */
+void patd_step_started(patd_t *d, const patd_step_t *st, uint64_t now);
 
 /* A step in flight (any state but IDLE): the lease waits, a drain waits. */
 static inline int patd_step_busy(const patd_step_t *st)

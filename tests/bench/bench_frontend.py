@@ -137,6 +137,9 @@ def run(batch, cfg, model, sock, js, bw, tc):
     packs = m1["patd_pack_total"] - m0["patd_pack_total"]
     res["pack_us"] = (m1["patd_pack_seconds_total"] - m0["patd_pack_seconds_total"]) / \
         max(1, packs) * 1e6
+    starts = m1["patd_step_starts_total"] - m0["patd_step_starts_total"]
+    res["start_us"] = (m1["patd_step_start_seconds_total"] -
+                       m0["patd_step_start_seconds_total"]) / max(1, starts) * 1e6
     res["kv_bytes_layer"] = info["kv_bytes"]
     res["qc_bytes_layer"] = info["qc_bytes"]
     for s in seqs:
@@ -175,10 +178,11 @@ def run(batch, cfg, model, sock, js, bw, tc):
     res["floor_weights_ms"] = wbytes / bw * 1e3
     res["floor_kv_ms"] = res["kv_bytes_layer"] * cfg.layers / bw * 1e3
     print("batch %3d: step through patd %.2f ms, in-process %.2f ms (%+.1f us per layer); "
-          "pack %.1f us/step vs %.1f us of frontend work before layer 0; KV read per layer "
-          "%.1f MB (query-centric %.1f MB); floors: weights %.2f ms, GEMM %.2f ms, KV %.3f ms"
+          "pack %.1f us/step vs %.1f us of frontend work before layer 0; STEP_BEGIN to layer 0 "
+          "enqueued %.1f us (patd's mean); KV read per layer %.1f MB (query-centric %.1f MB); "
+          "floors: weights %.2f ms, GEMM %.2f ms, KV %.3f ms"
           % (batch, res["patd_step_ms"], res["inproc_step_ms"], res["overhead_per_layer_us"],
-             res["pack_us"], res["before_layer0_us"], res["kv_bytes_layer"] / 1e6,
+             res["pack_us"], res["before_layer0_us"], res["start_us"], res["kv_bytes_layer"] / 1e6,
              res["qc_bytes_layer"] / 1e6, res["floor_weights_ms"], res["floor_gemm_ms"],
              res["floor_kv_ms"]), flush=True)
     if js:

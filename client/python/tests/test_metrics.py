@@ -132,6 +132,7 @@ class MetricsCase(unittest.TestCase):
             b, cached_b = c.seq_open(prompt)
             self.assertEqual(cached_b, 48)  # its 3 full blocks, from a
             c.step_begin([b], [len(prompt) - cached_b], prompt[cached_b:])
+            time.sleep(0.25)  # layer 0 handed over late: the step's start counts the wait
             for layer in range(MODEL.n_layers):
                 c.attend(layer)
             c.step_end()
@@ -151,6 +152,12 @@ class MetricsCase(unittest.TestCase):
         self.assertEqual(d["patd_prefix_hit_tokens_total"], cached_a + cached_b)
         self.assertEqual(d["patd_prefix_hit_blocks_total"], 3)
         self.assertEqual(d["patd_steps_total"], 2)
+
+        # STEP_BEGIN to the first layer begun: two steps, one of them 0.25 s late with layer 0
+        self.assertEqual(v["patd_step_starts_total"] - v0["patd_step_starts_total"], 2)
+        start = v["patd_step_start_seconds_total"] - v0["patd_step_start_seconds_total"]
+        self.assertGreaterEqual(start, 0.25)
+        self.assertLess(start, 10)
 
         # KV in use, 0..1: a holds 4 blocks, b a's 3 full ones and its own last
         self.assertEqual(v["patd_kv_blocks_used"], 5)
