@@ -103,9 +103,10 @@ def test_compare():
         r["mma_us"] = 2 * r["pat_us"]
     rc, text = run_compare(slow, "--field", "mma_us")
     v = verdicts(text)
-    check("compare_pat --field: no pick verdict on an ablation's timing",
+    check("compare_pat --field: no pick or merge verdict on an ablation's timing",
           rc == 0 and "patd timing: mma_us" in text and "pick within" not in text and
           "time model's pick within 3 % of the best forced policy" not in v and
+          "merge <= 10 % of every call" not in v and
           v.get("every paper case >= 1.0x PAT") == "MISSED", text[-600:])
 
     # one number changed each time: its target, and only it, is missed
