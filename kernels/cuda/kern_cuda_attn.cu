@@ -174,8 +174,10 @@ int plan_upload(Lane *L, const sched_plan_hdr_t *h)
 /* A forward or merge launch: where c->pdl, as a programmatic dependent of the kernel before it on
  * the stream (the forward's: the layer's KV append; the merge's: the forward), so that its blocks
  * are placed and set up while that kernel runs; each waits for it on the GPU before reading
- * anything (dep_wait). The forwards let their dependent start at once (dep_launch_dependents):
- * the merge's blocks are placed on each SM as the forward's leave it, with no launch gap. */
+ * anything (dep_wait). fwd_pair lets its dependent start once every block's producer has found
+ * no item left (dep_launch_dependents): the merge's blocks are placed on each SM as the forward's
+ * leave it, with no launch gap; fwd_layer lets it start at once (the merge's blocks then wait
+ * beside its last wave). */
 static cudaError_t launch_dep(const Cuda *c, const void *fn, uint32_t grid, uint32_t threads,
                               void **args, size_t smem, cudaStream_t st)
 {

@@ -739,7 +739,9 @@ __global__ void __launch_bounds__(KCUDA_THREADS) fwd_layer(const FwdArgs a)
 {
     extern __shared__ __align__(1024) uint8_t smem[];
     dep_wait();
-    dep_launch_dependents(); /* the merge's blocks take SMs as this grid's last wave leaves them */
+    /* the merge's blocks are placed once this grid's last wave has started, beside its blocks
+     * (small ones: measured faster, unlike fwd_pair's; tests/bench/log/2026-11-28-merge-pdl.md) */
+    dep_launch_dependents();
     fwd_small<T, D, WGK>(a, a.ctas[blockIdx.x / a.kv_heads], blockIdx.x % a.kv_heads, smem);
 }
 

@@ -48,8 +48,9 @@ __device__ __forceinline__ uint32_t smem_u32(const void *p)
 
 /* Waits (sm_90) until the grid this one was launched as a programmatic dependent of has
  * completed and its stores are visible; returns at once for a launch that is not one. The
- * forwards call it before their first global access (FwdVariant.dep). KCUDA_NO_DEP_WAIT leaves
- * it out: a wrong build that test_cuda_attn's dependent-launch test must catch. */
+ * forwards and the merge call it before their first global access (FwdVariant.dep).
+ * KCUDA_NO_DEP_WAIT leaves it out: a wrong build that test_cuda_attn's dependent-launch test must
+ * catch. */
 __device__ __forceinline__ void dep_wait()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(KCUDA_NO_DEP_WAIT)
@@ -59,9 +60,9 @@ __device__ __forceinline__ void dep_wait()
 
 /* Lets (sm_90) the grid launched as this one's programmatic dependent start its blocks now; they
  * wait for this grid's completion and stores (dep_wait) before their first global access. The
- * KV append calls it first thing, so the layer's forward is placed while the append runs; the
- * forwards call it (fwd_layer at its start, fwd_pair's producer when no item is left), so the
- * merge is placed as their blocks leave. */
+ * KV append calls it first thing, so the layer's forward is placed while the append runs;
+ * fwd_pair's producer calls it when no item is left, so the merge is placed as its blocks leave,
+ * and fwd_layer at its start. */
 __device__ __forceinline__ void dep_launch_dependents()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -24,10 +24,10 @@ static const gpu_cost_t measured[] = {
      * bytes are negligible (6.4-8.3 us, tests/bench/log/2026-11-28-merge-fixed-cost.md) */
     {"H100", 1, {3071.6f, 386.9f, 3.42f, 0, 2.10f, 4.85f, 7.0f}},
     /* NVIDIA H200, patd-tile-solver on the persistent warp-specialized default: the medians of
-     * five runs on one H200 (tests/bench/log/2026-11-28-merge-pdl.md); merge_us: bench_attn's
+     * six runs on one H200 (tests/bench/log/2026-11-28-merge-pdl.md); merge_us: bench_attn's
      * pat - nomerge on the plans of at most 1,024 merged rows, the merge launched as the
      * forward's dependent (4.0-9.6 us, median 6.6, same entry) */
-    {"H200", 1, {4356.0f, 381.8f, 3.44f, 0, 2.14f, 4.95f, 6.6f}},
+    {"H200", 1, {4353.8f, 381.9f, 3.45f, 0, 2.14f, 4.97f, 6.6f}},
     /* NVIDIA H200, patd-tile-solver (tests/bench/log/2026-11-24-handoff-h200-pat.md); tile_us:
      * the H100's, no H200 measurement of it */
     {"H200", 0, {4457.3f, 154.6f, 3.60f, 0, 2.0f, 0, 0}},
