@@ -710,13 +710,17 @@ static void join_under_prefix(sched_t *s, uint32_t nq, uint32_t prefix)
     free(tbl);
 }
 
-/* TREE's CTA size under a time model (the H100's rates, tiles m 16/32/64, n 64): nq queries
- * share a prefix of `prefix` blocks, each with one private block. Returns the largest CTA's rows
- * of the TREE plan. */
-static uint32_t tree_rows(uint32_t nq, uint32_t prefix, uint32_t q_heads, uint32_t kv_heads)
+/* A scheduler of the H100's rates (tiles m 16/32/64, n 64; merge_us as given) over nq one-token
+ * queries sharing a prefix of `prefix` blocks, each with one private block, under policy pol;
+ * split: as the cuda backend and the daemon set it (long KV split to fill the device), else no
+ * split. t holds the tiles the scheduler reads: it must outlive *s. Returns the plan built. */
+static const sched_plan_hdr_t *prefix_build(sched_t **s, sched_tiles_t *t, uint32_t nq,
+                                            uint32_t prefix, uint32_t q_heads, uint32_t kv_heads,
+                                            sched_policy_t pol, int split, float merge_us)
 {
-    sched_tiles_t t = {.n_m = 3, .m = {16, 32, 64}, .n_n = 1, .n = {64}, .n_upto = {UINT32_MAX}};
-    t.cost = (sched_cost_t){3054.3f, 167.5f, 3.53f, 264, 2.0f, 0.0f, 0};
+    *t = (sched_tiles_t){.n_m = 3, .m = {16, 32, 64}, .n_n = 1, .n = {64}, .n_upto = {UINT32_MAX}};
+    t->cost = (sched_cost_t){3054.3f, 167.5f, 3.53f, 264, 2.0f, 0.0f, merge_us};
+    t->min_ctas = split ? 4 * 264 : 0;
     sched_config_t c = {.max_queries = nq,
                         .max_tokens = nq,
                         .block_size = BS,
@@ -724,14 +728,25 @@ static uint32_t tree_rows(uint32_t nq, uint32_t prefix, uint32_t q_heads, uint32
                         .kv_heads = kv_heads,
                         .head_dim = 128,
                         .kv_elt_bytes = 2,
-                        .policy = SCHED_POLICY_TREE,
-                        .tiles = &t};
-    sched_t *s;
-    assert_int_equal(sched_create(&c, &s), 0);
-    join_under_prefix(s, nq, prefix);
+                        .policy = pol,
+                        .tiles = t,
+                        .split_min_kv = split ? 256 : 0,
+                        .max_partials = split ? 64 * nq : 0};
+    assert_int_equal(sched_create(&c, s), 0);
+    join_under_prefix(*s, nq, prefix);
     const sched_plan_hdr_t *h;
-    assert_int_equal(sched_build(s, &h), 0);
-    uint32_t rows = h->max_cta_rows;
+    assert_int_equal(sched_build(*s, &h), 0);
+    return h;
+}
+
+/* TREE's CTA size under a time model: the largest CTA's rows of the TREE plan of prefix_build's
+ * world, unsplit. */
+static uint32_t tree_rows(uint32_t nq, uint32_t prefix, uint32_t q_heads, uint32_t kv_heads)
+{
+    sched_t *s;
+    sched_tiles_t t;
+    const uint32_t rows =
+        prefix_build(&s, &t, nq, prefix, q_heads, kv_heads, SCHED_POLICY_TREE, 0, 0)->max_cta_rows;
     sched_free(s);
     return rows;
 }
@@ -794,32 +809,14 @@ static void test_pair_fixed_cost(void **state)
     assert_true(fabs(one_query_model_ns(16, 32, 10.0f) - base16) < 1e-6);
 }
 
-/* nq queries of one token each under a shared prefix of `prefix` blocks, each with a private
- * block, 8/8 heads, built under policy pol at the H100's rates with merge_us; returns the plan's
- * merges and its modelled ns in *ns. */
+/* prefix_build's world at 8/8 heads, split as the backend splits, under policy pol with
+ * merge_us; returns the plan's merges and its modelled ns in *ns. */
 static uint32_t prefix_plan(uint32_t nq, uint32_t prefix, sched_policy_t pol, float merge_us,
                             double *ns)
 {
-    sched_tiles_t t = {.n_m = 3, .m = {16, 32, 64}, .n_n = 1, .n = {64}, .n_upto = {UINT32_MAX}};
-    t.cost = (sched_cost_t){3054.3f, 167.5f, 3.53f, 264, 2.0f, 0.0f, merge_us};
-    t.min_ctas = 4 * 264; /* as the cuda backend sets it: long KV split to fill the device */
-    sched_config_t c = {.max_queries = nq,
-                        .max_tokens = nq,
-                        .block_size = BS,
-                        .q_heads = 8,
-                        .kv_heads = 8,
-                        .head_dim = 128,
-                        .kv_elt_bytes = 2,
-                        .policy = pol,
-                        .tiles = &t,
-                        .split_min_kv = 256, /* the daemon's setting */
-                        .max_partials = 64 * nq};
     sched_t *s;
-    assert_int_equal(sched_create(&c, &s), 0);
-    join_under_prefix(s, nq, prefix);
-    const sched_plan_hdr_t *h;
-    assert_int_equal(sched_build(s, &h), 0);
-    const uint32_t merges = h->n_merges;
+    sched_tiles_t t;
+    const uint32_t merges = prefix_build(&s, &t, nq, prefix, 8, 8, pol, 1, merge_us)->n_merges;
     sched_stats_t st;
     sched_get_stats(s, &st);
     *ns = st.last_model_ns;
