@@ -552,11 +552,15 @@ static void member_leaves(patd_t *d, patd_lane_t *pl, patd_lane_t *ln, uint32_t 
     }
 }
 
-static int is_member(const patd_lanes_t *L, const patd_lane_t *pl, uint32_t pi, uint32_t j)
+/* The lane of member j of pack pi's lane pl while it is still that member (not reused for another
+ * session's step) and its step runs in the pack, else NULL. */
+static patd_lane_t *running_member(patd_lanes_t *L, const patd_lane_t *pl, uint32_t pi, uint32_t j)
 {
-    const patd_lane_t *ln = &L->lane[pl->members[j]];
-    return ln->phase != LANE_FREE && ln->role == ROLE_MEMBER && ln->pack == pi && ln->member == j &&
-           ln->c && ln->c->serial == pl->serials[j];
+    patd_lane_t *ln = &L->lane[pl->members[j]];
+    return ln->phase == LANE_RUN && ln->role == ROLE_MEMBER && ln->pack == pi && ln->member == j &&
+                   ln->c && ln->c->serial == pl->serials[j]
+               ? ln
+               : NULL;
 }
 
 /* One pass over a pack's lane: members that left go alone, packed layers are enqueued, and once
@@ -571,18 +575,21 @@ static int pack_drive(patd_t *d, uint32_t pi, uint64_t now)
     pl->seen = p;
     const volatile uint32_t *out = kern_lane_pack_out(pl->lane);
     for (uint32_t j = 0; j < pl->n_members; j++) {
-        if (!is_member(L, pl, pi, j) || L->lane[pl->members[j]].phase != LANE_RUN)
+        patd_lane_t *ln = running_member(L, pl, pi, j);
+        if (!ln)
             continue;
         const uint32_t o = __atomic_load_n(&out[j], __ATOMIC_ACQUIRE);
         if (o) {
-            member_leaves(d, pl, &L->lane[pl->members[j]], o - 1, now);
+            member_leaves(d, pl, ln, o - 1, now);
             moved = 1;
         }
     }
     if ((pl->next == nl || pl->live == 0) && p >= kern_lane_enqueued(pl->lane)) {
-        for (uint32_t j = 0; j < pl->n_members; j++)
-            if (is_member(L, pl, pi, j) && L->lane[pl->members[j]].phase == LANE_RUN)
-                lane_end(d, &L->lane[pl->members[j]], now);
+        for (uint32_t j = 0; j < pl->n_members; j++) {
+            patd_lane_t *ln = running_member(L, pl, pi, j);
+            if (ln)
+                lane_end(d, ln, now);
+        }
         kern_lane_trim(pl->lane);
         pl->phase = LANE_FREE;
         pl->role = ROLE_SOLO;
@@ -597,8 +604,8 @@ static int pack_drive(patd_t *d, uint32_t pi, uint64_t now)
             patd_gpu_check_fatal(d, rc);
             patd_err("cross_pack: enqueueing packed layer %u failed: %s", l, strerror(-rc));
             for (uint32_t j = 0; j < pl->n_members; j++) {
-                patd_lane_t *ln = &L->lane[pl->members[j]];
-                if (is_member(L, pl, pi, j) && ln->phase == LANE_RUN) {
+                patd_lane_t *ln = running_member(L, pl, pi, j);
+                if (ln) {
                     snprintf(ln->c->step.why, sizeof(ln->c->step.why),
                              "enqueueing a packed layer failed (the daemon's log says why)");
                     lane_cut(d, ln, -EIO, now);
@@ -606,10 +613,11 @@ static int pack_drive(patd_t *d, uint32_t pi, uint64_t now)
             }
             return 1;
         }
-        if (l == 0) /* each member's first layer is in the packed one */
-            for (uint32_t j = 0; j < pl->n_members; j++)
-                if (is_member(L, pl, pi, j) && L->lane[pl->members[j]].phase == LANE_RUN)
-                    patd_step_started(d, &L->lane[pl->members[j]].c->step, now);
+        for (uint32_t j = 0; l == 0 && j < pl->n_members; j++) {
+            const patd_lane_t *ln = running_member(L, pl, pi, j);
+            if (ln) /* its first layer is in the packed one */
+                patd_step_started(d, &ln->c->step, now);
+        }
         pl->next = l + 1;
         atomic_fetch_add(&L->pack_layers, 1);
         moved = 1;
