@@ -186,22 +186,6 @@ static double measure_tree(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t
     return sec;
 }
 
-/* The plan h with every row made direct and the merge list dropped (as bench_attn's nomerge):
- * outputs wrong, timing only. */
-static std::vector<uint8_t> without_merges(const sched_plan_hdr_t *h)
-{
-    std::vector<uint8_t> v((const uint8_t *)h, (const uint8_t *)h + h->total_bytes);
-    sched_plan_hdr_t *c = reinterpret_cast<sched_plan_hdr_t *>(v.data());
-    sched_plan_row_t *r = reinterpret_cast<sched_plan_row_t *>(v.data() + c->off_rows);
-    for (uint32_t i = 0; i < c->n_rows; i++) {
-        r[i].merge = SCHED_ROW_DIRECT;
-        r[i].dst = r[i].q_tok;
-    }
-    c->n_merges = 0;
-    c->n_partials = 0;
-    return v;
-}
-
 /* The merge launch's own time (merge_us), in seconds: one layer of 10 one-token queries over one
  * shared 4,096-token prefix, 16/8 heads (one pack of 20 rows: fwd_pair, as on the paper trees),
  * the prefix cut into parts of 256 tokens (160 merged rows, the fewest bench_attn's paper trees
@@ -227,7 +211,7 @@ static double measure_merge(cudaEvent_t e0, cudaEvent_t e1, uint32_t *merged_row
     }
     *merged_rows = h->n_merges * qh;
     *parts = sched_plan_merges(h)[0].part_count;
-    const std::vector<uint8_t> direct = without_merges(h);
+    const std::vector<uint8_t> direct = plan_without_merges(h);
     const double with = layer_median(w.b, h, w.q, w.o, e0, e1);
     const double without = layer_median(
         w.b, reinterpret_cast<const sched_plan_hdr_t *>(direct.data()), w.q, w.o, e0, e1);
