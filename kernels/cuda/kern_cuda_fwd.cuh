@@ -649,56 +649,6 @@ __device__ __forceinline__ void merge_elem(const FwdArgs &a, const sched_plan_me
            acc);
 }
 
-/* merge_elem with the parts read NB at a time: all of a batch's loads are issued before any is
- * used, so a token of n parts costs about 2 n / NB L2 round trips per element, not 2 n. The parts
- * are summed in their order, as merge_elem does: the two give the same bits. For the merge launch
- * only: inside the forwards a batch made ptxas spill (16-476 bytes in fwd_pair and fwd_layer,
- * where they spill none). */
-template <typename T, int D, uint32_t NB>
-__device__ __forceinline__ void merge_elem_batched(const FwdArgs &a, const sched_plan_merge_t &mg,
-                                                   uint32_t head, uint32_t e)
-{
-    constexpr uint32_t V4 = D / 4;
-    const uint32_t group = a.group, v = e % V4, j = e / V4, n = mg.part_count;
-    const uint64_t slot0 = ((uint64_t)mg.part_begin * a.kv_heads + head) * group + j;
-    const uint64_t step = (uint64_t)a.kv_heads * group; /* slot p+1 of the same row */
-    float mx = -INFINITY;
-    for (uint32_t p0 = 0; p0 < n; p0 += NB) {
-        float l[NB];
-#pragma unroll
-        for (uint32_t u = 0; u < NB; u++)
-            l[u] = p0 + u < n ? __ldcg(a.part_lse + slot0 + (p0 + u) * step) : -INFINITY;
-#pragma unroll
-        for (uint32_t u = 0; u < NB; u++)
-            mx = fmaxf(mx, l[u]);
-    }
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    float wsum = 0.f;
-    for (uint32_t p0 = 0; p0 < n; p0 += NB) {
-        float l[NB];
-        float4 x[NB];
-#pragma unroll
-        for (uint32_t u = 0; u < NB; u++) {
-            if (p0 + u < n) {
-                const uint64_t slot = slot0 + (p0 + u) * step;
-                l[u] = __ldcg(a.part_lse + slot);
-                x[u] = __ldcg(reinterpret_cast<const float4 *>(a.part_o + slot * D) + v);
-            }
-        }
-#pragma unroll
-        for (uint32_t u = 0; u < NB; u++) {
-            if (p0 + u < n) {
-                const float w = kern_sm_weight(l[u], mx);
-                wsum += w;
-                axpy4(acc, w, x[u]);
-            }
-        }
-    }
-    scale4(acc, kern_sm_inv(wsum));
-    store4(static_cast<T *>(a.o) + ((uint64_t)mg.q_tok * a.q_heads + head * group + j) * D + 4 * v,
-           acc);
-}
-
 /* fwd_arrive_merge's list: the merge entries whose last part this CTA's arrivals brought in, at
  * most one per token. In dynamic shared memory the caller lends (fwd_layer: the Q tile, whose
  * last use is behind the merge's first barrier; fwd_pair: one per consumer, WsMeta), never static
@@ -825,7 +775,7 @@ template <typename T, int D> __global__ void __launch_bounds__(128) merge_layer(
     const sched_plan_merge_t mg = a.merges[blockIdx.x / a.kv_heads];
     const uint32_t head = blockIdx.x % a.kv_heads;
     for (uint32_t e = threadIdx.x; e < a.group * (D / 4); e += blockDim.x)
-        merge_elem_batched<T, D, 8>(a, mg, head, e);
+        merge_elem<T, D>(a, mg, head, e);
 }
 
 /* Sets the kernel's shared-memory opt-in once and fills its record. */

@@ -511,7 +511,8 @@ static void test_mixed(uint32_t split_min)
  * order whichever CTA runs it) and match the float64 reference; the arrival counters are back at 0
  * after each launch, or the second run would merge early. Each model runs both merge modes on the
  * same data: the merge launch's output has the same bits as the merge inside the forward's (the
- * two read the parts differently, merge_elem_batched and merge_elem, and sum them alike). */
+ * two order the parts alike, whichever blocks run them; a merge launch that read the parts in
+ * another order or grouping would fail here). */
 static void test_all_split()
 {
     tl_rng_t r;
