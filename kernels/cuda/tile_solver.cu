@@ -17,7 +17,8 @@
  *    shared 2K-token prefix: the default forward's largest CTAs, KV L2-resident); the fixed cost of
  * one work item from a plan of 32K one-token items (time / waves of resident slots); the time one
  * KV tile costs its CTA at the least (tile_us) from one wave of TREE CTAs that each walk 65
- * one-tile segments.
+ * one-tile segments; the merge launch's own time (merge_us) from a plan of 160 merged rows, timed
+ * as planned and with its split rows made direct (bench_attn's pat - nomerge, on one plan).
  */
 #include <cuda_runtime.h>
 
@@ -82,14 +83,15 @@ struct World {
 };
 
 static void world_open(World *w, uint32_t nq, uint32_t qh, uint32_t kvh, uint32_t n_blocks,
-                       kern_fwd_t fwd, sched_policy_t policy, uint32_t only_m)
+                       kern_fwd_t fwd, sched_policy_t policy, uint32_t only_m,
+                       uint32_t split_kv = 0)
 {
     const uint32_t dd = 128;
     kern_config_t kc = {};
     kc.model = {1, qh, kvh, dd, 16, KERN_F16};
     kc.n_blocks = n_blocks;
     kc.max_tokens = nq;
-    kc.max_partials = 1;
+    kc.max_partials = split_kv ? 64 * nq : 1;
     kc.fwd = fwd;
     REQ(kern_backend_create("cuda", &kc, &w->b));
     const size_t qo_bytes = (size_t)nq * qh * dd * 2;
@@ -102,6 +104,10 @@ static void world_open(World *w, uint32_t nq, uint32_t qh, uint32_t kvh, uint32_
         w->tiles.n_m = 1;
         w->tiles.m[0] = (uint16_t)only_m;
     }
+    if (split_kv) { /* no time model: the fill split cuts every query into parts of split_kv */
+        w->tiles.min_ctas = 1u << 20;
+        w->tiles.cost = {};
+    }
     sched_config_t sc = {};
     sc.max_queries = nq;
     sc.max_tokens = nq;
@@ -112,7 +118,7 @@ static void world_open(World *w, uint32_t nq, uint32_t qh, uint32_t kvh, uint32_
     sc.kv_elt_bytes = 2;
     sc.policy = policy;
     sc.tiles = &w->tiles;
-    sc.split_min_kv = 0;
+    sc.split_min_kv = split_kv;
     sc.max_partials = kc.max_partials;
     REQ(sched_create(&sc, &w->s));
 }
@@ -178,6 +184,39 @@ static double measure_tree(cudaEvent_t e0, cudaEvent_t e1, uint32_t nq, uint32_t
     const double sec = layer_median(w.b, h, w.q, w.o, e0, e1);
     world_close(&w);
     return sec;
+}
+
+/* The merge launch's own time (merge_us), in seconds: one layer of 10 one-token queries over one
+ * shared 4,096-token prefix, 16/8 heads (one pack of 20 rows: fwd_pair, as on the paper trees),
+ * the prefix cut into parts of 256 tokens (160 merged rows, the fewest bench_attn's paper trees
+ * merge), timed as planned and with every row made direct. The partials' bytes are negligible at
+ * that size: what remains is the launch. */
+static double measure_merge(cudaEvent_t e0, cudaEvent_t e1, uint32_t *merged_rows, uint32_t *parts)
+{
+    const uint32_t nq = 10, qh = 16, kv_len = 4096, blocks_per = kv_len / 16;
+    World w;
+    world_open(&w, nq, qh, 8, blocks_per, KERN_FWD_AUTO, SCHED_POLICY_PAPER, 0, 256);
+    std::vector<uint32_t> tbl(blocks_per);
+    for (uint32_t k = 0; k < blocks_per; k++)
+        tbl[k] = k;
+    for (uint32_t i = 0; i < nq; i++) {
+        sched_query_t qq = {tbl.data(), blocks_per, kv_len, 1, i, 0};
+        REQ(sched_forest_join(sched_forest(w.s), i, &qq));
+    }
+    const sched_plan_hdr_t *h;
+    REQ(sched_build(w.s, &h));
+    if (h->n_merges == 0) {
+        fprintf(stderr, "tile_solver: the merge plan has no merges (the fill split did not cut)\n");
+        exit(1);
+    }
+    *merged_rows = h->n_merges * qh;
+    *parts = sched_plan_merges(h)[0].part_count;
+    const std::vector<uint8_t> direct = plan_without_merges(h);
+    const double with = layer_median(w.b, h, w.q, w.o, e0, e1);
+    const double without = layer_median(
+        w.b, reinterpret_cast<const sched_plan_hdr_t *>(direct.data()), w.q, w.o, e0, e1);
+    world_close(&w);
+    return with - without;
 }
 
 int main(int argc, char **argv)
@@ -319,10 +358,14 @@ int main(int argc, char **argv)
     printf("fwd_pair's fixed cost: %u queries in runs of 32 sharing a 16-token block, TREE CTAs of "
            "32 rows (%.0f items of one tile, %.0f blocks): %.1f us -> %.2f us per item and block\n",
            pair_q, pair_items, pair_blocks, t_pair * 1e6, pair_us);
-    /* merge_us is not measured here: bench_attn's pat - nomerge on plans of few merges gives it
-     * (tests/bench/log/2026-11-28-merge-fixed-cost.md) */
-    printf("\n/* %s, tile_solver; merge_us: bench_attn's pat - nomerge */\n"
-           "{\"%s\", 1, {%.1ff, %.1ff, %.2ff, 0, %.2ff, %.2ff, MERGE_US}},\n",
-           prop.name, prop.name, bw / 1e9, mma / 1e12, cta_us * 1e6, tile_us * 1e6, pair_us);
+    uint32_t merged_rows, parts;
+    const double merge_us = measure_merge(e0, e1, &merged_rows, &parts) * 1e6;
+    printf("merge launch: 10 one-token queries x 16/8 heads over one shared 4,096-token prefix, "
+           "cut in %u parts (%u merged rows): %.2f us more than the same plan without merges\n",
+           parts, merged_rows, merge_us);
+    printf("\n/* %s, tile_solver */\n"
+           "{\"%s\", 1, {%.1ff, %.1ff, %.2ff, 0, %.2ff, %.2ff, %.1ff}},\n",
+           prop.name, prop.name, bw / 1e9, mma / 1e12, cta_us * 1e6, tile_us * 1e6, pair_us,
+           merge_us);
     return 0;
 }

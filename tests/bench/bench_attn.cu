@@ -386,21 +386,6 @@ static double time_plan(kern_backend_t *b, const sched_plan_hdr_t *h, const void
     return median(t);
 }
 
-/* a copy of the plan whose every row writes its output directly and with no merge list */
-static std::vector<uint8_t> without_merges(const sched_plan_hdr_t *h)
-{
-    std::vector<uint8_t> v((const uint8_t *)h, (const uint8_t *)h + h->total_bytes);
-    sched_plan_hdr_t *c = (sched_plan_hdr_t *)v.data();
-    sched_plan_row_t *r = (sched_plan_row_t *)(v.data() + c->off_rows);
-    for (uint32_t i = 0; i < c->n_rows; i++) {
-        r[i].merge = SCHED_ROW_DIRECT;
-        r[i].dst = r[i].q_tok;
-    }
-    c->n_merges = 0;
-    c->n_partials = 0;
-    return v;
-}
-
 static double rel_err_f16(const std::vector<__half> &a, const std::vector<__half> &b)
 {
     double num = 0, den = 0;
@@ -527,7 +512,7 @@ static void run_config(const char *spec, const Tree &t, uint32_t qh, uint32_t kv
         chosen = st.chosen[i] > st.chosen[chosen] ? i : chosen;
     sched_traffic_t tr;
     sched_plan_traffic(h_pat, qh, kvh, D, 2, &tr);
-    const std::vector<uint8_t> nomerge = without_merges(h_pat);
+    const std::vector<uint8_t> nomerge = plan_without_merges(h_pat);
 
     const double us_pat = time_plan(b, h_pat, dq, dout, &p);
     std::vector<__half> o_pat(qo_elems), o_qc(qo_elems);

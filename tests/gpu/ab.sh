@@ -42,7 +42,7 @@ done
 for d in base new; do
     echo "== tile solver, $d"
     if [ $d = base ]; then $base/build/gpu/bin/patd-tile-solver; else build/gpu/bin/patd-tile-solver; fi 2>&1 |
-        grep -E 'tensor rate|fixed cost|tile chain|read bandwidth|^\{"'
+        grep -E 'tensor rate|fixed cost|tile chain|merge launch|read bandwidth|^\{"'
 done | tee "$out/ab_solver.log"
 [ -z "$pat_pid" ] || wait "$pat_pid" 2>/dev/null || true # ab_build may have waited for it
 if [ -x .peers/tools/run.sh ]; then
