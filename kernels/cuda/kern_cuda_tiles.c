@@ -28,7 +28,7 @@ static const gpu_cost_t measured[] = {
      * pat - nomerge on the plans of at most 1,024 merged rows, the merge launched as the
      * forward's dependent (4.0-9.6 us, median 6.6, same entry). The solver's own merge_us, one
      * plan of 160 merged rows, measures 2.7-3.3 us, the low end of that range, and the model
-     * charges merge_us once per layer whatever the rows (tests/bench/log/2026-11-28-merge-batched.md) */
+     * charges merge_us once per layer whatever the rows (2026-11-28-merge-batched.md) */
     {"H200", 1, {4353.8f, 381.9f, 3.45f, 0, 2.14f, 4.97f, 6.6f}},
     /* NVIDIA H200, patd-tile-solver (tests/bench/log/2026-11-24-handoff-h200-pat.md); tile_us:
      * the H100's, no H200 measurement of it */
