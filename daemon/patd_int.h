@@ -162,6 +162,11 @@ typedef struct patd_reload {
     patd_config_t next;
 } patd_reload_t;
 
+/* A GPU step's start in stages (patd_step_stage_seconds_total{stage=...}): STEP_BEGIN received
+ * -> an executor takes it -> reserved and planned, handed to the lane thread -> the lane thread's
+ * pass that begins it -> plan uploaded, BEGIN's answer posted -> layer 0 enqueued. */
+#define PATD_STAGES 5
+
 typedef struct patd_metrics {
     _Atomic uint64_t frames[IPC_OP_MAX];
     _Atomic uint64_t errors[160]; /* by errno value */
@@ -171,8 +176,9 @@ typedef struct patd_metrics {
     _Atomic uint64_t packs_policy[5]; /* packs built, by sched_policy_t used */
     _Atomic uint64_t plan_ctas, plan_merges, plan_partials; /* summed over the plans built */
     _Atomic uint64_t layer_ns_sum, layers;                  /* append + attend per layer */
-    _Atomic uint64_t start_ns_sum, starts; /* STEP_BEGIN received -> first layer begun */
-    _Atomic uint64_t kv_bytes, qc_bytes;   /* per layer, summed */
+    _Atomic uint64_t start_ns_sum, starts;      /* STEP_BEGIN received -> first layer begun */
+    _Atomic uint64_t stage_ns_sum[PATD_STAGES]; /* a GPU step's start, by stage (patd_metrics.c) */
+    _Atomic uint64_t kv_bytes, qc_bytes;        /* per layer, summed */
     _Atomic uint64_t conns_opened, conns_closed, reclaims_dead, reclaims_lease;
     _Atomic uint64_t reclaim_ns_max, reclaim_ns_last;
 } patd_metrics_t;

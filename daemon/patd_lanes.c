@@ -176,6 +176,7 @@ static void lane_take(patd_t *d, patd_lane_t *ln, patd_conn_t *c, int rc, uint64
     }
     if (atomic_load(&st->state) == STEP_PREPARING)
         patd_step_move(st, rc == 0 ? STEP_RUNNING : STEP_EMPTY);
+    st->t_posted_ns = pat_now_ns();
     patd_exec_post(&d->exec, c, NULL, 0); /* the loop answers STEP_BEGIN now (unless it did) */
 }
 

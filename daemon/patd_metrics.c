@@ -323,6 +323,18 @@ char *patd_metrics_text(patd_t *d, size_t *ret_len)
                    "client handed the layer over; cuda: enqueued on its lane), summed",
                    LD(m->start_ns_sum));
     metric(f, "patd_step_starts_total", "counter", "steps whose first layer began", LD(m->starts));
+    family(f, "patd_step_stage_seconds_total", "counter",
+           "a GPU step's start by stage, summed (the stages add up to "
+           "patd_step_start_seconds_total): queue (STEP_BEGIN received to an executor taking "
+           "it), prepare (reserve and plan), lane_wait (to the lane thread's pass), begin (plan "
+           "uploaded, BEGIN answered), enqueue (to layer 0 enqueued)");
+    static const char *const stage_names[PATD_STAGES] = {"queue", "prepare", "lane_wait", "begin",
+                                                         "enqueue"};
+    for (int k = 0; k < PATD_STAGES; k++) {
+        const uint64_t ns = atomic_load(&m->stage_ns_sum[k]);
+        fprintf(f, "patd_step_stage_seconds_total{stage=\"%s\"} %llu.%09llu\n", stage_names[k],
+                (unsigned long long)(ns / 1000000000u), (unsigned long long)(ns % 1000000000u));
+    }
     metric(f, "patd_kv_read_bytes_total", "counter", "K+V bytes the plans read", LD(m->kv_bytes));
     metric(f, "patd_kv_query_centric_bytes_total", "counter",
            "K+V bytes query-centric execution would have read", LD(m->qc_bytes));

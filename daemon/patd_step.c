@@ -101,6 +101,14 @@ void patd_step_started(patd_t *d, const patd_step_t *st, uint64_t now)
 {
     atomic_fetch_add(&d->m.start_ns_sum, now - st->t_recv_ns);
     atomic_fetch_add(&d->m.starts, 1);
+    if (!st->t_exec_ns)
+        return; /* a cpu step: no stages */
+    /* a GPU step's stages, in their order: each a difference of two of its clocks */
+    const uint64_t at[PATD_STAGES + 1] = {st->t_recv_ns,  st->t_exec_ns,   st->t_lane_ns,
+                                          st->t_begun_ns, st->t_posted_ns, now};
+    for (int k = 0; k < PATD_STAGES; k++)
+        if (at[k + 1] >= at[k])
+            atomic_fetch_add(&d->m.stage_ns_sum[k], at[k + 1] - at[k]);
 }
 
 /* The executor's last move: stored under the post list's lock (patd_exec_post), so a loop that
@@ -641,6 +649,7 @@ static void step_job(void *arg, uint32_t exec_id)
         patd_step_move(st, s == STEP_REFUSED ? STEP_EMPTY : STEP_PREPARING);
         if (c->gpu) {
             /* reserve and pack here; the lane thread begins it once a lane is free */
+            st->t_exec_ns = pat_now_ns();
             if (st->err == 0 && atomic_load(&st->abort))
                 st->err = -ECANCELED;
             else if (st->err == 0)

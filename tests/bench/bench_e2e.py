@@ -26,7 +26,11 @@ the replayed step includes the CPU's step_begin / plan and step_end), the attent
 events around every layer's attention call, hand-off included for patd), tokens/s, and patd /
 flashinfer. (The daemon's layer-time metric runs from the layer's start, so it counts the wait
 for the client's Q too: it cannot split out the hand-off, and the first GPU run's attempt
-gave negative hand-offs.) A case whose
+gave negative hand-offs.) patd_start: the daemon's mean time per replayed step from
+STEP_BEGIN received to layer 0 enqueued on its lane (start_us: patd_step_start_seconds_total
+over patd_step_starts_total), its share of layer 0's longer attention call, and its stages from
+patd_step_stage_seconds_total (queue, prepare, lane_wait, begin, enqueue; pack_us: the plan,
+part of prepare). A case whose
 caches do not fit the GPU beside the model is reported as skipped, with its size.
 
     python3 tests/bench/bench_e2e.py --patd build/gpu/bin/patd [--json FILE] [--layers 32]
@@ -434,11 +438,27 @@ def run_patd(cfg, model, sock, prompts, stamp=False):
         conn.step_end()
         in_step[0] = False
 
+    m0 = bench_frontend.metrics(sock)
     gstep, tl = graph_loop(model, PatdAttention(conn), begin, end, abort, b, lens, stamp)
+    m1 = bench_frontend.metrics(sock)
+    # the daemon's share of the layer-0 gap over the replayed steps: STEP_BEGIN received to
+    # layer 0 enqueued on the lane (patd_step_start_seconds_total / patd_step_starts_total)
+    starts = m1["patd_step_starts_total"] - m0["patd_step_starts_total"]
+    start_us = (m1["patd_step_start_seconds_total"] - m0["patd_step_start_seconds_total"]) \
+        / max(1, starts) * 1e6
+    # its stages (patd_step_stage_seconds_total) and, within prepare, the plan (pack)
+    parts = {}
+    for k in ("queue", "prepare", "lane_wait", "begin", "enqueue"):
+        key = 'patd_step_stage_seconds_total{stage="%s"}' % k
+        parts[k + "_us"] = (m1[key] - m0[key]) / max(1, starts) * 1e6
+    packs = m1["patd_pack_total"] - m0["patd_pack_total"]
+    parts["pack_us"] = (m1["patd_pack_seconds_total"] - m0["patd_pack_seconds_total"]) \
+        / max(1, packs) * 1e6
+    start_us = {"start_us": start_us, **parts}
     for s in seqs:
         conn.seq_close(s)
     conn.close()
-    return step, att, gstep, tl
+    return step, att, gstep, tl, start_us
 
 
 def run_flashinfer(cfg, model, prompts, shared, stamp=False):
@@ -537,9 +557,10 @@ def main():
                 stamp = batch in stamp_batches
                 if "patd" in ways:
                     try:
-                        s, att, gs, tl = run_patd(cfg, model, sock, prompts, stamp)
+                        s, att, gs, tl, st = run_patd(cfg, model, sock, prompts, stamp)
                         res.update(patd_step_ms=s * 1e3, patd_attn_ms=att, patd_tok_s=batch / s,
-                                   patd_graph_step_ms=gs * 1e3, patd_graph_tok_s=batch / gs)
+                                   patd_graph_step_ms=gs * 1e3, patd_graph_tok_s=batch / gs,
+                                   patd_start=st)
                         if tl:
                             res["patd_timeline"] = tl
                     except patd.PatError as e:  # e.g. the session's block quota

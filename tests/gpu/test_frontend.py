@@ -84,6 +84,16 @@ def status(sock):
     return out
 
 
+def stats(sock):
+    """The daemon's metrics page (the admin socket's stats) as {sample, labels included: value}."""
+    out = {}
+    for line in patd.admin("stats", socket=sock).splitlines():
+        if line and not line.startswith("#"):
+            k, _, v = line.rpartition(" ")
+            out[k] = float(v)
+    return out
+
+
 class Frontend:
     """One batch of sequences through patd, with the in-process reference beside it."""
 
@@ -253,6 +263,7 @@ def test_graph(model, sock, bin_path):
     with torch.cuda.graph(g):
         out = fe.model.forward(tok, pos, fe.attn)
     same = 0
+    m0 = stats(sock)
     for step in range(8):
         # the eager step, aborted (nothing committed) ...
         load()
@@ -274,8 +285,21 @@ def test_graph(model, sock, bin_path):
         for s, t in zip(fe.seqs, nxt):
             s["len"] += 1
             s["next"] = t
-    print("graph: %d of 8 replayed decode steps bitwise equal to the eager step (epoch %d)"
-          % (same, conn.epoch))
+    # the daemon's start of these 16 steps (STEP_BEGIN to layer 0 enqueued) in its stages: each
+    # one counted, and they add up to the whole
+    m1 = stats(sock)
+    starts = m1["patd_step_starts_total"] - m0["patd_step_starts_total"]
+    assert starts == 16, "%d step starts counted for 16 steps" % starts
+    start = m1["patd_step_start_seconds_total"] - m0["patd_step_start_seconds_total"]
+    stages = {k: m1['patd_step_stage_seconds_total{stage="%s"}' % k] -
+              m0['patd_step_stage_seconds_total{stage="%s"}' % k]
+              for k in ("queue", "prepare", "lane_wait", "begin", "enqueue")}
+    assert all(v > 0 for v in stages.values()), "a stage counted nothing: %s" % stages
+    assert abs(sum(stages.values()) - start) < 1e-6 * starts, \
+        "stages %s add up to %g s, the start to %g s" % (stages, sum(stages.values()), start)
+    print("graph: %d of 8 replayed decode steps bitwise equal to the eager step (epoch %d); start "
+          "%.1f us per step: %s" % (same, conn.epoch, start / starts * 1e6,
+                                    {k: round(v / starts * 1e6, 1) for k, v in stages.items()}))
     fe.close()
 
 

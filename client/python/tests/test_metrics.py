@@ -158,6 +158,12 @@ class MetricsCase(unittest.TestCase):
         start = v["patd_step_start_seconds_total"] - v0["patd_step_start_seconds_total"]
         self.assertGreaterEqual(start, 0.25)
         self.assertLess(start, 10)
+        # its stages are a GPU step's (tests/gpu/test_frontend.py checks they add up): all five
+        # on the page, none counted for these cpu steps
+        _, _, stages = self.scrape("patd_step_stage_seconds_total")
+        self.assertEqual(sorted(stages), sorted(["queue", "prepare", "lane_wait", "begin",
+                                                 "enqueue"]))
+        self.assertEqual(sum(stages.values()), 0)
 
         # KV in use, 0..1: a holds 4 blocks, b a's 3 full ones and its own last
         self.assertEqual(v["patd_kv_blocks_used"], 5)
