@@ -164,7 +164,7 @@ typedef struct patd_reload {
 
 /* A GPU step's start in stages (patd_step_stage_seconds_total{stage=...}): STEP_BEGIN received
  * -> an executor takes it -> reserved and planned, handed to the lane thread -> the lane thread's
- * pass that begins it -> plan uploaded, BEGIN's answer posted -> layer 0 enqueued. */
+ * pass that begins it -> plan uploaded -> layer 0 enqueued (BEGIN's answer posted meanwhile). */
 #define PATD_STAGES 5
 
 typedef struct patd_metrics {

@@ -176,7 +176,6 @@ static void lane_take(patd_t *d, patd_lane_t *ln, patd_conn_t *c, int rc, uint64
     }
     if (atomic_load(&st->state) == STEP_PREPARING)
         patd_step_move(st, rc == 0 ? STEP_RUNNING : STEP_EMPTY);
-    st->t_posted_ns = pat_now_ns();
     patd_exec_post(&d->exec, c, NULL, 0); /* the loop answers STEP_BEGIN now (unless it did) */
 }
 
@@ -197,6 +196,7 @@ static void lane_begin(patd_t *d, patd_lane_t *ln, patd_conn_t *c, uint64_t now)
                  strerror(-rc));
         patd_step_rollback(c);
     }
+    st->t_uploaded_ns = pat_now_ns();
     lane_take(d, ln, c, rc, epoch, now);
 }
 
@@ -502,6 +502,7 @@ static void pack_begin(patd_t *d, uint32_t pi, const uint32_t *lanes, patd_conn_
     if (rc == 0)
         rc = kern_lane_pack_begin(pl->lane, plan, L->xslots, row, km, k,
                                   d->cfg.cross_pack_window_us);
+    const uint64_t t_uploaded = pat_now_ns();
     if (rc < 0) {
         patd_gpu_check_fatal(d, rc);
         patd_notice("cross_pack: %u steps of %u rows run alone: %s", k, row, strerror(-rc));
@@ -521,6 +522,7 @@ static void pack_begin(patd_t *d, uint32_t pi, const uint32_t *lanes, patd_conn_
                         .live = k};
     for (uint32_t j = 0; j < k; j++) {
         patd_lane_t *ln = &L->lane[lanes[j]];
+        m[j]->step.t_uploaded_ns = t_uploaded;
         lane_take(d, ln, m[j], 0, epoch[j], now);
         ln->role = ROLE_MEMBER;
         ln->pack = pi;

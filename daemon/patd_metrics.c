@@ -326,9 +326,10 @@ char *patd_metrics_text(patd_t *d, size_t *ret_len)
     family(f, "patd_step_stage_seconds_total", "counter",
            "a GPU step's start by stage, summed (the stages add up to "
            "patd_step_start_seconds_total): queue (STEP_BEGIN received to an executor taking "
-           "it), prepare (reserve and plan), lane_wait (to the lane thread's pass), begin (plan "
-           "uploaded, BEGIN answered), enqueue (to layer 0 enqueued)");
-    static const char *const stage_names[PATD_STAGES] = {"queue", "prepare", "lane_wait", "begin",
+           "it), prepare (reserve and plan), lane_wait (to the lane thread's pass), upload (the "
+           "plan to the GPU), enqueue (to layer 0 enqueued; BEGIN's answer is posted in this "
+           "stage)");
+    static const char *const stage_names[PATD_STAGES] = {"queue", "prepare", "lane_wait", "upload",
                                                          "enqueue"};
     for (int k = 0; k < PATD_STAGES; k++) {
         const uint64_t ns = atomic_load(&m->stage_ns_sum[k]);

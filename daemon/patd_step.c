@@ -104,8 +104,8 @@ void patd_step_started(patd_t *d, const patd_step_t *st, uint64_t now)
     if (!st->t_exec_ns)
         return; /* a cpu step: no stages */
     /* a GPU step's stages, in their order: each a difference of two of its clocks */
-    const uint64_t at[PATD_STAGES + 1] = {st->t_recv_ns,  st->t_exec_ns,   st->t_lane_ns,
-                                          st->t_begun_ns, st->t_posted_ns, now};
+    const uint64_t at[PATD_STAGES + 1] = {st->t_recv_ns,  st->t_exec_ns,     st->t_lane_ns,
+                                          st->t_begun_ns, st->t_uploaded_ns, now};
     for (int k = 0; k < PATD_STAGES; k++)
         if (at[k + 1] >= at[k])
             atomic_fetch_add(&d->m.stage_ns_sum[k], at[k + 1] - at[k]);

@@ -84,9 +84,10 @@ typedef struct patd_step {
     uint64_t wait_since_ns; /* cpu: when the wait for next_layer began (step_timeout_ms) */
     uint64_t t_recv_ns, t_begun_ns, t_done_ns;
     uint64_t t_lane_ns; /* GPU: when it was handed to the lane thread (patd_lanes.c) */
-    /* GPU: an executor took it (step_job) and the lane thread posted BEGIN's answer (lane_take):
-     * with t_recv_ns, t_lane_ns and t_begun_ns the stages of patd_step_stage_seconds_total */
-    uint64_t t_exec_ns, t_posted_ns;
+    /* GPU: an executor took it (step_job) and the lane thread uploaded its plan (lane_begin,
+     * pack_begin): with t_recv_ns, t_lane_ns and t_begun_ns the stages of
+     * patd_step_stage_seconds_total */
+    uint64_t t_exec_ns, t_uploaded_ns;
     char why[160]; /* GPU: why it was cut (the STEP_END error's text); "" when it was not */
     uint64_t kv_bytes, qc_bytes;
     int pack_reused;

@@ -29,7 +29,7 @@ for the client's Q too: it cannot split out the hand-off, and the first GPU run'
 gave negative hand-offs.) patd_start: the daemon's mean time per replayed step from
 STEP_BEGIN received to layer 0 enqueued on its lane (start_us: patd_step_start_seconds_total
 over patd_step_starts_total), its share of layer 0's longer attention call, and its stages from
-patd_step_stage_seconds_total (queue, prepare, lane_wait, begin, enqueue; pack_us: the plan,
+patd_step_stage_seconds_total (queue, prepare, lane_wait, upload, enqueue; pack_us: the plan,
 part of prepare). A case whose
 caches do not fit the GPU beside the model is reported as skipped, with its size.
 
@@ -448,7 +448,7 @@ def run_patd(cfg, model, sock, prompts, stamp=False):
         / max(1, starts) * 1e6
     # its stages (patd_step_stage_seconds_total) and, within prepare, the plan (pack)
     parts = {}
-    for k in ("queue", "prepare", "lane_wait", "begin", "enqueue"):
+    for k in ("queue", "prepare", "lane_wait", "upload", "enqueue"):
         key = 'patd_step_stage_seconds_total{stage="%s"}' % k
         parts[k + "_us"] = (m1[key] - m0[key]) / max(1, starts) * 1e6
     packs = m1["patd_pack_total"] - m0["patd_pack_total"]

@@ -293,7 +293,7 @@ def test_graph(model, sock, bin_path):
     start = m1["patd_step_start_seconds_total"] - m0["patd_step_start_seconds_total"]
     stages = {k: m1['patd_step_stage_seconds_total{stage="%s"}' % k] -
               m0['patd_step_stage_seconds_total{stage="%s"}' % k]
-              for k in ("queue", "prepare", "lane_wait", "begin", "enqueue")}
+              for k in ("queue", "prepare", "lane_wait", "upload", "enqueue")}
     assert all(v > 0 for v in stages.values()), "a stage counted nothing: %s" % stages
     assert abs(sum(stages.values()) - start) < 1e-6 * starts, \
         "stages %s add up to %g s, the start to %g s" % (stages, sum(stages.values()), start)

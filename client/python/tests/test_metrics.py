@@ -161,7 +161,7 @@ class MetricsCase(unittest.TestCase):
         # its stages are a GPU step's (tests/gpu/test_frontend.py checks they add up): all five
         # on the page, none counted for these cpu steps
         _, _, stages = self.scrape("patd_step_stage_seconds_total")
-        self.assertEqual(sorted(stages), sorted(["queue", "prepare", "lane_wait", "begin",
+        self.assertEqual(sorted(stages), sorted(["queue", "prepare", "lane_wait", "upload",
                                                  "enqueue"]))
         self.assertEqual(sum(stages.values()), 0)
 
