@@ -153,6 +153,15 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
         snprintf(why, why_len, "max_batch_tokens must be 1..%u", IPC_MAX_TOKENS);
         return -EINVAL;
     }
+    /* the options checked before anything is opened (a refusal holds no socket) */
+    if (o->buffer > PAT_BUFFER_GPU) {
+        snprintf(why, why_len, "opts.buffer must be PAT_BUFFER_AUTO, _HOST or _GPU");
+        return -EINVAL;
+    }
+    if (o->pack_policy > PAT_PACK_TREE) {
+        snprintf(why, why_len, "opts.pack_policy %u is not a PAT_PACK_* value", o->pack_policy);
+        return -EINVAL;
+    }
     const char *path = o->socket ? o->socket : pat_default_socket();
     pat_conn_t *c = pat_xcalloc(1, sizeof(*c));
     c->daemon_pidfd = -1;
@@ -167,11 +176,6 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
         free(c);
         return rc;
     }
-    if (o->buffer > PAT_BUFFER_GPU) {
-        snprintf(why, why_len, "opts.buffer must be PAT_BUFFER_AUTO, _HOST or _GPU");
-        free(c);
-        return -EINVAL;
-    }
     c->watch_efd = -1;
     ipc_hello_req_t r = {.pid = (uint32_t)getpid(),
                          .max_batch_tokens = o->max_batch_tokens,
@@ -180,12 +184,6 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
                                         : o->buffer == PAT_BUFFER_GPU ? IPC_BUF_CUDA
                                                                       : 0,
                          .lease_ms = o->lease_ms};
-    if (o->pack_policy > PAT_PACK_TREE) {
-        snprintf(why, why_len, "opts.pack_policy %u is not a PAT_PACK_* value", o->pack_policy);
-        close(c->sock);
-        free(c);
-        return -EINVAL;
-    }
     r.flags = o->pack_policy & IPC_HELLO_PACK_MASK;
     r.model = (ipc_model_sig_t){o->model.n_layers, o->model.q_heads, o->model.kv_heads,
                                 o->model.head_dim, o->model.dtype,   o->model.block_size,

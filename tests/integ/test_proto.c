@@ -834,6 +834,22 @@ static void test_connect_refusals(void **state)
     o.label = "x\n<0>patd: emergency";
     assert_int_equal(pat_connect(&o, &c, why, sizeof(why)), -EINVAL);
     assert_null(c);
+    o.label = NULL;
+    /* options out of range are refused before a socket is opened: none is left behind (the
+     * buffer check once returned with the daemon's socket still open) */
+    const int fds0 = tl_open_fds();
+    for (int i = 0; i < 8; i++) {
+        o.buffer = PAT_BUFFER_GPU + 1;
+        assert_int_equal(pat_connect(&o, &c, why, sizeof(why)), -EINVAL);
+        assert_non_null(strstr(why, "opts.buffer"));
+        o.buffer = PAT_BUFFER_AUTO;
+        o.pack_policy = PAT_PACK_TREE + 1;
+        assert_int_equal(pat_connect(&o, &c, why, sizeof(why)), -EINVAL);
+        assert_non_null(strstr(why, "opts.pack_policy"));
+        o.pack_policy = 0;
+        assert_null(c);
+    }
+    assert_int_equal(tl_open_fds(), fds0);
 }
 
 /* Hostile HELLO fields and resends: a lease asked far beyond limits.max_lease_ms is cut to it

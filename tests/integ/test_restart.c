@@ -413,14 +413,6 @@ static void test_random_kills_evicting(void **state)
     random_kills(small, 1);
 }
 
-static int count_fds(void)
-{
-    int n = 0;
-    for (int fd = 0; fd < 1024; fd++)
-        n += fcntl(fd, F_GETFD) >= 0;
-    return n;
-}
-
 static void test_restart_cycles(void **state)
 {
     (void)state;
@@ -428,7 +420,7 @@ static void test_restart_cycles(void **state)
     assert_int_equal(tl_daemon_start_managed(&d, ARGS), 0);
     tl_rng_t r;
     tl_rng_seed(&r, tl_test_seed(0x39));
-    const int fds0 = count_fds();
+    const int fds0 = tl_open_fds();
     int64_t last = 0;
     const int cycles = 30;
     uint64_t t_kill = 0, worst_ns = 0, sum_ns = 0; /* kill -9 to the first step served after */
@@ -459,8 +451,9 @@ static void test_restart_cycles(void **state)
     printf("%d kill -9 / restart cycles: %lld blocks cached at the end, the test's descriptors "
            "%d -> %d; kill -9 to the next served step (restart, reconnect, prefill from the "
            "cache, a decode): mean %.0f ms, worst %.0f ms (measured, not a bound)\n",
-           cycles, (long long)last, fds0, count_fds(), sum_ns / 1e6 / (cycles - 1), worst_ns / 1e6);
-    assert_int_equal(count_fds(), fds0);
+           cycles, (long long)last, fds0, tl_open_fds(), sum_ns / 1e6 / (cycles - 1),
+           worst_ns / 1e6);
+    assert_int_equal(tl_open_fds(), fds0);
     tl_daemon_stop(&d);
 }
 

@@ -4,6 +4,7 @@
 #include "tl_client.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -250,4 +251,12 @@ void tl_by_close(tl_bystander_t *b)
     pat_close(b->c);
     for (int i = 0; i < 2; i++)
         tl_seq_done(&b->s[i]);
+}
+
+int tl_open_fds(void)
+{
+    int n = 0;
+    for (int fd = 0; fd < 1024; fd++)
+        n += fcntl(fd, F_GETFD) >= 0;
+    return n;
 }
