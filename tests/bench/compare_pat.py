@@ -118,7 +118,8 @@ def main():
          2 * sum(x <= 1.3 for x in big) >= len(big) if big else None),
         ("own trees: none slower than PAT",
          all(r["peer_us"] >= r["pat_us"] for r in own) if own else None),
-        ("unshared <= 1.05x bytes floor", all(bytes_floor_x(r) <= 1.05 for r in unshared)),
+        ("unshared <= 1.05x bytes floor",
+         all(bytes_floor_x(r) <= 1.05 for r in unshared) if unshared else None),
     ]
     if a.field == "pat_us":  # merge_frac is of auto's plan, as is the model's pick below
         marks.append(("merge <= 10 % of every call", all(r["merge_frac"] <= 0.10 for r in rows)))

@@ -94,6 +94,9 @@ def test_compare():
     rc, text = run_compare([x for x in world() if x[0]["set"] != "own"])
     check("compare_pat: no own trees -> their target not run",
           verdicts(text).get("own trees: none slower than PAT") == "not run", str(verdicts(text)))
+    rc, text = run_compare([x for x in world() if not x[0]["tree"].startswith("256_")])
+    check("compare_pat: no unshared trees -> their target not run",
+          verdicts(text).get("unshared <= 1.05x bytes floor") == "not run", str(verdicts(text)))
     rc, text = run_compare(world())
     check("compare_pat: the model's pick line", "pick within 3 % of the best of "
           "bytes/paper/query/tree on 12 of 12 cases" in text, text[-600:])
