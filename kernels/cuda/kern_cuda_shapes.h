@@ -8,8 +8,9 @@
  * rows. m is a multiple of 16 (mma.sync m16n8k16 row bands); with 4 warps and n = 64 every
  * warp's KV slice is a multiple of 16 (one k-step of P.V). The set has no m = 128 and no
  * n = 128, as measured: m = 128 CTAs on four mma.sync warps were neither byte- nor compute-bound
- * and capping packs at m = 64 was 6-21 % faster on deep GQA-8 trees; n = 64 won or tied every KV
- * length (tests/bench/log/2026-11-21-pat-trees-h200.md and
+ * (71 TFLOP/s, 9 % of the tensor rate, on the H200), and the GQA-8 packs they made were slower
+ * than query-centric plans on seven 64/8 trees (0.84-0.99 on the H100); n = 64 won or tied every
+ * KV length (tests/bench/log/2026-11-21-pat-trees-h200.md and
  * tests/bench/log/2026-11-21-pat-trees-h100.md). m = 128 runs on Hopper only, as eight warps, two
  * wgmma warpgroups (KCUDA_BIG_M).
  */
