@@ -443,9 +443,9 @@ def run_patd(cfg, model, sock, prompts, stamp=False):
         conn.step_end()
         in_step[0] = False
 
-    m0 = bench_frontend.metrics(sock)
+    m0 = bench_frontend.tf.stats(sock)
     gstep, tl = graph_loop(model, PatdAttention(conn), begin, end, abort, b, lens, stamp)
-    m1 = bench_frontend.metrics(sock)
+    m1 = bench_frontend.tf.stats(sock)
     # the daemon's share of the layer-0 gap over the replayed steps: STEP_BEGIN received to
     # layer 0 enqueued on the lane (patd_step_start_seconds_total / patd_step_starts_total)
     starts = m1["patd_step_starts_total"] - m0["patd_step_starts_total"]

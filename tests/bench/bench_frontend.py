@@ -33,15 +33,6 @@ from llama_patd import Config, DenseAttention, Llama, PatdAttention, shared_prom
 import test_frontend as tf  # noqa: E402
 
 
-def metrics(sock):
-    out = {}
-    for line in patd.admin("stats", socket=sock).splitlines():
-        if line and not line.startswith("#"):
-            k, _, v = line.rpartition(" ")
-            out[k] = float(v)
-    return out
-
-
 def floors():
     n = 1 << 30
     x = torch.empty(n, dtype=torch.uint8, device="cuda")
@@ -104,7 +95,7 @@ def run(batch, cfg, model, sock, js, bw, tc):
         prefill(conn, model, attn, seqs, lens, pend)
     toks = [1 + i % 50 for i in range(batch)]
 
-    m0 = metrics(sock)
+    m0 = tf.stats(sock)
     t_p, t_first = [], []
     first = torch.cuda.Event(True)
     start = torch.cuda.Event(True)
@@ -133,7 +124,7 @@ def run(batch, cfg, model, sock, js, bw, tc):
             t_first.append(start.elapsed_time(first) * 1e-3)
         toks = logits.argmax(-1).tolist()
         lens = [x + 1 for x in lens]
-    m1 = metrics(sock)
+    m1 = tf.stats(sock)
     packs = m1["patd_pack_total"] - m0["patd_pack_total"]
     res["pack_us"] = (m1["patd_pack_seconds_total"] - m0["patd_pack_seconds_total"]) / \
         max(1, packs) * 1e6
