@@ -103,12 +103,16 @@ void patd_step_started(patd_t *d, const patd_step_t *st, uint64_t now)
     atomic_fetch_add(&d->m.starts, 1);
     if (!st->t_exec_ns)
         return; /* a cpu step: no stages */
-    /* a GPU step's stages, in their order: each a difference of two of its clocks */
-    const uint64_t at[PATD_STAGES + 1] = {st->t_recv_ns,  st->t_exec_ns,     st->t_lane_ns,
-                                          st->t_begun_ns, st->t_uploaded_ns, now};
-    for (int k = 0; k < PATD_STAGES; k++)
-        if (at[k + 1] >= at[k])
-            atomic_fetch_add(&d->m.stage_ns_sum[k], at[k + 1] - at[k]);
+    /* a GPU step's stages, in their order: each a difference of two of its clocks. A clock read
+     * before the one ahead of it (the lane thread's pass begins at a time read before it takes
+     * the steps handed to it meanwhile) counts as that one, so that no stage is negative and the
+     * stages add up to the start. */
+    uint64_t at[PATD_STAGES + 1] = {st->t_recv_ns,  st->t_exec_ns,     st->t_lane_ns,
+                                    st->t_begun_ns, st->t_uploaded_ns, now};
+    for (int k = 0; k < PATD_STAGES; k++) {
+        at[k + 1] = PAT_MAX(at[k + 1], at[k]);
+        atomic_fetch_add(&d->m.stage_ns_sum[k], at[k + 1] - at[k]);
+    }
 }
 
 /* The executor's last move: stored under the post list's lock (patd_exec_post), so a loop that

@@ -453,7 +453,7 @@ def run_patd(cfg, model, sock, prompts, stamp=False):
         / max(1, starts) * 1e6
     # its stages (patd_step_stage_seconds_total) and, within prepare, the plan (pack)
     parts = {}
-    for k in ("queue", "prepare", "lane_wait", "upload", "enqueue"):
+    for k in bench_frontend.tf.STAGES:
         key = 'patd_step_stage_seconds_total{stage="%s"}' % k
         parts[k + "_us"] = (m1[key] - m0[key]) / max(1, starts) * 1e6
     packs = m1["patd_pack_total"] - m0["patd_pack_total"]

@@ -94,6 +94,26 @@ def stats(sock):
     return out
 
 
+STAGES = ("queue", "prepare", "lane_wait", "upload", "enqueue")
+
+
+def check_stages(m1, what, m0=None):
+    """A GPU step's start in its stages (patd_step_stage_seconds_total) between two stats reads
+    (m0 None: since the daemon started): every stage counted, and they add up to the start.
+    Returns (starts, start seconds, {stage: seconds})."""
+    def d(k):
+        return m1[k] - (m0[k] if m0 else 0)
+    starts = d("patd_step_starts_total")
+    start = d("patd_step_start_seconds_total")
+    stages = {k: d('patd_step_stage_seconds_total{stage="%s"}' % k) for k in STAGES}
+    assert starts > 0, "%s: no step start counted" % what
+    assert all(v > 0 for v in stages.values()), "%s: a stage counted nothing: %s" % (what, stages)
+    assert abs(sum(stages.values()) - start) < 1e-6 * starts, \
+        "%s: stages %s add up to %g s, the start to %g s" % (what, stages, sum(stages.values()),
+                                                           start)
+    return starts, start, stages
+
+
 class Frontend:
     """One batch of sequences through patd, with the in-process reference beside it."""
 
@@ -287,16 +307,8 @@ def test_graph(model, sock, bin_path):
             s["next"] = t
     # the daemon's start of these 16 steps (STEP_BEGIN to layer 0 enqueued) in its stages: each
     # one counted, and they add up to the whole
-    m1 = stats(sock)
-    starts = m1["patd_step_starts_total"] - m0["patd_step_starts_total"]
+    starts, start, stages = check_stages(stats(sock), "graph", m0)
     assert starts == 16, "%d step starts counted for 16 steps" % starts
-    start = m1["patd_step_start_seconds_total"] - m0["patd_step_start_seconds_total"]
-    stages = {k: m1['patd_step_stage_seconds_total{stage="%s"}' % k] -
-              m0['patd_step_stage_seconds_total{stage="%s"}' % k]
-              for k in ("queue", "prepare", "lane_wait", "upload", "enqueue")}
-    assert all(v > 0 for v in stages.values()), "a stage counted nothing: %s" % stages
-    assert abs(sum(stages.values()) - start) < 1e-6 * starts, \
-        "stages %s add up to %g s, the start to %g s" % (stages, sum(stages.values()), start)
     print("graph: %d of 8 replayed decode steps bitwise equal to the eager step (epoch %d); start "
           "%.1f us per step: %s" % (same, conn.epoch, start / starts * 1e6,
                                     {k: round(v / starts * 1e6, 1) for k, v in stages.items()}))
@@ -582,6 +594,7 @@ def pack_run(bin_path, tag, cross_pack, victim=None, steps=12):
         st = status(s2)
         text = patd.admin("status", socket=s2)
         metrics = text  # STATUS's cross_pack lines
+        check_stages(stats(s2), "pack_run %s" % tag)
         logits = {r["idx"]: torch.load(os.path.join(rundir, "logits%d.pt" % r["idx"]))
                   for r in res}
         return res, logits, st, text, metrics, open(os.path.join(rundir, "patd.log")).read()
