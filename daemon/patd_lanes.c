@@ -616,12 +616,14 @@ static int pack_drive(patd_t *d, uint32_t pi, uint64_t now)
             }
             return 1;
         }
-        /* the clock read now, not the pass's: pack_begin may have run in this pass, after it */
-        const uint64_t t_enq = l == 0 ? pat_now_ns() : 0;
-        for (uint32_t j = 0; l == 0 && j < pl->n_members; j++) {
-            const patd_lane_t *ln = running_member(L, pl, pi, j);
-            if (ln) /* its first layer is in the packed one */
-                patd_step_started(d, &ln->c->step, t_enq);
+        if (l == 0) { /* the members' first layers are in this one */
+            /* the clock read now, not the pass's: pack_begin may have run in this pass, after it */
+            const uint64_t t_enq = pat_now_ns();
+            for (uint32_t j = 0; j < pl->n_members; j++) {
+                const patd_lane_t *ln = running_member(L, pl, pi, j);
+                if (ln)
+                    patd_step_started(d, &ln->c->step, t_enq);
+            }
         }
         pl->next = l + 1;
         atomic_fetch_add(&L->pack_layers, 1);

@@ -56,13 +56,19 @@ static void metric(FILE *f, const char *name, const char *type, const char *help
     fprintf(f, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", name, help, name, type, name, v);
 }
 
-/* A time kept in nanoseconds, written in seconds (Prometheus's base unit, which promtool checks)
- * as an exact decimal: whole seconds, a point, nine digits */
+/* A sample's value kept in nanoseconds, written in seconds (Prometheus's base unit, which promtool
+ * checks) as an exact decimal: whole seconds, a point, nine digits; then the line's end */
+static void seconds_value(FILE *f, uint64_t ns)
+{
+    fprintf(f, "%llu.%09llu\n", (unsigned long long)(ns / 1000000000u),
+            (unsigned long long)(ns % 1000000000u));
+}
+
 static void metric_seconds(FILE *f, const char *name, const char *type, const char *help,
                            uint64_t ns)
 {
-    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n%s %llu.%09llu\n", name, help, name, type, name,
-            (unsigned long long)(ns / 1000000000u), (unsigned long long)(ns % 1000000000u));
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n%s ", name, help, name, type, name);
+    seconds_value(f, ns);
 }
 
 /* A gauge that is not a count: %.17g, which reads back as the same double */
@@ -237,7 +243,7 @@ static void ticks_seconds(FILE *f, uint64_t ticks)
     if (!hz)
         hz = sysconf(_SC_CLK_TCK) > 0 ? sysconf(_SC_CLK_TCK) : 100;
     const uint64_t ns = ticks % (uint64_t)hz * 1000000000u / (uint64_t)hz;
-    fprintf(f, "%llu.%09llu\n", (unsigned long long)(ticks / (uint64_t)hz), (unsigned long long)ns);
+    seconds_value(f, ticks / (uint64_t)hz * 1000000000u + ns);
 }
 
 static void cpu_metrics(FILE *f)
@@ -332,9 +338,8 @@ char *patd_metrics_text(patd_t *d, size_t *ret_len)
     static const char *const stage_names[PATD_STAGES] = {"queue", "prepare", "lane_wait", "upload",
                                                          "enqueue"};
     for (int k = 0; k < PATD_STAGES; k++) {
-        const uint64_t ns = atomic_load(&m->stage_ns_sum[k]);
-        fprintf(f, "patd_step_stage_seconds_total{stage=\"%s\"} %llu.%09llu\n", stage_names[k],
-                (unsigned long long)(ns / 1000000000u), (unsigned long long)(ns % 1000000000u));
+        fprintf(f, "patd_step_stage_seconds_total{stage=\"%s\"} ", stage_names[k]);
+        seconds_value(f, atomic_load(&m->stage_ns_sum[k]));
     }
     metric(f, "patd_kv_read_bytes_total", "counter", "K+V bytes the plans read", LD(m->kv_bytes));
     metric(f, "patd_kv_query_centric_bytes_total", "counter",
