@@ -447,23 +447,17 @@ def run_patd(cfg, model, sock, prompts, stamp=False):
     gstep, tl = graph_loop(model, PatdAttention(conn), begin, end, abort, b, lens, stamp)
     m1 = bench_frontend.tf.stats(sock)
     # the daemon's share of the layer-0 gap over the replayed steps: STEP_BEGIN received to
-    # layer 0 enqueued on the lane (patd_step_start_seconds_total / patd_step_starts_total)
-    starts = m1["patd_step_starts_total"] - m0["patd_step_starts_total"]
-    start_us = (m1["patd_step_start_seconds_total"] - m0["patd_step_start_seconds_total"]) \
-        / max(1, starts) * 1e6
-    # its stages (patd_step_stage_seconds_total) and, within prepare, the plan (pack)
-    parts = {}
-    for k in bench_frontend.tf.STAGES:
-        key = 'patd_step_stage_seconds_total{stage="%s"}' % k
-        parts[k + "_us"] = (m1[key] - m0[key]) / max(1, starts) * 1e6
+    # layer 0 enqueued on the lane, its stages and, within prepare, the plan (pack); per step
+    starts, secs, stages = bench_frontend.tf.step_stages(m1, m0)
+    n = max(1, starts)
+    start = {"start_us": secs / n * 1e6, **{k + "_us": v / n * 1e6 for k, v in stages.items()}}
     packs = m1["patd_pack_total"] - m0["patd_pack_total"]
-    parts["pack_us"] = (m1["patd_pack_seconds_total"] - m0["patd_pack_seconds_total"]) \
+    start["pack_us"] = (m1["patd_pack_seconds_total"] - m0["patd_pack_seconds_total"]) \
         / max(1, packs) * 1e6
-    start_us = {"start_us": start_us, **parts}
     for s in seqs:
         conn.seq_close(s)
     conn.close()
-    return step, att, gstep, tl, start_us
+    return step, att, gstep, tl, start
 
 
 def run_flashinfer(cfg, model, prompts, shared, stamp=False):

@@ -128,9 +128,8 @@ def run(batch, cfg, model, sock, js, bw, tc):
     packs = m1["patd_pack_total"] - m0["patd_pack_total"]
     res["pack_us"] = (m1["patd_pack_seconds_total"] - m0["patd_pack_seconds_total"]) / \
         max(1, packs) * 1e6
-    starts = m1["patd_step_starts_total"] - m0["patd_step_starts_total"]
-    res["start_us"] = (m1["patd_step_start_seconds_total"] -
-                       m0["patd_step_start_seconds_total"]) / max(1, starts) * 1e6
+    starts, secs, _ = tf.step_stages(m1, m0)
+    res["start_us"] = secs / max(1, starts) * 1e6
     res["kv_bytes_layer"] = info["kv_bytes"]
     res["qc_bytes_layer"] = info["qc_bytes"]
     for s in seqs:

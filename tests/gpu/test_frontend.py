@@ -97,15 +97,19 @@ def stats(sock):
 STAGES = ("queue", "prepare", "lane_wait", "upload", "enqueue")
 
 
-def check_stages(m1, what, m0=None):
-    """A GPU step's start in its stages (patd_step_stage_seconds_total) between two stats reads
-    (m0 None: since the daemon started): every stage counted, and they add up to the start.
-    Returns (starts, start seconds, {stage: seconds})."""
+def step_stages(m1, m0=None):
+    """Steps started between two stats reads (m0 None: since the daemon started), their start
+    (STEP_BEGIN to layer 0 begun) and its stages (patd_step_stage_seconds_total), summed:
+    (starts, start seconds, {stage: seconds})."""
     def d(k):
         return m1[k] - (m0[k] if m0 else 0)
-    starts = d("patd_step_starts_total")
-    start = d("patd_step_start_seconds_total")
-    stages = {k: d('patd_step_stage_seconds_total{stage="%s"}' % k) for k in STAGES}
+    return (d("patd_step_starts_total"), d("patd_step_start_seconds_total"),
+            {k: d('patd_step_stage_seconds_total{stage="%s"}' % k) for k in STAGES})
+
+
+def check_stages(m1, what, m0=None):
+    """step_stages, checked: every stage counted, and they add up to the start."""
+    starts, start, stages = step_stages(m1, m0)
     assert starts > 0, "%s: no step start counted" % what
     assert all(v > 0 for v in stages.values()), "%s: a stage counted nothing: %s" % (what, stages)
     assert abs(sum(stages.values()) - start) < 1e-6 * starts, \
