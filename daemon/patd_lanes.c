@@ -807,9 +807,14 @@ static void *lanes_main(void *arg)
 
         if (moved)
             t_last_move = now;
-        if (running == 0 && waiting == 0)
+        if (running == 0 && waiting == 0) {
+            /* the next step of a frontend that just ended one comes within a millisecond or so:
+             * the wake-up from a futex sleep would cost it tens of microseconds of its start */
+            if (now - t_last_move < PATD_LANES_SPIN_NS &&
+                pat_spin_while_eq(&L->kick, seen, t_last_move + PATD_LANES_SPIN_NS))
+                continue;
             nap(L, seen, PATD_LANES_IDLE_NS);
-        else if (holding && !moved)
+        } else if (holding && !moved)
             nap(L, seen, PATD_LANES_POLL_NS); /* a held step's wait ends soon */
         else if (!moved)
             /* poll at PATD_LANES_POLL_NS while anything moved in the last 10 ms, then at 1 ms */

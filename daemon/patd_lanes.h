@@ -18,8 +18,11 @@
  *     or — only while every lane is taken and other steps wait for one — when its client is the
  *     one the step waits for and has handed nothing over for limits.stall_cut_ms (a session's
  *     first step: limits.first_step_grace_ms, for its frontend's warm-up).
- * It sleeps on a futex word when no step is in flight, and polls at PATD_LANES_POLL_NS while one
- * is (no CPU call can wait for a stream write to host memory without a thread).
+ * It polls at PATD_LANES_POLL_NS while a step is in flight (no CPU call can wait for a stream
+ * write to host memory without a thread). When none is, it spins on a futex word for up to
+ * PATD_LANES_SPIN_NS after its last move (a frontend's next step comes that soon: a wake-up from
+ * sleep would cost the step's start tens of microseconds), then sleeps on it. With steps always
+ * in flight (many frontends) it never spins; with one frontend it spins at most once per step.
  *
  * How many lanes (gpu.lanes = auto): as many as the device's hardware queues keep apart
  * (CUDA_DEVICE_MAX_CONNECTIONS, which patd sets to 32 where it is unset, less the backend's own
@@ -27,9 +30,9 @@
  * (kern_lane_bytes): more lanes than queues would let one lane's wait on its client hold up
  * another lane's work.
  *
- * Thread context: start/stop on the main thread; submit on an executor; kick on the loop;
- * everything else on the lane thread, which owns each lane and each step from submit to its
- * give-back (patd_step.h's states).
+ * Thread context: start/stop on the main thread; submit on an executor or the loop; kick on the
+ * loop; everything else on the lane thread, which owns each lane and each step from submit to
+ * its give-back (patd_step.h's states).
  */
 #ifndef PATD_LANES_H
 #define PATD_LANES_H
@@ -49,6 +52,7 @@ typedef struct patd_conn patd_conn_t;
 #define PATD_LANES_MEM_SHARE 16u          /* auto: lanes' memory <= 1/16 of the GPU's */
 #define PATD_LANES_POLL_NS   20000ull     /* the lane thread's nap while steps are in flight */
 #define PATD_LANES_IDLE_NS   100000000ull /* its heartbeat period when no step is in flight */
+#define PATD_LANES_SPIN_NS   1000000ull   /* it spins this long after its last move, then sleeps */
 
 typedef enum patd_lane_phase {
     LANE_FREE,  /* no step */

@@ -13,6 +13,7 @@
 #ifndef PAT_BASE_H
 #define PAT_BASE_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -93,6 +94,25 @@ static inline uint64_t pat_now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Spins while *w == v and the monotonic clock is before until_ns (pat_now_ns's clock), pausing
+ * the core between reads. Returns 1 when *w changed (acquire), 0 when the time ran out: for a
+ * thread that expects a futex word to move within microseconds and would pay a wake-up (tens of
+ * microseconds under load) if it slept on it instead. */
+static inline int pat_spin_while_eq(_Atomic uint32_t *w, uint32_t v, uint64_t until_ns)
+{
+    for (uint32_t i = 1;; i++) {
+        if (atomic_load_explicit(w, memory_order_acquire) != v)
+            return 1;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        __asm__ __volatile__("yield");
+#endif
+        if (i % 64 == 0 && pat_now_ns() >= until_ns)
+            return 0;
+    }
 }
 
 /* A memfd of `bytes` named `name`, close-on-exec, its pages allocated now (a later touch never

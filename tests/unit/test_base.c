@@ -6,6 +6,7 @@
  * table small enough that probes collide and wrap around its end.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -204,6 +205,42 @@ static void test_macros_and_clock(void **state)
     assert_true(t1 - t0 < 5000000000ull); /* nanoseconds, not something coarser or finer */
 }
 
+/* pat_spin_while_eq: a word another thread changes ends the spin, a word nobody changes lets
+ * it run out at its deadline, a word that already differs returns at once */
+static _Atomic uint32_t spin_word;
+
+static void *spin_bump(void *arg)
+{
+    (void)arg;
+    struct timespec ms2 = {0, 2000000};
+    nanosleep(&ms2, NULL);
+    atomic_fetch_add(&spin_word, 1);
+    return NULL;
+}
+
+static void test_spin_while_eq(void **state)
+{
+    atomic_store(&spin_word, 7);
+    uint64_t t0 = pat_now_ns();
+    assert_int_equal(pat_spin_while_eq(&spin_word, 7, t0 + 1000000ull), 0);
+    uint64_t t1 = pat_now_ns();
+    assert_true(t1 >= t0 + 1000000ull);
+    assert_int_equal(atomic_load(&spin_word), 7);
+
+    assert_int_equal(pat_spin_while_eq(&spin_word, 6, t1 + 5000000000ull), 1);
+    assert_true(pat_now_ns() - t1 < 1000000000ull);
+
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, spin_bump, NULL), 0);
+    t0 = pat_now_ns();
+    assert_int_equal(pat_spin_while_eq(&spin_word, 7, t0 + 5000000000ull), 1);
+    t1 = pat_now_ns();
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(atomic_load(&spin_word), 8);
+    assert_true(t1 - t0 >= 1000000ull); /* it waited for the bump, not for nothing */
+    assert_true(t1 - t0 < 4000000000ull);
+}
+
 /* ---------------------------------------------------------------- pat_map */
 
 static void test_map_basics(void **state)
@@ -326,10 +363,10 @@ static void test_map_random_churn(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_oom_handler),      cmocka_unit_test(test_oom_default_aborts),
-        cmocka_unit_test(test_alloc_and_grow),   cmocka_unit_test(test_macros_and_clock),
-        cmocka_unit_test(test_map_basics),       cmocka_unit_test(test_map_collisions_wrap),
-        cmocka_unit_test(test_map_random_churn),
+        cmocka_unit_test(test_oom_handler),         cmocka_unit_test(test_oom_default_aborts),
+        cmocka_unit_test(test_alloc_and_grow),      cmocka_unit_test(test_macros_and_clock),
+        cmocka_unit_test(test_spin_while_eq),       cmocka_unit_test(test_map_basics),
+        cmocka_unit_test(test_map_collisions_wrap), cmocka_unit_test(test_map_random_churn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
