@@ -16,8 +16,9 @@
  * (client died, STEP_END early, drain) or limits.step_timeout_ms passed without a hand-over, so
  * a stalled client holds no executor and costs the others nothing.
  *
- * GPU sessions (cuda backend) run the same phases 1 and 2 on the executor, which then hands the
- * step to the lane thread (patd_lanes.c) and is free: the step holds a lane, not a thread, while
+ * GPU sessions (cuda backend) run the same phases 1 and 2 on the executor (a small decode step
+ * whose sequences only grow: on the loop, step_gpu_inline), which then hands the step to the
+ * lane thread (patd_lanes.c) and is free: the step holds a lane, not a thread, while
  * its layers run. The lane thread begins it once a lane is free (the loop answers STEP_BEGIN
  * then), enqueues its layers, watches the lane's progress and the client's hand-overs from host
  * memory, and gives it back. A step that failed to start still runs its n_layers handshakes
@@ -127,6 +128,7 @@ void patd_step_give_back(patd_t *d, patd_conn_t *c)
 
 static void step_job(void *arg, uint32_t exec_id);
 static void step_unreserve(patd_conn_t *c, uint32_t n);
+static int step_prepare(patd_conn_t *c, int on_loop);
 
 /* ------------------------------------------------------------------ loop side */
 static void step_reset(patd_conn_t *c)
@@ -161,6 +163,29 @@ static void step_refuse(patd_t *d, patd_conn_t *c, patd_req_t *rq, int code, con
     st->t_recv_ns = pat_now_ns();
     patd_step_move(st, STEP_REFUSED);
     patd_exec_submit(&d->exec, step_job, c);
+}
+
+/* A GPU decode step of at most PATD_STEP_INLINE_TOKENS tokens and sequences, every one of which
+ * only grows in the session's forest, is prepared here on the loop and handed straight to the
+ * lane thread: the executor's wake-up (the largest stage of a GPU step's start) is skipped.
+ * Returns 1 when it was (the step is the lane thread's now), 0 when nothing was done and it goes
+ * to an executor (larger, a sequence that joins, pool_mu held by an executor). The loop's share
+ * is bounded: reserve and grow cost the new tokens, the plan a few tens of microseconds at this
+ * size; a client cannot make it walk a block table. */
+static int step_gpu_inline(patd_t *d, patd_conn_t *c)
+{
+    patd_step_t *st = &c->step;
+    if (st->n_tokens > PATD_STEP_INLINE_TOKENS || st->n_seqs > PATD_STEP_INLINE_TOKENS)
+        return 0;
+    const uint64_t t = pat_now_ns();
+    int rc = step_prepare(c, 1);
+    if (rc > 0)
+        return 0;
+    patd_step_move(st, STEP_PREPARING);
+    st->t_exec_ns = t;
+    st->err = rc;
+    patd_lanes_submit(d, c);
+    return 1;
 }
 
 void patd_step_begin(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *body)
@@ -234,6 +259,8 @@ void patd_step_begin(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *b
     rq->wire = 0; /* the reply is owed by the step */
     /* err, layers_done, abort are clear: IDLE means step_reset ran */
     patd_step_move(st, STEP_QUEUED);
+    if (c->gpu && step_gpu_inline(d, c))
+        return;
     patd_exec_submit(&d->exec, step_job, c);
 }
 
@@ -415,15 +442,46 @@ void patd_step_rollback(patd_conn_t *c)
     pthread_mutex_unlock(&c->d->pool_mu);
 }
 
-/* Phase 1 and 2. Returns 0 or a negative errno with nothing reserved. */
-static int step_prepare(patd_conn_t *c)
+/* pool_mu held: 1 when every sequence of the step only grows in the session's forest (it was
+ * in the last step under the same kv id, and its table was neither cut nor changed before its
+ * end), so that phase 1 joins nothing: its cost is bounded by the step's new tokens, not by the
+ * sequences' lengths. */
+static int step_grows_only(patd_conn_t *c)
+{
+    const patd_step_t *st = &c->step;
+    const sched_forest_t *f = sched_forest(c->sched);
+    for (uint32_t i = 0; i < st->n_seqs; i++) {
+        kv_seq_info_t info;
+        if (c->seqs[st->slot[i]].forest_kv != st->kv[i] ||
+            kv_seq_info(c->d->pool, st->kv[i], &info) < 0)
+            return 0;
+        sched_query_t q = {info.blocks, info.n_blocks, info.len + st->n_new[i], st->n_new[i],
+                           0,           info.version};
+        if (!sched_forest_grows(f, st->slot[i], &q))
+            return 0;
+    }
+    return 1;
+}
+
+/* Phase 1 and 2. Returns 0 or a negative errno with nothing reserved. on_loop (the loop thread
+ * prepares it, step_gpu_inline): returns 1, having done nothing, when pool_mu is taken or a
+ * sequence would join the forest (step_grows_only), so that the loop never waits for an
+ * executor's lock nor walks a whole block table. */
+static int step_prepare(patd_conn_t *c, int on_loop)
 {
     patd_t *d = c->d;
     patd_step_t *st = &c->step;
     sched_forest_t *f = sched_forest(c->sched);
     uint32_t bs = d->model.block_size;
     int rc = 0;
-    pthread_mutex_lock(&d->pool_mu);
+    if (!on_loop) {
+        pthread_mutex_lock(&d->pool_mu);
+    } else if (pthread_mutex_trylock(&d->pool_mu)) {
+        return 1;
+    } else if (!step_grows_only(c)) {
+        pthread_mutex_unlock(&d->pool_mu);
+        return 1;
+    }
     uint32_t i;
     for (i = 0; i < st->n_seqs; i++) {
         kv_seq_info_t info;
@@ -556,7 +614,7 @@ static int step_start_cpu(patd_t *d, patd_conn_t *c)
     ipc_sig_t *g = patd_conn_sig(c);
     if (atomic_load(&st->abort))
         return -ECANCELED;
-    int rc = step_prepare(c);
+    int rc = step_prepare(c, 0);
     if (rc < 0)
         return rc;
     st->t_begun_ns = pat_now_ns();
@@ -657,7 +715,7 @@ static void step_job(void *arg, uint32_t exec_id)
             if (st->err == 0 && atomic_load(&st->abort))
                 st->err = -ECANCELED;
             else if (st->err == 0)
-                st->err = step_prepare(c);
+                st->err = step_prepare(c, 0);
             patd_lanes_submit(d, c);
             return;
         }

@@ -6,7 +6,7 @@
  * transition function that checks the move against a table (patd_step_state_legal) and asserts
  * it. Who moves it:
  *
- *   IDLE ──BEGIN accepted (loop)──> QUEUED ──executor takes it──> PREPARING
+ *   IDLE ──BEGIN accepted (loop)──> QUEUED ──executor takes it (or the loop: below)──> PREPARING
  *   IDLE ──BEGIN refused, GPU session (loop)──> REFUSED ──executor takes it──> EMPTY
  *   PREPARING ──reserved and packed (cpu: executor; GPU: the lane thread, once a lane is free)──>
  *       RUNNING ──layers done/stopped──> BACK
@@ -15,7 +15,9 @@
  *
  * A GPU session's step is the executor's while it reserves and packs, then the lane thread's
  * (patd_lanes.h) until its give-back: it waits for a free lane in PREPARING (or EMPTY, refused),
- * holding no thread.
+ * holding no thread. A small GPU decode step whose sequences only grow in the forest
+ * (PATD_STEP_INLINE_TOKENS) is reserved and packed by the loop itself, which then hands it to the
+ * lane thread the same way: the executor's wake-up is the largest part of a step's start.
  *   BACK, UNSTARTED ──STEP_END answered, or the session reclaimed (loop)──> IDLE
  *
  * A GPU session's client stream hands over every layer without waiting for the BEGIN answer, so
@@ -46,6 +48,10 @@ typedef struct patd_req {
     void (*reply_fn)(void *ud, const void *frame, size_t len);
     void *reply_ud;
 } patd_req_t;
+
+/* A GPU step of at most this many tokens and sequences, all of them already in the session's
+ * forest, is prepared on the loop (no executor hop); larger ones on an executor */
+#define PATD_STEP_INLINE_TOKENS 64u
 
 #define PATD_STEP_STATES(X)                                                                        \
     X(IDLE)      /* no step: the next STEP_BEGIN may start one */                                  \

@@ -318,19 +318,34 @@ int sched_forest_leave(sched_forest_t *f, uint32_t qid)
     return 0;
 }
 
-int sched_forest_grow(sched_forest_t *f, uint32_t qid, const sched_query_t *q)
+/* Why grow would refuse qid's q before looking at its fields: 0, -EINVAL or -ENOENT. */
+static int grow_refusal(const sched_forest_t *f, uint32_t qid, const sched_query_t *q)
 {
     if (qid >= f->max_q)
         return -EINVAL;
-    sched__query_t *s = &f->q[qid];
+    const sched__query_t *s = &f->q[qid];
     if (!s->in)
         return -ENOENT;
     if (!q || q->kv_len < s->kv_len || q->table_version != s->table_version)
         return -EINVAL;
-    uint32_t old_nfull = s->nfull;
-    if (old_nfull > 0 && (q->n_blocks < old_nfull || !q->blocks ||
-                          q->blocks[old_nfull - 1] != s->blocks[old_nfull - 1]))
+    if (s->nfull > 0 && (q->n_blocks < s->nfull || !q->blocks ||
+                         q->blocks[s->nfull - 1] != s->blocks[s->nfull - 1]))
         return -EINVAL;
+    return 0;
+}
+
+int sched_forest_grows(const sched_forest_t *f, uint32_t qid, const sched_query_t *q)
+{
+    return grow_refusal(f, qid, q) == 0;
+}
+
+int sched_forest_grow(sched_forest_t *f, uint32_t qid, const sched_query_t *q)
+{
+    int rc = grow_refusal(f, qid, q);
+    if (rc < 0)
+        return rc;
+    sched__query_t *s = &f->q[qid];
+    uint32_t old_nfull = s->nfull;
     int nb = query_load(f, s, q);
     if (nb < 0)
         return nb;

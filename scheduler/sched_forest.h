@@ -47,6 +47,11 @@ int sched_forest_leave(sched_forest_t *f, uint32_t qid);
  * a join. Errors as join, plus -EINVAL when kv_len shrank, the last full block changed or the
  * table_version differs from the one joined or grown with (an earlier entry changed). */
 int sched_forest_grow(sched_forest_t *f, uint32_t qid, const sched_query_t *q);
+/* 1 when sched_forest_grow(f, qid, q) would grow qid (present, kv_len not shrunk, the last full
+ * block and the table_version unchanged), 0 when it would refuse with -ENOENT or -EINVAL for
+ * those reasons (field errors aside): lets a caller that must not pay a join's walk of a whole
+ * table ask first. Reads only. */
+int sched_forest_grows(const sched_forest_t *f, uint32_t qid, const sched_query_t *q);
 void sched_forest_clear(sched_forest_t *f);
 
 uint64_t sched_forest_version(const sched_forest_t *f);

@@ -48,18 +48,23 @@ static void test_errors(void **state)
     assert_int_equal(sched_forest_join(f, 0, &q), 0);
     assert_int_equal(sched_forest_join(f, 0, &q), -EEXIST);
     assert_int_equal(sched_forest_leave(f, 1), -ENOENT);
+    assert_int_equal(sched_forest_grows(f, 1, &q), 0);
     assert_int_equal(sched_forest_grow(f, 1, &q), -ENOENT);
     q.kv_len = 39;
+    assert_int_equal(sched_forest_grows(f, 0, &q), 0);
     assert_int_equal(sched_forest_grow(f, 0, &q), -EINVAL); /* shrank */
     q.kv_len = 41;
     blocks[1] = 99; /* last full block changed: not a growth */
+    assert_int_equal(sched_forest_grows(f, 0, &q), 0);
     assert_int_equal(sched_forest_grow(f, 0, &q), -EINVAL);
     blocks[1] = 2;
     blocks[0] = 77; /* an earlier entry changed (a twin's copy): the table version says so */
     q.table_version = 1;
+    assert_int_equal(sched_forest_grows(f, 0, &q), 0);
     assert_int_equal(sched_forest_grow(f, 0, &q), -EINVAL);
     blocks[0] = 1;
     q.table_version = 0;
+    assert_int_equal(sched_forest_grows(f, 0, &q), 1);
     assert_int_equal(sched_forest_grow(f, 0, &q), 0); /* unchanged: a growth */
     assert_int_equal(sched_forest_check(f), 0);
     sched_forest_free(f);
@@ -192,6 +197,7 @@ static void test_incremental_equals_rebuilt(void **state)
                 uint32_t n = tl_rng_range(&r, 1, what < 4 ? 1 : 2 * BS);
                 tl_world_grow(&w, i, n);
                 sched_query_t q = view(&w.q[i]);
+                assert_int_equal(sched_forest_grows(f, i, &q), 1);
                 assert_int_equal(sched_forest_grow(f, i, &q), 0);
             } else {
                 assert_int_equal(sched_forest_leave(f, i), 0);
