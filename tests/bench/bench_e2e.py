@@ -39,8 +39,8 @@ caches do not fit the GPU beside the model is reported as skipped, with its size
 
 --patd-b starts a second daemon (a base revision's build: tests/gpu/ab_e2e.sh) beside the first;
 way patd_b runs it as way patd runs the first, in the same process over the same model, and
---rounds alternates the two that many times per case: an A/B of a daemon change with FlashInfer
-in the same run.
+--rounds alternates the two that many times per case, each going first in every other round: an
+A/B of a daemon change with FlashInfer in the same run.
 
 --timeline names the batches whose patd and FlashInfer steps are also replayed from a graph with
 CUDA events around every layer's attention call (Stamped): one step's GPU time split into the
@@ -568,7 +568,10 @@ def main():
                        "layers": cfg.layers, "device": torch.cuda.get_device_name()}
                 stamp = batch in stamp_batches
                 for rnd in range(a.rounds):
-                    for w in ("patd", "patd_b"):
+                    # the daemons take turns going first: the second of a pair ran 1.4-2.4 %
+                    # faster whatever it was (the same build under both names, H200,
+                    # tests/bench/log/2026-11-28-start-hops.md)
+                    for w in ("patd", "patd_b") if rnd % 2 == 0 else ("patd_b", "patd"):
                         if w not in ways or w + "_skipped" in res:
                             continue
                         try:

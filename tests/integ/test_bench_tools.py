@@ -9,6 +9,9 @@ bench_attn on the device.
   verdict that never moves fails.
 - bench_attn's tree sets (tests/bench/bench_attn.cu): the paper's 20 and our ten are trees PAT's
   bench can run (counts divide, every level a multiple of its 32-token page), none repeated.
+- tests/bench/ab_e2e_summary.py (tests/gpu/ab_e2e.sh's verdict) on two bench_e2e runs written
+  here with a known change and a known first-started factor: it recovers both, inverts when the
+  runs are given the other way round, and names a case a daemon skipped.
 - bench_attn refuses a malformed tree before it touches the GPU (exit status 2, the spec named),
   where BENCH_ATTN names the built program (make test sets it when the CUDA tools were built).
 
@@ -25,6 +28,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMPARE = os.path.join(ROOT, "tests", "bench", "compare_pat.py")
 BENCH_SRC = os.path.join(ROOT, "tests", "bench", "bench_attn.cu")
+AB_E2E = os.path.join(ROOT, "tests", "bench", "ab_e2e_summary.py")
 
 passed = failed = 0
 
@@ -199,8 +203,63 @@ def test_bench_refuses():
               "rc %d: %s" % (res.returncode, res.stderr[-200:]))
 
 
+def e2e_case(batch, shared, first, second, fi_ms=10.0, skipped=None):
+    """one bench_e2e case: way patd (started first) and patd_b, each (graph step ms, start us),
+    and FlashInfer's step"""
+    r = {"batch": batch, "shared_prompt": shared, "fi_graph_step_ms": fi_ms}
+    if skipped:
+        r["patd_b_skipped"] = skipped
+    else:
+        r.update(patd_graph_step_ms=first[0], patd_b_graph_step_ms=second[0],
+                 patd_over_patd_b_graph=first[0] / second[0],
+                 patd_start={"start_us": first[1]}, patd_b_start={"start_us": second[1]})
+    return r
+
+
+def run_ab_e2e(new_first, base_first):
+    with tempfile.TemporaryDirectory() as d:
+        paths = []
+        for name, rows in (("new_first", new_first), ("base_first", base_first)):
+            paths.append(os.path.join(d, name + ".jsonl"))
+            with open(paths[-1], "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+        res = subprocess.run([sys.executable, AB_E2E, *paths], capture_output=True, text=True,
+                             timeout=60)
+        return res.returncode, res.stdout + res.stderr
+
+
+def test_ab_e2e():
+    # new is 0.98x base; the first-started daemon runs 1.03x slower. Starts: new's 140 and 160 us
+    # in the two runs, base's 240 and 260
+    new, base, f = 9.8, 10.0, 1.03
+    one = [e2e_case(1, 0, (new * f, 140), (base, 260)),
+           e2e_case(64, 2048, (new * f, 140), (base, 260)),
+           e2e_case(16, 0, 0, 0, skipped="session block quota")]
+    other = [e2e_case(1, 0, (base * f, 240), (new, 160)),
+             e2e_case(64, 2048, (base * f, 240), (new, 160)),
+             e2e_case(16, 0, 0, 0, skipped="session block quota")]
+    rc, out = run_ab_e2e(one, other)
+    lines = {l.strip().split("  ")[0]: l for l in out.splitlines() if "  " in l.strip()}
+    for case in ("1 unshared", "64 shared"):
+        l = lines.get(case, "")
+        check("ab_e2e_summary: %s: new/base 0.980, first-started x1.030" % case,
+              "new/base 0.980 (first-started x1.030)" in l, out)
+        check("ab_e2e_summary: %s: best steps 9.80 / 10.00 ms, starts 150 / 250 us" % case,
+              "new 9.80 ms (start 150 us)" in l and "base 10.00 ms (start 250 us)" in l, l)
+    check("ab_e2e_summary: a skipped case has no verdict and says why",
+          "no verdict: session block quota" in lines.get("16 unshared", ""), out)
+    check("ab_e2e_summary: geomean and exit 0", rc == 0 and "geomean new/base 0.980 over 2" in out,
+          out)
+    rc, out = run_ab_e2e(other, one)  # the runs the other way round: the inverse change
+    check("ab_e2e_summary: runs swapped, the change inverts (1.020)",
+          "new/base 1.020 (first-started x1.030)" in out, out)
+    rc, out = run_ab_e2e(one[2:], other[2:])
+    check("ab_e2e_summary: no case with a verdict: exit 1", rc == 1, "rc %d: %s" % (rc, out))
+
+
 def main():
     test_compare()
+    test_ab_e2e()
     test_trees()
     test_bench_refuses()
     print("%d passed, %d failed" % (passed, failed))
