@@ -137,6 +137,8 @@ struct patd_conn {
     uint8_t *dev_base;       /* = share.dev: lay offsets apply */
     sched_t *sched;
     uint32_t pack_policy; /* sched_policy_t + 1 of the last pack built (step info) */
+    uint64_t prep_ns;     /* the last step's reserve and plan, wherever it ran: the loop prepares
+                             a step only while this is at most PATD_STEP_INLINE_NS (patd_step.c) */
     uint32_t next_tick;
     uint64_t next_step;
     patd_step_t step;
@@ -178,6 +180,7 @@ typedef struct patd_metrics {
     _Atomic uint64_t layer_ns_sum, layers;                  /* append + attend per layer */
     _Atomic uint64_t start_ns_sum, starts;      /* STEP_BEGIN received -> first layer begun */
     _Atomic uint64_t stage_ns_sum[PATD_STAGES]; /* a GPU step's start, by stage (patd_metrics.c) */
+    _Atomic uint64_t steps_on_loop;             /* GPU steps the loop prepared (step_gpu_inline) */
     _Atomic uint64_t kv_bytes, qc_bytes;        /* per layer, summed */
     _Atomic uint64_t conns_opened, conns_closed, reclaims_dead, reclaims_lease;
     _Atomic uint64_t reclaim_ns_max, reclaim_ns_last;

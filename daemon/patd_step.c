@@ -169,18 +169,23 @@ static void step_refuse(patd_t *d, patd_conn_t *c, patd_req_t *rq, int code, con
  * only grows in the session's forest, is prepared here on the loop and handed straight to the
  * lane thread: the executor's wake-up (the largest stage of a GPU step's start) is skipped.
  * Returns 1 when it was (the step is the lane thread's now), 0 when nothing was done and it goes
- * to an executor (larger, a sequence that joins, pool_mu held by an executor). The loop's share
- * is bounded: reserve and grow cost the new tokens, the plan a few tens of microseconds at this
- * size; a client cannot make it walk a block table. */
+ * to an executor (larger, a sequence that joins, pool_mu held by an executor, a session whose
+ * last preparation took over PATD_STEP_INLINE_NS). The loop's share is bounded: reserve and grow
+ * cost the new tokens, a client cannot make it walk a block table, and the plan, whose cost
+ * grows with the KV the sequences hold, runs here only while the session's last one (a step
+ * earlier, one token shorter per sequence) stayed under the bound: a session's sequences grow
+ * past it at most once before its steps go to executors. */
 static int step_gpu_inline(patd_t *d, patd_conn_t *c)
 {
     patd_step_t *st = &c->step;
-    if (st->n_tokens > PATD_STEP_INLINE_TOKENS || st->n_seqs > PATD_STEP_INLINE_TOKENS)
+    if (st->n_tokens > PATD_STEP_INLINE_TOKENS || st->n_seqs > PATD_STEP_INLINE_TOKENS ||
+        c->prep_ns > PATD_STEP_INLINE_NS)
         return 0;
     const uint64_t t = pat_now_ns();
     int rc = step_prepare(c, 1);
     if (rc > 0)
         return 0;
+    atomic_fetch_add(&d->m.steps_on_loop, 1);
     patd_step_move(st, STEP_PREPARING);
     st->t_exec_ns = t;
     st->err = rc;
@@ -463,10 +468,10 @@ static int step_grows_only(patd_conn_t *c)
     return 1;
 }
 
-/* Phase 1 and 2. Returns 0 or a negative errno with nothing reserved. on_loop (the loop thread
- * prepares it, step_gpu_inline): returns 1, having done nothing, when pool_mu is taken or a
- * sequence would join the forest (step_grows_only), so that the loop never waits for an
- * executor's lock nor walks a whole block table. */
+/* Phase 1 and 2. Returns 0 or a negative errno with nothing reserved; notes how long it took in
+ * c->prep_ns. on_loop (the loop thread prepares it, step_gpu_inline): returns 1, having done
+ * nothing, when pool_mu is taken or a sequence would join the forest (step_grows_only), so that
+ * the loop never waits for an executor's lock nor walks a whole block table. */
 static int step_prepare(patd_conn_t *c, int on_loop)
 {
     patd_t *d = c->d;
@@ -482,6 +487,7 @@ static int step_prepare(patd_conn_t *c, int on_loop)
         pthread_mutex_unlock(&d->pool_mu);
         return 1;
     }
+    const uint64_t t0 = pat_now_ns(); /* the work, not the wait for the lock */
     uint32_t i;
     for (i = 0; i < st->n_seqs; i++) {
         kv_seq_info_t info;
@@ -568,6 +574,7 @@ static int step_prepare(patd_conn_t *c, int on_loop)
     if (rc < 0)
         step_rollback(c);
     pthread_mutex_unlock(&d->pool_mu);
+    c->prep_ns = pat_now_ns() - t0;
     return rc;
 }
 

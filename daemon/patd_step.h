@@ -50,8 +50,11 @@ typedef struct patd_req {
 } patd_req_t;
 
 /* A GPU step of at most this many tokens and sequences, all of them already in the session's
- * forest, is prepared on the loop (no executor hop); larger ones on an executor */
+ * forest, is prepared on the loop (no executor hop) while the session's last preparation took
+ * at most PATD_STEP_INLINE_NS (the plan's cost grows with the KV its sequences hold, which a
+ * client chooses); others on an executor */
 #define PATD_STEP_INLINE_TOKENS 64u
+#define PATD_STEP_INLINE_NS     100000ull
 
 #define PATD_STEP_STATES(X)                                                                        \
     X(IDLE)      /* no step: the next STEP_BEGIN may start one */                                  \

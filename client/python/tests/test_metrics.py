@@ -164,6 +164,8 @@ class MetricsCase(unittest.TestCase):
         self.assertEqual(sorted(stages), sorted(["queue", "prepare", "lane_wait", "upload",
                                                  "enqueue"]))
         self.assertEqual(sum(stages.values()), 0)
+        # nor prepared on the loop: that is for GPU steps only
+        self.assertEqual(v["patd_steps_prepared_on_loop_total"], 0)
 
         # KV in use, 0..1: a holds 4 blocks, b a's 3 full ones and its own last
         self.assertEqual(v["patd_kv_blocks_used"], 5)
