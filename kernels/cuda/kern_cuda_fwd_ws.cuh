@@ -426,6 +426,13 @@ __device__ __forceinline__ void ws_load_tile_cp(const FwdArgs &a, const uint32_t
 
 constexpr uint32_t WS_END = 0xffffffffu; /* the item id that ends the consumers' loop */
 
+/* An item of at most this many tiles has the next item's id fetched while its own copies go out,
+ * so the counter's round trip (15 % of the producer's ncu samples on one-tile items) overlaps
+ * them; a longer item fetches after its last load (see ws_produce). 0: every item fetches after
+ * its loads. Left at 0 until its A/B on fwd_pair (only measured so far on a plan that ran the
+ * 4-warp kernel: tests/bench/log/2026-11-25-tile-skip-cpasync.md). */
+constexpr int WS_EARLY_TILES = 0;
+
 /* The producer: fetches items from the launch's counter (in plan order) until none is left; for
  * each, Q of the CTA's rows into a slot (with the item id and tile count beside it), then every
  * tile into the next ones; at the end a slot whose item id is WS_END. */
@@ -452,6 +459,8 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
         return s;
     };
 
+    bool early = false; /* thread 0 holds the next item's id in `next` (WS_EARLY_TILES) */
+    uint32_t next = 0;
     for (;;) {
         uint32_t b;
         WsItem it;
@@ -460,9 +469,10 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
          * the item while other blocks may be idle, and measured twice the time on TREE plans
          * whose long CTAs fill one wave (tests/bench/log/2026-11-25-ws-persistent.md); fetching
          * early after short items only (at most 8 tiles) left the fixed cost per item where it
-         * was, 3.65-3.71 us on both GPUs (tests/bench/log/2026-11-25-tile-skip-cpasync.md) */
+         * was, 3.65-3.71 us on both GPUs (tests/bench/log/2026-11-25-tile-skip-cpasync.md),
+         * but on a plan that ran the 4-warp kernel, not this one: WS_EARLY_TILES */
         if (tid == 0)
-            *bcast = atomicAdd(a.work, 1u);
+            *bcast = early ? next : atomicAdd(a.work, 1u);
         bar_sync(BAR_PRODUCER, KCUDA_THREADS);
         b = *bcast;
         bar_sync(BAR_PRODUCER, KCUDA_THREADS); /* read by all before thread 0 writes again */
@@ -480,6 +490,12 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
         }
         ws_item(a, b, it);
         const int n_tiles = ws_tiles(it.cta);
+        /* a short item: the next id now, kept in a register until the loop's top, so that
+         * nothing waits for it before this item's copies are out (the same in every thread: a
+         * block's last fetch is still the one past the end, before its count below) */
+        early = WS_EARLY_TILES > 0 && n_tiles <= WS_EARLY_TILES;
+        if (early && tid == 0)
+            next = atomicAdd(a.work, 1u);
         const sched_plan_row_t *rows = a.rows + it.cta.row_begin;
         const uint32_t n_rows = it.cta.row_count * group, j = it.j;
         const bool small = it.small;
