@@ -181,7 +181,8 @@ struct Lane {
     uint8_t *last;     /* host copy of it, for the unchanged test */
     uint32_t last_len; /* 0: none */
     uint32_t *slot_host, *slot_dev;
-    uint32_t n_slots; /* slots of the step last begun */
+    uint32_t n_slots;  /* slots of the step last begun */
+    uint64_t cow_seen; /* the Cuda's cow_gen this lane's stream last waited for (cow_mu) */
     cudaEvent_t slot_copied;
     bool slot_used;
     cudaStream_t main;
@@ -212,6 +213,7 @@ struct Cuda {
     VmmApi vmm;
     pthread_mutex_t cow_mu; /* orders cow_done's record (lane 0) and the lanes' waits on it */
     cudaEvent_t cow_done;   /* recorded after each copy-on-write batch */
+    uint64_t cow_gen;       /* cow_done's records so far (cow_mu) */
 };
 
 inline Cuda *as_cuda(kern_backend_t *b)
@@ -237,6 +239,9 @@ int cuda_sync(kern_backend_t *b);
 /* kern_cuda_lane.cu */
 int lane_init(Cuda *c, Lane *L);
 void lane_done(Lane *L);
+/* The lane's stream waits for the last copy-on-write batch (cow_done), unless it already waited
+ * for that one: a step begun after a copy reads the copied blocks. 0 or -EIO. */
+int cow_wait(Lane *L);
 int load_memops(Cuda *c);
 int cuda_lane_create(kern_backend_t *b, kern_lane_t **ret);
 void cuda_lane_free(kern_lane_t *l);

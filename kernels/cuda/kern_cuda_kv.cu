@@ -125,6 +125,7 @@ int cuda_copy_blocks(kern_backend_t *b, const uint32_t *src, const uint32_t *dst
     /* steps begun on other lanes from now on start after these copies */
     pthread_mutex_lock(&c->cow_mu);
     cudaError_t e = cudaEventRecord(c->cow_done, c->lane0.main);
+    c->cow_gen += e == cudaSuccess;
     pthread_mutex_unlock(&c->cow_mu);
     KC_TRY(e, "copy_blocks event");
     return 0;

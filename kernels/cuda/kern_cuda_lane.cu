@@ -167,8 +167,19 @@ int cuda_lane_begin(kern_lane_t *l, const sched_plan_hdr_t *h, const uint32_t *s
     int r = plan_upload(L, h);
     if (r < 0 || (r = slots_upload(L, slots, n)) < 0)
         return r;
+    return cow_wait(L);
+}
+
+int cow_wait(Lane *L)
+{
+    Cuda *c = L->c;
+    cudaError_t e = cudaSuccess;
     pthread_mutex_lock(&c->cow_mu);
-    cudaError_t e = cudaStreamWaitEvent(L->main, c->cow_done, 0);
+    if (L->cow_seen != c->cow_gen) { /* a stream call saved per step begun while none came */
+        e = cudaStreamWaitEvent(L->main, c->cow_done, 0);
+        if (e == cudaSuccess)
+            L->cow_seen = c->cow_gen;
+    }
     pthread_mutex_unlock(&c->cow_mu);
     KC_TRY(e, "copy-on-write wait");
     return 0;

@@ -176,10 +176,8 @@ int cuda_pack_begin(kern_lane_t *l, const sched_plan_hdr_t *h, const uint32_t *s
         __atomic_store_n(&ps->words_host[i], 0u, __ATOMIC_RELEASE);
     KC_TRY(cudaMemcpyAsync(ps->dev, pd, sizeof(*pd), cudaMemcpyHostToDevice, L->main),
            "pack upload");
-    pthread_mutex_lock(&c->cow_mu);
-    cudaError_t e = cudaStreamWaitEvent(L->main, c->cow_done, 0);
-    pthread_mutex_unlock(&c->cow_mu);
-    KC_TRY(e, "copy-on-write wait");
+    if ((r = cow_wait(L)) < 0)
+        return r;
     ps->n_tokens = n;
     ps->slots = L->slot_dev;
     L->base.pack_members = n_members;
