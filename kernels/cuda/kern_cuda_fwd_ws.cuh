@@ -55,8 +55,9 @@
 namespace kcuda
 {
 
-/* What a timing ablation of fwd_pair leaves out. The kernel is WS_FULL; only tests/gpu/ablate.sh's
- * builds instantiate the others (kern_cuda_fwd_ablate.cuh), whose results are wrong by design. */
+/* What a timing ablation of fwd_pair leaves out, or a variant of it on trial. The kernel is
+ * WS_FULL; only tests/gpu/ablate.sh's builds instantiate the others (kern_cuda_fwd_ablate.cuh),
+ * whose results are wrong by design (a variant's are right). */
 enum WsAblate : int {
     WS_FULL = 0,
     /* the consumers compute and write nothing: every tile only waited for and released (the load
@@ -65,7 +66,11 @@ enum WsAblate : int {
     WS_NO_KV =
         2, /* the producer loads no KV tiles (the products alone, on whatever the ring holds) */
     WS_NO_Q = 3, /* the producer gathers no Q */
+    /* a variant: the producer fetches the next item's id while an item of at most
+     * WS_EARLY_TILES tiles has its copies go out (ws_produce) */
+    WS_EARLY_FETCH = 4,
 };
+constexpr int WS_EARLY_TILES = 8;
 
 /* The words beside a ring slot, written by the producer's thread 0 before its arrival on the
  * slot's full barrier (a release: the consumers read them once the slot is in). */
@@ -426,13 +431,6 @@ __device__ __forceinline__ void ws_load_tile_cp(const FwdArgs &a, const uint32_t
 
 constexpr uint32_t WS_END = 0xffffffffu; /* the item id that ends the consumers' loop */
 
-/* An item of at most this many tiles has the next item's id fetched while its own copies go out,
- * so the counter's round trip (15 % of the producer's ncu samples on one-tile items) overlaps
- * them; a longer item fetches after its last load (see ws_produce). 0: every item fetches after
- * its loads. Left at 0 until its A/B on fwd_pair (only measured so far on a plan that ran the
- * 4-warp kernel: tests/bench/log/2026-11-25-tile-skip-cpasync.md). */
-constexpr int WS_EARLY_TILES = 0;
-
 /* The producer: fetches items from the launch's counter (in plan order) until none is left; for
  * each, Q of the CTA's rows into a slot (with the item id and tile count beside it), then every
  * tile into the next ones; at the end a slot whose item id is WS_END. */
@@ -459,7 +457,7 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
         return s;
     };
 
-    bool early = false; /* thread 0 holds the next item's id in `next` (WS_EARLY_TILES) */
+    bool early = false; /* thread 0 holds the next item's id in `next` (WS_EARLY_FETCH) */
     uint32_t next = 0;
     for (;;) {
         uint32_t b;
@@ -470,7 +468,7 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
          * whose long CTAs fill one wave (tests/bench/log/2026-11-25-ws-persistent.md); fetching
          * early after short items only (at most 8 tiles) left the fixed cost per item where it
          * was, 3.65-3.71 us on both GPUs (tests/bench/log/2026-11-25-tile-skip-cpasync.md),
-         * but on a plan that ran the 4-warp kernel, not this one: WS_EARLY_TILES */
+         * but on a plan that ran the 4-warp kernel, not this one: WS_EARLY_FETCH, on trial */
         if (tid == 0)
             *bcast = early ? next : atomicAdd(a.work, 1u);
         bar_sync(BAR_PRODUCER, KCUDA_THREADS);
@@ -490,10 +488,11 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
         }
         ws_item(a, b, it);
         const int n_tiles = ws_tiles(it.cta);
-        /* a short item: the next id now, kept in a register until the loop's top, so that
-         * nothing waits for it before this item's copies are out (the same in every thread: a
-         * block's last fetch is still the one past the end, before its count below) */
-        early = WS_EARLY_TILES > 0 && n_tiles <= WS_EARLY_TILES;
+        /* WS_EARLY_FETCH, a short item: the next id now, kept in a register until the loop's
+         * top, so that nothing waits for it before this item's copies are out (the same in
+         * every thread: a block's last fetch is still the one past the end, before its count
+         * below) */
+        early = AB == WS_EARLY_FETCH && n_tiles <= WS_EARLY_TILES;
         if (early && tid == 0)
             next = atomicAdd(a.work, 1u);
         const sched_plan_row_t *rows = a.rows + it.cta.row_begin;
