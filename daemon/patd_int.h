@@ -4,7 +4,8 @@
  * Threads and what they own:
  *   loop thread   libuv: the control, event and admin sockets, every request, sessions and their
  *                 sequence tables, pidfd watches, timers, signals, sd_notify;
- *   executors     (cfg.executors) run steps: reserve KV, update the session's forest, pack;
+ *   executors     (cfg.executors) run steps: reserve KV, update the session's forest, pack (a
+ *                 small GPU step: the loop itself, patd_step.c's step_gpu_inline);
  *                 a cpu step's layers then run there (wait for the client's ready word, append +
  *                 attend, post done; parked while its client is slow), a GPU step goes to
  *   lane thread   (cuda) which begins GPU steps on free lanes, enqueues their layers and watches
@@ -15,13 +16,14 @@
  *   pool_mu  the kv pool and every session's blocks_held
  *   be_mu    the backend (the cpu backend runs one call at a time)
  *   the executor pool's own two (patd_exec.h)
- * A session's step is owned by the executor from dispatch until its last move (patd_step.h); the
- * loop only sets step.abort and wakes the ready word meanwhile.
+ * A session's step is owned by the executor (or the loop, while it prepares a small GPU step) from
+ * dispatch until its last move (patd_step.h); the loop only sets step.abort and wakes the ready
+ * word meanwhile.
  *
  * With the cuda backend (patd_gpu.c) every session is a GPU session: its staging rows are a device
  * allocation of its own and its signal words a host allocation of its own, each exported to its
- * one client by fd; an executor prepares its steps and the lane thread runs them on kern lanes
- * (patd_lanes.h).
+ * one client by fd; an executor (or the loop) prepares its steps and the lane thread runs them on
+ * kern lanes (patd_lanes.h).
  */
 #ifndef PATD_INT_H
 #define PATD_INT_H
@@ -137,8 +139,9 @@ struct patd_conn {
     uint8_t *dev_base;       /* = share.dev: lay offsets apply */
     sched_t *sched;
     uint32_t pack_policy; /* sched_policy_t + 1 of the last pack built (step info) */
-    uint64_t prep_ns;     /* the last step's reserve and plan, wherever it ran: the loop prepares
-                             a step only while this is at most PATD_STEP_INLINE_NS (patd_step.c) */
+    uint64_t prep_ns;     /* the last step's reserve and plan, wherever it ran, and the last one */
+    uint64_t repack_ns;   /* whose packs were rebuilt: the loop prepares a step only while both
+                             are at most PATD_STEP_INLINE_NS (patd_step.c) */
     uint32_t next_tick;
     uint64_t next_step;
     patd_step_t step;
@@ -207,6 +210,9 @@ struct patd {
     uv_poll_t upgrade_poll;       /* on persist.successor_fd */
     char exe[512];   /* the binary as named at start (its path: an upgraded file there runs) */
     uv_async_t wake; /* executor completions */
+    /* the loop's time preparing GPU steps (step_gpu_inline) in the window begun at inline_t0:
+     * at most PATD_STEP_INLINE_BUDGET_NS per PATD_STEP_INLINE_WINDOW_NS, over all sessions */
+    uint64_t inline_t0, inline_ns;
     char sock_path[400], ev_path[400], admin_path[400];
     /* the admin socket (patd_admin.c) */
     uv_pipe_t admin;

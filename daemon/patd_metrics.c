@@ -329,15 +329,18 @@ char *patd_metrics_text(patd_t *d, size_t *ret_len)
                    "client handed the layer over; cuda: enqueued on its lane), summed",
                    LD(m->start_ns_sum));
     metric(f, "patd_step_starts_total", "counter", "steps whose first layer began", LD(m->starts));
-    metric(f, "patd_steps_prepared_on_loop_total", "counter",
-           "GPU steps the event loop reserved and planned itself (at most 64 tokens, every "
-           "sequence only growing, the session's last preparation under 100 us); the others on "
-           "an executor",
-           LD(m->steps_on_loop));
+    char help[200];
+    snprintf(help, sizeof(help),
+             "GPU steps the event loop reserved and planned itself, or tried to (at most %u "
+             "tokens, every sequence only growing, the session's last plans under %llu us); the "
+             "others on an executor",
+             PATD_STEP_INLINE_TOKENS, (unsigned long long)(PATD_STEP_INLINE_NS / 1000));
+    metric(f, "patd_steps_prepared_on_loop_total", "counter", help, LD(m->steps_on_loop));
     family(f, "patd_step_stage_seconds_total", "counter",
            "a GPU step's start by stage, summed (the stages add up to "
            "patd_step_start_seconds_total): queue (STEP_BEGIN received to an executor taking "
-           "it), prepare (reserve and plan), lane_wait (to the lane thread's pass), upload (the "
+           "it; about 0 for one the loop prepares), prepare (reserve and plan), lane_wait (to the "
+           "lane thread's pass), upload (the "
            "plan to the GPU), enqueue (to layer 0 enqueued; BEGIN's answer is posted in this "
            "stage)");
     static const char *const stage_names[PATD_STAGES] = {"queue", "prepare", "lane_wait", "upload",

@@ -105,9 +105,9 @@ static int copy_blocks(patd_t *d, const kv_copy_t *cp)
     return rc;
 }
 
-/* A free slot of the session. Its forest entry may still name a closed sequence: the executor
- * notices (forest_kv != kv) and leaves it before anything joins (patd_step.c), so the loop never
- * reads forest_kv, which the executor owns. */
+/* A free slot of the session. Its forest entry may still name a closed sequence: the step's
+ * preparation notices (forest_kv != kv) and leaves it before anything joins (patd_step.c); only
+ * the step's owner reads or writes forest_kv, so this does not touch it. */
 static int free_slot(patd_conn_t *c)
 {
     for (uint32_t i = 0; i < c->max_seqs; i++)

@@ -29,7 +29,8 @@
  * Threads: patd_step_begin/end/complete/cancel on the loop thread; step_job on an executor. The
  * executor (a GPU step: then the lane thread) owns the step from QUEUED/REFUSED until its final
  * move (to BACK or UNSTARTED, stored under the post list's lock); meanwhile the loop only sets
- * `abort` and wakes the ready word (or the lane thread).
+ * `abort` and wakes the ready word (or the lane thread). A step the loop prepares itself
+ * (step_gpu_inline) is the loop's while QUEUED and the lane thread's from its submit on.
  */
 #include <assert.h>
 #include <errno.h>
@@ -165,26 +166,35 @@ static void step_refuse(patd_t *d, patd_conn_t *c, patd_req_t *rq, int code, con
     patd_exec_submit(&d->exec, step_job, c);
 }
 
-/* A GPU decode step of at most PATD_STEP_INLINE_TOKENS tokens and sequences, every one of which
- * only grows in the session's forest, is prepared here on the loop and handed straight to the
- * lane thread: the executor's wake-up (the largest stage of a GPU step's start) is skipped.
- * Returns 1 when it was (the step is the lane thread's now), 0 when nothing was done and it goes
- * to an executor (larger, a sequence that joins, pool_mu held by an executor, a session whose
- * last preparation took over PATD_STEP_INLINE_NS). The loop's share is bounded: reserve and grow
- * cost the new tokens, a client cannot make it walk a block table, and the plan, whose cost
- * grows with the KV the sequences hold, runs here only while the session's last one (a step
- * earlier, one token shorter per sequence) stayed under the bound: a session's sequences grow
- * past it at most once before its steps go to executors. */
+/* A GPU step of at most PATD_STEP_INLINE_TOKENS tokens whose every sequence only grows in the
+ * session's forest is prepared here on the loop and handed straight to the lane thread: the
+ * executor's wake-up (the largest stage of a GPU step's start) is skipped. Returns 1 when it was
+ * (the step is the lane thread's now), 0 when nothing was done and it goes to an executor. The
+ * loop's share is bounded three ways:
+ *   - reserve and grow cost the new tokens: a sequence that would join (a walk of its whole
+ *     block table) sends the step to an executor (step_grows_only), as does pool_mu held;
+ *   - the plan's cost grows with the KV the sequences hold, which the client chooses: it runs
+ *     here only while the session's last preparation and its last one that rebuilt the packs
+ *     (the dearer kind, which a client can bring about every other step by changing a
+ *     sequence's tokens) each stayed under PATD_STEP_INLINE_NS, so a session's plans grow past
+ *     the bound at most once per kind before its steps go to executors;
+ *   - over all sessions, at most PATD_STEP_INLINE_BUDGET_NS of every PATD_STEP_INLINE_WINDOW_NS.
+ */
 static int step_gpu_inline(patd_t *d, patd_conn_t *c)
 {
     patd_step_t *st = &c->step;
-    if (st->n_tokens > PATD_STEP_INLINE_TOKENS || st->n_seqs > PATD_STEP_INLINE_TOKENS ||
-        c->prep_ns > PATD_STEP_INLINE_NS)
-        return 0;
     const uint64_t t = pat_now_ns();
-    int rc = step_prepare(c, 1);
-    if (rc > 0)
+    if (t - d->inline_t0 >= PATD_STEP_INLINE_WINDOW_NS) {
+        d->inline_t0 = t;
+        d->inline_ns = 0;
+    }
+    if (st->n_tokens > PATD_STEP_INLINE_TOKENS || c->prep_ns > PATD_STEP_INLINE_NS ||
+        c->repack_ns > PATD_STEP_INLINE_NS || d->inline_ns >= PATD_STEP_INLINE_BUDGET_NS)
         return 0;
+    int rc = step_prepare(c, 1);
+    if (rc == -EAGAIN)
+        return 0;
+    d->inline_ns += pat_now_ns() - t;
     atomic_fetch_add(&d->m.steps_on_loop, 1);
     patd_step_move(st, STEP_PREPARING);
     st->t_exec_ns = t;
@@ -469,9 +479,10 @@ static int step_grows_only(patd_conn_t *c)
 }
 
 /* Phase 1 and 2. Returns 0 or a negative errno with nothing reserved; notes how long it took in
- * c->prep_ns. on_loop (the loop thread prepares it, step_gpu_inline): returns 1, having done
- * nothing, when pool_mu is taken or a sequence would join the forest (step_grows_only), so that
- * the loop never waits for an executor's lock nor walks a whole block table. */
+ * c->prep_ns (and c->repack_ns when the packs were rebuilt). on_loop (the loop thread prepares
+ * it, step_gpu_inline): -EAGAIN, having done nothing, when pool_mu is taken or a sequence would
+ * join the forest (step_grows_only), so that the loop never waits for an executor's lock nor
+ * walks a whole block table. */
 static int step_prepare(patd_conn_t *c, int on_loop)
 {
     patd_t *d = c->d;
@@ -482,10 +493,10 @@ static int step_prepare(patd_conn_t *c, int on_loop)
     if (!on_loop) {
         pthread_mutex_lock(&d->pool_mu);
     } else if (pthread_mutex_trylock(&d->pool_mu)) {
-        return 1;
+        return -EAGAIN;
     } else if (!step_grows_only(c)) {
         pthread_mutex_unlock(&d->pool_mu);
-        return 1;
+        return -EAGAIN;
     }
     const uint64_t t0 = pat_now_ns(); /* the work, not the wait for the lock */
     uint32_t i;
@@ -530,7 +541,8 @@ static int step_prepare(patd_conn_t *c, int on_loop)
         patd_seq_t *s = &c->seqs[st->slot[i]];
         if (s->forest_kv == st->kv[i]) {
             rc = sched_forest_grow(f, st->slot[i], &q);
-            if (rc == -EINVAL) { /* shrank or changed (truncate, copy-on-write, a twin's copy) */
+            if (rc == -EINVAL) {  /* shrank or changed (truncate, copy-on-write, a twin's copy) */
+                assert(!on_loop); /* step_grows_only: the loop joins nothing */
                 sched_forest_leave(f, st->slot[i]);
                 rc = sched_forest_join(f, st->slot[i], &q);
             }
@@ -575,6 +587,8 @@ static int step_prepare(patd_conn_t *c, int on_loop)
         step_rollback(c);
     pthread_mutex_unlock(&d->pool_mu);
     c->prep_ns = pat_now_ns() - t0;
+    if (rc == 0 && !st->pack_reused)
+        c->repack_ns = c->prep_ns;
     return rc;
 }
 

@@ -49,18 +49,22 @@ typedef struct patd_req {
     void *reply_ud;
 } patd_req_t;
 
-/* A GPU step of at most this many tokens and sequences, all of them already in the session's
- * forest, is prepared on the loop (no executor hop) while the session's last preparation took
- * at most PATD_STEP_INLINE_NS (the plan's cost grows with the KV its sequences hold, which a
- * client chooses); others on an executor */
-#define PATD_STEP_INLINE_TOKENS 64u
-#define PATD_STEP_INLINE_NS     100000ull
+/* A GPU step of at most this many tokens, all of its sequences already in the session's forest,
+ * is prepared on the loop (no executor hop) while the session's last preparation and its last one
+ * that rebuilt the packs each took at most PATD_STEP_INLINE_NS (the plan's cost grows with the KV
+ * the sequences hold, which a client chooses), and while the loop spent less than
+ * PATD_STEP_INLINE_BUDGET_NS on such steps in the current PATD_STEP_INLINE_WINDOW_NS, over all
+ * sessions; others on an executor */
+#define PATD_STEP_INLINE_TOKENS    64u
+#define PATD_STEP_INLINE_NS        100000ull
+#define PATD_STEP_INLINE_WINDOW_NS 1000000ull
+#define PATD_STEP_INLINE_BUDGET_NS 250000ull
 
 #define PATD_STEP_STATES(X)                                                                        \
     X(IDLE)      /* no step: the next STEP_BEGIN may start one */                                  \
-    X(QUEUED)    /* accepted, waiting for an executor; the BEGIN reply is owed */                  \
+    X(QUEUED)    /* accepted, waiting for an executor (or prepared by the loop); BEGIN owed */     \
     X(REFUSED)   /* GPU: BEGIN answered with an error; queued to run handshakes only */            \
-    X(PREPARING) /* an executor reserves KV, brings the forest up to date and packs */             \
+    X(PREPARING) /* an executor reserves KV, updates the forest, packs; GPU: then awaits a lane */ \
     X(RUNNING)   /* reserved and packed: the layers run (cpu) or are enqueued (GPU) */             \
     X(EMPTY)     /* GPU: did not start; its layers' handshakes run without compute */              \
     X(BACK)      /* ran (all layers or some): the executor gave it back; reservations to settle */ \
