@@ -19,7 +19,8 @@ import sys
 
 def cases(path):
     with open(path) as f:
-        return {(r["batch"], r["shared_prompt"]): r for r in map(json.loads, f) if r}
+        return {(r["batch"], r["shared_prompt"]): r
+                for r in (json.loads(line) for line in f if line.strip())}
 
 
 def verdict(r1, r2):
@@ -44,6 +45,9 @@ def main(argv):
         return 2
     new_first, base_first = cases(argv[1]), cases(argv[2])
     ratios = []
+    for key in sorted(set(base_first) - set(new_first)):
+        print("%4d %s  no verdict: missing from the new-first run"
+              % (key[0], "shared" if key[1] else "unshared"))
     for key in sorted(new_first):
         name = "%4d %s" % (key[0], "shared" if key[1] else "unshared")
         r1, r2 = new_first[key], base_first.get(key)

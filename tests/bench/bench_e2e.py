@@ -568,9 +568,9 @@ def main():
                        "layers": cfg.layers, "device": torch.cuda.get_device_name()}
                 stamp = batch in stamp_batches
                 for rnd in range(a.rounds):
-                    # the daemons take turns going first: the second of a pair ran 1.4-2.4 %
-                    # faster whatever it was (the same build under both names, H200,
-                    # tests/bench/log/2026-11-28-start-hops.md)
+                    # the daemons take turns going first (the start order of the two daemons
+                    # biases a pair, not the order here: tests/gpu/ab_e2e.sh runs both start
+                    # orders, tests/bench/ab_e2e_summary.py)
                     for w in ("patd", "patd_b") if rnd % 2 == 0 else ("patd_b", "patd"):
                         if w not in ways or w + "_skipped" in res:
                             continue

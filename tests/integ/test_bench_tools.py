@@ -229,30 +229,36 @@ def run_ab_e2e(new_first, base_first):
 
 
 def test_ab_e2e():
-    # new is 0.98x base; the first-started daemon runs 1.03x slower. Starts: new's 140 and 160 us
-    # in the two runs, base's 240 and 260
-    new, base, f = 9.8, 10.0, 1.03
-    one = [e2e_case(1, 0, (new * f, 140), (base, 260)),
-           e2e_case(64, 2048, (new * f, 140), (base, 260)),
+    # batch 1: new is 0.98x base, the first-started daemon 1.03x slower; starts: new's 140 and
+    # 160 us in the two runs, base's 240 and 260. Batch 64: new 0.95x, first-started 1.05x, both
+    # starting in 300 us on average. The geomean of the two: sqrt(0.98 * 0.95) = 0.965.
+    one = [e2e_case(1, 0, (9.8 * 1.03, 140), (10.0, 260)),
+           e2e_case(64, 2048, (19.0 * 1.05, 310), (20.0, 290)),
            e2e_case(16, 0, 0, 0, skipped="session block quota")]
-    other = [e2e_case(1, 0, (base * f, 240), (new, 160)),
-             e2e_case(64, 2048, (base * f, 240), (new, 160)),
+    other = [e2e_case(1, 0, (10.0 * 1.03, 240), (9.8, 160)),
+             e2e_case(64, 2048, (20.0 * 1.05, 310), (19.0, 290)),
              e2e_case(16, 0, 0, 0, skipped="session block quota")]
     rc, out = run_ab_e2e(one, other)
     lines = {l.strip().split("  ")[0]: l for l in out.splitlines() if "  " in l.strip()}
-    for case in ("1 unshared", "64 shared"):
+    for case, want in (("1 unshared", ("0.980", "1.030", "9.80", "150", "10.00", "250")),
+                       ("64 shared", ("0.950", "1.050", "19.00", "300", "20.00", "300"))):
         l = lines.get(case, "")
-        check("ab_e2e_summary: %s: new/base 0.980, first-started x1.030" % case,
-              "new/base 0.980 (first-started x1.030)" in l, out)
-        check("ab_e2e_summary: %s: best steps 9.80 / 10.00 ms, starts 150 / 250 us" % case,
-              "new 9.80 ms (start 150 us)" in l and "base 10.00 ms (start 250 us)" in l, l)
+        check("ab_e2e_summary: %s: new/base %s, first-started x%s" % (case, *want[:2]),
+              "new/base %s (first-started x%s)" % want[:2] in l, out)
+        check("ab_e2e_summary: %s: best steps %s / %s ms, starts %s / %s us"
+              % (case, want[2], want[4], want[3], want[5]),
+              "new %s ms (start %s us)" % want[2:4] in l and
+              "base %s ms (start %s us)" % want[4:6] in l, l)
     check("ab_e2e_summary: a skipped case has no verdict and says why",
           "no verdict: session block quota" in lines.get("16 unshared", ""), out)
-    check("ab_e2e_summary: geomean and exit 0", rc == 0 and "geomean new/base 0.980 over 2" in out,
+    check("ab_e2e_summary: geomean and exit 0", rc == 0 and "geomean new/base 0.965 over 2" in out,
           out)
     rc, out = run_ab_e2e(other, one)  # the runs the other way round: the inverse change
-    check("ab_e2e_summary: runs swapped, the change inverts (1.020)",
+    check("ab_e2e_summary: runs swapped, the change inverts (1/0.98 = 1.020)",
           "new/base 1.020 (first-started x1.030)" in out, out)
+    rc, out = run_ab_e2e(one[:1], other)
+    check("ab_e2e_summary: a case only in the base-first run is named",
+          "64 shared  no verdict: missing from the new-first run" in out, out)
     rc, out = run_ab_e2e(one[2:], other[2:])
     check("ab_e2e_summary: no case with a verdict: exit 1", rc == 1, "rc %d: %s" % (rc, out))
 
