@@ -140,8 +140,8 @@ struct patd_conn {
     sched_t *sched;
     uint32_t pack_policy; /* sched_policy_t + 1 of the last pack built (step info) */
     uint64_t prep_ns;     /* the last step's reserve and plan, wherever it ran, and the last one */
-    uint64_t repack_ns;   /* whose packs were rebuilt: the loop prepares a step only while both
-                             are at most PATD_STEP_INLINE_NS (patd_step.c) */
+    uint64_t repack_ns;   /* whose packs were rebuilt (its plan alone): the loop prepares a step
+                             only while both are at most PATD_STEP_INLINE_NS (patd_step.c) */
     uint32_t next_tick;
     uint64_t next_step;
     patd_step_t step;
@@ -211,7 +211,7 @@ struct patd {
     char exe[512];   /* the binary as named at start (its path: an upgraded file there runs) */
     uv_async_t wake; /* executor completions */
     /* the loop's time preparing GPU steps (step_gpu_inline) in the window begun at inline_t0:
-     * at most PATD_STEP_INLINE_BUDGET_NS per PATD_STEP_INLINE_WINDOW_NS, over all sessions */
+     * none starts once PATD_STEP_INLINE_BUDGET_NS were spent in it, over all sessions */
     uint64_t inline_t0, inline_ns;
     char sock_path[400], ev_path[400], admin_path[400];
     /* the admin socket (patd_admin.c) */

@@ -178,7 +178,9 @@ static void step_refuse(patd_t *d, patd_conn_t *c, patd_req_t *rq, int code, con
  *     (the dearer kind, which a client can bring about every other step by changing a
  *     sequence's tokens) each stayed under PATD_STEP_INLINE_NS, so a session's plans grow past
  *     the bound at most once per kind before its steps go to executors;
- *   - over all sessions, at most PATD_STEP_INLINE_BUDGET_NS of every PATD_STEP_INLINE_WINDOW_NS.
+ *   - over all sessions, no preparation starts here once PATD_STEP_INLINE_BUDGET_NS were spent
+ *     in the current PATD_STEP_INLINE_WINDOW_NS (a fixed window: up to twice the budget in any
+ *     span of its length, plus the one that crossed it).
  */
 static int step_gpu_inline(patd_t *d, patd_conn_t *c)
 {
@@ -479,10 +481,10 @@ static int step_grows_only(patd_conn_t *c)
 }
 
 /* Phase 1 and 2. Returns 0 or a negative errno with nothing reserved; notes how long it took in
- * c->prep_ns (and c->repack_ns when the packs were rebuilt). on_loop (the loop thread prepares
- * it, step_gpu_inline): -EAGAIN, having done nothing, when pool_mu is taken or a sequence would
- * join the forest (step_grows_only), so that the loop never waits for an executor's lock nor
- * walks a whole block table. */
+ * c->prep_ns (and the plan's own time in c->repack_ns when the packs were rebuilt). on_loop (the
+ * loop thread prepares it, step_gpu_inline): -EAGAIN, having done nothing, when pool_mu is taken or
+ * a sequence would join the forest (step_grows_only), so that the loop never waits for an
+ * executor's lock nor walks a whole block table. */
 static int step_prepare(patd_conn_t *c, int on_loop)
 {
     patd_t *d = c->d;
@@ -562,6 +564,8 @@ static int step_prepare(patd_conn_t *c, int on_loop)
             sched_stats_t after;
             sched_get_stats(c->sched, &after);
             st->pack_reused = after.pack_reuses != before.pack_reuses;
+            if (!st->pack_reused) /* the plan alone: what the loop would repeat */
+                c->repack_ns = after.last_plan_ns;
             atomic_fetch_add(&d->m.packs, 1);
             atomic_fetch_add(&d->m.pack_ns_sum, after.last_plan_ns);
             if (st->pack_reused)
@@ -587,8 +591,6 @@ static int step_prepare(patd_conn_t *c, int on_loop)
         step_rollback(c);
     pthread_mutex_unlock(&d->pool_mu);
     c->prep_ns = pat_now_ns() - t0;
-    if (rc == 0 && !st->pack_reused)
-        c->repack_ns = c->prep_ns;
     return rc;
 }
 

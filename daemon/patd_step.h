@@ -51,10 +51,10 @@ typedef struct patd_req {
 
 /* A GPU step of at most this many tokens, all of its sequences already in the session's forest,
  * is prepared on the loop (no executor hop) while the session's last preparation and its last one
- * that rebuilt the packs each took at most PATD_STEP_INLINE_NS (the plan's cost grows with the KV
- * the sequences hold, which a client chooses), and while the loop spent less than
- * PATD_STEP_INLINE_BUDGET_NS on such steps in the current PATD_STEP_INLINE_WINDOW_NS, over all
- * sessions; others on an executor */
+ * that rebuilt the packs (that plan alone) each took at most PATD_STEP_INLINE_NS (the plan's cost
+ * grows with the KV the sequences hold, which a client chooses), and while the loop spent less
+ * than PATD_STEP_INLINE_BUDGET_NS on such steps in the current PATD_STEP_INLINE_WINDOW_NS (a fixed
+ * window), over all sessions; others on an executor */
 #define PATD_STEP_INLINE_TOKENS    64u
 #define PATD_STEP_INLINE_NS        100000ull
 #define PATD_STEP_INLINE_WINDOW_NS 1000000ull

@@ -116,17 +116,19 @@ int cuda_copy_blocks(kern_backend_t *b, const uint32_t *src, const uint32_t *dst
     KC_TRY(cudaSetDevice(c->device), "cudaSetDevice");
     const kern_layout_t &lo = c->base.layout;
     uint8_t *pool = static_cast<uint8_t *>(c->pool);
-    for (uint32_t i = 0; i < n; i++)
-        for (uint32_t l = 0; l < lo.n_layers; l++)
-            KC_TRY(cudaMemcpyAsync(pool + kern_layout_at(&lo, l, dst[i], 0, 0, 0) * lo.elt,
-                                   pool + kern_layout_at(&lo, l, src[i], 0, 0, 0) * lo.elt,
-                                   lo.block * lo.elt, cudaMemcpyDeviceToDevice, c->lane0.main),
-                   "copy_blocks");
-    /* steps begun on other lanes from now on start after these copies */
+    cudaError_t ce = cudaSuccess;
+    for (uint32_t i = 0; i < n && ce == cudaSuccess; i++)
+        for (uint32_t l = 0; l < lo.n_layers && ce == cudaSuccess; l++)
+            ce = cudaMemcpyAsync(pool + kern_layout_at(&lo, l, dst[i], 0, 0, 0) * lo.elt,
+                                 pool + kern_layout_at(&lo, l, src[i], 0, 0, 0) * lo.elt,
+                                 lo.block * lo.elt, cudaMemcpyDeviceToDevice, c->lane0.main);
+    /* steps begun on other lanes from now on start after these copies (also after a failed one:
+     * those queued before it) */
     pthread_mutex_lock(&c->cow_mu);
     cudaError_t e = cudaEventRecord(c->cow_done, c->lane0.main);
     c->cow_gen += e == cudaSuccess;
     pthread_mutex_unlock(&c->cow_mu);
+    KC_TRY(ce, "copy_blocks");
     KC_TRY(e, "copy_blocks event");
     return 0;
 }
