@@ -139,9 +139,9 @@ struct patd_conn {
     uint8_t *dev_base;       /* = share.dev: lay offsets apply */
     sched_t *sched;
     uint32_t pack_policy; /* sched_policy_t + 1 of the last pack built (step info) */
-    uint64_t prep_ns;     /* the last step's reserve and plan, wherever it ran, and the last one */
-    uint64_t repack_ns;   /* whose packs were rebuilt (its plan alone): the loop prepares a step
-                             only while both are at most PATD_STEP_INLINE_NS (patd_step.c) */
+    uint64_t prep_ns;     /* the last step's reserve and plan, wherever it ran */
+    uint64_t repack_ns;   /* the plan of the last step that rebuilt the packs; the loop prepares
+                             a step only while both are at most PATD_STEP_INLINE_NS (patd_step.c) */
     uint32_t next_tick;
     uint64_t next_step;
     patd_step_t step;

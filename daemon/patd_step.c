@@ -16,8 +16,8 @@
  * (client died, STEP_END early, drain) or limits.step_timeout_ms passed without a hand-over, so
  * a stalled client holds no executor and costs the others nothing.
  *
- * GPU sessions (cuda backend) run the same phases 1 and 2 on the executor (a small decode step
- * whose sequences only grow: on the loop, step_gpu_inline), which then hands the step to the
+ * GPU sessions (cuda backend) run the same phases 1 and 2 on the executor (a small step whose
+ * sequences only grow: on the loop, step_gpu_inline), which then hands the step to the
  * lane thread (patd_lanes.c) and is free: the step holds a lane, not a thread, while
  * its layers run. The lane thread begins it once a lane is free (the loop answers STEP_BEGIN
  * then), enqueues its layers, watches the lane's progress and the client's hand-overs from host

@@ -15,9 +15,9 @@
  *
  * A GPU session's step is the executor's while it reserves and packs, then the lane thread's
  * (patd_lanes.h) until its give-back: it waits for a free lane in PREPARING (or EMPTY, refused),
- * holding no thread. A small GPU decode step whose sequences only grow in the forest
- * (PATD_STEP_INLINE_TOKENS) is reserved and packed by the loop itself, which then hands it to the
- * lane thread the same way: the executor's wake-up is the largest part of a step's start.
+ * holding no thread. A small GPU step whose sequences only grow in the forest (bounded below:
+ * PATD_STEP_INLINE_*) is reserved and packed by the loop itself, which then hands it to the lane
+ * thread the same way: the executor's wake-up is the largest part of a step's start.
  *   BACK, UNSTARTED ──STEP_END answered, or the session reclaimed (loop)──> IDLE
  *
  * A GPU session's client stream hands over every layer without waiting for the BEGIN answer, so
