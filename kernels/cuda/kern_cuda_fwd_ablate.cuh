@@ -3,8 +3,7 @@
  * its builds compile the backend with nvcc -DKCUDA_ABLATE=i (1 to 4, a WsAblate), which makes
  * kern_cuda_fwd.cuh include this header and register fwd_pair<T, D, WsAblate(i)> where it
  * registers fwd_pair<T, D> (WS_FULL). The shipped build never includes it, so it instantiates no
- * ablation. The ablated kernels' outputs are wrong by design; only their times mean anything
- * (WS_EARLY_FETCH, a variant on trial, computes right).
+ * ablation. The ablated kernels' outputs are wrong by design; only their times mean anything.
  */
 #ifndef KERN_CUDA_FWD_ABLATE_CUH
 #define KERN_CUDA_FWD_ABLATE_CUH

@@ -55,9 +55,8 @@
 namespace kcuda
 {
 
-/* What a timing ablation of fwd_pair leaves out, or a variant of it on trial. The kernel is
- * WS_FULL; only tests/gpu/ablate.sh's builds instantiate the others (kern_cuda_fwd_ablate.cuh),
- * whose results are wrong by design (a variant's are right). */
+/* What a timing ablation of fwd_pair leaves out. The kernel is WS_FULL; only tests/gpu/ablate.sh's
+ * builds instantiate the others (kern_cuda_fwd_ablate.cuh), whose results are wrong by design. */
 enum WsAblate : int {
     WS_FULL = 0,
     /* the consumers compute and write nothing: every tile only waited for and released (the load
@@ -66,10 +65,11 @@ enum WsAblate : int {
     WS_NO_KV =
         2, /* the producer loads no KV tiles (the products alone, on whatever the ring holds) */
     WS_NO_Q = 3, /* the producer gathers no Q */
-    /* a variant: the producer fetches the next item's id while an item of at most
-     * WS_EARLY_TILES tiles has its copies go out (ws_produce) */
-    WS_EARLY_FETCH = 4,
+    /* the consumers take no exponentials: p is the exponent itself (what the SFU's 2^x costs) */
+    WS_NO_EXP = 4,
 };
+/* an item of at most this many tiles has its producer fetch the next item's id at once
+ * (ws_produce) */
 constexpr int WS_EARLY_TILES = 8;
 
 /* The words beside a ring slot, written by the producer's thread 0 before its arrival on the
@@ -457,18 +457,19 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
         return s;
     };
 
-    bool early = false; /* thread 0 holds the next item's id in `next` (WS_EARLY_FETCH) */
+    bool early = false; /* thread 0 holds the next item's id in `next` (a short item's) */
     uint32_t next = 0;
     for (;;) {
         uint32_t b;
         WsItem it;
-        /* the next item, or the end. Taken only once this block's producer has issued
-         * every load of its current item: a fetch made earlier (a prefetch of the id) reserves
-         * the item while other blocks may be idle, and measured twice the time on TREE plans
-         * whose long CTAs fill one wave (tests/bench/log/2026-11-25-ws-persistent.md); fetching
-         * early after short items only (at most 8 tiles) left the fixed cost per item where it
-         * was, 3.65-3.71 us on both GPUs (tests/bench/log/2026-11-25-tile-skip-cpasync.md),
-         * but on a plan that ran the 4-warp kernel, not this one: WS_EARLY_FETCH, on trial */
+        /* the next item, or the end. After a long item it is taken only once this block's
+         * producer has issued every load of its current item: a fetch made earlier (a prefetch
+         * of the id) reserves the item while other blocks may be idle, and measured twice the
+         * time on TREE plans whose long CTAs fill one wave (tests/bench/log/
+         * 2026-11-25-ws-persistent.md). After a short item (at most WS_EARLY_TILES tiles) it
+         * was fetched as that item was taken, `early` below: fwd_pair's fixed cost per item
+         * fell from 5.09 to 4.55 us and the 80 cases of bench_attn took 0.994 of their time
+         * (tests/bench/log/2026-11-28-early-fetch.md) */
         if (tid == 0)
             *bcast = early ? next : atomicAdd(a.work, 1u);
         bar_sync(BAR_PRODUCER, KCUDA_THREADS);
@@ -488,11 +489,10 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
         }
         ws_item(a, b, it);
         const int n_tiles = ws_tiles(it.cta);
-        /* WS_EARLY_FETCH, a short item: the next id now, kept in a register until the loop's
-         * top, so that nothing waits for it before this item's copies are out (the same in
-         * every thread: a block's last fetch is still the one past the end, before its count
-         * below) */
-        early = AB == WS_EARLY_FETCH && n_tiles <= WS_EARLY_TILES;
+        /* a short item: the next id now, kept in a register until the loop's top, so that
+         * nothing waits for it before this item's copies are out (the same in every thread: a
+         * block's last fetch is still the one past the end, before its count below) */
+        early = n_tiles <= WS_EARLY_TILES;
         if (early && tid == 0)
             next = atomicAdd(a.work, 1u);
         const sched_plan_row_t *rows = a.rows + it.cta.row_begin;
@@ -696,7 +696,7 @@ __device__ __forceinline__ void ws_mask(float (&s)[NT][4], volatile WsTileWords 
  * in s, the sums updated; returns O's corrections c for rows r0 and r1. Without a softcap (and
  * with a positive scale: plain) the scale rides in the exponent's FMA: the maximum of the raw
  * scores is taken first, p = 2^(s * scale * log2 e - base) (RowSoftmax.add_ex2_fma). */
-template <int NT>
+template <int NT, WsAblate AB>
 __device__ __forceinline__ void ws_softmax(float (&s)[NT][4], RowSoftmax &sm, float &c0, float &c1,
                                            const FwdArgs &a, bool plain, float sl2,
                                            volatile WsTileWords &w, const WsRows &wr)
@@ -720,7 +720,7 @@ __device__ __forceinline__ void ws_softmax(float (&s)[NT][4], RowSoftmax &sm, fl
     const float k = plain ? sl2 : 1.f; /* scores still to be scaled by k */
     float b0, b1;
     sm.rebase<Exp2Ftz>(tm0, tm1, k, b0, b1, c0, c1);
-    sm.add_ex2_fma(s, k, b0, b1, c0, c1);
+    sm.add_ex2_fma<NT, AB != WS_NO_EXP>(s, k, b0, b1, c0, c1);
 }
 
 /* One consumer warpgroup's part of one item whose Q slot is at rp: its 64 rows of the CTA for
@@ -805,7 +805,7 @@ ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles, uint32_t live0, uint
     const bool plain = !(a.softcap > 0.f) && sl2 > 0.f;
     const WsRows wr{row_lim0, row_lim1, qt0, qt1, tq};
     auto softmax = [&](float &c0, float &c1) {
-        ws_softmax(s, sm, c0, c1, a, plain, sl2, mp.words(ms)->t, wr);
+        ws_softmax<NT, AB>(s, sm, c0, c1, a, plain, sl2, mp.words(ms)->t, wr);
     };
     /* O's correction, then P from the S accumulators (the C layout of two n8 tiles is the A
      * layout of one k16 step); once the rows' maxima settle most tiles leave them, and a warp
