@@ -3,9 +3,13 @@
  * handler they report through (a test handler that records the size and jumps back; the default
  * handler in a child process that must abort), pat_grow, the macros, the clock, and pat_map
  * (linear probing with backward-shift deletion) against a plain array under random churn in a
- * table small enough that probes collide and wrap around its end.
+ * table small enough that probes collide and wrap around its end; the fp8 conversions of
+ * pat_fp8.h against an independent reference (every code decoded by its formula, every value
+ * encoded as the nearest code found by search over all of them).
  */
 #include <errno.h>
+#include <float.h>
+#include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -21,6 +25,7 @@
 #include <cmocka.h>
 
 #include "pat_base.h"
+#include "pat_fp8.h"
 #include "pat_map.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -241,6 +246,123 @@ static void test_spin_while_eq(void **state)
     assert_true(t1 - t0 < 4000000000ull);
 }
 
+/* ---------------------------------------------------------------- pat_fp8 */
+
+/* A format as the reference sees it: what a code means, by the OCP formula, in double. */
+typedef struct fp8_ref {
+    int mbits, bias, ieee; /* ieee: e5m2's infinities and NaNs; else e4m3's one NaN */
+    float (*dec)(uint8_t);
+    uint8_t (*enc)(float);
+} fp8_ref_t;
+
+static const fp8_ref_t fp8_e4m3 = {3, 7, 0, pat_e4m3_to_f32, pat_f32_to_e4m3};
+static const fp8_ref_t fp8_e5m2 = {2, 15, 1, pat_e5m2_to_f32, pat_f32_to_e5m2};
+
+/* the value of code c (sign clear): NAN for a NaN code, INFINITY for e5m2's infinity */
+static double fp8_value(const fp8_ref_t *f, uint32_t c)
+{
+    const uint32_t e = c >> f->mbits, m = c & ((1u << f->mbits) - 1u);
+    const uint32_t emax = (1u << (7 - f->mbits)) - 1u;
+    if (f->ieee ? e == emax : c == 0x7fu)
+        return f->ieee && m == 0 ? INFINITY : NAN;
+    if (e == 0)
+        return ldexp((double)m, 1 - f->bias - f->mbits);
+    return ldexp(1.0 + (double)m / (double)(1u << f->mbits), (int)e - f->bias);
+}
+
+/* the nearest finite code to |x| (ties to the even code, beyond the largest: the largest),
+ * with x's sign, by search over every code */
+static uint8_t fp8_nearest(const fp8_ref_t *f, float x)
+{
+    const double a = fabs((double)x);
+    uint32_t best = 0;
+    double best_d = INFINITY;
+    for (uint32_t c = 0; c < 0x80u; c++) {
+        const double v = fp8_value(f, c);
+        if (!isfinite(v))
+            continue;
+        const double d = fabs(a - v);
+        if (d < best_d || (d == best_d && !(c & 1u))) {
+            best = c;
+            best_d = d;
+        }
+    }
+    return (uint8_t)((signbit(x) ? 0x80u : 0) | best);
+}
+
+static void fp8_check_format(const fp8_ref_t *f)
+{
+    /* every code decodes to its formula's value, and every finite one encodes back to itself */
+    double max = 0;
+    for (uint32_t c = 0; c < 0x100u; c++) {
+        const double v = fp8_value(f, c & 0x7fu);
+        const float got = f->dec((uint8_t)c);
+        if (isnan(v)) {
+            assert_true(isnan(got));
+            assert_int_equal(f->enc(got) & 0x7fu, 0x7fu); /* NaN stays NaN */
+            continue;
+        }
+        const double want = (c & 0x80u) ? -v : v;
+        assert_true((double)got == want);
+        assert_int_equal(!!signbit(got), !!(c & 0x80u));
+        if (isfinite(v)) {
+            assert_int_equal(f->enc(got), c);
+            if (v > max)
+                max = v;
+        }
+    }
+    /* the midpoint of every two neighbouring codes, a quarter past it and a quarter before it,
+     * both signs: nearest (ties to even) as the search finds it */
+    for (uint32_t c = 0; c + 1 < 0x80u; c++) {
+        const double lo = fp8_value(f, c), hi = fp8_value(f, c + 1);
+        if (!isfinite(lo) || !isfinite(hi))
+            continue;
+        const double pts[3] = {(lo + hi) / 2, lo + (hi - lo) / 4, hi - (hi - lo) / 4};
+        for (int i = 0; i < 3; i++)
+            for (int sg = 0; sg < 2; sg++) {
+                const float x = (float)(sg ? -pts[i] : pts[i]);
+                assert_true((double)fabsf(x) == pts[i]); /* exact in fp32 */
+                assert_int_equal(f->enc(x), fp8_nearest(f, x));
+            }
+    }
+    /* random values over every binade the format reaches and past it: 2^-30 .. 2^20 */
+    uint64_t r = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < 200000; i++) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        const float x =
+            (float)ldexp(1.0 + (double)(r >> 11) / 9007199254740992.0, (int)(r % 51) - 30) *
+            ((r >> 10) & 1u ? -1.f : 1.f);
+        assert_int_equal(f->enc(x), fp8_nearest(f, x));
+    }
+    /* saturation: past the largest finite, infinities too, become it */
+    const uint8_t top = fp8_nearest(f, (float)max);
+    assert_int_equal(f->enc((float)(max * 1.5)), top);
+    assert_int_equal(f->enc(INFINITY), top);
+    assert_int_equal(f->enc(-INFINITY), top | 0x80u);
+    assert_int_equal(f->enc(FLT_MAX), top);
+}
+
+static void test_fp8_conversions(void **state)
+{
+    (void)state;
+    fp8_check_format(&fp8_e4m3);
+    fp8_check_format(&fp8_e5m2);
+    /* the formats' landmarks */
+    assert_int_equal(pat_f32_to_e4m3(1.0f), 0x38);
+    assert_int_equal(pat_f32_to_e4m3(448.0f), 0x7e);
+    assert_int_equal(pat_f32_to_e4m3(464.0f), 0x7e);   /* would round to 480, which e4m3 lacks */
+    assert_int_equal(pat_f32_to_e4m3(0x1p-9f), 0x01);  /* the smallest subnormal */
+    assert_int_equal(pat_f32_to_e4m3(0x1p-10f), 0x00); /* a tie between 0 and it: even */
+    assert_int_equal(pat_f32_to_e4m3(-0x1p-12f), 0x80);
+    assert_true(pat_e4m3_to_f32(0x7e) == 448.0f);
+    assert_int_equal(pat_f32_to_e5m2(1.0f), 0x3c);
+    assert_int_equal(pat_f32_to_e5m2(57344.0f), 0x7b);
+    assert_int_equal(pat_f32_to_e5m2(0x1p-16f), 0x01);
+    assert_true(isinf(pat_e5m2_to_f32(0x7c)) && pat_e5m2_to_f32(0xfc) < 0);
+    assert_true(isnan(pat_e5m2_to_f32(0x7d)) && isnan(pat_e4m3_to_f32(0xff)));
+    assert_int_equal(pat_f32_to_e5m2(NAN), 0x7f);
+}
+
 /* ---------------------------------------------------------------- pat_map */
 
 static void test_map_basics(void **state)
@@ -363,10 +485,11 @@ static void test_map_random_churn(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_oom_handler),         cmocka_unit_test(test_oom_default_aborts),
-        cmocka_unit_test(test_alloc_and_grow),      cmocka_unit_test(test_macros_and_clock),
-        cmocka_unit_test(test_spin_while_eq),       cmocka_unit_test(test_map_basics),
-        cmocka_unit_test(test_map_collisions_wrap), cmocka_unit_test(test_map_random_churn),
+        cmocka_unit_test(test_oom_handler),      cmocka_unit_test(test_oom_default_aborts),
+        cmocka_unit_test(test_alloc_and_grow),   cmocka_unit_test(test_macros_and_clock),
+        cmocka_unit_test(test_spin_while_eq),    cmocka_unit_test(test_fp8_conversions),
+        cmocka_unit_test(test_map_basics),       cmocka_unit_test(test_map_collisions_wrap),
+        cmocka_unit_test(test_map_random_churn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
