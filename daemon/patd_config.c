@@ -43,7 +43,17 @@
     PATD_STR(PAT_VERSION_MAJOR) "." PATD_STR(PAT_VERSION_MINOR) "." PATD_STR(PAT_VERSION_PATCH)
 
 /* T_U32A: a T_U32 that also takes "auto", stored as 0 (below the row's min) */
-typedef enum opt_type { T_STR, T_U32, T_U32A, T_U64, T_OCT, T_F32, T_LEVEL, T_DTYPE } opt_type_t;
+typedef enum opt_type {
+    T_STR,
+    T_U32,
+    T_U32A,
+    T_U64,
+    T_OCT,
+    T_F32,
+    T_LEVEL,
+    T_DTYPE,
+    T_KVDTYPE /* a dtype, fp8 or auto (0) */
+} opt_type_t;
 
 /* What applying a value takes beyond storing it (run at load and after a reload stored it). */
 typedef void opt_apply_fn(const patd_config_t *c);
@@ -166,6 +176,12 @@ static const opt_t opts[] = {
      "KV heads (q_heads / kv_heads <= 16)", NULL},
     {"model", "head_dim", T_U32, F(head_dim), 64, 256, "64", 0, "64 | 128 | 256", NULL},
     {"model", "dtype", T_DTYPE, F(dtype), 1, 3, "f16", 0, "f16 | bf16 | f32", NULL},
+    {"model", "kv_dtype", T_KVDTYPE, F(kv_dtype), 0, 5, "auto", 0,
+     "auto | f16 | bf16 | f32 | fp8_e4m3 | fp8_e5m2: the KV pool's elements (auto: dtype; fp8 "
+     "under an f16 or bf16 dtype, on the cpu backend so far)",
+     NULL},
+    {"model", "kv_scale", T_F32, F(kv_scale), 0, 0, "1", 0,
+     "fp8 KV: an element is stored as its value / kv_scale (> 0)", NULL},
     {"model", "block_size", T_U32, F(block_size), 16, 16, "16", 0, "tokens per KV block", NULL},
     {"model", "model_id", T_U64, F(model_id), 0, UINT64_MAX, "0", 0,
      "clients must present the same id; mixed into prefix-cache keys", NULL},
@@ -343,6 +359,21 @@ static int opt_set(patd_config_t *c, const opt_t *o, const char *val, const char
                 return 0;
             }
         goto bad;
+    case T_KVDTYPE:
+        if (!strcmp(val, "auto")) {
+            *(uint32_t *)field = 0;
+            break;
+        }
+        if (!strcmp(val, "fp8_e4m3")) {
+            *(uint32_t *)field = KERN_FP8_E4M3;
+            break;
+        }
+        if (!strcmp(val, "fp8_e5m2")) {
+            *(uint32_t *)field = KERN_FP8_E5M2;
+            break;
+        }
+        /* the 16- and 32-bit names: */
+        __attribute__((fallthrough));
     case T_DTYPE:
         if (!strcmp(val, "f16"))
             *(uint32_t *)field = KERN_F16;
@@ -502,10 +533,53 @@ static int read_file(patd_config_t *c, const char *path, int optional)
     return x.errors ? -EINVAL : 0;
 }
 
+const char *patd_dtype_name(uint32_t d)
+{
+    switch (d) {
+    case 0:
+        return "auto";
+    case KERN_F16:
+        return "f16";
+    case KERN_BF16:
+        return "bf16";
+    case KERN_F32:
+        return "f32";
+    case KERN_FP8_E4M3:
+        return "fp8_e4m3";
+    case KERN_FP8_E5M2:
+        return "fp8_e5m2";
+    }
+    return "?";
+}
+
+kern_model_t patd_config_model(const patd_config_t *c)
+{
+    return (kern_model_t){.n_layers = c->layers,
+                          .q_heads = c->q_heads,
+                          .kv_heads = c->kv_heads,
+                          .head_dim = c->head_dim,
+                          .block_size = c->block_size,
+                          .dtype = (kern_dtype_t)c->dtype,
+                          .kv_dtype = (kern_dtype_t)c->kv_dtype,
+                          .kv_scale = c->kv_scale};
+}
+
 /* Cross-option rules the table cannot express. */
 static int validate(patd_config_t *c)
 {
-    kern_model_t m = {c->layers, c->q_heads, c->kv_heads, c->head_dim, c->block_size, c->dtype};
+    const kern_model_t m = patd_config_model(c);
+    if (kern_kv_dtype(&m) != m.dtype &&
+        !(kern_kv_fp8(&m) && (m.dtype == KERN_F16 || m.dtype == KERN_BF16))) {
+        cfg_error(c,
+                  "model.kv_dtype %s needs model.dtype f16 or bf16 (got %s): the pool holds "
+                  "the clients' dtype or fp8 under a 16-bit one",
+                  patd_dtype_name(c->kv_dtype), patd_dtype_name(c->dtype));
+        return -EINVAL;
+    }
+    if (!(c->kv_scale > 0.0f)) {
+        cfg_error(c, "model.kv_scale must be > 0 (got %g)", (double)c->kv_scale);
+        return -EINVAL;
+    }
     if (kern_supported(&m) < 0) {
         cfg_error(c,
                   "model not supported: q_heads %u / kv_heads %u (group <= 16, divisible), "
@@ -872,11 +946,10 @@ void patd_config_print(const patd_config_t *c, FILE *f)
         case T_LEVEL:
             fprintf(f, "%s\n", level_names[*(const uint32_t *)p]);
             break;
-        case T_DTYPE: {
-            uint32_t d = *(const uint32_t *)p;
-            fprintf(f, "%s\n", d == KERN_F16 ? "f16" : d == KERN_BF16 ? "bf16" : "f32");
+        case T_DTYPE:
+        case T_KVDTYPE:
+            fprintf(f, "%s\n", patd_dtype_name(*(const uint32_t *)p));
             break;
-        }
         }
     }
 }

@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "kern.h" /* kern_model_t */
+
 typedef struct patd_config {
     /* [daemon] */
     char name[64];
@@ -39,6 +41,8 @@ typedef struct patd_config {
     char merge[8];             /* launch | inside: kern_config_t.merge */
     /* [model] */
     uint32_t layers, q_heads, kv_heads, head_dim, dtype, block_size;
+    uint32_t kv_dtype; /* 0: auto (dtype); a kern_dtype_t */
+    float kv_scale;    /* fp8 KV's factor (kern_model_t.kv_scale) */
     uint64_t model_id;
     float scale, softcap;
     /* [pool] */
@@ -90,5 +94,9 @@ int patd_config_reread(const patd_config_t *running, int argc, char **argv,
 int patd_config_apply(patd_config_t *c, patd_config_t *next);
 void patd_config_print(const patd_config_t *c, FILE *f);
 int patd_config_was_set(const patd_config_t *c, const char *key);
+/* The model the config describes (kv_dtype 0: the dtype's) */
+kern_model_t patd_config_model(const patd_config_t *c);
+/* A dtype code's config name ("auto" for 0, "?" for none) */
+const char *patd_dtype_name(uint32_t d);
 
 #endif

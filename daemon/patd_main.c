@@ -833,8 +833,7 @@ static int size_pool(patd_config_t *cfg, const char *backend, const kern_probe_t
 static int create_pool(patd_t *d)
 {
     patd_config_t *cfg = &d->cfg;
-    d->model = (kern_model_t){cfg->layers,   cfg->q_heads,    cfg->kv_heads,
-                              cfg->head_dim, cfg->block_size, (kern_dtype_t)cfg->dtype};
+    d->model = patd_config_model(cfg);
     const char *backend = NULL;
     kern_probe_t pr;
     const uint64_t t0 = pat_now_ns();

@@ -26,10 +26,21 @@
 static void identity(const patd_t *d, const kern_probe_t *pr, kv_index_id_t *id)
 {
     const patd_config_t *c = &d->cfg;
-    const uint64_t shape[6] = {c->model_id, c->layers,   c->q_heads,
-                               c->kv_heads, c->head_dim, c->dtype}; /* block size: its own */
+    /* block size: its own. An fp8 pool adds its KV dtype and factor (another factor, other
+     * blocks); a 16-bit one hashes the six words it always did, so an upgrade keeps its cache */
+    uint32_t scale_bits;
+    memcpy(&scale_bits, &d->model.kv_scale, 4);
+    const uint64_t shape[8] = {c->model_id,
+                               c->layers,
+                               c->q_heads,
+                               c->kv_heads,
+                               c->head_dim,
+                               c->dtype,
+                               kern_kv_dtype(&d->model),
+                               scale_bits};
+    const int fp8 = kern_kv_fp8(&d->model);
     memset(id, 0, sizeof(*id));
-    id->model_id = XXH3_64bits(shape, sizeof(shape));
+    id->model_id = XXH3_64bits(shape, (fp8 ? 8 : 6) * sizeof(shape[0]));
     id->block_bytes = kern_block_bytes(&d->model);
     id->n_blocks = c->blocks;
     id->block_size = c->block_size;

@@ -31,6 +31,9 @@ typedef enum kern_dtype {
     KERN_F16 = 1,
     KERN_BF16 = 2,
     KERN_F32 = 3,
+    /* the KV pool's only (kern_model_t.kv_dtype): one byte an element, daemon/base/pat_fp8.h */
+    KERN_FP8_E4M3 = 4,
+    KERN_FP8_E5M2 = 5,
 } kern_dtype_t;
 
 /* The head dims patd serves, written once. The support check (kern_supported), the cuda
@@ -51,8 +54,27 @@ typedef struct kern_model {
     uint32_t n_layers;
     uint32_t q_heads, kv_heads, head_dim;
     uint32_t block_size; /* tokens per KV block */
-    kern_dtype_t dtype;  /* of Q, K, V and O */
+    kern_dtype_t dtype;  /* of Q, K, V and O as clients hand them over */
+    /* of the KV pool: 0 = dtype; fp8 (with an fp16 or bf16 dtype) stores each element of K and
+     * V as its value / kv_scale, rounded to nearest even and saturated at the format's largest
+     * finite (kern_append_kv); attention reads it back times kv_scale (kern_kv_scale) */
+    kern_dtype_t kv_dtype;
+    float kv_scale; /* fp8 KV only: > 0, finite; 0 = 1 */
 } kern_model_t;
+
+/* the pool's element type and the factor its fp8 elements are read with (1 otherwise) */
+static inline kern_dtype_t kern_kv_dtype(const kern_model_t *m)
+{
+    return m->kv_dtype ? m->kv_dtype : m->dtype;
+}
+static inline int kern_kv_fp8(const kern_model_t *m)
+{
+    return kern_kv_dtype(m) == KERN_FP8_E4M3 || kern_kv_dtype(m) == KERN_FP8_E5M2;
+}
+static inline float kern_kv_scale(const kern_model_t *m)
+{
+    return kern_kv_fp8(m) && m->kv_scale > 0.0f ? m->kv_scale : 1.0f;
+}
 
 /* The KV layout as one value: element strides of [layer][block][K|V][kv_head][block_size]
  * [head_dim] (kern_layout). Every backend computes it once at create (kern_backend_t.layout) and
@@ -153,11 +175,12 @@ typedef struct kern_attn_params {
 
 typedef struct kern_backend kern_backend_t;
 
-/* 0 if the model is in the supported set, else -ENOTSUP. */
+/* 0 if the model is in the supported set (a KV dtype fp8 only under fp16 or bf16, its kv_scale
+ * 0 or positive and finite), else -ENOTSUP. */
 int kern_supported(const kern_model_t *m);
 /* Bytes of one element of the dtype (0 for an unknown dtype). */
 uint32_t kern_dtype_size(kern_dtype_t d);
-/* Bytes one KV block occupies across all layers. */
+/* Bytes one KV block occupies across all layers (in the KV dtype). */
 uint64_t kern_block_bytes(const kern_model_t *m);
 /* The layout of a pool of n_blocks blocks of model m (a supported one). */
 kern_layout_t kern_layout(const kern_model_t *m, uint32_t n_blocks);

@@ -25,6 +25,9 @@ uint32_t kern_dtype_size(kern_dtype_t d)
         return 2;
     case KERN_F32:
         return 4;
+    case KERN_FP8_E4M3:
+    case KERN_FP8_E5M2:
+        return 1;
     }
     return 0;
 }
@@ -43,8 +46,13 @@ int kern_supported(const kern_model_t *m)
     uint32_t group = m->q_heads / m->kv_heads;
     if (group < 1 || group > KERN_MAX_GROUP || m->block_size != KERN_BLOCK_SIZE)
         return -ENOTSUP;
-    if (kern_dtype_size(m->dtype) == 0)
+    if (m->dtype != KERN_F16 && m->dtype != KERN_BF16 && m->dtype != KERN_F32)
         return -ENOTSUP;
+    if (kern_kv_dtype(m) != m->dtype &&
+        !(kern_kv_fp8(m) && (m->dtype == KERN_F16 || m->dtype == KERN_BF16)))
+        return -ENOTSUP; /* the pool holds the clients' dtype, or fp8 under a 16-bit one */
+    if (!(m->kv_scale >= 0.0f && m->kv_scale <= 3.4e38f))
+        return -ENOTSUP; /* NaN, negative or infinite */
     return 0;
 }
 
@@ -56,7 +64,7 @@ kern_layout_t kern_layout(const kern_model_t *m, uint32_t n_blocks)
     l.kv = m->kv_heads * l.head;
     l.block = 2 * l.kv;
     l.layer = (uint64_t)n_blocks * l.block;
-    l.elt = kern_dtype_size(m->dtype);
+    l.elt = kern_dtype_size(kern_kv_dtype(m));
     l.n_layers = m->n_layers;
     return l;
 }

@@ -1,7 +1,9 @@
 /*
  * kern_dtype.h — elements of a kern_dtype_t array as fp32 on the host (kern_load, kern_store),
  * over the fp16 and bf16 conversions of pat_half.h (round to nearest even, NaN and infinity
- * preserved, subnormals handled). Used by the cpu backend and by tests that prepare inputs.
+ * preserved, subnormals handled) and the fp8 ones of pat_fp8.h (round to nearest even, saturated
+ * at the largest finite: an fp8 element is stored unscaled here, kern_model_t.kv_scale is the
+ * caller's). Used by the cpu backend and by tests that prepare inputs.
  */
 #ifndef KERN_DTYPE_H
 #define KERN_DTYPE_H
@@ -10,6 +12,7 @@
 #include <string.h>
 
 #include "kern.h"
+#include "pat_fp8.h"
 #include "pat_half.h"
 
 /* The conversions themselves live in daemon/base/pat_half.h (one definition, shared with
@@ -27,6 +30,10 @@ static inline float kern_load(kern_dtype_t d, const void *p, uint64_t i)
         return kern_f16_to_f32(((const uint16_t *)p)[i]);
     case KERN_BF16:
         return kern_bf16_to_f32(((const uint16_t *)p)[i]);
+    case KERN_FP8_E4M3:
+        return pat_e4m3_to_f32(((const uint8_t *)p)[i]);
+    case KERN_FP8_E5M2:
+        return pat_e5m2_to_f32(((const uint8_t *)p)[i]);
     default:
         return ((const float *)p)[i];
     }
@@ -40,6 +47,12 @@ static inline void kern_store(kern_dtype_t d, void *p, uint64_t i, float v)
         break;
     case KERN_BF16:
         ((uint16_t *)p)[i] = kern_f32_to_bf16(v);
+        break;
+    case KERN_FP8_E4M3:
+        ((uint8_t *)p)[i] = pat_f32_to_e4m3(v);
+        break;
+    case KERN_FP8_E5M2:
+        ((uint8_t *)p)[i] = pat_f32_to_e5m2(v);
         break;
     default:
         ((float *)p)[i] = v;

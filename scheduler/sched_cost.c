@@ -9,7 +9,7 @@
  *          more query tokens than the largest tile holds (tok_per_chunk = m_max / group) becomes
  *          ceil(tokens / tok_per_chunk) chunks, each re-reading its segment (clamped to its rows'
  *          causal limits);
- *   Q      each CTA loads its rows: rows * head_dim * elt;
+ *   Q      each CTA loads its rows: rows * head_dim * elt (Q's: sched_config_t.q_elt_bytes);
  *   merge  a query token split over k > 1 CTAs writes k fp32 partials (o[head_dim], lse) per row
  *          and the merge reads them back: k * rows * (head_dim + 2) * 4 * 2; with k == 1 the CTA
  *          writes the output directly and pays nothing extra.
@@ -61,7 +61,7 @@ void sched__model_init(sched__model_t *m, const sched_config_t *cfg, const sched
     m->tok_per_chunk = m->m_max / m->group;
     m->kv_tok = kv_tok_bytes(cfg->head_dim, cfg->kv_elt_bytes);
     m->ic_row = ic_row_bytes(cfg->head_dim);
-    m->q_row = q_row_bytes(cfg->head_dim, cfg->kv_elt_bytes);
+    m->q_row = q_row_bytes(cfg->head_dim, cfg->q_elt_bytes ? cfg->q_elt_bytes : cfg->kv_elt_bytes);
 }
 
 /* ------------------------------------------------------------------ time model */

@@ -64,7 +64,10 @@ int sched_create(const sched_config_t *cfg, sched_t **ret)
 {
     if (!cfg || !ret || cfg->max_queries == 0 || cfg->max_tokens == 0 || cfg->block_size == 0 ||
         cfg->q_heads == 0 || cfg->kv_heads == 0 || cfg->head_dim == 0 ||
-        cfg->q_heads % cfg->kv_heads != 0 || (cfg->kv_elt_bytes != 2 && cfg->kv_elt_bytes != 4) ||
+        cfg->q_heads % cfg->kv_heads != 0 ||
+        (cfg->kv_elt_bytes != 1 && cfg->kv_elt_bytes != 2 && cfg->kv_elt_bytes != 4) ||
+        (cfg->q_elt_bytes != 0 && cfg->q_elt_bytes != 2 && cfg->q_elt_bytes != 4) ||
+        (cfg->q_elt_bytes == 0 && cfg->kv_elt_bytes == 1) ||
         (unsigned)cfg->policy > SCHED_POLICY_TREE)
         return -EINVAL;
     const sched_tiles_t *t = cfg->tiles ? cfg->tiles : &default_tiles;

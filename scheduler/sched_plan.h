@@ -47,7 +47,8 @@ typedef struct sched_config {
     uint32_t max_tokens;  /* query tokens per step (rows of Q/O) */
     uint32_t block_size;  /* tokens per KV block */
     uint32_t q_heads, kv_heads, head_dim;
-    uint32_t kv_elt_bytes; /* bytes per K/V/Q element: 2 (fp16/bf16) or 4 (fp32) */
+    uint32_t kv_elt_bytes; /* bytes per K/V element: 1 (fp8), 2 (fp16/bf16) or 4 (fp32) */
+    uint32_t q_elt_bytes;  /* bytes per Q/O element: 2 or 4; 0 = kv_elt_bytes */
     sched_policy_t policy;
     const sched_tiles_t *tiles; /* NULL: sched_tiles_default() */
     uint32_t split_min_kv;      /* CTAs are split only above this many tokens; 0 = never split */

@@ -153,13 +153,15 @@ static void tile_job(kern_cpu_t *c, cpu_scratch_t *w, uint32_t head, const uint3
     const kern_model_t *m = &c->base.cfg.model;
     uint32_t d = m->head_dim, bs = c->plan->block_size;
     float cap = c->prm.softcap;
+    const kern_dtype_t kvt = kern_kv_dtype(m);
+    const float ks = kern_kv_scale(m); /* 1 unless fp8: exact */
     for (uint32_t t = t0; t < t1; t++) {
         uint32_t blk = pages[t / bs - page0];
         const uint8_t *kp = kv_ptr(c, c->layer, blk, 0, head, t % bs);
         const uint8_t *vp = kv_ptr(c, c->layer, blk, 1, head, t % bs);
         for (uint32_t k = 0; k < d; k++) {
-            w->kf[(uint64_t)(t - t0) * d + k] = kern_load(m->dtype, kp, k);
-            w->vf[(uint64_t)(t - t0) * d + k] = kern_load(m->dtype, vp, k);
+            w->kf[(uint64_t)(t - t0) * d + k] = kern_load(kvt, kp, k) * ks;
+            w->vf[(uint64_t)(t - t0) * d + k] = kern_load(kvt, vp, k) * ks;
         }
     }
     for (uint32_t i = lo; i < hi; i++) {
@@ -312,12 +314,26 @@ static int cpu_append_kv(kern_backend_t *b, uint32_t layer, const void *k, const
         if (slots[i] >= limit)
             return -EINVAL; /* checked before any write: nothing changes */
     uint64_t row = (uint64_t)m->head_dim * kern_dtype_size(m->dtype);
+    const int fp8 = kern_kv_fp8(m);
+    const kern_dtype_t kvt = kern_kv_dtype(m);
+    const float ks = kern_kv_scale(m);
     for (uint32_t i = 0; i < n; i++) {
         uint32_t blk = slots[i] / m->block_size, off = slots[i] % m->block_size;
         for (uint32_t h = 0; h < m->kv_heads; h++) {
             uint64_t src = ((uint64_t)i * m->kv_heads + h) * row;
             void *dk = (void *)kv_ptr(c, layer, blk, 0, h, off);
             void *dv = (void *)kv_ptr(c, layer, blk, 1, h, off);
+            if (fp8) { /* value / kv_scale, nearest even, saturated; NaN and infinity as 0 */
+                const uint64_t e0 =
+                    (uint64_t)i * m->kv_heads * m->head_dim + (uint64_t)h * m->head_dim;
+                for (uint32_t x = 0; x < m->head_dim; x++) {
+                    const float kx = kern_load(m->dtype, k, e0 + x);
+                    const float vx = kern_load(m->dtype, v, e0 + x);
+                    kern_store(kvt, dk, x, isfinite(kx) ? kx / ks : 0.0f);
+                    kern_store(kvt, dv, x, isfinite(vx) ? vx / ks : 0.0f);
+                }
+                continue;
+            }
             memcpy(dk, (const uint8_t *)k + src, row);
             memcpy(dv, (const uint8_t *)v + src, row);
             kern_finite(m->dtype, dk, m->head_dim); /* NaN and infinity stored as 0 (kern.h) */

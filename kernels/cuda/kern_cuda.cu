@@ -529,6 +529,8 @@ int cuda_create(const kern_config_t *cfg, kern_backend_t **ret)
     const kern_model_t &m = cfg->model;
     if (m.dtype != KERN_F16 && m.dtype != KERN_BF16)
         return -ENOTSUP; /* fp32 KV is the cpu backend's (reference) only */
+    if (kern_kv_dtype(&m) != m.dtype)
+        return -ENOTSUP; /* fp8 KV: the cpu backend's only, so far (issue 40) */
     if (cfg->n_blocks > UINT32_MAX / KERN_BLOCK_SIZE)
         return -EINVAL; /* the forward keeps block * KERN_BLOCK_SIZE + offset in 32 bits */
     int n_dev = 0;

@@ -88,7 +88,7 @@ static void world_open(World *w, uint32_t nq, uint32_t qh, uint32_t kvh, uint32_
 {
     const uint32_t dd = 128;
     kern_config_t kc = {};
-    kc.model = {1, qh, kvh, dd, 16, KERN_F16};
+    kc.model = {1, qh, kvh, dd, 16, KERN_F16, KERN_F16, 0.f};
     kc.n_blocks = n_blocks;
     kc.max_tokens = nq;
     kc.max_partials = split_kv ? 64 * nq : 1;
@@ -300,7 +300,7 @@ int main(int argc, char **argv)
     sched_tiles_t dev;
     {
         kern_config_t kc = {};
-        kc.model = {1, 8, 8, 128, 16, KERN_F16};
+        kc.model = {1, 8, 8, 128, 16, KERN_F16, KERN_F16, 0.f};
         kc.n_blocks = 16;
         kc.max_tokens = 16;
         kc.max_partials = 16;

@@ -407,7 +407,7 @@ static void run_config(const char *spec, const Tree &t, uint32_t qh, uint32_t kv
     tl_world_t w;
     build(&w, t);
     kern_config_t kc = {};
-    kc.model = {1, qh, kvh, D, BS, KERN_F16};
+    kc.model = {1, qh, kvh, D, BS, KERN_F16, KERN_F16, 0.f};
     kc.n_blocks = w.next_block;
     kc.max_tokens = 16384;
     kc.max_partials = 64 * w.n_tokens;

@@ -97,7 +97,7 @@ int main(int argc, char **argv)
                            .max_seqs = N_REQ,
                            .max_seq_len = 4096,
                            .model_id = 0x70617464};
-    kern_model_t model = {LAYERS, Q_HEADS, KV_HEADS, HEAD_DIM, BS, DTYPE};
+    kern_model_t model = {LAYERS, Q_HEADS, KV_HEADS, HEAD_DIM, BS, DTYPE, DTYPE, 0.f};
     kv_pool_t *pool;
     sched_t *sched;
     kern_backend_t *be;

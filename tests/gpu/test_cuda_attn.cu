@@ -192,7 +192,7 @@ static void rig_init(Rig &g, tl_rng_t *r, const Model &mc, sched_policy_t pol, u
 {
     g.mc = mc;
     kern_config_t kc = {};
-    kc.model = {2, mc.q_heads, mc.kv_heads, mc.d, BS, mc.dt};
+    kc.model = {2, mc.q_heads, mc.kv_heads, mc.d, BS, mc.dt, mc.dt, 0.f};
     kc.n_blocks = g.w.next_block;
     kc.max_tokens = g.w.n_tokens > 256 ? g.w.n_tokens : 256;
     g.max_tokens = kc.max_tokens;
@@ -399,7 +399,7 @@ static void gen(tl_world_t *w, tl_rng_t *r, const Model &m, bool extend, bool lo
 static bool wide_runs()
 {
     kern_config_t kc = {};
-    kc.model = {1, 8, 1, 128, BS, KERN_F16};
+    kc.model = {1, 8, 1, 128, BS, KERN_F16, KERN_F16, 0.f};
     kc.n_blocks = 4;
     kc.max_tokens = 4;
     kc.fwd = KERN_FWD_AUTO;
@@ -951,7 +951,7 @@ static void test_repeat_equal()
 static void test_copy_and_errors()
 {
     kern_config_t kc = {};
-    kc.model = {2, 8, 2, 128, BS, KERN_F16};
+    kc.model = {2, 8, 2, 128, BS, KERN_F16, KERN_F16, 0.f};
     kc.n_blocks = 8;
     kc.max_tokens = 32;
     kc.max_partials = 64;

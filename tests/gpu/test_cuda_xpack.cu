@@ -117,7 +117,7 @@ static void rig_up(Rig &g, uint32_t n, uint32_t b, uint32_t prompt, uint32_t own
     g.kv_len = prompt + own + 1;
     const uint32_t pblocks = prompt / BS, per_seq = (g.kv_len - pblocks * BS + BS - 1) / BS;
     kern_config_t kc = {};
-    kc.model = {layers, QH, KVH, D, BS, DT};
+    kc.model = {layers, QH, KVH, D, BS, DT, DT, 0.f};
     kc.n_blocks = pblocks + n * b * per_seq + 1;
     kc.max_tokens = 4096;
     kc.max_partials = 8192;

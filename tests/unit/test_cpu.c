@@ -63,6 +63,8 @@ typedef struct rig {
     void *q, *o;
     uint64_t q_elems;
     double scale;
+    kern_dtype_t kvt; /* the pool's KV dtype: 0 = mc.dt; set before rig_init */
+    float kvs;        /* its kv_scale (fp8) */
 } rig_t;
 
 static uint32_t esz(kern_dtype_t dt)
@@ -76,6 +78,17 @@ static double rt(kern_dtype_t dt, double v)
     uint8_t buf[4];
     kern_store(dt, buf, 0, (float)v);
     return kern_load(dt, buf, 0);
+}
+
+/* a K or V element v as the pool holds it, read back: the clients' dtype, then (fp8) v / kvs in
+ * fp8 (pat_fp8.h) times kvs */
+static double pool_value(const rig_t *g, double v)
+{
+    const double c = rt(g->mc.dt, v);
+    if (!g->kvt || g->kvt == g->mc.dt)
+        return c;
+    const float s = g->kvs > 0.0f ? g->kvs : 1.0f;
+    return rt(g->kvt, (double)((float)c / s)) * (double)s;
 }
 
 static void fill_pool(rig_t *g, uint32_t layer, uint64_t seed)
@@ -144,7 +157,9 @@ static kern_config_t rig_kc(const rig_t *g, uint32_t threads)
                                   .kv_heads = mc->kv_heads,
                                   .head_dim = mc->d,
                                   .block_size = BS,
-                                  .dtype = mc->dt},
+                                  .dtype = mc->dt,
+                                  .kv_dtype = g->kvt,
+                                  .kv_scale = g->kvs},
                         .n_blocks = g->w.next_block,
                         .max_tokens = g->w.n_tokens,
                         .max_partials = 8 * g->w.n_tokens + 64,
@@ -174,7 +189,8 @@ static void rig_init_tiles(rig_t *g, tl_rng_t *r, const mcase_t *mc, sched_polic
                          .q_heads = mc->q_heads,
                          .kv_heads = mc->kv_heads,
                          .head_dim = mc->d,
-                         .kv_elt_bytes = esz(mc->dt),
+                         .kv_elt_bytes = esz(g->kvt ? g->kvt : mc->dt),
+                         .q_elt_bytes = esz(mc->dt),
                          .policy = pol,
                          .tiles = tiles,
                          .split_min_kv = split_min,
@@ -239,8 +255,8 @@ static double check_outputs(rig_t *g)
             for (uint32_t t = 0; t < q->kv_len; t++)
                 for (uint32_t x = 0; x < d; x++) {
                     uint32_t blk = q->blocks[t / BS], off = t % BS;
-                    K[(uint64_t)t * d + x] = rt(m->dt, tl_kv_value(g->seed, blk, off, h, x, 0));
-                    V[(uint64_t)t * d + x] = rt(m->dt, tl_kv_value(g->seed, blk, off, h, x, 1));
+                    K[(uint64_t)t * d + x] = pool_value(g, tl_kv_value(g->seed, blk, off, h, x, 0));
+                    V[(uint64_t)t * d + x] = pool_value(g, tl_kv_value(g->seed, blk, off, h, x, 1));
                 }
             for (uint32_t k = 0; k < q->n_new; k++) {
                 uint32_t tok = q->tok_off + k, limit = q->kv_len - q->n_new + k + 1;
@@ -335,6 +351,132 @@ static void test_random_forests_vs_fp64(void **state)
         rig_done(&g);
     }
     assert_true(merges_seen > 4 && direct_seen > 4 && segs_seen > 4);
+}
+
+/* fp8 KV's error, derived. The pool holds s x fp8(x / s) for a client's element x (s =
+ * kv_scale): |dx| <= u |x| + s a, where u is the format's unit roundoff (e4m3 2^-4, e5m2 2^-3,
+ * plus 2^-22 for the fp32 division before the rounding) and a half its smallest subnormal
+ * (e4m3 2^-10, e5m2 2^-17), while |x / s| stays within the largest finite. A row q's scores
+ * (softmax scale t) then move by at most E = max_j t sum_i |q_i| (u |k_ji| + s a) (a softcap is
+ * 1-Lipschitz: no more after it), so each softmax weight by a factor within e^(+-2E): |dp_j| <=
+ * p_j (e^(2E) - 1). With o = sum_j p_j v_j and sum_j p~_j = 1, element x of the output moves by
+ * at most B_x = (e^(2E) - 1 + u) M_x + s a, M_x = max_j |v_jx| over the row's keys. Checked in
+ * float64 between the reference over the pool's values and the one over the client's, for every
+ * output element (the backend's own match to the first is check_outputs'); returns the largest
+ * |change| / B_x seen. */
+static double fp8_bound_check(const rig_t *g)
+{
+    const mcase_t *m = &g->mc;
+    const uint32_t group = m->q_heads / m->kv_heads, d = m->d;
+    const int e4 = g->kvt == KERN_FP8_E4M3;
+    const double u = (e4 ? 0x1p-4 : 0x1p-3) + 0x1p-22, s = g->kvs > 0.0f ? g->kvs : 1.0;
+    const double sa = s * (e4 ? 0x1p-10 : 0x1p-17);
+    double worst = 0.0;
+    double *qd = malloc(d * sizeof(double)), *ou = malloc(d * sizeof(double));
+    double *oq = malloc(d * sizeof(double)), *mx = malloc(d * sizeof(double));
+    for (uint32_t i = 0; i < g->w.n_q; i++) {
+        const tl_query_t *q = &g->w.q[i];
+        const size_t n = (size_t)q->kv_len * d;
+        double *ku = malloc(n * sizeof(double)), *vu = malloc(n * sizeof(double));
+        double *kq = malloc(n * sizeof(double)), *vq = malloc(n * sizeof(double));
+        for (uint32_t h = 0; h < m->kv_heads; h++) {
+            for (uint32_t t = 0; t < q->kv_len; t++)
+                for (uint32_t x = 0; x < d; x++) {
+                    const uint32_t blk = q->blocks[t / BS], off = t % BS;
+                    const uint64_t e = (uint64_t)t * d + x;
+                    const double kv = tl_kv_value(g->seed, blk, off, h, x, 0);
+                    const double vv = tl_kv_value(g->seed, blk, off, h, x, 1);
+                    ku[e] = rt(m->dt, kv);
+                    vu[e] = rt(m->dt, vv);
+                    kq[e] = pool_value(g, kv);
+                    vq[e] = pool_value(g, vv);
+                    assert_true(fabs(ku[e] / s) <= (e4 ? 448.0 : 57344.0)); /* in range */
+                }
+            for (uint32_t k = 0; k < q->n_new; k++) {
+                const uint32_t tok = q->tok_off + k, limit = q->kv_len - q->n_new + k + 1;
+                for (uint32_t x = 0; x < d; x++) {
+                    mx[x] = 0.0;
+                    for (uint32_t t = 0; t < limit; t++)
+                        mx[x] = fmax(mx[x], fabs(vu[(uint64_t)t * d + x]));
+                }
+                for (uint32_t j = 0; j < group; j++) {
+                    const uint32_t qh = h * group + j;
+                    for (uint32_t x = 0; x < d; x++)
+                        qd[x] = kern_load(m->dt, g->q, ((uint64_t)tok * m->q_heads + qh) * d + x);
+                    double big_e = 0.0;
+                    for (uint32_t t = 0; t < limit; t++) {
+                        double e = 0.0;
+                        for (uint32_t x = 0; x < d; x++)
+                            e += fabs(qd[x]) * (u * fabs(ku[(uint64_t)t * d + x]) + sa);
+                        big_e = fmax(big_e, g->scale * e);
+                    }
+                    tl_ref_attend(qd, ku, vu, limit, d, g->scale, m->softcap, ou);
+                    tl_ref_attend(qd, kq, vq, limit, d, g->scale, m->softcap, oq);
+                    for (uint32_t x = 0; x < d; x++) {
+                        const double b = (expm1(2.0 * big_e) + u) * mx[x] + sa;
+                        const double moved = fabs(oq[x] - ou[x]);
+                        assert_true(moved <= b * (1.0 + 1e-9));
+                        worst = fmax(worst, moved / b);
+                    }
+                }
+            }
+        }
+        free(ku);
+        free(vu);
+        free(kq);
+        free(vq);
+    }
+    free(qd);
+    free(ou);
+    free(oq);
+    free(mx);
+    return worst;
+}
+
+/* fp8 KV (kern_model_t.kv_dtype): e4m3 at three kv_scales and e5m2, under fp16 and bf16, MHA and
+ * GQA, a softcap, decode and extend rows: the backend matches the float64 reference over the
+ * values the pool holds as closely as a 16-bit pool does, and that reference stays within the
+ * derived bound of the one over the clients' values (fp8_bound_check). */
+static void test_fp8_kv_vs_fp64(void **state)
+{
+    (void)state;
+    tl_rng_t r;
+    tl_rng_seed(&r, tl_test_seed(0xf8f8));
+    static const mcase_t fcases[] = {
+        {32, 8, 128, KERN_BF16, 0},
+        {8, 8, 64, KERN_F16, 0},
+        {12, 4, 128, KERN_F16, 30},
+        {10, 2, 64, KERN_BF16, 0},
+    };
+    static const struct {
+        kern_dtype_t kvt;
+        float kvs;
+    } fmts[] = {{KERN_FP8_E4M3, 1.0f},
+                {KERN_FP8_E4M3, 0.015625f},
+                {KERN_FP8_E5M2, 1.0f},
+                {KERN_FP8_E4M3, 0.37f}};
+    double ratio = 0.0;
+    for (int round = 0; round < 8; round++) {
+        const mcase_t *mc = &fcases[round % 4];
+        rig_t g;
+        memset(&g, 0, sizeof(g));
+        g.kvt = fmts[(round / 2 + round) % 4].kvt;
+        g.kvs = fmts[(round / 2 + round) % 4].kvs;
+        gen_bounded(&g.w, &r, mc, round % 3 == 2, round % 4 == 3);
+        rig_init(&g, &r, mc, round % 2 ? SCHED_POLICY_TREE : SCHED_POLICY_AUTO, round % 2 ? 64 : 0,
+                 2);
+        run_layer1(&g);
+        const double err = check_outputs(&g);
+        if (err >= tol(mc->dt))
+            fprintf(stderr, "fp8 round %d: kv dtype %d scale %g: rel err %.3g\n", round, g.kvt,
+                    (double)g.kvs, err);
+        assert_true(err < tol(mc->dt));
+        ratio = fmax(ratio, fp8_bound_check(&g));
+        rig_done(&g);
+    }
+    /* the bound is the derivation's, not a tolerance: report how close the data came to it */
+    printf("fp8 KV: largest output change / derived bound %.3f\n", ratio);
+    assert_true(ratio > 0.0 && ratio <= 1.0);
 }
 
 /* TREE plans of the shapes tests/gpu/test_cuda_attn.cu's test_tree() builds on an H100 (--quick):
@@ -495,7 +637,7 @@ static void test_pool_outlives_backend(void **state)
  * its real part alone, tokens 1 and 2 are exactly 0, nothing is NaN. */
 static void test_empty_ranges_and_masked_merge(void **state)
 {
-    kern_config_t kc = {.model = {1, 4, 4, 64, BS, KERN_F32},
+    kern_config_t kc = {.model = {1, 4, 4, 64, BS, KERN_F32, KERN_F32, 0.f},
                         .n_blocks = 4,
                         .max_tokens = 3,
                         .max_partials = 8,
@@ -587,7 +729,7 @@ static void test_empty_ranges_and_masked_merge(void **state)
 
 static void test_copy_blocks(void **state)
 {
-    kern_config_t kc = {.model = {2, 2, 2, 64, BS, KERN_F16},
+    kern_config_t kc = {.model = {2, 2, 2, 64, BS, KERN_F16, KERN_F16, 0.f},
                         .n_blocks = 4,
                         .max_tokens = 1,
                         .max_partials = 4,
@@ -642,11 +784,16 @@ static void test_copy_blocks(void **state)
  * elements 0, and is finite. */
 static void test_nonfinite_kv_stored_as_zero(void **state)
 {
-    static const kern_dtype_t dts[] = {KERN_F16, KERN_BF16, KERN_F32};
-    for (int di = 0; di < 3; di++) {
-        const kern_dtype_t dt = dts[di];
+    /* the clients' dtype and the pool's: fp8 converts instead of copying, the rule the same */
+    static const kern_dtype_t dts[][2] = {{KERN_F16, KERN_F16},
+                                          {KERN_BF16, KERN_BF16},
+                                          {KERN_F32, KERN_F32},
+                                          {KERN_F16, KERN_FP8_E4M3},
+                                          {KERN_BF16, KERN_FP8_E5M2}};
+    for (int di = 0; di < 5; di++) {
+        const kern_dtype_t dt = dts[di][0], kvt = dts[di][1];
         const uint32_t d = 64, n = 10, esz = kern_dtype_size(dt);
-        kern_config_t kc = {.model = {1, 1, 1, d, BS, dt},
+        kern_config_t kc = {.model = {1, 1, 1, d, BS, dt, kvt, 0.f},
                             .n_blocks = 2,
                             .max_tokens = 1,
                             .max_partials = 4,
@@ -671,8 +818,8 @@ static void test_nonfinite_kv_stored_as_zero(void **state)
             }
             for (uint32_t i = 0; i < d; i++) {
                 const float kf = kern_load(dt, k, i), vf = kern_load(dt, v, i);
-                K[t * d + i] = isfinite(kf) ? kf : 0.0;
-                V[t * d + i] = isfinite(vf) ? vf : 0.0;
+                K[t * d + i] = isfinite(kf) ? rt(kvt, kf) : 0.0; /* kv_scale 0: 1 */
+                V[t * d + i] = isfinite(vf) ? rt(kvt, vf) : 0.0;
             }
             uint32_t slot = BS + t;
             assert_int_equal(kern_append_kv(b, 0, k, v, &slot, 1), 0);
@@ -683,7 +830,8 @@ static void test_nonfinite_kv_stored_as_zero(void **state)
                              .q_heads = 1,
                              .kv_heads = 1,
                              .head_dim = d,
-                             .kv_elt_bytes = esz};
+                             .kv_elt_bytes = kern_dtype_size(kvt),
+                             .q_elt_bytes = esz};
         sched_t *s;
         assert_int_equal(sched_create(&sc, &s), 0);
         uint32_t block = 1;
@@ -712,7 +860,7 @@ static void test_nonfinite_kv_stored_as_zero(void **state)
 
 static void test_errors(void **state)
 {
-    kern_config_t kc = {.model = {2, 8, 2, 128, BS, KERN_BF16},
+    kern_config_t kc = {.model = {2, 8, 2, 128, BS, KERN_BF16, KERN_BF16, 0.f},
                         .n_blocks = 8,
                         .max_tokens = 4,
                         .max_partials = 2,
@@ -731,6 +879,27 @@ static void test_errors(void **state)
     bad = kc;
     bad.model.dtype = (kern_dtype_t)9;
     assert_int_equal(kern_backend_create("cpu", &bad, &b), -ENOTSUP);
+    /* fp8 is the pool's only, and only under a 16-bit dtype; its factor positive and finite */
+    bad = kc;
+    bad.model.dtype = KERN_FP8_E4M3;
+    assert_int_equal(kern_backend_create("cpu", &bad, &b), -ENOTSUP);
+    bad = kc;
+    bad.model.dtype = KERN_F32;
+    bad.model.kv_dtype = KERN_FP8_E4M3;
+    assert_int_equal(kern_backend_create("cpu", &bad, &b), -ENOTSUP);
+    bad.model.dtype = KERN_BF16;
+    bad.model.kv_dtype = KERN_F16; /* a 16-bit pool of another 16-bit dtype */
+    assert_int_equal(kern_backend_create("cpu", &bad, &b), -ENOTSUP);
+    bad.model.kv_dtype = KERN_FP8_E5M2;
+    bad.model.kv_scale = -1.0f;
+    assert_int_equal(kern_backend_create("cpu", &bad, &b), -ENOTSUP);
+    bad.model.kv_scale = INFINITY;
+    assert_int_equal(kern_backend_create("cpu", &bad, &b), -ENOTSUP);
+    bad.model.kv_scale = NAN;
+    assert_int_equal(kern_backend_create("cpu", &bad, &b), -ENOTSUP);
+    bad.model.kv_scale = 0.5f; /* and the same model with a good factor is served */
+    assert_int_equal(kern_backend_create("cpu", &bad, &b), 0);
+    kern_backend_free(b);
     assert_int_equal(kern_backend_create("tpu", &kc, &b), -ENOTSUP);
     bad = kc;
     bad.n_blocks = 0;
@@ -808,6 +977,7 @@ int main(void)
         cmocka_unit_test(test_nonfinite_kv_stored_as_zero),
         cmocka_unit_test(test_threads_and_plan_copies_do_not_change_results),
         cmocka_unit_test(test_random_forests_vs_fp64),
+        cmocka_unit_test(test_fp8_kv_vs_fp64),
         cmocka_unit_test(test_tree_plans_many_threads_vs_fp64),
     };
     return cmocka_run_group_tests_name("cpu backend", tests, NULL, NULL);
