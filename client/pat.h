@@ -49,7 +49,7 @@ extern "C" {
 #endif
 
 #define PAT_VERSION_MAJOR 1
-#define PAT_VERSION_MINOR 10
+#define PAT_VERSION_MINOR 11
 #define PAT_VERSION_PATCH 0
 #define PAT_VERSION       ((PAT_VERSION_MAJOR << 16) | (PAT_VERSION_MINOR << 8) | PAT_VERSION_PATCH)
 
@@ -63,6 +63,10 @@ extern "C" {
 #define PAT_F16  1u
 #define PAT_BF16 2u
 #define PAT_F32  3u
+/* The KV pool's fp8 element types (pat_status_t.kv_dtype, since 1.11): a daemon stores K and V
+ * so when its model.kv_dtype says; clients always hand over K and V in their dtype */
+#define PAT_FP8_E4M3 4u
+#define PAT_FP8_E5M2 5u
 
 typedef struct pat_conn pat_conn_t;
 
@@ -166,7 +170,12 @@ typedef struct pat_status {
     uint32_t sequences, connections, steps_in_flight;
     float scale;   /* since 1.6: the softmax scale the daemon applies (0: an older daemon) */
     float softcap; /* since 1.6: its logit soft cap (0: off, or an older daemon) */
-    uint64_t reserved[5];
+    /* since 1.11: the KV pool's element type, PAT_F16 / PAT_BF16 / PAT_F32 or PAT_FP8_E4M3 /
+     * PAT_FP8_E5M2 (0: an older daemon, whose pool holds model.dtype), and fp8's factor (stored =
+     * value / kv_scale) */
+    uint32_t kv_dtype;
+    float kv_scale;
+    uint64_t reserved[4];
 } pat_status_t;
 
 PAT_API uint32_t pat_version(void); /* PAT_VERSION of the library actually loaded */

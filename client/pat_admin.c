@@ -392,6 +392,8 @@ int pat_status(const char *socket, uint32_t timeout_ms, pat_status_t *ret)
     st.steps_in_flight = r.steps_in_flight;
     st.scale = r.scale; /* 0 where an older daemon's reply ended before it */
     st.softcap = r.softcap;
+    st.kv_dtype = r.kv_dtype;
+    st.kv_scale = r.kv_scale;
     memcpy(ret, &st, st.size);
     return 0;
 }

@@ -571,8 +571,8 @@ static int validate(patd_config_t *c)
     if (kern_kv_dtype(&m) != m.dtype &&
         !(kern_kv_fp8(&m) && (m.dtype == KERN_F16 || m.dtype == KERN_BF16))) {
         cfg_error(c,
-                  "model.kv_dtype %s needs model.dtype f16 or bf16 (got %s): the pool holds "
-                  "the clients' dtype or fp8 under a 16-bit one",
+                  "model.kv_dtype %s does not go with model.dtype %s: the pool holds the "
+                  "clients' dtype (auto) or fp8 under an f16 or bf16 one",
                   patd_dtype_name(c->kv_dtype), patd_dtype_name(c->dtype));
         return -EINVAL;
     }

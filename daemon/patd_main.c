@@ -32,7 +32,8 @@
 
 /* the config's and the wire's dtype codes are pat.h's, and the backends take them as they are */
 _Static_assert(PAT_F16 == (unsigned)KERN_F16 && PAT_BF16 == (unsigned)KERN_BF16 &&
-                   PAT_F32 == (unsigned)KERN_F32,
+                   PAT_F32 == (unsigned)KERN_F32 && PAT_FP8_E4M3 == (unsigned)KERN_FP8_E4M3 &&
+                   PAT_FP8_E5M2 == (unsigned)KERN_FP8_E5M2,
                "kern_dtype_t follows pat.h's dtype codes");
 
 #define TICK_MS         100u
@@ -204,6 +205,8 @@ static void fill_info(patd_t *d, ipc_info_rep_t *r)
     r->connections = d->n_conns;
     r->scale = patd_softmax_scale(d);
     r->softcap = cfg->softcap;
+    r->kv_dtype = (uint32_t)kern_kv_dtype(&d->model);
+    r->kv_scale = kern_kv_scale(&d->model);
     for (uint32_t i = 0; i < d->n_conns; i++)
         r->steps_in_flight += (uint32_t)patd_step_busy(&d->conns[i]->step);
 }
@@ -224,7 +227,8 @@ static void op_status(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *
     fprintf(f, "model layers=%u q_heads=%u kv_heads=%u head_dim=%u dtype=%u block=%u id=%llu\n",
             r.model.n_layers, r.model.q_heads, r.model.kv_heads, r.model.head_dim, r.model.dtype,
             r.model.block_size, (unsigned long long)r.model.model_id);
-    fprintf(f, "scale %g\nsoftcap %g\n", (double)r.scale, (double)r.softcap);
+    fprintf(f, "scale %g\nsoftcap %g\nkv_dtype %s\nkv_scale %g\n", (double)r.scale,
+            (double)r.softcap, patd_dtype_name(r.kv_dtype), (double)r.kv_scale);
     fprintf(f, "max_seq_len %u\nsocket %s\nevents %s\n", r.max_seq_len, d->sock_path, d->ev_path);
     fprintf(f, "blocks_total %u\nblocks_free %u\nblocks_used %u\nblocks_cached %u\n",
             r.blocks_total, r.blocks_free, r.blocks_used, r.blocks_cached);
@@ -840,6 +844,12 @@ static int create_pool(patd_t *d)
     int rc = pick_backend(cfg, &backend, &pr);
     if (rc < 0)
         return rc;
+    if (kern_kv_fp8(&d->model) && !strcmp(backend, "cuda")) {
+        patd_err("model.kv_dtype %s: the cuda backend does not serve an fp8 KV pool yet (the cpu "
+                 "backend does: daemon.backend = cpu), or set model.kv_dtype = auto",
+                 patd_dtype_name(cfg->kv_dtype));
+        return -ENOTSUP;
+    }
     const uint64_t t_probe = pat_now_ns();
     snprintf(d->device, sizeof(d->device), "%s", pr.device);
     uint64_t lanes_bytes = 0;

@@ -285,10 +285,12 @@ typedef struct ipc_info_rep {
     uint32_t blocks_total, blocks_free, blocks_used, blocks_cached;
     uint32_t sequences, connections, steps_in_flight, reserved1;
     /* appended later than the fields above: a shorter reply reads them as 0 */
-    float scale;   /* the softmax scale applied now (model.scale, or 1/sqrt(head_dim)) */
-    float softcap; /* the logit soft cap applied now (0: off) */
+    float scale;       /* the softmax scale applied now (model.scale, or 1/sqrt(head_dim)) */
+    float softcap;     /* the logit soft cap applied now (0: off) */
+    uint32_t kv_dtype; /* the KV pool's elements (kern_dtype_t: model.dtype's, or fp8 4 / 5) */
+    float kv_scale;    /* fp8 KV: an element is stored as value / kv_scale; else 1 */
 } ipc_info_rep_t;
-_Static_assert(sizeof(ipc_info_rep_t) == 160, "info reply layout");
+_Static_assert(sizeof(ipc_info_rep_t) == 168, "info reply layout");
 
 /* ------------------------------------------------------------------ codec (ipc_codec.c) */
 typedef struct ipc_buf {

@@ -127,6 +127,11 @@ static void test_config_validation(void **state)
     assert_non_null(strstr(out, "executors = 3"));
     assert_int_equal(run(out, sizeof(out), "%s --pack-policy=tree --print-config", patd_bin()), 0);
     assert_non_null(strstr(out, "pack_policy = tree"));
+    assert_int_equal(
+        run(out, sizeof(out), "%s --kv-dtype=fp8_e4m3 --kv-scale=0.5 --print-config", patd_bin()),
+        0);
+    assert_non_null(strstr(out, "kv_dtype = fp8_e4m3"));
+    assert_non_null(strstr(out, "kv_scale = 0.5"));
     static const struct {
         const char *text, *why;
     } bad[] = {
@@ -141,6 +146,12 @@ static void test_config_validation(void **state)
         {"[gpu]\nmerge = later\n", "gpu.merge must be launch or inside"},
         {"[gpu]\ndependent_launch = 2\n", "dependent_launch"},
         {"[daemon]\npack_policy = fastest\n", "pack_policy must be auto, bytes, paper, query"},
+        {"[model]\nkv_dtype = fp4\n", "cannot parse"},
+        {"[model]\ndtype = f32\nkv_dtype = fp8_e4m3\n",
+         "kv_dtype fp8_e4m3 does not go with model.dtype f32"},
+        {"[model]\ndtype = bf16\nkv_dtype = f16\n",
+         "kv_dtype f16 does not go with model.dtype bf16"},
+        {"[model]\nkv_dtype = fp8_e5m2\nkv_scale = 0\n", "model.kv_scale must be > 0"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         write_file(path, bad[i].text);

@@ -149,7 +149,8 @@ class _Status(ctypes.Structure):
                 ("lease_ms", _u32), ("step_timeout_ms", _u32), ("blocks_total", _u32),
                 ("blocks_free", _u32), ("blocks_used", _u32), ("blocks_cached", _u32),
                 ("sequences", _u32), ("connections", _u32), ("steps_in_flight", _u32),
-                ("scale", ctypes.c_float), ("softcap", ctypes.c_float), ("reserved", _u64 * 5)]
+                ("scale", ctypes.c_float), ("softcap", ctypes.c_float), ("kv_dtype", _u32),
+                ("kv_scale", ctypes.c_float), ("reserved", _u64 * 4)]
 
 
 def _sig(name, res, *args):
@@ -445,6 +446,9 @@ class Conn:
         return {f: getattr(s, f) for f, _ in _ConnStats._fields_ if f != "reserved"}
 
 
+_DTYPE_NAMES = {1: "f16", 2: "bf16", 3: "f32", 4: "fp8_e4m3", 5: "fp8_e5m2"}  # pat.h's codes
+
+
 def status(socket=None, timeout_ms=10000):
     """The daemon's figures (pat_status) as a dict: versions, model, limits, pool, sessions."""
     st = _Status(size=ctypes.sizeof(_Status))
@@ -455,6 +459,8 @@ def status(socket=None, timeout_ms=10000):
            if f not in ("size", "reserved", "model", "backend")}
     out["backend"] = st.backend.decode()
     out["model"] = {f: getattr(st.model, f) for f, _ in _Model._fields_}
+    # the KV pool's element type by its config name (an older daemon's pool holds model.dtype)
+    out["kv_dtype"] = _DTYPE_NAMES.get(st.kv_dtype or st.model.dtype, "?")
     return out
 
 

@@ -70,6 +70,8 @@ static const abi_row_t rows[] = {
     FIELD(pat_status_t, blocks_free) FIELD(pat_status_t, blocks_used)
     FIELD(pat_status_t, blocks_cached) FIELD(pat_status_t, sequences) FIELD(pat_status_t, scale)
     FIELD(pat_status_t, softcap)
+    FIELD(pat_status_t, kv_dtype)
+    FIELD(pat_status_t, kv_scale)
     FIELD(pat_status_t, connections) FIELD(pat_status_t, steps_in_flight)
     FIELD(pat_status_t, reserved)
     /* clang-format on */

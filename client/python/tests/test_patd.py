@@ -316,6 +316,74 @@ class DaemonCase(unittest.TestCase):
             self.assertEqual(float(c.q[0, 0, 0]), 2.5)
 
 
+def e4m3(x):
+    """x rounded to the nearest fp8 e4m3 value (ties to even, saturated at 448), in float64: an
+    independent statement of what daemon/base/pat_fp8.h does."""
+    x = np.asarray(x, dtype=np.float64)
+    a = np.abs(x)
+    e = np.floor(np.log2(np.where(a > 0, a, 1.0)))
+    step = 2.0 ** (np.maximum(e, -6) - 3)  # 3 mantissa bits; below 2^-6 the subnormals' step
+    return np.clip(np.round(x / step) * step, -448.0, 448.0)
+
+
+class Fp8DaemonCase(unittest.TestCase):
+    """A daemon whose pool stores K and V in fp8 e4m3 (model.kv_dtype, issue 40): it says so,
+    and its outputs are attention over the values its pool holds, value / kv_scale rounded to
+    e4m3, times kv_scale: nearer to that than to attention over the clients' fp16 values."""
+
+    SCALE = 0.125
+
+    @classmethod
+    def setUpClass(cls):
+        start_daemon(cls, "patd-py8.", ["--layers=2", "--q-heads=4", "--kv-heads=2",
+                                        "--kv-dtype=fp8_e4m3", "--kv-scale=%g" % cls.SCALE])
+
+    @classmethod
+    def tearDownClass(cls):
+        stop_daemon(cls)
+
+    def test_status_names_the_pool(self):
+        st = patd.status(socket=self.sock)
+        self.assertEqual(st["kv_dtype"], "fp8_e4m3")
+        self.assertEqual(st["kv_scale"], self.SCALE)
+        text = patd.admin("status", socket=self.sock)
+        self.assertIn("kv_dtype fp8_e4m3\n", text)
+
+    def test_outputs_over_fp8_values(self):
+        rng = np.random.default_rng(8)
+        scale = 1.0 / np.sqrt(MODEL.head_dim)
+        s = self.SCALE
+        worst_q, worst_u = 0.0, 0.0
+        with patd.Conn(MODEL, max_batch_tokens=64, socket=self.sock) as c:
+            n = 40
+            seq, cached = c.seq_open(list(range(900, 900 + n)))
+            self.assertEqual(cached, 0)
+            c.step_begin([seq], [n], list(range(900, 900 + n)))
+            for layer in range(MODEL.n_layers):
+                q = rng.uniform(-2, 2, (n, 4, 64)).astype(np.float16)
+                k = rng.uniform(-3, 3, (n, 2, 64)).astype(np.float16)
+                v = rng.uniform(-3, 3, (n, 2, 64)).astype(np.float16)
+                c.q[:n], c.k[:n], c.v[:n] = q, k, v
+                c.o[:n] = np.nan
+                c.attend(layer)
+                out = c.o[:n].astype(np.float64)
+                kq = e4m3(k.astype(np.float64) / s) * s
+                vq = e4m3(v.astype(np.float64) / s) * s
+                for t in range(n):
+                    for h in range(4):
+                        got = out[t, h]
+                        ref_q = reference(q[t, h], kq[:, h // 2], vq[:, h // 2], t + 1, scale)
+                        ref_u = reference(q[t, h], k[:, h // 2], v[:, h // 2], t + 1, scale)
+                        worst_q = max(worst_q, np.linalg.norm(got - ref_q) / np.linalg.norm(ref_q))
+                        worst_u = max(worst_u, np.linalg.norm(got - ref_u) / np.linalg.norm(ref_u))
+            self.assertEqual(c.step_end()["committed"], 1)
+            c.seq_close(seq)
+        print("fp8 e4m3 pool: worst relative error %.2e against attention over its values, %.2e "
+              "against the clients' fp16 ones" % (worst_q, worst_u), file=sys.stderr)
+        self.assertLess(worst_q, 2e-3)  # fp16 output rounding of the pool's own values
+        self.assertGreater(worst_u, 4 * worst_q)  # the pool did not keep fp16
+
+
 class OfflineCase(unittest.TestCase):
     """What needs no daemon: the version rule and the bf16 conversions."""
 
@@ -337,6 +405,9 @@ class OfflineCase(unittest.TestCase):
         dtypes = {m.group(1): int(m.group(2))
                   for m in re.finditer(r"#define PAT_(F16|BF16|F32)\s+(\d+)u", text)}
         self.assertEqual(dtypes, {"F16": patd.F16, "BF16": patd.BF16, "F32": patd.F32})
+        kv = {int(m.group(2)): m.group(1).lower()
+              for m in re.finditer(r"#define PAT_(F16|BF16|F32|FP8_E4M3|FP8_E5M2)\s+(\d+)u", text)}
+        self.assertEqual(kv, patd._DTYPE_NAMES)
         admin = {m.group(1).lower(): int(m.group(2))
                  for m in re.finditer(r"PAT_ADMIN_([A-Z]+)\s*=\s*(\d+)", text)}
         self.assertEqual(admin, patd._ADMIN)
