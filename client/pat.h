@@ -93,7 +93,10 @@ typedef struct pat_connect_opts {
     const char *label;         /* shown by `patctl seqs`; may be NULL */
     pat_model_t model;
     uint32_t pack_policy; /* since 1.6: PAT_PACK_*; 0 = the daemon's daemon.pack_policy */
-    uint32_t reserved0;
+    /* since 1.11: the KV pool's element type this client needs (PAT_F16 ... PAT_FP8_E5M2): a
+     * daemon whose pool holds another refuses it (-EMEDIUMTYPE; a daemon older than 1.11
+     * refuses any value but 0, -EBADMSG); 0: whatever the daemon's holds (pat_buffers says) */
+    uint32_t kv_dtype;
     uint64_t reserved[7];
 } pat_connect_opts_t;
 
@@ -116,7 +119,11 @@ typedef struct pat_buffers {
     uint32_t lease_ms;
     uint32_t on_gpu; /* 1: q/k/v/o are device pointers (a GPU session) */
     uint32_t mps;    /* GPU sessions: 1 when the daemon's GPU contexts are MPS clients */
-    uint64_t reserved[7];
+    /* since 1.11: the daemon's KV pool (its model.kv_dtype, kv_scale; 0 and 0 from an older
+     * daemon, whose pool holds model.dtype) */
+    uint32_t kv_dtype;
+    float kv_scale;
+    uint64_t reserved[6];
 } pat_buffers_t;
 
 typedef struct pat_step_info {

@@ -162,6 +162,11 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
         snprintf(why, why_len, "opts.pack_policy %u is not a PAT_PACK_* value", o->pack_policy);
         return -EINVAL;
     }
+    if (o->kv_dtype > PAT_FP8_E5M2) {
+        snprintf(why, why_len, "opts.kv_dtype %u is not a PAT_F16 ... PAT_FP8_E5M2 value",
+                 o->kv_dtype);
+        return -EINVAL;
+    }
     const char *path = o->socket ? o->socket : pat_default_socket();
     pat_conn_t *c = pat_xcalloc(1, sizeof(*c));
     c->daemon_pidfd = -1;
@@ -184,7 +189,7 @@ int pat_connect(const pat_connect_opts_t *o, pat_conn_t **ret, char *why, size_t
                                         : o->buffer == PAT_BUFFER_GPU ? IPC_BUF_CUDA
                                                                       : 0,
                          .lease_ms = o->lease_ms};
-    r.flags = o->pack_policy & IPC_HELLO_PACK_MASK;
+    r.flags = (o->pack_policy & IPC_HELLO_PACK_MASK) | o->kv_dtype << IPC_HELLO_KV_SHIFT;
     r.model = (ipc_model_sig_t){o->model.n_layers, o->model.q_heads, o->model.kv_heads,
                                 o->model.head_dim, o->model.dtype,   o->model.block_size,
                                 o->model.model_id};
@@ -265,6 +270,8 @@ int pat_buffers(const pat_conn_t *c, pat_buffers_t *ret)
     uint8_t *b = c->gpu ? pat__gpu_staging(c->gpu) : (uint8_t *)c->shm.base;
     ret->on_gpu = c->gpu != NULL;
     ret->mps = c->hello.mps;
+    ret->kv_dtype = c->hello.kv_dtype;
+    ret->kv_scale = c->hello.kv_scale;
     ret->q = b + c->lay.q_off;
     ret->k = b + c->lay.k_off;
     ret->v = b + c->lay.v_off;

@@ -165,6 +165,12 @@ static int hello_validate(patd_t *d, const ipc_hello_req_t *r, const struct ucre
             (unsigned)m->dtype, m->block_size, (unsigned long long)cfg->model_id);
         return -EMEDIUMTYPE;
     }
+    const uint32_t kv_want = (r->flags & IPC_HELLO_KV_MASK) >> IPC_HELLO_KV_SHIFT;
+    if (kv_want && kv_want != (uint32_t)kern_kv_dtype(m)) {
+        WHY("the client needs a KV pool of %s; this daemon's holds %s (model.kv_dtype)",
+            patd_dtype_name(kv_want), patd_dtype_name((uint32_t)kern_kv_dtype(m)));
+        return -EMEDIUMTYPE;
+    }
     if (r->buffer_kind == IPC_BUF_CUDA && !d->gpu) {
         WHY("buffer kind cuda needs the cuda backend; this daemon runs %s",
             kern_backend_name(d->be));
@@ -352,6 +358,8 @@ static void hello_reply(const patd_t *d, const patd_conn_t *c, const char *name,
         memcpy(rep->dev_uuid, d->dev_uuid, sizeof(rep->dev_uuid));
         rep->mps = (uint32_t)d->mps;
     }
+    rep->kv_dtype = (uint32_t)kern_kv_dtype(&d->model);
+    rep->kv_scale = kern_kv_scale(&d->model);
     rep->sig_off = d->gpu ? 0 : c->lay.sig_off;
     rep->q_off = c->lay.q_off;
     rep->k_off = c->lay.k_off;

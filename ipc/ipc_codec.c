@@ -97,7 +97,8 @@ static int need_len(size_t len, uint64_t want)
 
 static int check_hello(const ipc_hello_req_t *r)
 {
-    if ((r->flags & ~IPC_HELLO_PACK_MASK) || (r->flags & IPC_HELLO_PACK_MASK) > 5 ||
+    if ((r->flags & ~(IPC_HELLO_PACK_MASK | IPC_HELLO_KV_MASK)) ||
+        (r->flags & IPC_HELLO_PACK_MASK) > 5 || (r->flags >> IPC_HELLO_KV_SHIFT & 0x7u) > 5 ||
         memchr(r->label, 0, sizeof(r->label)) == NULL)
         return -EBADMSG;
     for (const char *p = r->label; *p; p++) /* it goes into logs and SEQS lines verbatim */

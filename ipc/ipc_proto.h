@@ -163,13 +163,17 @@ typedef struct ipc_hello_req {
     uint32_t max_seqs;         /* open sequences wanted; 0 = the quota */
     uint32_t buffer_kind;      /* IPC_BUF_*, 0 = what the backend uses */
     uint32_t lease_ms;         /* 0 = the daemon's default; bounded by its min/max */
-    uint32_t flags;            /* IPC_HELLO_PACK bits; every other bit must be 0 */
+    uint32_t flags;            /* IPC_HELLO_PACK and IPC_HELLO_KV bits; every other bit 0 */
     char label[IPC_NAME_LEN];  /* printable ASCII for logs and `patctl seqs` (else -EINVAL) */
 } ipc_hello_req_t;
 _Static_assert(sizeof(ipc_hello_req_t) == 120, "hello layout");
 /* HELLO flags bits 0-2: the session's pack policy, sched_policy_t + 1 (1 auto,
  * 2 bytes, 3 paper, 4 query, 5 tree); 0: the daemon's daemon.pack_policy */
 #define IPC_HELLO_PACK_MASK 0x7u
+/* HELLO flags bits 3-5 (since 1.11): the KV pool's element type the client needs, a
+ * kern_dtype_t; the daemon refuses a session whose pool holds another (-EMEDIUMTYPE); 0: any */
+#define IPC_HELLO_KV_SHIFT 3u
+#define IPC_HELLO_KV_MASK  (0x7u << IPC_HELLO_KV_SHIFT)
 
 /* Signal words: see ipc_shm.h. IPC_BUF_SHM: offsets are from the start of the staging buffer,
  * of buf_bytes, whose fd comes beside the HELLO reply (shm_name is empty: the buffer has no name).
@@ -189,7 +193,9 @@ typedef struct ipc_hello_rep {
     uint64_t instance; /* random per daemon start: tells a restart apart */
     char shm_name[IPC_NAME_LEN];
     uint64_t dev_map_bytes; /* IPC_BUF_CUDA: the staging allocation's size */
-    uint8_t reserved[64];   /* 0 */
+    uint32_t kv_dtype;      /* since 1.11: the KV pool's elements (kern_dtype_t); 0: older */
+    float kv_scale;         /* since 1.11: fp8's factor (stored = value / kv_scale), else 1 */
+    uint8_t reserved[56];   /* 0 */
     uint64_t dev_bytes;     /* IPC_BUF_CUDA: the layout's bytes, <= dev_map_bytes */
     uint64_t sig_bytes;     /* IPC_BUF_CUDA: the signal slice's allocation, >= ipc_gsig_bytes */
     uint8_t dev_uuid[16];   /* IPC_BUF_CUDA: the GPU (cudaDeviceProp.uuid) */

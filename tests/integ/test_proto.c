@@ -476,7 +476,19 @@ static void m_hello_pack(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
 static void m_hello_flags(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
 {
     ipc_hello_req_t r = good_hello();
-    r.flags = 0x10; /* an unknown bit */
+    r.flags = 0x40; /* an unknown bit */
+    frame_make(f, IPC_OP_HELLO, 0, &r, sizeof(r));
+}
+static void m_hello_kv_code(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    ipc_hello_req_t r = good_hello();
+    r.flags = 6u << IPC_HELLO_KV_SHIFT; /* a KV dtype past fp8_e5m2 */
+    frame_make(f, IPC_OP_HELLO, 0, &r, sizeof(r));
+}
+static void m_hello_kv_other(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
+{
+    ipc_hello_req_t r = good_hello();
+    r.flags = (uint32_t)PAT_FP8_E4M3 << IPC_HELLO_KV_SHIFT; /* this daemon's pool is f16 */
     frame_make(f, IPC_OP_HELLO, 0, &r, sizeof(r));
 }
 static void m_hello_label(frame_t *f, uint64_t s, uint32_t q, uint64_t o)
@@ -579,6 +591,8 @@ static const struct {
     {"HELLO label not terminated", m_hello_label, -EBADMSG, 0},
     {"HELLO pack policy 6", m_hello_pack, -EBADMSG, 0},
     {"HELLO unknown flag", m_hello_flags, -EBADMSG, 0},
+    {"HELLO KV dtype 6", m_hello_kv_code, -EBADMSG, 0},
+    {"HELLO needs another KV pool", m_hello_kv_other, -EMEDIUMTYPE, 0},
     {"HELLO body truncated", m_hello_short, -EMSGSIZE, 0},
     {"HELLO with a session", m_hello_session, -EINVAL, 0},
     {"HELLO unknown buffer kind", m_hello_kind, -EINVAL, 0},

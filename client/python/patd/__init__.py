@@ -118,14 +118,14 @@ class _ConnectOpts(ctypes.Structure):
     _fields_ = [("size", _u32), ("max_batch_tokens", _u32), ("max_seqs", _u32),
                 ("timeout_ms", _u32), ("lease_ms", _u32), ("buffer", _u32),
                 ("socket", ctypes.c_char_p), ("label", ctypes.c_char_p), ("model", _Model),
-                ("pack_policy", _u32), ("reserved0", _u32), ("reserved", _u64 * 7)]
+                ("pack_policy", _u32), ("kv_dtype", _u32), ("reserved", _u64 * 7)]
 
 
 class _Buffers(ctypes.Structure):
     _fields_ = [("q", _p), ("k", _p), ("v", _p), ("o", _p), ("q_row_bytes", _u64),
                 ("kv_row_bytes", _u64), ("max_batch_tokens", _u32), ("max_seqs", _u32),
                 ("max_blocks", _u32), ("lease_ms", _u32), ("on_gpu", _u32), ("mps", _u32),
-                ("reserved", _u64 * 7)]
+                ("kv_dtype", _u32), ("kv_scale", ctypes.c_float), ("reserved", _u64 * 6)]
 
 
 class _StepInfo(ctypes.Structure):
@@ -263,10 +263,14 @@ class Conn:
     PACK_POLICIES = ("default", "auto", "bytes", "paper", "query", "tree")  # PAT_PACK_* order
 
     def __init__(self, model, max_batch_tokens, socket=None, max_seqs=0, timeout_ms=0,
-                 label="python", buffer="auto", arrays="numpy", pack_policy="default"):
+                 label="python", buffer="auto", arrays="numpy", pack_policy="default",
+                 kv_dtype=None):
         """arrays: what conn.q/k/v/o of a host session are: "numpy" (bf16 as uint16 words:
         bf16_to_float32 / float32_to_bf16 convert) or "torch" (CPU tensors of the model's
-        dtype, torch.bfloat16 included). GPU sessions always give torch CUDA tensors."""
+        dtype, torch.bfloat16 included). GPU sessions always give torch CUDA tensors.
+        kv_dtype: the KV pool this client needs ("f16", "bf16", "f32", "fp8_e4m3", "fp8_e5m2"),
+        refused with EMEDIUMTYPE by a daemon whose pool holds another; None: any. conn.kv_dtype
+        and conn.kv_scale say what the daemon's holds."""
         if arrays not in ("numpy", "torch"):
             raise ValueError("arrays must be 'numpy' or 'torch'")
         if pack_policy not in self.PACK_POLICIES:
@@ -283,6 +287,11 @@ class Conn:
         o.model = model._c()
         o.buffer = self._BUFFERS[buffer]
         o.pack_policy = self.PACK_POLICIES.index(pack_policy)
+        if kv_dtype is not None:
+            codes = {v: k for k, v in _DTYPE_NAMES.items()}
+            if kv_dtype not in codes:
+                raise ValueError("kv_dtype must be one of %s" % ", ".join(sorted(codes)))
+            o.kv_dtype = codes[kv_dtype]
         h = _p()
         why = ctypes.create_string_buffer(256)
         rc = _connect(ctypes.byref(o), ctypes.byref(h), why, len(why))
@@ -294,6 +303,8 @@ class Conn:
         self.max_batch_tokens, self.max_seqs, self.max_blocks = (b.max_batch_tokens, b.max_seqs,
                                                                  b.max_blocks)
         self.on_gpu, self.mps = bool(b.on_gpu), bool(b.mps)
+        self.kv_dtype = _DTYPE_NAMES.get(b.kv_dtype or model.dtype, "?")
+        self.kv_scale = b.kv_scale or 1.0
         qshape = (b.max_batch_tokens, model.q_heads, model.head_dim)
         kvshape = (b.max_batch_tokens, model.kv_heads, model.head_dim)
         if self.on_gpu:

@@ -36,14 +36,15 @@ static const abi_row_t rows[] = {
     FIELD(pat_connect_opts_t, lease_ms) FIELD(pat_connect_opts_t, buffer)
     FIELD(pat_connect_opts_t, socket) FIELD(pat_connect_opts_t, label)
     FIELD(pat_connect_opts_t, model) FIELD(pat_connect_opts_t, pack_policy)
-    FIELD(pat_connect_opts_t, reserved0) FIELD(pat_connect_opts_t, reserved)
+    FIELD(pat_connect_opts_t, kv_dtype) FIELD(pat_connect_opts_t, reserved)
 
     SIZE(pat_buffers_t)
     FIELD(pat_buffers_t, q) FIELD(pat_buffers_t, k) FIELD(pat_buffers_t, v)
     FIELD(pat_buffers_t, o) FIELD(pat_buffers_t, q_row_bytes) FIELD(pat_buffers_t, kv_row_bytes)
     FIELD(pat_buffers_t, max_batch_tokens) FIELD(pat_buffers_t, max_seqs)
     FIELD(pat_buffers_t, max_blocks) FIELD(pat_buffers_t, lease_ms) FIELD(pat_buffers_t, on_gpu)
-    FIELD(pat_buffers_t, mps) FIELD(pat_buffers_t, reserved)
+    FIELD(pat_buffers_t, mps) FIELD(pat_buffers_t, kv_dtype) FIELD(pat_buffers_t, kv_scale)
+    FIELD(pat_buffers_t, reserved)
 
     SIZE(pat_step_info_t)
     FIELD(pat_step_info_t, step) FIELD(pat_step_info_t, n_tokens)

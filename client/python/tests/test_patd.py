@@ -60,6 +60,8 @@ class DaemonCase(unittest.TestCase):
 
     def test_version_and_errors(self):
         self.assertEqual(patd.library_version()[0], 1)
+        with self.conn(kv_dtype="f16") as c:  # this daemon's pool: model.dtype's
+            self.assertEqual((c.kv_dtype, c.kv_scale), ("f16", 1.0))
         bad = patd.Model(2, 4, 2, 128)
         with self.assertRaises(patd.PatError) as cm:
             patd.Conn(bad, max_batch_tokens=16, socket=self.sock)
@@ -276,6 +278,8 @@ class DaemonCase(unittest.TestCase):
         info = fams["patd_build_info"].samples[0].labels
         self.assertEqual(info["version"], "%d.%d.%d" % patd.library_version())
         self.assertEqual(info["backend"], "cpu")
+        self.assertEqual(fams["patd_kv_pool_info"].samples[0].labels,
+                         {"dtype": "f16", "scale": "1"})
         self.assertEqual(sorted(s.labels["reason"] for s in fams["patd_reclaims"].samples
                                 if s.name == "patd_reclaims_total"),
                          ["client_died", "lease_expired"])
@@ -342,12 +346,26 @@ class Fp8DaemonCase(unittest.TestCase):
     def tearDownClass(cls):
         stop_daemon(cls)
 
+    def test_client_asks_and_is_told(self):
+        with patd.Conn(MODEL, max_batch_tokens=16, socket=self.sock) as c:
+            self.assertEqual((c.kv_dtype, c.kv_scale), ("fp8_e4m3", self.SCALE))
+        with patd.Conn(MODEL, max_batch_tokens=16, socket=self.sock, kv_dtype="fp8_e4m3") as c:
+            self.assertEqual(c.kv_dtype, "fp8_e4m3")
+        with self.assertRaises(patd.PatError) as cm:
+            patd.Conn(MODEL, max_batch_tokens=16, socket=self.sock, kv_dtype="f16")
+        self.assertEqual(cm.exception.errno, errno.EMEDIUMTYPE)
+        self.assertIn("needs a KV pool of f16; this daemon's holds fp8_e4m3", cm.exception.detail)
+        with self.assertRaises(ValueError):
+            patd.Conn(MODEL, max_batch_tokens=16, socket=self.sock, kv_dtype="fp4")
+
     def test_status_names_the_pool(self):
         st = patd.status(socket=self.sock)
         self.assertEqual(st["kv_dtype"], "fp8_e4m3")
         self.assertEqual(st["kv_scale"], self.SCALE)
         text = patd.admin("status", socket=self.sock)
         self.assertIn("kv_dtype fp8_e4m3\n", text)
+        self.assertIn('patd_kv_pool_info{dtype="fp8_e4m3",scale="0.125"} 1',
+                      patd.admin("stats", socket=self.sock))
 
     def test_outputs_over_fp8_values(self):
         rng = np.random.default_rng(8)
