@@ -11,6 +11,8 @@
  *     start is cold, its log line says why, and the store then holds the new run's pool and
  *     index, not the stale ones (the block size is checked as the geometry is; this build
  *     serves 16-token blocks only, so test_kv's index test changes it);
+ *   - an fp8 pool (model.kv_dtype): adopted by the same fp8 config, never by a 16-bit one or
+ *     one of another kv_scale, nor a 16-bit pool by an fp8 config;
  *   - 30 kill -9 / restart cycles with steps between: nothing leaks (the store keeps two
  *     descriptors, the pool check passes, the cache keeps what was published);
  *   - 12 kills at random instants while a client steps (mid-step too): after each restart every
@@ -178,6 +180,72 @@ static void test_kill_restart_adopts(void **state)
     assert_non_null(strstr(out, "ok"));
     pat_free(out);
     pat_close(c);
+    finish(&d, s, t);
+}
+
+/* Opens both and steps them unchecked (an fp8 pool's rows are not within the float64 check's
+ * bound for fp16 KV): a prefill and one decode, whose full blocks are published. Returns the
+ * tokens the cache served at open. */
+static uint32_t run_unchecked(pat_conn_t *c, tl_seq_t s[2], tl_rng_t *r)
+{
+    uint32_t cached = 0;
+    tl_seq_t *ps[2] = {&s[0], &s[1]};
+    for (int i = 0; i < 2; i++) {
+        if (tl_seq_open(c, &s[i]) < 0)
+            fail_msg("open: %s", pat_last_error(c));
+        cached += s[i].cached;
+    }
+    for (int k = 0; k < 2; k++) {
+        tl_step_result_t res;
+        if (tl_client_step(c, &MODEL, ps, 2, r, 0, &res) < 0)
+            fail_msg("step %d: %s", k, pat_last_error(c));
+        for (int i = 0; i < 2; i++)
+            tl_seq_push(&s[i], 7 + (uint32_t)k);
+    }
+    return cached;
+}
+
+/* An fp8 pool (model.kv_dtype) across kill -9: a 16-bit pool is never adopted as fp8 (nor the
+ * reverse), an fp8 pool is adopted by the same fp8 config, and one of another kv_scale is not
+ * (its bytes mean other values). */
+static void test_fp8_pool_restarts(void **state)
+{
+    (void)state;
+    static const char *const fp8[] = {"--backend=cpu", "--blocks=256", "--kv-dtype=fp8_e4m3",
+                                      "--kv-scale=0.25", NULL};
+    static const char *const fp8_other[] = {"--backend=cpu", "--blocks=256", "--kv-dtype=fp8_e4m3",
+                                            "--kv-scale=0.5", NULL};
+    tl_daemon_t d;
+    assert_int_equal(tl_daemon_start_managed(&d, ARGS), 0);
+    tl_rng_t r;
+    tl_rng_seed(&r, tl_test_seed(0x3a));
+    pat_conn_t *c = connect_to(&d);
+    tl_seq_t s[2], t[2], u[2];
+    prompts(s, 700);
+    run(c, s, 1, &r); /* published in an f16 pool */
+    pat_close(c);
+    kill_restart(&d, fp8);
+    assert_true(log_has(&d, "the cache starts empty: another model"));
+    assert_int_equal(tl_daemon_status(&d, "blocks_cached"), 0);
+    c = connect_to(&d);
+    prompts(t, 700);
+    assert_int_equal(run_unchecked(c, t, &r), 0);
+    pat_close(c);
+    kill_restart(&d, fp8);
+    assert_true(log_has(&d, "pool.persist: adopted"));
+    assert_true(tl_daemon_status(&d, "blocks_cached") >= 64 / 16);
+    c = connect_to(&d);
+    prompts(u, 700);
+    const uint32_t hit = run_unchecked(c, u, &r);
+    printf("fp8 pool after kill -9: %u of %u prompt tokens from the cache\n", hit, 2 * 104);
+    assert_int_equal(hit, 2 * (104 / 16) * 16);
+    pat_close(c);
+    kill_restart(&d, fp8_other);
+    assert_true(log_has(&d, "the cache starts empty: another model"));
+    kill_restart(&d, ARGS);
+    assert_true(log_has(&d, "the cache starts empty: another model"));
+    for (int i = 0; i < 2; i++)
+        tl_seq_done(&u[i]);
     finish(&d, s, t);
 }
 
@@ -789,6 +857,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kill_restart_adopts),
         cmocka_unit_test(test_cold_starts),
+        cmocka_unit_test(test_fp8_pool_restarts),
         cmocka_unit_test(test_restart_cycles),
         cmocka_unit_test(test_random_kills),
         cmocka_unit_test(test_random_kills_evicting),
