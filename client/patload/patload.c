@@ -47,7 +47,7 @@
 typedef enum { O_STR, O_U32, O_F64, O_FLAG } otype_t;
 
 static struct {
-    const char *socket, *json, *csv, *steps_csv, *plot, *compute, *label;
+    const char *socket, *json, *csv, *steps_csv, *plot, *compute, *label, *kv_dtype;
     double speed, scale, duration, layer_us, tflops, progress;
     uint32_t skip, limit, concurrency, batch, chunk, max_input, max_output, shared_prefix;
     uint32_t trace_block, hidden, ffn, seed, timeout_ms;
@@ -108,6 +108,9 @@ static const struct opt {
      "replay the trace again and again (each pass with fresh tokens) until --duration"},
     {"seed", O_U32, &O.seed, 0, 4e9, "N",
      "mixed into every token id (default 0: the same tokens on every run)"},
+    {"kv-dtype", O_STR, &O.kv_dtype, 0, 0, "NAME",
+     "the KV pool the run needs: f16 | bf16 | f32 | fp8_e4m3 | fp8_e5m2; a daemon whose pool "
+     "holds another refuses the session (default: whatever the daemon's holds)"},
     {"compute", O_STR, &O.compute, 0, 0, "KIND",
      "model compute stand-in: auto (gpu on a GPU session, else cpu) | cpu | gpu | none"},
     {"layer-us", O_F64, &O.layer_us, 0, 1e7, "US",
@@ -746,6 +749,28 @@ int main(int argc, char **argv)
         return EXIT_DAEMON;
     }
     pat_model_t model = st.model;
+    static const char *const kv_names[] = {"?", "f16", "bf16", "f32", "fp8_e4m3", "fp8_e5m2"};
+    uint32_t kv_want = 0;
+    if (O.kv_dtype) {
+        for (uint32_t i = 1; i < 6; i++)
+            if (!strcmp(O.kv_dtype, kv_names[i]))
+                kv_want = i;
+        if (!kv_want) {
+            fprintf(stderr,
+                    "patload: --kv-dtype %s: not one of f16, bf16, f32, fp8_e4m3, "
+                    "fp8_e5m2\n",
+                    O.kv_dtype);
+            pl_trace_done(&trace);
+            return EXIT_USAGE;
+        }
+    }
+    /* what the daemon's pool holds (an older daemon's: model.dtype) */
+    const uint32_t kv_code = st.kv_dtype ? st.kv_dtype : model.dtype;
+    char kv_pool[48];
+    if (kv_code == PAT_FP8_E4M3 || kv_code == PAT_FP8_E5M2)
+        snprintf(kv_pool, sizeof(kv_pool), "%s x %g", kv_names[kv_code], (double)st.kv_scale);
+    else
+        snprintf(kv_pool, sizeof(kv_pool), "%s", kv_code < 6 ? kv_names[kv_code] : "?");
     char backend[32];
     snprintf(backend, sizeof(backend), "%s", st.backend);
     int64_t blocks_total = st.blocks_total;
@@ -757,7 +782,8 @@ int main(int argc, char **argv)
                              .timeout_ms = O.timeout_ms,
                              .socket = R->sock,
                              .label = O.label,
-                             .model = model};
+                             .model = model,
+                             .kv_dtype = kv_want};
     rc = pat_connect(&co, &R->conn, why, sizeof(why));
     if (rc < 0) {
         fprintf(stderr, "patload: connecting to %s: %s (%s)\n", R->sock, pat_strerror(rc), why);
@@ -819,6 +845,7 @@ int main(int argc, char **argv)
 
     shape_report(R, trace_path);
     R->rep.backend = backend;
+    R->rep.kv_pool = kv_pool;
     R->rep.compute = pl_compute_name(kind);
     R->rep.device = pl_compute_device(R->pc);
     R->rep.concurrency = R->conc;

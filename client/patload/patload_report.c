@@ -168,12 +168,14 @@ void pl_report_print(const pl_report_t *r, FILE *f)
         fprintf(f, ", %u passes", r->passes);
     fprintf(f, ")\n");
     fprintf(f,
-            "  patd %s backend; model %u layers, %u/%u heads x %u; compute stand-in %s%s%s\n"
+            "  patd %s backend, KV pool %s; model %u layers, %u/%u heads x %u; compute stand-in "
+            "%s%s%s\n"
             "  concurrency %u, batch %u tokens, prefill chunk %u, speed %s, scale %g (%u tokens "
             "per trace block)\n",
-            r->backend, r->n_layers, r->q_heads, r->kv_heads, r->head_dim, r->compute,
-            r->device && r->device[0] ? " on " : "", r->device ? r->device : "", r->concurrency,
-            r->max_batch_tokens, r->chunk, speed, r->scale, r->block_tokens);
+            r->backend, r->kv_pool ? r->kv_pool : "?", r->n_layers, r->q_heads, r->kv_heads,
+            r->head_dim, r->compute, r->device && r->device[0] ? " on " : "",
+            r->device ? r->device : "", r->concurrency, r->max_batch_tokens, r->chunk, speed,
+            r->scale, r->block_tokens);
     fprintf(f, "\n  requests     %u done, %u failed, %u not started%s; wall %.2f s, %.2f req/s\n",
             s.done, s.failed, r->not_started, r->interrupted ? " (interrupted)" : "", r->wall_s,
             s.done / w);
@@ -254,6 +256,7 @@ int pl_report_json(const pl_report_t *r, const char *path)
     ADD(cfg, "trace_requests", json_object_new_int64(r->trace_requests));
     ADD(cfg, "passes", json_object_new_int64(r->passes));
     ADD(cfg, "backend", json_object_new_string(r->backend));
+    ADD(cfg, "kv_pool", json_object_new_string(r->kv_pool ? r->kv_pool : ""));
     ADD(cfg, "compute", json_object_new_string(r->compute));
     ADD(cfg, "device", json_object_new_string(r->device ? r->device : ""));
     ADD(cfg, "speed", json_object_new_double(r->speed));

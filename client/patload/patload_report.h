@@ -47,6 +47,7 @@ typedef struct pl_errcount {
 typedef struct pl_report {
     /* what was replayed */
     const char *trace, *format, *compute, *device, *backend;
+    const char *kv_pool;     /* the daemon's KV pool: "f16", "fp8_e4m3 x 0.125" (its factor) */
     uint32_t trace_requests; /* rows of the trace selected */
     uint32_t passes;
     double speed, scale;

@@ -366,6 +366,46 @@ class PatloadCase(unittest.TestCase):
         self.assertEqual(p.returncode, 3, p.stderr)
         self.assertIn("no patd", p.stderr)
 
+    def test_kv_dtype(self):
+        """--kv-dtype asks for the pool the run needs: this daemon's (f16) serves and the
+        summary names it; another is refused by the daemon with its reason (exit 3), a bad name
+        by patload itself (exit 2). Against a daemon with an fp8 pool the summary says so, with
+        its factor."""
+        trace = os.path.join(TRACES, "azure_conv_sample.csv")
+        p, s = self.patload(trace, ["--limit", "4", "--kv-dtype", "f16"])
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertEqual(s["config"]["kv_pool"], "f16")
+        p, _ = self.patload(trace, ["--limit", "4", "--kv-dtype", "fp8_e4m3"])
+        self.assertEqual(p.returncode, 3, p.stdout + p.stderr)
+        self.assertIn("needs a KV pool of fp8_e4m3; this daemon's holds f16", p.stderr)
+        p, _ = self.patload(trace, ["--limit", "4", "--kv-dtype", "fp4"])
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertIn("--kv-dtype fp4", p.stderr)
+        self.assert_clean()
+        d = tempfile.mkdtemp(prefix="patload-fp8.")
+        sock = os.path.join(d, "patd.sock")
+        with open(os.path.join(d, "patd.log"), "w") as log:
+            proc = subprocess.Popen([PATD, "--runtime-dir=" + d, "--metrics-port=0",
+                                     "--blocks=8192", "--kv-dtype=fp8_e4m3", "--kv-scale=0.25"],
+                                    stderr=log)
+            try:
+                deadline = time.time() + 20
+                while self.status_of(sock).get("state") != "serving":
+                    self.assertLess(time.time(), deadline, "patd did not start")
+                    time.sleep(0.05)
+                out = os.path.join(d, "summary.json")
+                p = subprocess.run([PATLOAD, "--socket", sock, "--json", out, "--limit", "4",
+                                    "--kv-dtype", "fp8_e4m3", trace],
+                                   capture_output=True, text=True, timeout=120, check=False)
+                self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+                self.assertIn("KV pool fp8_e4m3 x 0.25", p.stdout)
+                with open(out) as f:
+                    self.assertEqual(json.load(f)["config"]["kv_pool"], "fp8_e4m3 x 0.25")
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                self.assertEqual(proc.wait(timeout=15), 0)
+        subprocess.run(["rm", "-rf", d], check=False)
+
     def test_csv_and_plot(self):
         # gnuplot is one of make's Debian packages; the GPU machine has none (plots from its
         # CSV files are drawn elsewhere with --replot)
