@@ -358,6 +358,48 @@ class Fp8DaemonCase(unittest.TestCase):
         with self.assertRaises(ValueError):
             patd.Conn(MODEL, max_batch_tokens=16, socket=self.sock, kv_dtype="fp4")
 
+    def test_prefix_cache_and_fork_share_fp8_blocks(self):
+        """Blocks of an fp8 pool are shared as 16-bit ones are: a second sequence of the same
+        prompt gets its full blocks from the cache, and its decode over them gives the very
+        bits the first one's gives; so does a fork's."""
+        rng = np.random.default_rng(9)
+        prompt = list(range(2000, 2040))  # 2 full blocks + 8 tokens
+        with patd.Conn(MODEL, max_batch_tokens=64, socket=self.sock) as c:
+            a, cached = c.seq_open(prompt)
+            self.assertEqual(cached, 0)
+            c.step_begin([a], [len(prompt)], prompt)
+            for layer in range(MODEL.n_layers):
+                c.q[:40] = rng.uniform(-1, 1, (40, 4, 64)).astype(np.float16)
+                c.k[:40] = rng.uniform(-2, 2, (40, 2, 64)).astype(np.float16)
+                c.v[:40] = rng.uniform(-2, 2, (40, 2, 64)).astype(np.float16)
+                c.attend(layer)
+            self.assertEqual(c.step_end()["committed"], 1)
+            b, cached = c.seq_open(prompt[:32] + [1, 2, 3, 4, 5, 6, 7, 8])
+            self.assertEqual(cached, 32)
+            f = c.seq_fork(a)
+            c.seq_truncate(f, 32)
+            c.seq_truncate(a, 32)
+            tail = [1, 2, 3, 4, 5, 6, 7, 8]
+            outs = []
+            for s in (a, b, f):
+                c.step_begin([s], [8], tail)
+                o = []
+                for layer in range(MODEL.n_layers):
+                    r = np.random.default_rng(100 + layer)  # the same new tokens for each
+                    c.q[:8] = r.uniform(-1, 1, (8, 4, 64)).astype(np.float16)
+                    c.k[:8] = r.uniform(-2, 2, (8, 2, 64)).astype(np.float16)
+                    c.v[:8] = r.uniform(-2, 2, (8, 2, 64)).astype(np.float16)
+                    c.attend(layer)
+                    o.append(c.o[:8].copy())
+                self.assertEqual(c.step_end()["committed"], 1)
+                outs.append(o)
+            for o in outs[1:]:
+                for x, y in zip(outs[0], o):
+                    self.assertTrue(np.array_equal(x.view(np.uint16), y.view(np.uint16)))
+            for s in (a, b, f):
+                c.seq_close(s)
+        self.assertEqual(patd.admin("check", socket=self.sock).split()[1], "ok")
+
     def test_status_names_the_pool(self):
         st = patd.status(socket=self.sock)
         self.assertEqual(st["kv_dtype"], "fp8_e4m3")
