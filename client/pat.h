@@ -95,7 +95,9 @@ typedef struct pat_connect_opts {
     uint32_t pack_policy; /* since 1.6: PAT_PACK_*; 0 = the daemon's daemon.pack_policy */
     /* since 1.11: the KV pool's element type this client needs (PAT_F16 ... PAT_FP8_E5M2): a
      * daemon whose pool holds another refuses it (-EMEDIUMTYPE; a daemon older than 1.11
-     * refuses any value but 0, -EBADMSG); 0: whatever the daemon's holds (pat_buffers says) */
+     * refuses any value but 0, -EBADMSG); 0: whatever the daemon's holds (pat_buffers says).
+     * It was reserved0 before: zero the whole struct (= {...} or memset) as every version asks,
+     * and check pat_version() >= 1.11 before relying on it (an older libpat ignores it) */
     uint32_t kv_dtype;
     uint64_t reserved[7];
 } pat_connect_opts_t;

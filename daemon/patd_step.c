@@ -580,9 +580,9 @@ static int step_prepare(patd_conn_t *c, int on_loop)
             atomic_fetch_add(&d->m.plan_merges, st->plan->n_merges);
             atomic_fetch_add(&d->m.plan_partials, st->plan->n_partials);
             sched_traffic_t pt, qt;
-            /* only its KV bytes are kept: the pool's element size */
             sched_plan_traffic(st->plan, d->model.q_heads, d->model.kv_heads, d->model.head_dim,
-                               kern_dtype_size(kern_kv_dtype(&d->model)), &pt);
+                               kern_dtype_size(kern_kv_dtype(&d->model)),
+                               kern_dtype_size(d->model.dtype), &pt);
             sched_query_centric_traffic(c->sched, &qt);
             st->kv_bytes = pt.kv;
             st->qc_bytes = qt.kv;

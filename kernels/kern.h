@@ -5,16 +5,17 @@
  * (scheduler/sched_plan_fmt.h) one layer at a time and knows nothing of the forest or sockets.
  *
  * Memory layout (kern_layout_t, computed once per backend and used by every address computation
- * of both): per layer and block, K then V, each [kv_heads][block_size][head_dim] of the model
- * dtype: [layer][block][K|V][kv_head][block_size][head_dim]. A slot is block * block_size +
- * offset. Q and O of a step are [token][q_head][head_dim]; new K and V are
- * [token][kv_head][head_dim]. Pointers are in the backend's address space (host for cpu,
- * device for cuda).
+ * of both): per layer and block, K then V, each [kv_heads][block_size][head_dim] of the pool's
+ * dtype (kern_kv_dtype: the model's, or fp8): [layer][block][K|V][kv_head][block_size][head_dim]. A
+ * slot is block * block_size + offset. Q and O of a step are [token][q_head][head_dim]; new K and V
+ * are [token][kv_head][head_dim]. Pointers are in the backend's address space (host for cpu, device
+ * for cuda).
  *
  * Supported set (closed, checked by kern_supported before anything runs, -ENOTSUP otherwise):
  * head_dim one of KERN_HEAD_DIMS (64, 128, 256); q_heads / kv_heads (the GQA group) 1..16;
- * block_size 16; dtype fp16, bf16 or fp32. Every call returns 0 or a negative errno; nothing
- * aborts, nothing allocates after create.
+ * block_size 16; dtype fp16, bf16 or fp32; kv_dtype the dtype or, under fp16 or bf16, fp8 e4m3 or
+ * e5m2 (the cpu backend's only, so far; cuda refuses it). Every call returns 0 or a negative errno;
+ * nothing aborts, nothing allocates after create.
  */
 #ifndef KERN_H
 #define KERN_H

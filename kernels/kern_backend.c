@@ -5,6 +5,7 @@
 #include "kern_int.h"
 
 #include <errno.h>
+#include <float.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -51,7 +52,7 @@ int kern_supported(const kern_model_t *m)
     if (kern_kv_dtype(m) != m->dtype &&
         !(kern_kv_fp8(m) && (m->dtype == KERN_F16 || m->dtype == KERN_BF16)))
         return -ENOTSUP; /* the pool holds the clients' dtype, or fp8 under a 16-bit one */
-    if (!(m->kv_scale >= 0.0f && m->kv_scale <= 3.4e38f))
+    if (!(m->kv_scale >= 0.0f && m->kv_scale <= FLT_MAX))
         return -ENOTSUP; /* NaN, negative or infinite */
     return 0;
 }

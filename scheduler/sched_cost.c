@@ -317,7 +317,7 @@ double sched__ctas_ns(sched_t *s, const uint32_t *cnt)
 /* ------------------------------------------------------------------ traffic */
 
 void sched_plan_traffic(const sched_plan_hdr_t *h, uint32_t q_heads, uint32_t kv_heads,
-                        uint32_t head_dim, uint32_t elt, sched_traffic_t *ret)
+                        uint32_t head_dim, uint32_t kv_elt, uint32_t q_elt, sched_traffic_t *ret)
 {
     const sched_plan_cta_t *ctas = sched_plan_ctas(h);
     uint64_t kv_tokens = 0, rows = 0;
@@ -327,8 +327,8 @@ void sched_plan_traffic(const sched_plan_hdr_t *h, uint32_t q_heads, uint32_t kv
     }
     uint32_t group = q_heads / kv_heads;
     memset(ret, 0, sizeof(*ret));
-    ret->kv = kv_tokens * kv_heads * kv_tok_bytes(head_dim, elt);
-    ret->q = rows * q_heads * q_row_bytes(head_dim, elt);
+    ret->kv = kv_tokens * kv_heads * kv_tok_bytes(head_dim, kv_elt);
+    ret->q = rows * q_heads * q_row_bytes(head_dim, q_elt);
     ret->partial = (uint64_t)h->n_partials * kv_heads * group * ic_row_bytes(head_dim);
     /* every token's output is written once: by its one direct row or by its merge */
     uint64_t tokens = 0;
@@ -336,7 +336,7 @@ void sched_plan_traffic(const sched_plan_hdr_t *h, uint32_t q_heads, uint32_t kv
     for (uint32_t i = 0; i < h->n_rows; i++)
         tokens += r[i].merge == SCHED_ROW_DIRECT;
     tokens += h->n_merges;
-    ret->o = tokens * q_heads * q_row_bytes(head_dim, elt);
+    ret->o = tokens * q_heads * q_row_bytes(head_dim, q_elt);
     ret->total = ret->kv + ret->q + ret->partial + ret->o;
 }
 

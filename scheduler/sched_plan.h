@@ -97,9 +97,10 @@ int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan);
 
 void sched_get_stats(const sched_t *s, sched_stats_t *ret_stats);
 
-/* Traffic of a plan for the given model dimensions (sched_cost.c, as the next). */
+/* Traffic of a plan for the given model dimensions, KV elements of kv_elt bytes, Q and O of q_elt
+ * (sched_cost.c, as the next). */
 void sched_plan_traffic(const sched_plan_hdr_t *plan, uint32_t q_heads, uint32_t kv_heads,
-                        uint32_t head_dim, uint32_t elt_bytes, sched_traffic_t *ret);
+                        uint32_t head_dim, uint32_t kv_elt, uint32_t q_elt, sched_traffic_t *ret);
 /* Traffic of the query-centric execution of the current forest (every query reads its whole KV,
  * no partials): the baseline every plan is measured against. */
 void sched_query_centric_traffic(const sched_t *s, sched_traffic_t *ret);

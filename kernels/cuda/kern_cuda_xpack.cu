@@ -102,7 +102,7 @@ static int rows_reserve(Lane *L, uint64_t n)
         cap *= 2;
     if (cap > L->c->base.cfg.max_tokens)
         cap = L->c->base.cfg.max_tokens;
-    const uint64_t bytes = cap * m.q_heads * m.head_dim * L->c->base.layout.elt;
+    const uint64_t bytes = cap * m.q_heads * m.head_dim * kern_dtype_size(m.dtype); /* Q's */
     uint8_t *q, *o;
     if (cudaMallocAsync(&q, bytes, L->main) != cudaSuccess) {
         cudaGetLastError();
@@ -310,8 +310,9 @@ int cuda_pack_layer(kern_lane_t *l, uint32_t layer, const kern_attn_params_t *p,
         return -EINVAL;
     KC_TRY(cudaSetDevice(c->device), "cudaSetDevice");
     const kern_layout_t &lo = c->base.layout;
-    const uint32_t q_chunks = m.q_heads * m.head_dim * lo.elt / 16;
-    const uint32_t d_chunks = m.head_dim * lo.elt / 16;
+    /* Q and the clients' K and V rows are of the model's dtype (the pool's is lo.elt) */
+    const uint32_t q_chunks = m.q_heads * m.head_dim * kern_dtype_size(m.dtype) / 16;
+    const uint32_t d_chunks = m.head_dim * kern_dtype_size(m.dtype) / 16;
     const uint32_t n = ps->n_tokens;
     pack_gate<<<1, 32, 0, L->main>>>(ps->dev, layer, ps->words_dev, ps->words_dev + KERN_PACK_MAX);
     KC_TRY(cudaGetLastError(), "pack gate launch");

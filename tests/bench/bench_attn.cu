@@ -496,7 +496,7 @@ static void run_config(const char *spec, const Tree &t, uint32_t qh, uint32_t kv
     const sched_plan_hdr_t *h_w128;
     REQ(sched_build(s_w128, &h_w128));
     sched_traffic_t tr128;
-    sched_plan_traffic(h_w128, qh, kvh, D, 2, &tr128);
+    sched_plan_traffic(h_w128, qh, kvh, D, 2, 2, &tr128);
     const sched_plan_hdr_t *h_pat, *h_qc, *h_fix, *h_tree, *h_bytes, *h_paper;
     REQ(sched_build(s_pat, &h_pat));
     REQ(sched_build(s_bytes, &h_bytes));
@@ -511,7 +511,7 @@ static void run_config(const char *spec, const Tree &t, uint32_t qh, uint32_t kv
     for (int i = 2; i < 5; i++)
         chosen = st.chosen[i] > st.chosen[chosen] ? i : chosen;
     sched_traffic_t tr;
-    sched_plan_traffic(h_pat, qh, kvh, D, 2, &tr);
+    sched_plan_traffic(h_pat, qh, kvh, D, 2, 2, &tr);
     const std::vector<uint8_t> nomerge = plan_without_merges(h_pat);
 
     const double us_pat = time_plan(b, h_pat, dq, dout, &p);

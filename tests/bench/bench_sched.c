@@ -118,7 +118,7 @@ static void traffic_row(const char *name, const tl_world_t *w, FILE *json)
         if (sched_build(s, &h) < 0)
             abort();
         sched_traffic_t t;
-        sched_plan_traffic(h, 32, 8, 128, 2, &t);
+        sched_plan_traffic(h, 32, 8, 128, 2, 2, &t);
         sched_query_centric_traffic(s, &qc);
         printf(" %6s %7.1f MB", sched_policy_name((sched_policy_t)p), t.total / 1e6);
         if (json)

@@ -205,7 +205,7 @@ int main(int argc, char **argv)
             return 1;
         }
         sched_traffic_t pt, qt;
-        sched_plan_traffic(plan, Q_HEADS, KV_HEADS, HEAD_DIM, 2, &pt);
+        sched_plan_traffic(plan, Q_HEADS, KV_HEADS, HEAD_DIM, 2, 2, &pt);
         sched_query_centric_traffic(sched, &qt);
         plan_kv += pt.kv * LAYERS;
         qc_kv += qt.kv * LAYERS;

@@ -439,9 +439,9 @@ static void bench(uint32_t n, uint32_t b, uint32_t prompt, uint32_t own, uint32_
     const double bw = kern_cuda_read_bandwidth(1ull << 30, 5);
     sched_traffic_t ut, st, one;
     memset(&st, 0, sizeof(st));
-    sched_plan_traffic(g.uplan, QH, KVH, D, 2, &ut);
+    sched_plan_traffic(g.uplan, QH, KVH, D, 2, 2, &ut);
     for (uint32_t i = 0; i < n; i++) {
-        sched_plan_traffic(g.s[i].plan, QH, KVH, D, 2, &one);
+        sched_plan_traffic(g.s[i].plan, QH, KVH, D, 2, 2, &one);
         st.total += one.total;
     }
     /* ABBA over two rounds: solo, packed, packed, solo */

@@ -391,6 +391,7 @@ static double fp8_bound_check(const rig_t *g)
                     kq[e] = pool_value(g, kv);
                     vq[e] = pool_value(g, vv);
                     assert_true(fabs(ku[e] / s) <= (e4 ? 448.0 : 57344.0)); /* in range */
+                    assert_true(fabs(vu[e] / s) <= (e4 ? 448.0 : 57344.0));
                 }
             for (uint32_t k = 0; k < q->n_new; k++) {
                 const uint32_t tok = q->tok_off + k, limit = q->kv_len - q->n_new + k + 1;
@@ -433,8 +434,8 @@ static double fp8_bound_check(const rig_t *g)
     return worst;
 }
 
-/* fp8 KV (kern_model_t.kv_dtype): e4m3 at three kv_scales and e5m2, under fp16 and bf16, MHA and
- * GQA, a softcap, decode and extend rows: the backend matches the float64 reference over the
+/* fp8 KV (kern_model_t.kv_dtype): e4m3 and e5m2 at four kv_scales each, under fp16 and bf16, MHA
+ * and GQA, a softcap, decode and extend rows: the backend matches the float64 reference over the
  * values the pool holds as closely as a 16-bit pool does, and that reference stays within the
  * derived bound of the one over the clients' values (fp8_bound_check). */
 static void test_fp8_kv_vs_fp64(void **state)
@@ -451,17 +452,18 @@ static void test_fp8_kv_vs_fp64(void **state)
     static const struct {
         kern_dtype_t kvt;
         float kvs;
-    } fmts[] = {{KERN_FP8_E4M3, 1.0f},
-                {KERN_FP8_E4M3, 0.015625f},
-                {KERN_FP8_E5M2, 1.0f},
-                {KERN_FP8_E4M3, 0.37f}};
+    } fmts[] = {{KERN_FP8_E4M3, 1.0f}, {KERN_FP8_E5M2, 1.0f},  {KERN_FP8_E4M3, 0.015625f},
+                {KERN_FP8_E5M2, 4.0f}, {KERN_FP8_E4M3, 0.37f}, {KERN_FP8_E5M2, 0.015625f},
+                {KERN_FP8_E4M3, 4.0f}, {KERN_FP8_E5M2, 0.37f}};
     double ratio = 0.0;
+    /* round r: model case r % 4 and format r, so both formats run under fp16 and bf16, with
+     * factors above, at and below 1 */
     for (int round = 0; round < 8; round++) {
         const mcase_t *mc = &fcases[round % 4];
         rig_t g;
         memset(&g, 0, sizeof(g));
-        g.kvt = fmts[(round / 2 + round) % 4].kvt;
-        g.kvs = fmts[(round / 2 + round) % 4].kvs;
+        g.kvt = fmts[round].kvt;
+        g.kvs = fmts[round].kvs;
         gen_bounded(&g.w, &r, mc, round % 3 == 2, round % 4 == 3);
         rig_init(&g, &r, mc, round % 2 ? SCHED_POLICY_TREE : SCHED_POLICY_AUTO, round % 2 ? 64 : 0,
                  2);

@@ -227,8 +227,11 @@ static uint64_t plan_bytes(const tl_world_t *w, dims_t d, sched_policy_t pol,
     join_all(s, w);
     const sched_plan_hdr_t *h;
     assert_int_equal(sched_build(s, &h), 0);
-    sched_traffic_t t;
-    sched_plan_traffic(h, d.q_heads, d.kv_heads, d.head_dim, 2, &t);
+    sched_traffic_t t, t8;
+    sched_plan_traffic(h, d.q_heads, d.kv_heads, d.head_dim, 2, 2, &t);
+    /* an fp8 pool: half the KV bytes, the same Q, O and partials */
+    sched_plan_traffic(h, d.q_heads, d.kv_heads, d.head_dim, 1, 2, &t8);
+    assert_true(2 * t8.kv == t.kv && t8.q == t.q && t8.o == t.o && t8.partial == t.partial);
     if (ret_qc)
         sched_query_centric_traffic(s, ret_qc);
     /* the pack's byte model is exact for unsplit plans */
@@ -266,7 +269,7 @@ static void test_bytes_never_above_baselines(void **state)
             const sched_plan_hdr_t *h;
             assert_int_equal(sched_build(s, &h), 0);
             sched_traffic_t t;
-            sched_plan_traffic(h, d.q_heads, d.kv_heads, d.head_dim, 2, &t);
+            sched_plan_traffic(h, d.q_heads, d.kv_heads, d.head_dim, 2, 2, &t);
             split[pol] = t.total;
             sched_free(s);
         }
@@ -279,7 +282,7 @@ static void test_bytes_never_above_baselines(void **state)
         const sched_plan_hdr_t *th;
         assert_int_equal(sched_build(ts, &th), 0);
         sched_traffic_t tt;
-        sched_plan_traffic(th, d.q_heads, d.kv_heads, d.head_dim, 2, &tt);
+        sched_plan_traffic(th, d.q_heads, d.kv_heads, d.head_dim, 2, 2, &tt);
         assert_true(tt.kv <= qc.kv);
         sched_free(ts);
         tl_world_free(&w);
