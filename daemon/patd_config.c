@@ -359,31 +359,18 @@ static int opt_set(patd_config_t *c, const opt_t *o, const char *val, const char
                 return 0;
             }
         goto bad;
-    case T_KVDTYPE:
-        if (!strcmp(val, "auto")) {
-            *(uint32_t *)field = 0;
-            break;
-        }
-        if (!strcmp(val, "fp8_e4m3")) {
-            *(uint32_t *)field = KERN_FP8_E4M3;
-            break;
-        }
-        if (!strcmp(val, "fp8_e5m2")) {
-            *(uint32_t *)field = KERN_FP8_E5M2;
-            break;
-        }
-        /* the 16- and 32-bit names: */
-        __attribute__((fallthrough));
     case T_DTYPE:
-        if (!strcmp(val, "f16"))
-            *(uint32_t *)field = KERN_F16;
-        else if (!strcmp(val, "bf16"))
-            *(uint32_t *)field = KERN_BF16;
-        else if (!strcmp(val, "f32"))
-            *(uint32_t *)field = KERN_F32;
-        else
+    case T_KVDTYPE: { /* by patd_dtype_name's names: f16 bf16 f32, and auto fp8_* for the pool */
+        const uint32_t lo = o->type == T_KVDTYPE ? 0 : KERN_F16;
+        const uint32_t hi = o->type == T_KVDTYPE ? KERN_FP8_E5M2 : KERN_F32;
+        uint32_t d = lo;
+        while (d <= hi && strcmp(val, patd_dtype_name(d)))
+            d++;
+        if (d > hi)
             goto bad;
+        *(uint32_t *)field = d;
         break;
+    }
     }
     size_t idx = (size_t)(o - opts);
     c->set[idx / 64] |= 1ull << (idx % 64);
