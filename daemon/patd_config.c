@@ -555,8 +555,7 @@ kern_model_t patd_config_model(const patd_config_t *c)
 static int validate(patd_config_t *c)
 {
     const kern_model_t m = patd_config_model(c);
-    if (kern_kv_dtype(&m) != m.dtype &&
-        !(kern_kv_fp8(&m) && (m.dtype == KERN_F16 || m.dtype == KERN_BF16))) {
+    if (!kern_kv_dtype_ok(&m)) {
         cfg_error(c,
                   "model.kv_dtype %s does not go with model.dtype %s: the pool holds the "
                   "clients' dtype (auto) or fp8 under an f16 or bf16 one",

@@ -76,6 +76,13 @@ static inline float kern_kv_scale(const kern_model_t *m)
 {
     return kern_kv_fp8(m) && m->kv_scale > 0.0f ? m->kv_scale : 1.0f;
 }
+/* whether the pool's element type goes with the clients': the same, or fp8 under fp16 or bf16
+ * (kern_supported's rule, which the daemon's config check names apart) */
+static inline int kern_kv_dtype_ok(const kern_model_t *m)
+{
+    return kern_kv_dtype(m) == m->dtype ||
+           (kern_kv_fp8(m) && (m->dtype == KERN_F16 || m->dtype == KERN_BF16));
+}
 
 /* The KV layout as one value: element strides of [layer][block][K|V][kv_head][block_size]
  * [head_dim] (kern_layout). Every backend computes it once at create (kern_backend_t.layout) and

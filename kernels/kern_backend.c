@@ -49,8 +49,7 @@ int kern_supported(const kern_model_t *m)
         return -ENOTSUP;
     if (m->dtype != KERN_F16 && m->dtype != KERN_BF16 && m->dtype != KERN_F32)
         return -ENOTSUP;
-    if (kern_kv_dtype(m) != m->dtype &&
-        !(kern_kv_fp8(m) && (m->dtype == KERN_F16 || m->dtype == KERN_BF16)))
+    if (!kern_kv_dtype_ok(m))
         return -ENOTSUP; /* the pool holds the clients' dtype, or fp8 under a 16-bit one */
     if (!(m->kv_scale >= 0.0f && m->kv_scale <= FLT_MAX))
         return -ENOTSUP; /* NaN, negative or infinite */

@@ -751,15 +751,15 @@ int main(int argc, char **argv)
     pat_model_t model = st.model;
     static const char *const kv_names[] = {"?", "f16", "bf16", "f32", "fp8_e4m3", "fp8_e5m2"};
     uint32_t kv_want = 0;
-    if (O.kv_dtype && st.version < (1u << 16 | 11u << 8)) {
-        fprintf(stderr,
-                "patload: --kv-dtype: the daemon at %s is %u.%u.%u; asking for a KV pool "
-                "needs 1.11 or newer\n",
-                R->sock, st.version >> 16, (st.version >> 8) & 0xff, st.version & 0xff);
-        pl_trace_done(&trace);
-        return EXIT_DAEMON;
-    }
     if (O.kv_dtype) {
+        if (st.version < (1u << 16 | 11u << 8)) {
+            fprintf(stderr,
+                    "patload: --kv-dtype: the daemon at %s is %u.%u.%u; asking for a KV pool "
+                    "needs 1.11 or newer\n",
+                    R->sock, st.version >> 16, (st.version >> 8) & 0xff, st.version & 0xff);
+            pl_trace_done(&trace);
+            return EXIT_DAEMON;
+        }
         for (uint32_t i = 1; i < 6; i++)
             if (!strcmp(O.kv_dtype, kv_names[i]))
                 kv_want = i;

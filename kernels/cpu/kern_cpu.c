@@ -320,12 +320,11 @@ static int cpu_append_kv(kern_backend_t *b, uint32_t layer, const void *k, const
     for (uint32_t i = 0; i < n; i++) {
         uint32_t blk = slots[i] / m->block_size, off = slots[i] % m->block_size;
         for (uint32_t h = 0; h < m->kv_heads; h++) {
-            uint64_t src = ((uint64_t)i * m->kv_heads + h) * row;
+            const uint64_t e0 = ((uint64_t)i * m->kv_heads + h) * m->head_dim; /* its element */
+            const uint64_t src = e0 * kern_dtype_size(m->dtype);
             void *dk = (void *)kv_ptr(c, layer, blk, 0, h, off);
             void *dv = (void *)kv_ptr(c, layer, blk, 1, h, off);
             if (fp8) { /* value / kv_scale, nearest even, saturated; NaN and infinity as 0 */
-                const uint64_t e0 =
-                    (uint64_t)i * m->kv_heads * m->head_dim + (uint64_t)h * m->head_dim;
                 for (uint32_t x = 0; x < m->head_dim; x++) {
                     const float kx = kern_load(m->dtype, k, e0 + x);
                     const float vx = kern_load(m->dtype, v, e0 + x);
