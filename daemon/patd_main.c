@@ -844,12 +844,6 @@ static int create_pool(patd_t *d)
     int rc = pick_backend(cfg, &backend, &pr);
     if (rc < 0)
         return rc;
-    if (kern_kv_fp8(&d->model) && !strcmp(backend, "cuda")) {
-        patd_err("model.kv_dtype %s: the cuda backend does not serve an fp8 KV pool yet (the cpu "
-                 "backend does: daemon.backend = cpu), or set model.kv_dtype = auto",
-                 patd_dtype_name(cfg->kv_dtype));
-        return -ENOTSUP;
-    }
     const uint64_t t_probe = pat_now_ns();
     snprintf(d->device, sizeof(d->device), "%s", pr.device);
     uint64_t lanes_bytes = 0;
@@ -892,6 +886,14 @@ static int create_pool(patd_t *d)
     while ((rc = kern_backend_create(backend, &kc, &d->be)) < 0 && kc.pool_keep &&
            patd_persist_fallback(d, &kc))
         ;
+    if (rc == -ENOTSUP && kern_kv_fp8(&d->model) && !strcmp(backend, "cuda")) {
+        patd_err("model.kv_dtype %s: the cuda backend serves an fp8 KV pool with its Hopper "
+                 "kernel only (an sm_90a build on an sm_90 GPU, model.head_dim <= 128, gpu.forward "
+                 "auto, cpasync or tma); the cpu backend serves any (daemon.backend = cpu), or "
+                 "set model.kv_dtype = auto",
+                 patd_dtype_name(cfg->kv_dtype));
+        return rc;
+    }
     if (rc < 0) {
         patd_err("backend %s on %s: %s (pool of %u blocks x %llu bytes)", backend, pr.device,
                  strerror(-rc), cfg->blocks, (unsigned long long)kern_block_bytes(&d->model));

@@ -529,8 +529,8 @@ int cuda_create(const kern_config_t *cfg, kern_backend_t **ret)
     const kern_model_t &m = cfg->model;
     if (m.dtype != KERN_F16 && m.dtype != KERN_BF16)
         return -ENOTSUP; /* fp32 KV is the cpu backend's (reference) only */
-    if (kern_kv_dtype(&m) != m.dtype)
-        return -ENOTSUP; /* fp8 KV: the cpu backend's only, so far (issue 40) */
+    if (!kern_kv_dtype_ok(&m))
+        return -ENOTSUP;
     if (cfg->n_blocks > UINT32_MAX / KERN_BLOCK_SIZE)
         return -EINVAL; /* the forward keeps block * KERN_BLOCK_SIZE + offset in 32 bits */
     int n_dev = 0;
@@ -550,6 +550,7 @@ int cuda_create(const kern_config_t *cfg, kern_backend_t **ret)
     c->base.cfg = *cfg;
     c->device = cfg->device;
     c->dt = m.dtype == KERN_F16 ? 0 : 1;
+    c->kv8 = kern_kv_fp8(&m) ? (int)kern_kv_dtype(&m) : 0;
     c->base.layout = kern_layout(&m, cfg->n_blocks);
     c->pool_fd = -1;
     pthread_mutex_init(&c->cow_mu, NULL);
@@ -591,8 +592,20 @@ int cuda_create(const kern_config_t *cfg, kern_backend_t **ret)
         c->fwd.fn = c->fwd.wg_fn;
     if (cfg->fwd != KERN_FWD_AUTO && cfg->fwd != KERN_FWD_CPASYNC && cfg->fwd != KERN_FWD_TMA)
         c->fwd.pair_fn = nullptr; /* the 4-warp kernels: CTAs of at most 64 rows */
+    if (c->kv8) {
+        /* an fp8 pool: the same kernels' fp8 twins, which decode each KV tile in shared memory
+         * (kern_cuda_fwd.cuh: kv8_decode); none for KERN_FWD_MMA (mma.sync everywhere) and none
+         * below sm_89. KERN_FWD_TMA loads by cp.async. */
+        const int k = c->kv8 == KERN_FP8_E4M3 ? 0 : 1;
+        c->fwd.fn = cfg->fwd == KERN_FWD_MMA ? nullptr : v[c->dt].wg8_fn[k];
+        c->fwd.pair_fn = c->fwd.pair_fn ? c->fwd.pair8_fn[k] : nullptr;
+        if (!c->fwd.fn) {
+            r = -ENOTSUP;
+            goto fail;
+        }
+    }
     c->max_m = c->fwd.pair_fn ? KCUDA_BIG_M : KCUDA_SMALL_M;
-    c->tma = c->fwd.pair_fn && cfg->fwd == KERN_FWD_TMA && encode_kv_map(c) == 0;
+    c->tma = c->fwd.pair_fn && !c->kv8 && cfg->fwd == KERN_FWD_TMA && encode_kv_map(c) == 0;
     c->pdl = c->fwd.dep && !cfg->serial_launch;
     if ((r = warm_kernels(c)) < 0)
         goto fail;

@@ -229,7 +229,9 @@ int attend_on(Lane *L, uint32_t layer, const sched_plan_hdr_t *h, const void *q,
     a.q_heads = m.q_heads;
     a.kv_heads = m.kv_heads;
     a.group = h->group;
-    a.scale = p->scale;
+    const float ks = kern_kv_scale(&m); /* 1 but for an fp8 pool: K's into S, V's into O */
+    a.scale = p->scale * ks;
+    a.v_scale = ks;
     a.softcap = p->softcap;
     a.merge_inside = c->base.cfg.merge == KERN_MERGE_INSIDE;
     void *args[] = {&a};

@@ -51,6 +51,7 @@
 #include <type_traits>
 
 #include "kern_cuda_int.h"
+#include "kern_cuda_fp8.cuh"
 #include "kern_cuda_page.cuh"
 #include "kern_cuda_ptx.cuh"
 #include "kern_cuda_softmax.cuh"
@@ -185,7 +186,7 @@ __device__ __forceinline__ void fwd_rows_out(const FwdArgs &a, const sched_plan_
 {
     if ((uint32_t)r >= n_rows)
         return;
-    const float inv = kern_sm_inv(l);
+    const float inv = kern_sm_inv(l) * a.v_scale; /* an fp8 pool's V factor rides here */
     const sched_plan_row_t row = rows[r / a.group];
     const uint32_t j = r % a.group;
     if (row.merge == SCHED_ROW_DIRECT) {
@@ -212,6 +213,73 @@ __device__ __forceinline__ void fwd_rows_out(const FwdArgs &a, const sched_plan_
 template <int D, int R, bool WG> __device__ __forceinline__ uint32_t fwd_off(int r, int c)
 {
     return WG ? wswz<R>(r, c) : swz<D>(r, c);
+}
+
+/* An fp8 pool's tiles (kern_model_t.kv_dtype; KV: the format) reach shared memory as raw bytes and
+ * are decoded there into T, in place, by the threads that copied them. A copy is 16 elements of a
+ * row (row r, elements 16i..16i+15: the tile's chunks 2i and 2i + 1 once decoded), placed where
+ * one of those two chunks goes (at): no copy lands where another thread's decoded chunks go, so
+ * a thread decodes its own copies once they have landed with no barrier between it and the
+ * others. at() is chunk 2i + 1 for every other run of four copies of a row: the eight copies of a
+ * 128-byte stretch then fall in the eight 16-byte columns of either swizzle (no bank conflicts,
+ * for the copies and the decode's first stores). */
+template <int D> struct Raw8 {
+    static constexpr int PPR = D / 16; /* copies a row */
+    int r, i;
+    __device__ __forceinline__ Raw8(int tid, int e)
+    {
+        const int c = tid + e * KCUDA_THREADS;
+        r = c / PPR;
+        i = c % PPR;
+    }
+    __device__ __forceinline__ int at() const /* the chunk where the copy lands */
+    {
+        return 2 * i + ((i >> 2) & 1);
+    }
+    __device__ __forceinline__ int other() const
+    {
+        return 2 * i + 1 - ((i >> 2) & 1);
+    }
+};
+
+/* A thread's copies of one KV tile (N rows, K at base, V KV_BYTES further; the wgmma swizzle
+ * where WG, else swz), decoded into T (kern_cuda_fp8.cuh) and written as their two chunks: the
+ * one where the copy lay first, then the other. The caller has waited for its copies. */
+template <typename T, int D, int KV, bool WG>
+__device__ __forceinline__ void kv8_decode(uint32_t base, int tid)
+{
+    constexpr int N = KCUDA_TILE_N, LPT8 = N * (D / 16) / KCUDA_THREADS;
+    constexpr uint32_t KVB = N * D * 2;
+    static_assert(N * (D / 16) % KCUDA_THREADS == 0, "copies divide evenly");
+#pragma unroll
+    for (int h = 0; h < 2; h++) { /* K, then V */
+        const uint32_t b = base + h * KVB;
+        uint4 x[LPT8];
+#pragma unroll
+        for (int e = 0; e < LPT8; e++) {
+            const Raw8<D> w(tid, e);
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(x[e].x), "=r"(x[e].y), "=r"(x[e].z), "=r"(x[e].w)
+                         : "r"(b + fwd_off<D, N, WG>(w.r, w.at()))
+                         : "memory");
+        }
+#pragma unroll
+        for (int e = 0; e < LPT8; e++) {
+            const Raw8<D> w(tid, e);
+            uint4 lo, hi; /* chunks 2i and 2i + 1 */
+            fp8x16_to<T, KV>(x[e], lo, hi);
+            const bool odd = w.at() & 1;
+            const uint4 first = odd ? hi : lo, second = odd ? lo : hi;
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                             b + fwd_off<D, N, WG>(w.r, w.at())),
+                         "r"(first.x), "r"(first.y), "r"(first.z), "r"(first.w)
+                         : "memory");
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                             b + fwd_off<D, N, WG>(w.r, w.other())),
+                         "r"(second.x), "r"(second.y), "r"(second.z), "r"(second.w)
+                         : "memory");
+        }
+    }
 }
 
 /* fwd_cta's Q rows into the Q tile sq, gathered: row i = token i / group, q head
@@ -443,7 +511,7 @@ fwd_combine(const FwdArgs &a, const sched_plan_row_t *rows, uint32_t head, uint3
                 axpy4(acc, wt, p);
             }
         }
-        scale4(acc, kern_sm_inv(lsum));
+        scale4(acc, kern_sm_inv(lsum) * a.v_scale);
         const sched_plan_row_t row = rows[r / group];
         const uint32_t j = r % group;
         if (row.merge == SCHED_ROW_DIRECT) {
@@ -467,7 +535,7 @@ fwd_combine(const FwdArgs &a, const sched_plan_row_t *rows, uint32_t head, uint3
  * still masks). WG: the four warps are one warpgroup of 64 rows and the matrix products are
  * wgmma (kern_cuda_wgmma.cuh; head_dim <= 128, sm_90a); the tiles use wgmma's swizzle and the
  * rows are written straight from the accumulators. */
-template <typename T, int D, int M, bool SEGS, bool WG = false>
+template <typename T, int D, int M, bool SEGS, bool WG = false, int KV = 0>
 __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const kcuda_cta_t &cta, uint32_t head,
                                         uint8_t *smem)
 {
@@ -508,7 +576,11 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const kcuda_cta_t &cta
      * the stores to pg. A load's address is kv_chunk's (kern_cuda_page.cuh), spelled out: through
      * kv_chunk or copy_kv_chunk, fwd_layer took more registers (d128: 229 -> 233) or spilled
      * more (d256). */
-    constexpr int LPT = N * G::CPR / G::T; /* 16-byte K (and V) loads per thread per tile */
+    /* 16-byte K (and V) loads per thread per tile: each a chunk of a row, or (an fp8 pool, KV)
+     * two (Raw8) */
+    constexpr int PPR = KV ? D / 16 : G::CPR; /* loads a row */
+    constexpr int LPT = N * PPR / G::T;
+    static_assert(N * PPR % G::T == 0, "loads divide evenly");
     uint32_t pg[LPT];
     uint32_t fk = 0, ft0 = 0, fend = 0, fpage0 = 0;
     const uint32_t *fpages = a.pages;
@@ -524,7 +596,7 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const kcuda_cta_t &cta
     auto fetch_pages = [&]() {
 #pragma unroll
         for (int k = 0; k < LPT; k++) {
-            const uint32_t t = ft0 + (tid + k * G::T) / G::CPR;
+            const uint32_t t = ft0 + (tid + k * G::T) / PPR;
             pg[k] = t < fend ? fpages[t / KERN_BLOCK_SIZE - fpage0] * KERN_BLOCK_SIZE +
                                    t % KERN_BLOCK_SIZE
                              : PAGE_NONE;
@@ -535,19 +607,38 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const kcuda_cta_t &cta
     };
     auto load_tile = [&](int it) {
         uint8_t *sk = ring + (it % G::STAGES) * Smem::STAGE, *sv = sk + Smem::V_OFF;
+        if constexpr (KV != 0) {
+            const uint8_t *kb8 =
+                static_cast<const uint8_t *>(a.kv) + (uint64_t)head * a.head_stride;
 #pragma unroll
-        for (int k = 0; k < LPT; k++) {
-            const int c = tid + k * G::T, r = c / G::CPR, ch = c % G::CPR;
-            const T *ks = kbase, *vs = kbase;
-            uint32_t bytes = 0;
-            if (pg[k] != PAGE_NONE) {
-                ks = kbase + (uint64_t)(pg[k] / KERN_BLOCK_SIZE) * a.block_stride +
-                     (pg[k] % KERN_BLOCK_SIZE) * D + ch * 8;
-                vs = ks + a.v_offset;
-                bytes = 16;
+            for (int k = 0; k < LPT; k++) {
+                const Raw8<D> w(tid, k);
+                const uint8_t *ks = kb8, *vs = kb8;
+                uint32_t bytes = 0;
+                if (pg[k] != PAGE_NONE) {
+                    ks = kb8 + (uint64_t)(pg[k] / KERN_BLOCK_SIZE) * a.block_stride +
+                         (pg[k] % KERN_BLOCK_SIZE) * D + w.i * 16;
+                    vs = ks + a.v_offset;
+                    bytes = 16;
+                }
+                cp_async16(smem_u32(sk + fwd_off<D, N, WG>(w.r, w.at())), ks, bytes);
+                cp_async16(smem_u32(sv + fwd_off<D, N, WG>(w.r, w.at())), vs, bytes);
             }
-            cp_async16(smem_u32(sk + fwd_off<D, N, WG>(r, ch)), ks, bytes);
-            cp_async16(smem_u32(sv + fwd_off<D, N, WG>(r, ch)), vs, bytes);
+        } else {
+#pragma unroll
+            for (int k = 0; k < LPT; k++) {
+                const int c = tid + k * G::T, r = c / G::CPR, ch = c % G::CPR;
+                const T *ks = kbase, *vs = kbase;
+                uint32_t bytes = 0;
+                if (pg[k] != PAGE_NONE) {
+                    ks = kbase + (uint64_t)(pg[k] / KERN_BLOCK_SIZE) * a.block_stride +
+                         (pg[k] % KERN_BLOCK_SIZE) * D + ch * 8;
+                    vs = ks + a.v_offset;
+                    bytes = 16;
+                }
+                cp_async16(smem_u32(sk + fwd_off<D, N, WG>(r, ch)), ks, bytes);
+                cp_async16(smem_u32(sv + fwd_off<D, N, WG>(r, ch)), vs, bytes);
+            }
         }
     };
 
@@ -591,6 +682,8 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const kcuda_cta_t &cta
         /* one warpgroup computes every band: its row limits mask */
         const bool work = !SEGS || WG || cur.band;
         cp_async_wait<G::STAGES - 1>();
+        if constexpr (KV != 0) /* this thread's copies of the tile, decoded (kv8_decode) */
+            kv8_decode<T, D, KV, WG>(smem_u32(ring + (it % G::STAGES) * Smem::STAGE), tid);
 #if KCUDA_WGMMA
         if constexpr (WG)
             wg_proxy_fence(); /* this thread's copies become visible to wgmma's reads */
@@ -699,7 +792,7 @@ __device__ __forceinline__ void fwd_arrive_merge(const FwdArgs &a, const kcuda_c
  * fwd_smem<D>() bytes). WGK (KERN_FWD_AUTO): CTAs of more than 32 rows and several segments
  * use wgmma where compiled for sm_90a at head_dim <= 128: measured 11 % faster on TREE plans and
  * 3 % slower on one-segment packs (tests/bench/log/2026-11-24-wgmma-tree.md). */
-template <typename T, int D, bool WGK>
+template <typename T, int D, bool WGK, int KV>
 __device__ __forceinline__ void fwd_small(const FwdArgs &a, const kcuda_cta_t &cta, uint32_t head,
                                           uint8_t *smem)
 {
@@ -707,7 +800,7 @@ __device__ __forceinline__ void fwd_small(const FwdArgs &a, const kcuda_cta_t &c
 #if KCUDA_WGMMA
     if constexpr (WGK && D <= 128) {
         if (rows > 32 && cta.seg_count > 1) {
-            fwd_cta<T, D, 64, true, true>(a, cta, head, smem);
+            fwd_cta<T, D, 64, true, true, KV>(a, cta, head, smem);
             if (a.merge_inside)
                 fwd_arrive_merge<T, D>(a, cta, head, *reinterpret_cast<MergeList *>(smem), tid,
                                        KCUDA_THREADS, BAR_BLOCK);
@@ -719,9 +812,9 @@ __device__ __forceinline__ void fwd_small(const FwdArgs &a, const kcuda_cta_t &c
 #define KCUDA_CASE(m)                                                                              \
     if (rows <= (m)) {                                                                             \
         if (cta.seg_count > 1)                                                                     \
-            fwd_cta<T, D, m, true>(a, cta, head, smem);                                            \
+            fwd_cta<T, D, m, true, false, KV>(a, cta, head, smem);                                 \
         else                                                                                       \
-            fwd_cta<T, D, m, false>(a, cta, head, smem);                                           \
+            fwd_cta<T, D, m, false, false, KV>(a, cta, head, smem);                                \
         if (a.merge_inside)                                                                        \
             fwd_arrive_merge<T, D>(a, cta, head, *reinterpret_cast<MergeList *>(smem), tid,        \
                                    KCUDA_THREADS, BAR_BLOCK);                                      \
@@ -734,7 +827,7 @@ __device__ __forceinline__ void fwd_small(const FwdArgs &a, const kcuda_cta_t &c
 /* One layer of a plan whose CTAs have at most KCUDA_SMALL_M rows: grid = n_ctas x kv_heads blocks
  * of KCUDA_THREADS, dynamic shared memory fwd_smem<D>(). A kernel per WGK, so that the mma.sync
  * kernel's registers stay its own. */
-template <typename T, int D, bool WGK>
+template <typename T, int D, bool WGK, int KV = 0>
 __global__ void __launch_bounds__(KCUDA_THREADS) fwd_layer(const FwdArgs a)
 {
     extern __shared__ __align__(1024) uint8_t smem[];
@@ -742,7 +835,7 @@ __global__ void __launch_bounds__(KCUDA_THREADS) fwd_layer(const FwdArgs a)
     /* the merge's blocks are placed once this grid's last wave has started, beside its blocks
      * (small ones: measured faster, unlike fwd_pair's; tests/bench/log/2026-11-28-merge-pdl.md) */
     dep_launch_dependents();
-    fwd_small<T, D, WGK>(a, a.ctas[blockIdx.x / a.kv_heads], blockIdx.x % a.kv_heads, smem);
+    fwd_small<T, D, WGK, KV>(a, a.ctas[blockIdx.x / a.kv_heads], blockIdx.x % a.kv_heads, smem);
 }
 
 } // namespace kcuda
@@ -756,9 +849,9 @@ __global__ void __launch_bounds__(KCUDA_THREADS) fwd_layer(const FwdArgs a)
 #else
 namespace kcuda
 {
-template <typename T, int D> constexpr auto pair_kernel()
+template <typename T, int D, int KV> constexpr auto pair_kernel()
 {
-    return fwd_pair<T, D>;
+    return fwd_pair<T, D, WS_FULL, KV>;
 }
 } // namespace kcuda
 #endif
@@ -795,25 +888,46 @@ template <typename T, int D> int fwd_prepare(FwdVariant *v)
         v->dep = fa.binaryVersion >= 90; /* dep_wait is in the code that runs */
     }
     v->wg_fn = reinterpret_cast<const void *>(wg);
+    {
+        /* over an fp8 pool: the KERN_FWD_AUTO / _LAYER 4-warp kernel, where the code that runs
+         * has the fp8 conversions (sm_89 and up) */
+        auto w4 = fwd_layer<T, D, true, KERN_FP8_E4M3>, w5 = fwd_layer<T, D, true, KERN_FP8_E5M2>;
+        cudaFuncAttributes fa;
+        KC_TRY(cudaFuncGetAttributes(&fa, w4), "cudaFuncGetAttributes(fwd, fp8)");
+        KC_TRY(cudaFuncSetAttribute(w4, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+               "cudaFuncSetAttribute(fwd, fp8)");
+        KC_TRY(cudaFuncSetAttribute(w5, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+               "cudaFuncSetAttribute(fwd, fp8)");
+        const bool f8 = fa.binaryVersion >= 89;
+        v->wg8_fn[0] = f8 ? reinterpret_cast<const void *>(w4) : nullptr;
+        v->wg8_fn[1] = f8 ? reinterpret_cast<const void *>(w5) : nullptr;
+    }
     v->merge_fn = reinterpret_cast<const void *>(merge_layer<T, D>);
     v->smem = smem;
-    v->pair_fn = nullptr;
+    v->pair_fn = v->pair8_fn[0] = v->pair8_fn[1] = nullptr;
     v->pair_smem = 0;
     if constexpr (D <= 128) {
         constexpr int ps = pair_smem<D>();
         static_assert(ps <= 232448, "sm_90 opt-in shared memory per block (227 KB)");
-        auto pf = pair_kernel<T, D>();
-        cudaFuncAttributes fa;
-        KC_TRY(cudaFuncGetAttributes(&fa, pf), "cudaFuncGetAttributes(fwd, pair)");
-        /* the sm_90a code runs (the wgmma path is there), and its block's registers hold what
-         * its warpgroups take after setmaxnreg (kern_cuda_fwd_ws.cuh), else it would hang */
-        if (fa.binaryVersion == 90 &&
-            fa.numRegs * KCUDA_PAIR_THREADS >=
-                KCUDA_THREADS * (WS_REGS_PRODUCER + 2 * WS_REGS_CONSUMER)) {
-            KC_TRY(cudaFuncSetAttribute(pf, cudaFuncAttributeMaxDynamicSharedMemorySize, ps),
-                   "cudaFuncSetAttribute(fwd, pair)");
-            v->pair_fn = reinterpret_cast<const void *>(pf);
-            v->pair_smem = ps;
+        const void *pf[3] = {reinterpret_cast<const void *>(pair_kernel<T, D, 0>()),
+                             reinterpret_cast<const void *>(pair_kernel<T, D, KERN_FP8_E4M3>()),
+                             reinterpret_cast<const void *>(pair_kernel<T, D, KERN_FP8_E5M2>())};
+        const void **slot[3] = {&v->pair_fn, &v->pair8_fn[0], &v->pair8_fn[1]};
+        for (int i = 0; i < 3; i++) {
+            *slot[i] = nullptr;
+            cudaFuncAttributes fa;
+            KC_TRY(cudaFuncGetAttributes(&fa, pf[i]), "cudaFuncGetAttributes(fwd, pair)");
+            /* the sm_90a code runs (the wgmma path is there), and its block's registers hold
+             * what its warpgroups take after setmaxnreg (kern_cuda_fwd_ws.cuh), else it would
+             * hang */
+            if (fa.binaryVersion == 90 &&
+                fa.numRegs * KCUDA_PAIR_THREADS >=
+                    KCUDA_THREADS * (WS_REGS_PRODUCER + 2 * WS_REGS_CONSUMER)) {
+                KC_TRY(cudaFuncSetAttribute(pf[i], cudaFuncAttributeMaxDynamicSharedMemorySize, ps),
+                       "cudaFuncSetAttribute(fwd, pair)");
+                *slot[i] = pf[i];
+                v->pair_smem = ps;
+            }
         }
     }
     return 0;

@@ -15,9 +15,9 @@
 namespace kcuda
 {
 
-template <typename T, int D> constexpr auto pair_kernel()
+template <typename T, int D, int KV> constexpr auto pair_kernel()
 {
-    return fwd_pair<T, D, static_cast<WsAblate>(KCUDA_ABLATE)>;
+    return fwd_pair<T, D, static_cast<WsAblate>(KCUDA_ABLATE), KV>;
 }
 
 } // namespace kcuda

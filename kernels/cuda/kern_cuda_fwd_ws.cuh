@@ -91,15 +91,17 @@ union WsWords {
 
 /* fwd_pair's shared memory after the ring */
 struct WsMeta {
-    uint64_t bar[16];  /* slot s's full mbarrier bar[s] and its empty one bar[SLOTS + s] */
+    /* slot s's full mbarrier bar[s], its empty one bar[SLOTS + s] and (an fp8 pool) its raw one
+     * bar[2 SLOTS + s]: the producer's copies of an fp8 tile landed, to be decoded */
+    uint64_t bar[24];
     WsWords words[8];  /* beside slot s */
     MergeList list[2]; /* fwd_arrive_merge's, one per consumer */
     uint32_t bcast;    /* the producer's thread 0's fetch of the next item, to its other threads */
     uint32_t pad[3];
 };
-static_assert(sizeof(WsWords) == 64 && offsetof(WsMeta, words) == 16 * 8 &&
-                  offsetof(WsMeta, list) == 16 * 8 + 8 * 64 &&
-                  offsetof(WsMeta, bcast) == 16 * 8 + 8 * 64 + 2 * 4 * (KCUDA_MAX_M + 1) &&
+static_assert(sizeof(WsWords) == 64 && offsetof(WsMeta, words) == 24 * 8 &&
+                  offsetof(WsMeta, list) == 24 * 8 + 8 * 64 &&
+                  offsetof(WsMeta, bcast) == 24 * 8 + 8 * 64 + 2 * 4 * (KCUDA_MAX_M + 1) &&
                   sizeof(WsMeta) == offsetof(WsMeta, bcast) + 16,
               "fwd_pair's byte layout, on which its slot count and shared memory size depend");
 
@@ -118,10 +120,13 @@ template <int D> struct WsGeom {
     static constexpr int META = SLOTS * SLOT_BYTES; /* offset of WsMeta */
     static constexpr int SMEM = META + META_BYTES;
     static constexpr int LPT = N * CPR / KCUDA_THREADS; /* 16-byte K (and V) loads per thread */
+    /* an fp8 pool's: 16-byte K (and V) loads per thread, each 16 elements (two chunks) */
+    static constexpr int LPT8 = N * (D / 16) / KCUDA_THREADS;
     static_assert(SLOTS >= 5, "a Q slot and two small-mode stages");
     static_assert(Q_BYTES == SLOT_BYTES, "an item's Q fills one slot");
     static_assert(SMEM <= MAX_SMEM, "sm_90 opt-in shared memory per block (227 KB)");
-    static_assert((N * CPR) % KCUDA_THREADS == 0, "loads divide evenly");
+    static_assert((N * CPR) % KCUDA_THREADS == 0 && (N * (D / 16)) % KCUDA_THREADS == 0,
+                  "loads divide evenly");
     static_assert(32 % CPR == 0 && KCUDA_BIG_M == KCUDA_THREADS,
                   "a warp's Q copies cover 32 rows, one per lane");
 };
@@ -214,6 +219,10 @@ template <int D> struct WsMap {
     __device__ __forceinline__ uint32_t empty(int s) const
     {
         return smem_u32(base) + G::META + (int)offsetof(WsMeta, bar) + 8 * (G::SLOTS + s);
+    }
+    __device__ __forceinline__ uint32_t raw(int s) const
+    {
+        return smem_u32(base) + G::META + (int)offsetof(WsMeta, bar) + 8 * (2 * G::SLOTS + s);
     }
     /* WsMeta's fields (byte offsets added in int, like every other shared-memory address) */
     __device__ __forceinline__ volatile WsWords *words(int s) const
@@ -429,28 +438,121 @@ __device__ __forceinline__ void ws_load_tile_cp(const FwdArgs &a, const uint32_t
     }
 }
 
+/* An fp8 pool's tile (KV: its format): by 16-byte cp.async, each copy 16 elements of a row placed
+ * where Raw8 says (kern_cuda_fwd.cuh); kv8_decode turns them into T once they have landed. */
+template <int D>
+__device__ __forceinline__ void ws_load_tile_cp8(const FwdArgs &a, const uint32_t (&blk)[4],
+                                                 const uint32_t (&rng)[4], uint32_t head,
+                                                 uint32_t sk, int tid)
+{
+    using G = WsGeom<D>;
+    constexpr int N = G::N;
+    const uint32_t sv = sk + G::KV_BYTES;
+    const uint8_t *kbase = static_cast<const uint8_t *>(a.kv) + (uint64_t)head * a.head_stride;
+#pragma unroll
+    for (int e = 0; e < G::LPT8; e++) {
+        const Raw8<D> w(tid, e);
+        const int k = w.r / KERN_BLOCK_SIZE, pr = w.r % KERN_BLOCK_SIZE;
+        /* blk[k] and rng[k] without a local array index */
+        const uint32_t bk = k == 0 ? blk[0] : k == 1 ? blk[1] : k == 2 ? blk[2] : blk[3];
+        const uint32_t rg = k == 0 ? rng[0] : k == 1 ? rng[1] : k == 2 ? rng[2] : rng[3];
+        const uint8_t *ks = kbase, *vs = kbase;
+        uint32_t bytes = 0;
+        if (bk != WS_NO_BLOCK && (uint32_t)pr >= (rg & 0xffu) &&
+            (uint32_t)pr < ((rg >> 8) & 0xffu)) {
+            ks = kbase + (uint64_t)bk * a.block_stride + pr * D + w.i * 16;
+            vs = ks + a.v_offset;
+            bytes = 16;
+        }
+        cp_async16(sk + wswz<N>(w.r, w.at()), ks, bytes);
+        cp_async16(sv + wswz<N>(w.r, w.at()), vs, bytes);
+    }
+}
+/* an fp8 producer's tiles waiting for their copies to land, at most (the next waits for the
+ * oldest) */
+constexpr int WS_FP8_PENDING = 5;
+
 constexpr uint32_t WS_END = 0xffffffffu; /* the item id that ends the consumers' loop */
 
 /* The producer: fetches items from the launch's counter (in plan order) until none is left; for
  * each, Q of the CTA's rows into a slot (with the item id and tile count beside it), then every
  * tile into the next ones; at the end a slot whose item id is WS_END. */
-template <typename T, int D, WsAblate AB>
+template <typename T, int D, WsAblate AB, int KV>
 __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
 {
     using G = WsGeom<D>;
     const int tid = threadIdx.x; /* 0..127 */
     const uint32_t group = a.group, n_items = ws_items(a);
     volatile uint32_t *bcast = mp.bcast(); /* thread 0's fetch, to the producer's threads */
-    auto filled = [&](int s) {
+    RingPos<G::SLOTS> pos;
+    /* An fp8 pool (KV): a KV tile's slot is filled once decoded (kv8_decode), after every copy
+     * of it has landed (the slot's raw barrier, which each thread's copies arrive on). The
+     * producer decodes the tiles in the order it took them, each as soon as it has landed: after
+     * every slot's copies and while it waits for a slot to free (the ring full), never blocking
+     * on memory then, so that the loads of every free slot stay in flight; at most
+     * WS_FP8_PENDING tiles wait, the next waits for the oldest to land. Bit j of pend (raw: to
+     * decode; bare: a slot of no copies, only to mark filled) is the slot taken j slots before
+     * the last; bit s of rph the parity of slot s's raw barrier's next phase. */
+    uint32_t pend_raw = 0, pend_bare = 0, rph = 0;
+    auto decode_oldest = [&](bool block) {
+        const uint32_t pend = pend_raw | pend_bare;
+        const int j = 31 - __clz((int)pend);
+        const int s = (pos.s - 1 - j + 2 * G::SLOTS) % G::SLOTS;
+        if constexpr (KV != 0) {
+            if ((pend_raw >> j) & 1u) {
+                const uint32_t ph = (rph >> s) & 1u;
+                if (block)
+                    mb_wait(mp.raw(s), ph);
+                else if (!mb_test(mp.raw(s), ph))
+                    return false;
+                rph ^= 1u << s;
+                kv8_decode<T, D, KV, true>(mp.slot(s), tid);
+                wg_proxy_fence(); /* the decoded chunks reach the consumers' wgmma */
+            }
+        }
+        mb_arrive(mp.full(s));
+        pend_raw &= ~(1u << j);
+        pend_bare &= ~(1u << j);
+        return true;
+    };
+    auto decode_landed = [&]() {
+        while ((pend_raw | pend_bare) && decode_oldest(false)) {
+        }
+    };
+    /* slot s's copies are out: its full barrier completes once they land (16-bit), or once
+     * decoded (tile: an fp8 tile's slot, raw: it has copies) */
+    auto filled = [&](int s, bool tile = false, bool raw = false) {
+        if (KV) {
+            pend_raw <<= 1;
+            pend_bare <<= 1;
+        }
+        if (KV && tile) {
+            if (raw)
+                mb_arrive_cp(mp.raw(s));
+            pend_raw |= raw ? 1u : 0u;
+            pend_bare |= raw ? 0u : 1u;
+            if (tid == 0)
+                mb_arrive(mp.full(s)); /* the words written before it */
+            decode_landed();
+            while (__popc(pend_raw | pend_bare) > WS_FP8_PENDING)
+                decode_oldest(true);
+            return;
+        }
         mb_arrive_cp(mp.full(s)); /* once this thread's copies have landed */
         if (tid == 0)
             mb_arrive(mp.full(s)); /* the words written before it */
+        if (KV)
+            decode_landed();
     };
-    RingPos<G::SLOTS> pos;
     uint32_t taken = 0;
     auto take = [&]() {
-        if (taken >= (uint32_t)G::SLOTS)
-            mb_wait(mp.empty(pos.s), pos.ph ^ 1);
+        if (taken >= (uint32_t)G::SLOTS) {
+            if (KV) /* the consumers may wait for a tile still to decode */
+                while (!mb_try(mp.empty(pos.s), pos.ph ^ 1))
+                    decode_landed();
+            else
+                mb_wait(mp.empty(pos.s), pos.ph ^ 1);
+        }
         const int s = pos.s;
         taken++;
         pos.step(1);
@@ -485,6 +587,8 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
             if (tid == 0)
                 mp.words(qs)->q.item = WS_END;
             filled(qs);
+            while (pend_raw | pend_bare)
+                decode_oldest(true);
             break;
         }
         ws_item(a, b, it);
@@ -561,13 +665,16 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
                 const uint32_t sk = mp.slot(s);
                 if (tid == 0)
                     ws_tile_words(mp.words(s)->t, x, rng);
-                if (AB == WS_NO_KV) {
-                } else if (h < it.n_heads && a.tma) {
+                const bool copies = AB != WS_NO_KV && h < it.n_heads;
+                if (!copies) { /* a small item of one head leaves its second slot */
+                } else if (KV) {
+                    ws_load_tile_cp8<D>(a, blk, rng, head, sk, tid);
+                } else if (a.tma) {
                     ws_load_tile_tma<D>(a, blk, head, sk, mp.full(s), tid);
-                } else if (h < it.n_heads) { /* a small item of one head leaves its second slot */
+                } else {
                     ws_load_tile_cp<T, D>(a, blk, rng, head, sk, tid);
                 }
-                filled(s);
+                filled(s, true, copies);
             }
             if (t + 2 < n_tiles)
                 fetch_tile(t + 2, x);
@@ -901,7 +1008,7 @@ ws_consume(const FwdArgs &a, const WsItem &it, int n_tiles, uint32_t live0, uint
  * KERN_FWD_AUTO), persistent: grid = at most one block of KCUDA_PAIR_THREADS per SM (dynamic
  * shared memory pair_smem<D>()), each running items until the launch's counter passes
  * ws_items(a) (see the top of the file). AB: WS_FULL; the others only in ablate.sh's builds. */
-template <typename T, int D, WsAblate AB = WS_FULL>
+template <typename T, int D, WsAblate AB = WS_FULL, int KV = 0>
 __global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const __grid_constant__ FwdArgs a)
 {
     extern __shared__ __align__(1024) uint8_t smem[];
@@ -914,6 +1021,7 @@ __global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const __grid_c
         if (threadIdx.x < G::SLOTS) {
             mb_init(mp.full(threadIdx.x), KCUDA_THREADS + 1);
             mb_init(mp.empty(threadIdx.x), 2 * KCUDA_THREADS);
+            mb_init(mp.raw(threadIdx.x), KCUDA_THREADS);
         }
         __syncthreads(); /* the barriers exist before anyone arrives */
         dep_wait();      /* every global access after it (the work counter's too) */
@@ -922,7 +1030,7 @@ __global__ void __launch_bounds__(KCUDA_PAIR_THREADS, 1) fwd_pair(const __grid_c
         const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x / KCUDA_THREADS), 0);
         if (wg == 0) {
             ws_regs_producer();
-            ws_produce<T, D, AB>(a, mp);
+            ws_produce<T, D, AB, KV>(a, mp);
             return;
         }
         ws_regs_consumer();

@@ -70,7 +70,9 @@ struct FwdArgs {
     uint32_t n_ctas;
     uint32_t n_big; /* the device plan's CTAs of more than KCUDA_SMALL_M rows, first in ctas */
     uint32_t q_heads, kv_heads, group;
-    float scale, softcap;
+    float scale;   /* the model's softmax scale, times kv_scale where the pool is fp8 */
+    float v_scale; /* what O is multiplied by: kv_scale where the pool is fp8, else 1 */
+    float softcap;
     uint32_t merge_inside; /* 1: the last CTA of a split token merges (KERN_MERGE_INSIDE) */
 };
 
@@ -93,6 +95,11 @@ struct FwdVariant {
     int smem;             /* dynamic shared memory: the largest shape's */
     const void *pair_fn;  /* fwd_pair (CTAs up to KCUDA_BIG_M rows); NULL where not sm_90a */
     int pair_smem;
+    /* over an fp8 pool, [0] e4m3 and [1] e5m2 (the same shared memory as their 16-bit twins):
+     * fwd_layer with wgmma where it wins (wg_fn's twin; NULL where the code that runs is below
+     * sm_89, which has no fp8 conversions) and fwd_pair (NULL where pair_fn is) */
+    const void *wg8_fn[2];
+    const void *pair8_fn[2];
     bool dep; /* the kernels run sm_90 code: each waits for the kernel before it (griddepcontrol)
                  before its first global access, so it may be launched as its dependent */
 };
@@ -204,6 +211,7 @@ struct Cuda {
     bool tma;             /* fwd_pair loads KV by TMA (KERN_FWD_AUTO, the map encoded) */
     uint32_t max_m;       /* rows a plan's CTA may have: KCUDA_BIG_M with fwd.pair_fn, else 64 */
     int dt;               /* 0 fp16, 1 bf16 */
+    int kv8;              /* the pool's fp8 format (KERN_FP8_E4M3 or _E5M2), 0: the dtype's */
     uint32_t n_sms;       /* fwd_pair's blocks at most: one per SM (or kern_config_t's cap) */
     bool pdl;             /* forwards launched as programmatic dependents (fwd.dep, not
                              kern_config_t.serial_launch) */

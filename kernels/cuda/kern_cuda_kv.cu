@@ -1,9 +1,11 @@
 /*
  * kern_cuda_kv.cu — KV memory of the cuda backend: the append of a step's new K and V into their
- * pool slots (one kernel per layer, 16-byte copies, NaN and infinity stored as 0) and the
- * copy-on-write block copies. The slot list of a step is checked against the pool and uploaded
+ * pool slots (one kernel per layer, 16-byte copies, NaN and infinity stored as 0; into an fp8
+ * pool each element as its value / kv_scale in fp8, kern_cuda_fp8.cuh) and the copy-on-write
+ * block copies. The slot list of a step is checked against the pool and uploaded
  * once per step (slots_upload), then every layer's append reads it.
  */
+#include "kern_cuda_fp8.cuh"
 #include "kern_cuda_int.h"
 #include "kern_cuda_ptx.cuh"
 
@@ -36,19 +38,67 @@ __global__ void append_kernel(const T *__restrict__ k, const T *__restrict__ v,
     }
 }
 
+/* The same into an fp8 pool (KV: its format): eight elements of T in, eight bytes out, each
+ * value / ks (IEEE division, as the cpu backend's) rounded to nearest even and saturated; NaN and
+ * infinity stored as 0. */
+template <typename T, int D, int KV>
+__global__ void
+append8_kernel(const T *__restrict__ k, const T *__restrict__ v, const uint32_t *__restrict__ slots,
+               uint32_t n, uint8_t *__restrict__ kv, uint32_t kv_heads, kern_layout_t lo, float ks)
+{
+    constexpr uint32_t CPR = D / 8;
+    dep_launch_dependents();
+    const uint64_t total = (uint64_t)n * kv_heads * CPR;
+    auto enc = [ks](uint4 x) {
+        const T *e = reinterpret_cast<const T *>(&x);
+        uint32_t w[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float f[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float x = (float)e[4 * i + j];
+                f[j] = isfinite(x) ? __fdiv_rn(x, ks) : 0.0f;
+            }
+            w[i] = (uint32_t)fp8x2_from<KV>(f[0], f[1]) | (uint32_t)fp8x2_from<KV>(f[2], f[3])
+                                                              << 16;
+        }
+        return make_uint2(w[0], w[1]);
+    };
+    for (uint64_t e = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; e < total;
+         e += (uint64_t)gridDim.x * blockDim.x) {
+        const uint32_t ch = e % CPR, h = (e / CPR) % kv_heads, i = e / ((uint64_t)CPR * kv_heads);
+        const uint32_t slot = slots[i], blk = slot / KERN_BLOCK_SIZE, off = slot % KERN_BLOCK_SIZE;
+        uint8_t *dk = kv + kern_layout_at(&lo, 0, blk, 0, h, off) + ch * 8;
+        uint8_t *dv = kv + kern_layout_at(&lo, 0, blk, 1, h, off) + ch * 8;
+        const uint64_t src = ((uint64_t)i * kv_heads + h) * D + ch * 8;
+        *reinterpret_cast<uint2 *>(dk) = enc(*reinterpret_cast<const uint4 *>(k + src));
+        *reinterpret_cast<uint2 *>(dv) = enc(*reinterpret_cast<const uint4 *>(v + src));
+    }
+}
+
 template <typename T, int D>
 int append_launch(Cuda *c, cudaStream_t st, const uint32_t *slot_dev, uint32_t layer, const void *k,
                   const void *v, uint32_t n)
 {
     const kern_model_t &m = c->base.cfg.model;
-    T *kv = static_cast<T *>(c->pool) + kern_layout_at(&c->base.layout, layer, 0, 0, 0, 0);
+    const kern_layout_t &lo = c->base.layout;
     const uint64_t total = (uint64_t)n * m.kv_heads * (D / 8);
     const uint32_t threads = 256;
     const uint64_t want = (total + threads - 1) / threads;
     const uint32_t blocks = (uint32_t)(want < 4096 ? want : 4096);
-    append_kernel<T, D><<<blocks, threads, 0, st>>>(static_cast<const T *>(k),
-                                                    static_cast<const T *>(v), slot_dev, n, kv,
-                                                    m.kv_heads, c->base.layout);
+    const T *kt = static_cast<const T *>(k), *vt = static_cast<const T *>(v);
+    uint8_t *kv8 =
+        static_cast<uint8_t *>(c->pool) + kern_layout_at(&lo, layer, 0, 0, 0, 0) * lo.elt;
+    if (c->kv8 == KERN_FP8_E4M3)
+        append8_kernel<T, D, KERN_FP8_E4M3><<<blocks, threads, 0, st>>>(
+            kt, vt, slot_dev, n, kv8, m.kv_heads, lo, kern_kv_scale(&m));
+    else if (c->kv8 == KERN_FP8_E5M2)
+        append8_kernel<T, D, KERN_FP8_E5M2><<<blocks, threads, 0, st>>>(
+            kt, vt, slot_dev, n, kv8, m.kv_heads, lo, kern_kv_scale(&m));
+    else
+        append_kernel<T, D><<<blocks, threads, 0, st>>>(kt, vt, slot_dev, n,
+                                                        reinterpret_cast<T *>(kv8), m.kv_heads, lo);
     KC_TRY(cudaGetLastError(), "append launch");
     return 0;
 }

@@ -43,6 +43,9 @@
  *
  * Output: a table on stdout; --json FILE writes one JSON object per row (tests/bench/bench_sdpa.py
  * adds PyTorch SDPA on dense per-query KV; tests/bench/compare_pat.py puts PAT's run beside it).
+ * --kv fp8_e4m3|fp8_e5m2: instead of the modes above, the default forward over an fp16 pool beside
+ * the same over an fp8 pool (plans auto and query; and auto on KERN_FWD_LAYER, the 4-warp
+ * kernels), with each pool's floor (run_config_kv8).
  * --quick: 4 trees, one head config; --trees / --heads pick cases: --trees takes B_L specs and
  * the sets paper (the PAT paper's 20 trees, the default), own (kOwnTrees: ten shapes of our own)
  * and all, separated by ';'; every spec is checked before anything runs.
@@ -293,7 +296,7 @@ static uint64_t distinct_tokens(const Tree &t)
 /* ------------------------------------------------------------------ one configuration */
 
 static sched_t *make_sched(const tl_world_t *w, uint32_t qh, uint32_t kvh, sched_policy_t pol,
-                           const sched_tiles_t *tiles)
+                           const sched_tiles_t *tiles, uint32_t kv_elt = 2)
 {
     sched_config_t sc = {};
     sc.max_queries = w->n_q;
@@ -302,7 +305,8 @@ static sched_t *make_sched(const tl_world_t *w, uint32_t qh, uint32_t kvh, sched
     sc.q_heads = qh;
     sc.kv_heads = kvh;
     sc.head_dim = D;
-    sc.kv_elt_bytes = 2;
+    sc.kv_elt_bytes = kv_elt;
+    sc.q_elt_bytes = 2;
     sc.policy = pol;
     sc.tiles = tiles;
     sc.split_min_kv = 256; /* the daemon's setting */
@@ -619,10 +623,112 @@ static void run_config(const char *spec, const Tree &t, uint32_t qh, uint32_t kv
     tl_world_free(&w);
 }
 
+/* --kv FMT: the default forward over an fp16 pool and over an fp8 pool of format kv8 (factor 1:
+ * the random K and V are in [-1, 1)), each on the plan auto makes with its own KV element size, the
+ * same batch and Q. Floors: distinct KV bytes of each pool / measured bandwidth (and the FLOPs'
+ * floor); the fp8 output's relative error against the fp16 pool's. */
+static void run_config_kv8(const char *spec, const Tree &t, uint32_t qh, uint32_t kvh,
+                           const Floors &f, kern_dtype_t kv8, FILE *js)
+{
+    tl_world_t w;
+    build(&w, t);
+    kern_config_t kc = {};
+    kc.model = {1, qh, kvh, D, BS, KERN_F16, KERN_F16, 0.f};
+    kc.n_blocks = w.next_block;
+    kc.max_tokens = 16384;
+    kc.max_partials = 64 * w.n_tokens;
+    kern_backend_t *b16, *b8, *b8l;
+    REQ(kern_backend_create("cuda", &kc, &b16));
+    kc.model.kv_dtype = kv8;
+    REQ(kern_backend_create("cuda", &kc, &b8));
+    kc.fwd = KERN_FWD_LAYER;
+    REQ(kern_backend_create("cuda", &kc, &b8l));
+    sched_tiles_t tiles16, tiles8, tiles8l;
+    kern_tiles(b16, &tiles16);
+    kern_tiles(b8, &tiles8);
+    kern_tiles(b8l, &tiles8l);
+    const uint64_t chunk_elems = (uint64_t)kc.max_tokens * kvh * D;
+    __half *dk, *dv, *dq, *dout;
+    CK(cudaMalloc(&dk, chunk_elems * 2));
+    CK(cudaMalloc(&dv, chunk_elems * 2));
+    fill_kernel<<<1024, 256>>>(dk, chunk_elems, 11);
+    fill_kernel<<<1024, 256>>>(dv, chunk_elems, 12);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    for (kern_backend_t *be : {b16, b8, b8l}) {
+        std::vector<uint32_t> slots(kc.max_tokens);
+        const uint64_t n_slots = (uint64_t)w.next_block * BS;
+        for (uint64_t s0 = 0; s0 < n_slots; s0 += kc.max_tokens) {
+            uint32_t n = (uint32_t)std::min<uint64_t>(kc.max_tokens, n_slots - s0);
+            for (uint32_t i = 0; i < n; i++)
+                slots[i] = (uint32_t)(s0 + i);
+            REQ(kern_append_kv(be, 0, dk, dv, slots.data(), n));
+        }
+        REQ(kern_sync(be));
+    }
+    const uint64_t qo_elems = (uint64_t)w.n_tokens * qh * D;
+    CK(cudaMalloc(&dq, qo_elems * 2));
+    CK(cudaMalloc(&dout, qo_elems * 2));
+    fill_kernel<<<1024, 256>>>(dq, qo_elems, 13);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    kern_attn_params_t p = {1.0f / sqrtf((float)D), 0};
+    sched_t *s16 = make_sched(&w, qh, kvh, SCHED_POLICY_AUTO, &tiles16, 2);
+    sched_t *s8 = make_sched(&w, qh, kvh, SCHED_POLICY_AUTO, &tiles8, 1);
+    sched_t *s8q = make_sched(&w, qh, kvh, SCHED_POLICY_QUERY, &tiles8, 1);
+    sched_t *s8l = make_sched(&w, qh, kvh, SCHED_POLICY_AUTO, &tiles8l, 1);
+    const sched_plan_hdr_t *h16, *h8, *h8q, *h8l;
+    REQ(sched_build(s8l, &h8l));
+    REQ(sched_build(s16, &h16));
+    REQ(sched_build(s8, &h8));
+    REQ(sched_build(s8q, &h8q));
+    const double us16 = time_plan(b16, h16, dq, dout, &p);
+    std::vector<__half> o16(qo_elems), o8(qo_elems);
+    CK(cudaMemcpy(o16.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
+    const double us8 = time_plan(b8, h8, dq, dout, &p);
+    CK(cudaMemcpy(o8.data(), dout, qo_elems * 2, cudaMemcpyDeviceToHost));
+    const double us8q = time_plan(b8, h8q, dq, dout, &p);
+    const double us8l = time_plan(b8l, h8l, dq, dout, &p);
+    const double err = rel_err_f16(o8, o16);
+    const uint64_t dtok = distinct_tokens(t);
+    const double bytes16 = (double)dtok * kvh * D * 2 * 2, bytes8 = bytes16 / 2;
+    double flops = 0;
+    for (uint32_t i = 0; i < w.n_q; i++)
+        flops += 4.0 * qh * w.q[i].kv_len * D;
+    const double ftc = flops / f.tc * 1e6;
+    const double fl16 = std::max(bytes16 / f.bw * 1e6, ftc),
+                 fl8 = std::max(bytes8 / f.bw * 1e6, ftc);
+    printf("%-46s %2u/%-2u %4u %8.1f %8.1f %8.1f %8.1f %7.1f %7.1f %5.2fx %5.2fx %5.2fx %.1e\n",
+           spec, qh, kvh, w.n_q, us16, us8, us8q, us8l, fl16, fl8, us8 / fl8, us16 / fl16,
+           us16 / us8, err);
+    if (js)
+        fprintf(js,
+                "{\"tree\":\"%s\",\"q_heads\":%u,\"kv_heads\":%u,\"queries\":%u,\"kv\":\"%s\","
+                "\"f16_us\":%.2f,\"fp8_us\":%.2f,\"fp8_qc_us\":%.2f,\"fp8_layer_us\":%.2f,"
+                "\"floor16_us\":%.2f,"
+                "\"floor8_us\":%.2f,\"floor8_bw_us\":%.2f,\"floor_tc_us\":%.2f,"
+                "\"fp8_vs_f16_rel_err\":%.2e,\"read_bw\":%.0f,\"set\":\"%s\"}\n",
+                spec, qh, kvh, w.n_q, kv8 == KERN_FP8_E4M3 ? "fp8_e4m3" : "fp8_e5m2", us16, us8,
+                us8q, us8l, fl16, fl8, bytes8 / f.bw * 1e6, ftc, err, f.bw, tree_set(spec));
+    sched_free(s16);
+    sched_free(s8);
+    sched_free(s8q);
+    sched_free(s8l);
+    kern_backend_free(b8l);
+    CK(cudaFree(dk));
+    CK(cudaFree(dv));
+    CK(cudaFree(dq));
+    CK(cudaFree(dout));
+    kern_backend_free(b16);
+    kern_backend_free(b8);
+    tl_world_free(&w);
+}
+
 int main(int argc, char **argv)
 {
     bool quick = false;
     FILE *js = nullptr;
+    kern_dtype_t kv8 = (kern_dtype_t)0; /* --kv: the fp8 comparison only */
     std::vector<std::string> trees(kTrees, kTrees + sizeof(kTrees) / sizeof(kTrees[0]));
     std::vector<std::pair<uint32_t, uint32_t>> heads;
     for (const auto &h : kHeads)
@@ -630,6 +736,17 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) {
             quick = true;
+        } else if (!strcmp(argv[i], "--kv") && i + 1 < argc) {
+            ++i;
+            if (!strcmp(argv[i], "fp8_e4m3"))
+                kv8 = KERN_FP8_E4M3;
+            else if (!strcmp(argv[i], "fp8_e5m2"))
+                kv8 = KERN_FP8_E5M2;
+            else {
+                fprintf(stderr, "bench_attn: --kv takes fp8_e4m3 or fp8_e5m2 (got '%s')\n",
+                        argv[i]);
+                return 2;
+            }
         } else if (!strcmp(argv[i], "--json") && i + 1 < argc) {
             js = fopen(argv[++i], "w");
             if (!js) {
@@ -666,7 +783,7 @@ int main(int argc, char **argv)
             }
         } else {
             fprintf(stderr, "usage: bench_attn [--quick] [--trees 'B_L;B_L;paper;own;all'] "
-                            "[--heads 32/8,...] [--json FILE]\n");
+                            "[--heads 32/8,...] [--kv fp8_e4m3|fp8_e5m2] [--json FILE]\n");
             return 2;
         }
     }
@@ -697,6 +814,17 @@ int main(int argc, char **argv)
     printf("device: %s, %d SMs; measured read bandwidth %.0f GB/s, fp16 tensor-core rate %.0f "
            "TFLOP/s\n",
            prop.name, prop.multiProcessorCount, f.bw / 1e9, f.tc / 1e12);
+    if (kv8) {
+        printf("%-46s %-5s %4s %8s %8s %8s %8s %7s %7s %6s %6s %6s %s\n", "tree", "heads", "q",
+               "f16_us", "fp8_us", "fp8qc_us", "fp8l_us", "floor16", "floor8", "8xflr", "16xflr",
+               "16/8", "fp8~f16");
+        for (const auto &h : heads)
+            for (size_t i = 0; i < trees.size(); i++)
+                run_config_kv8(trees[i].c_str(), parsed[i], h.first, h.second, f, kv8, js);
+        if (js)
+            fclose(js);
+        return 0;
+    }
     printf("%-46s %-5s %4s %6s %8s %8s %8s %8s %7s %5s %6s %6s %5s %6s %7s %6s %6s %7s %s %s "
            "%7s %s %7s\n",
            "tree", "heads", "q", "kv", "pat_us", "qc_us", "fixed_us", "nomrg_us", "floor", "xflr",

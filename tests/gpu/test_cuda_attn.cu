@@ -56,14 +56,28 @@ struct Model {
     uint32_t q_heads, kv_heads, d;
     kern_dtype_t dt;
     float softcap;
+    kern_dtype_t kv = (kern_dtype_t)0; /* the pool's: 0 = dt, or fp8 */
+    float ks = 0.f;                    /* fp8: kv_scale (0 = 1) */
 };
 
-/* rounds through the dtype, as the pool stores it */
+/* rounds through the dtype */
 static double rt(kern_dtype_t dt, double v)
 {
     uint8_t buf[4];
     kern_store(dt, buf, 0, (float)v);
     return kern_load(dt, buf, 0);
+}
+/* a K or V value as the pool holds it: the client's dtype, then for an fp8 pool value / kv_scale
+ * in fp8, read back times kv_scale (kern.h) */
+static double rt_kv(const Model &m, double v)
+{
+    const double x = rt(m.dt, v);
+    if (!m.kv || m.kv == m.dt)
+        return x;
+    const float ks = m.ks > 0.f ? m.ks : 1.f;
+    uint8_t b[4]; /* kern_load's widest element */
+    kern_store(m.kv, b, 0, (float)x / ks);
+    return (double)(kern_load(m.kv, b, 0) * ks);
 }
 
 struct Rig {
@@ -192,7 +206,7 @@ static void rig_init(Rig &g, tl_rng_t *r, const Model &mc, sched_policy_t pol, u
 {
     g.mc = mc;
     kern_config_t kc = {};
-    kc.model = {2, mc.q_heads, mc.kv_heads, mc.d, BS, mc.dt, mc.dt, 0.f};
+    kc.model = {2, mc.q_heads, mc.kv_heads, mc.d, BS, mc.dt, mc.kv ? mc.kv : mc.dt, mc.ks};
     kc.n_blocks = g.w.next_block;
     kc.max_tokens = g.w.n_tokens > 256 ? g.w.n_tokens : 256;
     g.max_tokens = kc.max_tokens;
@@ -214,7 +228,8 @@ static void rig_init(Rig &g, tl_rng_t *r, const Model &mc, sched_policy_t pol, u
     sc.q_heads = mc.q_heads;
     sc.kv_heads = mc.kv_heads;
     sc.head_dim = mc.d;
-    sc.kv_elt_bytes = 2;
+    sc.kv_elt_bytes = kern_dtype_size(kern_kv_dtype(&kc.model));
+    sc.q_elt_bytes = kern_dtype_size(mc.dt);
     sc.policy = pol;
     sc.tiles = &tiles;
     sc.split_min_kv = split_min;
@@ -322,8 +337,8 @@ static double vs_fp64(const Rig &g, tl_rng_t *r, uint32_t max_q)
             for (uint32_t t = 0; t < q->kv_len; t++)
                 for (uint32_t x = 0; x < d; x++) {
                     uint32_t blk = q->blocks[t / BS], off = t % BS;
-                    K[(uint64_t)t * d + x] = rt(m.dt, tl_kv_value(g.seed, blk, off, h, x, 0));
-                    V[(uint64_t)t * d + x] = rt(m.dt, tl_kv_value(g.seed, blk, off, h, x, 1));
+                    K[(uint64_t)t * d + x] = rt_kv(m, tl_kv_value(g.seed, blk, off, h, x, 0));
+                    V[(uint64_t)t * d + x] = rt_kv(m, tl_kv_value(g.seed, blk, off, h, x, 1));
                 }
             for (uint32_t k = 0; k < q->n_new; k++) {
                 uint32_t tk = q->tok_off + k, limit = q->kv_len - q->n_new + k + 1;
@@ -827,6 +842,251 @@ static void test_nonfinite_kv()
     }
 }
 
+/* ---------------------------------------------------------------- fp8 KV (kern_model_t.kv_dtype)
+ */
+
+/* whether this GPU runs the fp8 kernels: the code that runs is sm_89 or up */
+static bool fp8_runs()
+{
+    kern_config_t kc = {};
+    kc.model = {1, 8, 1, 128, BS, KERN_F16, KERN_FP8_E4M3, 0.f};
+    kc.n_blocks = 4;
+    kc.max_tokens = 4;
+    kern_backend_t *b;
+    const int rc = kern_backend_create("cuda", &kc, &b);
+    if (rc == 0)
+        kern_backend_free(b);
+    return rc == 0;
+}
+
+static const char *fp8_name(kern_dtype_t kv)
+{
+    return kv == KERN_FP8_E4M3 ? "e4m3" : "e5m2";
+}
+
+/* fp8 models: fwd_pair serves them (head_dim <= 128, sm_90a); both formats, both dtypes, GQA,
+ * softcap, factors from 1 to 1/128 and one not a power of two */
+static const Model fp8_models[] = {
+    {32, 8, 128, KERN_BF16, 0, KERN_FP8_E4M3, 0.f},   /* Llama-3-8B heads */
+    {8, 8, 64, KERN_F16, 0, KERN_FP8_E4M3, 0.125f},   /* MHA */
+    {12, 4, 128, KERN_F16, 30, KERN_FP8_E5M2, 0.37f}, /* group 3, softcap */
+    {10, 2, 64, KERN_BF16, 0, KERN_FP8_E5M2, 0.0078125f},
+    {32, 4, 64, KERN_F16, 0, KERN_FP8_E4M3, 0.37f},  /* group 8 */
+    {32, 32, 128, KERN_BF16, 0, KERN_FP8_E5M2, 1.f}, /* MHA 32 heads */
+    {64, 8, 128, KERN_F16, 0, KERN_FP8_E4M3, 0.0078125f},
+    {16, 2, 128, KERN_BF16, 20, KERN_FP8_E4M3, 0.25f}, /* group 8, softcap */
+    {16, 1, 256, KERN_BF16, 0, KERN_FP8_E4M3, 0.125f}, /* d256: the 4-warp kernels */
+    {14, 2, 256, KERN_F16, 50, KERN_FP8_E5M2, 0.37f},  /* d256, group 7, softcap */
+};
+static const int n_fp8_models = sizeof(fp8_models) / sizeof(fp8_models[0]);
+
+/* An fp8 pool's bytes as the append writes them equal the cpu backend's rule (value / kv_scale,
+ * nearest even, saturated; NaN and infinity as 0; kern_store of pat_fp8.h), element by element:
+ * values around every code's midpoint (ties), past the largest finite, subnormal, non-finite. */
+static void test_fp8_append_bytes()
+{
+    tl_rng_t r;
+    tl_rng_seed(&r, 4040);
+    for (int f = 0; f < 2; f++)
+        for (int dt = 0; dt < 2; dt++) {
+            const kern_dtype_t kv = f ? KERN_FP8_E5M2 : KERN_FP8_E4M3,
+                               md = dt ? KERN_BF16 : KERN_F16;
+            const float ks = f ? 0.37f : 0.0625f;
+            kern_config_t kc = {};
+            kc.model = {2, 4, 2, 128, BS, md, kv, ks};
+            kc.n_blocks = 64;
+            kc.max_tokens = 512;
+            kern_backend_t *b;
+            int rc = kern_backend_create("cuda", &kc, &b);
+            if (rc == -ENOTSUP) {
+                verdict("fp8 append: no sm_90a kernel here, refused with -ENOTSUP", true);
+                return;
+            }
+            REQ(rc);
+            const uint32_t n = 512, row = 2 * 128;
+            std::vector<uint8_t> kb((size_t)n * row * 2), vb((size_t)n * row * 2);
+            std::vector<uint32_t> slots(n);
+            for (uint32_t t = 0; t < n; t++)
+                slots[t] = (t * 7) % (64 * BS); /* scattered, each once */
+            for (uint64_t e = 0; e < (uint64_t)n * row; e++) {
+                /* a code's value (or the midpoint to the next), times ks, nudged or not */
+                const uint8_t code[4] = {(uint8_t)tl_rng_below(&r, 256)};
+                const float c0 = kern_load(kv, code, 0);
+                const uint8_t nx[4] = {(uint8_t)(code[0] + 1)};
+                const float c1 = kern_load(kv, nx, 0);
+                float x = isfinite(c0) ? c0 : 1e6f;
+                if (isfinite(c1) && tl_rng_below(&r, 2))
+                    x = (c0 + c1) / 2; /* a tie (exact in fp32) */
+                x *= ks;
+                const uint32_t k = tl_rng_below(&r, 40);
+                const float y = k == 0   ? NAN
+                                : k == 1 ? INFINITY
+                                : k == 2 ? -1e30f
+                                : k == 3 ? 1e-30f
+                                         : x;
+                kern_store(md, kb.data(), e, y);
+                kern_store(md, vb.data(), e, k == 4 ? -y : y * 0.5f);
+            }
+            void *dk, *dv;
+            CK(cudaMalloc(&dk, kb.size()));
+            CK(cudaMalloc(&dv, vb.size()));
+            h2d(dk, kb.data(), kb.size());
+            h2d(dv, vb.data(), vb.size());
+            REQ(kern_append_kv(b, 1, dk, dv, slots.data(), n));
+            REQ(kern_sync(b));
+            uint64_t block_elems;
+            const uint8_t *pool = (const uint8_t *)kern_cuda_pool(b, 1, &block_elems);
+            const kern_layout_t lo = kern_layout(&kc.model, kc.n_blocks);
+            std::vector<uint8_t> got(block_elems * kc.n_blocks);
+            CK(cudaMemcpy(got.data(), pool, got.size(), cudaMemcpyDeviceToHost));
+            uint64_t bad = 0, sat = 0;
+            for (uint32_t t = 0; t < n; t++)
+                for (uint32_t h = 0; h < 2; h++)
+                    for (uint32_t x = 0; x < 128; x++)
+                        for (int isv = 0; isv < 2; isv++) {
+                            const uint64_t e = ((uint64_t)t * 2 + h) * 128 + x;
+                            const float in = kern_load(md, isv ? vb.data() : kb.data(), e);
+                            uint8_t w4[4];
+                            kern_store(kv, w4, 0, isfinite(in) ? in / ks : 0.0f);
+                            const uint8_t want = w4[0];
+                            const uint8_t have =
+                                got[kern_layout_at(&lo, 0, slots[t] / BS, (uint32_t)isv, h,
+                                                   slots[t] % BS) +
+                                    x];
+                            bad += have != want;
+                            sat += (want & 0x7f) == (kv == KERN_FP8_E4M3 ? 0x7e : 0x7b);
+                        }
+            char name[120];
+            snprintf(name, sizeof(name), "fp8 append %s under %s, factor %g: %u tokens x 2 heads",
+                     fp8_name(kv), dt ? "bf16" : "f16", ks, n);
+            verdict(name, bad == 0 && sat > 0, " %.0f bytes differ from the cpu's rule",
+                    (double)bad);
+            CK(cudaFree(dk));
+            CK(cudaFree(dv));
+            kern_backend_free(b);
+        }
+}
+
+/* Every finite fp8 code decoded by the forward exactly: one new token per query over a KV of one
+ * token whose K is 0 (so p = 1 and O = V x kv_scale), V holding the codes (two KV heads, two
+ * queries: all 256 over the pair, the first query's heads reversed in the second) */
+static void test_fp8_codes()
+{
+    tl_rng_t r;
+    tl_rng_seed(&r, 4141);
+    for (int f = 0; f < 2; f++)
+        for (int dt = 0; dt < 2; dt++)
+            for (int si = 0; si < 2; si++) {
+                const kern_dtype_t kv = f ? KERN_FP8_E5M2 : KERN_FP8_E4M3;
+                const Model mc = {2, 2, 128, dt ? KERN_BF16 : KERN_F16, 0, kv, si ? 0.5f : 0.f};
+                const float ks = si ? 0.5f : 1.f;
+                Rig g;
+                flat_world(
+                    &g.w, 2, [](uint32_t) { return 1u; }, [](uint32_t) { return 1u; });
+                rig_init(g, &r, mc, SCHED_POLICY_AUTO, 0);
+                /* token i, head h, element x: code (h ^ i) * 128 + x */
+                std::vector<uint8_t> kb(2 * 256 * 2, 0), vb(2 * 256 * 2);
+                std::vector<float> want(2 * 256);
+                std::vector<uint32_t> slots(2);
+                for (uint32_t i = 0; i < 2; i++) {
+                    slots[i] = g.w.q[i].blocks[0] * BS;
+                    for (uint32_t h = 0; h < 2; h++)
+                        for (uint32_t x = 0; x < 128; x++) {
+                            const uint8_t code[4] = {(uint8_t)((h ^ i) * 128 + x)};
+                            float c = kern_load(kv, code, 0);
+                            c = isfinite(c) ? c : 0.f;
+                            kern_store(mc.dt, vb.data(), (i * 2 + h) * 128 + x, c * ks);
+                            kern_store(mc.dt, kb.data(), (i * 2 + h) * 128 + x, 0.f);
+                            want[(i * 2 + h) * 128 + x] = c * ks;
+                        }
+                }
+                void *dk, *dv;
+                CK(cudaMalloc(&dk, kb.size()));
+                CK(cudaMalloc(&dv, vb.size()));
+                h2d(dk, kb.data(), kb.size());
+                h2d(dv, vb.data(), vb.size());
+                REQ(kern_append_kv(g.cpu, 1, kb.data(), vb.data(), slots.data(), 2));
+                REQ(kern_append_kv(g.gpu, 1, dk, dv, slots.data(), 2));
+                REQ(kern_sync(g.gpu));
+                CK(cudaFree(dk));
+                CK(cudaFree(dv));
+                run(g);
+                uint32_t bad = 0, bad_cpu = 0;
+                for (uint32_t i = 0; i < 2; i++)
+                    for (uint32_t e = 0; e < 256; e++) {
+                        const uint64_t o = (uint64_t)g.w.q[i].tok_off * 256 + e;
+                        bad += kern_load(mc.dt, g.o_gpu.data(), o) != want[i * 256 + e];
+                        bad_cpu += kern_load(mc.dt, g.o_cpu.data(), o) != want[i * 256 + e];
+                    }
+                char name[120];
+                snprintf(name, sizeof(name),
+                         "fp8 %s under %s, factor %g: all 256 codes decoded exactly", fp8_name(kv),
+                         dt ? "bf16" : "f16", ks);
+                verdict(name, bad == 0 && bad_cpu == 0, " %.0f outputs differ", (double)bad);
+                rig_done(g);
+            }
+}
+
+/* Random forests over an fp8 pool on every policy: the GPU against the cpu backend (both read the
+ * same fp8 values) and against float64 over the pool's values (rt_kv) */
+static void test_fp8_random(int rounds, uint64_t seed, kern_fwd_t fwd = KERN_FWD_AUTO)
+{
+    tl_rng_t r;
+    tl_rng_seed(&r, seed);
+    static const sched_policy_t all[] = {SCHED_POLICY_AUTO, SCHED_POLICY_PAPER, SCHED_POLICY_QUERY,
+                                         SCHED_POLICY_BYTES, SCHED_POLICY_TREE};
+    for (int round = 0; round < rounds; round++) {
+        const Model &mc = fp8_models[round % n_fp8_models];
+        Rig g;
+        gen(&g.w, &r, mc, round % 3 == 2, round % 4 == 1);
+        rig_init(g, &r, mc, all[round % 5], round % 2 ? 64 : 0, nullptr,
+                 round % 4 == 3 ? KERN_MERGE_INSIDE : KERN_MERGE_LAUNCH, fwd);
+        const sched_plan_hdr_t *h = run(g);
+        bool finite;
+        const double ec = vs_cpu(g, &finite), ef = vs_fp64(g, &r, 6);
+        char name[200];
+        snprintf(name, sizeof(name), "fp8%s %2d %s x%g q%u/kv%u d%u %s cap%g: %uq %ug %um",
+                 fwd == KERN_FWD_LAYER ? " layer" : "", round, fp8_name(mc.kv),
+                 mc.ks > 0 ? mc.ks : 1.0, mc.q_heads, mc.kv_heads, mc.d,
+                 mc.dt == KERN_F16 ? "f16" : "bf16", mc.softcap, g.w.n_q, h->n_groups, h->n_merges);
+        printf("  (vs cpu %.2e) ", ec);
+        verdict(name, finite && ec < 1e-2 && ef < 1e-2, " fp64 rel err %.2e", ef);
+        rig_done(g);
+    }
+}
+
+/* The cuda backend serves an fp8 pool with every forward but KERN_FWD_MMA (mma.sync everywhere:
+ * no fp8 twin) and where its code is sm_89 or up; else -ENOTSUP at create, nothing half made */
+static void test_fp8_refused()
+{
+    struct {
+        uint32_t d;
+        kern_fwd_t fwd;
+        bool serves;
+    } c[] = {{256, KERN_FWD_AUTO, true},
+             {128, KERN_FWD_LAYER, true},
+             {128, KERN_FWD_MMA, false},
+             {128, KERN_FWD_TMA, true},
+             {64, KERN_FWD_AUTO, true}};
+    const bool pair = fp8_runs();
+    for (const auto &x : c) {
+        kern_config_t kc = {};
+        kc.model = {1, 8, 2, x.d, BS, KERN_F16, KERN_FP8_E4M3, 0.f};
+        kc.n_blocks = 8;
+        kc.max_tokens = 16;
+        kc.fwd = x.fwd;
+        kern_backend_t *b = nullptr;
+        const int rc = kern_backend_create("cuda", &kc, &b);
+        if (rc == 0)
+            kern_backend_free(b);
+        const bool want = x.serves && pair;
+        char name[120];
+        snprintf(name, sizeof(name), "fp8 pool, d%u fwd %d: %s", x.d, (int)x.fwd,
+                 want ? "served" : "refused with -ENOTSUP");
+        verdict(name, want ? rc == 0 : rc == -ENOTSUP, " rc %g", (double)rc);
+    }
+}
+
 /* The test's stand-in for a slow append: lets its dependents start at once, spins `spin` clock
  * cycles, then stores n rows of K and V (row t: kv_heads x d elements) into their pool slots, in
  * kern_cuda_kv.cu's layout. One block. */
@@ -1134,6 +1394,12 @@ int main(int argc, char **argv)
         test_tree();
     } else if (argc > 1 && strcmp(argv[1], "--dep") == 0) { /* one test */
         test_dependent_launch();
+    } else if (argc > 1 && strcmp(argv[1], "--fp8") == 0) { /* the fp8 tests alone */
+        test_fp8_refused();
+        test_fp8_append_bytes();
+        test_fp8_codes();
+        test_fp8_random(30, tl_test_seed(0xf8f8));
+        test_fp8_random(10, tl_test_seed(0xf8f9), KERN_FWD_LAYER);
     } else if (quick) {
         test_random(4, 11);
         test_random(4, 12, KERN_FWD_MMA);
@@ -1146,6 +1412,13 @@ int main(int argc, char **argv)
         test_nonfinite_kv();
         test_dependent_launch();
         test_copy_and_errors();
+        test_fp8_refused();
+        if (fp8_runs()) {
+            test_fp8_append_bytes();
+            test_fp8_codes();
+            test_fp8_random(10, 15);
+            test_fp8_random(4, 17, KERN_FWD_LAYER);
+        }
     } else {
         test_tiles();
         test_random(40, tl_test_seed(0xcafe));
@@ -1161,6 +1434,13 @@ int main(int argc, char **argv)
         test_nonfinite_kv();
         test_dependent_launch();
         test_copy_and_errors();
+        test_fp8_refused();
+        if (fp8_runs()) {
+            test_fp8_append_bytes();
+            test_fp8_codes();
+            test_fp8_random(30, tl_test_seed(0xf8f8));
+            test_fp8_random(10, tl_test_seed(0xf8f9), KERN_FWD_LAYER);
+        }
     }
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
