@@ -14,8 +14,9 @@
  * Supported set (closed, checked by kern_supported before anything runs, -ENOTSUP otherwise):
  * head_dim one of KERN_HEAD_DIMS (64, 128, 256); q_heads / kv_heads (the GQA group) 1..16;
  * block_size 16; dtype fp16, bf16 or fp32; kv_dtype the dtype or, under fp16 or bf16, fp8 e4m3 or
- * e5m2 (the cpu backend's only, so far; cuda refuses it). Every call returns 0 or a negative errno;
- * nothing aborts, nothing allocates after create.
+ * e5m2 (cuda: where its kernels run sm_89 code or newer, any forward but KERN_FWD_MMA; else
+ * -ENOTSUP at create). Every call returns 0 or a negative errno; nothing aborts, nothing allocates
+ * after create.
  */
 #ifndef KERN_H
 #define KERN_H

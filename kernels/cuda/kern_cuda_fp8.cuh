@@ -23,6 +23,13 @@
 
 #include "kern.h"
 
+/* How the forward decodes (a timing experiment's builds set it: nvcc -DKCUDA_FP8_DECODE=n):
+ * 1 as above; 2 fp16 by the bf16 way too (bits placed, times 2^8: no conversion instruction);
+ * 0 not at all (the tiles stay raw bytes: outputs wrong, times only) */
+#ifndef KCUDA_FP8_DECODE
+#define KCUDA_FP8_DECODE 1
+#endif
+
 namespace kcuda
 {
 
@@ -49,7 +56,23 @@ template <typename T, int KV>
 __device__ __forceinline__ void fp8x4_to(uint32_t w, uint32_t &lo, uint32_t &hi)
 {
     static_assert(KV == KERN_FP8_E4M3 || KV == KERN_FP8_E5M2, "an fp8 KV dtype");
-    if constexpr (std::is_same<T, __half>::value) {
+    if constexpr (std::is_same<T, __half>::value && KCUDA_FP8_DECODE == 2) {
+        /* fp16 bits: exponent and mantissa at 7 (e4m3: the value x 2^-8) or 8 (e5m2: exact) */
+        constexpr int SH = KV == KERN_FP8_E4M3 ? 7 : 8;
+        const uint32_t a = __byte_perm(w, 0u, 0x4140u), b = __byte_perm(w, 0u, 0x4342u);
+        const uint32_t ma = ((a & 0x007f007fu) << SH) | ((a & 0x00800080u) << 8);
+        const uint32_t mb = ((b & 0x007f007fu) << SH) | ((b & 0x00800080u) << 8);
+        if constexpr (KV == KERN_FP8_E4M3) {
+            const __half2 up = __halves2half2(__ushort_as_half(0x5c00), __ushort_as_half(0x5c00));
+            const __half2 ra = __hmul2(*reinterpret_cast<const __half2 *>(&ma), up);
+            const __half2 rb = __hmul2(*reinterpret_cast<const __half2 *>(&mb), up);
+            lo = *reinterpret_cast<const uint32_t *>(&ra);
+            hi = *reinterpret_cast<const uint32_t *>(&rb);
+        } else {
+            lo = ma;
+            hi = mb;
+        }
+    } else if constexpr (std::is_same<T, __half>::value) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
         if constexpr (KV == KERN_FP8_E4M3)
             asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\n"
@@ -66,11 +89,11 @@ __device__ __forceinline__ void fp8x4_to(uint32_t w, uint32_t &lo, uint32_t &hi)
         __trap();
 #endif
     } else {
-        constexpr int SH = KV == KERN_FP8_E4M3 ? 4 : 5;       /* mantissa 3 or 2 bits */
-        constexpr uint32_t UP = KV == KERN_FP8_E4M3 ? 0x7b80u /* bf16 2^120 */
+        constexpr int SH = KV == KERN_FP8_E4M3 ? 4 : 5;        /* mantissa 3 or 2 bits */
+        constexpr uint32_t UP = KV == KERN_FP8_E4M3 ? 0x7b80u  /* bf16 2^120 */
                                                     : 0x7780u; /* bf16 2^112 */
-        const uint32_t a = __byte_perm(w, 0u, 0x4140u);         /* bytes 0, 1 in each half */
-        const uint32_t b = __byte_perm(w, 0u, 0x4342u);         /* bytes 2, 3 */
+        const uint32_t a = __byte_perm(w, 0u, 0x4140u);        /* bytes 0, 1 in each half */
+        const uint32_t b = __byte_perm(w, 0u, 0x4342u);        /* bytes 2, 3 */
         const uint32_t ma = ((a & 0x007f007fu) << SH) | ((a & 0x00800080u) << 8);
         const uint32_t mb = ((b & 0x007f007fu) << SH) | ((b & 0x00800080u) << 8);
         const __nv_bfloat162 up = __halves2bfloat162(__ushort_as_bfloat16((unsigned short)UP),

@@ -252,7 +252,7 @@ __device__ __forceinline__ void kv8_decode(uint32_t base, int tid)
     constexpr uint32_t KVB = N * D * 2;
     static_assert(N * (D / 16) % KCUDA_THREADS == 0, "copies divide evenly");
 #pragma unroll
-    for (int h = 0; h < 2; h++) { /* K, then V */
+    for (int h = 0; h < (KCUDA_FP8_DECODE ? 2 : 0); h++) { /* K, then V */
         const uint32_t b = base + h * KVB;
         uint4 x[LPT8];
 #pragma unroll
