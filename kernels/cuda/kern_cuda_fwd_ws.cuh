@@ -503,7 +503,7 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
                 const uint32_t ph = (rph >> s) & 1u;
                 if (block)
                     mb_wait(mp.raw(s), ph);
-                else if (!mb_test(mp.raw(s), ph))
+                else if (!mb_poll<false>(mp.raw(s), ph))
                     return false;
                 rph ^= 1u << s;
                 kv8_decode<T, D, KV, true>(mp.slot(s), tid);
@@ -548,7 +548,7 @@ __device__ __forceinline__ void ws_produce(const FwdArgs &a, const WsMap<D> &mp)
     auto take = [&]() {
         if (taken >= (uint32_t)G::SLOTS) {
             if (KV) /* the consumers may wait for a tile still to decode */
-                while (!mb_try(mp.empty(pos.s), pos.ph ^ 1))
+                while (!mb_poll<true>(mp.empty(pos.s), pos.ph ^ 1))
                     decode_landed();
             else
                 mb_wait(mp.empty(pos.s), pos.ph ^ 1);

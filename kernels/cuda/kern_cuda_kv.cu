@@ -17,6 +17,22 @@
 namespace kcuda
 {
 
+/* Item e of an append (8 elements of one token's K and V for one head): the pool's element
+ * offsets of its K and V (the layer's), and its first element in the clients' K and V */
+template <int D> struct AppendItem {
+    uint64_t dk, dv, src;
+    __device__ __forceinline__ AppendItem(uint64_t e, const uint32_t *slots, uint32_t kv_heads,
+                                          const kern_layout_t &lo)
+    {
+        constexpr uint32_t CPR = D / 8;
+        const uint32_t ch = e % CPR, h = (e / CPR) % kv_heads, i = e / ((uint64_t)CPR * kv_heads);
+        const uint32_t slot = slots[i], blk = slot / KERN_BLOCK_SIZE, off = slot % KERN_BLOCK_SIZE;
+        dk = kern_layout_at(&lo, 0, blk, 0, h, off) + ch * 8;
+        dv = kern_layout_at(&lo, 0, blk, 1, h, off) + ch * 8;
+        src = ((uint64_t)i * kv_heads + h) * D + ch * 8;
+    }
+};
+
 template <typename T, int D>
 __global__ void append_kernel(const T *__restrict__ k, const T *__restrict__ v,
                               const uint32_t *__restrict__ slots, uint32_t n, T *__restrict__ kv,
@@ -27,14 +43,12 @@ __global__ void append_kernel(const T *__restrict__ k, const T *__restrict__ v,
     const uint64_t total = (uint64_t)n * kv_heads * CPR;
     for (uint64_t e = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; e < total;
          e += (uint64_t)gridDim.x * blockDim.x) {
-        const uint32_t ch = e % CPR, h = (e / CPR) % kv_heads, i = e / ((uint64_t)CPR * kv_heads);
-        const uint32_t slot = slots[i], blk = slot / KERN_BLOCK_SIZE, off = slot % KERN_BLOCK_SIZE;
-        T *dk = kv + kern_layout_at(&lo, 0, blk, 0, h, off) + ch * 8;
-        T *dv = kv + kern_layout_at(&lo, 0, blk, 1, h, off) + ch * 8;
-        const uint64_t src = ((uint64_t)i * kv_heads + h) * D + ch * 8;
+        const AppendItem<D> x(e, slots, kv_heads, lo);
         constexpr uint32_t E = std::is_same<T, __half>::value ? 0x7c00u : 0x7f80u;
-        *reinterpret_cast<uint4 *>(dk) = finite8<E>(*reinterpret_cast<const uint4 *>(k + src));
-        *reinterpret_cast<uint4 *>(dv) = finite8<E>(*reinterpret_cast<const uint4 *>(v + src));
+        *reinterpret_cast<uint4 *>(kv + x.dk) =
+            finite8<E>(*reinterpret_cast<const uint4 *>(k + x.src));
+        *reinterpret_cast<uint4 *>(kv + x.dv) =
+            finite8<E>(*reinterpret_cast<const uint4 *>(v + x.src));
     }
 }
 
@@ -67,13 +81,9 @@ append8_kernel(const T *__restrict__ k, const T *__restrict__ v, const uint32_t 
     };
     for (uint64_t e = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; e < total;
          e += (uint64_t)gridDim.x * blockDim.x) {
-        const uint32_t ch = e % CPR, h = (e / CPR) % kv_heads, i = e / ((uint64_t)CPR * kv_heads);
-        const uint32_t slot = slots[i], blk = slot / KERN_BLOCK_SIZE, off = slot % KERN_BLOCK_SIZE;
-        uint8_t *dk = kv + kern_layout_at(&lo, 0, blk, 0, h, off) + ch * 8;
-        uint8_t *dv = kv + kern_layout_at(&lo, 0, blk, 1, h, off) + ch * 8;
-        const uint64_t src = ((uint64_t)i * kv_heads + h) * D + ch * 8;
-        *reinterpret_cast<uint2 *>(dk) = enc(*reinterpret_cast<const uint4 *>(k + src));
-        *reinterpret_cast<uint2 *>(dv) = enc(*reinterpret_cast<const uint4 *>(v + src));
+        const AppendItem<D> x(e, slots, kv_heads, lo);
+        *reinterpret_cast<uint2 *>(kv + x.dk) = enc(*reinterpret_cast<const uint4 *>(k + x.src));
+        *reinterpret_cast<uint2 *>(kv + x.dv) = enc(*reinterpret_cast<const uint4 *>(v + x.src));
     }
 }
 

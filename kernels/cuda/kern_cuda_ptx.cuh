@@ -114,29 +114,25 @@ __device__ __forceinline__ void mb_wait(uint32_t bar, uint32_t parity)
                  : "memory");
 }
 
-/* whether the phase of the given parity has completed, waiting at most the hardware's time
- * limit for it (try_wait's: a suspended thread, no spin) */
-__device__ __forceinline__ bool mb_try(uint32_t bar, uint32_t parity)
+/* whether the phase of the given parity has completed: without waiting (test), or waiting at
+ * most the hardware's time limit for it (try: a suspended thread, no spin) */
+template <bool TRY> __device__ __forceinline__ bool mb_poll(uint32_t bar, uint32_t parity)
 {
     uint32_t done;
-    asm volatile("{\n.reg .pred p;\n"
-                 "mbarrier.try_wait.parity.shared.b64 p, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(bar), "r"(parity)
-                 : "memory");
-    return done != 0;
-}
-/* whether the phase of the given parity has completed, without waiting */
-__device__ __forceinline__ bool mb_test(uint32_t bar, uint32_t parity)
-{
-    uint32_t done;
-    asm volatile("{\n.reg .pred p;\n"
-                 "mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(bar), "r"(parity)
-                 : "memory");
+    if constexpr (TRY)
+        asm volatile("{\n.reg .pred p;\n"
+                     "mbarrier.try_wait.parity.shared.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    else
+        asm volatile("{\n.reg .pred p;\n"
+                     "mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
     return done != 0;
 }
 

@@ -405,6 +405,21 @@ struct Floors {
     double bw, tc;
 };
 
+/* every slot of a backend's pool (layer 0) from one staging chunk, in chunks of max_tokens */
+static void fill_pool(kern_backend_t *be, const tl_world_t &w, uint32_t max_tokens, const void *dk,
+                      const void *dv)
+{
+    std::vector<uint32_t> slots(max_tokens);
+    const uint64_t n_slots = (uint64_t)w.next_block * BS;
+    for (uint64_t s0 = 0; s0 < n_slots; s0 += max_tokens) {
+        uint32_t n = (uint32_t)std::min<uint64_t>(max_tokens, n_slots - s0);
+        for (uint32_t i = 0; i < n; i++)
+            slots[i] = (uint32_t)(s0 + i);
+        REQ(kern_append_kv(be, 0, dk, dv, slots.data(), n));
+    }
+    REQ(kern_sync(be));
+}
+
 static void run_config(const char *spec, const Tree &t, uint32_t qh, uint32_t kvh, const Floors &f,
                        FILE *js)
 {
@@ -441,18 +456,7 @@ static void run_config(const char *spec, const Tree &t, uint32_t qh, uint32_t kv
     CK(cudaGetLastError());
     /* the fills run on the legacy stream, the appends on the backends' non-blocking ones */
     CK(cudaDeviceSynchronize());
-    /* every slot of a backend's pool from the staging chunk, in chunks of max_tokens */
-    auto load_pool = [&](kern_backend_t *be) {
-        std::vector<uint32_t> slots(kc.max_tokens);
-        const uint64_t n_slots = (uint64_t)w.next_block * BS;
-        for (uint64_t s0 = 0; s0 < n_slots; s0 += kc.max_tokens) {
-            uint32_t n = (uint32_t)std::min<uint64_t>(kc.max_tokens, n_slots - s0);
-            for (uint32_t i = 0; i < n; i++)
-                slots[i] = (uint32_t)(s0 + i);
-            REQ(kern_append_kv(be, 0, dk, dv, slots.data(), n));
-        }
-        REQ(kern_sync(be));
-    };
+    auto load_pool = [&](kern_backend_t *be) { fill_pool(be, w, kc.max_tokens, dk, dv); };
     for (kern_backend_t *be : {b, b_mma, b_layer, b_tma})
         load_pool(be);
     const uint64_t qo_elems = (uint64_t)w.n_tokens * qh * D;
@@ -655,17 +659,8 @@ static void run_config_kv8(const char *spec, const Tree &t, uint32_t qh, uint32_
     fill_kernel<<<1024, 256>>>(dv, chunk_elems, 12);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
-    for (kern_backend_t *be : {b16, b8, b8l}) {
-        std::vector<uint32_t> slots(kc.max_tokens);
-        const uint64_t n_slots = (uint64_t)w.next_block * BS;
-        for (uint64_t s0 = 0; s0 < n_slots; s0 += kc.max_tokens) {
-            uint32_t n = (uint32_t)std::min<uint64_t>(kc.max_tokens, n_slots - s0);
-            for (uint32_t i = 0; i < n; i++)
-                slots[i] = (uint32_t)(s0 + i);
-            REQ(kern_append_kv(be, 0, dk, dv, slots.data(), n));
-        }
-        REQ(kern_sync(be));
-    }
+    for (kern_backend_t *be : {b16, b8, b8l})
+        fill_pool(be, w, kc.max_tokens, dk, dv);
     const uint64_t qo_elems = (uint64_t)w.n_tokens * qh * D;
     CK(cudaMalloc(&dq, qo_elems * 2));
     CK(cudaMalloc(&dout, qo_elems * 2));
