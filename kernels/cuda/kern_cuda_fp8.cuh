@@ -46,7 +46,7 @@ template <int KV> __device__ __forceinline__ uint16_t fp8x2_from(float x, float 
         asm("cvt.rn.satfinite.e5m2x2.f32 %0, %2, %1;" : "=h"(r) : "f"(x), "f"(y));
 #else
     r = 0;
-    __trap(); /* the backend refuses an fp8 pool below sm_90a (cuda_create) */
+    __trap(); /* never run: the backend serves an fp8 pool with sm_89 code or newer only */
 #endif
     return r;
 }

@@ -224,7 +224,9 @@ template <int D, int R, bool WG> __device__ __forceinline__ uint32_t fwd_off(int
  * 128-byte stretch then fall in the eight 16-byte columns of either swizzle (no bank conflicts,
  * for the copies and the decode's first stores). */
 template <int D> struct Raw8 {
-    static constexpr int PPR = D / 16; /* copies a row */
+    static constexpr int PPR = D / 16;                             /* copies a row */
+    static constexpr int PER = KCUDA_TILE_N * PPR / KCUDA_THREADS; /* a thread's, K (and V) */
+    static_assert(KCUDA_TILE_N * PPR % KCUDA_THREADS == 0, "copies divide evenly");
     int r, i;
     __device__ __forceinline__ Raw8(int tid, int e)
     {
@@ -248,9 +250,8 @@ template <int D> struct Raw8 {
 template <typename T, int D, int KV, bool WG>
 __device__ __forceinline__ void kv8_decode(uint32_t base, int tid)
 {
-    constexpr int N = KCUDA_TILE_N, LPT8 = N * (D / 16) / KCUDA_THREADS;
+    constexpr int N = KCUDA_TILE_N, LPT8 = Raw8<D>::PER;
     constexpr uint32_t KVB = N * D * 2;
-    static_assert(N * (D / 16) % KCUDA_THREADS == 0, "copies divide evenly");
 #pragma unroll
     for (int h = 0; h < (KCUDA_FP8_DECODE ? 2 : 0); h++) { /* K, then V */
         const uint32_t b = base + h * KVB;
@@ -578,7 +579,7 @@ __device__ __forceinline__ void fwd_cta(const FwdArgs &a, const kcuda_cta_t &cta
      * more (d256). */
     /* 16-byte K (and V) loads per thread per tile: each a chunk of a row, or (an fp8 pool, KV)
      * two (Raw8) */
-    constexpr int PPR = KV ? D / 16 : G::CPR; /* loads a row */
+    constexpr int PPR = KV ? Raw8<D>::PPR : G::CPR; /* loads a row */
     constexpr int LPT = N * PPR / G::T;
     static_assert(N * PPR % G::T == 0, "loads divide evenly");
     uint32_t pg[LPT];
@@ -914,7 +915,6 @@ template <typename T, int D> int fwd_prepare(FwdVariant *v)
                              reinterpret_cast<const void *>(pair_kernel<T, D, KERN_FP8_E5M2>())};
         const void **slot[3] = {&v->pair_fn, &v->pair8_fn[0], &v->pair8_fn[1]};
         for (int i = 0; i < 3; i++) {
-            *slot[i] = nullptr;
             cudaFuncAttributes fa;
             KC_TRY(cudaFuncGetAttributes(&fa, pf[i]), "cudaFuncGetAttributes(fwd, pair)");
             /* the sm_90a code runs (the wgmma path is there), and its block's registers hold

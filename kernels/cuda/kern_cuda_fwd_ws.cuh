@@ -120,13 +120,10 @@ template <int D> struct WsGeom {
     static constexpr int META = SLOTS * SLOT_BYTES; /* offset of WsMeta */
     static constexpr int SMEM = META + META_BYTES;
     static constexpr int LPT = N * CPR / KCUDA_THREADS; /* 16-byte K (and V) loads per thread */
-    /* an fp8 pool's: 16-byte K (and V) loads per thread, each 16 elements (two chunks) */
-    static constexpr int LPT8 = N * (D / 16) / KCUDA_THREADS;
     static_assert(SLOTS >= 5, "a Q slot and two small-mode stages");
     static_assert(Q_BYTES == SLOT_BYTES, "an item's Q fills one slot");
     static_assert(SMEM <= MAX_SMEM, "sm_90 opt-in shared memory per block (227 KB)");
-    static_assert((N * CPR) % KCUDA_THREADS == 0 && (N * (D / 16)) % KCUDA_THREADS == 0,
-                  "loads divide evenly");
+    static_assert((N * CPR) % KCUDA_THREADS == 0, "loads divide evenly");
     static_assert(32 % CPR == 0 && KCUDA_BIG_M == KCUDA_THREADS,
                   "a warp's Q copies cover 32 rows, one per lane");
 };
@@ -410,8 +407,15 @@ __device__ __forceinline__ void ws_load_tile_tma(const FwdArgs &a, const uint32_
     }
 }
 
-/* by 16-byte cp.async, each thread its copies: a row is read where its chunk has a block and the
- * row is in the chunk's range [lo, hi) (rng), else zero-filled */
+/* whether row pr of a tile's chunk is read: the chunk has a block (bk) and pr is in its range
+ * [lo, hi) (rg, a WsTile rng word); else the row is zero-filled */
+__device__ __forceinline__ bool ws_row_read(uint32_t bk, uint32_t rg, int pr)
+{
+    return bk != WS_NO_BLOCK && (uint32_t)pr >= (rg & 0xffu) && (uint32_t)pr < ((rg >> 8) & 0xffu);
+}
+
+/* by 16-byte cp.async, each thread its copies: a row is read where ws_row_read says, else
+ * zero-filled */
 template <typename T, int D>
 __device__ __forceinline__ void ws_load_tile_cp(const FwdArgs &a, const uint32_t (&blk)[4],
                                                 const uint32_t (&rng)[4], uint32_t head,
@@ -427,8 +431,7 @@ __device__ __forceinline__ void ws_load_tile_cp(const FwdArgs &a, const uint32_t
         const int k = e * RPP / KERN_BLOCK_SIZE, pr = r % KERN_BLOCK_SIZE;
         const T *ks = kbase, *vs = kbase;
         uint32_t bytes = 0;
-        if (blk[k] != WS_NO_BLOCK && (uint32_t)pr >= (rng[k] & 0xffu) &&
-            (uint32_t)pr < ((rng[k] >> 8) & 0xffu)) {
+        if (ws_row_read(blk[k], rng[k], pr)) {
             ks = kv_chunk<T, D>(a, kbase, blk[k], pr, ch);
             vs = ks + a.v_offset;
             bytes = 16;
@@ -450,7 +453,7 @@ __device__ __forceinline__ void ws_load_tile_cp8(const FwdArgs &a, const uint32_
     const uint32_t sv = sk + G::KV_BYTES;
     const uint8_t *kbase = static_cast<const uint8_t *>(a.kv) + (uint64_t)head * a.head_stride;
 #pragma unroll
-    for (int e = 0; e < G::LPT8; e++) {
+    for (int e = 0; e < Raw8<D>::PER; e++) {
         const Raw8<D> w(tid, e);
         const int k = w.r / KERN_BLOCK_SIZE, pr = w.r % KERN_BLOCK_SIZE;
         /* blk[k] and rng[k] without a local array index */
@@ -458,9 +461,8 @@ __device__ __forceinline__ void ws_load_tile_cp8(const FwdArgs &a, const uint32_
         const uint32_t rg = k == 0 ? rng[0] : k == 1 ? rng[1] : k == 2 ? rng[2] : rng[3];
         const uint8_t *ks = kbase, *vs = kbase;
         uint32_t bytes = 0;
-        if (bk != WS_NO_BLOCK && (uint32_t)pr >= (rg & 0xffu) &&
-            (uint32_t)pr < ((rg >> 8) & 0xffu)) {
-            ks = kbase + (uint64_t)bk * a.block_stride + pr * D + w.i * 16;
+        if (ws_row_read(bk, rg, pr)) {
+            ks = kv_chunk<uint8_t, D>(a, kbase, bk, pr, 2 * w.i); /* 16 bytes from 16 i */
             vs = ks + a.v_offset;
             bytes = 16;
         }

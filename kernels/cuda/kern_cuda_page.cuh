@@ -21,7 +21,8 @@ namespace kcuda
 {
 
 /* the K row chunk ch of row `row` of KV block `blk` (the KV head's elements start at kbase); its V
- * is a.v_offset elements further. R: the caller's row type (its index arithmetic is kept).
+ * is a.v_offset elements further (an fp8 pool: T uint8_t, a chunk 8 bytes). R: the caller's row
+ * type (its index arithmetic is kept).
  * fwd_pair's producer takes its addresses here; fwd_cta's loads spell the same expression out
  * (see its page cursor). */
 template <typename T, int D, typename R>

@@ -405,6 +405,48 @@ struct Floors {
     double bw, tc;
 };
 
+/* the backends' config for a tree's world: one fp16 layer, every block, the default forward */
+static kern_config_t bench_config(const tl_world_t &w, uint32_t qh, uint32_t kvh)
+{
+    kern_config_t kc = {};
+    kc.model = {1, qh, kvh, D, BS, KERN_F16, KERN_F16, 0.f};
+    kc.n_blocks = w.next_block;
+    kc.max_tokens = 16384;
+    kc.max_partials = 64 * w.n_tokens;
+    return kc;
+}
+
+/* A run's device buffers: a staging chunk of random K and V (max_tokens tokens, the pools'
+ * source) and the batch's random Q and its O; freed with it. The fills run on the legacy stream,
+ * the appends on the backends' non-blocking ones: complete when made. */
+struct Bufs {
+    __half *dk, *dv, *dq, *dout;
+    uint64_t qo_elems;
+    Bufs(uint32_t max_tokens, uint32_t kvh, uint32_t qh, uint32_t n_tokens)
+    {
+        const uint64_t chunk = (uint64_t)max_tokens * kvh * D;
+        qo_elems = (uint64_t)n_tokens * qh * D;
+        CK(cudaMalloc(&dk, chunk * 2));
+        CK(cudaMalloc(&dv, chunk * 2));
+        CK(cudaMalloc(&dq, qo_elems * 2));
+        CK(cudaMalloc(&dout, qo_elems * 2));
+        fill_kernel<<<1024, 256>>>(dk, chunk, 11);
+        fill_kernel<<<1024, 256>>>(dv, chunk, 12);
+        fill_kernel<<<1024, 256>>>(dq, qo_elems, 13);
+        CK(cudaGetLastError());
+        CK(cudaDeviceSynchronize());
+    }
+    ~Bufs()
+    {
+        CK(cudaFree(dk));
+        CK(cudaFree(dv));
+        CK(cudaFree(dq));
+        CK(cudaFree(dout));
+    }
+    Bufs(const Bufs &) = delete;
+    Bufs &operator=(const Bufs &) = delete;
+};
+
 /* every slot of a backend's pool (layer 0) from one staging chunk, in chunks of max_tokens */
 static void fill_pool(kern_backend_t *be, const tl_world_t &w, uint32_t max_tokens, const void *dk,
                       const void *dv)
@@ -425,11 +467,7 @@ static void run_config(const char *spec, const Tree &t, uint32_t qh, uint32_t kv
 {
     tl_world_t w;
     build(&w, t);
-    kern_config_t kc = {};
-    kc.model = {1, qh, kvh, D, BS, KERN_F16, KERN_F16, 0.f};
-    kc.n_blocks = w.next_block;
-    kc.max_tokens = 16384;
-    kc.max_partials = 64 * w.n_tokens;
+    kern_config_t kc = bench_config(w, qh, kvh);
     /* the default forward (KERN_FWD_AUTO), mma.sync only, the 4-warp kernels (KERN_FWD_LAYER),
      * and the default with its KV pages by TMA instead of cp.async (KERN_FWD_TMA) */
     kern_backend_t *b, *b_mma, *b_layer, *b_tma;
@@ -446,25 +484,13 @@ static void run_config(const char *spec, const Tree &t, uint32_t qh, uint32_t kv
     kern_tiles(b_mma, &tiles_mma);
     kern_tiles(b_layer, &tiles_layer);
 
-    /* pool: every slot of every block, from one random staging chunk, in both backends */
-    const uint64_t chunk_elems = (uint64_t)kc.max_tokens * kvh * D;
-    __half *dk, *dv, *dq, *dout;
-    CK(cudaMalloc(&dk, chunk_elems * 2));
-    CK(cudaMalloc(&dv, chunk_elems * 2));
-    fill_kernel<<<1024, 256>>>(dk, chunk_elems, 11);
-    fill_kernel<<<1024, 256>>>(dv, chunk_elems, 12);
-    CK(cudaGetLastError());
-    /* the fills run on the legacy stream, the appends on the backends' non-blocking ones */
-    CK(cudaDeviceSynchronize());
-    auto load_pool = [&](kern_backend_t *be) { fill_pool(be, w, kc.max_tokens, dk, dv); };
+    /* pool: every slot of every block, from one random staging chunk, in every backend */
+    const Bufs bf(kc.max_tokens, kvh, qh, w.n_tokens);
+    __half *const dq = bf.dq, *const dout = bf.dout;
+    const uint64_t qo_elems = bf.qo_elems;
+    auto load_pool = [&](kern_backend_t *be) { fill_pool(be, w, kc.max_tokens, bf.dk, bf.dv); };
     for (kern_backend_t *be : {b, b_mma, b_layer, b_tma})
         load_pool(be);
-    const uint64_t qo_elems = (uint64_t)w.n_tokens * qh * D;
-    CK(cudaMalloc(&dq, qo_elems * 2));
-    CK(cudaMalloc(&dout, qo_elems * 2));
-    fill_kernel<<<1024, 256>>>(dq, qo_elems, 13);
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
 
     kern_attn_params_t p = {1.0f / sqrtf((float)D), 0};
     sched_t *s_pat = make_sched(&w, qh, kvh, SCHED_POLICY_AUTO, &tiles);
@@ -616,10 +642,6 @@ static void run_config(const char *spec, const Tree &t, uint32_t qh, uint32_t kv
     sched_free(s_t32);
     sched_free(s_w128);
     sched_free(s_fix);
-    CK(cudaFree(dk));
-    CK(cudaFree(dv));
-    CK(cudaFree(dq));
-    CK(cudaFree(dout));
     kern_backend_free(b);
     kern_backend_free(b_mma);
     kern_backend_free(b_layer);
@@ -636,11 +658,7 @@ static void run_config_kv8(const char *spec, const Tree &t, uint32_t qh, uint32_
 {
     tl_world_t w;
     build(&w, t);
-    kern_config_t kc = {};
-    kc.model = {1, qh, kvh, D, BS, KERN_F16, KERN_F16, 0.f};
-    kc.n_blocks = w.next_block;
-    kc.max_tokens = 16384;
-    kc.max_partials = 64 * w.n_tokens;
+    kern_config_t kc = bench_config(w, qh, kvh);
     kern_backend_t *b16, *b8, *b8l;
     REQ(kern_backend_create("cuda", &kc, &b16));
     kc.model.kv_dtype = kv8;
@@ -651,22 +669,11 @@ static void run_config_kv8(const char *spec, const Tree &t, uint32_t qh, uint32_
     kern_tiles(b16, &tiles16);
     kern_tiles(b8, &tiles8);
     kern_tiles(b8l, &tiles8l);
-    const uint64_t chunk_elems = (uint64_t)kc.max_tokens * kvh * D;
-    __half *dk, *dv, *dq, *dout;
-    CK(cudaMalloc(&dk, chunk_elems * 2));
-    CK(cudaMalloc(&dv, chunk_elems * 2));
-    fill_kernel<<<1024, 256>>>(dk, chunk_elems, 11);
-    fill_kernel<<<1024, 256>>>(dv, chunk_elems, 12);
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
+    const Bufs bf(kc.max_tokens, kvh, qh, w.n_tokens);
+    __half *const dq = bf.dq, *const dout = bf.dout;
+    const uint64_t qo_elems = bf.qo_elems;
     for (kern_backend_t *be : {b16, b8, b8l})
-        fill_pool(be, w, kc.max_tokens, dk, dv);
-    const uint64_t qo_elems = (uint64_t)w.n_tokens * qh * D;
-    CK(cudaMalloc(&dq, qo_elems * 2));
-    CK(cudaMalloc(&dout, qo_elems * 2));
-    fill_kernel<<<1024, 256>>>(dq, qo_elems, 13);
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
+        fill_pool(be, w, kc.max_tokens, bf.dk, bf.dv);
     kern_attn_params_t p = {1.0f / sqrtf((float)D), 0};
     sched_t *s16 = make_sched(&w, qh, kvh, SCHED_POLICY_AUTO, &tiles16, 2);
     sched_t *s8 = make_sched(&w, qh, kvh, SCHED_POLICY_AUTO, &tiles8, 1);
@@ -710,10 +717,6 @@ static void run_config_kv8(const char *spec, const Tree &t, uint32_t qh, uint32_
     sched_free(s8q);
     sched_free(s8l);
     kern_backend_free(b8l);
-    CK(cudaFree(dk));
-    CK(cudaFree(dv));
-    CK(cudaFree(dq));
-    CK(cudaFree(dout));
     kern_backend_free(b16);
     kern_backend_free(b8);
     tl_world_free(&w);

@@ -80,6 +80,11 @@ static double rt_kv(const Model &m, double v)
     return (double)(kern_load(m.kv, b, 0) * ks);
 }
 
+static const char *fp8_name(kern_dtype_t kv)
+{
+    return kv == KERN_FP8_E4M3 ? "e4m3" : "e5m2";
+}
+
 struct Rig {
     tl_world_t w;
     Model mc;
@@ -411,15 +416,20 @@ static void gen(tl_world_t *w, tl_rng_t *r, const Model &m, bool extend, bool lo
 
 /* whether this GPU runs the warp-specialized kernel (KERN_FWD_AUTO offers m 128): an sm_90a build
  * on sm_90 */
-static bool wide_runs()
+/* a cuda backend of a small d128 model whose pool holds kv (the default forward) */
+static int small_backend(kern_dtype_t kv, kern_backend_t **b)
 {
     kern_config_t kc = {};
-    kc.model = {1, 8, 1, 128, BS, KERN_F16, KERN_F16, 0.f};
+    kc.model = {1, 8, 1, 128, BS, KERN_F16, kv, 0.f};
     kc.n_blocks = 4;
     kc.max_tokens = 4;
     kc.fwd = KERN_FWD_AUTO;
+    return kern_backend_create("cuda", &kc, b);
+}
+static bool wide_runs()
+{
     kern_backend_t *b;
-    REQ(kern_backend_create("cuda", &kc, &b));
+    REQ(small_backend(KERN_F16, &b));
     sched_tiles_t t;
     kern_tiles(b, &t);
     kern_backend_free(b);
@@ -432,7 +442,8 @@ static bool wide_runs()
  * same forests' packing policies on mma.sync only, so that its multi-segment path stays tested on
  * a Hopper GPU too; KERN_FWD_LAYER: every policy on the 4-warp kernels (wgmma for TREE's CTAs of
  * 33-64 rows); KERN_FWD_TMA: the warp-specialized kernel loading KV pages by TMA, not cp.async. */
-static void test_random(int rounds, uint64_t seed, kern_fwd_t fwd = KERN_FWD_AUTO)
+static void test_random(int rounds, uint64_t seed, kern_fwd_t fwd = KERN_FWD_AUTO,
+                        const Model *ms = models, int n_ms = n_models)
 {
     tl_rng_t r;
     tl_rng_seed(&r, seed);
@@ -444,7 +455,7 @@ static void test_random(int rounds, uint64_t seed, kern_fwd_t fwd = KERN_FWD_AUT
     const sched_policy_t *pols = fwd == KERN_FWD_MMA ? packing : all;
     uint32_t merges = 0, multi_group = 0;
     for (int round = 0; round < rounds; round++) {
-        const Model &mc = models[round % n_models];
+        const Model &mc = ms[round % n_ms];
         Rig g;
         gen(&g.w, &r, mc, round % 3 == 2, round % 4 == 1);
         /* odd rounds split; every other one of them merges inside the forward */
@@ -458,20 +469,23 @@ static void test_random(int rounds, uint64_t seed, kern_fwd_t fwd = KERN_FWD_AUT
         uint32_t maxkv = 0;
         for (uint32_t i = 0; i < g.w.n_q; i++)
             maxkv = g.w.q[i].kv_len > maxkv ? g.w.q[i].kv_len : maxkv;
+        char pool[40] = ""; /* an fp8 pool's format and factor */
+        if (mc.kv && mc.kv != mc.dt)
+            snprintf(pool, sizeof(pool), " fp8 %s x%g", fp8_name(mc.kv), mc.ks > 0 ? mc.ks : 1.0);
         char name[200];
-        snprintf(name, sizeof(name), "%s %2d q%u/kv%u d%u %s cap%g: %uq kv<=%u %ug %um",
+        snprintf(name, sizeof(name), "%s %2d q%u/kv%u d%u %s%s cap%g: %uq kv<=%u %ug %um",
                  fwd == KERN_FWD_MMA     ? "mma"
                  : fwd == KERN_FWD_LAYER ? "layer"
                  : fwd == KERN_FWD_TMA   ? "tma"
                  : g_pair_blocks         ? "few blocks"
                                          : "random",
-                 round, mc.q_heads, mc.kv_heads, mc.d, mc.dt == KERN_F16 ? "f16" : "bf16",
+                 round, mc.q_heads, mc.kv_heads, mc.d, mc.dt == KERN_F16 ? "f16" : "bf16", pool,
                  mc.softcap, g.w.n_q, maxkv, h->n_groups, h->n_merges);
         printf("  (vs cpu %.2e) ", ec);
         verdict(name, finite && ec < 1e-2 && ef < 1e-2, " fp64 rel err %.2e", ef);
         rig_done(g);
     }
-    if (rounds >= 20)
+    if (rounds >= 20 && ms == models)
         verdict("random plans covered merges and several tile shapes",
                 merges > 2 && multi_group > 2);
 }
@@ -848,20 +862,11 @@ static void test_nonfinite_kv()
 /* whether this GPU runs the fp8 kernels: the code that runs is sm_89 or up */
 static bool fp8_runs()
 {
-    kern_config_t kc = {};
-    kc.model = {1, 8, 1, 128, BS, KERN_F16, KERN_FP8_E4M3, 0.f};
-    kc.n_blocks = 4;
-    kc.max_tokens = 4;
     kern_backend_t *b;
-    const int rc = kern_backend_create("cuda", &kc, &b);
+    const int rc = small_backend(KERN_FP8_E4M3, &b);
     if (rc == 0)
         kern_backend_free(b);
     return rc == 0;
-}
-
-static const char *fp8_name(kern_dtype_t kv)
-{
-    return kv == KERN_FP8_E4M3 ? "e4m3" : "e5m2";
 }
 
 /* fp8 models: fwd_pair serves them (head_dim <= 128, sm_90a); both formats, both dtypes, GQA,
@@ -1031,28 +1036,7 @@ static void test_fp8_codes()
  * same fp8 values) and against float64 over the pool's values (rt_kv) */
 static void test_fp8_random(int rounds, uint64_t seed, kern_fwd_t fwd = KERN_FWD_AUTO)
 {
-    tl_rng_t r;
-    tl_rng_seed(&r, seed);
-    static const sched_policy_t all[] = {SCHED_POLICY_AUTO, SCHED_POLICY_PAPER, SCHED_POLICY_QUERY,
-                                         SCHED_POLICY_BYTES, SCHED_POLICY_TREE};
-    for (int round = 0; round < rounds; round++) {
-        const Model &mc = fp8_models[round % n_fp8_models];
-        Rig g;
-        gen(&g.w, &r, mc, round % 3 == 2, round % 4 == 1);
-        rig_init(g, &r, mc, all[round % 5], round % 2 ? 64 : 0, nullptr,
-                 round % 4 == 3 ? KERN_MERGE_INSIDE : KERN_MERGE_LAUNCH, fwd);
-        const sched_plan_hdr_t *h = run(g);
-        bool finite;
-        const double ec = vs_cpu(g, &finite), ef = vs_fp64(g, &r, 6);
-        char name[200];
-        snprintf(name, sizeof(name), "fp8%s %2d %s x%g q%u/kv%u d%u %s cap%g: %uq %ug %um",
-                 fwd == KERN_FWD_LAYER ? " layer" : "", round, fp8_name(mc.kv),
-                 mc.ks > 0 ? mc.ks : 1.0, mc.q_heads, mc.kv_heads, mc.d,
-                 mc.dt == KERN_F16 ? "f16" : "bf16", mc.softcap, g.w.n_q, h->n_groups, h->n_merges);
-        printf("  (vs cpu %.2e) ", ec);
-        verdict(name, finite && ec < 1e-2 && ef < 1e-2, " fp64 rel err %.2e", ef);
-        rig_done(g);
-    }
+    test_random(rounds, seed, fwd, fp8_models, n_fp8_models);
 }
 
 /* The cuda backend serves an fp8 pool with every forward but KERN_FWD_MMA (mma.sync everywhere:
