@@ -81,7 +81,7 @@ BASE_OBJS  := $(BASE_SRCS:%.c=$(B)/%.o)
 BASE_LIB   := $(B)/libpatbase.a
 KV_SRCS    := kvcache/kv_pool.c kvcache/kv_seq.c kvcache/kv_index.c
 SCHED_SRCS := scheduler/sched_forest.c scheduler/sched_pack.c scheduler/sched_plan.c scheduler/sched_cost.c \
-              scheduler/sched_split.c
+              scheduler/sched_split.c scheduler/sched_invariant.c
 KERN_SRCS  := kernels/kern_backend.c kernels/cpu/kern_cpu.c
 CUDA_SRCS  := kernels/cuda/kern_cuda.cu kernels/cuda/kern_cuda_attn.cu \
               kernels/cuda/kern_cuda_lane.cu kernels/cuda/kern_cuda_kv.cu \

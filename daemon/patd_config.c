@@ -106,6 +106,17 @@ static const opt_t opts[] = {
      "time of the four, per step), bytes, paper (PAT's heuristic), query (one CTA per query: "
      "the baseline), tree (prefix-tree order); a reload applies to sessions opened after it",
      NULL},
+    {"daemon", "invariant", T_U32, F(invariant), 0, 1, "0", 0,
+     "1: batch-invariant attention: a query token's output is bitwise the same whatever else "
+     "its step holds (its KV cut at multiples of invariant_chunk, each 64-token window one "
+     "softmax step, the chunks merged in order; prefixes are still read once per window they "
+     "share); sessions' pack policy unused",
+     NULL},
+    {"daemon", "invariant_chunk", T_U32, F(invariant_chunk), 64, 1u << 20, "1024", 0,
+     "tokens, a multiple of 64: with invariant = 1, where each token's KV is cut into parts "
+     "merged in order (smaller: more parallel work on a long shared prefix and more partials "
+     "to merge)",
+     NULL},
     {"daemon", "threads", T_U32, F(threads), 0, 1024, "0", 0,
      "cpu backend worker threads (0: one per online CPU)", NULL},
     {"daemon", "executors", T_U32, F(executors), 1, 64, "2", 0,
@@ -602,6 +613,11 @@ static int validate(patd_config_t *c)
     if (sched_policy_parse(c->pack_policy) < 0) {
         cfg_error(c, "daemon.pack_policy must be auto, bytes, paper, query or tree (got '%s')",
                   c->pack_policy);
+        return -EINVAL;
+    }
+    if (c->invariant_chunk % SCHED_INVARIANT_WINDOW) {
+        cfg_error(c, "daemon.invariant_chunk must be a multiple of %u tokens (got %u)",
+                  SCHED_INVARIANT_WINDOW, c->invariant_chunk);
         return -EINVAL;
     }
     if (strcmp(c->liveness, "auto") && strcmp(c->liveness, "lease")) {

@@ -17,12 +17,14 @@ typedef struct patd_config {
     char runtime_dir[256];
     uint32_t socket_mode; /* octal file mode of the sockets and staging buffers */
     char socket_group[64];
-    char admin_group[64]; /* besides patd's user and root, who may drain, reload, check */
-    char backend[16];     /* auto | cpu | cuda */
-    char liveness[16];    /* auto | lease */
-    char pack_policy[16]; /* auto | bytes | paper | query | tree: sessions' default */
-    char prefix_scope[8]; /* uid | all: who shares prefix-cache blocks with whom */
-    char persist[8];      /* auto | off: the pool and its index outlive the daemon */
+    char admin_group[64];     /* besides patd's user and root, who may drain, reload, check */
+    char backend[16];         /* auto | cpu | cuda */
+    char liveness[16];        /* auto | lease */
+    char pack_policy[16];     /* auto | bytes | paper | query | tree: sessions' default */
+    char prefix_scope[8];     /* uid | all: who shares prefix-cache blocks with whom */
+    char persist[8];          /* auto | off: the pool and its index outlive the daemon */
+    uint32_t invariant;       /* 1: batch-invariant plans (sched_config_t.invariant_chunk) */
+    uint32_t invariant_chunk; /* tokens: their chunk, a multiple of SCHED_INVARIANT_WINDOW */
     uint32_t threads, executors;
     uint32_t log_level; /* syslog priority: 3 err .. 7 debug */
     uint32_t metrics_port;

@@ -234,6 +234,7 @@ sched_config_t patd_sched_config(const patd_t *d, uint32_t max_queries, uint32_t
                             .q_elt_bytes = kern_dtype_size(m->dtype),
                             .split_min_kv = 256,
                             .max_partials = PATD_MAX_PARTIALS(&d->cfg),
+                            .invariant_chunk = d->cfg.invariant ? d->cfg.invariant_chunk : 0,
                             .tiles = &d->tiles,
                             .policy = policy};
 }

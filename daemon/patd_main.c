@@ -229,6 +229,7 @@ static void op_status(patd_t *d, patd_conn_t *c, patd_req_t *rq, const uint8_t *
             r.model.block_size, (unsigned long long)r.model.model_id);
     fprintf(f, "scale %g\nsoftcap %g\nkv_dtype %s\nkv_scale %g\n", (double)r.scale,
             (double)r.softcap, patd_dtype_name(r.kv_dtype), (double)r.kv_scale);
+    fprintf(f, "invariant_chunk %u\n", d->cfg.invariant ? d->cfg.invariant_chunk : 0);
     fprintf(f, "max_seq_len %u\nsocket %s\nevents %s\n", r.max_seq_len, d->sock_path, d->ev_path);
     fprintf(f, "blocks_total %u\nblocks_free %u\nblocks_used %u\nblocks_cached %u\n",
             r.blocks_total, r.blocks_free, r.blocks_used, r.blocks_cached);

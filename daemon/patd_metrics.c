@@ -356,6 +356,10 @@ char *patd_metrics_text(patd_t *d, size_t *ret_len)
            "the KV pool's element type and fp8's factor (stored = value / scale; value 1)");
     fprintf(f, "patd_kv_pool_info{dtype=\"%s\",scale=\"%g\"} 1\n",
             patd_dtype_name((uint32_t)kern_kv_dtype(&d->model)), (double)kern_kv_scale(&d->model));
+    metric(
+        f, "patd_invariant_chunk_tokens", "gauge",
+        "daemon.invariant = 1: the chunk each token's KV is cut at (0: plans depend on the batch)",
+        d->cfg.invariant ? d->cfg.invariant_chunk : 0);
     metric(f, "patd_kv_blocks", "gauge", "KV pool capacity in blocks", ks.n_blocks);
     metric(f, "patd_kv_blocks_free", "gauge", "blocks on the free list", ks.n_free);
     metric(f, "patd_kv_blocks_used", "gauge", "blocks referenced by sequences", ks.n_used);

@@ -386,7 +386,11 @@ int patd_step_complete(patd_conn_t *c)
             const char *why = st->err == -ENOSPC   ? "KV pool out of blocks"
                               : st->err == -EDQUOT ? "session block quota exceeded"
                               : st->err == -E2BIG  ? "a sequence would exceed max_seq_len"
-                                                   : strerror(-st->err);
+                              : st->err == -EOVERFLOW
+                                  ? "its plan needs more partial slots than the daemon holds "
+                                    "(fewer tokens per step; with daemon.invariant = 1 a larger "
+                                    "invariant_chunk)"
+                                  : strerror(-st->err);
             patd_reply_error(d, &rq, st->err, "step not started: %s", why);
             /* a cpu step that did not start ends with this answer (nothing was reserved); a GPU
              * step runs its handshakes and ends with STEP_END */
@@ -560,6 +564,8 @@ static int step_prepare(patd_conn_t *c, int on_loop)
         sched_stats_t before;
         sched_get_stats(c->sched, &before);
         rc = sched_build(c->sched, &st->plan);
+        if (rc == -ENOSPC)
+            rc = -EOVERFLOW; /* partial slots, not blocks (the answer's reason tells apart) */
         if (rc == 0) {
             sched_stats_t after;
             sched_get_stats(c->sched, &after);

@@ -200,6 +200,9 @@ int kern__plan_check(const kern_config_t *cfg, const sched_plan_hdr_t *h, uint8_
         return -E2BIG;
     if (h->n_partials > cfg->max_partials)
         return -ENOSPC;
+    if (h->flags & ~SCHED_PLAN_INVARIANT)
+        return -EINVAL;
+    const int inv = (h->flags & SCHED_PLAN_INVARIANT) != 0;
     const sched_plan_group_t *g = sched_plan_groups(h);
     const sched_plan_cta_t *c = sched_plan_ctas(h);
     const sched_plan_seg_t *segs = sched_plan_segs(h);
@@ -221,6 +224,14 @@ int kern__plan_check(const kern_config_t *cfg, const sched_plan_hdr_t *h, uint8_
         for (uint32_t k = x->seg_begin; k < x->seg_begin + x->seg_count; k++) {
             const sched_plan_seg_t *sg = &segs[k];
             if (sg->kv_begin > sg->kv_end || sg->row_lo >= sg->row_hi || sg->row_hi > x->row_count)
+                return -EINVAL;
+            /* invariant: each segment inside one window, a CTA's windows in order (the backends
+             * give every segment a tile of its own) */
+            if (inv && (sg->kv_end == sg->kv_begin ||
+                        sg->kv_begin / SCHED_INVARIANT_WINDOW !=
+                            (sg->kv_end - 1) / SCHED_INVARIANT_WINDOW ||
+                        g[x->group].n != SCHED_INVARIANT_WINDOW ||
+                        (k > x->seg_begin && sg->kv_begin < segs[k - 1].kv_begin)))
                 return -EINVAL;
             if (sg->kv_end > sg->kv_begin) {
                 uint64_t last = (uint64_t)sg->page_begin + (sg->kv_end - 1) / h->block_size -

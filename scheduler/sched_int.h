@@ -126,8 +126,12 @@ struct sched {
     uint32_t *tok_parts; /* max_tokens: CTAs per query token, then next slot */
     uint32_t *tok_owner; /* max_tokens */
     uint32_t *tok_merge; /* max_tokens: merge entry of a split token */
-    double *cta_ns;      /* modelled time per CTA of the plan being built */
-    uint8_t *cta_key;    /* its launch-order key */
+    void *inv_mem;       /* invariant: the members of the CTA being built (sched_invariant.c) */
+    uint32_t inv_mem_cap;
+    uint8_t inv_packed;   /* invariant: cand[SCHED_POLICY_TREE].q is the DFS order of ... */
+    uint64_t inv_version; /* ... this forest version */
+    double *cta_ns;       /* modelled time per CTA of the plan being built */
+    uint8_t *cta_key;     /* its launch-order key */
     uint32_t cta_ns_cap;
     sched_stats_t st;
 };
@@ -179,5 +183,10 @@ static inline sched__seg_t *sched__seg_push(sched__seg_t **v, uint32_t *n, uint3
 /* sched_split.c: pass 2, the long-KV split of the pre-split CTAs into the final list. Returns
  * whether the min_ctas rule cut below the outlier split's limit (fill: apply that rule). */
 int sched__build_split(sched_t *s, int fill);
+
+/* sched_invariant.c: the CTAs, segments and rows of a batch-invariant plan (config
+ * invariant_chunk), straight into the final lists, chunk by chunk (so that a token's partial
+ * slots come in chunk order). */
+void sched__build_invariant(sched_t *s);
 
 #endif

@@ -60,6 +60,16 @@ static int tiles_valid(const sched_tiles_t *t)
 
 /* ------------------------------------------------------------------ life */
 
+/* The tile n of a batch-invariant plan's CTAs: 1 + its index in t->n, 0 when t has none of
+ * SCHED_INVARIANT_WINDOW tokens. */
+static uint32_t invariant_n(const sched_tiles_t *t)
+{
+    for (uint32_t i = 0; i < t->n_n; i++)
+        if (t->n[i] == SCHED_INVARIANT_WINDOW)
+            return i + 1;
+    return 0;
+}
+
 int sched_create(const sched_config_t *cfg, sched_t **ret)
 {
     if (!cfg || !ret || cfg->max_queries == 0 || cfg->max_tokens == 0 || cfg->block_size == 0 ||
@@ -73,6 +83,9 @@ int sched_create(const sched_config_t *cfg, sched_t **ret)
     const sched_tiles_t *t = cfg->tiles ? cfg->tiles : &default_tiles;
     uint32_t group = cfg->q_heads / cfg->kv_heads;
     if (!tiles_valid(t) || group > t->m[t->n_m - 1])
+        return -EINVAL;
+    if (cfg->invariant_chunk && (cfg->invariant_chunk % SCHED_INVARIANT_WINDOW ||
+                                 SCHED_INVARIANT_WINDOW % cfg->block_size || !invariant_n(t)))
         return -EINVAL;
 
     sched_t *s = pat_xcalloc(1, sizeof(*s));
@@ -126,6 +139,7 @@ void sched_free(sched_t *s)
     free(s->chunk_rows);
     free(s->row_map);
     free(s->psrc);
+    free(s->inv_mem);
     free(s);
 }
 
@@ -607,12 +621,14 @@ typedef struct emit {
 static void emit_order(sched_t *s, emit_t *e)
 {
     const sched_tiles_t *tl = &s->tiles;
+    const uint32_t inv_n = s->cfg.invariant_chunk ? invariant_n(tl) : 0;
     uint8_t *key = s->cta_key;
     for (uint32_t i = 0; i < s->n_ctas; i++) {
         sched__cta_t *c = &s->ctas[i];
         uint32_t rows = c->row_count * s->mdl.group;
         e->max_rows = PAT_MAX(e->max_rows, rows);
-        c->shape = sched__pick_m(tl, rows) * tl->n_n + sched__pick_n(tl, c->kv_tokens);
+        c->shape = sched__pick_m(tl, rows) * tl->n_n +
+                   (inv_n ? inv_n - 1 : sched__pick_n(tl, c->kv_tokens));
         e->shape_cnt[c->shape]++;
         key[i] = time_key(s->cta_ns[i]);
         e->key_at[KEYS - key[i]]++; /* descending */
@@ -668,6 +684,7 @@ static sched_plan_hdr_t *emit_header(sched_t *s, const plan_sums_t *sums, const 
     h->off_pages = e->off_pages;
     h->off_merges = e->off_merges;
     h->max_cta_rows = e->max_rows;
+    h->flags = s->cfg.invariant_chunk ? SCHED_PLAN_INVARIANT : 0;
     return h;
 }
 
@@ -757,9 +774,15 @@ int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
     int r = build_validate(s, &sums);
     if (r < 0)
         return r;
-    r = build_partials(s, &sums);
-    if (r < 0)
+    if (s->cfg.invariant_chunk) {
+        sched__build_invariant(s);
+        count_partials(s, &sums);
+        time_ctas(s, &sums);
+        if (s->cfg.max_partials && sums.n_partials > s->cfg.max_partials)
+            return -ENOSPC;
+    } else if ((r = build_partials(s, &sums)) < 0) {
         return r; /* nothing written to the arena yet: the previous plan stands */
+    }
     *ret_plan = build_emit(s, &sums);
     s->st.last_model_ns = sums.ns;
     s->st.plans++;

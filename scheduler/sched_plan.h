@@ -54,6 +54,9 @@ typedef struct sched_config {
     uint32_t split_min_kv;      /* CTAs are split only above this many tokens; 0 = never split */
     uint32_t split_factor;      /* ... and above split_factor x the step's mean CTA length */
     uint32_t max_partials;      /* partial slots the backend's workspace holds; 0 = no bound */
+    uint32_t invariant_chunk;   /* 0, or batch-invariant plans (sched_invariant.c): each query
+                                   token's KV cut at multiples of this many tokens (a multiple of
+                                   SCHED_INVARIANT_WINDOW), policy and split unused */
 } sched_config_t;
 
 typedef struct sched_stats {

@@ -51,7 +51,7 @@
 #endif
 
 #define SCHED_PLAN_MAGIC   0x4e4c5054u /* "TPLN" */
-#define SCHED_PLAN_VERSION 3u
+#define SCHED_PLAN_VERSION 4u
 #define SCHED_ROW_DIRECT   0xffffffffu /* rows[].merge: the CTA writes the output, no partial */
 
 typedef struct sched_plan_hdr {
@@ -66,9 +66,19 @@ typedef struct sched_plan_hdr {
     uint32_t off_groups, off_ctas, off_rows, off_pages, off_merges;
     uint32_t max_cta_rows; /* largest row_count * group: the biggest m any CTA needs */
     uint32_t n_segs, off_segs;
-    uint32_t reserved[2];
+    uint32_t flags; /* SCHED_PLAN_* below */
+    uint32_t reserved;
 } sched_plan_hdr_t;
 SCHED_STATIC_ASSERT(sizeof(sched_plan_hdr_t) == 88, "plan header layout is part of the contract");
+
+/* flags: a batch-invariant plan (sched_config_t.invariant_chunk; scheduler/README.md). Every
+ * segment lies inside one window [64w, 64w + 64) of absolute positions and a CTA lists its
+ * segments in window order; a row's partials are its chunks in order. A backend executes it so
+ * that a row's bits depend only on its own KV: every CTA on one kernel whatever its rows, a
+ * segment one KV tile of its own with each block at tile row (position % 64), and a token's
+ * partials merged in slot order. */
+#define SCHED_PLAN_INVARIANT   1u
+#define SCHED_INVARIANT_WINDOW 64u /* tokens: the window, one KV tile of every backend */
 
 typedef struct sched_plan_group {
     uint16_t m;         /* tile rows (query rows per CTA) */

@@ -101,3 +101,39 @@ void tl_world_grow(tl_world_t *w, uint32_t i, uint32_t n)
         q->blocks[q->n_blocks++] = w->next_block++;
     q->n_new = n;
 }
+
+uint32_t tl_world_probe(tl_world_t *w, tl_rng_t *r, uint32_t bs, uint32_t probe_len,
+                        uint32_t probe_new, uint32_t max_others, uint32_t other_tok_hi,
+                        uint32_t other_new_hi, uint32_t first_block)
+{
+    memset(w, 0, sizeof(*w));
+    w->bs = bs;
+    const uint32_t others = tl_rng_range(r, 0, max_others), at = tl_rng_range(r, 0, others);
+    w->q = pat_xcalloc(others + 1, sizeof(tl_query_t));
+    w->next_block = first_block;
+    for (uint32_t i = 0; i <= others; i++) {
+        tl_query_t *q = &w->q[i];
+        if (i == at) {
+            q->n_blocks = q->cap_blocks = PAT_DIV_UP(probe_len, bs);
+            q->blocks = pat_xmalloc((size_t)q->n_blocks * sizeof(uint32_t));
+            for (uint32_t b = 0; b < q->n_blocks; b++)
+                q->blocks[b] = b;
+            q->kv_len = probe_len;
+            q->n_new = probe_new;
+            continue;
+        }
+        /* the probe, or an earlier query of this batch, whose full blocks it starts with */
+        const uint32_t from = i > 0 && tl_rng_below(r, 3) == 0 ? tl_rng_below(r, i) : at;
+        const uint32_t shared =
+            tl_rng_range(r, 0, (from == at ? probe_len : w->q[from].kv_len) / bs);
+        q->kv_len = shared * bs + tl_rng_range(r, 1, other_tok_hi);
+        q->n_blocks = q->cap_blocks = PAT_DIV_UP(q->kv_len, bs);
+        q->blocks = pat_xmalloc((size_t)q->n_blocks * sizeof(uint32_t));
+        for (uint32_t b = 0; b < q->n_blocks; b++)
+            q->blocks[b] = b < shared ? (from == at ? b : w->q[from].blocks[b]) : w->next_block++;
+        q->n_new = tl_rng_range(r, 1, PAT_MIN(other_new_hi, q->kv_len));
+    }
+    w->n_q = others + 1;
+    tl_world_layout(w);
+    return at;
+}

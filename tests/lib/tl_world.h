@@ -47,4 +47,15 @@ void tl_world_layout(tl_world_t *w);
 /* Grows query i by n tokens (new private blocks as needed); n_new becomes n. */
 void tl_world_grow(tl_world_t *w, uint32_t i, uint32_t n);
 
+/* A batch around one probe query, for batch-invariance tests: the probe's KV is blocks 0 ..
+ * ceil(probe_len / bs) - 1 in every batch (kv_len probe_len, n_new probe_new); up to max_others
+ * other queries, each sharing a random number of full blocks (none to all) with the probe or with
+ * an earlier one of them, then 1 .. other_tok_hi private tokens in blocks numbered from
+ * first_block on (ids reused from batch to batch: a pool that holds a function of the id serves
+ * every batch); 1 .. other_new_hi query tokens each; the probe at a random place of the order.
+ * Returns the probe's index; w->next_block is one past the largest id used. */
+uint32_t tl_world_probe(tl_world_t *w, tl_rng_t *r, uint32_t bs, uint32_t probe_len,
+                        uint32_t probe_new, uint32_t max_others, uint32_t other_tok_hi,
+                        uint32_t other_new_hi, uint32_t first_block);
+
 #endif

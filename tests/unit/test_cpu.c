@@ -63,8 +63,9 @@ typedef struct rig {
     void *q, *o;
     uint64_t q_elems;
     double scale;
-    kern_dtype_t kvt; /* the pool's KV dtype: 0 = mc.dt; set before rig_init */
-    float kvs;        /* its kv_scale (fp8) */
+    kern_dtype_t kvt;   /* the pool's KV dtype: 0 = mc.dt; set before rig_init */
+    float kvs;          /* its kv_scale (fp8) */
+    uint32_t inv_chunk; /* sched_config_t.invariant_chunk; set before rig_init */
 } rig_t;
 
 static uint32_t esz(kern_dtype_t dt)
@@ -150,6 +151,9 @@ static int g_pool_fd = -2; /* rig_backend: -2 = a pool of the heap; else pool_ke
 static kern_config_t rig_kc(const rig_t *g, uint32_t threads)
 {
     const mcase_t *mc = &g->mc;
+    uint64_t parts = 8ull * g->w.n_tokens + 64; /* an invariant plan: a slot per token chunk */
+    for (uint32_t i = 0; g->inv_chunk && i < g->w.n_q; i++)
+        parts += (uint64_t)g->w.q[i].n_new * (g->w.q[i].kv_len / g->inv_chunk + 1);
     kern_config_t kc = {.pool_keep = g_pool_fd != -2,
                         .pool_fd = g_pool_fd,
                         .model = {.n_layers = LAYERS,
@@ -162,7 +166,7 @@ static kern_config_t rig_kc(const rig_t *g, uint32_t threads)
                                   .kv_scale = g->kvs},
                         .n_blocks = g->w.next_block,
                         .max_tokens = g->w.n_tokens,
-                        .max_partials = 8 * g->w.n_tokens + 64,
+                        .max_partials = (uint32_t)parts,
                         .n_threads = threads};
     return kc;
 }
@@ -194,7 +198,8 @@ static void rig_init_tiles(rig_t *g, tl_rng_t *r, const mcase_t *mc, sched_polic
                          .policy = pol,
                          .tiles = tiles,
                          .split_min_kv = split_min,
-                         .split_factor = split_factor};
+                         .split_factor = split_factor,
+                         .invariant_chunk = g->inv_chunk};
     assert_int_equal(sched_create(&sc, &g->s), 0);
     for (uint32_t i = 0; i < g->w.n_q; i++) {
         const tl_query_t *q = &g->w.q[i];
@@ -860,6 +865,193 @@ static void test_nonfinite_kv_stored_as_zero(void **state)
     }
 }
 
+/* Batch invariance (sched_config_t.invariant_chunk): one probe query's output, bit for bit,
+ * across 50 batches around it (tl_world_probe: 0-24 other queries sharing any prefix of it or of
+ * each other, decode and extend rows, the probe anywhere in the order). With the mode on every
+ * batch gives the first one's bits (and they match float64); with it off (AUTO) the same batches
+ * do not all agree, so the check can fail. */
+#define INV_BATCHES 50
+
+typedef struct inv_case {
+    mcase_t m;
+    uint32_t chunk, probe_len, probe_new;
+} inv_case_t;
+
+/* Runs batch w under chunk (0: the mode off) and copies the probe's output rows to out. */
+static void inv_run(kern_backend_t *b, const inv_case_t *ic, const tl_world_t *w, uint32_t probe,
+                    uint32_t chunk, const void *q, void *o, uint8_t *out, size_t row_bytes)
+{
+    const mcase_t *m = &ic->m;
+    sched_config_t sc = {.max_queries = w->n_q,
+                         .max_tokens = w->n_tokens,
+                         .block_size = BS,
+                         .q_heads = m->q_heads,
+                         .kv_heads = m->kv_heads,
+                         .head_dim = m->d,
+                         .kv_elt_bytes = esz(m->dt),
+                         .split_min_kv = 256,
+                         .invariant_chunk = chunk};
+    sched_t *s;
+    assert_int_equal(sched_create(&sc, &s), 0);
+    for (uint32_t i = 0; i < w->n_q; i++) {
+        const tl_query_t *x = &w->q[i];
+        sched_query_t v = {x->blocks, x->n_blocks, x->kv_len, x->n_new, x->tok_off, 0};
+        assert_int_equal(sched_forest_join(sched_forest(s), i, &v), 0);
+    }
+    const sched_plan_hdr_t *h;
+    assert_int_equal(sched_build(s, &h), 0);
+    assert_int_equal(h->flags, chunk ? SCHED_PLAN_INVARIANT : 0u);
+    kern_attn_params_t p = {.scale = 0.09f, .softcap = m->softcap};
+    assert_int_equal(kern_attend(b, 1, h, q, o, &p), 0);
+    memcpy(out, (const uint8_t *)o + (size_t)w->q[probe].tok_off * row_bytes,
+           ic->probe_new * row_bytes);
+    sched_free(s);
+}
+
+static void test_batch_invariance(void **state)
+{
+    (void)state;
+    static const inv_case_t cases_inv[] = {
+        {{8, 2, 64, KERN_BF16, 0}, 128, 1100, 1},
+        {{12, 4, 128, KERN_F16, 30}, 512, 1500, 3},
+    };
+    tl_rng_t r;
+    tl_rng_seed(&r, tl_test_seed(0x1a7));
+    for (size_t ci = 0; ci < sizeof(cases_inv) / sizeof(cases_inv[0]); ci++) {
+        const inv_case_t *ic = &cases_inv[ci];
+        const mcase_t *m = &ic->m;
+        const uint32_t max_others = 24, tok_hi = 400, new_hi = 4,
+                       probe_blocks = ic->probe_len / BS + 1;
+        const uint32_t n_blocks = probe_blocks + max_others * ((tok_hi + BS - 1) / BS);
+        const uint32_t max_tok = ic->probe_new + max_others * new_hi;
+        kern_config_t kc = {.model = {.n_layers = LAYERS,
+                                      .q_heads = m->q_heads,
+                                      .kv_heads = m->kv_heads,
+                                      .head_dim = m->d,
+                                      .block_size = BS,
+                                      .dtype = m->dt},
+                            .n_blocks = n_blocks,
+                            .max_tokens = max_tok,
+                            .max_partials = 64 * max_tok,
+                            .n_threads = 2};
+        kern_backend_t *b;
+        assert_int_equal(kern_backend_create("cpu", &kc, &b), 0);
+        /* every block of the pool holds a function of its id: the same KV in every batch */
+        const uint64_t seed = tl_rng_u64(&r), row = (uint64_t)m->kv_heads * m->d;
+        uint8_t *kb = malloc(row * esz(m->dt)), *vb = malloc(row * esz(m->dt));
+        for (uint32_t slot = 0; slot < n_blocks * BS; slot++) {
+            for (uint32_t hh = 0; hh < m->kv_heads; hh++)
+                for (uint32_t x = 0; x < m->d; x++) {
+                    const uint64_t e = (uint64_t)hh * m->d + x;
+                    kern_store(m->dt, kb, e,
+                               (float)tl_kv_value(seed, slot / BS, slot % BS, hh, x, 0));
+                    kern_store(m->dt, vb, e,
+                               (float)tl_kv_value(seed, slot / BS, slot % BS, hh, x, 1));
+                }
+            assert_int_equal(kern_append_kv(b, 1, kb, vb, &slot, 1), 0);
+        }
+        free(kb);
+        free(vb);
+        const size_t row_bytes = (size_t)m->q_heads * m->d * esz(m->dt);
+        uint8_t *q = malloc(max_tok * row_bytes), *o = malloc(max_tok * row_bytes);
+        uint8_t *pq = malloc(ic->probe_new * row_bytes); /* the probe's Q, the same every batch */
+        for (uint64_t e = 0; e < ic->probe_new * row_bytes / esz(m->dt); e++)
+            kern_store(m->dt, pq, e, (float)(3.0 * tl_rng_unit(&r)));
+        uint8_t *ref[2], *got = malloc(ic->probe_new * row_bytes);
+        ref[0] = malloc(ic->probe_new * row_bytes);
+        ref[1] = malloc(ic->probe_new * row_bytes);
+        uint32_t differ[2] = {0, 0}, others = 0;
+        for (uint32_t it = 0; it < INV_BATCHES; it++) {
+            tl_world_t w;
+            const uint32_t probe = tl_world_probe(&w, &r, BS, ic->probe_len, ic->probe_new,
+                                                  max_others, tok_hi, new_hi, probe_blocks);
+            others += w.n_q - 1;
+            for (uint64_t e = 0; e < (uint64_t)w.n_tokens * row_bytes / esz(m->dt); e++)
+                kern_store(m->dt, q, e, (float)(3.0 * tl_rng_unit(&r)));
+            memcpy(q + (size_t)w.q[probe].tok_off * row_bytes, pq, ic->probe_new * row_bytes);
+            for (int mode = 0; mode < 2; mode++) {
+                inv_run(b, ic, &w, probe, mode ? 0 : ic->chunk, q, o, it ? got : ref[mode],
+                        row_bytes);
+                if (it && memcmp(got, ref[mode], ic->probe_new * row_bytes))
+                    differ[mode]++;
+            }
+            tl_world_free(&w);
+        }
+        /* the invariant bits are attention's: float64 over the probe's KV */
+        const uint32_t g = m->q_heads / m->kv_heads;
+        double *K = malloc((size_t)ic->probe_len * m->d * sizeof(double));
+        double *V = malloc((size_t)ic->probe_len * m->d * sizeof(double));
+        double *qd = malloc(m->d * sizeof(double)), *ref64 = malloc(m->d * sizeof(double));
+        double *gotd = malloc(m->d * sizeof(double)), worst = 0.0;
+        for (uint32_t hh = 0; hh < m->kv_heads; hh++) {
+            for (uint32_t t = 0; t < ic->probe_len; t++)
+                for (uint32_t x = 0; x < m->d; x++) {
+                    K[(uint64_t)t * m->d + x] =
+                        rt(m->dt, tl_kv_value(seed, t / BS, t % BS, hh, x, 0));
+                    V[(uint64_t)t * m->d + x] =
+                        rt(m->dt, tl_kv_value(seed, t / BS, t % BS, hh, x, 1));
+                }
+            for (uint32_t k = 0; k < ic->probe_new; k++)
+                for (uint32_t j = 0; j < g; j++) {
+                    const uint64_t base = ((uint64_t)k * m->q_heads + hh * g + j) * m->d;
+                    for (uint32_t x = 0; x < m->d; x++) {
+                        qd[x] = kern_load(m->dt, pq, base + x);
+                        gotd[x] = kern_load(m->dt, ref[0], base + x);
+                    }
+                    tl_ref_attend(qd, K, V, ic->probe_len - ic->probe_new + 1 + k, m->d, 0.09,
+                                  m->softcap, ref64);
+                    const double e = tl_rel_err(gotd, ref64, m->d);
+                    worst = e > worst ? e : worst;
+                }
+        }
+        printf("invariant chunk %u, %u/%u d%u: the probe's bits differ from the first batch's in "
+               "%u of %u batches (mode off: %u), %u neighbours in all; vs float64 %.2e\n",
+               ic->chunk, m->q_heads, m->kv_heads, m->d, differ[0], INV_BATCHES - 1, differ[1],
+               others, worst);
+        assert_int_equal(differ[0], 0);
+        assert_true(differ[1] > 0);
+        assert_true(worst < tol(m->dt));
+        free(K);
+        free(V);
+        free(qd);
+        free(ref64);
+        free(gotd);
+        free(q);
+        free(o);
+        free(pq);
+        free(got);
+        free(ref[0]);
+        free(ref[1]);
+        kern_backend_free(b);
+    }
+}
+
+/* Batch-invariant plans are attention too: random forests (decode and extend rows) under chunks
+ * of one window to many, against float64. */
+static void test_invariant_forests_vs_fp64(void **state)
+{
+    (void)state;
+    tl_rng_t r;
+    tl_rng_seed(&r, tl_test_seed(0x1a8));
+    static const uint32_t chunks[] = {64, 128, 256, 1024};
+    double worst = 0.0;
+    for (int round = 0; round < 16; round++) {
+        const mcase_t *mc = &cases[round % (sizeof(cases) / sizeof(cases[0]))];
+        rig_t g;
+        memset(&g, 0, sizeof(g));
+        g.inv_chunk = chunks[round % 4];
+        gen_bounded(&g.w, &r, mc, round % 3 == 2, round % 2);
+        rig_init(&g, &r, mc, SCHED_POLICY_AUTO, 0, 2);
+        run_layer1(&g);
+        const double e = check_outputs(&g);
+        if (e >= tol(mc->dt))
+            fail_msg("round %d (chunk %u): error %g", round, g.inv_chunk, e);
+        worst = e > worst ? e : worst;
+        rig_done(&g);
+    }
+    printf("invariant plans on 16 random forests: worst error %.2e against float64\n", worst);
+}
+
 static void test_errors(void **state)
 {
     kern_config_t kc = {.model = {2, 8, 2, 128, BS, KERN_BF16, KERN_BF16, 0.f},
@@ -972,6 +1164,8 @@ static void test_errors(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_invariant_forests_vs_fp64),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_pool_outlives_backend),
         cmocka_unit_test(test_empty_ranges_and_masked_merge),

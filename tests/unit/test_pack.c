@@ -220,6 +220,87 @@ static void test_random_coverage_all_policies(void **state)
     }
 }
 
+/* Batch-invariant plans (sched_invariant.c): exactly once like every plan, and what the backends
+ * rely on for invariance: each segment inside one 64-token window, a CTA's windows in order and
+ * all in one chunk, tile n 64, a token's partials one per chunk of its KV in chunk order (direct
+ * when it has one chunk); and a window every query of a CTA shares is read once there. */
+static void test_invariant_plans(void **state)
+{
+    (void)state;
+    tl_rng_t r;
+    tl_rng_seed(&r, tl_test_seed(0x1a9));
+    static const uint32_t chunks[] = {64, 256, 1024};
+    uint32_t shared_windows = 0;
+    for (int round = 0; round < 36; round++) {
+        tl_world_t w;
+        gen_world(&w, &r, round % 3 == 0 ? 40 : 1, 96);
+        const dims_t d = dims_set[round % 4];
+        const uint32_t chunk = chunks[round % 3];
+        sched_config_t c = {.max_queries = w.n_q,
+                            .max_tokens = w.n_tokens,
+                            .block_size = BS,
+                            .q_heads = d.q_heads,
+                            .kv_heads = d.kv_heads,
+                            .head_dim = d.head_dim,
+                            .kv_elt_bytes = 2,
+                            .split_min_kv = 64,
+                            .invariant_chunk = chunk};
+        sched_t *s;
+        assert_int_equal(sched_create(&c, &s), 0);
+        join_all(s, &w);
+        const sched_plan_hdr_t *h;
+        assert_int_equal(sched_build(s, &h), 0);
+        check_plan(&w, h, d.q_heads / d.kv_heads);
+        assert_int_equal(h->flags, SCHED_PLAN_INVARIANT);
+        const sched_plan_cta_t *ct = sched_plan_ctas(h);
+        const sched_plan_seg_t *sg = sched_plan_segs(h);
+        const sched_plan_row_t *rw = sched_plan_rows(h);
+        const sched_plan_merge_t *mg = sched_plan_merges(h);
+        for (uint32_t i = 0; i < h->n_ctas; i++) {
+            assert_int_equal(sched_plan_groups(h)[ct[i].group].n, SCHED_INVARIANT_WINDOW);
+            const sched_plan_seg_t *x = sg + ct[i].seg_begin;
+            const uint32_t ck = x[0].kv_begin / chunk;
+            for (uint32_t k = 0; k < ct[i].seg_count; k++) {
+                assert_int_equal(x[k].kv_begin / 64, (x[k].kv_end - 1) / 64);
+                assert_int_equal(x[k].kv_begin / chunk, ck);
+                assert_true(k == 0 || x[k].kv_begin >= x[k - 1].kv_begin);
+                shared_windows += x[k].row_hi - x[k].row_lo > 1;
+            }
+            for (uint32_t k = 0; k < ct[i].row_count; k++) {
+                const sched_plan_row_t *row = &rw[ct[i].row_begin + k];
+                const uint32_t parts = (row->limit + chunk - 1) / chunk;
+                assert_true(ck < parts);
+                if (parts == 1) {
+                    assert_int_equal(row->merge, SCHED_ROW_DIRECT);
+                    continue;
+                }
+                assert_int_equal(mg[row->merge].part_count, parts);
+                assert_int_equal(row->dst, mg[row->merge].part_begin + ck);
+            }
+        }
+        sched_free(s);
+        tl_world_free(&w);
+    }
+    assert_true(shared_windows > 0);
+    /* bad chunks are refused */
+    tl_world_t w;
+    gen_world(&w, &r, 1, 8);
+    sched_config_t c = {.max_queries = w.n_q,
+                        .max_tokens = w.n_tokens,
+                        .block_size = BS,
+                        .q_heads = 8,
+                        .kv_heads = 8,
+                        .head_dim = 64,
+                        .kv_elt_bytes = 2,
+                        .invariant_chunk = 96};
+    sched_t *s;
+    assert_int_equal(sched_create(&c, &s), -EINVAL);
+    c.invariant_chunk = 128;
+    c.block_size = 128;
+    assert_int_equal(sched_create(&c, &s), -EINVAL);
+    tl_world_free(&w);
+}
+
 static uint64_t plan_bytes(const tl_world_t *w, dims_t d, sched_policy_t pol,
                            sched_traffic_t *ret_qc)
 {
@@ -858,6 +939,7 @@ int main(void)
         cmocka_unit_test(test_paper_figure6),
         cmocka_unit_test(test_gqa_short_prefix_not_packed),
         cmocka_unit_test(test_random_coverage_all_policies),
+        cmocka_unit_test(test_invariant_plans),
         cmocka_unit_test(test_bytes_never_above_baselines),
         cmocka_unit_test(test_model_bytes_equal_plan_bytes),
         cmocka_unit_test(test_lazy_update_across_decode),
