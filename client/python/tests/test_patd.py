@@ -444,6 +444,74 @@ class Fp8DaemonCase(unittest.TestCase):
         self.assertGreater(worst_u, 4 * worst_q)  # the pool did not keep fp16
 
 
+class InvariantDaemonCase(unittest.TestCase):
+    """daemon.invariant = 1 (issue 40): a token's output is bitwise the same whatever else its
+    step holds. One probe decode token (a fork of a 300-token prompt, the same new Q, K and V),
+    its O at every layer, over 20 steps of different company: forks of the prompt cut anywhere
+    (so that the prefix tree around the probe changes), prefilling 1-5 tokens each, the probe
+    anywhere in the step."""
+
+    @classmethod
+    def setUpClass(cls):
+        start_daemon(cls, "patd-pyinv.", ["--layers=2", "--q-heads=4", "--kv-heads=2",
+                                          "--invariant=1", "--invariant-chunk=128",
+                                          "--conn-max-seqs=32"])
+
+    @classmethod
+    def tearDownClass(cls):
+        stop_daemon(cls)
+
+    def test_status_says_invariant(self):
+        self.assertIn("\ninvariant_chunk 128\n", patd.admin("status", socket=self.sock))
+
+    def test_probe_bits_across_steps(self):
+        rng = np.random.default_rng(12)
+        prompt = [3000 + i for i in range(300)]
+        mine = [[rng.uniform(-1, 1, shape).astype(np.float16) for shape in
+                 ((4, 64), (2, 64), (2, 64))] for _ in range(MODEL.n_layers)]
+        with patd.Conn(MODEL, max_batch_tokens=512, socket=self.sock, max_seqs=32) as c:
+            p, _ = c.seq_open(prompt)
+            c.step_begin([p], [300], prompt)
+            for layer in range(MODEL.n_layers):
+                c.q[:300] = rng.uniform(-1, 1, (300, 4, 64)).astype(np.float16)
+                c.k[:300] = rng.uniform(-2, 2, (300, 2, 64)).astype(np.float16)
+                c.v[:300] = rng.uniform(-2, 2, (300, 2, 64)).astype(np.float16)
+                c.attend(layer)
+            self.assertEqual(c.step_end()["committed"], 1)
+            first, company = None, 0
+            for step in range(20):
+                probe = c.seq_fork(p)
+                others = []
+                for _ in range(int(rng.integers(0, 9))):
+                    o = c.seq_fork(p)
+                    c.seq_truncate(o, int(rng.integers(0, 301)))
+                    others.append((o, int(rng.integers(1, 6))))
+                company += len(others)
+                at = int(rng.integers(0, len(others) + 1))
+                order = others[:at] + [(probe, 1)] + others[at:]
+                row = sum(n for _, n in order[:at])
+                total = sum(n for _, n in order)
+                c.step_begin([s for s, _ in order], [n for _, n in order], [7] * total)
+                outs = []
+                for layer in range(MODEL.n_layers):
+                    c.q[:total] = rng.uniform(-1, 1, (total, 4, 64)).astype(np.float16)
+                    c.k[:total] = rng.uniform(-2, 2, (total, 2, 64)).astype(np.float16)
+                    c.v[:total] = rng.uniform(-2, 2, (total, 2, 64)).astype(np.float16)
+                    c.q[row], c.k[row], c.v[row] = mine[layer]
+                    c.attend(layer)
+                    outs.append(c.o[row].copy().view(np.uint16))
+                self.assertEqual(c.step_end()["committed"], 1)
+                if first is None:
+                    first = outs
+                for layer in range(MODEL.n_layers):
+                    self.assertTrue(np.array_equal(first[layer], outs[layer]), (step, layer))
+                for s, _ in order:
+                    c.seq_close(s)
+            self.assertGreater(company, 40)
+            c.seq_close(p)
+        self.assertEqual(patd.admin("check", socket=self.sock).split()[1], "ok")
+
+
 class OfflineCase(unittest.TestCase):
     """What needs no daemon: the version rule and the bf16 conversions."""
 
