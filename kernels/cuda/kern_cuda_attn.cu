@@ -114,10 +114,13 @@ void cuda_lane_trim(kern_lane_t *l)
     L->last_len = 0;
 }
 
-/* the launch attend_on makes for h runs fwd_pair (which reads the tiles) */
+/* the launch attend_on makes for h runs fwd_pair (which reads the tiles); a batch-invariant plan
+ * always where the pair kernel exists, whatever its CTAs' rows (a row's arithmetic is its
+ * consumer's, the same in every CTA; in fwd_layer it depends on the tile m) */
 static bool runs_pair(const Cuda *c, const sched_plan_hdr_t *h)
 {
-    return c->fwd.pair_fn && h->max_cta_rows > KCUDA_WS_MIN_ROWS;
+    return c->fwd.pair_fn &&
+           (h->max_cta_rows > KCUDA_WS_MIN_ROWS || (h->flags & SCHED_PLAN_INVARIANT));
 }
 
 /* Checks the plan (kern__plan_check, then what only this backend needs: rows per CTA within the
@@ -234,6 +237,7 @@ int attend_on(Lane *L, uint32_t layer, const sched_plan_hdr_t *h, const void *q,
     a.v_scale = ks;
     a.softcap = p->softcap;
     a.merge_inside = c->base.cfg.merge == KERN_MERGE_INSIDE;
+    a.invariant = (h->flags & SCHED_PLAN_INVARIANT) != 0;
     void *args[] = {&a};
     /* KERN_FWD_AUTO on sm_90a: the warp-specialized kernel for every plan with a CTA of more
      * than KCUDA_WS_MIN_ROWS rows (runs_pair); plans whose CTAs are all of at most that many

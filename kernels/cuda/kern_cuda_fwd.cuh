@@ -798,6 +798,13 @@ __device__ __forceinline__ void fwd_small(const FwdArgs &a, const kcuda_cta_t &c
                                           uint8_t *smem)
 {
     const uint32_t rows = cta.row_count * a.group, tid = threadIdx.x;
+    if (a.invariant) { /* one kernel for every CTA: each warp a band of 16 rows, all 64 columns */
+        fwd_cta<T, D, 64, true, false, KV>(a, cta, head, smem);
+        if (a.merge_inside)
+            fwd_arrive_merge<T, D>(a, cta, head, *reinterpret_cast<MergeList *>(smem), tid,
+                                   KCUDA_THREADS, BAR_BLOCK);
+        return;
+    }
 #if KCUDA_WGMMA
     if constexpr (WGK && D <= 128) {
         if (rows > 32 && cta.seg_count > 1) {

@@ -74,6 +74,8 @@ struct FwdArgs {
     float v_scale; /* what O is multiplied by: kv_scale where the pool is fp8, else 1 */
     float softcap;
     uint32_t merge_inside; /* 1: the last CTA of a split token merges (KERN_MERGE_INSIDE) */
+    uint32_t invariant;    /* 1: a batch-invariant plan (SCHED_PLAN_INVARIANT): fwd_layer runs
+                              every CTA on its one 64-row, several-segment kernel */
 };
 
 /* fwd_pair's work items, numbered without gaps (ws_ref): one per KV head of each of the first

@@ -75,6 +75,14 @@ static void class_chunks(const sched_plan_hdr_t *h, const sched_plan_seg_t *sg, 
             span_chunks(sg[k].kv_begin, sg[k].kv_end);
 }
 
+/* A batch-invariant plan's CTA (SCHED_PLAN_INVARIANT): every segment lies in one window of four
+ * blocks and is a tile of its own, each block at slot (position / bs) % 4, so that a row's tile of
+ * a window holds the same chunks at the same tile rows whatever else its CTA reads. */
+static int plan_invariant(const sched_plan_hdr_t *h)
+{
+    return (h->flags & SCHED_PLAN_INVARIANT) != 0;
+}
+
 uint32_t kcuda_pack_prepare(const sched_plan_hdr_t *h, kcuda_cta_t *out, uint64_t *n_tiles)
 {
     const sched_plan_cta_t *ct = sched_plan_ctas(h);
@@ -95,13 +103,67 @@ uint32_t kcuda_pack_prepare(const sched_plan_hdr_t *h, kcuda_cta_t *out, uint64_
             d->pad = 0;
             uint64_t n[3];
             class_chunks(h, sched_plan_segs(h) + d->seg_begin, d->seg_count, small, n);
-            const uint64_t t = class_tiles(n);
+            const uint64_t t = plan_invariant(h) ? d->seg_count : class_tiles(n);
             d->n_tiles = (uint32_t)(t > UINT32_MAX ? UINT32_MAX : t);
             d->first_tile = (uint32_t)(tiles > UINT32_MAX ? UINT32_MAX : tiles);
             tiles += t;
         }
     *n_tiles = tiles;
     return n_big;
+}
+
+/* Places chunk q of segment g (its first block p0) at slot e of tile t. */
+static void tile_chunk(kcuda_tile_t *t, int e, const sched_plan_seg_t *g, const uint32_t *pages,
+                       uint32_t p0, uint32_t q)
+{
+    const uint32_t bs = KERN_BLOCK_SIZE, pos = (p0 + q) * bs;
+    const uint32_t lo = (g->kv_begin > pos ? g->kv_begin : pos) - pos;
+    const uint32_t hi = (g->kv_end < pos + bs ? g->kv_end : pos + bs) - pos;
+    t->blk[e] = pages[g->page_begin + q];
+    t->pos[e] = pos;
+    t->rng[e] = lo | hi << 8 | (uint32_t)g->row_lo << 16 | (uint32_t)g->row_hi << 24;
+}
+
+/* An invariant CTA's tiles: one per segment, in window order; within a window (its segments'
+ * readers disjoint: each row reads one tile there) those read by both consumers first, then the
+ * two consumers' own alternating, as the classes are elsewhere. */
+static void fill_invariant(const sched_plan_hdr_t *h, const kcuda_cta_t *c, kcuda_tile_t *t)
+{
+    const sched_plan_seg_t *src = sched_plan_segs(h) + c->seg_begin;
+    const uint32_t *pages = sched_plan_pages(h);
+    const int small = rows_small(c->row_count * h->group);
+    uint32_t at = 0;
+    for (uint32_t k = 0; k < c->seg_count;) {
+        uint32_t end = k + 1;
+        while (end < c->seg_count &&
+               src[end].kv_begin / KCUDA_TILE_N == src[k].kv_begin / KCUDA_TILE_N)
+            end++;
+        uint32_t next[3] = {k, k, k}; /* per class: where its next segment may be */
+        int turn = 1;
+        for (;;) {
+            const int order[3] = {0, turn, 3 - turn};
+            uint32_t pick = end;
+            int cl = 0;
+            for (int o = 0; o < 3 && pick == end; o++)
+                for (uint32_t x = next[order[o]]; x < end; x++)
+                    if (span_class(src[x].row_lo, src[x].row_hi, small, h->group) == order[o]) {
+                        pick = x;
+                        cl = order[o];
+                        break;
+                    }
+            if (pick == end)
+                break;
+            next[cl] = pick + 1;
+            if (cl)
+                turn = 3 - cl;
+            const sched_plan_seg_t *g = &src[pick];
+            const uint32_t p0 = g->kv_begin / KERN_BLOCK_SIZE;
+            for (uint32_t q = 0; q < span_chunks(g->kv_begin, g->kv_end); q++)
+                tile_chunk(&t[at], (int)((p0 + q) % 4), g, pages, p0, q);
+            at++;
+        }
+        k = end;
+    }
 }
 
 void kcuda_pack_fill(const sched_plan_hdr_t *h, const kcuda_cta_t *cd, kcuda_tile_t *out)
@@ -122,7 +184,9 @@ void kcuda_pack_fill(const sched_plan_hdr_t *h, const kcuda_cta_t *cd, kcuda_til
         class_chunks(h, src + c->seg_begin, c->seg_count, small, n);
         const uint64_t tb = (n[0] + 3) / 4, t0 = (n[1] + 3) / 4, t1 = (n[2] + 3) / 4;
         uint64_t j[3] = {0, 0, 0};
-        for (uint32_t k = 0; k < c->seg_count; k++) {
+        if (plan_invariant(h))
+            fill_invariant(h, c, t);
+        for (uint32_t k = 0; !plan_invariant(h) && k < c->seg_count; k++) {
             const sched_plan_seg_t *g = &src[c->seg_begin + k];
             const int cl = span_class(g->row_lo, g->row_hi, small, group);
             const uint32_t p0 = g->kv_begin / bs, nc = span_chunks(g->kv_begin, g->kv_end);
@@ -133,13 +197,7 @@ void kcuda_pack_fill(const sched_plan_hdr_t *h, const kcuda_cta_t *cd, kcuda_til
                 const uint64_t ti = cl == 0   ? x
                                     : cl == 1 ? tb + x + (x < t1 ? x : t1)
                                               : tb + (x + 1 < t0 ? x + 1 : t0) + x;
-                const uint32_t pos = (p0 + q) * bs;
-                const uint32_t lo = (g->kv_begin > pos ? g->kv_begin : pos) - pos;
-                const uint32_t hi = (g->kv_end < pos + bs ? g->kv_end : pos + bs) - pos;
-                const int e = (int)(j[cl] % 4);
-                t[ti].blk[e] = pages[g->page_begin + q];
-                t[ti].pos[e] = pos;
-                t[ti].rng[e] = lo | hi << 8 | (uint32_t)g->row_lo << 16 | (uint32_t)g->row_hi << 24;
+                tile_chunk(&t[ti], (int)(j[cl] % 4), g, pages, p0, q);
             }
         }
         for (uint32_t k = 0; k < c->n_tiles; k++) {

@@ -11,7 +11,8 @@
  * device tile table, forced serial vs multi-stream (bitwise equal), copy-on-write block copies,
  * NaN and infinity in appended K/V (stored as 0), and error codes. `--quick` runs a reduced set
  * (for compute-sanitizer), `--tree` only the TREE plans (`--tree-quick` small ones; `--tree-loop
- * N` each TREE world's forward N more times, bitwise equal to its first)
+ * N` each TREE world's forward N more times, bitwise equal to its first), `--invariant` the
+ * batch-invariance tests (one probe query's bits across 50 batches, test_invariant)
  * (PATD_TEST_NO_POISON=1 leaves unused pool slots unwritten, for initcheck). Ends with "N passed, N
  * failed".
  */
@@ -1366,6 +1367,216 @@ static void test_persistent(int rounds, uint64_t seed)
     g_pair_blocks = 0;
 }
 
+/* Batch invariance (sched_config_t.invariant_chunk, SCHED_PLAN_INVARIANT): one probe query's
+ * output, bit for bit, across 50 batches around it (tl_world_probe: up to 40 other queries that
+ * share any prefix of it or of each other, decode and extend rows, the probe anywhere in the
+ * order), on fwd_pair (head_dim <= 128: CTAs of 1 to 128 rows, one or two KV heads an item, the
+ * three consumer classes), on fwd_layer (head_dim 256, gpu.forward = layer), with the merge
+ * launched or inside, over an fp8 pool; and against float64. The mode off (AUTO) gives the
+ * same batches different bits, so that the check can fail. */
+struct InvCase {
+    Model m;
+    uint32_t chunk, probe_len, probe_new;
+    kern_fwd_t fwd;
+    kern_merge_t merge;
+    const char *what;
+};
+
+static void test_invariant_case(const InvCase &ic, tl_rng_t *r)
+{
+    const Model &m = ic.m;
+    const uint32_t max_others = 40, tok_hi = 600, new_hi = 4, probe_blocks = ic.probe_len / BS + 1;
+    const uint32_t n_blocks = probe_blocks + max_others * ((tok_hi + BS - 1) / BS);
+    const uint32_t max_tok = ic.probe_new + max_others * new_hi;
+    kern_config_t kc = {};
+    kc.model = {2, m.q_heads, m.kv_heads, m.d, BS, m.dt, m.kv ? m.kv : m.dt, m.ks};
+    kc.n_blocks = n_blocks;
+    kc.max_tokens = max_tok;
+    kc.max_partials = 64 * max_tok;
+    kc.fwd = ic.fwd;
+    kc.merge = ic.merge;
+    kern_backend_t *b;
+    if (kern_backend_create("cuda", &kc, &b) < 0) {
+        verdict(ic.what, false, " (backend refused)");
+        return;
+    }
+    sched_tiles_t tiles;
+    kern_tiles(b, &tiles);
+    /* every block holds a function of its id: the same KV in every batch */
+    const uint64_t seed = tl_rng_u64(r), row_kv = (uint64_t)m.kv_heads * m.d;
+    const uint32_t csz = kern_dtype_size(m.dt);
+    {
+        const uint32_t n = n_blocks * BS;
+        std::vector<uint8_t> k((size_t)n * row_kv * csz), v((size_t)n * row_kv * csz);
+        std::vector<uint32_t> slots(n);
+        for (uint32_t t = 0; t < n; t++) {
+            slots[t] = t;
+            for (uint64_t e = 0; e < row_kv; e++) {
+                const uint32_t h = (uint32_t)(e / m.d), x = (uint32_t)(e % m.d);
+                kern_store(m.dt, k.data(), t * row_kv + e,
+                           (float)tl_kv_value(seed, t / BS, t % BS, h, x, 0));
+                kern_store(m.dt, v.data(), t * row_kv + e,
+                           (float)tl_kv_value(seed, t / BS, t % BS, h, x, 1));
+            }
+        }
+        void *dk, *dv;
+        CK(cudaMalloc(&dk, k.size()));
+        CK(cudaMalloc(&dv, v.size()));
+        h2d(dk, k.data(), k.size());
+        h2d(dv, v.data(), v.size());
+        for (uint32_t t = 0; t < n; t += max_tok) {
+            const uint32_t c = n - t < max_tok ? n - t : max_tok;
+            REQ(kern_append_kv(b, 1, (uint8_t *)dk + t * row_kv * csz,
+                               (uint8_t *)dv + t * row_kv * csz, slots.data() + t, c));
+        }
+        REQ(kern_sync(b));
+        CK(cudaFree(dk));
+        CK(cudaFree(dv));
+    }
+    const size_t row_bytes = (size_t)m.q_heads * m.d * csz, probe_bytes = ic.probe_new * row_bytes;
+    std::vector<uint8_t> q(max_tok * row_bytes), pq(probe_bytes), got(probe_bytes);
+    std::vector<uint8_t> ref[2] = {std::vector<uint8_t>(probe_bytes),
+                                   std::vector<uint8_t>(probe_bytes)};
+    for (uint64_t e = 0; e < probe_bytes / csz; e++)
+        kern_store(m.dt, pq.data(), e, (float)(3.0 * tl_rng_unit(r)));
+    void *dq, *dout;
+    CK(cudaMalloc(&dq, q.size()));
+    CK(cudaMalloc(&dout, q.size()));
+    uint32_t differ[2] = {0, 0}, others = 0, rows_max = 0;
+    const float scale = 0.09f;
+    for (uint32_t it = 0; it < 50; it++) {
+        tl_world_t w;
+        const uint32_t probe = tl_world_probe(&w, r, BS, ic.probe_len, ic.probe_new, max_others,
+                                              tok_hi, new_hi, probe_blocks);
+        others += w.n_q - 1;
+        for (uint64_t e = 0; e < (uint64_t)w.n_tokens * row_bytes / csz; e++)
+            kern_store(m.dt, q.data(), e, (float)(3.0 * tl_rng_unit(r)));
+        memcpy(q.data() + (size_t)w.q[probe].tok_off * row_bytes, pq.data(), probe_bytes);
+        h2d(dq, q.data(), (size_t)w.n_tokens * row_bytes);
+        for (int mode = 0; mode < 2; mode++) {
+            sched_config_t sc = {};
+            sc.max_queries = w.n_q;
+            sc.max_tokens = w.n_tokens;
+            sc.block_size = BS;
+            sc.q_heads = m.q_heads;
+            sc.kv_heads = m.kv_heads;
+            sc.head_dim = m.d;
+            sc.kv_elt_bytes = kern_dtype_size(kern_kv_dtype(&kc.model));
+            sc.q_elt_bytes = csz;
+            sc.tiles = &tiles;
+            sc.split_min_kv = 256;
+            sc.max_partials = kc.max_partials;
+            sc.invariant_chunk = mode ? 0 : ic.chunk;
+            sched_t *s;
+            REQ(sched_create(&sc, &s));
+            for (uint32_t i = 0; i < w.n_q; i++) {
+                const tl_query_t *x = &w.q[i];
+                sched_query_t v = {x->blocks, x->n_blocks, x->kv_len, x->n_new, x->tok_off, 0};
+                REQ(sched_forest_join(sched_forest(s), i, &v));
+            }
+            const sched_plan_hdr_t *h;
+            REQ(sched_build(s, &h));
+            if (!mode)
+                rows_max = std::max(rows_max, h->max_cta_rows);
+            kern_attn_params_t p = {scale, m.softcap};
+            CK(cudaMemset(dout, 0xff, q.size()));
+            CK(cudaDeviceSynchronize());
+            REQ(kern_attend(b, 1, h, dq, dout, &p));
+            REQ(kern_sync(b));
+            CK(cudaMemcpy(it ? got.data() : ref[mode].data(),
+                          (uint8_t *)dout + (size_t)w.q[probe].tok_off * row_bytes, probe_bytes,
+                          cudaMemcpyDeviceToHost));
+            if (it && memcmp(got.data(), ref[mode].data(), probe_bytes))
+                differ[mode]++;
+            sched_free(s);
+        }
+        tl_world_free(&w);
+    }
+    /* the invariant bits are attention's: float64 over the probe's KV as the pool holds it */
+    const uint32_t g = m.q_heads / m.kv_heads;
+    std::vector<double> K((size_t)ic.probe_len * m.d), V((size_t)ic.probe_len * m.d), qd(m.d),
+        out(m.d), gd(m.d);
+    double worst = 0.0;
+    for (uint32_t hh = 0; hh < m.kv_heads; hh++) {
+        for (uint32_t t = 0; t < ic.probe_len; t++)
+            for (uint32_t x = 0; x < m.d; x++) {
+                K[(size_t)t * m.d + x] = rt_kv(m, tl_kv_value(seed, t / BS, t % BS, hh, x, 0));
+                V[(size_t)t * m.d + x] = rt_kv(m, tl_kv_value(seed, t / BS, t % BS, hh, x, 1));
+            }
+        for (uint32_t k = 0; k < ic.probe_new; k++)
+            for (uint32_t j = 0; j < g; j++) {
+                const uint64_t base = ((uint64_t)k * m.q_heads + hh * g + j) * m.d;
+                for (uint32_t x = 0; x < m.d; x++) {
+                    qd[x] = kern_load(m.dt, pq.data(), base + x);
+                    gd[x] = kern_load(m.dt, ref[0].data(), base + x);
+                }
+                tl_ref_attend(qd.data(), K.data(), V.data(), ic.probe_len - ic.probe_new + 1 + k,
+                              m.d, scale, m.softcap, out.data());
+                worst = std::max(worst, tl_rel_err(gd.data(), out.data(), m.d));
+            }
+    }
+    char name[160];
+    snprintf(name, sizeof(name), "invariant %s: probe bitwise over 50 batches", ic.what);
+    verdict(name, differ[0] == 0 && worst < 1e-2, "");
+    printf("    %u/%u d%u chunk %u: differ in %u of 49 (mode off: %u), %u neighbours, CTAs up to "
+           "%u rows, vs float64 %.2e\n",
+           m.q_heads, m.kv_heads, m.d, ic.chunk, differ[0], differ[1], others, rows_max, worst);
+    snprintf(name, sizeof(name), "invariant %s: the mode off differs", ic.what);
+    verdict(name, differ[1] > 0);
+    CK(cudaFree(dq));
+    CK(cudaFree(dout));
+    kern_backend_free(b);
+}
+
+static void test_invariant()
+{
+    tl_rng_t r;
+    tl_rng_seed(&r, tl_test_seed(0x1aa));
+    const InvCase cases_inv[] = {
+        {{32, 8, 128, KERN_BF16, 0},
+         256,
+         1500,
+         1,
+         KERN_FWD_AUTO,
+         KERN_MERGE_LAUNCH,
+         "pair 32/8 decode"},
+        {{8, 2, 64, KERN_F16, 30},
+         128,
+         900,
+         5,
+         KERN_FWD_AUTO,
+         KERN_MERGE_INSIDE,
+         "pair 8/2 extend, merge inside"},
+        {{32, 32, 128, KERN_F16, 0},
+         1024,
+         2100,
+         1,
+         KERN_FWD_AUTO,
+         KERN_MERGE_LAUNCH,
+         "pair 32/32 decode"},
+        {{16, 8, 256, KERN_F16, 0}, 256, 1300, 2, KERN_FWD_AUTO, KERN_MERGE_LAUNCH, "layer d256"},
+        {{32, 8, 128, KERN_BF16, 0},
+         256,
+         1500,
+         1,
+         KERN_FWD_LAYER,
+         KERN_MERGE_INSIDE,
+         "gpu.forward = layer"},
+        {{32, 8, 128, KERN_BF16, 0, KERN_FP8_E4M3, 0.25f},
+         512,
+         1700,
+         1,
+         KERN_FWD_AUTO,
+         KERN_MERGE_LAUNCH,
+         "fp8 e4m3 pool"},
+    };
+    for (const InvCase &ic : cases_inv) {
+        if (ic.m.kv && !fp8_runs())
+            continue;
+        test_invariant_case(ic, &r);
+    }
+}
+
 int main(int argc, char **argv)
 {
     const bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
@@ -1378,6 +1589,8 @@ int main(int argc, char **argv)
         test_tree();
     } else if (argc > 1 && strcmp(argv[1], "--dep") == 0) { /* one test */
         test_dependent_launch();
+    } else if (argc > 1 && strcmp(argv[1], "--invariant") == 0) { /* batch invariance alone */
+        test_invariant();
     } else if (argc > 1 && strcmp(argv[1], "--fp8") == 0) { /* the fp8 tests alone */
         test_fp8_refused();
         test_fp8_append_bytes();
@@ -1418,6 +1631,7 @@ int main(int argc, char **argv)
         test_nonfinite_kv();
         test_dependent_launch();
         test_copy_and_errors();
+        test_invariant();
         test_fp8_refused();
         if (fp8_runs()) {
             test_fp8_append_bytes();
