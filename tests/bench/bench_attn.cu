@@ -46,6 +46,8 @@
  * --kv fp8_e4m3|fp8_e5m2: instead of the modes above, the default forward over an fp16 pool beside
  * the same over an fp8 pool (plans auto and query; and auto on KERN_FWD_LAYER, the 4-warp
  * kernels), with each pool's floor (run_config_kv8).
+ * --invariant C,...: instead, the default plan beside batch-invariant plans of each chunk C
+ * (run_config_inv).
  * --quick: 4 trees, one head config; --trees / --heads pick cases: --trees takes B_L specs and
  * the sets paper (the PAT paper's 20 trees, the default), own (kOwnTrees: ten shapes of our own)
  * and all, separated by ';'; every spec is checked before anything runs.
@@ -296,7 +298,7 @@ static uint64_t distinct_tokens(const Tree &t)
 /* ------------------------------------------------------------------ one configuration */
 
 static sched_t *make_sched(const tl_world_t *w, uint32_t qh, uint32_t kvh, sched_policy_t pol,
-                           const sched_tiles_t *tiles, uint32_t kv_elt = 2)
+                           const sched_tiles_t *tiles, uint32_t kv_elt = 2, uint32_t inv_chunk = 0)
 {
     sched_config_t sc = {};
     sc.max_queries = w->n_q;
@@ -311,6 +313,7 @@ static sched_t *make_sched(const tl_world_t *w, uint32_t qh, uint32_t kvh, sched
     sc.tiles = tiles;
     sc.split_min_kv = 256; /* the daemon's setting */
     sc.max_partials = 64 * w->n_tokens;
+    sc.invariant_chunk = inv_chunk;
     sched_t *s;
     REQ(sched_create(&sc, &s));
     for (uint32_t i = 0; i < w->n_q; i++) {
@@ -722,11 +725,72 @@ static void run_config_kv8(const char *spec, const Tree &t, uint32_t qh, uint32_
     tl_world_free(&w);
 }
 
+/* --invariant C,...: the default plan (auto) beside batch-invariant plans of each chunk C
+ * (sched_config_t.invariant_chunk), one backend, the same batch and Q; each invariant output's
+ * relative error against the default's (both are attention; not the same bits). */
+static void run_config_inv(const char *spec, const Tree &t, uint32_t qh, uint32_t kvh,
+                           const Floors &f, const std::vector<uint32_t> &chunks, FILE *js)
+{
+    tl_world_t w;
+    build(&w, t);
+    kern_config_t kc = bench_config(w, qh, kvh);
+    kern_backend_t *b;
+    REQ(kern_backend_create("cuda", &kc, &b));
+    sched_tiles_t tiles;
+    kern_tiles(b, &tiles);
+    const Bufs bf(kc.max_tokens, kvh, qh, w.n_tokens);
+    fill_pool(b, w, kc.max_tokens, bf.dk, bf.dv);
+    kern_attn_params_t p = {1.0f / sqrtf((float)D), 0};
+    sched_t *s_pat = make_sched(&w, qh, kvh, SCHED_POLICY_AUTO, &tiles);
+    const sched_plan_hdr_t *h_pat;
+    REQ(sched_build(s_pat, &h_pat));
+    const double us_pat = time_plan(b, h_pat, bf.dq, bf.dout, &p);
+    std::vector<__half> o_pat(bf.qo_elems), o_inv(bf.qo_elems);
+    CK(cudaMemcpy(o_pat.data(), bf.dout, bf.qo_elems * 2, cudaMemcpyDeviceToHost));
+    std::vector<double> us(chunks.size()), err(chunks.size()), reread(chunks.size());
+    const uint64_t dtok = distinct_tokens(t);
+    const double bytes = (double)dtok * kvh * D * 2 * 2;
+    for (size_t i = 0; i < chunks.size(); i++) {
+        sched_t *s = make_sched(&w, qh, kvh, SCHED_POLICY_AUTO, &tiles, 2, chunks[i]);
+        const sched_plan_hdr_t *h;
+        REQ(sched_build(s, &h));
+        us[i] = time_plan(b, h, bf.dq, bf.dout, &p);
+        CK(cudaMemcpy(o_inv.data(), bf.dout, bf.qo_elems * 2, cudaMemcpyDeviceToHost));
+        err[i] = rel_err_f16(o_inv, o_pat);
+        sched_traffic_t tr;
+        sched_plan_traffic(h, qh, kvh, D, 2, 2, &tr);
+        reread[i] = (double)tr.kv / bytes;
+        sched_free(s);
+    }
+    double flops = 0;
+    for (uint32_t i = 0; i < w.n_q; i++)
+        flops += 4.0 * qh * w.q[i].kv_len * D;
+    const double floor = std::max(bytes / f.bw * 1e6, flops / f.tc * 1e6);
+    printf("%-46s %2u/%-2u %4u %8.1f %7.1f", spec, qh, kvh, w.n_q, us_pat, floor);
+    for (size_t i = 0; i < chunks.size(); i++)
+        printf(" %8.1f %5.2fx %5.2f %.0e", us[i], us[i] / us_pat, reread[i], err[i]);
+    printf("\n");
+    if (js) {
+        fprintf(js,
+                "{\"tree\":\"%s\",\"q_heads\":%u,\"kv_heads\":%u,\"queries\":%u,\"pat_us\":%.2f,"
+                "\"floor_us\":%.2f,\"distinct_bytes\":%.0f,\"read_bw\":%.0f,\"set\":\"%s\"",
+                spec, qh, kvh, w.n_q, us_pat, floor, bytes, f.bw, tree_set(spec));
+        for (size_t i = 0; i < chunks.size(); i++)
+            fprintf(js, ",\"inv%u_us\":%.2f,\"inv%u_reread\":%.3f,\"inv%u_rel_err\":%.2e",
+                    chunks[i], us[i], chunks[i], reread[i], chunks[i], err[i]);
+        fprintf(js, "}\n");
+    }
+    sched_free(s_pat);
+    kern_backend_free(b);
+    tl_world_free(&w);
+}
+
 int main(int argc, char **argv)
 {
     bool quick = false;
     FILE *js = nullptr;
     kern_dtype_t kv8 = (kern_dtype_t)0; /* --kv: the fp8 comparison only */
+    std::vector<uint32_t> inv;          /* --invariant: the invariant comparison only */
     std::vector<std::string> trees(kTrees, kTrees + sizeof(kTrees) / sizeof(kTrees[0]));
     std::vector<std::pair<uint32_t, uint32_t>> heads;
     for (const auto &h : kHeads)
@@ -744,6 +808,18 @@ int main(int argc, char **argv)
                 fprintf(stderr, "bench_attn: --kv takes fp8_e4m3 or fp8_e5m2 (got '%s')\n",
                         argv[i]);
                 return 2;
+            }
+        } else if (!strcmp(argv[i], "--invariant") && i + 1 < argc) {
+            for (char *tok = strtok(argv[++i], ","); tok; tok = strtok(nullptr, ",")) {
+                const unsigned long c = strtoul(tok, nullptr, 10);
+                if (c == 0 || c % SCHED_INVARIANT_WINDOW || c > (1u << 20)) {
+                    fprintf(stderr,
+                            "bench_attn: --invariant takes chunks, multiples of %u "
+                            "tokens (got '%s')\n",
+                            SCHED_INVARIANT_WINDOW, tok);
+                    return 2;
+                }
+                inv.push_back((uint32_t)c);
             }
         } else if (!strcmp(argv[i], "--json") && i + 1 < argc) {
             js = fopen(argv[++i], "w");
@@ -781,7 +857,8 @@ int main(int argc, char **argv)
             }
         } else {
             fprintf(stderr, "usage: bench_attn [--quick] [--trees 'B_L;B_L;paper;own;all'] "
-                            "[--heads 32/8,...] [--kv fp8_e4m3|fp8_e5m2] [--json FILE]\n");
+                            "[--heads 32/8,...] [--kv fp8_e4m3|fp8_e5m2] [--invariant C,...] "
+                            "[--json FILE]\n");
             return 2;
         }
     }
@@ -812,6 +889,18 @@ int main(int argc, char **argv)
     printf("device: %s, %d SMs; measured read bandwidth %.0f GB/s, fp16 tensor-core rate %.0f "
            "TFLOP/s\n",
            prop.name, prop.multiProcessorCount, f.bw / 1e9, f.tc / 1e12);
+    if (!inv.empty()) {
+        printf("%-46s %-5s %4s %8s %7s", "tree", "heads", "q", "auto_us", "floor");
+        for (uint32_t c : inv)
+            printf("   inv%-5u x_auto rerd err", c);
+        printf("\n");
+        for (const auto &h : heads)
+            for (size_t i = 0; i < trees.size(); i++)
+                run_config_inv(trees[i].c_str(), parsed[i], h.first, h.second, f, inv, js);
+        if (js)
+            fclose(js);
+        return 0;
+    }
     if (kv8) {
         printf("%-46s %-5s %4s %8s %8s %8s %8s %7s %7s %6s %6s %6s %s\n", "tree", "heads", "q",
                "f16_us", "fp8_us", "fp8qc_us", "fp8l_us", "floor16", "floor8", "8xflr", "16xflr",

@@ -26,6 +26,8 @@
 # --persist: only tests/gpu/test_persist.py under MPS (issue 37: the KV cache survives patd's
 # kill -9 and its upgrade, a transformers model as the frontend; builds patd, patctl, patd-keep
 # and libpat; the other modes that run test_hf run it too).
+# --invariant [CHUNKS]: test_cuda_attn --invariant and --tree-quick, bench_attn --invariant
+# CHUNKS (default 256,1024) on the PAT paper's trees with PAT beside, compare_invariant.py.
 # --flake [N]: test_cuda_attn --quick, then every TREE world of its --tree (fixed seed) run N
 # more times (default 200), bitwise equal to the first, then racecheck, initcheck and memcheck
 # on --tree-quick.
@@ -62,12 +64,13 @@ case "${1:-}" in
 --frontends) bench=11 ;;
 --persist) bench=12 ;;
 --flake) bench=13 ;;
+--invariant) bench=14 ;;
 esac
 
 # PAT's reference kernel (../shared/peers/pat): built in the background while patd builds and
 # tests, unless a built extension came along (.peers/PAT/prefix_attn/_prefix_attn*.so)
 pat_pid=
-if [ -x .peers/tools/run.sh ] && [ "$bench" != 0 ] && [ "$bench" -lt 3 -o "$bench" = 5 ]; then
+if [ -x .peers/tools/run.sh ] && [ "$bench" != 0 ] && [ "$bench" -lt 3 -o "$bench" = 5 -o "$bench" = 14 ]; then
     if ! ls .peers/PAT/prefix_attn/_prefix_attn*.so >/dev/null 2>&1; then
         (MAX_JOBS=8 .peers/tools/run.sh build >"$out/pat_build.log" 2>&1) &
         pat_pid=$!
@@ -91,6 +94,7 @@ targets="$B/tests/gpu/test_cuda_attn $B/tests/gpu/test_vmm_share $B/tests/gpu/te
 [ $bench = 12 ] && targets="$B/bin/patd $B/bin/patctl $B/bin/patd-keep $B/lib/libpat.so.1"
 [ $bench = 11 ] && targets="$B/bin/patd $B/lib/libpat.so.1"
 [ $bench = 13 ] && targets="$B/tests/gpu/test_cuda_attn"
+[ $bench = 14 ] && targets="$B/tests/gpu/test_cuda_attn $B/bench/bench_attn"
 # shellcheck disable=SC2086 # a list of targets
 if ! make -j"$(nproc)" B=$B CUDA=1 CUDA_ARCHS=90a $targets >>"$out/gpu.log" 2>&1; then
     tail -30 "$out/gpu.log"
@@ -115,9 +119,27 @@ run() { # name, command...
 # the shipped units and config started as systemd starts them: the cuda backend on this GPU
 # (tests/integ/test_units.py; two patd@ instances share the one GPU); not before --frontends,
 # whose time is the benchmark's
-[ $bench = 11 ] || [ $bench = 12 ] || [ $bench = 13 ] || run test_units env PATD_BIN=$B/bin/patd PATCTL_BIN=$B/bin/patctl \
+[ $bench = 11 ] || [ $bench = 12 ] || [ $bench = 13 ] || [ $bench = 14 ] || run test_units env PATD_BIN=$B/bin/patd PATCTL_BIN=$B/bin/patctl \
     python3 tests/integ/test_units.py --expect cuda
 if [ $bench = 10 ]; then # --units: only that
+    echo "$passed passed, $failed failed" | tee -a "$out/gpu.log"
+    [ "$failed" -eq 0 ]
+    exit
+fi
+if [ $bench = 14 ]; then # --invariant [CHUNKS]: batch invariance (issue 40)
+    run test_invariant $B/tests/gpu/test_cuda_attn --invariant
+    run test_tree_quick $B/tests/gpu/test_cuda_attn --tree-quick
+    run bench_invariant $B/bench/bench_attn --invariant "${2:-256,1024}" --trees paper \
+        --json "$out/bench_inv.jsonl"
+    if [ -x .peers/tools/run.sh ]; then
+        [ -n "$pat_pid" ] && { wait $pat_pid || tail -20 "$out/pat_build.log"; }
+        run pat_bench tests/gpu/pat_bench.sh "$out/bench_inv.jsonl" "$out/pat.jsonl"
+        run compare_invariant python3 tests/bench/compare_invariant.py "$out/bench_inv.jsonl" \
+            "$out/pat.jsonl" --md "$out/compare_invariant.md"
+        so=$(ls .peers/PAT/prefix_attn/_prefix_attn*.so 2>/dev/null | head -1)
+        [ -n "$pat_pid" ] && [ -n "$so" ] &&
+            tar -C .peers/PAT/prefix_attn -cJf "$out/pat_so.tar.xz" "$(basename "$so")"
+    fi
     echo "$passed passed, $failed failed" | tee -a "$out/gpu.log"
     [ "$failed" -eq 0 ]
     exit

@@ -19,6 +19,7 @@ Prints "N passed, N failed".
 """
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -263,8 +264,54 @@ def test_ab_e2e():
     check("ab_e2e_summary: no case with a verdict: exit 1", rc == 1, "rc %d: %s" % (rc, out))
 
 
+INV = os.path.join(ROOT, "tests", "bench", "compare_invariant.py")
+
+
+def run_inv(rows):
+    """compare_invariant.py on bench_attn --invariant rows (r) and PAT rows (p)"""
+    with tempfile.TemporaryDirectory() as d:
+        a, b = os.path.join(d, "patd.jsonl"), os.path.join(d, "pat.jsonl")
+        with open(a, "w") as fa, open(b, "w") as fb:
+            for r, p in rows:
+                fa.write(json.dumps(r) + "\n")
+                fb.write(json.dumps(p) + "\n")
+        res = subprocess.run([sys.executable, INV, a, b], capture_output=True, text=True,
+                             timeout=60)
+        return res.returncode, res.stdout + res.stderr
+
+
+def inv_row(tree, default_us, inv256, inv1024, peer_us, set_name="paper"):
+    r = {"tree": tree, "q_heads": 32, "kv_heads": 8, "queries": 10, "pat_us": default_us,
+         "floor_us": 5.0, "distinct_bytes": 1.5e7, "read_bw": 3e12, "set": set_name,
+         "inv256_us": inv256, "inv256_reread": 1.0, "inv256_rel_err": 1e-3,
+         "inv1024_us": inv1024, "inv1024_reread": 1.0, "inv1024_rel_err": 1e-3}
+    return r, {"tree": tree, "hq": 32, "hkv": 8, "pat_us": peer_us}
+
+
+def test_compare_invariant():
+    rows = [inv_row("1,8_1024,32", 10.0, 11.0, 13.0, 12.0),   # 1.1x, 1.3x; PAT 12
+            inv_row("1,4_2048,64", 20.0, 22.0, 26.0, 30.0),   # 1.1x, 1.3x; PAT 30
+            inv_row("256_1024", 10.0, 40.0, 40.0, 11.0),      # unshared: not in the geomean
+            inv_row("2,8_512,32", 5.0, 50.0, 50.0, 6.0, "own")]  # own set: not in it either
+    rc, text = run_inv(rows)
+    check("compare_invariant: exits 0", rc == 0, text[-400:])
+    check("compare_invariant: paper shared cases only",
+          "paper shared-prefix cases: 2;" in text, text[-600:])
+    check("compare_invariant: chunk 256 at 1.100x the default, met",
+          "invariant chunk 256: 1.100x the default" in text and
+          "target: chunk 256: invariant <= 1.15x the default (geo): met" in text, text[-800:])
+    check("compare_invariant: chunk 1024 at 1.300x, missed",
+          "target: chunk 1024: invariant <= 1.15x the default (geo): missed" in text, text[-800:])
+    check("compare_invariant: PAT / invariant (chunk 256) geomean over both",
+          "PAT / invariant %.3f" % math.sqrt(12.0 / 11.0 * 30.0 / 22.0) in text, text[-800:])
+    rc, text = run_inv([(dict(r, **{}), {"tree": "other", "hq": 1, "hkv": 1, "pat_us": 1.0})
+                        for r, _ in rows])
+    check("compare_invariant: no common case: exit 1", rc == 1, text[-300:])
+
+
 def main():
     test_compare()
+    test_compare_invariant()
     test_ab_e2e()
     test_trees()
     test_bench_refuses()
