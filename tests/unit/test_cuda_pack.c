@@ -7,8 +7,10 @@
  * and only in tiles its consumer warpgroup computes (the tile's live bit, which the tile before it
  * announces in `next`); `whole` holds exactly where every chunk is a whole block of the same
  * readers; the device copy lists the CTAs of more than 64 rows first, each CTA once, its tiles
- * consecutive. The masks mirror kern_cuda_fwd_ws.cuh: row r reads chunk k's block rows [lo, b),
- * b = min(hi, limit - pos), where r's query token is one of the chunk's readers.
+ * consecutive; a batch-invariant plan's tiles are one per segment, each chunk at its window's slot,
+ * a row's windows in order (check_invariant). The masks mirror kern_cuda_fwd_ws.cuh: row r reads
+ * chunk k's block rows [lo, b), b = min(hi, limit - pos), where r's query token is one of the
+ * chunk's readers.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -128,8 +130,35 @@ static void check_priced(const sched_plan_hdr_t *h, const sched_plan_cta_t *pc,
     assert_true(i < n_priced); /* the model priced this very CTA */
     assert_int_equal(priced[i].kind, tm > KCUDA_WS_MIN_ROWS);
     assert_int_equal(priced[i].units, tm > 64 ? 2 : 1);
-    if (priced[i].kind)
+    if (priced[i].kind && !(h->flags & SCHED_PLAN_INVARIANT)) /* invariant: launch order only */
         assert_int_equal(priced[i].tiles, c->n_tiles);
+}
+
+/* A batch-invariant plan's tiles (SCHED_PLAN_INVARIANT): one per segment, each chunk at slot
+ * (position / bs) % 4 of its window, one readers' range per tile; every query token reads at most
+ * one tile per window, its windows in increasing order (what makes a row's bits its own). */
+static void check_invariant(const sched_plan_hdr_t *h, const kcuda_cta_t *c, const kcuda_tile_t *t)
+{
+    assert_int_equal(c->n_tiles, c->seg_count);
+    uint32_t last[KCUDA_MAX_M];
+    memset(last, 0xff, sizeof(last));
+    for (uint32_t k = 0; k < c->n_tiles; k++) {
+        uint32_t win = UINT32_MAX, readers = 0;
+        for (int e = 0; e < 4; e++) {
+            if (t[k].blk[e] == KCUDA_NO_BLOCK)
+                continue;
+            assert_int_equal((int)(t[k].pos[e] / BS % 4), e);
+            assert_true(win == UINT32_MAX || win == t[k].pos[e] / 64);
+            win = t[k].pos[e] / 64;
+            assert_true(readers == 0 || readers == t[k].rng[e] >> 16);
+            readers = t[k].rng[e] >> 16;
+        }
+        assert_int_not_equal(win, UINT32_MAX);
+        for (uint32_t q = readers & 0xffu; q < readers >> 8; q++) {
+            assert_true(last[q] == UINT32_MAX || last[q] < win); /* one tile a window, in order */
+            last[q] = win;
+        }
+    }
 }
 
 static void check_tiles(const sched_plan_hdr_t *h)
@@ -195,6 +224,8 @@ static void check_tiles(const sched_plan_hdr_t *h)
             if (i < n_big)
                 assert_true(kinds == 2 || kinds == 4 || kinds == 8);
         }
+        if (h->flags & SCHED_PLAN_INVARIANT)
+            check_invariant(h, c, t);
         for (uint32_t r = 0; r < c->row_count * h->group; r++) {
             const uint32_t nw = plan_reads(h, c, r, want), ng = tile_reads(h, c, t, r, got);
             assert_int_equal(nw, ng);
@@ -256,8 +287,9 @@ static void test_random_plans(void **state)
                             .n_upto = {UINT32_MAX},
                             .item = recording_item};
         tt.cost = (sched_cost_t){3066.0f, 381.0f, 3.41f, 132, 1.80f, 5.43f, 0};
-        /* every policy, then TREE with 128-row CTAs only (leaves of both consumers' rows) */
-        for (int pol = 0; pol <= SCHED_POLICY_TREE + 1; pol++)
+        /* every policy, then TREE with 128-row CTAs only (leaves of both consumers' rows), then
+         * batch-invariant plans (split: chunks of 256 tokens, else 1024) */
+        for (int pol = 0; pol <= SCHED_POLICY_TREE + 2; pol++)
             for (int split = 0; split < 2; split++) {
                 sched_tiles_t wide = tt;
                 wide.n_m = 1;
@@ -272,7 +304,8 @@ static void test_random_plans(void **state)
                     .kv_elt_bytes = 2,
                     .policy = (sched_policy_t)(pol > SCHED_POLICY_TREE ? SCHED_POLICY_TREE : pol),
                     .split_min_kv = split ? 64 : 0,
-                    .tiles = pol > SCHED_POLICY_TREE ? &wide : &tt};
+                    .tiles = pol == SCHED_POLICY_TREE + 1 ? &wide : &tt,
+                    .invariant_chunk = pol == SCHED_POLICY_TREE + 2 ? (split ? 256 : 1024) : 0};
                 sched_t *s;
                 assert_int_equal(sched_create(&sc, &s), 0);
                 for (uint32_t i = 0; i < w.n_q; i++) {
