@@ -80,7 +80,7 @@ static void gen_regular(tl_world_t *w, tl_rng_t *r, const uint32_t *fan, uint32_
     tl_world_layout(w);
 }
 
-static sched_t *mk(const tl_world_t *w, sched_policy_t pol)
+static sched_t *mk(const tl_world_t *w, sched_policy_t pol, uint32_t inv_chunk)
 {
     sched_config_t c = {.max_queries = w->n_q,
                         .max_tokens = w->n_tokens,
@@ -90,7 +90,8 @@ static sched_t *mk(const tl_world_t *w, sched_policy_t pol)
                         .head_dim = 128,
                         .kv_elt_bytes = 2,
                         .policy = pol,
-                        .split_min_kv = 512};
+                        .split_min_kv = 512,
+                        .invariant_chunk = inv_chunk};
     sched_t *s;
     if (sched_create(&c, &s) < 0)
         abort();
@@ -107,12 +108,14 @@ static void join_all(sched_t *s, const tl_world_t *w)
     }
 }
 
+#define INV_CHUNK 1024u /* the batch-invariant plans' chunk (daemon.invariant_chunk's default) */
+
 static void traffic_row(const char *name, const tl_world_t *w, FILE *json)
 {
     sched_traffic_t qc;
     printf("  %-34s", name);
-    for (int p = 0; p < 5; p++) {
-        sched_t *s = mk(w, (sched_policy_t)p);
+    for (int p = 0; p < 6; p++) { /* the five policies, then invariant plans of 1024 */
+        sched_t *s = mk(w, (sched_policy_t)(p % 5), p == 5 ? INV_CHUNK : 0);
         join_all(s, w);
         const sched_plan_hdr_t *h;
         if (sched_build(s, &h) < 0)
@@ -120,12 +123,13 @@ static void traffic_row(const char *name, const tl_world_t *w, FILE *json)
         sched_traffic_t t;
         sched_plan_traffic(h, 32, 8, 128, 2, 2, &t);
         sched_query_centric_traffic(s, &qc);
-        printf(" %6s %7.1f MB", sched_policy_name((sched_policy_t)p), t.total / 1e6);
+        const char *pn = p == 5 ? "inv" : sched_policy_name((sched_policy_t)p);
+        printf(" %6s %7.1f MB", pn, t.total / 1e6);
         if (json)
             fprintf(json,
                     "  {\"case\": \"%s\", \"policy\": \"%s\", \"plan_bytes\": %llu, "
                     "\"query_centric_bytes\": %llu},\n",
-                    name, sched_policy_name((sched_policy_t)p), (unsigned long long)t.total,
+                    name, p == 5 ? "invariant1024" : pn, (unsigned long long)t.total,
                     (unsigned long long)qc.total);
         sched_free(s);
     }
@@ -166,19 +170,20 @@ int main(int argc, char **argv)
     tl_world_t w;
     const sched_plan_hdr_t *h;
     sched_stats_t st;
-    pct_t inc[2];
+    pct_t inc[2], inc_inv[2];
     uint32_t inc_ctas[2], inc_pages[2];
     static const uint32_t leaf_lo[2] = {100, 1500}, leaf_hi[2] = {400, 2500};
     enum { STEPS = 3000, EPOCH = 100 };
     uint64_t *ns = pat_xmalloc(STEPS * sizeof(uint64_t));
-    for (int v = 0; v < 2; v++) {
+    for (int vi = 0; vi < 4; vi++) { /* each shape, then again with invariant plans */
+        const int v = vi % 2, inv = vi >= 2;
         gen_regular(&w, &r, fan4, 4, 256, leaf_lo[v], leaf_hi[v], 256);
         uint32_t *kv0 = pat_xmalloc(w.n_q * sizeof(uint32_t)), *nb0 = pat_xmalloc(w.n_q * 4);
         for (uint32_t i = 0; i < w.n_q; i++) {
             kv0[i] = w.q[i].kv_len;
             nb0[i] = w.q[i].n_blocks;
         }
-        sched_t *s = mk(&w, SCHED_POLICY_AUTO);
+        sched_t *s = mk(&w, SCHED_POLICY_AUTO, inv ? INV_CHUNK : 0);
         uint32_t measured = 0;
         for (int step = 0; step < STEPS; step++) {
             if (step % EPOCH == 0) {
@@ -205,15 +210,16 @@ int main(int argc, char **argv)
             ns[measured++] = pat_now_ns() - t0;
         }
         sched_get_stats(s, &st);
-        inc[v] = percentiles(ns, measured);
+        pct_t *pc = inv ? &inc_inv[v] : &inc[v];
+        *pc = percentiles(ns, measured);
         inc_ctas[v] = h->n_ctas;
         inc_pages[v] = h->n_pages;
         printf("incremental decode step, 256 queries, 4-level forest (4 x 256 shared tokens), "
-               "private %u-%u tokens (+<100 decoded)\n",
-               leaf_lo[v], leaf_hi[v]);
+               "private %u-%u tokens (+<100 decoded)%s\n",
+               leaf_lo[v], leaf_hi[v], inv ? ", batch-invariant plans (chunk 1024)" : "");
         printf("  median %7.1f us   p99 %7.1f us   target <= 20 us   [%u CTAs, %u pages; pack "
                "reused on %llu of %llu plans]\n",
-               inc[v].med_us, inc[v].p99_us, inc_ctas[v], inc_pages[v],
+               pc->med_us, pc->p99_us, inc_ctas[v], inc_pages[v],
                (unsigned long long)st.pack_reuses, (unsigned long long)st.plans);
         sched_free(s);
         free(kv0);
@@ -224,25 +230,36 @@ int main(int argc, char **argv)
     /* full rebuild: 1,024 queries */
     const uint32_t fan1k[4] = {4, 8, 8, 4};
     gen_regular(&w, &r, fan1k, 4, 128, 50, 500, 1024);
-    sched_t *s = mk(&w, SCHED_POLICY_AUTO);
     enum { REBUILDS = 400 };
     uint64_t *rb = pat_xmalloc(REBUILDS * sizeof(uint64_t));
     uint64_t *pk = pat_xmalloc(REBUILDS * sizeof(uint64_t));
-    for (int it = 0; it < REBUILDS; it++) {
-        uint64_t t0 = pat_now_ns();
-        sched_forest_clear(sched_forest(s));
-        join_all(s, &w);
-        sched_build(s, &h);
-        rb[it] = pat_now_ns() - t0;
-        sched_get_stats(s, &st);
-        pk[it] = st.last_pack_ns;
+    pct_t reb = {0, 0}, pck = {0, 0}, reb_inv = {0, 0};
+    for (int inv = 0; inv < 2; inv++) {
+        sched_t *s = mk(&w, SCHED_POLICY_AUTO, inv ? INV_CHUNK : 0);
+        for (int it = 0; it < REBUILDS; it++) {
+            uint64_t t0 = pat_now_ns();
+            sched_forest_clear(sched_forest(s));
+            join_all(s, &w);
+            sched_build(s, &h);
+            rb[it] = pat_now_ns() - t0;
+            sched_get_stats(s, &st);
+            pk[it] = st.last_pack_ns;
+        }
+        if (inv) {
+            reb_inv = percentiles(rb, REBUILDS);
+            printf("  batch-invariant plans (chunk 1024): median %7.1f us   p99 %7.1f us\n",
+                   reb_inv.med_us, reb_inv.p99_us);
+        } else {
+            reb = percentiles(rb, REBUILDS);
+            pck = percentiles(pk, REBUILDS);
+            printf("full rebuild, 1,024 queries, 4 levels x 128 shared tokens, private 50-500 "
+                   "(join x1024 + pack + plan)\n");
+            printf("  median %7.1f us   p99 %7.1f us   target <= 200 us  [pack alone: median %.1f "
+                   "us]\n",
+                   reb.med_us, reb.p99_us, pck.med_us);
+        }
+        sched_free(s);
     }
-    pct_t reb = percentiles(rb, REBUILDS), pck = percentiles(pk, REBUILDS);
-    printf("full rebuild, 1,024 queries, 4 levels x 128 shared tokens, private 50-500 (join x1024 "
-           "+ pack + plan)\n");
-    printf("  median %7.1f us   p99 %7.1f us   target <= 200 us  [pack alone: median %.1f us]\n",
-           reb.med_us, reb.p99_us, pck.med_us);
-    sched_free(s);
 
     FILE *json = json_path ? fopen(json_path, "w") : NULL;
     if (json)
@@ -250,10 +267,14 @@ int main(int argc, char **argv)
                 "{\"cpu\": \"%s\",\n \"incremental_256\": {\"median_us\": %.2f, "
                 "\"p99_us\": %.2f},\n \"incremental_256_long\": {\"median_us\": %.2f, "
                 "\"p99_us\": %.2f},\n \"rebuild_1024\": {\"median_us\": %.2f, \"p99_us\": "
-                "%.2f, \"pack_median_us\": %.2f},\n \"traffic\": [\n",
+                "%.2f, \"pack_median_us\": %.2f},\n \"invariant_1024\": "
+                "{\"incremental_256_median_us\": "
+                "%.2f, \"incremental_256_long_median_us\": %.2f, \"rebuild_1024_median_us\": "
+                "%.2f},\n \"traffic\": [\n",
                 cpu, inc[0].med_us, inc[0].p99_us, inc[1].med_us, inc[1].p99_us, reb.med_us,
-                reb.p99_us, pck.med_us);
-    printf("\nplan traffic per layer (all KV heads; KV + Q + partials + O) by pack policy\n");
+                reb.p99_us, pck.med_us, inc_inv[0].med_us, inc_inv[1].med_us, reb_inv.med_us);
+    printf("\nplan traffic per layer (all KV heads; KV + Q + partials + O) by pack policy, then "
+           "batch-invariant plans (inv: chunk 1024)\n");
     traffic_row("1024 q, 4 levels x 128 tok", &w, json);
     tl_world_free(&w);
     gen_regular(&w, &r, fan4, 4, 256, 100, 400, 256);
