@@ -12,18 +12,9 @@ faster than PAT (geometric mean).
 usage: compare_invariant.py PATD.jsonl PAT.jsonl [--md OUT.md]
 """
 import argparse
-import json
-import math
 import sys
 
-
-def load(path):
-    with open(path) as f:
-        return [json.loads(l) for l in f if l.strip()]
-
-
-def geo(xs):
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+from compare_pat import geo, load  # this directory's: the same rows, the same mean
 
 
 def chunks_of(row):

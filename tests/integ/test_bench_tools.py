@@ -65,14 +65,15 @@ def world():
     return rows
 
 
-def run_compare(rows, *args):
+def run_compare(rows, *args, script=COMPARE):
+    """script (compare_pat.py unless named) on bench_attn rows and their PAT rows"""
     with tempfile.TemporaryDirectory() as d:
         a, b = os.path.join(d, "patd.jsonl"), os.path.join(d, "pat.jsonl")
         with open(a, "w") as fa, open(b, "w") as fb:
             for r, p in rows:
                 fa.write(json.dumps(r) + "\n")
                 fb.write(json.dumps(p) + "\n")
-        res = subprocess.run([sys.executable, COMPARE, a, b, *args], capture_output=True,
+        res = subprocess.run([sys.executable, script, a, b, *args], capture_output=True,
                              text=True, timeout=60)
         return res.returncode, res.stdout + res.stderr
 
@@ -269,15 +270,7 @@ INV = os.path.join(ROOT, "tests", "bench", "compare_invariant.py")
 
 def run_inv(rows):
     """compare_invariant.py on bench_attn --invariant rows (r) and PAT rows (p)"""
-    with tempfile.TemporaryDirectory() as d:
-        a, b = os.path.join(d, "patd.jsonl"), os.path.join(d, "pat.jsonl")
-        with open(a, "w") as fa, open(b, "w") as fb:
-            for r, p in rows:
-                fa.write(json.dumps(r) + "\n")
-                fb.write(json.dumps(p) + "\n")
-        res = subprocess.run([sys.executable, INV, a, b], capture_output=True, text=True,
-                             timeout=60)
-        return res.returncode, res.stdout + res.stderr
+    return run_compare(rows, script=INV)
 
 
 def inv_row(tree, default_us, inv256, inv1024, peer_us, set_name="paper"):
