@@ -50,9 +50,8 @@
 #include "sched_plan.h"
 
 /* Partial slots of one plan (the backend's workspace per lane and the scheduler's bound): two per
- * staging row; a plan that would need more falls back to splitting only its outliers. */
-/* Partial slots of a step's plan (the backend's workspace): a batch-invariant plan cuts every
- * token at each chunk boundary, so it holds twice as many */
+ * staging row; a plan that would need more falls back to splitting only its outliers. A
+ * batch-invariant plan cuts every token at each chunk boundary and cannot fall back: four. */
 #define PATD_MAX_PARTIALS(cfg) (((cfg)->invariant ? 4u : 2u) * (cfg)->conn_max_batch_tokens)
 
 typedef struct patd_seq {

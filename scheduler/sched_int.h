@@ -180,6 +180,20 @@ static inline sched__seg_t *sched__seg_push(sched__seg_t **v, uint32_t *n, uint3
     return &(*v)[(*n)++];
 }
 
+/* Appends to the segment list *v the stretch [b, e) of `blocks`, b < e, read by the CTA's rows
+ * [lo, hi). Pages are copied once, straight into the plan: the segment remembers the run. */
+static inline void sched__seg_add(sched_t *s, sched__seg_t **v, uint32_t *n, uint32_t *cap,
+                                  uint32_t lo, uint32_t hi, uint32_t b, uint32_t e,
+                                  const uint32_t *blocks)
+{
+    const uint32_t bs = s->mdl.bs, p0 = b / bs, p1 = PAT_DIV_UP(e, bs);
+    pat_grow((void **)&s->psrc, &s->psrc_cap, s->n_psrc + 1, sizeof(sched__psrc_t));
+    s->psrc[s->n_psrc] = (sched__psrc_t){.src = blocks + p0, .n = p1 - p0};
+    *sched__seg_push(v, n, cap) = (sched__seg_t){
+        .kv_begin = b, .kv_end = e, .psrc = s->n_psrc++, .poff = 0, .row_lo = lo, .row_hi = hi};
+    s->n_pages += p1 - p0;
+}
+
 /* sched_split.c: pass 2, the long-KV split of the pre-split CTAs into the final list. Returns
  * whether the min_ctas rule cut below the outlier split's limit (fill: apply that rule). */
 int sched__build_split(sched_t *s, int fill);

@@ -22,18 +22,6 @@ typedef struct inv_member {
     uint32_t qid, lo, hi;
 } inv_member_t;
 
-/* Appends the segment [b, e) of query q's blocks, read by the CTA's rows [lo, hi). */
-static void seg_push(sched_t *s, const sched__query_t *q, uint32_t lo, uint32_t hi, uint32_t b,
-                     uint32_t e)
-{
-    uint32_t bs = s->mdl.bs, p0 = b / bs, p1 = PAT_DIV_UP(e, bs);
-    pat_grow((void **)&s->psrc, &s->psrc_cap, s->n_psrc + 1, sizeof(sched__psrc_t));
-    s->psrc[s->n_psrc] = (sched__psrc_t){.src = q->blocks + p0, .n = p1 - p0};
-    *sched__seg_push(&s->segs, &s->n_segs, &s->segs_cap) = (sched__seg_t){
-        .kv_begin = b, .kv_end = e, .psrc = s->n_psrc++, .poff = 0, .row_lo = lo, .row_hi = hi};
-    s->n_pages += p1 - p0;
-}
-
 /* Whether queries a and b hold the same KV in the window [w, e) (e: a's end there). */
 static int same_window(const sched_forest_t *f, const sched__query_t *a, const sched__query_t *b,
                        uint32_t w, uint32_t e)
@@ -74,7 +62,8 @@ static void cta_close(sched_t *s, uint32_t c, const inv_member_t *mem, uint32_t 
             uint32_t e = PAT_MIN(q->kv_len, w + W), j = i + 1;
             while (j < n && same_window(f, q, &f->q[mem[j].qid], w, e))
                 j++;
-            seg_push(s, q, mem[i].lo - row_begin, mem[j - 1].hi - row_begin, w, e);
+            sched__seg_add(s, &s->segs, &s->n_segs, &s->segs_cap, mem[i].lo - row_begin,
+                           mem[j - 1].hi - row_begin, w, e, q->blocks);
             cta->kv_tokens += e - w;
             i = j;
         }

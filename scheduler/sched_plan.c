@@ -156,16 +156,11 @@ void sched_get_stats(const sched_t *s, sched_stats_t *ret)
 /* ------------------------------------------------------------------ pass 1: CTAs of the packs */
 
 /* Appends to the pre-split segments the stretch [b, e) of `blocks`, b < e, read by the CTA's rows
- * [lo, hi). Pages are copied once, straight into the plan: the segment remembers the run. */
+ * [lo, hi). */
 static void pseg_push(sched_t *s, uint32_t lo, uint32_t hi, uint32_t b, uint32_t e,
                       const uint32_t *blocks)
 {
-    uint32_t bs = s->mdl.bs, p0 = b / bs, p1 = PAT_DIV_UP(e, bs);
-    pat_grow((void **)&s->psrc, &s->psrc_cap, s->n_psrc + 1, sizeof(sched__psrc_t));
-    s->psrc[s->n_psrc] = (sched__psrc_t){.src = blocks + p0, .n = p1 - p0};
-    *sched__seg_push(&s->pseg, &s->n_pseg, &s->pseg_cap) = (sched__seg_t){
-        .kv_begin = b, .kv_end = e, .psrc = s->n_psrc++, .poff = 0, .row_lo = lo, .row_hi = hi};
-    s->n_pages += p1 - p0;
+    sched__seg_add(s, &s->pseg, &s->n_pseg, &s->pseg_cap, lo, hi, b, e, blocks);
 }
 
 /* pseg_push of the stretch [b, e) read by the pre-split rows [row_begin + lo, row_begin + hi),

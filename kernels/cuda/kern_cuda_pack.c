@@ -124,82 +124,90 @@ static void tile_chunk(kcuda_tile_t *t, int e, const sched_plan_seg_t *g, const 
     t->rng[e] = lo | hi << 8 | (uint32_t)g->row_lo << 16 | (uint32_t)g->row_hi << 24;
 }
 
+/* The first of an invariant CTA's segments [x, end) in consumer class cl, or end. */
+static uint32_t next_in_class(const sched_plan_seg_t *src, uint32_t x, uint32_t end, int cl,
+                              int small, uint32_t group)
+{
+    while (x < end && span_class(src[x].row_lo, src[x].row_hi, small, group) != cl)
+        x++;
+    return x;
+}
+
 /* An invariant CTA's tiles: one per segment, in window order; within a window (its segments'
  * readers disjoint: each row reads one tile there) those read by both consumers first, then the
  * two consumers' own alternating, as the classes are elsewhere. */
 static void fill_invariant(const sched_plan_hdr_t *h, const kcuda_cta_t *c, kcuda_tile_t *t)
 {
     const sched_plan_seg_t *src = sched_plan_segs(h) + c->seg_begin;
-    const uint32_t *pages = sched_plan_pages(h);
-    const int small = rows_small(c->row_count * h->group);
+    const uint32_t *pages = sched_plan_pages(h), g = h->group;
+    const int small = rows_small(c->row_count * g);
     uint32_t at = 0;
-    for (uint32_t k = 0; k < c->seg_count;) {
-        uint32_t end = k + 1;
-        while (end < c->seg_count &&
-               src[end].kv_begin / KCUDA_TILE_N == src[k].kv_begin / KCUDA_TILE_N)
-            end++;
-        uint32_t next[3] = {k, k, k}; /* per class: where its next segment may be */
-        int turn = 1;
-        for (;;) {
-            const int order[3] = {0, turn, 3 - turn};
-            uint32_t pick = end;
-            int cl = 0;
-            for (int o = 0; o < 3 && pick == end; o++)
-                for (uint32_t x = next[order[o]]; x < end; x++)
-                    if (span_class(src[x].row_lo, src[x].row_hi, small, h->group) == order[o]) {
-                        pick = x;
-                        cl = order[o];
-                        break;
-                    }
-            if (pick == end)
-                break;
-            next[cl] = pick + 1;
-            if (cl)
-                turn = 3 - cl;
-            const sched_plan_seg_t *g = &src[pick];
-            const uint32_t p0 = g->kv_begin / KERN_BLOCK_SIZE;
-            for (uint32_t q = 0; q < span_chunks(g->kv_begin, g->kv_end); q++)
-                tile_chunk(&t[at], (int)((p0 + q) % 4), g, pages, p0, q);
+    for (uint32_t k = 0, end; k < c->seg_count; k = end) {
+        for (end = k + 1; end < c->seg_count &&
+                          src[end].kv_begin / KCUDA_TILE_N == src[k].kv_begin / KCUDA_TILE_N;
+             end++)
+            ;
+        uint32_t x[3];
+        for (int cl = 0; cl < 3; cl++)
+            x[cl] = next_in_class(src, k, end, cl, small, g);
+        for (int cl = 0; x[0] < end || x[1] < end || x[2] < end; cl = cl == 1 ? 2 : 1) {
+            if (x[0] < end)
+                cl = 0;
+            if (x[cl] == end)
+                continue;
+            const sched_plan_seg_t *sg = &src[x[cl]];
+            const uint32_t p0 = sg->kv_begin / KERN_BLOCK_SIZE;
+            for (uint32_t q = 0; q < span_chunks(sg->kv_begin, sg->kv_end); q++)
+                tile_chunk(&t[at], (int)((p0 + q) % 4), sg, pages, p0, q);
             at++;
+            x[cl] = next_in_class(src, x[cl] + 1, end, cl, small, g);
         }
-        k = end;
+    }
+}
+
+/* A CTA's tiles elsewhere: each class's chunks four to a tile, class 0's tiles first, then
+ * classes 1 and 2 alternating. */
+static void fill_classes(const sched_plan_hdr_t *h, const kcuda_cta_t *c, kcuda_tile_t *t)
+{
+    const sched_plan_seg_t *src = sched_plan_segs(h);
+    const uint32_t *pages = sched_plan_pages(h);
+    const uint32_t group = h->group, bs = KERN_BLOCK_SIZE;
+    const int small = rows_small(c->row_count * group);
+    uint64_t n[3];
+    class_chunks(h, src + c->seg_begin, c->seg_count, small, n);
+    const uint64_t tb = (n[0] + 3) / 4, t0 = (n[1] + 3) / 4, t1 = (n[2] + 3) / 4;
+    uint64_t j[3] = {0, 0, 0};
+    for (uint32_t k = 0; k < c->seg_count; k++) {
+        const sched_plan_seg_t *g = &src[c->seg_begin + k];
+        const int cl = span_class(g->row_lo, g->row_hi, small, group);
+        const uint32_t p0 = g->kv_begin / bs, nc = span_chunks(g->kv_begin, g->kv_end);
+        for (uint32_t q = 0; q < nc; q++, j[cl]++) {
+            /* class 1's tile x has x of its own and min(x, t1) of class 2's before it, class
+             * 2's tile x has min(x + 1, t0) of class 1's and x of its own */
+            const uint64_t x = j[cl] / 4;
+            const uint64_t ti = cl == 0   ? x
+                                : cl == 1 ? tb + x + (x < t1 ? x : t1)
+                                          : tb + (x + 1 < t0 ? x + 1 : t0) + x;
+            tile_chunk(&t[ti], (int)(j[cl] % 4), g, pages, p0, q);
+        }
     }
 }
 
 void kcuda_pack_fill(const sched_plan_hdr_t *h, const kcuda_cta_t *cd, kcuda_tile_t *out)
 {
-    const sched_plan_seg_t *src = sched_plan_segs(h);
-    const uint32_t *pages = sched_plan_pages(h);
     const uint32_t group = h->group, bs = KERN_BLOCK_SIZE;
     for (uint32_t i = 0; i < h->n_ctas; i++) {
         const kcuda_cta_t *c = &cd[i];
-        const int small = rows_small(c->row_count * group);
         kcuda_tile_t *t = out + c->first_tile;
         for (uint32_t k = 0; k < c->n_tiles; k++) {
             memset(&t[k], 0, sizeof(t[k]));
             for (int e = 0; e < 4; e++)
                 t[k].blk[e] = KCUDA_NO_BLOCK;
         }
-        uint64_t n[3];
-        class_chunks(h, src + c->seg_begin, c->seg_count, small, n);
-        const uint64_t tb = (n[0] + 3) / 4, t0 = (n[1] + 3) / 4, t1 = (n[2] + 3) / 4;
-        uint64_t j[3] = {0, 0, 0};
         if (plan_invariant(h))
             fill_invariant(h, c, t);
-        for (uint32_t k = 0; !plan_invariant(h) && k < c->seg_count; k++) {
-            const sched_plan_seg_t *g = &src[c->seg_begin + k];
-            const int cl = span_class(g->row_lo, g->row_hi, small, group);
-            const uint32_t p0 = g->kv_begin / bs, nc = span_chunks(g->kv_begin, g->kv_end);
-            for (uint32_t q = 0; q < nc; q++, j[cl]++) {
-                /* class 1's tile x has x of its own and min(x, t1) of class 2's before it, class
-                 * 2's tile x has min(x + 1, t0) of class 1's and x of its own */
-                const uint64_t x = j[cl] / 4;
-                const uint64_t ti = cl == 0   ? x
-                                    : cl == 1 ? tb + x + (x < t1 ? x : t1)
-                                              : tb + (x + 1 < t0 ? x + 1 : t0) + x;
-                tile_chunk(&t[ti], (int)(j[cl] % 4), g, pages, p0, q);
-            }
-        }
+        else
+            fill_classes(h, c, t);
         for (uint32_t k = 0; k < c->n_tiles; k++) {
             int whole = 1;
             for (int e = 0; e < 4; e++) {
