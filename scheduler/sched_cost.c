@@ -120,6 +120,10 @@ static inline void cta_item(const sched_t *s, const sched__seg_t *sg, uint32_t n
 {
     if (s->tiles.item) {
         s->tiles.item(m, s->mdl.group, tn, sg, sizeof(*sg), n, it);
+        /* a batch-invariant plan's segment is a window, one tile of its own on every backend
+         * (sched_plan_fmt.h, SCHED_PLAN_INVARIANT) */
+        if (s->cfg.invariant_chunk)
+            it->tiles = n;
         return;
     }
     it->units = 1;

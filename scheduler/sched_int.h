@@ -128,7 +128,12 @@ struct sched {
     uint32_t *tok_merge; /* max_tokens: merge entry of a split token */
     void *inv_mem;       /* invariant: the members of the CTA being built (sched_invariant.c) */
     uint32_t inv_mem_cap;
-    uint8_t inv_packed;   /* invariant: cand[SCHED_POLICY_TREE].q is the DFS order of ... */
+    void *inv_list; /* invariant: every chunk's members in DFS order, with their costs */
+    uint32_t inv_n, inv_list_cap;
+    uint32_t *inv_chunk_end; /* invariant: per chunk, one past its last member in inv_list */
+    uint32_t inv_chunk_cap;
+    uint32_t inv_pick;  /* invariant: the segment budget the model chose for this forest version */
+    uint8_t inv_packed; /* invariant: cand[SCHED_POLICY_TREE].q is the DFS order of ... */
     uint64_t inv_version; /* ... this forest version */
     double *cta_ns;       /* modelled time per CTA of the plan being built */
     uint8_t *cta_key;     /* its launch-order key */
@@ -202,5 +207,9 @@ int sched__build_split(sched_t *s, int fill);
  * invariant_chunk), straight into the final lists, chunk by chunk (so that a token's partial
  * slots come in chunk order). */
 void sched__build_invariant(sched_t *s);
+
+/* sched_plan.c: the modelled time of the CTA list (ctas, segs, rows), each token's partial count
+ * in tok_parts; fills cta_ns. */
+double sched__ctas_time(sched_t *s);
 
 #endif

@@ -8,19 +8,34 @@
  * which order, what the tree around it looks like: none of it enters the token's arithmetic, as
  * long as the backend keeps its side (sched_plan_fmt.h, SCHED_PLAN_INVARIANT).
  *
- * Sharing stays: the tokens of one chunk are taken in prefix-tree (DFS) order, and a run of
- * queries that share the chunk's first block is one CTA (up to a tile's rows), in which every
- * window whose blocks a run of its rows has in common is one segment, read once for all of them.
+ * Sharing stays: the tokens of one chunk are taken in prefix-tree (DFS) order and cut into CTAs of
+ * consecutive queries, in which every window whose blocks a run of its rows has in common is one
+ * segment, read once for all of them. Where a CTA ends is free (it changes no token's
+ * arithmetic), so it is chosen for speed: up to a tile's rows and, with a time model, up to a
+ * budget of segments (tiles), the budget the one of a few whose plan the model finds fastest
+ * (kept while the forest's structure is unchanged). A small budget cuts a CTA where its queries
+ * part, each part reading the shared windows again, so that a chunk whose queries share little
+ * becomes many short CTAs instead of a few long ones.
  * What it costs against the default plans: a window in which queries part is read once per
  * distinct content (up to 48 shared tokens again per branch), a chunk boundary is a partial
- * whether or not a split would pay, and no CTA is split to fill the device beyond its chunks.
+ * whether or not a split would pay, and no CTA is split along KV within a chunk.
  */
 #include "sched_int.h"
 
-/* A query's rows in the CTA being built: rows [lo, hi) of it are query qid's. */
+/* A chunk's query tokens [k_lo, k_hi) of query qid, in DFS order: the segments it adds to a CTA
+ * after the member before it (inc) or as a CTA's first (full). */
 typedef struct inv_member {
-    uint32_t qid, lo, hi;
+    uint32_t qid, k_lo, k_hi, inc, full;
 } inv_member_t;
+
+/* A member placed in the CTA being built: its rows [lo, hi). */
+typedef struct inv_placed {
+    uint32_t qid, lo, hi;
+} inv_placed_t;
+
+/* Budgets tried, as fractions of (the plan's tiles x KV heads / the device's slots): 0 = none. */
+static const uint32_t inv_budget_div[] = {0, 1, 2, 4};
+#define INV_N_BUDGETS (sizeof(inv_budget_div) / sizeof(inv_budget_div[0]))
 
 /* Whether queries a and b hold the same KV in the window [w, e) (e: a's end there). */
 static int same_window(const sched_forest_t *f, const sched__query_t *a, const sched__query_t *b,
@@ -36,7 +51,7 @@ static int same_window(const sched_forest_t *f, const sched__query_t *a, const s
 
 /* Closes the CTA of chunk c over the members mem[0, n) (rows [row_begin, n_rows)): its windows
  * in order, in each one segment per run of consecutive members holding the same blocks. */
-static void cta_close(sched_t *s, uint32_t c, const inv_member_t *mem, uint32_t n,
+static void cta_close(sched_t *s, uint32_t c, const inv_placed_t *mem, uint32_t n,
                       uint32_t row_begin)
 {
     if (n == 0)
@@ -71,51 +86,65 @@ static void cta_close(sched_t *s, uint32_t c, const inv_member_t *mem, uint32_t 
     cta->seg_count = s->n_segs - cta->seg_begin;
 }
 
-void sched__build_invariant(sched_t *s)
+/* The members of every chunk, chunk by chunk (*chunk_end[c]: one past chunk c's last), with
+ * their costs; returns the segments of the plan whose CTAs are cut only at a tile's rows. */
+static uint64_t list_members(sched_t *s, const sched__packset_t *ps, uint32_t n_chunks)
 {
     const sched_forest_t *f = s->forest;
-    sched__packset_t *ps = &s->cand[SCHED_POLICY_TREE]; /* unused by a policy in this mode */
-    const uint64_t v = sched_forest_version(f);
-    if (!s->inv_packed || s->inv_version != v) {
-        sched__pack_run(s, SCHED_POLICY_TREE, ps); /* the queries in DFS order */
-        s->inv_packed = 1;
-        s->inv_version = v;
-        s->st.last_pack_ns = 0;
-    } else {
-        s->st.pack_reuses++;
-    }
-    s->n_ctas = s->n_segs = s->n_rows = s->n_psrc = s->n_pages = 0;
-    const uint32_t C = s->cfg.invariant_chunk, cap = s->mdl.tok_per_chunk;
-    uint32_t longest = 0;
-    for (uint32_t i = 0; i < ps->nq; i++)
-        longest = PAT_MAX(longest, f->q[ps->q[i]].kv_len);
-    pat_grow((void **)&s->inv_mem, &s->inv_mem_cap, cap, sizeof(inv_member_t));
-    inv_member_t *mem = s->inv_mem;
-    for (uint32_t c = 0; (uint64_t)c * C < longest; c++) {
+    const uint32_t C = s->cfg.invariant_chunk, W = SCHED_INVARIANT_WINDOW;
+    uint64_t tiles = 0;
+    s->inv_n = 0;
+    for (uint32_t c = 0; c < n_chunks; c++) {
         const uint32_t cb = c * C;
-        uint32_t n = 0, row_begin = s->n_rows;
+        const sched__query_t *prev = NULL;
         for (uint32_t i = 0; i < ps->nq; i++) {
             const sched__query_t *q = &f->q[ps->q[i]];
             if (q->kv_len <= cb)
                 continue;
             /* its tokens whose causal limit passes cb: token k attends to [0, lim0 + k) */
             const uint32_t lim0 = q->kv_len - q->n_new + 1;
-            uint32_t k = lim0 > cb ? 0 : cb + 1 - lim0;
-            /* a query that does not share the chunk's first block with the CTA's last starts a
-             * CTA of its own */
-            if (n && f->q[mem[n - 1].qid].blocks[cb / f->bs] != q->blocks[cb / f->bs]) {
-                cta_close(s, c, mem, n, row_begin);
-                n = 0;
-                row_begin = s->n_rows;
-            }
-            while (k < q->n_new) {
-                if (s->n_rows - row_begin == cap) {
+            const uint32_t k = lim0 > cb ? 0 : cb + 1 - lim0;
+            const uint32_t end = PAT_MIN(q->kv_len, cb + C);
+            uint32_t full = 0, inc = 0;
+            for (uint32_t w = cb; w < end; w += W, full++)
+                inc += !prev || prev->kv_len <= w ||
+                       !same_window(f, prev, q, w, PAT_MIN(prev->kv_len, w + W));
+            pat_grow((void **)&s->inv_list, &s->inv_list_cap, s->inv_n + 1, sizeof(inv_member_t));
+            ((inv_member_t *)s->inv_list)[s->inv_n++] = (inv_member_t){
+                .qid = ps->q[i], .k_lo = k, .k_hi = q->n_new, .inc = inc, .full = full};
+            tiles += inc;
+            prev = q;
+        }
+        s->inv_chunk_end[c] = s->inv_n;
+    }
+    return tiles;
+}
+
+/* The plan's CTAs with at most `budget` segments each where a CTA has more than one member
+ * (UINT32_MAX: no budget), at most a tile's rows. */
+static void build_groups(sched_t *s, uint32_t n_chunks, uint32_t budget)
+{
+    const sched_forest_t *f = s->forest;
+    const inv_member_t *list = s->inv_list;
+    const uint32_t cap = s->mdl.tok_per_chunk;
+    s->n_ctas = s->n_segs = s->n_rows = s->n_psrc = s->n_pages = 0;
+    pat_grow((void **)&s->inv_mem, &s->inv_mem_cap, cap, sizeof(inv_placed_t));
+    inv_placed_t *mem = s->inv_mem;
+    for (uint32_t c = 0, m = 0; c < n_chunks; c++) {
+        uint32_t n = 0, row_begin = s->n_rows, cost = 0;
+        for (; m < s->inv_chunk_end[c]; m++) {
+            const inv_member_t *me = &list[m];
+            const sched__query_t *q = &f->q[me->qid];
+            const uint32_t lim0 = q->kv_len - q->n_new + 1;
+            for (uint32_t k = me->k_lo; k < me->k_hi;) {
+                if (n && (s->n_rows - row_begin == cap || cost + me->inc > budget)) {
                     cta_close(s, c, mem, n, row_begin);
-                    n = 0;
+                    n = cost = 0;
                     row_begin = s->n_rows;
                 }
-                const uint32_t take = PAT_MIN(q->n_new - k, cap - (s->n_rows - row_begin));
-                mem[n++] = (inv_member_t){.qid = ps->q[i], .lo = s->n_rows, .hi = s->n_rows + take};
+                cost += n ? me->inc : me->full;
+                const uint32_t take = PAT_MIN(me->k_hi - k, cap - (s->n_rows - row_begin));
+                mem[n++] = (inv_placed_t){.qid = me->qid, .lo = s->n_rows, .hi = s->n_rows + take};
                 pat_grow((void **)&s->rows, &s->rows_cap, s->n_rows + take, sizeof(sched__row_t));
                 for (uint32_t t = 0; t < take; t++, k++)
                     s->rows[s->n_rows++] =
@@ -124,4 +153,66 @@ void sched__build_invariant(sched_t *s)
         }
         cta_close(s, c, mem, n, row_begin);
     }
+}
+
+void sched__build_invariant(sched_t *s)
+{
+    const sched_forest_t *f = s->forest;
+    sched__packset_t *ps = &s->cand[SCHED_POLICY_TREE]; /* unused by a policy in this mode */
+    const uint64_t v = sched_forest_version(f);
+    const int fresh = !s->inv_packed || s->inv_version != v;
+    if (fresh) {
+        sched__pack_run(s, SCHED_POLICY_TREE, ps); /* the queries in DFS order */
+        s->inv_packed = 1;
+        s->inv_version = v;
+        s->st.last_pack_ns = 0;
+    } else {
+        s->st.pack_reuses++;
+    }
+    const uint32_t C = s->cfg.invariant_chunk;
+    uint32_t longest = 0;
+    for (uint32_t i = 0; i < ps->nq; i++)
+        longest = PAT_MAX(longest, f->q[ps->q[i]].kv_len);
+    const uint32_t n_chunks = PAT_DIV_UP(longest, C);
+    pat_grow((void **)&s->inv_chunk_end, &s->inv_chunk_cap, n_chunks, sizeof(uint32_t));
+    const uint64_t tiles = list_members(s, ps, n_chunks);
+    const sched_cost_t *cost = &s->tiles.cost;
+    /* the budget of each candidate: tiles x heads / (slots x div), at least one segment */
+    uint32_t budget[INV_N_BUDGETS];
+    for (uint32_t i = 0; i < INV_N_BUDGETS; i++) {
+        const uint64_t b =
+            inv_budget_div[i] && cost->slots
+                ? PAT_DIV_UP(tiles * s->cfg.kv_heads, (uint64_t)cost->slots * inv_budget_div[i])
+                : UINT32_MAX;
+        budget[i] = (uint32_t)PAT_MIN(b, UINT32_MAX);
+    }
+    if (!cost->slots) { /* no time model (the cpu backend): the fewest tiles */
+        build_groups(s, n_chunks, UINT32_MAX);
+        return;
+    }
+    if (!fresh && s->inv_pick < INV_N_BUDGETS) {
+        build_groups(s, n_chunks, budget[s->inv_pick]);
+        return;
+    }
+    /* the model reads each token's partial count: one per chunk its causal limit reaches */
+    for (uint32_t i = 0; i < ps->nq; i++) {
+        const sched__query_t *q = &f->q[ps->q[i]];
+        for (uint32_t k = 0; k < q->n_new; k++)
+            s->tok_parts[q->tok_off + k] = PAT_DIV_UP(q->kv_len - q->n_new + 1 + k, C);
+    }
+    double best = 0;
+    uint32_t pick = 0;
+    for (uint32_t i = 0; i < INV_N_BUDGETS; i++) {
+        if (i && budget[i] == budget[i - 1])
+            continue;
+        build_groups(s, n_chunks, budget[i]);
+        const double ns = sched__ctas_time(s);
+        if (i == 0 || ns < best) {
+            best = ns;
+            pick = i;
+        }
+    }
+    s->inv_pick = pick;
+    if (budget[pick] != budget[INV_N_BUDGETS - 1])
+        build_groups(s, n_chunks, budget[pick]);
 }

@@ -140,6 +140,8 @@ void sched_free(sched_t *s)
     free(s->row_map);
     free(s->psrc);
     free(s->inv_mem);
+    free(s->inv_list);
+    free(s->inv_chunk_end);
     free(s);
 }
 
@@ -481,7 +483,7 @@ static void count_partials(sched_t *s, plan_sums_t *sums)
 }
 
 /* Models each CTA's time (cta_ns) and the plan's makespan (sums->ns); after count_partials. */
-static void time_ctas(sched_t *s, plan_sums_t *sums)
+double sched__ctas_time(sched_t *s)
 {
     if (s->n_ctas > s->cta_ns_cap) {
         s->cta_ns_cap = s->n_ctas + s->n_ctas / 2;
@@ -490,7 +492,12 @@ static void time_ctas(sched_t *s, plan_sums_t *sums)
         s->cta_ns = pat_xmalloc(s->cta_ns_cap * sizeof(double));
         s->cta_key = pat_xmalloc(s->cta_ns_cap);
     }
-    sums->ns = sched__ctas_ns(s, s->tok_parts);
+    return sched__ctas_ns(s, s->tok_parts);
+}
+
+static void time_ctas(sched_t *s, plan_sums_t *sums)
+{
+    sums->ns = sched__ctas_time(s);
 }
 
 /* Chunks, splits (fill: see build_split), counts partials and models the CTAs. Returns whether

@@ -230,7 +230,14 @@ static void test_invariant_plans(void **state)
     tl_rng_t r;
     tl_rng_seed(&r, tl_test_seed(0x1a9));
     static const uint32_t chunks[] = {64, 256, 1024};
-    uint32_t shared_windows = 0;
+    /* half the rounds with a time model: CTAs then end where the model's budget says */
+    static const sched_tiles_t modelled = {.n_m = 4,
+                                           .m = {16, 32, 64, 128},
+                                           .n_n = 1,
+                                           .n = {64},
+                                           .n_upto = {UINT32_MAX},
+                                           .cost = {3054.3f, 167.5f, 3.53f, 264, 2.0f}};
+    uint32_t shared_windows = 0, budget_cut = 0;
     for (int round = 0; round < 36; round++) {
         tl_world_t w;
         gen_world(&w, &r, round % 3 == 0 ? 40 : 1, 96);
@@ -246,11 +253,22 @@ static void test_invariant_plans(void **state)
                             .split_min_kv = 64,
                             .invariant_chunk = chunk};
         sched_t *s;
+        uint32_t plain_ctas = 0;
+        if (round % 2) { /* the same world without a model first: cut at a tile's rows alone */
+            assert_int_equal(sched_create(&c, &s), 0);
+            join_all(s, &w);
+            const sched_plan_hdr_t *h0;
+            assert_int_equal(sched_build(s, &h0), 0);
+            plain_ctas = h0->n_ctas;
+            sched_free(s);
+            c.tiles = &modelled;
+        }
         assert_int_equal(sched_create(&c, &s), 0);
         join_all(s, &w);
         const sched_plan_hdr_t *h;
         assert_int_equal(sched_build(s, &h), 0);
         check_plan(&w, h, d.q_heads / d.kv_heads);
+        budget_cut += plain_ctas && h->n_ctas > plain_ctas;
         assert_int_equal(h->flags, SCHED_PLAN_INVARIANT);
         const sched_plan_cta_t *ct = sched_plan_ctas(h);
         const sched_plan_seg_t *sg = sched_plan_segs(h);
@@ -268,6 +286,17 @@ static void test_invariant_plans(void **state)
             }
             for (uint32_t k = 0; k < ct[i].row_count; k++) {
                 const sched_plan_row_t *row = &rw[ct[i].row_begin + k];
+                /* the row reads whole windows of its query (check_plan: each position once, the
+                 * right block), so its steps are the same in every batch */
+                const tl_query_t *q = NULL;
+                for (uint32_t j = 0; j < w.n_q && !q; j++)
+                    if (row->q_tok - w.q[j].tok_off < w.q[j].n_new)
+                        q = &w.q[j];
+                for (uint32_t j = 0; j < ct[i].seg_count; j++)
+                    if (k >= x[j].row_lo && k < x[j].row_hi) {
+                        assert_int_equal(x[j].kv_begin % 64, 0);
+                        assert_int_equal(x[j].kv_end, PAT_MIN(q->kv_len, x[j].kv_begin + 64));
+                    }
                 const uint32_t parts = (row->limit + chunk - 1) / chunk;
                 assert_true(ck < parts);
                 if (parts == 1) {
@@ -282,6 +311,7 @@ static void test_invariant_plans(void **state)
         tl_world_free(&w);
     }
     assert_true(shared_windows > 0);
+    assert_true(budget_cut > 0); /* the model cut some chunk finer than a tile's rows */
     /* bad chunks are refused */
     tl_world_t w;
     gen_world(&w, &r, 1, 8);
