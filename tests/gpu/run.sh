@@ -141,6 +141,8 @@ if [ $bench = 14 ]; then # --invariant [CHUNKS]: batch invariance (issue 40)
             tar -C .peers/PAT/prefix_attn -cJf "$out/pat_so.tar.xz" "$(basename "$so")"
     fi
     echo "$passed passed, $failed failed" | tee -a "$out/gpu.log"
+    # eight files come back from the device tool: the logs travel as one
+    (cd "$out" && tar -cJf logs.tar.xz ./*.log && find . -maxdepth 1 -name '*.log' ! -name gpu.log -delete)
     [ "$failed" -eq 0 ]
     exit
 fi
