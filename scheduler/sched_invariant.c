@@ -11,11 +11,11 @@
  * Sharing stays: the tokens of one chunk are taken in prefix-tree (DFS) order and cut into CTAs of
  * consecutive queries, in which every window whose blocks a run of its rows has in common is one
  * segment, read once for all of them. Where a CTA ends is free (it changes no token's
- * arithmetic), so it is chosen for speed: up to a tile's rows and, with a time model, up to a
- * budget of segments (tiles), the budget the one of a few whose plan the model finds fastest
- * (kept while the forest's structure is unchanged). A small budget cuts a CTA where its queries
- * part, each part reading the shared windows again, so that a chunk whose queries share little
- * becomes many short CTAs instead of a few long ones.
+ * arithmetic), so it is chosen for speed: at a tile's rows and, with a time model, by the one of
+ * a few cut rules whose plan the model finds fastest (kept while the forest's structure is
+ * unchanged): a budget of segments (tiles) per CTA, or a CTA per run of queries that share. A
+ * small budget cuts a CTA where its queries part, each part reading the shared windows again, so
+ * that a chunk whose queries share little becomes many short CTAs instead of a few long ones.
  * What it costs against the default plans: a window in which queries part is read once per
  * distinct content (up to 48 shared tokens again per branch), a chunk boundary is a partial
  * whether or not a split would pay, and no CTA is split along KV within a chunk.
@@ -33,9 +33,13 @@ typedef struct inv_placed {
     uint32_t qid, lo, hi;
 } inv_placed_t;
 
-/* Budgets tried, as fractions of (the plan's tiles x KV heads / the device's slots): 0 = none. */
-static const uint32_t inv_budget_div[] = {0, 1, 2, 4};
-#define INV_N_BUDGETS (sizeof(inv_budget_div) / sizeof(inv_budget_div[0]))
+/* The cuts tried: a budget of segments per CTA as a fraction of (the plan's tiles x KV heads /
+ * the device's slots), 0 = none; part: also end a CTA before a member that shares no window with
+ * the one before it (costs no tile, adds a CTA); the second is the one without a model. */
+static const struct {
+    uint32_t div, part;
+} inv_cuts[] = {{0, 0}, {0, 1}, {1, 1}, {2, 1}, {4, 1}};
+#define INV_N_CUTS (sizeof(inv_cuts) / sizeof(inv_cuts[0]))
 
 /* Whether queries a and b hold the same KV in the window [w, e) (e: a's end there). */
 static int same_window(const sched_forest_t *f, const sched__query_t *a, const sched__query_t *b,
@@ -120,9 +124,10 @@ static uint64_t list_members(sched_t *s, const sched__packset_t *ps, uint32_t n_
     return tiles;
 }
 
-/* The plan's CTAs with at most `budget` segments each where a CTA has more than one member
- * (UINT32_MAX: no budget), at most a tile's rows. */
-static void build_groups(sched_t *s, uint32_t n_chunks, uint32_t budget)
+/* The plan's CTAs, at most a tile's rows each, and at most `budget` segments where a CTA has more
+ * than one member (UINT32_MAX: no budget); part: a member sharing nothing with the one before it
+ * starts a CTA. A member that adds no segment never ends one. */
+static void build_groups(sched_t *s, uint32_t n_chunks, uint32_t budget, uint32_t part)
 {
     const sched_forest_t *f = s->forest;
     const inv_member_t *list = s->inv_list;
@@ -137,7 +142,9 @@ static void build_groups(sched_t *s, uint32_t n_chunks, uint32_t budget)
             const sched__query_t *q = &f->q[me->qid];
             const uint32_t lim0 = q->kv_len - q->n_new + 1;
             for (uint32_t k = me->k_lo; k < me->k_hi;) {
-                if (n && (s->n_rows - row_begin == cap || cost + me->inc > budget)) {
+                const int over = me->inc && k == me->k_lo &&
+                                 (cost + me->inc > budget || (part && me->inc == me->full));
+                if (n && (s->n_rows - row_begin == cap || over)) {
                     cta_close(s, c, mem, n, row_begin);
                     n = cost = 0;
                     row_begin = s->n_rows;
@@ -177,21 +184,20 @@ void sched__build_invariant(sched_t *s)
     pat_grow((void **)&s->inv_chunk_end, &s->inv_chunk_cap, n_chunks, sizeof(uint32_t));
     const uint64_t tiles = list_members(s, ps, n_chunks);
     const sched_cost_t *cost = &s->tiles.cost;
-    /* the budget of each candidate: tiles x heads / (slots x div), at least one segment */
-    uint32_t budget[INV_N_BUDGETS];
-    for (uint32_t i = 0; i < INV_N_BUDGETS; i++) {
-        const uint64_t b =
-            inv_budget_div[i] && cost->slots
-                ? PAT_DIV_UP(tiles * s->cfg.kv_heads, (uint64_t)cost->slots * inv_budget_div[i])
-                : UINT32_MAX;
-        budget[i] = (uint32_t)PAT_MIN(b, UINT32_MAX);
-    }
-    if (!cost->slots) { /* no time model (the cpu backend): the fewest tiles */
-        build_groups(s, n_chunks, UINT32_MAX);
+    if (!cost->slots) { /* no time model (the cpu backend): a CTA per run of queries that share */
+        build_groups(s, n_chunks, UINT32_MAX, 1);
         return;
     }
-    if (!fresh && s->inv_pick < INV_N_BUDGETS) {
-        build_groups(s, n_chunks, budget[s->inv_pick]);
+    /* each cut's budget: tiles x heads / (slots x div), at least one segment */
+    uint32_t budget[INV_N_CUTS];
+    for (uint32_t i = 0; i < INV_N_CUTS; i++) {
+        const uint64_t b = inv_cuts[i].div ? PAT_DIV_UP(tiles * s->cfg.kv_heads,
+                                                        (uint64_t)cost->slots * inv_cuts[i].div)
+                                           : UINT32_MAX;
+        budget[i] = (uint32_t)PAT_MIN(b, UINT32_MAX);
+    }
+    if (!fresh && s->inv_pick < INV_N_CUTS) {
+        build_groups(s, n_chunks, budget[s->inv_pick], inv_cuts[s->inv_pick].part);
         return;
     }
     /* the model reads each token's partial count: one per chunk its causal limit reaches */
@@ -202,10 +208,8 @@ void sched__build_invariant(sched_t *s)
     }
     double best = 0;
     uint32_t pick = 0;
-    for (uint32_t i = 0; i < INV_N_BUDGETS; i++) {
-        if (i && budget[i] == budget[i - 1])
-            continue;
-        build_groups(s, n_chunks, budget[i]);
+    for (uint32_t i = 0; i < INV_N_CUTS; i++) {
+        build_groups(s, n_chunks, budget[i], inv_cuts[i].part);
         const double ns = sched__ctas_time(s);
         if (i == 0 || ns < best) {
             best = ns;
@@ -213,6 +217,6 @@ void sched__build_invariant(sched_t *s)
         }
     }
     s->inv_pick = pick;
-    if (budget[pick] != budget[INV_N_BUDGETS - 1])
-        build_groups(s, n_chunks, budget[pick]);
+    if (pick != INV_N_CUTS - 1)
+        build_groups(s, n_chunks, budget[pick], inv_cuts[pick].part);
 }
