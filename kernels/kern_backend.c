@@ -226,7 +226,7 @@ int kern__plan_check(const kern_config_t *cfg, const sched_plan_hdr_t *h, uint8_
             if (sg->kv_begin > sg->kv_end || sg->row_lo >= sg->row_hi || sg->row_hi > x->row_count)
                 return -EINVAL;
             /* invariant: each segment inside one window, a CTA's windows in order (the backends
-             * give every segment a tile of its own) */
+             * read a segment in one tile step) */
             if (inv && (sg->kv_end == sg->kv_begin ||
                         sg->kv_begin / SCHED_INVARIANT_WINDOW !=
                             (sg->kv_end - 1) / SCHED_INVARIANT_WINDOW ||

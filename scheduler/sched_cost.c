@@ -119,11 +119,8 @@ static inline void cta_item(const sched_t *s, const sched__seg_t *sg, uint32_t n
                             uint32_t tn, sched_item_t *it)
 {
     if (s->tiles.item) {
-        s->tiles.item(m, s->mdl.group, tn, sg, sizeof(*sg), n, it);
-        /* a batch-invariant plan's segment is a window, one tile of its own on every backend
-         * (sched_plan_fmt.h, SCHED_PLAN_INVARIANT) */
-        if (s->cfg.invariant_chunk)
-            it->tiles = n;
+        s->tiles.item(m, s->mdl.group, tn, s->cfg.invariant_chunk ? SCHED_PLAN_INVARIANT : 0, sg,
+                      sizeof(*sg), n, it);
         return;
     }
     it->units = 1;

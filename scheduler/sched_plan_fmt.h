@@ -75,8 +75,8 @@ SCHED_STATIC_ASSERT(sizeof(sched_plan_hdr_t) == 88, "plan header layout is part 
  * segment lies inside one window [64w, 64w + 64) of absolute positions and a CTA lists its
  * segments in window order; a row's partials are its chunks in order. A backend executes it so
  * that a row's bits depend only on its own KV: every CTA on one kernel whatever its rows, a
- * segment one KV tile of its own with each block at tile row (position % 64), and a token's
- * partials merged in slot order. */
+ * row's window read in one KV tile step with its blocks in position order (other rows' blocks
+ * beside them add exact zeros), and a token's partials merged in slot order. */
 #define SCHED_PLAN_INVARIANT   1u
 #define SCHED_INVARIANT_WINDOW 64u /* tokens: the window, one KV tile of every backend */
 
@@ -165,11 +165,11 @@ typedef struct sched_item {
 
 /* A backend's rule for the item a CTA becomes: an m-row tile (group rows per query token) over
  * n spans (span i at (const char *)spans + i * stride, read with memcpy), KV tiles of tile_n
- * tokens. The scheduler's time model asks it for every CTA it prices; the backend lays out the
- * plan's CTAs with the same rule, so the two agree by construction (tests/unit/test_cuda_pack.c
- * checks it on random plans). */
-typedef void (*sched_item_fn)(uint32_t m, uint32_t group, uint32_t tile_n, const void *spans,
-                              size_t stride, uint32_t n, sched_item_t *ret);
+ * tokens, in a plan of these flags (SCHED_PLAN_INVARIANT). The scheduler's time model asks it
+ * for every CTA it prices; the backend lays out the plan's CTAs with the same rule, so the two
+ * agree by construction (tests/unit/test_cuda_pack.c checks it on random plans). */
+typedef void (*sched_item_fn)(uint32_t m, uint32_t group, uint32_t tile_n, uint32_t flags,
+                              const void *spans, size_t stride, uint32_t n, sched_item_t *ret);
 
 /* The KV tiles of n spans (as sched_item_fn hands them) when every span starts ceil(length /
  * tile_n) tiles of its own: the rule of an item without a backend rule, and of the cuda backend's

@@ -46,11 +46,79 @@ static int rows_small(uint32_t rows)
     return rows <= KCUDA_SMALL_M;
 }
 
-void kcuda_pack_item(uint32_t m, uint32_t group, uint32_t tile_n, const void *spans, size_t stride,
-                     uint32_t n, sched_item_t *ret)
+/* A batch-invariant plan's CTA (SCHED_PLAN_INVARIANT): each segment is one window's blocks
+ * [0, nb), nb <= 4 (sched_plan_fmt.h). Window by window, each consumer class's segments are
+ * packed in order into tiles, a segment's blocks in consecutive slots in position order, never
+ * across two tiles. A row then reads its window as one tile in which its blocks stand in position
+ * order; what else the tile holds (other rows' blocks, empty slots) adds exact zeros to its
+ * maximum, sums and products, so its bits do not depend on it. */
+static int plan_invariant(uint32_t flags)
+{
+    return (flags & SCHED_PLAN_INVARIANT) != 0;
+}
+
+/* One window's packing so far: per class, its tiles and the last one's slots in use. */
+typedef struct inv_pack {
+    uint32_t tiles[3], used[3];
+} inv_pack_t;
+
+/* Places a segment of nb blocks of class cl: its tile (counted within the class) and first slot. */
+static void inv_place(inv_pack_t *p, int cl, uint32_t nb, uint32_t *tile, uint32_t *slot)
+{
+    if (!p->tiles[cl] || p->used[cl] + nb > 4) {
+        p->tiles[cl]++;
+        p->used[cl] = 0;
+    }
+    *tile = p->tiles[cl] - 1;
+    *slot = p->used[cl];
+    p->used[cl] += nb;
+}
+
+static uint32_t inv_window_tiles(const inv_pack_t *p)
+{
+    return p->tiles[0] + p->tiles[1] + p->tiles[2];
+}
+
+/* Counting an invariant CTA's tiles: the windows before the current one (tiles) and its packing. */
+typedef struct inv_count {
+    uint64_t tiles;
+    uint32_t win;
+    inv_pack_t p;
+} inv_count_t;
+
+/* Adds the CTA's next segment [kb, ke) read by its rows [rl, rh). */
+static void inv_count_add(inv_count_t *c, uint32_t kb, uint32_t ke, uint32_t rl, uint32_t rh,
+                          int small, uint32_t group)
+{
+    if (kb / KCUDA_TILE_N != c->win) {
+        c->tiles += inv_window_tiles(&c->p);
+        c->p = (inv_pack_t){{0}, {0}};
+        c->win = kb / KCUDA_TILE_N;
+    }
+    uint32_t x, e;
+    inv_place(&c->p, span_class(rl, rh, small, group), span_chunks(kb, ke), &x, &e);
+}
+
+static uint64_t inv_count_end(const inv_count_t *c)
+{
+    return c->tiles + inv_window_tiles(&c->p);
+}
+
+void kcuda_pack_item(uint32_t m, uint32_t group, uint32_t tile_n, uint32_t flags, const void *spans,
+                     size_t stride, uint32_t n, sched_item_t *ret)
 {
     ret->units = m > KCUDA_SMALL_M ? 2 : 1;
-    ret->kind = m > KCUDA_WS_MIN_ROWS;
+    ret->kind = m > KCUDA_WS_MIN_ROWS || plan_invariant(flags);
+    if (plan_invariant(flags)) {
+        inv_count_t ic = {.win = UINT32_MAX};
+        for (uint32_t i = 0; i < n; i++) {
+            sched_span_t sp;
+            memcpy(&sp, (const char *)spans + i * stride, sizeof(sp));
+            inv_count_add(&ic, sp.kv_begin, sp.kv_end, sp.row_lo, sp.row_hi, rows_small(m), group);
+        }
+        ret->tiles = inv_count_end(&ic);
+        return;
+    }
     if (!ret->kind) { /* a 4-warp kernel's item: each segment its own tiles */
         ret->tiles = sched_span_tiles(spans, stride, n, tile_n);
         return;
@@ -75,14 +143,6 @@ static void class_chunks(const sched_plan_hdr_t *h, const sched_plan_seg_t *sg, 
             span_chunks(sg[k].kv_begin, sg[k].kv_end);
 }
 
-/* A batch-invariant plan's CTA (SCHED_PLAN_INVARIANT): every segment lies in one window of four
- * blocks and is a tile of its own, each block at slot (position / bs) % 4, so that a row's tile of
- * a window holds the same chunks at the same tile rows whatever else its CTA reads. */
-static int plan_invariant(const sched_plan_hdr_t *h)
-{
-    return (h->flags & SCHED_PLAN_INVARIANT) != 0;
-}
-
 uint32_t kcuda_pack_prepare(const sched_plan_hdr_t *h, kcuda_cta_t *out, uint64_t *n_tiles)
 {
     const sched_plan_cta_t *ct = sched_plan_ctas(h);
@@ -103,7 +163,15 @@ uint32_t kcuda_pack_prepare(const sched_plan_hdr_t *h, kcuda_cta_t *out, uint64_
             d->pad = 0;
             uint64_t n[3];
             class_chunks(h, sched_plan_segs(h) + d->seg_begin, d->seg_count, small, n);
-            const uint64_t t = plan_invariant(h) ? d->seg_count : class_tiles(n);
+            uint64_t t = class_tiles(n);
+            if (plan_invariant(h->flags)) {
+                const sched_plan_seg_t *sg = sched_plan_segs(h) + d->seg_begin;
+                inv_count_t ic = {.win = UINT32_MAX};
+                for (uint32_t k = 0; k < d->seg_count; k++)
+                    inv_count_add(&ic, sg[k].kv_begin, sg[k].kv_end, sg[k].row_lo, sg[k].row_hi,
+                                  small, h->group);
+                t = inv_count_end(&ic);
+            }
             d->n_tiles = (uint32_t)(t > UINT32_MAX ? UINT32_MAX : t);
             d->first_tile = (uint32_t)(tiles > UINT32_MAX ? UINT32_MAX : tiles);
             tiles += t;
@@ -124,18 +192,8 @@ static void tile_chunk(kcuda_tile_t *t, int e, const sched_plan_seg_t *g, const 
     t->rng[e] = lo | hi << 8 | (uint32_t)g->row_lo << 16 | (uint32_t)g->row_hi << 24;
 }
 
-/* The first of an invariant CTA's segments [x, end) in consumer class cl, or end. */
-static uint32_t next_in_class(const sched_plan_seg_t *src, uint32_t x, uint32_t end, int cl,
-                              int small, uint32_t group)
-{
-    while (x < end && span_class(src[x].row_lo, src[x].row_hi, small, group) != cl)
-        x++;
-    return x;
-}
-
-/* An invariant CTA's tiles: one per segment, in window order; within a window (its segments'
- * readers disjoint: each row reads one tile there) those read by both consumers first, then the
- * two consumers' own alternating, as the classes are elsewhere. */
+/* An invariant CTA's tiles (see plan_invariant), window by window: in each those read by both
+ * consumers first, then the two consumers' own alternating, as the classes are elsewhere. */
 static void fill_invariant(const sched_plan_hdr_t *h, const kcuda_cta_t *c, kcuda_tile_t *t)
 {
     const sched_plan_seg_t *src = sched_plan_segs(h) + c->seg_begin;
@@ -147,21 +205,26 @@ static void fill_invariant(const sched_plan_hdr_t *h, const kcuda_cta_t *c, kcud
                           src[end].kv_begin / KCUDA_TILE_N == src[k].kv_begin / KCUDA_TILE_N;
              end++)
             ;
-        uint32_t x[3];
-        for (int cl = 0; cl < 3; cl++)
-            x[cl] = next_in_class(src, k, end, cl, small, g);
-        for (int cl = 0; x[0] < end || x[1] < end || x[2] < end; cl = cl == 1 ? 2 : 1) {
-            if (x[0] < end)
-                cl = 0;
-            if (x[cl] == end)
-                continue;
-            const sched_plan_seg_t *sg = &src[x[cl]];
-            const uint32_t p0 = sg->kv_begin / KERN_BLOCK_SIZE;
-            for (uint32_t q = 0; q < span_chunks(sg->kv_begin, sg->kv_end); q++)
-                tile_chunk(&t[at], (int)((p0 + q) % 4), sg, pages, p0, q);
-            at++;
-            x[cl] = next_in_class(src, x[cl] + 1, end, cl, small, g);
+        inv_pack_t n = {{0}, {0}}, p = {{0}, {0}};
+        uint32_t x, e;
+        for (uint32_t j = k; j < end; j++)
+            inv_place(&n, span_class(src[j].row_lo, src[j].row_hi, small, g),
+                      span_chunks(src[j].kv_begin, src[j].kv_end), &x, &e);
+        /* class 1's tile x has x of its own and min(x, t2) of class 2's before it, class 2's
+         * tile x has min(x + 1, t1) of class 1's and x of its own */
+        const uint32_t tb = n.tiles[0], t1 = n.tiles[1], t2 = n.tiles[2];
+        for (uint32_t j = k; j < end; j++) {
+            const sched_plan_seg_t *sg = &src[j];
+            const int cl = span_class(sg->row_lo, sg->row_hi, small, g);
+            const uint32_t nb = span_chunks(sg->kv_begin, sg->kv_end);
+            inv_place(&p, cl, nb, &x, &e);
+            const uint32_t ti = cl == 0   ? x
+                                : cl == 1 ? tb + x + (x < t2 ? x : t2)
+                                          : tb + (x + 1 < t1 ? x + 1 : t1) + x;
+            for (uint32_t q = 0; q < nb; q++)
+                tile_chunk(&t[at + ti], (int)(e + q), sg, pages, sg->kv_begin / KERN_BLOCK_SIZE, q);
         }
+        at += inv_window_tiles(&n);
     }
 }
 
@@ -204,7 +267,7 @@ void kcuda_pack_fill(const sched_plan_hdr_t *h, const kcuda_cta_t *cd, kcuda_til
             for (int e = 0; e < 4; e++)
                 t[k].blk[e] = KCUDA_NO_BLOCK;
         }
-        if (plan_invariant(h))
+        if (plan_invariant(h->flags))
             fill_invariant(h, c, t);
         else
             fill_classes(h, c, t);

@@ -68,9 +68,11 @@ void kcuda_pack_fill(const sched_plan_hdr_t *h, const kcuda_cta_t *cd, kcuda_til
  * an m-row CTA runs on fwd_pair (kind 1) from KCUDA_WS_MIN_ROWS rows up, holds two slots above
  * KCUDA_SMALL_M rows, and walks its segments' blocks four to a tile in three classes (read by
  * both consumers' rows, by the first's only, by the second's only); at most KCUDA_WS_MIN_ROWS
- * rows it is a 4-warp kernel's item (kind 0): one slot, each segment its own tile_n tiles. */
-void kcuda_pack_item(uint32_t m, uint32_t group, uint32_t tile_n, const void *spans, size_t stride,
-                     uint32_t n, sched_item_t *ret);
+ * rows it is a 4-warp kernel's item (kind 0): one slot, each segment its own tile_n tiles. In a
+ * batch-invariant plan (flags SCHED_PLAN_INVARIANT) every CTA runs on fwd_pair, its segments
+ * (each one window's blocks) packed window by window, whole segments to a tile. */
+void kcuda_pack_item(uint32_t m, uint32_t group, uint32_t tile_n, uint32_t flags, const void *spans,
+                     size_t stride, uint32_t n, sched_item_t *ret);
 
 #ifdef __cplusplus
 }

@@ -335,7 +335,7 @@ int main(int argc, char **argv)
         for (uint32_t i = 1; i < 65; i++)
             sp[i] = {16 * i, 16 * i + 16, i - 1, i};
         sched_item_t it;
-        dev.item(64, 1, KCUDA_TILE_N, sp, sizeof(sp[0]), 65, &it);
+        dev.item(64, 1, KCUDA_TILE_N, 0, sp, sizeof(sp[0]), 65, &it);
         packed_tiles = (double)it.tiles;
     }
     const double packed_us = (t_packed - cta_us) / packed_tiles;

@@ -102,10 +102,10 @@ static uint64_t spans_key(uint32_t m, uint32_t n, const void *spans, size_t stri
 }
 
 /* the cuda rule, recorded */
-static void recording_item(uint32_t m, uint32_t group, uint32_t tile_n, const void *spans,
-                           size_t stride, uint32_t n, sched_item_t *ret)
+static void recording_item(uint32_t m, uint32_t group, uint32_t tile_n, uint32_t flags,
+                           const void *spans, size_t stride, uint32_t n, sched_item_t *ret)
 {
-    kcuda_pack_item(m, group, tile_n, spans, stride, n, ret);
+    kcuda_pack_item(m, group, tile_n, flags, spans, stride, n, ret);
     if (n_priced < PRICED_MAX)
         priced[n_priced++] =
             (struct priced){spans_key(m, n, spans, stride), ret->tiles, ret->units, ret->kind};
@@ -127,42 +127,55 @@ static void check_priced(const sched_plan_hdr_t *h, const sched_plan_cta_t *pc,
     uint32_t i = 0;
     while (i < n_priced && priced[i].key != key)
         i++;
-    assert_true(i < n_priced); /* the model priced this very CTA */
-    assert_int_equal(priced[i].kind, tm > KCUDA_WS_MIN_ROWS);
+    assert_true(i < n_priced);                              /* the model priced this very CTA */
+    const int inv = (h->flags & SCHED_PLAN_INVARIANT) != 0; /* every CTA on fwd_pair */
+    assert_int_equal(priced[i].kind, tm > KCUDA_WS_MIN_ROWS || inv);
     assert_int_equal(priced[i].units, tm > 64 ? 2 : 1);
-    if (priced[i].kind && !(h->flags & SCHED_PLAN_INVARIANT)) /* invariant: launch order only */
+    if (priced[i].kind)
         assert_int_equal(priced[i].tiles, c->n_tiles);
 }
 
-/* A batch-invariant plan's tiles (SCHED_PLAN_INVARIANT): one per segment, each chunk at slot
- * (position / bs) % 4 of its window, one readers' range per tile; every query token reads at most
- * one tile per window, its windows in increasing order (what makes a row's bits its own). */
-static void check_invariant(const sched_plan_hdr_t *h, const kcuda_cta_t *c, const kcuda_tile_t *t)
+/* A batch-invariant plan's tiles (SCHED_PLAN_INVARIANT): each tile's blocks of one window; the
+ * blocks of one readers' range in consecutive slots from the window's first block on, readers'
+ * ranges disjoint; every query token reads at most one tile per window, its windows in
+ * increasing order (what makes a row's bits its own); and segments of a window whose blocks fit
+ * share a tile (returns how many tiles held more than one range). */
+static uint32_t check_invariant(const sched_plan_hdr_t *h, const kcuda_cta_t *c,
+                                const kcuda_tile_t *t)
 {
-    assert_int_equal(c->n_tiles, c->seg_count);
-    uint32_t last[KCUDA_MAX_M];
+    (void)h;
+    assert_true(c->n_tiles <= c->seg_count);
+    uint32_t last[KCUDA_MAX_M], shared = 0;
     memset(last, 0xff, sizeof(last));
     for (uint32_t k = 0; k < c->n_tiles; k++) {
-        uint32_t win = UINT32_MAX, readers = 0;
+        uint32_t win = UINT32_MAX, ranges = 0, first = 0;
         for (int e = 0; e < 4; e++) {
             if (t[k].blk[e] == KCUDA_NO_BLOCK)
                 continue;
-            assert_int_equal((int)(t[k].pos[e] / BS % 4), e);
             assert_true(win == UINT32_MAX || win == t[k].pos[e] / 64);
             win = t[k].pos[e] / 64;
-            assert_true(readers == 0 || readers == t[k].rng[e] >> 16);
-            readers = t[k].rng[e] >> 16;
+            const uint32_t readers = t[k].rng[e] >> 16;
+            if (e == 0 || readers != t[k].rng[e - 1] >> 16 || t[k].blk[e - 1] == KCUDA_NO_BLOCK) {
+                ranges++;
+                first = (uint32_t)e;
+                for (uint32_t q = readers & 0xffu; q < readers >> 8; q++) {
+                    /* one tile a window, in order; ranges of a tile disjoint */
+                    assert_true(last[q] == UINT32_MAX || last[q] < win);
+                    last[q] = win;
+                }
+            }
+            assert_int_equal(t[k].pos[e], win * 64 + (e - first) * BS); /* in position order */
         }
         assert_int_not_equal(win, UINT32_MAX);
-        for (uint32_t q = readers & 0xffu; q < readers >> 8; q++) {
-            assert_true(last[q] == UINT32_MAX || last[q] < win); /* one tile a window, in order */
-            last[q] = win;
-        }
+        shared += ranges > 1;
     }
+    return shared;
 }
 
-static void check_tiles(const sched_plan_hdr_t *h)
+/* Checks a plan's tiles; returns the invariant plan's tiles that hold more than one segment. */
+static uint32_t check_tiles(const sched_plan_hdr_t *h)
 {
+    uint32_t shared = 0;
     kcuda_cta_t *dc = malloc((h->n_ctas ? h->n_ctas : 1) * sizeof(kcuda_cta_t));
     uint64_t n_tiles = 0;
     const uint32_t n_big = kcuda_pack_prepare(h, dc, &n_tiles);
@@ -225,7 +238,7 @@ static void check_tiles(const sched_plan_hdr_t *h)
                 assert_true(kinds == 2 || kinds == 4 || kinds == 8);
         }
         if (h->flags & SCHED_PLAN_INVARIANT)
-            check_invariant(h, c, t);
+            shared += check_invariant(h, c, t);
         for (uint32_t r = 0; r < c->row_count * h->group; r++) {
             const uint32_t nw = plan_reads(h, c, r, want), ng = tile_reads(h, c, t, r, got);
             assert_int_equal(nw, ng);
@@ -242,6 +255,7 @@ static void check_tiles(const sched_plan_hdr_t *h)
     free(seen);
     free(tiles);
     free(dc);
+    return shared;
 }
 
 static void test_random_plans(void **state)
@@ -250,6 +264,7 @@ static void test_random_plans(void **state)
     static const uint32_t groups[][2] = {{8, 8}, {16, 8}, {32, 8}, {64, 8}, {64, 4}, {48, 16}};
     tl_rng_t r;
     tl_rng_seed(&r, tl_test_seed(0x7a1e));
+    uint32_t inv_shared = 0;
     for (int round = 0; round < 8; round++) {
         tl_world_t w;
         tl_world_params_t p = {.bs = BS,
@@ -316,11 +331,12 @@ static void test_random_plans(void **state)
                 const sched_plan_hdr_t *h;
                 n_priced = 0;
                 assert_int_equal(sched_build(s, &h), 0);
-                check_tiles(h);
+                inv_shared += check_tiles(h);
                 sched_free(s);
             }
         tl_world_free(&w);
     }
+    assert_true(inv_shared > 0); /* invariant segments of a window did share tiles */
 }
 
 int main(void)

@@ -406,10 +406,11 @@ static void test_bytes_never_above_baselines(void **state)
  * holds two slots, items from test_kind1_from_m rows up (0: none) are of kind 1, and every span
  * starts its own tile_n tiles. */
 static uint32_t test_kind1_from_m;
-static void test_item(uint32_t m, uint32_t group, uint32_t tile_n, const void *spans, size_t stride,
-                      uint32_t n, sched_item_t *ret)
+static void test_item(uint32_t m, uint32_t group, uint32_t tile_n, uint32_t flags,
+                      const void *spans, size_t stride, uint32_t n, sched_item_t *ret)
 {
     (void)group;
+    (void)flags;
     ret->units = m > 64 ? 2 : 1;
     ret->kind = test_kind1_from_m && m >= test_kind1_from_m;
     ret->tiles = sched_span_tiles(spans, stride, n, tile_n);
