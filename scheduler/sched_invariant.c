@@ -40,6 +40,7 @@ static const struct {
     uint32_t div, part;
 } inv_cuts[] = {{0, 0}, {0, 1}, {1, 1}, {2, 1}, {4, 1}};
 #define INV_N_CUTS (sizeof(inv_cuts) / sizeof(inv_cuts[0]))
+_Static_assert(INV_N_CUTS == SCHED_INVARIANT_CUTS, "the cut rules sched_plan.h counts");
 
 /* Whether queries a and b hold the same KV in the window [w, e) (e: a's end there). */
 static int same_window(const sched_forest_t *f, const sched__query_t *a, const sched__query_t *b,
@@ -184,19 +185,25 @@ void sched__build_invariant(sched_t *s)
     pat_grow((void **)&s->inv_chunk_end, &s->inv_chunk_cap, n_chunks, sizeof(uint32_t));
     const uint64_t tiles = list_members(s, ps, n_chunks);
     const sched_cost_t *cost = &s->tiles.cost;
-    if (!cost->slots) { /* no time model (the cpu backend): a CTA per run of queries that share */
+    if (!cost->slots && !s->cfg.invariant_cut) { /* no time model (the cpu backend): a CTA per
+                                                     run of queries that share */
         build_groups(s, n_chunks, UINT32_MAX, 1);
+        s->st.invariant_cut = 2;
         return;
     }
     /* each cut's budget: tiles x heads / (slots x div), at least one segment */
     uint32_t budget[INV_N_CUTS];
     for (uint32_t i = 0; i < INV_N_CUTS; i++) {
-        const uint64_t b = inv_cuts[i].div ? PAT_DIV_UP(tiles * s->cfg.kv_heads,
-                                                        (uint64_t)cost->slots * inv_cuts[i].div)
-                                           : UINT32_MAX;
+        const uint64_t b =
+            inv_cuts[i].div && cost->slots
+                ? PAT_DIV_UP(tiles * s->cfg.kv_heads, (uint64_t)cost->slots * inv_cuts[i].div)
+                : UINT32_MAX;
         budget[i] = (uint32_t)PAT_MIN(b, UINT32_MAX);
     }
-    if (!fresh && s->inv_pick < INV_N_CUTS) {
+    if (s->cfg.invariant_cut) /* forced */
+        s->inv_pick = s->cfg.invariant_cut - 1;
+    if (s->cfg.invariant_cut || (!fresh && s->inv_pick < INV_N_CUTS)) {
+        s->st.invariant_cut = s->inv_pick + 1;
         build_groups(s, n_chunks, budget[s->inv_pick], inv_cuts[s->inv_pick].part);
         return;
     }
@@ -217,6 +224,7 @@ void sched__build_invariant(sched_t *s)
         }
     }
     s->inv_pick = pick;
+    s->st.invariant_cut = pick + 1;
     if (pick != INV_N_CUTS - 1)
         build_groups(s, n_chunks, budget[pick], inv_cuts[pick].part);
 }

@@ -87,6 +87,8 @@ int sched_create(const sched_config_t *cfg, sched_t **ret)
     if (cfg->invariant_chunk && (cfg->invariant_chunk % SCHED_INVARIANT_WINDOW ||
                                  SCHED_INVARIANT_WINDOW % cfg->block_size || !invariant_n(t)))
         return -EINVAL;
+    if (cfg->invariant_cut > SCHED_INVARIANT_CUTS)
+        return -EINVAL;
 
     sched_t *s = pat_xcalloc(1, sizeof(*s));
     s->cfg = *cfg;

@@ -57,7 +57,12 @@ typedef struct sched_config {
     uint32_t invariant_chunk;   /* 0, or batch-invariant plans (sched_invariant.c): each query
                                    token's KV cut at multiples of this many tokens (a multiple of
                                    SCHED_INVARIANT_WINDOW), policy and split unused */
+    uint32_t invariant_cut;     /* 0: where such a plan's CTAs end is the time model's pick; k in
+                                   1..SCHED_INVARIANT_CUTS: rule k forced (benchmarks) */
 } sched_config_t;
+
+/* The rules an invariant plan's CTAs end by (sched_invariant.c; the result is the same) */
+#define SCHED_INVARIANT_CUTS 5
 
 typedef struct sched_stats {
     uint64_t plans;        /* plans built */
@@ -68,7 +73,8 @@ typedef struct sched_stats {
     double
         last_model_ns;  /* modelled GPU time of the last plan, one layer (bytes without a model) */
     uint64_t fill_kept; /* plans whose fill split the model kept */
-    uint64_t fill_dropped; /* plans whose fill split the model found slower and dropped */
+    uint64_t fill_dropped;  /* plans whose fill split the model found slower and dropped */
+    uint32_t invariant_cut; /* the cut rule (1..SCHED_INVARIANT_CUTS) of the last invariant plan */
 } sched_stats_t;
 
 /* Bytes a plan moves, per kind. */

@@ -47,7 +47,8 @@
  * the same over an fp8 pool (plans auto and query; and auto on KERN_FWD_LAYER, the 4-warp
  * kernels), with each pool's floor (run_config_kv8).
  * --invariant C,...: instead, the default plan beside batch-invariant plans of each chunk C
- * (run_config_inv).
+ * (run_config_inv); with --invariant-cuts also each of those plans with every cut rule forced
+ * (sched_config_t.invariant_cut: how good the time model's pick is).
  * --quick: 4 trees, one head config; --trees / --heads pick cases: --trees takes B_L specs and
  * the sets paper (the PAT paper's 20 trees, the default), own (kOwnTrees: ten shapes of our own)
  * and all, separated by ';'; every spec is checked before anything runs.
@@ -298,7 +299,8 @@ static uint64_t distinct_tokens(const Tree &t)
 /* ------------------------------------------------------------------ one configuration */
 
 static sched_t *make_sched(const tl_world_t *w, uint32_t qh, uint32_t kvh, sched_policy_t pol,
-                           const sched_tiles_t *tiles, uint32_t kv_elt = 2, uint32_t inv_chunk = 0)
+                           const sched_tiles_t *tiles, uint32_t kv_elt = 2, uint32_t inv_chunk = 0,
+                           uint32_t inv_cut = 0)
 {
     sched_config_t sc = {};
     sc.max_queries = w->n_q;
@@ -314,6 +316,7 @@ static sched_t *make_sched(const tl_world_t *w, uint32_t qh, uint32_t kvh, sched
     sc.split_min_kv = 256; /* the daemon's setting */
     sc.max_partials = 64 * w->n_tokens;
     sc.invariant_chunk = inv_chunk;
+    sc.invariant_cut = inv_cut;
     sched_t *s;
     REQ(sched_create(&sc, &s));
     for (uint32_t i = 0; i < w->n_q; i++) {
@@ -729,7 +732,8 @@ static void run_config_kv8(const char *spec, const Tree &t, uint32_t qh, uint32_
  * (sched_config_t.invariant_chunk), one backend, the same batch and Q; each invariant output's
  * relative error against the default's (both are attention; not the same bits). */
 static void run_config_inv(const char *spec, const Tree &t, uint32_t qh, uint32_t kvh,
-                           const Floors &f, const std::vector<uint32_t> &chunks, FILE *js)
+                           const Floors &f, const std::vector<uint32_t> &chunks, bool cuts,
+                           FILE *js)
 {
     tl_world_t w;
     build(&w, t);
@@ -748,6 +752,9 @@ static void run_config_inv(const char *spec, const Tree &t, uint32_t qh, uint32_
     std::vector<__half> o_pat(bf.qo_elems), o_inv(bf.qo_elems);
     CK(cudaMemcpy(o_pat.data(), bf.dout, bf.qo_elems * 2, cudaMemcpyDeviceToHost));
     std::vector<double> us(chunks.size()), err(chunks.size()), reread(chunks.size());
+    /* --invariant-cuts: each chunk's plan again with every cut rule forced (0: not timed) */
+    std::vector<double> cut_us(chunks.size() * SCHED_INVARIANT_CUTS);
+    std::vector<uint32_t> pick(chunks.size());
     const uint64_t dtok = distinct_tokens(t);
     const double bytes = (double)dtok * kvh * D * 2 * 2;
     for (size_t i = 0; i < chunks.size(); i++) {
@@ -760,7 +767,17 @@ static void run_config_inv(const char *spec, const Tree &t, uint32_t qh, uint32_
         sched_traffic_t tr;
         sched_plan_traffic(h, qh, kvh, D, 2, 2, &tr);
         reread[i] = (double)tr.kv / bytes;
+        sched_stats_t st;
+        sched_get_stats(s, &st);
+        pick[i] = st.invariant_cut;
         sched_free(s);
+        for (uint32_t k = 1; cuts && k <= SCHED_INVARIANT_CUTS; k++) {
+            sched_t *sk = make_sched(&w, qh, kvh, SCHED_POLICY_AUTO, &tiles, 2, chunks[i], k);
+            const sched_plan_hdr_t *hk;
+            REQ(sched_build(sk, &hk));
+            cut_us[i * SCHED_INVARIANT_CUTS + k - 1] = time_plan(b, hk, bf.dq, bf.dout, &p);
+            sched_free(sk);
+        }
     }
     double flops = 0;
     for (uint32_t i = 0; i < w.n_q; i++)
@@ -770,14 +787,26 @@ static void run_config_inv(const char *spec, const Tree &t, uint32_t qh, uint32_
     for (size_t i = 0; i < chunks.size(); i++)
         printf(" %8.1f %5.2fx %5.2f %.0e", us[i], us[i] / us_pat, reread[i], err[i]);
     printf("\n");
+    for (size_t i = 0; cuts && i < chunks.size(); i++) {
+        printf("    chunk %u, model's cut %u; each cut forced:", chunks[i], pick[i]);
+        for (uint32_t k = 0; k < SCHED_INVARIANT_CUTS; k++)
+            printf(" %.1f", cut_us[i * SCHED_INVARIANT_CUTS + k]);
+        printf(" us\n");
+    }
     if (js) {
         fprintf(js,
                 "{\"tree\":\"%s\",\"q_heads\":%u,\"kv_heads\":%u,\"queries\":%u,\"pat_us\":%.2f,"
                 "\"floor_us\":%.2f,\"distinct_bytes\":%.0f,\"read_bw\":%.0f,\"set\":\"%s\"",
                 spec, qh, kvh, w.n_q, us_pat, floor, bytes, f.bw, tree_set(spec));
         for (size_t i = 0; i < chunks.size(); i++)
-            fprintf(js, ",\"inv%u_us\":%.2f,\"inv%u_reread\":%.3f,\"inv%u_rel_err\":%.2e",
-                    chunks[i], us[i], chunks[i], reread[i], chunks[i], err[i]);
+            fprintf(js,
+                    ",\"inv%u_us\":%.2f,\"inv%u_reread\":%.3f,\"inv%u_rel_err\":%.2e,"
+                    "\"inv%u_cut\":%u",
+                    chunks[i], us[i], chunks[i], reread[i], chunks[i], err[i], chunks[i], pick[i]);
+        for (size_t i = 0; cuts && i < chunks.size(); i++)
+            for (uint32_t k = 0; k < SCHED_INVARIANT_CUTS; k++)
+                fprintf(js, ",\"inv%u_cut%u_us\":%.2f", chunks[i], k + 1,
+                        cut_us[i * SCHED_INVARIANT_CUTS + k]);
         fprintf(js, "}\n");
     }
     sched_free(s_pat);
@@ -791,6 +820,7 @@ int main(int argc, char **argv)
     FILE *js = nullptr;
     kern_dtype_t kv8 = (kern_dtype_t)0; /* --kv: the fp8 comparison only */
     std::vector<uint32_t> inv;          /* --invariant: the invariant comparison only */
+    bool inv_cuts = false;              /* --invariant-cuts: and every cut rule forced */
     std::vector<std::string> trees(kTrees, kTrees + sizeof(kTrees) / sizeof(kTrees[0]));
     std::vector<std::pair<uint32_t, uint32_t>> heads;
     for (const auto &h : kHeads)
@@ -809,6 +839,8 @@ int main(int argc, char **argv)
                         argv[i]);
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--invariant-cuts")) {
+            inv_cuts = true;
         } else if (!strcmp(argv[i], "--invariant") && i + 1 < argc) {
             for (char *tok = strtok(argv[++i], ","); tok; tok = strtok(nullptr, ",")) {
                 const unsigned long c = strtoul(tok, nullptr, 10);
@@ -858,7 +890,7 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr, "usage: bench_attn [--quick] [--trees 'B_L;B_L;paper;own;all'] "
                             "[--heads 32/8,...] [--kv fp8_e4m3|fp8_e5m2] [--invariant C,...] "
-                            "[--json FILE]\n");
+                            "[--invariant-cuts] [--json FILE]\n");
             return 2;
         }
     }
@@ -896,7 +928,8 @@ int main(int argc, char **argv)
         printf("\n");
         for (const auto &h : heads)
             for (size_t i = 0; i < trees.size(); i++)
-                run_config_inv(trees[i].c_str(), parsed[i], h.first, h.second, f, inv, js);
+                run_config_inv(trees[i].c_str(), parsed[i], h.first, h.second, f, inv, inv_cuts,
+                               js);
         if (js)
             fclose(js);
         return 0;

@@ -26,8 +26,9 @@
 # --persist: only tests/gpu/test_persist.py under MPS (issue 37: the KV cache survives patd's
 # kill -9 and its upgrade, a transformers model as the frontend; builds patd, patctl, patd-keep
 # and libpat; the other modes that run test_hf run it too).
-# --invariant [CHUNKS]: test_cuda_attn --invariant and --tree-quick, bench_attn --invariant
-# CHUNKS (default 256,1024) on the PAT paper's trees with PAT beside, compare_invariant.py.
+# --invariant [CHUNKS [cuts]]: test_cuda_attn --invariant and --tree-quick, bench_attn --invariant
+# CHUNKS (default 256,1024; cuts: and every cut rule forced) on the PAT paper's trees with PAT
+# beside, compare_invariant.py.
 # --flake [N]: test_cuda_attn --quick, then every TREE world of its --tree (fixed seed) run N
 # more times (default 200), bitwise equal to the first, then racecheck, initcheck and memcheck
 # on --tree-quick.
@@ -129,8 +130,8 @@ fi
 if [ $bench = 14 ]; then # --invariant [CHUNKS]: batch invariance (issue 40)
     run test_invariant $B/tests/gpu/test_cuda_attn --invariant
     run test_tree_quick $B/tests/gpu/test_cuda_attn --tree-quick
-    run bench_invariant $B/bench/bench_attn --invariant "${2:-256,1024}" --trees paper \
-        --json "$out/bench_inv.jsonl"
+    run bench_invariant $B/bench/bench_attn --invariant "${2:-256,1024}" ${3:+--invariant-cuts} \
+        --trees paper --json "$out/bench_inv.jsonl"
     if [ -x .peers/tools/run.sh ]; then
         [ -n "$pat_pid" ] && { wait $pat_pid || tail -20 "$out/pat_build.log"; }
         run pat_bench tests/gpu/pat_bench.sh "$out/bench_inv.jsonl" "$out/pat.jsonl"
