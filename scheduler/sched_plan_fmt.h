@@ -158,7 +158,8 @@ typedef struct sched_span {
 
 /* One work item (a CTA for one KV head) as the backend will run it. */
 typedef struct sched_item {
-    uint64_t tiles; /* KV tiles it walks */
+    uint64_t tiles; /* KV tiles it walks (one after another: where a backend walks some side by
+                       side, the tile steps of its longest chain) */
     uint32_t units; /* resident slots it holds at once (>= 1) */
     uint32_t kind;  /* 0, or 1: its fixed cost is cost.kind1_cta_us */
 } sched_item_t;

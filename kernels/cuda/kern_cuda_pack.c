@@ -79,9 +79,22 @@ static uint32_t inv_window_tiles(const inv_pack_t *p)
     return p->tiles[0] + p->tiles[1] + p->tiles[2];
 }
 
-/* Counting an invariant CTA's tiles: the windows before the current one (tiles) and its packing. */
+/* A window's tile steps on the longer consumer's chain, in quarters: the tiles both consumers
+ * read, the larger of the two consumers' own, and a quarter of the smaller (the two consumers
+ * walk their own tiles side by side; the quarter is the producer's share of loading both, fitted
+ * on the PAT trees' invariant plans with every cut rule timed, H200:
+ * tests/bench/log/2026-11-29-batch-invariant.md). */
+static uint64_t inv_window_chain4(const inv_pack_t *p)
+{
+    const uint32_t hi = p->tiles[1] > p->tiles[2] ? p->tiles[1] : p->tiles[2];
+    const uint32_t lo = p->tiles[1] + p->tiles[2] - hi;
+    return 4 * ((uint64_t)p->tiles[0] + hi) + lo;
+}
+
+/* Counting an invariant CTA's tiles: the windows before the current one (tiles, and their chain
+ * in quarters) and its packing. */
 typedef struct inv_count {
-    uint64_t tiles;
+    uint64_t tiles, chain4;
     uint32_t win;
     inv_pack_t p;
 } inv_count_t;
@@ -92,6 +105,7 @@ static void inv_count_add(inv_count_t *c, uint32_t kb, uint32_t ke, uint32_t rl,
 {
     if (kb / KCUDA_TILE_N != c->win) {
         c->tiles += inv_window_tiles(&c->p);
+        c->chain4 += inv_window_chain4(&c->p);
         c->p = (inv_pack_t){{0}, {0}};
         c->win = kb / KCUDA_TILE_N;
     }
@@ -102,6 +116,12 @@ static void inv_count_add(inv_count_t *c, uint32_t kb, uint32_t ke, uint32_t rl,
 static uint64_t inv_count_end(const inv_count_t *c)
 {
     return c->tiles + inv_window_tiles(&c->p);
+}
+
+/* the tile steps of the counted CTA's longer chain, rounded up */
+static uint64_t inv_count_chain(const inv_count_t *c)
+{
+    return (c->chain4 + inv_window_chain4(&c->p) + 3) / 4;
 }
 
 void kcuda_pack_item(uint32_t m, uint32_t group, uint32_t tile_n, uint32_t flags, const void *spans,
@@ -116,7 +136,7 @@ void kcuda_pack_item(uint32_t m, uint32_t group, uint32_t tile_n, uint32_t flags
             memcpy(&sp, (const char *)spans + i * stride, sizeof(sp));
             inv_count_add(&ic, sp.kv_begin, sp.kv_end, sp.row_lo, sp.row_hi, rows_small(m), group);
         }
-        ret->tiles = inv_count_end(&ic);
+        ret->tiles = inv_count_chain(&ic);
         return;
     }
     if (!ret->kind) { /* a 4-warp kernel's item: each segment its own tiles */

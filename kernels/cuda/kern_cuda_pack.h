@@ -70,7 +70,9 @@ void kcuda_pack_fill(const sched_plan_hdr_t *h, const kcuda_cta_t *cd, kcuda_til
  * both consumers' rows, by the first's only, by the second's only); at most KCUDA_WS_MIN_ROWS
  * rows it is a 4-warp kernel's item (kind 0): one slot, each segment its own tile_n tiles. In a
  * batch-invariant plan (flags SCHED_PLAN_INVARIANT) every CTA runs on fwd_pair, its segments
- * (each one window's blocks) packed window by window, whole segments to a tile. */
+ * (each one window's blocks) packed window by window, whole segments to a tile, and its tiles
+ * are priced as its longer consumer chain: per window the tiles both consumers read, the larger
+ * of the two consumers' own and a quarter of the smaller. */
 void kcuda_pack_item(uint32_t m, uint32_t group, uint32_t tile_n, uint32_t flags, const void *spans,
                      size_t stride, uint32_t n, sched_item_t *ret);
 

@@ -808,6 +808,7 @@ static void run_config_inv(const char *spec, const Tree &t, uint32_t qh, uint32_
                 fprintf(js, ",\"inv%u_cut%u_us\":%.2f", chunks[i], k + 1,
                         cut_us[i * SCHED_INVARIANT_CUTS + k]);
         fprintf(js, "}\n");
+        fflush(js); /* a run cut short keeps its rows */
     }
     sched_free(s_pat);
     kern_backend_free(b);

@@ -297,6 +297,15 @@ def test_compare_invariant():
           "target: chunk 1024: invariant <= 1.15x the default (geo): missed" in text, text[-800:])
     check("compare_invariant: PAT / invariant (chunk 256) geomean over both",
           "PAT / invariant %.3f" % math.sqrt(12.0 / 11.0 * 30.0 / 22.0) in text, text[-800:])
+    # every cut rule timed (bench_attn --invariant-cuts): the best per case beside the pick
+    cut = [(dict(r, inv1024_cut=2, inv1024_cut1_us=r["inv1024_us"] * 0.9,
+                 inv1024_cut2_us=r["inv1024_us"]), p) for r, p in rows]
+    rc, text = run_inv(cut)
+    check("compare_invariant: cut fields are not chunks", rc == 0 and
+          "inv 1 µs" not in text and "invariant chunk 256:" in text, text[-800:])
+    check("compare_invariant: best cut rule per case beside the model's pick",
+          "chunk 1024, every cut rule timed: the best rule per case 1.170x the default (geo), "
+          "the model's pick 1.300x" in text, text[-800:])
     rc, text = run_inv([(dict(r, **{}), {"tree": "other", "hq": 1, "hkv": 1, "pat_us": 1.0})
                         for r, _ in rows])
     check("compare_invariant: no common case: exit 1", rc == 1, text[-300:])

@@ -115,7 +115,7 @@ static void recording_item(uint32_t m, uint32_t group, uint32_t tile_n, uint32_t
  * fwd_pair (kind 1), and two slots above 64 rows. Items of at most KCUDA_WS_MIN_ROWS rows are
  * priced as the 4-warp kernels' (kind 0), which is what they run on in a plan of no larger CTA. */
 static void check_priced(const sched_plan_hdr_t *h, const sched_plan_cta_t *pc,
-                         const kcuda_cta_t *c)
+                         const kcuda_cta_t *c, const kcuda_tile_t *t)
 {
     const sched_plan_seg_t *sg = sched_plan_segs(h) + c->seg_begin;
     const uint32_t tm = sched_plan_groups(h)[pc->group].m;
@@ -131,8 +131,22 @@ static void check_priced(const sched_plan_hdr_t *h, const sched_plan_cta_t *pc,
     const int inv = (h->flags & SCHED_PLAN_INVARIANT) != 0; /* every CTA on fwd_pair */
     assert_int_equal(priced[i].kind, tm > KCUDA_WS_MIN_ROWS || inv);
     assert_int_equal(priced[i].units, tm > 64 ? 2 : 1);
-    if (priced[i].kind)
+    if (priced[i].kind && !inv) {
         assert_int_equal(priced[i].tiles, c->n_tiles);
+    } else if (inv) {
+        /* the longer consumer chain: per window (tiles in order) those both consumers read, the
+         * larger of their own and a quarter of the smaller, by the tiles' live bits */
+        uint64_t quarters = 0;
+        for (uint32_t k = 0; k < c->n_tiles;) {
+            uint64_t n[4] = {0, 0, 0, 0};
+            const uint32_t win = t[k].pos[0] / 64;
+            for (; k < c->n_tiles && t[k].pos[0] / 64 == win; k++)
+                n[t[k].live]++;
+            const uint64_t hi = n[1] > n[2] ? n[1] : n[2], lo = n[1] + n[2] - hi;
+            quarters += 4 * (n[3] + hi) + lo;
+        }
+        assert_int_equal(priced[i].tiles, (quarters + 3) / 4);
+    }
 }
 
 /* A batch-invariant plan's tiles (SCHED_PLAN_INVARIANT): each tile's blocks of one window; the
@@ -200,7 +214,7 @@ static uint32_t check_tiles(const sched_plan_hdr_t *h)
         assert_int_equal(src[j].seg_begin, c->seg_begin);
         assert_int_equal(src[j].seg_count, c->seg_count);
         assert_int_equal(src[j].kv_tokens, c->kv_tokens);
-        check_priced(h, &src[j], c);
+        check_priced(h, &src[j], c, tiles + c->first_tile);
         assert_int_equal(c->first_tile, at);
         at += c->n_tiles;
         const kcuda_tile_t *t = tiles + c->first_tile;
