@@ -29,6 +29,10 @@
 # --invariant [CHUNKS [cuts]]: test_cuda_attn --invariant and --tree-quick, bench_attn --invariant
 # CHUNKS (default 256,1024; cuts: and every cut rule forced) on the PAT paper's trees with PAT
 # beside, compare_invariant.py.
+# --fp8 [KV [TREES]]: bench_attn --kv KV (default fp8_e4m3) on TREES (default paper) at 32/32 and
+# 32/8 beside FlashInfer's decode and cascade over fp16 and KV pools (bench_flashinfer_trees.py,
+# FlashInfer from .whl/: carry .whl), joined by compare_fp8.py with issue 40's fp8 targets.
+# FlashInfer builds each kernel it has not built before on first use (minutes).
 # --flake [N]: test_cuda_attn --quick, then every TREE world of its --tree (fixed seed) run N
 # more times (default 200), bitwise equal to the first, then racecheck, initcheck and memcheck
 # on --tree-quick.
@@ -66,6 +70,7 @@ case "${1:-}" in
 --persist) bench=12 ;;
 --flake) bench=13 ;;
 --invariant) bench=14 ;;
+--fp8) bench=15 ;;
 esac
 
 # PAT's reference kernel (../shared/peers/pat): built in the background while patd builds and
@@ -96,6 +101,7 @@ targets="$B/tests/gpu/test_cuda_attn $B/tests/gpu/test_vmm_share $B/tests/gpu/te
 [ $bench = 11 ] && targets="$B/bin/patd $B/lib/libpat.so.1"
 [ $bench = 13 ] && targets="$B/tests/gpu/test_cuda_attn"
 [ $bench = 14 ] && targets="$B/tests/gpu/test_cuda_attn $B/bench/bench_attn"
+[ $bench = 15 ] && targets="$B/bench/bench_attn"
 # shellcheck disable=SC2086 # a list of targets
 if ! make -j"$(nproc)" B=$B CUDA=1 CUDA_ARCHS=90a $targets >>"$out/gpu.log" 2>&1; then
     tail -30 "$out/gpu.log"
@@ -120,10 +126,26 @@ run() { # name, command...
 # the shipped units and config started as systemd starts them: the cuda backend on this GPU
 # (tests/integ/test_units.py; two patd@ instances share the one GPU); not before --frontends,
 # whose time is the benchmark's
-[ $bench = 11 ] || [ $bench = 12 ] || [ $bench = 13 ] || [ $bench = 14 ] || run test_units env PATD_BIN=$B/bin/patd PATCTL_BIN=$B/bin/patctl \
+[ $bench = 11 ] || [ $bench = 12 ] || [ $bench = 13 ] || [ $bench -ge 14 ] || run test_units env PATD_BIN=$B/bin/patd PATCTL_BIN=$B/bin/patctl \
     python3 tests/integ/test_units.py --expect cuda
 if [ $bench = 10 ]; then # --units: only that
     echo "$passed passed, $failed failed" | tee -a "$out/gpu.log"
+    [ "$failed" -eq 0 ]
+    exit
+fi
+if [ $bench = 15 ]; then # --fp8 [KV [TREES]]: patd over fp8 beside FlashInfer over fp8 (issue 40)
+    kv=${2:-fp8_e4m3}
+    run bench_fp8 $B/bench/bench_attn --kv "$kv" --trees "${3:-paper}" --heads 32/32,32/8 \
+        --json "$out/bench_fp8.jsonl"
+    if ! python3 -c 'import flashinfer' 2>/dev/null && ls .whl/flashinfer_python-*.whl >/dev/null 2>&1; then
+        python3 -m pip install --quiet --no-deps --no-index .whl/*.whl >>"$out/gpu.log" 2>&1
+    fi
+    run flashinfer_fp8 python3 tests/bench/bench_flashinfer_trees.py --kv "$kv" \
+        --trees "${3:-paper}" --heads 32/32,32/8 --json "$out/flashinfer_fp8.jsonl"
+    run compare_fp8 python3 tests/bench/compare_fp8.py "$out/bench_fp8.jsonl" \
+        "$out/flashinfer_fp8.jsonl" --md "$out/compare_fp8.md"
+    echo "$passed passed, $failed failed" | tee -a "$out/gpu.log"
+    (cd "$out" && tar -cJf logs.tar.xz ./*.log && find . -maxdepth 1 -name '*.log' ! -name gpu.log -delete)
     [ "$failed" -eq 0 ]
     exit
 fi

@@ -311,9 +311,64 @@ def test_compare_invariant():
     check("compare_invariant: no common case: exit 1", rc == 1, text[-300:])
 
 
+FP8 = os.path.join(ROOT, "tests", "bench", "compare_fp8.py")
+FI_TREES = os.path.join(ROOT, "tests", "bench", "bench_flashinfer_trees.py")
+
+
+def fp8_row(tree, f16, fp8, floor8, fi):
+    """a bench_attn --kv row and its bench_flashinfer_trees row (fi: way -> us, None: refused)"""
+    r = {"tree": tree, "q_heads": 32, "kv_heads": 8, "queries": 10, "kv": "fp8_e4m3",
+         "f16_us": f16, "fp8_us": fp8, "fp8_qc_us": fp8, "fp8_layer_us": fp8,
+         "floor16_us": 2 * floor8, "floor8_us": floor8, "set": "paper"}
+    p = {"tree": tree, "q_heads": 32, "kv_heads": 8, "queries": 10, "kv": "fp8_e4m3"}
+    for way, v in fi.items():
+        if v is None:
+            p[way + "_error"] = "not supported"
+        else:
+            p[way + "_us"] = v
+    return r, p
+
+
+def test_compare_fp8():
+    full = {"decode_f16": 30.0, "decode_fp8": 20.0, "cascade_f16": 25.0, "cascade_fp8": 18.0}
+    rows = [fp8_row("1,8_1024,32", 40.0, 20.0, 10.0, full),             # 2x over fp16
+            fp8_row("1,4_2048,64", 40.0, 25.0, 10.0, dict(full, cascade_fp8=None)),
+            fp8_row("256_1024", 100.0, 52.0, 50.0, full)]               # unshared: 1.04x floor
+    rc, text = run_compare(rows, script=FP8)
+    check("compare_fp8: exits 0", rc == 0, text[-400:])
+    check("compare_fp8: shared and unshared cases told apart",
+          "cases: 2 shared, 1 unshared" in text, text[-600:])
+    check("compare_fp8: unshared at 1.04x the floor, met",
+          "at most 1.04x its fp8 bytes floor" in text and
+          "target: unshared decode <= 1.05x the fp8 floor: met" in text, text[-800:])
+    check("compare_fp8: fp16 / fp8 geomean",
+          "patd fp16 / fp8 %.3f" % math.sqrt(2.0 * 1.6) in text, text[-800:])
+    check("compare_fp8: one tree slower than FlashInfer decode fp8: missed",
+          "faster than FlashInfer decode fp8 on 0 of 2" in text and
+          "target: shared: faster than FlashInfer decode fp8 on every tree: missed" in text,
+          text[-800:])
+    check("compare_fp8: a way FlashInfer refused is named, not counted",
+          "faster than FlashInfer cascade fp8 on 0 of 1 (1 refused by FlashInfer)" in text,
+          text[-800:])
+    check("compare_fp8: refused shows in the table", "| refused |" in text, text[-800:])
+    rc, text = run_compare([(r, dict(p, tree="x")) for r, p in rows], script=FP8)
+    check("compare_fp8: no common case: exit 1", rc == 1, text[-300:])
+    for bad, why in (("1,10_4096,41x", "not B_L"), ("1,10_4090,416", "not whole pages"),
+                     ("2,3_32,32", "not a multiple")):
+        res = subprocess.run([sys.executable, FI_TREES, "--trees", bad], capture_output=True,
+                             text=True, timeout=60)
+        check("bench_flashinfer_trees: refuses tree %s" % bad,
+              res.returncode == 2 and why in res.stderr, res.stderr[-300:])
+    res = subprocess.run([sys.executable, FI_TREES, "--heads", "32/7"], capture_output=True,
+                         text=True, timeout=60)
+    check("bench_flashinfer_trees: refuses heads 32/7", res.returncode == 2 and
+          "q a multiple of kv" in res.stderr, res.stderr[-300:])
+
+
 def main():
     test_compare()
     test_compare_invariant()
+    test_compare_fp8()
     test_ab_e2e()
     test_trees()
     test_bench_refuses()
