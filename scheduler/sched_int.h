@@ -132,8 +132,8 @@ struct sched {
     uint32_t inv_n, inv_list_cap;
     uint32_t *inv_chunk_end; /* invariant: per chunk, one past its last member in inv_list */
     uint32_t inv_chunk_cap;
-    uint32_t inv_pick;  /* invariant: the segment budget the model chose for this forest version */
-    uint8_t inv_packed; /* invariant: cand[SCHED_POLICY_TREE].q is the DFS order of ... */
+    uint32_t inv_pick; /* invariant: the cut rule (inv_cuts index) chosen for this forest version */
+    uint8_t inv_packed;   /* invariant: cand[SCHED_POLICY_TREE].q is the DFS order of ... */
     uint64_t inv_version; /* ... this forest version */
     double *cta_ns;       /* modelled time per CTA of the plan being built */
     uint8_t *cta_key;     /* its launch-order key */

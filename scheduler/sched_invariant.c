@@ -92,7 +92,8 @@ static void cta_close(sched_t *s, uint32_t c, const inv_placed_t *mem, uint32_t 
 }
 
 /* The members of every chunk, chunk by chunk (*chunk_end[c]: one past chunk c's last), with
- * their costs; returns the segments of the plan whose CTAs are cut only at a tile's rows. */
+ * their costs; returns how many segments the plan would have if no CTA were ever cut (a tile's
+ * rows cut some anyway, so the plans built have more: the budgets start from this count). */
 static uint64_t list_members(sched_t *s, const sched__packset_t *ps, uint32_t n_chunks)
 {
     const sched_forest_t *f = s->forest;

@@ -58,7 +58,8 @@ typedef struct sched_config {
                                    token's KV cut at multiples of this many tokens (a multiple of
                                    SCHED_INVARIANT_WINDOW), policy and split unused */
     uint32_t invariant_cut;     /* 0: where such a plan's CTAs end is the time model's pick; k in
-                                   1..SCHED_INVARIANT_CUTS: rule k forced (benchmarks) */
+                                   1..SCHED_INVARIANT_CUTS: rule k forced (benchmarks; without a
+                                   time model rules 3-5, segment budgets, act as rule 2) */
 } sched_config_t;
 
 /* The rules an invariant plan's CTAs end by (sched_invariant.c; the result is the same) */

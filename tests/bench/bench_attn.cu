@@ -895,6 +895,10 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    if (inv_cuts && inv.empty()) {
+        fprintf(stderr, "bench_attn: --invariant-cuts goes with --invariant C,...\n");
+        return 2;
+    }
     if (quick) {
         heads = {{32, 8}};
         std::vector<std::string> some;

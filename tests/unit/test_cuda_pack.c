@@ -7,10 +7,11 @@
  * and only in tiles its consumer warpgroup computes (the tile's live bit, which the tile before it
  * announces in `next`); `whole` holds exactly where every chunk is a whole block of the same
  * readers; the device copy lists the CTAs of more than 64 rows first, each CTA once, its tiles
- * consecutive; a batch-invariant plan's tiles are one per segment, each chunk at its window's slot,
- * a row's windows in order (check_invariant). The masks mirror kern_cuda_fwd_ws.cuh: row r reads
- * chunk k's block rows [lo, b), b = min(hi, limit - pos), where r's query token is one of the
- * chunk's readers.
+ * consecutive; a batch-invariant plan's tiles hold whole segments of one window, each segment's
+ * chunks in consecutive slots in position order, a row's windows in order, and are priced as the
+ * layout's longer consumer chain (check_invariant, check_priced). The masks mirror
+ * kern_cuda_fwd_ws.cuh: row r reads chunk k's block rows [lo, b), b = min(hi, limit - pos), where
+ * r's query token is one of the chunk's readers.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -334,7 +335,9 @@ static void test_random_plans(void **state)
                     .policy = (sched_policy_t)(pol > SCHED_POLICY_TREE ? SCHED_POLICY_TREE : pol),
                     .split_min_kv = split ? 64 : 0,
                     .tiles = pol == SCHED_POLICY_TREE + 1 ? &wide : &tt,
-                    .invariant_chunk = pol == SCHED_POLICY_TREE + 2 ? (split ? 256 : 1024) : 0};
+                    .invariant_chunk = pol == SCHED_POLICY_TREE + 2 ? (split ? 256 : 1024) : 0,
+                    /* invariant: the model's pick, then each cut rule forced */
+                    .invariant_cut = (uint32_t)(2 * round + split) % (SCHED_INVARIANT_CUTS + 1)};
                 sched_t *s;
                 assert_int_equal(sched_create(&sc, &s), 0);
                 for (uint32_t i = 0; i < w.n_q; i++) {

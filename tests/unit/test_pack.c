@@ -262,6 +262,7 @@ static void test_invariant_plans(void **state)
             plain_ctas = h0->n_ctas;
             sched_free(s);
             c.tiles = &modelled;
+            c.invariant_cut = (uint32_t)(round / 2) % (SCHED_INVARIANT_CUTS + 1); /* 0: the pick */
         }
         assert_int_equal(sched_create(&c, &s), 0);
         join_all(s, &w);
