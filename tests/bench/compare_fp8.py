@@ -13,7 +13,7 @@ usage: compare_fp8.py PATD.jsonl FLASHINFER.jsonl [--md OUT.md]
 import argparse
 import sys
 
-from compare_pat import geo, load  # this directory's: the same rows, the same mean
+from compare_pat import emit, geo, load  # this directory's: the same rows, mean and report
 
 
 def shared(tree):
@@ -72,14 +72,7 @@ def main():
                     [us(r, way) / r["fp8_us"] for r in ran])
             marks.append(("shared: faster than FlashInfer %s on every tree" % way.replace("_", " "),
                           wins == len(ran) if ran else None))
-    out.append("")
-    for name, ok in marks:
-        out.append("target: %s: %s" % (name, "not run" if ok is None else "met" if ok else "missed"))
-    text = "\n".join(lines + out)
-    print(text)
-    if a.md:
-        with open(a.md, "w") as f:
-            f.write(text + "\n")
+    emit(lines, out, a.md, marks)
     return 0
 
 

@@ -16,7 +16,7 @@ import argparse
 import re
 import sys
 
-from compare_pat import geo, load  # this directory's: the same rows, the same mean
+from compare_pat import emit, geo, load  # this directory's: the same rows, mean and report
 
 
 def chunks_of(row):
@@ -77,14 +77,7 @@ def main():
                       slow <= 1.15 if paper else None))
         marks.append(("chunk %d: invariant faster than PAT (geo)" % c,
                       vs_pat > 1.0 if paper else None))
-    out.append("")
-    for name, ok in marks:
-        out.append("target: %s: %s" % (name, "not run" if ok is None else "met" if ok else "missed"))
-    text = "\n".join(lines + out)
-    print(text)
-    if a.md:
-        with open(a.md, "w") as f:
-            f.write(text + "\n")
+    emit(lines, out, a.md, marks)
     return 0
 
 

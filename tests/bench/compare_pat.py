@@ -24,6 +24,19 @@ def load(path):
         return [json.loads(l) for l in f if l.strip()]
 
 
+def emit(lines, out, md=None, marks=()):
+    """Prints the table (lines), the summary (out) and one line per (target, verdict) of marks
+    (None: not run), and writes the same to md where given."""
+    if marks:
+        out = out + [""] + ["target: %s: %s" % (name, "not run" if ok is None else
+                                                "met" if ok else "missed") for name, ok in marks]
+    text = "\n".join(lines + out)
+    print(text)
+    if md:
+        with open(md, "w") as f:
+            f.write(text + "\n")
+
+
 def geo(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
@@ -144,11 +157,7 @@ def main():
             "%s %d/%d %.2fx bytes floor" % (r["tree"], r["q_heads"], r["kv_heads"],
                                              bytes_floor_x(r))
             for r in unshared))
-    text = "\n".join(lines + out)
-    print(text)
-    if a.md:
-        with open(a.md, "w") as f:
-            f.write(text + "\n")
+    emit(lines, out, a.md)
     return 0
 
 
