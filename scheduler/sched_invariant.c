@@ -94,7 +94,8 @@ static void cta_close(sched_t *s, uint32_t c, const inv_placed_t *mem, uint32_t 
 /* The members of every chunk, chunk by chunk (*chunk_end[c]: one past chunk c's last), with
  * their costs; returns how many segments the plan would have if no CTA were ever cut (a tile's
  * rows cut some anyway, so the plans built have more: the budgets start from this count). */
-static uint64_t list_members(sched_t *s, const sched__packset_t *ps, uint32_t n_chunks)
+static uint64_t list_members(sched_t *s, const sched__packset_t *ps, uint32_t n_chunks,
+                             int *ret_any_part)
 {
     const sched_forest_t *f = s->forest;
     const uint32_t C = s->cfg.invariant_chunk, W = SCHED_INVARIANT_WINDOW;
@@ -119,6 +120,7 @@ static uint64_t list_members(sched_t *s, const sched__packset_t *ps, uint32_t n_
             ((inv_member_t *)s->inv_list)[s->inv_n++] = (inv_member_t){
                 .qid = ps->q[i], .k_lo = k, .k_hi = q->n_new, .inc = inc, .full = full};
             tiles += inc;
+            *ret_any_part |= prev && inc && inc == full; /* the part rule would cut here */
             prev = q;
         }
         s->inv_chunk_end[c] = s->inv_n;
@@ -128,9 +130,11 @@ static uint64_t list_members(sched_t *s, const sched__packset_t *ps, uint32_t n_
 
 /* The plan's CTAs, at most a tile's rows each, and at most `budget` segments where a CTA has more
  * than one member (UINT32_MAX: no budget); part: a member sharing nothing with the one before it
- * starts a CTA. A member that adds no segment never ends one. */
-static void build_groups(sched_t *s, uint32_t n_chunks, uint32_t budget, uint32_t part)
+ * starts a CTA. A member that adds no segment never ends one. Returns the most segments a CTA
+ * got (a budget at least that cuts nothing more). */
+static uint32_t build_groups(sched_t *s, uint32_t n_chunks, uint32_t budget, uint32_t part)
 {
+    uint32_t most = 0;
     const sched_forest_t *f = s->forest;
     const inv_member_t *list = s->inv_list;
     const uint32_t cap = s->mdl.tok_per_chunk;
@@ -148,6 +152,7 @@ static void build_groups(sched_t *s, uint32_t n_chunks, uint32_t budget, uint32_
                                  (cost + me->inc > budget || (part && me->inc == me->full));
                 if (n && (s->n_rows - row_begin == cap || over)) {
                     cta_close(s, c, mem, n, row_begin);
+                    most = PAT_MAX(most, cost);
                     n = cost = 0;
                     row_begin = s->n_rows;
                 }
@@ -161,7 +166,9 @@ static void build_groups(sched_t *s, uint32_t n_chunks, uint32_t budget, uint32_
             }
         }
         cta_close(s, c, mem, n, row_begin);
+        most = PAT_MAX(most, cost);
     }
+    return most;
 }
 
 void sched__build_invariant(sched_t *s)
@@ -184,11 +191,12 @@ void sched__build_invariant(sched_t *s)
         longest = PAT_MAX(longest, f->q[ps->q[i]].kv_len);
     const uint32_t n_chunks = PAT_DIV_UP(longest, C);
     pat_grow((void **)&s->inv_chunk_end, &s->inv_chunk_cap, n_chunks, sizeof(uint32_t));
-    const uint64_t tiles = list_members(s, ps, n_chunks);
+    int any_part = 0;
+    const uint64_t tiles = list_members(s, ps, n_chunks, &any_part);
     const sched_cost_t *cost = &s->tiles.cost;
     if (!cost->slots && !s->cfg.invariant_cut) { /* no time model (the cpu backend): a CTA per
                                                      run of queries that share */
-        build_groups(s, n_chunks, UINT32_MAX, 1);
+        (void)build_groups(s, n_chunks, UINT32_MAX, 1);
         s->st.invariant_cut = 2;
         return;
     }
@@ -205,7 +213,7 @@ void sched__build_invariant(sched_t *s)
         s->inv_pick = s->cfg.invariant_cut - 1;
     if (s->cfg.invariant_cut || (!fresh && s->inv_pick < INV_N_CUTS)) {
         s->st.invariant_cut = s->inv_pick + 1;
-        build_groups(s, n_chunks, budget[s->inv_pick], inv_cuts[s->inv_pick].part);
+        (void)build_groups(s, n_chunks, budget[s->inv_pick], inv_cuts[s->inv_pick].part);
         return;
     }
     /* the model reads each token's partial count: one per chunk its causal limit reaches */
@@ -214,18 +222,27 @@ void sched__build_invariant(sched_t *s)
         for (uint32_t k = 0; k < q->n_new; k++)
             s->tok_parts[q->tok_off + k] = PAT_DIV_UP(q->kv_len - q->n_new + 1 + k, C);
     }
+    /* each rule priced, but for one that would build the plan of an earlier one: the part rule
+     * where no member shares nothing with the one before it, a budget that no CTA of the part
+     * rule's plan reaches (its CTAs could not be cut further) */
     double best = 0;
-    uint32_t pick = 0;
+    uint32_t pick = 0, built = 0, most_part = UINT32_MAX;
     for (uint32_t i = 0; i < INV_N_CUTS; i++) {
-        build_groups(s, n_chunks, budget[i], inv_cuts[i].part);
-        const double ns = sched__ctas_time(s);
-        if (i == 0 || ns < best) {
-            best = ns;
-            pick = i;
+        const int same = (i == 1 && !any_part) || (i >= 2 && budget[i] >= most_part);
+        if (!same) {
+            const uint32_t most = build_groups(s, n_chunks, budget[i], inv_cuts[i].part);
+            built = i;
+            const double ns = sched__ctas_time(s);
+            if (i == 0 || ns < best) {
+                best = ns;
+                pick = i;
+            }
+            if (i <= 1) /* rule 0's stands for rule 1's where they are the same plan */
+                most_part = most;
         }
     }
     s->inv_pick = pick;
     s->st.invariant_cut = pick + 1;
-    if (pick != INV_N_CUTS - 1)
-        build_groups(s, n_chunks, budget[pick], inv_cuts[pick].part);
+    if (pick != built)
+        (void)build_groups(s, n_chunks, budget[pick], inv_cuts[pick].part);
 }
