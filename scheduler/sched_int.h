@@ -206,10 +206,12 @@ int sched__build_split(sched_t *s, int fill);
 /* sched_invariant.c: the CTAs, segments and rows of a batch-invariant plan (config
  * invariant_chunk), straight into the final lists, chunk by chunk (so that a token's partial
  * slots come in chunk order). */
-void sched__build_invariant(sched_t *s);
+void sched__build_invariant(sched_t *s, uint32_t n_tokens);
 
+/* sched_plan.c: each of the step's n_tokens tokens' CTAs in the CTA list, into tok_parts */
+void sched__count_parts(sched_t *s, uint32_t n_tokens);
 /* sched_plan.c: the modelled time of the CTA list (ctas, segs, rows), each token's partial count
- * in tok_parts; fills cta_ns. */
+ * in tok_parts (sched__count_parts); fills cta_ns. */
 double sched__ctas_time(sched_t *s);
 
 #endif

@@ -171,7 +171,7 @@ static uint32_t build_groups(sched_t *s, uint32_t n_chunks, uint32_t budget, uin
     return most;
 }
 
-void sched__build_invariant(sched_t *s)
+void sched__build_invariant(sched_t *s, uint32_t n_tokens)
 {
     const sched_forest_t *f = s->forest;
     sched__packset_t *ps = &s->cand[SCHED_POLICY_TREE]; /* unused by a policy in this mode */
@@ -216,12 +216,6 @@ void sched__build_invariant(sched_t *s)
         (void)build_groups(s, n_chunks, budget[s->inv_pick], inv_cuts[s->inv_pick].part);
         return;
     }
-    /* the model reads each token's partial count: one per chunk its causal limit reaches */
-    for (uint32_t i = 0; i < ps->nq; i++) {
-        const sched__query_t *q = &f->q[ps->q[i]];
-        for (uint32_t k = 0; k < q->n_new; k++)
-            s->tok_parts[q->tok_off + k] = PAT_DIV_UP(q->kv_len - q->n_new + 1 + k, C);
-    }
     /* each rule priced, but for one that would build the plan of an earlier one: the part rule
      * where no member shares nothing with the one before it, a budget that no CTA of the part
      * rule's plan reaches (its CTAs could not be cut further) */
@@ -232,6 +226,8 @@ void sched__build_invariant(sched_t *s)
         if (!same) {
             const uint32_t most = build_groups(s, n_chunks, budget[i], inv_cuts[i].part);
             built = i;
+            if (i == 0) /* the model reads each token's partials: one per chunk, whatever rule */
+                sched__count_parts(s, n_tokens);
             const double ns = sched__ctas_time(s);
             if (i == 0 || ns < best) {
                 best = ns;

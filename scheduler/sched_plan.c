@@ -465,15 +465,20 @@ typedef struct plan_sums {
     double ns;           /* modelled time of one layer */
 } plan_sums_t;
 
+void sched__count_parts(sched_t *s, uint32_t n_tokens)
+{
+    memset(s->tok_parts, 0, (size_t)n_tokens * sizeof(uint32_t));
+    for (uint32_t i = 0; i < s->n_ctas; i++)
+        for (uint32_t r = 0; r < s->ctas[i].row_count; r++)
+            s->tok_parts[s->rows[s->ctas[i].row_begin + r].q_tok]++;
+}
+
 /* Counts each token's CTAs (tok_parts) and gives each split token its first partial slot
  * (tok_owner): a token read by k > 1 CTAs gets k consecutive slots and a merge entry. */
 static void count_partials(sched_t *s, plan_sums_t *sums)
 {
     uint32_t *cnt = s->tok_parts, *next = s->tok_owner;
-    memset(cnt, 0, (size_t)sums->n_tokens * sizeof(uint32_t));
-    for (uint32_t i = 0; i < s->n_ctas; i++)
-        for (uint32_t r = 0; r < s->ctas[i].row_count; r++)
-            cnt[s->rows[s->ctas[i].row_begin + r].q_tok]++;
+    sched__count_parts(s, sums->n_tokens);
     sums->n_partials = sums->n_merges = 0;
     for (uint32_t t = 0; t < sums->n_tokens; t++) {
         next[t] = sums->n_partials;
@@ -484,7 +489,6 @@ static void count_partials(sched_t *s, plan_sums_t *sums)
     }
 }
 
-/* Models each CTA's time (cta_ns) and the plan's makespan (sums->ns); after count_partials. */
 double sched__ctas_time(sched_t *s)
 {
     if (s->n_ctas > s->cta_ns_cap) {
@@ -497,6 +501,7 @@ double sched__ctas_time(sched_t *s)
     return sched__ctas_ns(s, s->tok_parts);
 }
 
+/* Models each CTA's time (cta_ns) and the plan's makespan (sums->ns); after count_partials. */
 static void time_ctas(sched_t *s, plan_sums_t *sums)
 {
     sums->ns = sched__ctas_time(s);
@@ -779,7 +784,7 @@ int sched_build(sched_t *s, const sched_plan_hdr_t **ret_plan)
     if (r < 0)
         return r;
     if (s->cfg.invariant_chunk) {
-        sched__build_invariant(s);
+        sched__build_invariant(s, sums.n_tokens);
         count_partials(s, &sums);
         time_ctas(s, &sums);
         if (s->cfg.max_partials && sums.n_partials > s->cfg.max_partials)

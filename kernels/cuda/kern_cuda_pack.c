@@ -181,10 +181,12 @@ uint32_t kcuda_pack_prepare(const sched_plan_hdr_t *h, kcuda_cta_t *out, uint64_
             d->seg_count = ct[i].seg_count;
             d->kv_tokens = ct[i].kv_tokens;
             d->pad = 0;
-            uint64_t n[3];
-            class_chunks(h, sched_plan_segs(h) + d->seg_begin, d->seg_count, small, n);
-            uint64_t t = class_tiles(n);
-            if (plan_invariant(h->flags)) {
+            uint64_t t;
+            if (!plan_invariant(h->flags)) {
+                uint64_t n[3];
+                class_chunks(h, sched_plan_segs(h) + d->seg_begin, d->seg_count, small, n);
+                t = class_tiles(n);
+            } else {
                 const sched_plan_seg_t *sg = sched_plan_segs(h) + d->seg_begin;
                 inv_count_t ic = {.win = UINT32_MAX};
                 for (uint32_t k = 0; k < d->seg_count; k++)
@@ -212,6 +214,15 @@ static void tile_chunk(kcuda_tile_t *t, int e, const sched_plan_seg_t *g, const 
     t->rng[e] = lo | hi << 8 | (uint32_t)g->row_lo << 16 | (uint32_t)g->row_hi << 24;
 }
 
+/* Where tile x of class cl goes among a run of tiles holding tb of class 0 first, then n1 of
+ * class 1 and n2 of class 2 alternating (class 1 first): class 1's tile x has x of its own and
+ * min(x, n2) of class 2's before it, class 2's tile x has min(x + 1, n1) of class 1's and x of its
+ * own. */
+static uint64_t class_tile_at(int cl, uint64_t x, uint64_t tb, uint64_t n1, uint64_t n2)
+{
+    return cl == 0 ? x : cl == 1 ? tb + x + (x < n2 ? x : n2) : tb + (x + 1 < n1 ? x + 1 : n1) + x;
+}
+
 /* An invariant CTA's tiles (see plan_invariant), window by window: in each those read by both
  * consumers first, then the two consumers' own alternating, as the classes are elsewhere. */
 static void fill_invariant(const sched_plan_hdr_t *h, const kcuda_cta_t *c, kcuda_tile_t *t)
@@ -230,17 +241,13 @@ static void fill_invariant(const sched_plan_hdr_t *h, const kcuda_cta_t *c, kcud
         for (uint32_t j = k; j < end; j++)
             inv_place(&n, span_class(src[j].row_lo, src[j].row_hi, small, g),
                       span_chunks(src[j].kv_begin, src[j].kv_end), &x, &e);
-        /* class 1's tile x has x of its own and min(x, t2) of class 2's before it, class 2's
-         * tile x has min(x + 1, t1) of class 1's and x of its own */
         const uint32_t tb = n.tiles[0], t1 = n.tiles[1], t2 = n.tiles[2];
         for (uint32_t j = k; j < end; j++) {
             const sched_plan_seg_t *sg = &src[j];
             const int cl = span_class(sg->row_lo, sg->row_hi, small, g);
             const uint32_t nb = span_chunks(sg->kv_begin, sg->kv_end);
             inv_place(&p, cl, nb, &x, &e);
-            const uint32_t ti = cl == 0   ? x
-                                : cl == 1 ? tb + x + (x < t2 ? x : t2)
-                                          : tb + (x + 1 < t1 ? x + 1 : t1) + x;
+            const uint32_t ti = (uint32_t)class_tile_at(cl, x, tb, t1, t2);
             for (uint32_t q = 0; q < nb; q++)
                 tile_chunk(&t[at + ti], (int)(e + q), sg, pages, sg->kv_begin / KERN_BLOCK_SIZE, q);
         }
@@ -265,13 +272,8 @@ static void fill_classes(const sched_plan_hdr_t *h, const kcuda_cta_t *c, kcuda_
         const int cl = span_class(g->row_lo, g->row_hi, small, group);
         const uint32_t p0 = g->kv_begin / bs, nc = span_chunks(g->kv_begin, g->kv_end);
         for (uint32_t q = 0; q < nc; q++, j[cl]++) {
-            /* class 1's tile x has x of its own and min(x, t1) of class 2's before it, class
-             * 2's tile x has min(x + 1, t0) of class 1's and x of its own */
-            const uint64_t x = j[cl] / 4;
-            const uint64_t ti = cl == 0   ? x
-                                : cl == 1 ? tb + x + (x < t1 ? x : t1)
-                                          : tb + (x + 1 < t0 ? x + 1 : t0) + x;
-            tile_chunk(&t[ti], (int)(j[cl] % 4), g, pages, p0, q);
+            tile_chunk(&t[class_tile_at(cl, j[cl] / 4, tb, t0, t1)], (int)(j[cl] % 4), g, pages, p0,
+                       q);
         }
     }
 }
