@@ -11,14 +11,19 @@ the same pool:
            once by the queries below it, the levels' states merged (FlashInfer's shared-prefix
            answer)
 each with the pool in fp16 and in fp8 (e4m3 or e5m2, scales 1: the pool holds the fp16 values
-rounded to fp8). A way FlashInfer refuses is recorded with its error instead of a time.
+rounded to fp8). A way FlashInfer refuses is recorded with its error instead of a time, and
+not tried again for later cases (a refused JIT build costs a minute each time); the lines of a
+build's output that name an error go to stderr once.
+
+--warm runs each way once on the first tree and heads, untimed and unchecked, to leave
+FlashInfer's JIT builds in its cache (run.sh --fp8 does that while patd builds).
 
 Timing as bench_attn's: each call after a 256 MiB L2 flush, CUDA events, 5 warm-ups, the median
 of 30. Each output is checked against a float32 reference over the same pool's values (a sample
 of queries); a way whose error exceeds 2e-2 fails the run.
 
 usage: bench_flashinfer_trees.py [--trees 'B_L;B_L;paper'] [--heads 32/8,...]
-                                 [--kv fp8_e4m3|fp8_e5m2] [--json OUT]
+                                 [--kv fp8_e4m3|fp8_e5m2] [--json OUT] [--warm]
 """
 import argparse
 import json
@@ -86,6 +91,8 @@ def main():
     ap.add_argument("--heads", default=",".join("%d/%d" % h for h in HEADS))
     ap.add_argument("--kv", default="fp8_e4m3", choices=["fp8_e4m3", "fp8_e5m2"])
     ap.add_argument("--json", help="one JSON object per case here")
+    ap.add_argument("--warm", action="store_true",
+                    help="only build FlashInfer's kernels: each way once on the first tree")
     a = ap.parse_args()
     try:
         specs = [t for s in a.trees.split(";") for t in (PAPER if s == "paper" else [s])]
@@ -121,8 +128,11 @@ def main():
             ts.append(e0.elapsed_time(e1) * 1e3)
         return sorted(ts)[len(ts) // 2]
 
+    if a.warm:
+        trees, heads = trees[:1], heads[:1]
     js = open(a.json, "w") if a.json else None
     cases = failed = 0
+    refused = {}  # way key -> the error of its first refusal
     print("%-46s %6s %5s %9s %9s %9s %9s" % ("tree", "heads", "q", "dec f16", "dec fp8",
                                             "casc f16", "casc fp8"))
     for spec, (nodes, toks) in trees:
@@ -173,6 +183,9 @@ def main():
             for name, pool in pools.items():
                 for way in ("decode", "cascade"):
                     key = "%s_%s" % (way, name)
+                    if key in refused:
+                        row[key + "_error"] = refused[key]
+                        continue
                     try:
                         if way == "decode":
                             w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
@@ -186,6 +199,9 @@ def main():
                                    q_data_type=torch.float16, kv_data_type=pool.dtype)
                             fn = (lambda w=w, pool=pool: w.run(q, pool))
                         o = fn()
+                        if a.warm:
+                            print("warm: %s built" % key, flush=True)
+                            continue
                         err = ((o[sample].float() - ref[name]).abs().max() /
                                ref[name].abs().max()).item()
                         row[key + "_rel_err"] = err
@@ -195,8 +211,16 @@ def main():
                                   file=sys.stderr)
                         row[key + "_us"] = timed(fn)
                     except Exception as e:  # a way FlashInfer refuses: recorded, not a failure
-                        row[key + "_error"] = str(e).splitlines()[0][:200] if str(e) else repr(e)
+                        lines = str(e).splitlines()
+                        refused[key] = row[key + "_error"] = lines[0][:200] if lines else repr(e)
+                        why = [ln.strip()[:300] for ln in lines[1:] if "error" in ln.lower()]
+                        print("%s %d/%d %s refused: %s" % (spec, qh, kvh, key, refused[key]),
+                              file=sys.stderr)
+                        for ln in why[:6]:
+                            print("  " + ln, file=sys.stderr)
                     torch.cuda.synchronize()
+            if a.warm:
+                continue
             cols = ["%9.1f" % row[k + "_us"] if k + "_us" in row else "%9s" % "refused"
                     for k in ("decode_f16", "decode_fp8", "cascade_f16", "cascade_fp8")]
             print("%-46s %2d/%-3d %5d %s" % (spec, qh, kvh, nq, " ".join(cols)), flush=True)
@@ -204,6 +228,9 @@ def main():
             if js:
                 js.write(json.dumps(row) + "\n")
                 js.flush()
+    if a.warm:
+        print("warm: %d ways refused" % len(refused))
+        return 0
     print("%d passed, %d failed" % (cases - failed, failed))
     return 1 if failed else 0
 

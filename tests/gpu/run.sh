@@ -32,7 +32,8 @@
 # --fp8 [KV [TREES]]: bench_attn --kv KV (default fp8_e4m3) on TREES (default paper) at 32/32 and
 # 32/8 beside FlashInfer's decode and cascade over fp16 and KV pools (bench_flashinfer_trees.py,
 # FlashInfer from .whl/: carry .whl), joined by compare_fp8.py with issue 40's fp8 targets.
-# FlashInfer builds each kernel it has not built before on first use (minutes).
+# FlashInfer builds each kernel it has not built before on first use (minutes): its --warm run
+# does that while patd builds.
 # --flake [N]: test_cuda_attn --quick, then every TREE world of its --tree (fixed seed) run N
 # more times (default 200), bitwise equal to the first, then racecheck, initcheck and memcheck
 # on --tree-quick.
@@ -102,6 +103,14 @@ targets="$B/tests/gpu/test_cuda_attn $B/tests/gpu/test_vmm_share $B/tests/gpu/te
 [ $bench = 13 ] && targets="$B/tests/gpu/test_cuda_attn"
 [ $bench = 14 ] && targets="$B/tests/gpu/test_cuda_attn $B/bench/bench_attn"
 [ $bench = 15 ] && targets="$B/bench/bench_attn"
+warm_pid=
+if [ $bench = 15 ]; then # FlashInfer from the carried wheel; its JIT builds run beside patd's
+    if ! python3 -c 'import flashinfer' 2>/dev/null && ls .whl/flashinfer_python-*.whl >/dev/null 2>&1; then
+        python3 -m pip install --quiet --no-deps --no-index .whl/*.whl >>"$out/gpu.log" 2>&1
+    fi
+    python3 tests/bench/bench_flashinfer_trees.py --warm --kv "${2:-fp8_e4m3}" >"$out/flashinfer_warm.log" 2>&1 &
+    warm_pid=$!
+fi
 # shellcheck disable=SC2086 # a list of targets
 if ! make -j"$(nproc)" B=$B CUDA=1 CUDA_ARCHS=90a $targets >>"$out/gpu.log" 2>&1; then
     tail -30 "$out/gpu.log"
@@ -113,7 +122,7 @@ passed=0 failed=0
 run() { # name, command...
     local name=$1
     shift
-    echo "== $name" | tee -a "$out/gpu.log"
+    echo "== $name ($(date +%T))" | tee -a "$out/gpu.log"
     if timeout 900 "$@" 2>&1 | tee "$out/$name.log" >>"$out/gpu.log"; then
         passed=$((passed + 1))
         tail -2 "$out/$name.log"
@@ -135,11 +144,11 @@ if [ $bench = 10 ]; then # --units: only that
 fi
 if [ $bench = 15 ]; then # --fp8 [KV [TREES]]: patd over fp8 beside FlashInfer over fp8 (issue 40)
     kv=${2:-fp8_e4m3}
+    echo "== flashinfer_warm ($(date +%T)): waiting for FlashInfer's builds" | tee -a "$out/gpu.log"
+    wait "$warm_pid" || true
+    cat "$out/flashinfer_warm.log" >>"$out/gpu.log"
     run bench_fp8 $B/bench/bench_attn --kv "$kv" --trees "${3:-paper}" --heads 32/32,32/8 \
         --json "$out/bench_fp8.jsonl"
-    if ! python3 -c 'import flashinfer' 2>/dev/null && ls .whl/flashinfer_python-*.whl >/dev/null 2>&1; then
-        python3 -m pip install --quiet --no-deps --no-index .whl/*.whl >>"$out/gpu.log" 2>&1
-    fi
     run flashinfer_fp8 python3 tests/bench/bench_flashinfer_trees.py --kv "$kv" \
         --trees "${3:-paper}" --heads 32/32,32/8 --json "$out/flashinfer_fp8.jsonl"
     run compare_fp8 python3 tests/bench/compare_fp8.py "$out/bench_fp8.jsonl" \
