@@ -6,7 +6,8 @@ heads) with tests/bench/bench_flashinfer_trees.py's (FlashInfer decode and casca
 Prints one row per case and issue 40's fp8 targets with a pass or a miss: unshared decode <= 1.05x
 the fp8 bytes floor; on the shared trees patd fp8 >= 1.6x faster than patd fp16 (geomean); patd
 fp8 faster than FlashInfer's fp8 decode and its fp8 cascade on every shared tree (a way
-FlashInfer refused does not count against patd and is named).
+FlashInfer refused does not count against patd and is named; a cascade that ran on FlashInfer's
+FA2 prefill because its default backend refused is marked "(fa2)").
 
 usage: compare_fp8.py PATD.jsonl FLASHINFER.jsonl [--md OUT.md]
 """
@@ -38,8 +39,9 @@ def main():
     def us(r, key):
         return r["fi"].get(key + "_us")
 
-    def cell(x):
-        return "%.1f" % x if x is not None else "refused"
+    def cell(x, r=None, key=None):
+        fa2 = " (fa2)" if r is not None and r["fi"].get(key + "_backend") == "fa2" else ""
+        return "%.1f%s" % (x, fa2) if x is not None else "refused"
 
     lines = ["| tree | heads | q | floor8 µs | patd f16 µs | patd fp8 µs | FI decode f16 | "
              "FI decode fp8 | FI cascade f16 | FI cascade fp8 |", "|" + "---|" * 10]
@@ -47,7 +49,7 @@ def main():
         lines.append("| `%s` | %d/%d | %d | %.1f | %.1f | %.1f | %s | %s | %s | %s |" % (
             r["tree"], r["q_heads"], r["kv_heads"], r["queries"], r["floor8_us"], r["f16_us"],
             r["fp8_us"], cell(us(r, "decode_f16")), cell(us(r, "decode_fp8")),
-            cell(us(r, "cascade_f16")), cell(us(r, "cascade_fp8"))))
+            cell(us(r, "cascade_f16")), cell(us(r, "cascade_fp8"), r, "cascade_fp8")))
     sh = [r for r in rows if shared(r["tree"])]
     un = [r for r in rows if not shared(r["tree"])]
     out = ["", "cases: %d shared, %d unshared" % (len(sh), len(un))]
@@ -56,6 +58,11 @@ def main():
         worst = max(r["fp8_us"] / r["floor8_us"] for r in un)
         out.append("unshared: patd fp8 at most %.2fx its fp8 bytes floor" % worst)
         marks.append(("unshared decode <= 1.05x the fp8 floor", worst <= 1.05))
+        ran = [r for r in un if us(r, "decode_fp8") is not None]
+        if ran:
+            out.append("unshared: FlashInfer decode fp8 / patd fp8 %.3f (geo), patd faster on %d "
+                       "of %d" % (geo([us(r, "decode_fp8") / r["fp8_us"] for r in ran]),
+                                  sum(r["fp8_us"] < us(r, "decode_fp8") for r in ran), len(ran)))
     if sh:
         speed = geo([r["f16_us"] / r["fp8_us"] for r in sh])
         out.append("shared: patd fp16 / fp8 %.3f (geo)" % speed)

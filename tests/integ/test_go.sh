@@ -4,14 +4,15 @@
 # (cpu backend, a private runtime directory, PATD_SOCKET) under GODEBUG=cgocheck=2, which checks
 # cgo's pointer rules on every call; the goroutine and step tests again under the race
 # detector; the example frontend (cmd/patexample) checking O against its float64 reference,
-# and failing when its softmax scale is not the daemon's. PATD_BIN, PATCTL_BIN and PATD_LIBPAT
-# point at the build (make test sets them; the binding links the libpat beside PATD_LIBPAT), GO
-# at the go command. Go's cache and outputs go to build/go: the source tree stays clean.
+# and failing when its softmax scale is not the daemon's. PATD_BIN (patctl beside it) and
+# PATD_LIBPAT point at the build (make test sets them; the binding links the libpat beside
+# PATD_LIBPAT), GO at the go command. Go's cache and outputs go to build/go: the source tree
+# stays clean.
+# shellcheck disable=SC2317 # the checks are functions that check() calls
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 root=$PWD
 PATD_BIN=${PATD_BIN:-build/bin/patd}
-PATCTL_BIN=${PATCTL_BIN:-build/bin/patctl}
 PATD_LIBPAT=${PATD_LIBPAT:-build/lib/libpat.so.1}
 GO=${GO:-/usr/bin/go}
 out=$root/build/go
@@ -50,13 +51,17 @@ gofmt=$(dirname "$(readlink -f "$GO")")/gofmt
 
 gofmt_clean() {
     local bad
-    bad=$("$gofmt" -l .) && [ -z "$bad" ] || { echo "not gofmt'ed: $bad"; return 1; }
+    bad=$("$gofmt" -l .) || return 1
+    if [ -n "$bad" ]; then
+        echo "not gofmt'ed: $bad"
+        return 1
+    fi
 }
 check gofmt gofmt_clean
 check go_vet "$GO" vet ./...
 check build_example "$GO" build -o "$out/patexample" ./cmd/patexample
 
-B=$(dirname "$(dirname "$PATD_BIN")")
+B=$(dirname "$(dirname "$PATD_BIN")") # patd_lib.sh runs $B/bin/patd and $B/bin/patctl
 # shellcheck source=tests/demo/patd_lib.sh
 . tests/demo/patd_lib.sh
 patd_start --backend=cpu --layers=2 --q-heads=4 --kv-heads=2 --conn-max-seqs=8 \
@@ -82,7 +87,7 @@ example() { # expected status, then patexample's arguments; prints its output
     shift
     "$out/patexample" "$@" >"$out/example.out" 2>&1 || rc=$?
     cat "$out/example.out"
-    [ $rc -eq "$want_rc" ] || { echo "exit status $rc, want $want_rc"; return 1; }
+    [ "$rc" -eq "$want_rc" ] || { echo "exit status $rc, want $want_rc"; return 1; }
 }
 example_version() {
     example 0 -version && grep -qx "pat binding $want (pat.h), libpat $want (loaded)" "$out/example.out"
