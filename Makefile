@@ -411,11 +411,13 @@ endif
 all: $(ALL_TARGETS)
 	@echo "built (cuda objects: $(if $(filter 1,$(HAVE_CUDA)),yes via $(NVCC),no))"
 
-# The sanitizer build skips the Python tests: CPython cannot load an ASan-built libpat.so.
+# The sanitizer build skips the Python, Rust and Go tests: their programs cannot load an ASan-built
+# libpat.so.
 TEST_LIST := $(UNIT_BINS) $(DEMO_BIN) $(INTEG_BINS) tests/demo/test_demo.sh tests/integ/test_patload.py \
              tests/integ/test_units.py tests/integ/test_metrics_http.py tests/integ/test_bench_tools.py \
              $(if $(filter 1,$(DEBUG)),,tests/integ/test_python.sh tests/integ/test_pip.sh \
-                                        tests/integ/test_transformers.sh)
+                                        tests/integ/test_transformers.sh tests/integ/test_rust.sh \
+                                        tests/integ/test_go.sh)
 SAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
            UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 
@@ -550,10 +552,13 @@ DEB_PKGS_BUILD := build-essential pkg-config procps libxxhash-dev libuv1-dev \
                   libinih-dev libmicrohttpd-dev libjemalloc-dev libsystemd-dev libjson-c-dev \
                   liblzma-dev gnuplot-nox
 # ... and what the tests add: cmocka, the sanitizers and fuzzer (clang), the format check,
-# systemd-analyze and systemd-sysusers, the Python binding's and transformers' tests, promtool.
+# systemd-analyze and systemd-sysusers, the Python binding's and transformers' tests, promtool,
+# the Rust crates (cargo offline, bindgen for the drift check, which loads clang's libclang) and
+# the Go package.
 DEB_PKGS_TEST := libcmocka-dev clang-format clang libclang-rt-14-dev systemd \
                  python3 python3-numpy python3-pip python3-setuptools python3-wheel python3-venv \
-                 python3-torch python3-prometheus-client prometheus
+                 python3-torch python3-prometheus-client prometheus \
+                 rustc cargo rustfmt bindgen golang-go
 DEB_PKGS := $(DEB_PKGS_BUILD) $(DEB_PKGS_TEST)
 # apt-get install of what is missing of $(1), only when something is (a few dpkg queries else)
 define deb_install

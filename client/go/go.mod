@@ -1,0 +1,3 @@
+module patd.dev/pat
+
+go 1.19
