@@ -120,7 +120,8 @@ LIBPAT_A    := $(B)/lib/libpat.a
 PATCTL_BIN  := $(B)/bin/patctl
 # patload: trace replay load generator (client/patload/) over libpat
 PATLOAD_SRCS := client/patload/patload.c client/patload/patload_trace.c \
-                client/patload/patload_compute.c client/patload/patload_report.c
+                client/patload/patload_compute.c client/patload/patload_report.c \
+                client/patload/patload_metrics.c client/patload/patload_synth.c
 PATLOAD_OBJS := $(PATLOAD_SRCS:%.c=$(B)/%.o)
 PATLOAD_BIN  := $(B)/bin/patload
 PATLOAD_LIBS := $(shell pkg-config --libs json-c liblzma 2>/dev/null || echo -ljson-c -llzma)

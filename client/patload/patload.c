@@ -3,18 +3,23 @@
  * reports how patd held up: latency percentiles, throughput, prefix reuse, KV bytes, errors.
  * For operators sizing a deployment and developers checking a change under a real request mix.
  *
- * One connection, one thread, continuous batching: requests arrive at their recorded times
- * (scaled by --speed, or all at once), wait in a FIFO, are admitted while fewer than
- * --concurrency run (pat_seq_open_pending: the prefix cache answers how much of the prompt is
- * already there, and how much more other open sequences are about to write), prefill the rest in
- * chunks of --chunk tokens, decode one token per step until the trace's output length, and retire
- * (pat_seq_close). Every step carries every decoding sequence plus as many prefill tokens as fit in
- * --max-batch-tokens. A step the daemon refuses for lack of KV blocks (-ENOSPC, -EDQUOT) preempts
- * the most recently admitted request (its KV is dropped; it is re-admitted later and recomputes
- * what the prefix cache no longer holds) and is retried, as vLLM does. Turns of one session
- * (multi-turn traces) run in order: a turn arrives no earlier than the previous one finished.
- * Around every layer's attention hand-off patload runs a stand-in for the model's own compute
- * (patload_compute.h).
+ * The workload is a trace file (patload_trace.h) or SGLang's generated-shared-prefix set (--gsp,
+ * patload_synth.h); requests arrive at their recorded times (scaled by --speed, or all at once)
+ * or at synthetic times (--request-rate, --burstiness, as vLLM's benchmark draws them). The
+ * summary gives the serving benchmarks' figures (patload_metrics.h: goodput, ITL, percentiles,
+ * vLLM's JSON field names); --report-from recomputes them from a saved run without a daemon.
+ *
+ * One connection, one thread, continuous batching: requests arrive, wait in a FIFO, are admitted
+ * while fewer than --concurrency run (pat_seq_open_pending: the prefix cache answers how much of
+ * the prompt is already there, and how much more other open sequences are about to write), prefill
+ * the rest in chunks of --chunk tokens, decode one token per step until the trace's output length,
+ * and retire (pat_seq_close). Every step carries every decoding sequence plus as many prefill
+ * tokens as fit in the batch (--max-batch-tokens). A step the daemon refuses for lack of KV blocks
+ * (-ENOSPC, -EDQUOT) preempts the most recently admitted request (its KV is dropped; it is
+ * re-admitted later and recomputes what the prefix cache no longer holds) and is retried, as vLLM
+ * does. Turns of one session (multi-turn traces) run in order: a turn arrives no earlier than the
+ * previous one finished. Around every layer's attention hand-off patload runs a stand-in for the
+ * model's own compute (patload_compute.h).
  *
  * Exit status: 0 every request finished; 1 some failed, or the replay was interrupted;
  * 2 usage or trace error; 3 the daemon is unreachable or went away.
@@ -32,7 +37,9 @@
 #include "pat.h"
 #include "pat_base.h"
 #include "patload_compute.h"
+#include "patload_metrics.h"
 #include "patload_report.h"
+#include "patload_synth.h"
 #include "patload_trace.h"
 
 #define ADMIT_WATERMARK 0.95 /* share of the KV capacity admission may plan to fill */
@@ -44,16 +51,29 @@
 
 /* ---------------------------------------------------------------- options (one table) */
 
-typedef enum { O_STR, O_U32, O_F64, O_FLAG } otype_t;
+/* O_PCT and O_SLO fill the metrics configuration (patload_metrics.h); O_SLO also takes the
+ * KEY:MS words that follow its value, as vLLM's --goodput does. */
+typedef enum { O_STR, O_U32, O_F64, O_FLAG, O_PCT, O_SLO } otype_t;
 
 static struct {
     const char *socket, *json, *csv, *steps_csv, *plot, *compute, *label, *kv_dtype;
-    double speed, scale, duration, layer_us, tflops, progress;
+    const char *report_from, *dump;
+    double speed, scale, duration, layer_us, tflops, progress, rate, burstiness;
     uint32_t skip, limit, concurrency, batch, chunk, max_input, max_output, shared_prefix;
     uint32_t trace_block, hidden, ffn, seed, timeout_ms;
-    int loop, spread, quiet, dry_run, replot, help, version, wait_twins;
+    int loop, spread, quiet, dry_run, replot, help, version, wait_twins, save_detailed;
+    int gsp;
+    pl_gsp_t g;
 } O = {
     .speed = 1,
+    .rate = INFINITY,
+    .burstiness = 1,
+    .g = {.num_groups = 64,
+          .prompts_per_group = 16,
+          .system_prompt_len = 2048,
+          .question_len = 128,
+          .output_len = 256,
+          .range_ratio = 1},
     .scale = 1,
     .layer_us = 20,
     .tflops = 400,
@@ -65,6 +85,7 @@ static struct {
     .label = "patload",
     .timeout_ms = 60000,
 };
+static pl_metrics_cfg_t M; /* --percentiles, --goodput */
 
 static const struct opt {
     const char *name;
@@ -77,6 +98,12 @@ static const struct opt {
      "patd's control socket (default: $PATD_SOCKET, else patd's default)"},
     {"speed", O_F64, &O.speed, 0, 1e6, "X",
      "replay X times faster than recorded; 0 = as fast as possible (default 1)"},
+    {"request-rate", O_F64, &O.rate, 1e-6, INFINITY, "R",
+     "synthetic arrivals instead of the trace's times, in its order: R requests/s on average, "
+     "the last at N/R s (inf = all at once; vLLM's --request-rate)"},
+    {"burstiness", O_F64, &O.burstiness, 1e-3, INFINITY, "B",
+     "with --request-rate: gaps drawn from a gamma distribution of shape B (default 1: a "
+     "Poisson process; < 1 burstier, > 1 more even, inf evenly spaced; vLLM's --burstiness)"},
     {"spread", O_FLAG, &O.spread, 0, 0, NULL,
      "spread requests with equal timestamps evenly until the next timestamp (Mooncake's are "
      "quantised to ~3 s)"},
@@ -85,7 +112,8 @@ static const struct opt {
      "prefilling them (patd's pending count at open) once they are written, so that the prefix "
      "cache gives them (a frontend's wait for a twin; the summary's twins line says what it "
      "could save)"},
-    {"skip", O_U32, &O.skip, 0, 4e9, "N", "skip the first N requests of the file"},
+    {"skip", O_U32, &O.skip, 0, 4e9, "N",
+     "skip the first N requests of the file (or of --gsp's; BurstGPT's dropped rows not counted)"},
     {"limit", O_U32, &O.limit, 0, 4e9, "N", "replay at most N requests (0 = all)"},
     {"concurrency", O_U32, &O.concurrency, 1, 65536, "N",
      "requests running at once, at most (default 64; capped by the batch and the daemon's quota)"},
@@ -99,7 +127,8 @@ static const struct opt {
     {"max-output", O_U32, &O.max_output, 0, 4e9, "N",
      "cap replayed outputs at N tokens (0 = none)"},
     {"shared-prefix", O_U32, &O.shared_prefix, 0, 1048576, "N",
-     "traces without prefix hashes (Azure): every prompt starts with the same N tokens"},
+     "traces without prefix hashes (Azure, BurstGPT): every prompt starts with the same N "
+     "tokens"},
     {"trace-block", O_U32, &O.trace_block, 0, 1048576, "N",
      "tokens per hash block of the trace (default: detected; Mooncake 512, ours 16)"},
     {"duration", O_F64, &O.duration, 0, 1e7, "S",
@@ -107,7 +136,26 @@ static const struct opt {
     {"loop", O_FLAG, &O.loop, 0, 0, NULL,
      "replay the trace again and again (each pass with fresh tokens) until --duration"},
     {"seed", O_U32, &O.seed, 0, 4e9, "N",
-     "mixed into every token id (default 0: the same tokens on every run)"},
+     "mixed into every token id, and seeds --request-rate's gaps and --gsp's lengths and order "
+     "(default 0: the same workload on every run)"},
+    {"gsp", O_FLAG, &O.gsp, 0, 0, NULL,
+     "no TRACE: generate SGLang's generated-shared-prefix workload (groups of prompts sharing a "
+     "system prompt, each with a question of its own; shuffled; all at once unless "
+     "--request-rate)"},
+    {"gsp-num-groups", O_U32, &O.g.num_groups, 1, 1 << 24, "N",
+     "--gsp: groups of prompts sharing a system prompt (default 64)"},
+    {"gsp-prompts-per-group", O_U32, &O.g.prompts_per_group, 1, 1 << 24, "N",
+     "--gsp: prompts per group (default 16)"},
+    {"gsp-system-prompt-len", O_U32, &O.g.system_prompt_len, 1, 1 << 24, "N",
+     "--gsp: tokens of a group's system prompt (default 2048)"},
+    {"gsp-question-len", O_U32, &O.g.question_len, 1, 1 << 24, "N",
+     "--gsp: tokens of a prompt's own question (default 128)"},
+    {"gsp-output-len", O_U32, &O.g.output_len, 1, 1 << 24, "N",
+     "--gsp: output tokens per request (default 256)"},
+    {"gsp-range-ratio", O_F64, &O.g.range_ratio, 0, 1, "F",
+     "--gsp: each length uniform in [max(1, floor(len x F)), len] (default 1: exactly len)"},
+    {"gsp-ordered", O_FLAG, &O.g.ordered, 0, 0, NULL,
+     "--gsp: requests group by group instead of shuffled"},
     {"kv-dtype", O_STR, &O.kv_dtype, 0, 0, "NAME",
      "the KV pool the run needs: f16 | bf16 | f32 | fp8_e4m3 | fp8_e5m2; a daemon whose pool "
      "holds another refuses the session (default: whatever the daemon's holds)"},
@@ -123,7 +171,19 @@ static const struct opt {
      "MLP width for the stand-in (default 8/3 x hidden, rounded up to 256)"},
     {"timeout-ms", O_U32, &O.timeout_ms, 100, 3.6e6, "MS",
      "per request and per layer wait (default 60000)"},
-    {"json", O_STR, &O.json, 0, 0, "FILE", "write the summary as JSON"},
+    {"json", O_STR, &O.json, 0, 0, "FILE",
+     "write the summary as JSON (the serving figures under `vllm bench serve --save-result` "
+     "names: completed, request_goodput, mean_itl_ms, p99_ttft_ms, ...)"},
+    {"save-detailed", O_FLAG, &O.save_detailed, 0, 0, NULL,
+     "with --json: add the per-request arrays of vLLM's --save-detailed (input_lens, "
+     "output_lens, start_times, ttfts, itls, latencies; seconds) and request_errors"},
+    {"goodput", O_SLO, &M, 0, 0, "KEY:MS...",
+     "count a completed request as good when it meets every bound given: ttft, tpot, e2el in ms "
+     "(words up to the next option, or comma-separated); the summary adds request_goodput "
+     "(good requests/s)"},
+    {"percentiles", O_PCT, &M, 0, 0, "P,P...",
+     "latency percentiles to report, each in [0, 100] (default 90,99; the median is always "
+     "there)"},
     {"csv", O_STR, &O.csv, 0, 0, "FILE", "write one row per request"},
     {"steps-csv", O_STR, &O.steps_csv, 0, 0, "FILE", "write one row per step"},
     {"plot", O_STR, &O.plot, 0, 0, "FILE.png",
@@ -137,8 +197,16 @@ static const struct opt {
     {"replot", O_FLAG, &O.replot, 0, 0, NULL,
      "no replay: draw --plot from the files --csv and --steps-csv name (written by an earlier run, "
      "e.g. on a machine without gnuplot)"},
+    {"report-from", O_STR, &O.report_from, 0, 0, "FILE",
+     "no replay: recompute the serving figures from FILE, a JSON with the per-request arrays "
+     "(patload --json --save-detailed, or vllm bench serve --save-result --save-detailed); "
+     "takes --goodput, --percentiles and --json"},
     {"dry-run", O_FLAG, &O.dry_run, 0, 0, NULL,
      "read and shape the trace, print what would be replayed, exit (no daemon)"},
+    {"dump", O_STR, &O.dump, 0, 0, "FILE",
+     "write every request as it would be replayed (first pass) to FILE as JSON Lines: "
+     "timestamp (its arrival, ms), input_length, output_length, line, group, prefix_length, "
+     "tokens (the prompt's ids); with --dry-run nothing is replayed"},
     {"help", O_FLAG, &O.help, 0, 0, NULL, "this text"},
     {"version", O_FLAG, &O.version, 0, 0, NULL,
      "print patload's release and wire protocol versions and exit"},
@@ -147,24 +215,39 @@ static const struct opt {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: patload [OPTIONS] TRACE\n\n"
-               "Replays TRACE (Mooncake / synthetic JSON Lines with prefix block hashes, or Azure\n"
-               "LLM CSV; .xz is read directly) against a running patd with continuous batching,\n"
-               "and prints latency percentiles (TTFT, TPOT, end-to-end), throughput, prefix-cache\n"
-               "hit rate, KV bytes read against query-centric attention, and errors by code.\n\n");
+    fprintf(f, "usage: patload [OPTIONS] TRACE\n"
+               "       patload [OPTIONS] --gsp [--gsp-... OPTIONS]\n"
+               "       patload --report-from FILE [--goodput KEY:MS...] [--percentiles P,P...]\n\n"
+               "Replays TRACE (Mooncake / synthetic JSON Lines with prefix block hashes, Azure\n"
+               "LLM CSV or BurstGPT CSV; .xz is read directly) or a generated workload against a\n"
+               "running patd with continuous batching, and prints the serving benchmarks' figures\n"
+               "(requests, goodput, throughput; TTFT, TPOT, ITL, end-to-end latency: mean,\n"
+               "median, std, percentiles), prefix-cache hit rate, KV bytes read against\n"
+               "query-centric attention, and errors by code.\n\n");
     for (size_t i = 0; i < N_OPTS; i++) {
         char left[40];
         snprintf(left, sizeof(left), "--%s%s%s", OPTS[i].name, OPTS[i].meta ? " " : "",
                  OPTS[i].meta ? OPTS[i].meta : "");
-        fprintf(f, "  %-24s %s\n", left, OPTS[i].help);
+        fprintf(f, "  %-26s %s\n", left, OPTS[i].help);
     }
     fprintf(f, "\nExit status: 0 every request finished; 1 some failed or the replay was "
                "interrupted;\n2 usage or trace error; 3 the daemon is unreachable or went away.\n");
 }
 
+static uint8_t GIVEN[N_OPTS]; /* options on the command line */
+
+static int given(const char *name)
+{
+    for (size_t k = 0; k < N_OPTS; k++)
+        if (!strcmp(OPTS[k].name, name))
+            return GIVEN[k];
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, const char **ret_trace)
 {
     const char *trace = NULL;
+    char why[256];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (a[0] != '-' || a[1] != '-') {
@@ -185,6 +268,7 @@ static int parse_args(int argc, char **argv, const char **ret_trace)
             fprintf(stderr, "patload: unknown option '%s' (see --help)\n", a);
             return -1;
         }
+        GIVEN[o - OPTS] = 1;
         if (o->type == O_FLAG) {
             if (eq) {
                 fprintf(stderr, "patload: --%s takes no value\n", o->name);
@@ -200,6 +284,18 @@ static int parse_args(int argc, char **argv, const char **ret_trace)
         }
         if (o->type == O_STR) {
             *(const char **)o->ptr = v;
+            continue;
+        }
+        if (o->type == O_PCT || o->type == O_SLO) {
+            int rc = o->type == O_PCT ? pl_metrics_parse_percentiles(o->ptr, v, why, sizeof(why))
+                                      : pl_metrics_parse_goodput(o->ptr, v, why, sizeof(why));
+            while (rc == 0 && o->type == O_SLO && !eq && i + 1 < argc &&
+                   pl_metrics_is_slo_word(argv[i + 1]))
+                rc = pl_metrics_parse_goodput(o->ptr, argv[++i], why, sizeof(why));
+            if (rc < 0) {
+                fprintf(stderr, "patload: %s\n", why);
+                return -1;
+            }
             continue;
         }
         char *end;
@@ -614,15 +710,12 @@ static void step(replay_t *R)
         if (j >= 0) {
             if (e->prefilled < e->target) {
                 e->prefilled += R->n_new[j];
-                if (e->prefilled == e->target) { /* prefill done: a token comes out */
-                    if (q->generated == 0)
-                        q->t_first = t_end;
-                    q->generated++;
-                }
+                if (e->prefilled == e->target) /* prefill done: a token comes out */
+                    pl_rec_token(q, t_end);
             } else {
                 e->prefilled++;
                 e->target++;
-                q->generated++;
+                pl_rec_token(q, t_end);
             }
         }
         if (q->generated >= q->out_len) {
@@ -647,10 +740,111 @@ static void shape_report(replay_t *R, const char *trace_path)
     R->rep.block_tokens = pl_block_tokens(R->t, &R->shape);
 }
 
-static int dry_run(const pl_trace_t *t, const pl_shape_t *s)
+/* ---------------------------------------------------------------- modes and arrivals */
+
+/* Options that fit together, checked before anything is read. 0, or -1 with the message
+ * printed. */
+static int check_modes(const char *trace_path)
+{
+    static const char *const report_ok[] = {"report-from", "json", "goodput", "percentiles",
+                                            "quiet"};
+    if (O.report_from) {
+        if (trace_path || O.gsp) {
+            fprintf(stderr, "patload: --report-from reads a saved run: no TRACE, no --gsp\n");
+            return -1;
+        }
+        for (size_t k = 0; k < N_OPTS; k++) {
+            int ok = 0;
+            for (size_t j = 0; j < sizeof(report_ok) / sizeof(report_ok[0]); j++)
+                ok |= !strcmp(OPTS[k].name, report_ok[j]);
+            if (GIVEN[k] && !ok) {
+                fprintf(stderr, "patload: --%s does not apply to --report-from\n", OPTS[k].name);
+                return -1;
+            }
+        }
+        return 0;
+    }
+    if (O.gsp && trace_path) {
+        fprintf(stderr, "patload: --gsp generates the requests: no TRACE ('%s')\n", trace_path);
+        return -1;
+    }
+    for (size_t k = 0; k < N_OPTS; k++)
+        if (GIVEN[k] && !strncmp(OPTS[k].name, "gsp-", 4) && !O.gsp) {
+            fprintf(stderr, "patload: --%s needs --gsp\n", OPTS[k].name);
+            return -1;
+        }
+    if (O.gsp && (given("shared-prefix") || given("trace-block"))) {
+        fprintf(stderr, "patload: --shared-prefix and --trace-block are for trace files, not "
+                        "--gsp (whose groups share their system prompts)\n");
+        return -1;
+    }
+    if (given("burstiness") && !given("request-rate")) {
+        fprintf(stderr, "patload: --burstiness shapes the gaps of --request-rate: give both\n");
+        return -1;
+    }
+    if (given("request-rate") && (given("speed") || O.spread)) {
+        fprintf(stderr, "patload: --request-rate replaces the trace's times: --speed and "
+                        "--spread do not apply\n");
+        return -1;
+    }
+    if (O.save_detailed && !O.json) {
+        fprintf(stderr, "patload: --save-detailed adds to the --json summary: give --json\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* The replay's arrival times (seconds from a pass's start, before --speed) of the n requests. */
+static void compute_arrivals(const pl_trace_t *trace, double *t_adj)
+{
+    uint32_t n = trace->n;
+    if (given("request-rate")) {
+        pl_arrivals(t_adj, n, O.rate, O.burstiness, O.seed);
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        t_adj[i] = trace->req[i].t_s;
+    if (O.spread)
+        for (uint32_t i = 0; i < n;) {
+            uint32_t j = i;
+            while (j < n && trace->req[j].t_s == trace->req[i].t_s)
+                j++;
+            if (j < n)
+                for (uint32_t k = i; k < j; k++)
+                    t_adj[k] = trace->req[i].t_s +
+                               (trace->req[j].t_s - trace->req[i].t_s) * (k - i) / (j - i);
+            i = j;
+        }
+}
+
+static void arrivals_desc(char *buf, size_t len)
+{
+    if (!given("request-rate")) {
+        if (O.gsp)
+            snprintf(buf, len, "all at once");
+        else if (O.speed > 0)
+            snprintf(buf, len, "%gx recorded%s", O.speed, O.spread ? ", spread" : "");
+        else
+            snprintf(buf, len, "as fast as possible");
+    } else if (isinf(O.rate)) {
+        snprintf(buf, len, "all at once");
+    } else if (isinf(O.burstiness)) {
+        snprintf(buf, len, "%g req/s, evenly spaced", O.rate);
+    } else if (O.burstiness == 1) {
+        snprintf(buf, len, "%g req/s, Poisson", O.rate);
+    } else {
+        snprintf(buf, len, "%g req/s, gamma gaps of burstiness %g", O.rate, O.burstiness);
+    }
+}
+
+static int dry_run(const pl_trace_t *t, const pl_shape_t *s, const double *t_adj)
 {
     uint64_t in = 0, out = 0, raw_in = 0, raw_out = 0;
-    uint32_t most = 0, sessions = 0;
+    uint32_t most = 0, sessions = 0, groups = 0, max_group = 0;
+    for (uint32_t i = 0; i < t->n; i++)
+        if (t->req[i].group >= 0 && (uint32_t)t->req[i].group >= max_group)
+            max_group = (uint32_t)t->req[i].group + 1;
+    uint8_t *seen = pat_xcalloc(max_group + 1, 1); /* groups with a request selected */
     for (uint32_t i = 0; i < t->n; i++) {
         uint32_t L = pl_req_input(t, s, i), Ol = pl_req_output(t, s, i);
         in += L;
@@ -659,19 +853,93 @@ static int dry_run(const pl_trace_t *t, const pl_shape_t *s)
         raw_out += t->req[i].out_len;
         most = L + Ol > most ? L + Ol : most;
         sessions += t->req[i].session >= 0 && t->req[i].prev < 0;
+        if (t->req[i].group >= 0 && !seen[t->req[i].group]) {
+            seen[t->req[i].group] = 1;
+            groups++;
+        }
     }
-    printf("format %s\nrequests %u\nblock %u\nhas_hash %d\nsessions %u\n"
-           "span_s %.3f\ntrace_input_tokens %llu\ntrace_output_tokens %llu\n"
+    free(seen);
+    char arr[96];
+    arrivals_desc(arr, sizeof(arr));
+    double last = O.speed > 0 ? t_adj[t->n - 1] / O.speed : 0;
+    printf("format %s\nrequests %u\ndropped_rows %u\nblock %u\nhas_hash %d\nsessions %u\n"
+           "groups %u\nspan_s %.3f\narrivals %s\nlast_arrival_s %.6f\n"
+           "trace_input_tokens %llu\ntrace_output_tokens %llu\n"
            "input_tokens %llu\noutput_tokens %llu\nlongest_sequence %u\n",
-           pl_format_name(t->format), t->n, t->block, t->has_hash, sessions, t->req[t->n - 1].t_s,
-           (unsigned long long)raw_in, (unsigned long long)raw_out, (unsigned long long)in,
-           (unsigned long long)out, most);
+           pl_format_name(t->format), t->n, t->dropped, t->block, t->has_hash, sessions, groups,
+           t->req[t->n - 1].t_s, arr, last, (unsigned long long)raw_in, (unsigned long long)raw_out,
+           (unsigned long long)in, (unsigned long long)out, most);
     return 0;
+}
+
+/* --dump: one JSON object per request as the first pass replays it. 0 or a negative errno. */
+static int write_dump(const char *path, const pl_trace_t *t, const pl_shape_t *s,
+                      const double *t_adj)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -errno;
+    for (uint32_t i = 0; i < t->n; i++) {
+        const pl_req_t *r = &t->req[i];
+        uint32_t L = pl_req_input(t, s, i);
+        fprintf(f,
+                "{\"timestamp\": %.6f, \"input_length\": %u, \"output_length\": %u, "
+                "\"line\": %u",
+                (O.speed > 0 ? t_adj[i] / O.speed : 0) * 1e3, L, pl_req_output(t, s, i), r->line);
+        if (r->session >= 0)
+            fprintf(f, ", \"session_id\": %lld, \"turn\": %u", (long long)r->session, r->turn);
+        if (r->group >= 0)
+            fprintf(f, ", \"group\": %d, \"prefix_length\": %u", r->group, pl_req_prefix(t, s, i));
+        fprintf(f, ", \"tokens\": [");
+        for (uint32_t p = 0; p < L; p++)
+            fprintf(f, p ? ", %u" : "%u", pl_req_token(t, s, i, p));
+        fprintf(f, "]}\n");
+    }
+    return fclose(f) == 0 ? 0 : -EIO;
+}
+
+/* --report-from: the serving figures of a saved run. Exit status. */
+static int report_from(const char *path)
+{
+    char why[512];
+    pl_saved_t sv;
+    if (pl_saved_load(&sv, path, why, sizeof(why)) < 0) {
+        fprintf(stderr, "patload: --report-from %s\n", why);
+        return EXIT_USAGE;
+    }
+    pl_metrics_t m;
+    pl_metrics_compute(sv.req, sv.n, sv.duration_s, &M, &m);
+    const char *slash = strrchr(path, '/');
+    printf("\npatload report from %s (%u requests)\n\n", slash ? slash + 1 : path, sv.n);
+    pl_metrics_print(&m, &M, -1, stdout);
+    int rc = 0;
+    if (O.json) {
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "report_from", json_object_new_string(path));
+        /* the run's set-up, as it recorded it */
+        static const char *const keep[] = {"date", "num_prompts", "request_rate", "burstiness",
+                                           "max_concurrency"};
+        for (size_t k = 0; k < sizeof(keep) / sizeof(keep[0]); k++) {
+            json_object *v;
+            if (json_object_object_get_ex(sv.root, keep[k], &v))
+                json_object_object_add(o, keep[k], json_object_get(v));
+        }
+        pl_metrics_json(&m, &M, o);
+        if (json_object_to_file_ext(
+                O.json, o, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_NOSLASHESCAPE) != 0) {
+            fprintf(stderr, "patload: writing %s failed\n", O.json);
+            rc = EXIT_FAILED;
+        }
+        json_object_put(o);
+    }
+    pl_saved_done(&sv);
+    return rc;
 }
 
 int main(int argc, char **argv)
 {
     const char *trace_path = NULL;
+    pl_metrics_cfg_init(&M);
     if (parse_args(argc, argv, &trace_path) < 0)
         return EXIT_USAGE;
     if (O.help) {
@@ -699,7 +967,11 @@ int main(int argc, char **argv)
         }
         return 0;
     }
-    if (!trace_path) {
+    if (check_modes(trace_path) < 0)
+        return EXIT_USAGE;
+    if (O.report_from)
+        return report_from(O.report_from);
+    if (!trace_path && !O.gsp) {
         fprintf(stderr, "patload: no trace given\n");
         usage(stderr);
         return EXIT_USAGE;
@@ -721,19 +993,32 @@ int main(int argc, char **argv)
 
     char why[512];
     pl_trace_t trace;
-    int rc = pl_trace_load(&trace, trace_path, O.skip, O.limit, O.trace_block, why, sizeof(why));
+    int rc =
+        O.gsp ? pl_gsp_make(&trace, &O.g, O.seed, O.skip, O.limit, why, sizeof(why))
+              : pl_trace_load(&trace, trace_path, O.skip, O.limit, O.trace_block, why, sizeof(why));
     if (rc < 0) {
         fprintf(stderr, "patload: %s\n", why);
         return EXIT_USAGE;
     }
+    if (O.gsp)
+        trace_path = "gsp";
     replay_t R_ = {.t = &trace, .blocks_used = -1}, *R = &R_;
     R->shape = (pl_shape_t){.scale = O.scale,
                             .max_input = O.max_input,
                             .max_output = O.max_output,
                             .shared_prefix = O.shared_prefix,
                             .salt = O.seed};
+    R->t_adj = pat_xmalloc((size_t)trace.n * sizeof(double));
+    compute_arrivals(&trace, R->t_adj);
+    if (O.dump && (rc = write_dump(O.dump, &trace, &R->shape, R->t_adj)) < 0) {
+        fprintf(stderr, "patload: --dump %s: %s\n", O.dump, strerror(-rc));
+        free(R->t_adj);
+        pl_trace_done(&trace);
+        return EXIT_USAGE;
+    }
     if (O.dry_run) {
-        rc = dry_run(&trace, &R->shape);
+        rc = dry_run(&trace, &R->shape, R->t_adj);
+        free(R->t_adj);
         pl_trace_done(&trace);
         return rc;
     }
@@ -745,6 +1030,7 @@ int main(int argc, char **argv)
     if (rc < 0) {
         fprintf(stderr, "patload: no patd at %s: %s%s\n", R->sock, pat_strerror(rc),
                 rc == -EOPNOTSUPP ? " (a daemon older than 1.2: no typed status)" : "");
+        free(R->t_adj);
         pl_trace_done(&trace);
         return EXIT_DAEMON;
     }
@@ -757,6 +1043,7 @@ int main(int argc, char **argv)
                     "patload: --kv-dtype: the daemon at %s is %u.%u.%u; asking for a KV pool "
                     "needs 1.11 or newer\n",
                     R->sock, st.version >> 16, (st.version >> 8) & 0xff, st.version & 0xff);
+            free(R->t_adj);
             pl_trace_done(&trace);
             return EXIT_DAEMON;
         }
@@ -768,6 +1055,7 @@ int main(int argc, char **argv)
                     "patload: --kv-dtype %s: not one of f16, bf16, f32, fp8_e4m3, "
                     "fp8_e5m2\n",
                     O.kv_dtype);
+            free(R->t_adj);
             pl_trace_done(&trace);
             return EXIT_USAGE;
         }
@@ -795,6 +1083,7 @@ int main(int argc, char **argv)
     rc = pat_connect(&co, &R->conn, why, sizeof(why));
     if (rc < 0) {
         fprintf(stderr, "patload: connecting to %s: %s (%s)\n", R->sock, pat_strerror(rc), why);
+        free(R->t_adj);
         pl_trace_done(&trace);
         return rc == -EINVAL || rc == -EDQUOT ? EXIT_USAGE : EXIT_DAEMON;
     }
@@ -827,6 +1116,7 @@ int main(int argc, char **argv)
     if (rc < 0) {
         fprintf(stderr, "patload: %s\n", why);
         pat_close(R->conn);
+        free(R->t_adj);
         pl_trace_done(&trace);
         return EXIT_USAGE;
     }
@@ -852,6 +1142,14 @@ int main(int argc, char **argv)
     }
 
     shape_report(R, trace_path);
+    char arrivals_words[96];
+    arrivals_desc(arrivals_words, sizeof(arrivals_words));
+    R->rep.arrivals = arrivals_words;
+    R->rep.request_rate = given("request-rate") ? O.rate : NAN;
+    R->rep.burstiness = given("request-rate") ? O.burstiness : NAN;
+    R->rep.metrics = M;
+    R->rep.save_detailed = O.save_detailed;
+    R->rep.trace_dropped = trace.dropped;
     R->rep.backend = backend;
     R->rep.kv_pool = kv_pool;
     R->rep.compute = pl_compute_name(kind);
@@ -864,26 +1162,12 @@ int main(int argc, char **argv)
     R->rep.head_dim = model.head_dim;
 
     uint32_t n = trace.n;
-    R->t_adj = pat_xmalloc((size_t)n * sizeof(double));
     R->state = pat_xmalloc(n);
     R->slot = pat_xmalloc((size_t)R->conc * sizeof(int32_t));
     R->run = pat_xmalloc((size_t)R->conc * sizeof(running_t));
     R->seqs = pat_xmalloc((size_t)R->conc * sizeof(uint32_t));
     R->n_new = pat_xmalloc((size_t)R->conc * sizeof(uint32_t));
     R->toks = pat_xmalloc((size_t)R->batch * sizeof(uint32_t));
-    for (uint32_t i = 0; i < n; i++)
-        R->t_adj[i] = trace.req[i].t_s;
-    if (O.spread)
-        for (uint32_t i = 0; i < n;) {
-            uint32_t j = i;
-            while (j < n && trace.req[j].t_s == trace.req[i].t_s)
-                j++;
-            if (j < n)
-                for (uint32_t k = i; k < j; k++)
-                    R->t_adj[k] = trace.req[i].t_s +
-                                  (trace.req[j].t_s - trace.req[i].t_s) * (k - i) / (j - i);
-            i = j;
-        }
     memset(R->state, 0, n);
 
     struct sigaction sa = {.sa_handler = on_signal};
@@ -1022,7 +1306,7 @@ out:;
     free(R->toks);
     free(R->prompt);
     free(R->queue);
-    free(R->rep.rec);
+    pl_report_done(&R->rep);
     pl_trace_done(&trace);
     if (fatal && is_fatal(fatal))
         return EXIT_DAEMON;

@@ -1,19 +1,23 @@
 /*
  * patload_report.c — patload's summary table, JSON and CSV outputs and plot (patload_report.h).
  *
- * Definitions (per request, over the requests that finished):
- *   TTFT  first token - arrival (arrival: its recorded time scaled by --speed, or when the
- *         previous turn of its session finished, whichever is later);
+ * Definitions (per request, over the requests that finished; patload_metrics.c has the rest):
+ *   TTFT  first token - arrival (arrival: its recorded time scaled by --speed, or its synthetic
+ *         time under --request-rate, or when the previous turn of its session finished,
+ *         whichever is later);
  *   TPOT  (finish - first token) / (output tokens - 1), for outputs of 2 or more tokens;
+ *   ITL   the gaps between successive output tokens (one per decode step it took part in; a
+ *         preemption's wait and recompute fall into one gap);
  *   e2e   finish - arrival.
- * Percentiles are nearest-rank. KV bytes are what the daemon's plans read (its prefix-aware
- * packing) against what query-centric attention reads for the same steps (every query its whole
- * context), summed over steps and layers. Both count what each CTA of the plan loads; for
- * prefill chunks many CTAs load the same context and the L2 serves most of it, so the totals
- * over steps with prefill are a model, not DRAM traffic; the decode-only line (steps without
- * prefill tokens) is the one to set against memory bandwidth.
+ * Percentiles interpolate between closest ranks (numpy's default, as vLLM). KV bytes are what the
+ * daemon's plans read (its prefix-aware packing) against what query-centric attention reads for the
+ * same steps (every query its whole context), summed over steps and layers. Both count what each
+ * CTA of the plan loads; for prefill chunks many CTAs load the same context and the L2 serves most
+ * of it, so the totals over steps with prefill are a model, not DRAM traffic; the decode-only line
+ * (steps without prefill tokens) is the one to set against memory bandwidth.
  */
 #include "patload_report.h"
+#include "pat_base.h"      /* pat_grow, pat_xmalloc */
 #include "patload_trace.h" /* pl_fail */
 
 #include <errno.h>
@@ -22,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 
 /* the errnos named in reports (clang-format does not settle on one layout for this list) */
 /* clang-format off */
@@ -59,40 +64,65 @@ void pl_report_count_err(pl_errcount_t *tab, uint32_t *n, int err)
         tab[PL_MAX_ERR_KINDS - 1].n++; /* the last slot also counts whatever did not fit */
 }
 
-static int cmp_double(const void *a, const void *b)
+void pl_rec_token(pl_rec_t *q, double t)
 {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
+    if (q->generated == 0) {
+        q->t_first = t;
+    } else {
+        pat_grow((void **)&q->itl, &q->itl_cap, q->n_itl + 1, sizeof(*q->itl));
+        q->itl[q->n_itl++] = t - q->t_last;
+    }
+    q->t_last = t;
+    q->generated++;
 }
 
-double pl_percentile(double *v, uint32_t n, double p)
+void pl_report_done(pl_report_t *r)
 {
-    if (n == 0)
-        return NAN;
-    qsort(v, n, sizeof(*v), cmp_double);
-    double rank = ceil(p / 100.0 * n);
-    uint32_t i = rank < 1 ? 0 : (uint32_t)rank - 1;
-    return v[i < n ? i : n - 1];
+    for (uint32_t i = 0; i < r->n_rec; i++)
+        free(r->rec[i].itl);
+    free(r->rec);
+    r->rec = NULL;
+    r->n_rec = 0;
 }
 
 /* ---------------------------------------------------------------- derived numbers */
 
-typedef struct lat {
-    double p50, p90, p99, mean;
-    uint32_t n;
-} lat_t;
-
-enum { L_TTFT, L_TPOT, L_E2E, N_LAT };
+enum { L_TTFT, L_TPOT, L_E2E, N_LAT }; /* the requests CSV's latency columns */
 
 typedef struct summary {
     uint32_t done, failed;
     uint64_t prompt, cached, out_tokens;
     uint64_t inflight;   /* tokens of in-flight twin blocks at admission */
     uint32_t n_inflight; /* requests admitted with some */
-    lat_t lat[N_LAT];
+    pl_metrics_t m;      /* the serving figures */
     pl_errcount_t req_errs[PL_MAX_ERR_KINDS];
     uint32_t n_req_errs;
 } summary_t;
+
+/* The records as the serving figures see them (failed ones with zero times, as vLLM saves a
+ * failed request); ret_err (NULL ok) gets each one's error name or NULL. */
+static pl_timing_t *timings(const pl_report_t *r, const char ***ret_err)
+{
+    pl_timing_t *t = pat_xmalloc(((size_t)r->n_rec + 1) * sizeof(*t));
+    const char **err = ret_err ? pat_xmalloc(((size_t)r->n_rec + 1) * sizeof(*err)) : NULL;
+    for (uint32_t i = 0; i < r->n_rec; i++) {
+        const pl_rec_t *q = &r->rec[i];
+        int ok = q->err == 0 && q->t_done >= 0;
+        t[i] = (pl_timing_t){.start_s = q->t_arrive,
+                             .ttft_s = ok ? q->t_first - q->t_arrive : 0,
+                             .latency_s = ok ? q->t_done - q->t_arrive : 0,
+                             .itl_s = q->itl,
+                             .n_itl = ok ? q->n_itl : 0,
+                             .input_len = q->in_len,
+                             .output_len = ok ? q->generated : 0,
+                             .ok = ok};
+        if (err)
+            err[i] = q->err ? pl_errname(q->err) : NULL;
+    }
+    if (ret_err)
+        *ret_err = err;
+    return t;
+}
 
 static double rec_ms(const pl_rec_t *r, int which)
 {
@@ -111,7 +141,6 @@ static double rec_ms(const pl_rec_t *r, int which)
 static void summarize(const pl_report_t *r, summary_t *s)
 {
     memset(s, 0, sizeof(*s));
-    double *v = malloc(((size_t)r->n_rec + 1) * sizeof(*v));
     for (uint32_t i = 0; i < r->n_rec; i++) {
         const pl_rec_t *q = &r->rec[i];
         if (q->err) {
@@ -128,24 +157,9 @@ static void summarize(const pl_report_t *r, summary_t *s)
         }
         s->out_tokens += q->generated;
     }
-    for (int k = 0; k < N_LAT && v; k++) {
-        uint32_t n = 0;
-        double sum = 0;
-        for (uint32_t i = 0; i < r->n_rec; i++) {
-            double x = rec_ms(&r->rec[i], k);
-            if (!isnan(x)) {
-                v[n++] = x;
-                sum += x;
-            }
-        }
-        lat_t *l = &s->lat[k];
-        l->n = n;
-        l->mean = n ? sum / n : NAN;
-        l->p50 = pl_percentile(v, n, 50);
-        l->p90 = pl_percentile(v, n, 90);
-        l->p99 = pl_percentile(v, n, 99);
-    }
-    free(v);
+    pl_timing_t *t = timings(r, NULL);
+    pl_metrics_compute(t, r->n_rec, r->wall_s > 0 ? r->wall_s : 1e-9, &r->metrics, &s->m);
+    free(t);
 }
 
 static double pct(double a, double b)
@@ -170,15 +184,17 @@ void pl_report_print(const pl_report_t *r, FILE *f)
     fprintf(f,
             "  patd %s backend, KV pool %s; model %u layers, %u/%u heads x %u; compute stand-in "
             "%s%s%s\n"
-            "  concurrency %u, batch %u tokens, prefill chunk %u, speed %s, scale %g (%u tokens "
-            "per trace block)\n",
+            "  concurrency %u, batch %u tokens, prefill chunk %u, arrivals %s, scale %g (%u "
+            "tokens per trace block)\n",
             r->backend, r->kv_pool ? r->kv_pool : "?", r->n_layers, r->q_heads, r->kv_heads,
             r->head_dim, r->compute, r->device && r->device[0] ? " on " : "",
-            r->device ? r->device : "", r->concurrency, r->max_batch_tokens, r->chunk, speed,
-            r->scale, r->block_tokens);
-    fprintf(f, "\n  requests     %u done, %u failed, %u not started%s; wall %.2f s, %.2f req/s\n",
-            s.done, s.failed, r->not_started, r->interrupted ? " (interrupted)" : "", r->wall_s,
-            s.done / w);
+            r->device ? r->device : "", r->concurrency, r->max_batch_tokens, r->chunk,
+            r->arrivals ? r->arrivals : speed, r->scale, r->block_tokens);
+    fputc('\n', f);
+    if (r->interrupted)
+        fprintf(f, "  (interrupted) requests running then count as failed (ECANCELED)\n");
+    pl_metrics_print(&s.m, &r->metrics, r->not_started, f);
+    fputc('\n', f);
     fprintf(f,
             "  tokens       prompt %llu (prefix cache held %llu = %.1f %%), prefill computed "
             "%llu, output %llu\n",
@@ -189,19 +205,13 @@ void pl_report_print(const pl_report_t *r, FILE *f)
             "(%.1f %%) a wait or an attach could have cached; %llu admissions put off\n",
             s.n_inflight, (unsigned long long)s.inflight, pct(s.inflight, s.prompt),
             (unsigned long long)r->twin_waits);
-    fprintf(f, "  throughput   %.1f output tok/s, %.1f tok/s through attention\n", s.out_tokens / w,
-            r->step_tokens / w);
     fprintf(f,
-            "  steps        %llu, mean batch %.1f tokens, pack reused %.1f %%, mean step %.2f ms "
-            "(daemon %.2f ms), preemptions %llu\n",
+            "  steps        %llu, mean batch %.1f tokens (%.1f tok/s through attention), pack "
+            "reused %.1f %%, mean step %.2f ms (daemon %.2f ms), preemptions %llu\n",
             (unsigned long long)r->steps, r->steps ? (double)r->step_tokens / r->steps : 0,
-            pct(r->pack_reused, r->steps), r->steps ? r->step_wall_ms_sum / r->steps : 0,
+            r->step_tokens / w, pct(r->pack_reused, r->steps),
+            r->steps ? r->step_wall_ms_sum / r->steps : 0,
             r->steps ? r->daemon_ms_sum / r->steps : 0, (unsigned long long)r->preemptions);
-    fprintf(f, "\n  latency (ms)        p50        p90        p99       mean      n\n");
-    static const char *const names[N_LAT] = {"TTFT", "TPOT", "end-to-end"};
-    for (int k = 0; k < N_LAT; k++)
-        fprintf(f, "  %-12s %10.2f %10.2f %10.2f %10.2f %6u\n", names[k], s.lat[k].p50,
-                s.lat[k].p90, s.lat[k].p99, s.lat[k].mean, s.lat[k].n);
     fprintf(
         f, "\n  KV read      %.1f MB by patd vs %.1f MB query-centric: %.2fx less, %.1f %% saved\n",
         r->kv_bytes / 1e6, r->qc_bytes / 1e6, r->kv_bytes ? (double)r->qc_bytes / r->kv_bytes : 0,
@@ -260,6 +270,8 @@ int pl_report_json(const pl_report_t *r, const char *path)
     ADD(cfg, "compute", json_object_new_string(r->compute));
     ADD(cfg, "device", json_object_new_string(r->device ? r->device : ""));
     ADD(cfg, "speed", json_object_new_double(r->speed));
+    ADD(cfg, "arrivals", json_object_new_string(r->arrivals ? r->arrivals : ""));
+    ADD(cfg, "trace_dropped", json_object_new_int64(r->trace_dropped));
     ADD(cfg, "scale", json_object_new_double(r->scale));
     ADD(cfg, "block_tokens", json_object_new_int64(r->block_tokens));
     ADD(cfg, "concurrency", json_object_new_int64(r->concurrency));
@@ -271,9 +283,24 @@ int pl_report_json(const pl_report_t *r, const char *path)
     ADD(cfg, "head_dim", json_object_new_int64(r->head_dim));
     ADD(o, "config", cfg);
     double w = r->wall_s > 0 ? r->wall_s : 1e-9;
+    /* set-up fields under vLLM's --save-result names */
+    char date[32];
+    time_t now = time(NULL);
+    strftime(date, sizeof(date), "%Y%m%d-%H%M%S", localtime(&now));
+    ADD(o, "date", json_object_new_string(date));
+    ADD(o, "num_prompts", json_object_new_int64(r->trace_requests));
+    ADD(o, "request_rate",
+        isnan(r->request_rate)   ? NULL
+        : isinf(r->request_rate) ? json_object_new_string("inf")
+                                 : json_object_new_double(r->request_rate));
+    ADD(o, "burstiness",
+        isnan(r->burstiness)   ? NULL
+        : isinf(r->burstiness) ? json_object_new_string("inf")
+                               : json_object_new_double(r->burstiness));
+    ADD(o, "max_concurrency", json_object_new_int64(r->concurrency));
+    pl_metrics_json(&s.m, &r->metrics, o);
     ADD(o, "requests", json_object_new_int64(r->n_rec + r->not_started));
     ADD(o, "done", json_object_new_int64(s.done));
-    ADD(o, "failed", json_object_new_int64(s.failed));
     ADD(o, "not_started", json_object_new_int64(r->not_started));
     ADD(o, "interrupted", json_object_new_boolean(r->interrupted));
     ADD(o, "wall_s", json_object_new_double(r->wall_s));
@@ -299,15 +326,25 @@ int pl_report_json(const pl_report_t *r, const char *path)
     ADD(o, "decode_qc_bytes", json_object_new_int64((int64_t)r->decode_qc_bytes));
     ADD(o, "kv_blocks_total", json_object_new_int64(r->kv_blocks_total));
     ADD(o, "kv_blocks_peak", json_object_new_int64(r->kv_blocks_peak));
-    static const char *const keys[N_LAT] = {"ttft_ms", "tpot_ms", "e2e_ms"};
-    for (int k = 0; k < N_LAT; k++) {
+    /* patload's own latency objects (the figures above, null when there are none) */
+    static const char *const keys[3] = {"ttft_ms", "tpot_ms", "e2e_ms"};
+    static const pl_metric_t which[3] = {PL_M_TTFT, PL_M_TPOT, PL_M_E2EL};
+    for (int k = 0; k < 3; k++) {
+        const pl_stat_t *st = &s.m.stat[which[k]];
         json_object *l = json_object_new_object();
-        ADD(l, "p50", jnum(s.lat[k].p50));
-        ADD(l, "p90", jnum(s.lat[k].p90));
-        ADD(l, "p99", jnum(s.lat[k].p99));
-        ADD(l, "mean", jnum(s.lat[k].mean));
-        ADD(l, "n", json_object_new_int64(s.lat[k].n));
+        ADD(l, "p50", jnum(st->n ? st->p50 : NAN));
+        ADD(l, "p90", jnum(st->n ? st->p90 : NAN));
+        ADD(l, "p99", jnum(st->n ? st->p99 : NAN));
+        ADD(l, "mean", jnum(st->n ? st->mean : NAN));
+        ADD(l, "n", json_object_new_int64(st->n));
         ADD(o, keys[k], l);
+    }
+    if (r->save_detailed) {
+        const char **err;
+        pl_timing_t *t = timings(r, &err);
+        pl_metrics_json_detailed(t, err, r->n_rec, o);
+        free(t);
+        free(err);
     }
     ADD(o, "errors", errs_json(s.req_errs, s.n_req_errs));
     ADD(o, "step_refusals", errs_json(r->step_errs, r->n_step_errs));

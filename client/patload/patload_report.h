@@ -1,13 +1,15 @@
 /*
  * patload_report.h — what a replay records and how patload reports it: per-request and per-step
- * records, the summary (latency percentiles, throughput, prefix reuse, KV bytes, errors by code)
- * as a table, JSON and CSV, and the latency / batch-size plot (gnuplot, PNG).
+ * records, the summary (the serving figures of patload_metrics.h, prefix reuse, KV bytes, errors
+ * by code) as a table, JSON and CSV, and the latency / batch-size plot (gnuplot, PNG).
  */
 #ifndef PATLOAD_REPORT_H
 #define PATLOAD_REPORT_H
 
 #include <stdint.h>
 #include <stdio.h>
+
+#include "patload_metrics.h"
 
 /* One replayed request. Times are seconds since the replay started; -1 = did not happen. */
 typedef struct pl_rec {
@@ -23,6 +25,10 @@ typedef struct pl_rec {
     uint32_t preempted;       /* times it lost its KV to make room and was re-admitted */
     int err;                  /* 0, or the negative errno it failed with */
     double t_arrive, t_admit, t_first, t_done;
+    double t_last; /* its latest output token */
+    double *itl;   /* gaps between its successive output tokens, s (owned; freed by
+                    * pl_report_done) */
+    uint32_t n_itl, itl_cap;
 } pl_rec_t;
 
 /* One step, as written to the steps CSV and summed into the report. */
@@ -49,8 +55,14 @@ typedef struct pl_report {
     const char *trace, *format, *compute, *device, *backend;
     const char *kv_pool;     /* the daemon's KV pool: "f16", "fp8_e4m3 x 0.125" (its factor) */
     uint32_t trace_requests; /* rows of the trace selected */
+    uint32_t trace_dropped;  /* rows the reader left out (BurstGPT's failed requests) */
     uint32_t passes;
     double speed, scale;
+    double request_rate, burstiness; /* --request-rate (INFINITY: all at once) and --burstiness;
+                                      * NAN: the trace's own timestamps */
+    const char *arrivals;            /* how requests arrive, in words */
+    pl_metrics_cfg_t metrics;        /* --percentiles, --goodput */
+    int save_detailed;               /* --save-detailed: per-request arrays in the JSON */
     uint32_t concurrency, max_batch_tokens, chunk, block_tokens;
     uint32_t n_layers, q_heads, kv_heads, head_dim;
     /* outcome */
@@ -73,8 +85,11 @@ typedef struct pl_report {
 
 void pl_report_count_err(pl_errcount_t *tab, uint32_t *n, int err);
 const char *pl_errname(int err);
-/* Percentile p (0..100) of the n values (sorted in place); NAN when n == 0. */
-double pl_percentile(double *v, uint32_t n, double p);
+/* A record's next output token came out at t (s): the first sets t_first, later ones add a gap
+ * to itl. */
+void pl_rec_token(pl_rec_t *q, double t);
+/* Frees what the records own (their itl) and the records. */
+void pl_report_done(pl_report_t *r);
 
 void pl_report_print(const pl_report_t *r, FILE *f);
 int pl_report_json(const pl_report_t *r, const char *path);

@@ -8,6 +8,12 @@
  *     16-token ones), session_id and turn (multi-turn traces). Other keys are ignored.
  *   - Azure LLM inference CSV: header TIMESTAMP,ContextTokens,GeneratedTokens, wall-clock
  *     timestamps "YYYY-MM-DD HH:MM:SS.fffffff".
+ *   - BurstGPT CSV (github.com/HPMLL/BurstGPT, README "Schema"): a header naming Timestamp
+ *     (seconds), Model, Request tokens, Response tokens, Total tokens, Log Type, in any order
+ *     and with other columns (a later file adds Session ID and Elapsed time); only Timestamp,
+ *     Request tokens and Response tokens are read. Rows with 0 response tokens are requests
+ *     that failed in the recorded service (README, data files) and rows with 0 request tokens
+ *     have nothing to replay: both are dropped and counted.
  * A trace is a user's file: every row is checked and the first bad one is reported with its line
  * and field; nothing half-read is kept. Files up to PL_TRACE_MAX_BYTES after decompression (the
  * largest bundled trace is 3 MB).
@@ -37,7 +43,17 @@ int pl_fail(char *why, size_t why_len, int err, const char *fmt, ...)
 
 const char *pl_format_name(pl_format_t f)
 {
-    return f == PL_FMT_JSONL ? "jsonl" : f == PL_FMT_AZURE_CSV ? "azure-csv" : "?";
+    switch (f) {
+    case PL_FMT_JSONL:
+        return "jsonl";
+    case PL_FMT_AZURE_CSV:
+        return "azure-csv";
+    case PL_FMT_BURSTGPT_CSV:
+        return "burstgpt-csv";
+    case PL_FMT_GSP:
+        return "gsp";
+    }
+    return "?";
 }
 
 /* ---------------------------------------------------------------- reading the bytes */
@@ -152,6 +168,7 @@ typedef struct builder {
     pl_trace_t *t;
     uint32_t cap;
     uint64_t hash_cap;
+    int col_ts, col_in, col_out, n_cols; /* BurstGPT: the columns the header names */
 } builder_t;
 
 static int push_req(builder_t *b, const pl_req_t *r)
@@ -333,6 +350,80 @@ static int parse_azure_row(char *line, uint32_t lineno, pl_req_t *r, char *why, 
     return 0;
 }
 
+#define BURST_MAX_COLS 32 /* the releases have 6 and 8 columns */
+
+/* A BurstGPT header: finds the three columns read. 0, or -EBADMSG with why. */
+static int parse_burst_header(builder_t *b, char *line, char *why, size_t why_len)
+{
+    b->col_ts = b->col_in = b->col_out = -1;
+    int n = 0;
+    for (char *save = NULL, *f = strtok_r(line, ",", &save); f; f = strtok_r(NULL, ",", &save)) {
+        if (!strcmp(f, "Timestamp"))
+            b->col_ts = n;
+        else if (!strcmp(f, "Request tokens"))
+            b->col_in = n;
+        else if (!strcmp(f, "Response tokens"))
+            b->col_out = n;
+        if (++n > BURST_MAX_COLS)
+            break;
+    }
+    b->n_cols = n;
+    if (b->col_ts < 0 || b->col_in < 0 || b->col_out < 0 || n > BURST_MAX_COLS)
+        return pl_fail(why, why_len, -EBADMSG,
+                       "line 1: a BurstGPT header names Timestamp, Request tokens and Response "
+                       "tokens (and at most %d columns)",
+                       BURST_MAX_COLS);
+    return 0;
+}
+
+/* A BurstGPT row. 0, 1 when the row is dropped (a failed request, an empty prompt), or a negative
+ * errno with why. Empty fields are kept by splitting at every comma. */
+static int parse_burst_row(const builder_t *b, char *line, uint32_t lineno, pl_req_t *r, char *why,
+                           size_t why_len)
+{
+    char *field[BURST_MAX_COLS];
+    int n = 0;
+    for (char *p = line;; n++) {
+        if (n == b->n_cols)
+            return pl_fail(why, why_len, -EBADMSG, "line %u: more than the header's %d columns",
+                           lineno, b->n_cols);
+        field[n] = p;
+        char *c = strchr(p, ',');
+        if (!c)
+            break;
+        *c = '\0';
+        p = c + 1;
+    }
+    if (n + 1 != b->n_cols)
+        return pl_fail(why, why_len, -EBADMSG, "line %u: %d columns, the header names %d", lineno,
+                       n + 1, b->n_cols);
+    char *end;
+    errno = 0;
+    double ts = strtod(field[b->col_ts], &end);
+    if (end == field[b->col_ts] || *end || errno || !(ts >= 0 && ts <= 1e12))
+        return pl_fail(why, why_len, -EBADMSG, "line %u: Timestamp \"%s\" is not seconds >= 0",
+                       lineno, field[b->col_ts]);
+    double tok[2];
+    const int col[2] = {b->col_in, b->col_out};
+    for (int k = 0; k < 2; k++) {
+        errno = 0;
+        tok[k] = strtod(field[col[k]], &end);
+        if (end == field[col[k]] || *end || errno || !(tok[k] >= 0 && tok[k] <= INT32_MAX) ||
+            tok[k] != floor(tok[k]))
+            return pl_fail(why, why_len, -EBADMSG, "line %u: %s \"%s\" is not a token count",
+                           lineno, k ? "Response tokens" : "Request tokens", field[col[k]]);
+    }
+    if (tok[0] == 0 || tok[1] == 0)
+        return 1;
+    r->t_s = ts;
+    r->in_len = (uint32_t)tok[0];
+    r->out_len = (uint32_t)tok[1];
+    r->n_hash = 0;
+    r->session = -1;
+    r->turn = 0;
+    return 0;
+}
+
 /* ---------------------------------------------------------------- after reading */
 
 static int cmp_time(const void *a, const void *b)
@@ -470,16 +561,25 @@ int pl_trace_load(pl_trace_t *t, const char *path, uint32_t skip, uint32_t limit
             } else if (!strcmp(line, "TIMESTAMP,ContextTokens,GeneratedTokens")) {
                 t->format = PL_FMT_AZURE_CSV;
                 continue;
+            } else if (!strncmp(line, "Timestamp,", 10)) {
+                char w[200];
+                t->format = PL_FMT_BURSTGPT_CSV;
+                if ((rc = parse_burst_header(&b, line, w, sizeof(w))) < 0) {
+                    rc = pl_fail(why, why_len, rc, "%s: %s", path, w);
+                    goto fail;
+                }
+                continue;
             } else {
                 rc = pl_fail(why, why_len, -EBADMSG,
-                             "%s: line %u: neither a JSON object nor the Azure CSV header "
-                             "\"TIMESTAMP,ContextTokens,GeneratedTokens\"",
+                             "%s: line %u: neither a JSON object, the Azure CSV header "
+                             "\"TIMESTAMP,ContextTokens,GeneratedTokens\" nor a BurstGPT CSV "
+                             "header \"Timestamp,...\"",
                              path, lineno);
                 goto fail;
             }
         }
-        if (rows++ < skip)
-            continue;
+        if (t->format != PL_FMT_BURSTGPT_CSV && rows++ < skip)
+            continue; /* BurstGPT rows count once they are known not to be dropped */
         if (limit && t->n >= limit)
             break;
         if (t->n >= PL_TRACE_MAX_REQS) {
@@ -487,10 +587,20 @@ int pl_trace_load(pl_trace_t *t, const char *path, uint32_t skip, uint32_t limit
                 pl_fail(why, why_len, -EFBIG, "%s: more than %u requests", path, PL_TRACE_MAX_REQS);
             goto fail;
         }
-        pl_req_t r = {.line = lineno, .next = -1, .prev = -1};
+        pl_req_t r = {.line = lineno, .next = -1, .prev = -1, .group = -1};
         char w[200];
-        rc = t->format == PL_FMT_JSONL ? parse_jsonl_row(&b, line, lineno, &r, w, sizeof(w))
-                                       : parse_azure_row(line, lineno, &r, w, sizeof(w));
+        if (t->format == PL_FMT_JSONL)
+            rc = parse_jsonl_row(&b, line, lineno, &r, w, sizeof(w));
+        else if (t->format == PL_FMT_AZURE_CSV)
+            rc = parse_azure_row(line, lineno, &r, w, sizeof(w));
+        else
+            rc = parse_burst_row(&b, line, lineno, &r, w, sizeof(w));
+        if (rc == 1) {
+            t->dropped++;
+            continue;
+        }
+        if (rc == 0 && t->format == PL_FMT_BURSTGPT_CSV && rows++ < skip)
+            continue;
         if (rc == 0 && (rc = push_req(&b, &r)) < 0)
             snprintf(w, sizeof(w), "line %u: out of memory", lineno);
         if (rc < 0) {
@@ -553,23 +663,38 @@ uint32_t pl_block_tokens(const pl_trace_t *t, const pl_shape_t *s)
     return b < 1 ? 1 : b > 1e6 ? 1000000 : (uint32_t)b;
 }
 
+static uint64_t scaled(uint64_t n, double scale)
+{
+    double l = floor(n * scale + 0.5);
+    return l < 1 ? 1 : (uint64_t)l;
+}
+
 uint32_t pl_req_input(const pl_trace_t *t, const pl_shape_t *s, uint32_t i)
 {
     const pl_req_t *r = &t->req[i];
     uint64_t L;
-    if (r->n_hash) {
+    if (r->group >= 0) { /* the group's prompt and the question scale apart: both stay >= 1 */
+        L = scaled(r->prefix, s->scale) + scaled(r->in_len - r->prefix, s->scale);
+    } else if (r->n_hash) {
         uint64_t br = pl_block_tokens(t, s), bt = t->block;
         uint64_t rem = r->in_len - (uint64_t)(r->n_hash - 1) * bt; /* 1..bt (checked at load) */
         uint64_t last = (rem * br + bt - 1) / bt;
         L = (uint64_t)(r->n_hash - 1) * br + (last ? last : 1);
     } else {
-        double l = floor(r->in_len * s->scale + 0.5);
-        L = l < 1 ? 1 : (uint64_t)l;
-        L += s->shared_prefix;
+        L = scaled(r->in_len, s->scale) + s->shared_prefix;
     }
     if (s->max_input && L > s->max_input)
         L = s->max_input;
     return L > UINT32_MAX / 2 ? UINT32_MAX / 2 : (uint32_t)L;
+}
+
+uint32_t pl_req_prefix(const pl_trace_t *t, const pl_shape_t *s, uint32_t i)
+{
+    const pl_req_t *r = &t->req[i];
+    if (r->group < 0)
+        return 0;
+    uint64_t p = scaled(r->prefix, s->scale), L = pl_req_input(t, s, i);
+    return (uint32_t)(p < L ? p : L);
 }
 
 uint32_t pl_req_output(const pl_trace_t *t, const pl_shape_t *s, uint32_t i)
@@ -587,7 +712,7 @@ static uint32_t tok(uint64_t tag, uint64_t id, uint64_t pos, uint64_t salt)
     return (uint32_t)(XXH64(key, sizeof(key), salt) % PL_VOCAB);
 }
 
-enum { TAG_BLOCK = 1, TAG_SYSTEM = 2, TAG_OWN = 3, TAG_REPLY = 4 };
+enum { TAG_BLOCK = 1, TAG_SYSTEM = 2, TAG_OWN = 3, TAG_REPLY = 4, TAG_GROUP = 5 };
 
 uint32_t pl_req_token(const pl_trace_t *t, const pl_shape_t *s, uint32_t i, uint32_t pos)
 {
@@ -602,7 +727,9 @@ uint32_t pl_req_token(const pl_trace_t *t, const pl_shape_t *s, uint32_t i, uint
         uint32_t br = pl_block_tokens(t, s);
         return tok(TAG_BLOCK, (uint64_t)t->hash[r->hash_off + pos / br], pos % br, s->salt);
     }
-    if (pos < s->shared_prefix)
+    if (r->group >= 0 && pos < pl_req_prefix(t, s, i))
+        return tok(TAG_GROUP, (uint64_t)r->group, pos, s->salt);
+    if (r->group < 0 && pos < s->shared_prefix)
         return tok(TAG_SYSTEM, 0, pos, s->salt);
     return tok(TAG_OWN, r->line, pos, s->salt);
 }

@@ -4,8 +4,16 @@ errors and a summary whose counts match the trace (computed here, independently 
 C code); a patload killed mid-replay leaves the daemon's block accounting clean and a restarted
 one replays in full; bad traces and a missing daemon get their documented exit codes.
 
+The serving figures in vLLM's terms (goodput, pooled ITL, mean / median / std / percentiles,
+failed requests, peak concurrency and output rate, token throughput) are checked three ways:
+against values worked out by hand for a five-request run (--report-from, no daemon), against
+this file's own re-computation from the per-request arrays of every live replay
+(--save-detailed), and by --report-from reproducing a live run's figures exactly. Synthetic
+arrivals (--request-rate, --burstiness), the generated-shared-prefix workload (--gsp) and the
+BurstGPT reader are checked on what they would replay (--dry-run --dump), then replayed.
+
 Standard library only. PATD_BIN, PATLOAD_BIN, PATCTL_BIN point at the build (make test sets
-them); the samples are tests/traces (README there).
+them); the samples are tests/traces (README there) and tests/integ/data/patload (README there).
 """
 
 import json
@@ -26,6 +34,7 @@ PATD = os.environ.get("PATD_BIN", os.path.join(BUILD, "bin", "patd"))
 PATLOAD = os.environ.get("PATLOAD_BIN", os.path.join(BUILD, "bin", "patload"))
 PATCTL = os.environ.get("PATCTL_BIN", os.path.join(BUILD, "bin", "patctl"))
 TRACES = os.path.join(ROOT, "tests", "traces")
+DATA = os.path.join(ROOT, "tests", "integ", "data", "patload")
 # the sanitizer pass (make test-asan: an -O0 daemon) replays the first 24 requests of each sample
 LIGHT = int(os.environ.get("PATLOAD_TEST_LIMIT", "0"))
 
@@ -56,6 +65,103 @@ def read_rows(path):
 
 def rnd(x):
     return math.floor(x + 0.5)
+
+
+# ---------------------------------------------------------------- the figures, recomputed here
+
+def pctl(sorted_values, p):
+    """numpy.percentile's default (linear between closest ranks), as vLLM reports; 0 if empty."""
+    v = sorted_values
+    if not v:
+        return 0.0
+    h = (len(v) - 1) * p / 100.0
+    lo = math.floor(h)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (h - lo) * (v[hi] - v[lo])
+
+
+def stats(values, pcts):
+    v = sorted(values)
+    mean = sum(v) / len(v) if v else 0.0
+    out = {"mean": mean, "median": pctl(v, 50),
+           "std": math.sqrt(sum((x - mean) ** 2 for x in v) / len(v)) if v else 0.0}
+    out.update({p: pctl(v, p) for p in pcts})
+    return out
+
+
+def pword(p):
+    return str(int(p)) if int(p) == p else str(p)
+
+
+def figures(d, slo=None, pcts=(90, 99)):
+    """vLLM's calculate_metrics over a --save-detailed summary d, written from its definitions:
+    dict of field name -> value."""
+    errs = d.get("request_errors", d.get("errors"))
+    ok = [not e for e in errs]
+    idx = [i for i in range(len(ok)) if ok[i]]
+    out = {"completed": len(idx), "failed": len(ok) - len(idx),
+           "total_input_tokens": sum(d["input_lens"][i] for i in idx),
+           "total_output_tokens": sum(d["output_lens"][i] for i in idx)}
+    dur = d["duration"]
+    out["request_throughput"] = out["completed"] / dur
+    out["output_throughput"] = out["total_output_tokens"] / dur
+    out["total_token_throughput"] = (out["total_input_tokens"] + out["total_output_tokens"]) / dur
+    ttft = [d["ttfts"][i] for i in idx]
+    e2el = [d["latencies"][i] for i in idx]
+    tpot_all = [(d["latencies"][i] - d["ttfts"][i]) / (d["output_lens"][i] - 1)
+                if d["output_lens"][i] > 1 else 0.0 for i in idx]
+    tpot = [t for t, i in zip(tpot_all, idx) if d["output_lens"][i] > 1]
+    itl = [g for i in idx for g in d["itls"][i]]
+    for name, vals in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2el)):
+        st = stats([x * 1000 for x in vals], pcts)
+        for k in ("mean", "median", "std"):
+            out["%s_%s_ms" % (k, name)] = st[k]
+        for p in pcts:
+            out["p%s_%s_ms" % (pword(p), name)] = st[p]
+    if slo:
+        good = sum(1 for a, b, c in zip(ttft, tpot_all, e2el)
+                   if all(slo[k] / 1000 >= v for k, v in (("ttft", a), ("tpot", b), ("e2el", c))
+                          if k in slo))
+        out["good_requests"] = good
+        out["request_goodput"] = good / dur
+    else:
+        out["request_goodput"] = None
+    # peak concurrency: a sweep over [start, start + latency), departures first at equal times
+    ev = sorted([(d["start_times"][i], 1) for i in idx]
+                + [(d["start_times"][i] + d["latencies"][i], -1) for i in idx])
+    cur = peak = 0
+    for _, delta in ev:
+        cur += delta
+        peak = max(peak, cur)
+    out["max_concurrent_requests"] = peak
+    # peak output tokens in a 1-s bucket from the earliest start
+    if idx:
+        t0 = min(d["start_times"][i] for i in idx)
+        t1 = max(d["start_times"][i] + d["latencies"][i] for i in idx)
+        n = math.ceil(t1 - t0) + 1
+        buckets = [0] * n
+        for i in idx:
+            t = d["start_times"][i] + d["ttfts"][i]
+            times = [t]
+            for g in d["itls"][i]:
+                t += g
+                times.append(t)
+            for t in times:
+                b = int(t - t0)
+                if 0 <= b < n:
+                    buckets[b] += 1
+        out["max_output_tokens_per_s"] = float(max(buckets))
+    return out
+
+
+def run(args, timeout=120):
+    return subprocess.run([PATLOAD] + args, capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+def read_dump(path):
+    with open(path) as f:
+        return [json.loads(ln) for ln in f]
 
 
 def expected(path, args):
@@ -158,12 +264,44 @@ class PatloadCase(unittest.TestCase):
         self.assertEqual(st.get("blocks_used"), "0", st)
         self.assertEqual(self.status(check=True).get("pool_check"), "ok", st)
 
+    def assert_figures(self, s, slo, pcts=(90, 99)):
+        """The summary's serving figures equal this file's recomputation from its own
+        per-request arrays, and --report-from recomputes the same figures from the file."""
+        want = figures(s, slo, pcts)
+        for k, v in want.items():
+            if isinstance(v, float):
+                self.assertAlmostEqual(s[k], v, delta=1e-9 * max(1.0, abs(v)), msg=k)
+            else:
+                self.assertEqual(s[k], v, k)
+        n = len(s["start_times"])
+        for i in range(n):  # one gap per token after the first; they add up to finish - first
+            if s["request_errors"][i]:
+                continue
+            self.assertEqual(len(s["itls"][i]), s["output_lens"][i] - 1)
+            self.assertAlmostEqual(sum(s["itls"][i]), s["latencies"][i] - s["ttfts"][i],
+                                   delta=1e-9)
+            self.assertLessEqual(s["ttfts"][i], s["latencies"][i])
+        saved = os.path.join(self.dir, "detailed.json")
+        again = os.path.join(self.dir, "again.json")
+        with open(saved, "w") as f:
+            json.dump(s, f)
+        words = ",".join("%s:%g" % kv for kv in slo.items())
+        p = run(["--report-from", saved, "--json", again, "--percentiles",
+                 ",".join(str(x) for x in pcts)] + (["--goodput", words] if slo else []))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(again) as f:
+            r = json.load(f)
+        for k in want:
+            self.assertEqual(r[k], s[k], k)
+
     def replay_sample(self, name, args):
         path = os.path.join(TRACES, name)
         if LIGHT:
             args = args + ["--limit", str(LIGHT)]
         n, prompt, output = expected(path, args)
-        p, s = self.patload(path, args)
+        slo = {"ttft": 3000, "tpot": 40}
+        p, s = self.patload(path, args + ["--save-detailed", "--goodput"]
+                            + ["%s:%g" % kv for kv in slo.items()])
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         self.assertIsNotNone(s)
         self.assertEqual(s["requests"], n)
@@ -182,6 +320,15 @@ class PatloadCase(unittest.TestCase):
         self.assertGreater(s["qc_bytes"], 0)
         self.assertLessEqual(s["kv_bytes"], s["qc_bytes"])
         self.assertIn("TTFT", p.stdout)
+        # the same counts under vLLM's names, and every figure as recomputed here
+        self.assertEqual((s["completed"], s["failed"]), (n, 0))
+        self.assertEqual((s["total_input_tokens"], s["total_output_tokens"]), (prompt, output))
+        self.assertEqual(s["max_concurrency"], int(s["config"]["concurrency"]))
+        self.assertRegex(s["date"], r"^\d{8}-\d{6}$")
+        self.assertIsNone(s["request_rate"])
+        self.assert_figures(s, slo)
+        self.assertLessEqual(s["good_requests"], n)
+        self.assertIn("goodput", p.stdout)
         self.assert_clean()
         return s
 
@@ -429,6 +576,411 @@ class PatloadCase(unittest.TestCase):
         self.assertEqual(head[:8], b"\x89PNG\r\n\x1a\n")
         self.assertGreater(len(head), 20000)
 
+    def test_burstgpt_replay(self):
+        # the BurstGPT sample: 16 rows, 2 of them failed requests (0 response tokens) left out
+        path = os.path.join(DATA, "burstgpt_sample.csv")
+        rows = burst_rows(path)
+        args = ["--scale", "0.125", "--speed", "20"]
+        if LIGHT:
+            args += ["--limit", str(LIGHT)]
+            rows = rows[:LIGHT]
+        p, s = self.patload(path, args)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertEqual((s["completed"], s["failed"]), (len(rows), 0))
+        self.assertEqual(s["config"]["format"], "burstgpt-csv")
+        self.assertEqual(s["config"]["trace_dropped"], 2)
+        self.assertEqual(s["total_input_tokens"], sum(max(1, rnd(a * 0.125)) for a, _ in rows))
+        self.assertEqual(s["total_output_tokens"], sum(max(1, rnd(b * 0.125)) for _, b in rows))
+        self.assert_clean()
+
+    def test_gsp_replay_at_rate(self):
+        # 4 groups x 4 prompts sharing 64-token system prompts, arriving at 25 req/s in gamma
+        # gaps of burstiness 0.5: the replay's arrivals are the ones --dump shows, later
+        # members of a group find their system prompt in the prefix cache
+        gsp = ["--gsp", "--gsp-num-groups", "4", "--gsp-prompts-per-group", "4",
+               "--gsp-system-prompt-len", "64", "--gsp-question-len", "16",
+               "--gsp-output-len", "8", "--request-rate", "25", "--burstiness", "0.5",
+               "--seed", "3"]
+        dump = os.path.join(self.dir, "gsp_dump.jsonl")
+        p = run(gsp + ["--dry-run", "--dump", dump])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        planned = read_dump(dump)
+        out = os.path.join(self.dir, "gsp.json")
+        p = run(gsp + ["--socket", self.sock, "--quiet", "--json", out, "--save-detailed",
+                       "--goodput", "e2el:1000"], timeout=240)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        with open(out) as f:
+            s = json.load(f)
+        self.assertEqual((s["completed"], s["failed"], s["num_prompts"]), (16, 0, 16))
+        self.assertEqual((s["request_rate"], s["burstiness"]), (25, 0.5))
+        self.assertEqual(s["config"]["arrivals"], "25 req/s, gamma gaps of burstiness 0.5")
+        self.assertEqual(s["total_input_tokens"], 16 * 80)
+        self.assertEqual(s["total_output_tokens"], 16 * 8)
+        # requests arrive in the planned order at the planned times (the dump has µs digits)
+        for got, want in zip(sorted(s["start_times"]), [r["timestamp"] / 1e3 for r in planned]):
+            self.assertAlmostEqual(got, want, delta=2e-6)
+        self.assertAlmostEqual(planned[-1]["timestamp"], 16 / 25 * 1e3, delta=1e-3)
+        self.assertGreaterEqual(s["cached_tokens"], 64)
+        self.assert_figures(s, {"e2el": 1000})
+        self.assert_clean()
+
+
+def burst_rows(path):
+    """(request, response) tokens of the rows a replay keeps, read here with the csv module."""
+    import csv
+    with open(path, newline="") as f:
+        return [(int(r["Request tokens"]), int(r["Response tokens"])) for r in csv.DictReader(f)
+                if int(r["Request tokens"]) > 0 and int(r["Response tokens"]) > 0]
+
+
+# ---------------------------------------------------------------- without a daemon
+
+# Five requests (seconds) for the hand-worked figures below: A, B, C, E completed, D failed
+SMALL = {
+    "duration": 10.0,
+    "start_times": [0.0, 1.0, 1.1, 3.0, 0.9],
+    "ttfts": [0.5, 0.25, 2.0, 0.0, 1.0],
+    "latencies": [1.1, 0.3, 2.0, 0.0, 2.6],
+    "itls": [[0.1, 0.2, 0.3], [0.05], [], [], [0.4, 0.4, 0.4, 0.4]],
+    "input_lens": [100, 50, 200, 80, 10],
+    "output_lens": [4, 2, 1, 0, 5],
+}
+
+# worked out by hand (ms unless named):
+#   completed A B C E = 4, failed D = 1; input 100+50+200+10 = 360; output 4+2+1+5 = 12
+#   per second over 10 s: 0.4 requests, 1.2 output tokens, 37.2 input + output tokens
+#   TTFT 250 500 1000 2000: mean 3750/4 = 937.5, median (500+1000)/2 = 750,
+#     std sqrt((687.5^2 + 437.5^2 + 62.5^2 + 1062.5^2)/4) = sqrt(449218.75),
+#     p99.9 at rank 3 x .999 = 2.997: 1000 + .997 x 1000 = 1997, p100 2000
+#   TPOT (E2EL - TTFT)/(out - 1), outputs of 2+ only: A 600/3 = 200, B 50/1 = 50, E 1600/4 = 400:
+#     mean 650/3, median 200, std sqrt(((650/3-50)^2 + (650/3-200)^2 + (650/3-400)^2)/3),
+#     p99.9 at rank 1.998: 200 + .998 x 200 = 399.6
+#   ITL pooled 50 100 200 300 400 400 400 400: mean 2250/8 = 281.25, median (300+400)/2 = 350,
+#     std sqrt((231.25^2 + 181.25^2 + 81.25^2 + 18.75^2 + 4 x 118.75^2)/8) = sqrt(18710.9375)
+#   E2EL 300 1100 2000 2600: mean 1500, median 1550, std sqrt((1200^2+400^2+500^2+1100^2)/4)
+#     = sqrt(765000), p99.9 at rank 2.997: 2000 + .997 x 600 = 2598.2
+#   goodput ttft <= 1000 and tpot <= 250: A, B (E's TTFT of exactly 1000 meets it, its TPOT
+#     does not; C misses TTFT) = 2 -> 0.2/s; e2el <= 2000: A B C (C exactly) = 3;
+#     tpot <= 10: only C, whose single token counts as TPOT 0
+#   peak concurrency: A [0, 1.1) E [0.9, 3.5) B [1.0, 1.3) C [1.1, 3.1): 3 (A leaves at 1.1
+#     before C arrives at 1.1; D failed and does not count)
+#   peak output tokens per second from t = 0: [0,1) A's first three; [1,2) A's last, B's two,
+#     E's first = 4; [2,3) E 2; [3,4) C 1 + E 2 = 3 -> 4
+HAND = {
+    "duration": 10.0, "completed": 4, "failed": 1, "total_input_tokens": 360,
+    "total_output_tokens": 12, "request_throughput": 0.4, "output_throughput": 1.2,
+    "total_token_throughput": 37.2, "request_goodput": 0.2, "good_requests": 2,
+    "max_concurrent_requests": 3, "max_output_tokens_per_s": 4.0,
+    "mean_ttft_ms": 937.5, "median_ttft_ms": 750.0, "std_ttft_ms": math.sqrt(449218.75),
+    "p50_ttft_ms": 750.0, "p99.9_ttft_ms": 1997.0, "p100_ttft_ms": 2000.0,
+    "mean_tpot_ms": 650 / 3, "median_tpot_ms": 200.0,
+    "std_tpot_ms": math.sqrt(((650 / 3 - 50) ** 2 + (650 / 3 - 200) ** 2
+                              + (650 / 3 - 400) ** 2) / 3),
+    "p50_tpot_ms": 200.0, "p99.9_tpot_ms": 399.6, "p100_tpot_ms": 400.0,
+    "mean_itl_ms": 281.25, "median_itl_ms": 350.0, "std_itl_ms": math.sqrt(18710.9375),
+    "p50_itl_ms": 350.0, "p99.9_itl_ms": 400.0, "p100_itl_ms": 400.0,
+    "mean_e2el_ms": 1500.0, "median_e2el_ms": 1550.0, "std_e2el_ms": math.sqrt(765000),
+    "p50_e2el_ms": 1550.0, "p99.9_e2el_ms": 2598.2, "p100_e2el_ms": 2600.0,
+}
+
+
+class NoDaemonCase(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="patload-nd.")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def write_json(self, name, obj):
+        with open(self.path(name), "w") as f:
+            json.dump(obj, f)
+        return self.path(name)
+
+    def report(self, saved, args):
+        out = self.path("report.json")
+        if os.path.exists(out):
+            os.unlink(out)
+        p = run(["--report-from", saved, "--json", out] + args)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(out) as f:
+            return p, json.load(f)
+
+    def test_hand_computed_figures(self):
+        small = self.write_json("small.json", dict(SMALL, request_errors=["", "", "",
+                                                                          "ETIMEDOUT", ""]))
+        p, r = self.report(small, ["--goodput", "ttft:1000", "tpot:250",
+                                   "--percentiles", "50,99.9,100"])
+        for k, v in HAND.items():
+            self.assertAlmostEqual(r[k], v, delta=1e-9 * max(1.0, abs(v)), msg=k)
+        self.assertEqual(r["goodput_slo_ms"], {"ttft": 1000, "tpot": 250})
+        self.assertEqual(r["percentiles"], [50, 99.9, 100])
+        self.assertEqual(r["report_from"], small)
+        self.assertNotIn("p99_ttft_ms", r)  # only the percentiles asked for
+        self.assertIn("p99.9", p.stdout)
+        self.assertRegex(p.stdout, r"4 completed, 1 failed in 10\.00 s: 0\.40 req/s; at most 3")
+        self.assertRegex(p.stdout, r"goodput +0\.20 req/s: 2 of 4 completed met ttft <= 1000 ms"
+                                   r" and tpot <= 250 ms")
+        self.assertRegex(p.stdout, r"ITL +281\.25 +350\.00 +136\.79 +350\.00 +400\.00 +400\.00 +8")
+        # the same figures this file computes from the definitions (a check of figures() too)
+        want = figures(dict(SMALL, request_errors=["", "", "", "x", ""]),
+                       {"ttft": 1000, "tpot": 250}, (50, 99.9, 100))
+        for k, v in want.items():
+            self.assertAlmostEqual(r[k], v, delta=1e-9 * max(1.0, abs(v)), msg=k)
+
+    def test_goodput_bounds(self):
+        small = self.write_json("small2.json", dict(SMALL, request_errors=["", "", "",
+                                                                           "EIO", ""]))
+        _, r = self.report(small, ["--goodput", "e2el:2000"])
+        self.assertEqual((r["good_requests"], r["request_goodput"]), (3, 0.3))
+        _, r = self.report(small, ["--goodput=tpot:10"])
+        self.assertEqual((r["good_requests"], r["request_goodput"]), (1, 0.1))
+        _, r = self.report(small, ["--goodput", "ttft:2000,tpot:400,e2el:2600"])
+        self.assertEqual(r["good_requests"], 4)
+        _, r = self.report(small, [])  # no SLO: vLLM's null, default percentiles 90 and 99
+        self.assertIsNone(r["request_goodput"])
+        self.assertIsNone(r["good_requests"])
+        self.assertAlmostEqual(r["p90_ttft_ms"], 1700.0)  # rank 2.7: 1000 + .7 x 1000
+        self.assertAlmostEqual(r["p99_e2el_ms"], 2582.0)  # rank 2.97: 2000 + .97 x 600
+
+    def test_vllm_saved_result(self):
+        # vLLM's --save-result --save-detailed names failures in "errors" (a list; "" = ok) and
+        # records its set-up; both are read, and the set-up is passed through
+        v = dict(SMALL, errors=["", "", "", "Timeout", ""], generated_texts=[""] * 5,
+                 request_rate="inf", burstiness=1.0, max_concurrency=None, num_prompts=5,
+                 date="20260101-000000", backend="vllm")
+        _, r = self.report(self.write_json("vllm.json", v),
+                           ["--goodput", "ttft:1000", "tpot:250", "--percentiles", "50,99.9,100"])
+        for k, val in HAND.items():
+            self.assertAlmostEqual(r[k], val, delta=1e-9 * max(1.0, abs(val)), msg=k)
+        self.assertEqual((r["request_rate"], r["burstiness"], r["max_concurrency"],
+                          r["num_prompts"]), ("inf", 1.0, None, 5))
+        # no error list at all: every request completed
+        _, r = self.report(self.write_json("noerr.json", SMALL), [])
+        self.assertEqual((r["completed"], r["failed"]), (5, 0))
+
+    def test_report_from_refusals(self):
+        bad = [
+            ({k: v for k, v in SMALL.items() if k != "itls"}, "\"itls\""),
+            (dict(SMALL, ttfts=[0.5]), "\"ttfts\" has 1 entries"),
+            (dict(SMALL, duration=0), "duration"),
+            (dict(SMALL, output_lens=[4, 2, 1, 0, -5]), "output_lens[4]"),
+            (dict(SMALL, itls=[[0.1], [], [], [], "x"]), "itls[4]"),
+        ]
+        for i, (obj, needle) in enumerate(bad):
+            with self.subTest(needle=needle):
+                p = run(["--report-from", self.write_json("bad%d.json" % i, obj)])
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertIn(needle, p.stderr)
+        with open(self.path("notjson.json"), "w") as f:
+            f.write("{nope")
+        p = run(["--report-from", self.path("notjson.json")])
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("not a JSON file", p.stderr)
+
+    def test_option_refusals(self):
+        t = os.path.join(TRACES, "azure_conv_sample.csv")
+        small = self.write_json("ok.json", SMALL)
+        cases = [
+            (["--report-from", small, t], "no TRACE"),
+            (["--report-from", small, "--speed", "2"], "--speed does not apply to --report-from"),
+            (["--report-from", small, "--goodput", "itl:5"], "not an SLO"),
+            (["--report-from", small, "--goodput", "ttft:-1"], "ms >= 0"),
+            (["--report-from", small, "--goodput", "ttft:1", "ttft:2"], "ttft given twice"),
+            (["--report-from", small, "--goodput", "ttft"], "KEY:MS"),
+            (["--report-from", small, "--percentiles", "50,101"], "[0, 100]"),
+            (["--report-from", small, "--percentiles", "50,,90"], "[0, 100]"),
+            (["--dry-run", t, "--burstiness", "2"], "give both"),
+            (["--dry-run", t, "--request-rate", "0"], "--request-rate 0"),
+            (["--dry-run", t, "--request-rate", "-inf"], "--request-rate -inf"),
+            (["--dry-run", t, "--request-rate", "5", "--burstiness", "0"], "--burstiness 0"),
+            (["--dry-run", t, "--request-rate", "5", "--speed", "2"], "--speed and --spread"),
+            (["--dry-run", t, "--request-rate", "5", "--spread"], "--speed and --spread"),
+            (["--dry-run", t, "--speed", "inf"], "--speed inf"),
+            (["--dry-run", "--gsp", t], "no TRACE"),
+            (["--dry-run", t, "--gsp-num-groups", "4"], "--gsp-num-groups needs --gsp"),
+            (["--dry-run", "--gsp", "--gsp-num-groups", "0"], "--gsp-num-groups 0"),
+            (["--dry-run", "--gsp", "--gsp-range-ratio", "1.5"], "--gsp-range-ratio 1.5"),
+            (["--dry-run", "--gsp", "--shared-prefix", "8"], "not --gsp"),
+            (["--dry-run", "--gsp", "--skip", "1024"], "no requests after skipping 1024"),
+            (["--dry-run", t, "--save-detailed"], "give --json"),
+        ]
+        for args, needle in cases:
+            with self.subTest(args=" ".join(args)):
+                p = run(args)
+                self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+                self.assertIn(needle, p.stderr)
+
+    def test_help_names_every_option(self):
+        p = run(["--help"])
+        self.assertEqual(p.returncode, 0)
+        for opt in ("--request-rate R", "--burstiness B", "--goodput KEY:MS...",
+                    "--percentiles P,P...", "--save-detailed", "--report-from FILE",
+                    "--dump FILE", "--gsp ", "--gsp-num-groups N", "--gsp-prompts-per-group N",
+                    "--gsp-system-prompt-len N", "--gsp-question-len N", "--gsp-output-len N",
+                    "--gsp-range-ratio F", "--gsp-ordered", "BurstGPT"):
+            self.assertIn(opt, p.stdout)
+
+    def dump(self, args, name="dump.jsonl"):
+        out = self.path(name)
+        p = run(["--dry-run", "--dump", out] + args)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        return p.stdout, read_dump(out)
+
+    def test_request_rate_arrivals(self):
+        # 4000 requests at 50 req/s: the last one arrives at N/R = 80 s (vLLM rescales the
+        # gamma draws to that), so the mean gap is 1/R; gaps of a gamma distribution with
+        # shape B have a coefficient of variation 1/sqrt(B)
+        n, rate = 4000, 50.0
+        gsp = ["--gsp", "--gsp-num-groups", "40", "--gsp-prompts-per-group", "100",
+               "--gsp-system-prompt-len", "4", "--gsp-question-len", "2", "--gsp-output-len", "2",
+               "--request-rate", str(rate)]
+        for b in (0.25, 1.0, 4.0):
+            with self.subTest(burstiness=b):
+                out, rows = self.dump(gsp + ["--burstiness", str(b), "--seed", "11"])
+                t = [r["timestamp"] / 1e3 for r in rows]
+                self.assertEqual(len(t), n)
+                self.assertAlmostEqual(t[-1], n / rate, delta=1e-6)
+                gaps = [t[0]] + [y - x for x, y in zip(t, t[1:])]
+                self.assertTrue(all(g >= 0 for g in gaps))
+                mean = sum(gaps) / n
+                cv = math.sqrt(sum((g - mean) ** 2 for g in gaps) / n) / mean
+                self.assertAlmostEqual(cv, 1 / math.sqrt(b), delta=0.1 / math.sqrt(b))
+                self.assertIn("last_arrival_s 80.000000", out)
+        out, rows = self.dump(gsp + ["--burstiness", "inf"])
+        gaps = [rows[0]["timestamp"]] + [y["timestamp"] - x["timestamp"]
+                                         for x, y in zip(rows, rows[1:])]
+        self.assertTrue(all(abs(g - 20.0) < 1e-5 for g in gaps), gaps[:5])  # 1/R = 20 ms
+        self.assertIn("arrivals 50 req/s, evenly spaced", out)
+        out, rows = self.dump(gsp[:-2] + ["--request-rate", "inf"])
+        self.assertTrue(all(r["timestamp"] == 0 for r in rows))
+        self.assertIn("arrivals all at once", out)
+        # a seed gives the same arrivals, another seed others
+        _, a = self.dump(gsp + ["--seed", "5"], "a.jsonl")
+        _, b = self.dump(gsp + ["--seed", "5"], "b.jsonl")
+        _, c = self.dump(gsp + ["--seed", "6"], "c.jsonl")
+        self.assertEqual(a, b)
+        self.assertNotEqual([r["timestamp"] for r in a], [r["timestamp"] for r in c])
+        # a trace's requests keep their order; only their times are replaced
+        t = os.path.join(TRACES, "azure_conv_sample.csv")
+        _, plain = self.dump([t], "plain.jsonl")
+        _, rated = self.dump([t, "--request-rate", "4"], "rated.jsonl")
+        self.assertEqual([r["line"] for r in plain], [r["line"] for r in rated])
+        self.assertAlmostEqual(rated[-1]["timestamp"], 64 / 4 * 1e3, delta=1e-3)
+
+    def test_gsp_generator(self):
+        small = ["--gsp", "--gsp-num-groups", "4", "--gsp-prompts-per-group", "3",
+                 "--gsp-system-prompt-len", "40", "--gsp-question-len", "10",
+                 "--gsp-output-len", "5"]
+        out, rows = self.dump(small)
+        self.assertIn("format gsp\nrequests 12\n", out)
+        self.assertIn("groups 4\n", out)
+        self.assertEqual(sorted(r["line"] for r in rows), list(range(1, 13)))
+        self.assertNotEqual([r["line"] for r in rows], list(range(1, 13)))  # shuffled
+        groups = {}
+        for r in rows:
+            self.assertEqual((r["input_length"], r["output_length"], r["prefix_length"]),
+                             (50, 5, 40))
+            self.assertEqual(len(r["tokens"]), 50)
+            self.assertEqual(r["timestamp"], 0)
+            groups.setdefault(r["group"], []).append(r["tokens"])
+        self.assertEqual(sorted(groups), [0, 1, 2, 3])
+
+        def common(a, b):
+            n = 0
+            while n < min(len(a), len(b)) and a[n] == b[n]:
+                n += 1
+            return n
+        for g, toks in groups.items():
+            self.assertEqual(len(toks), 3)
+            for a in toks:  # the system prompt is shared exactly, the question is not
+                for b in toks:
+                    if a is not b:
+                        self.assertEqual(common(a, b), 40, "group %d" % g)
+        firsts = {toks[0][0] for toks in groups.values()}
+        self.assertEqual(len(firsts), 4)  # every group its own system prompt
+        # --gsp-ordered: request g x 3 + p is group g's
+        _, rows = self.dump(small + ["--gsp-ordered"], "ordered.jsonl")
+        self.assertEqual([r["line"] for r in rows], list(range(1, 13)))
+        self.assertEqual([r["group"] for r in rows], [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3])
+        # lengths drawn in [max(1, floor(len x ratio)), len]; a group's prompt one length
+        _, rows = self.dump(small + ["--gsp-range-ratio", "0.5", "--gsp-num-groups", "50"],
+                            "ratio.jsonl")
+        sys_len = {}
+        for r in rows:
+            sys_len.setdefault(r["group"], set()).add(r["prefix_length"])
+            self.assertTrue(20 <= r["prefix_length"] <= 40)
+            self.assertTrue(5 <= r["input_length"] - r["prefix_length"] <= 10)
+            self.assertTrue(2 <= r["output_length"] <= 5)
+        self.assertTrue(all(len(v) == 1 for v in sys_len.values()))
+        self.assertGreater(len({next(iter(v)) for v in sys_len.values()}), 5)
+        # SGLang's defaults: 64 x 16 requests of 2048 + 128 tokens and 256 outputs; --scale
+        # scales the system prompt and the question apart
+        p = run(["--dry-run", "--gsp"])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        for line in ("requests 1024", "groups 64", "input_tokens %d" % (1024 * 2176),
+                     "output_tokens %d" % (1024 * 256), "arrivals all at once"):
+            self.assertIn(line + "\n", p.stdout)
+        _, rows = self.dump(small + ["--scale", "0.25", "--limit", "5", "--skip", "2"],
+                            "scaled.jsonl")
+        self.assertEqual(len(rows), 5)
+        self.assertTrue(all((r["prefix_length"], r["input_length"], r["output_length"])
+                            == (10, 13, 1) for r in rows))  # 40/4, 10/4 = 2.5 -> 3, 5/4 -> 1
+
+    def test_burstgpt_reader(self):
+        path = os.path.join(DATA, "burstgpt_sample.csv")
+        rows = burst_rows(path)
+        self.assertEqual(len(rows), 14)
+        out, dumped = self.dump([path])
+        for line in ("format burstgpt-csv", "requests 14", "dropped_rows 2", "span_s 53.000",
+                     "trace_input_tokens %d" % sum(a for a, _ in rows),
+                     "trace_output_tokens %d" % sum(b for _, b in rows)):
+            self.assertIn(line + "\n", out)
+        self.assertEqual([(r["input_length"], r["output_length"]) for r in dumped], rows)
+        self.assertEqual(dumped[0]["timestamp"], 0)
+        self.assertEqual(dumped[-1]["timestamp"], 53000)
+        # --skip and --limit count the rows replayed, not the dropped ones
+        out, dumped = self.dump([path, "--skip", "1", "--limit", "3"], "skip.jsonl")
+        self.assertEqual([(r["input_length"], r["output_length"]) for r in dumped], rows[1:4])
+        # the later release's columns (Session ID, Elapsed time) are found by name
+        later = self.path("burst3.csv")
+        with open(later, "w") as f:
+            f.write("Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,"
+                    "Total tokens,Log Type\n"
+                    "10.5,a1b2,1.2,GPT-4,100,20,120,Conversation log\n"
+                    "11.25,a1b2,0.8,GPT-4,0,20,20,Conversation log\n"
+                    "14,c3d4,2.0,ChatGPT,300,40,340,API log\n")
+        out, dumped = self.dump([later], "later.jsonl")
+        self.assertIn("requests 2\ndropped_rows 1\n", out)
+        self.assertEqual([(r["timestamp"], r["input_length"], r["output_length"])
+                          for r in dumped], [(0, 100, 20), (3500, 300, 40)])
+        head = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        bad = [
+            (head + "5,ChatGPT,472,18,490,Conversation log\nx,ChatGPT,1,2,3,API log\n",
+             "line 3: Timestamp"),
+            (head + "5,ChatGPT,472,18,490\n", "line 2: 5 columns, the header names 6"),
+            (head + "5,ChatGPT,47.5,18,490,API log\n", "line 2: Request tokens"),
+            (head + "5,ChatGPT,47,-1,490,API log\n", "line 2: Response tokens"),
+            ("Timestamp,Model,Request tokens,Total tokens\n5,GPT-4,1,2\n", "BurstGPT header"),
+            (head + "5,ChatGPT,0,18,18,API log\n", "no requests"),
+        ]
+        for i, (text, needle) in enumerate(bad):
+            with self.subTest(needle=needle):
+                p = self.path("bad%d.csv" % i)
+                with open(p, "w") as f:
+                    f.write(text)
+                r = run(["--dry-run", p])
+                self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+                self.assertIn(needle, r.stderr)
+
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    prog = unittest.main(verbosity=2, exit=False)
+    res = prog.result
+    bad = len(res.failures) + len(res.errors)
+    print("%d passed, %d failed" % (res.testsRun - bad, bad))
+    sys.exit(1 if bad else 0)
