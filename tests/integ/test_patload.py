@@ -20,6 +20,7 @@ import json
 import lzma
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -152,6 +153,17 @@ def figures(d, slo=None, pcts=(90, 99)):
                     buckets[b] += 1
         out["max_output_tokens_per_s"] = float(max(buckets))
     return out
+
+
+def readme_fields():
+    """the JSON field names README.md's patload table shows (its first column's `names`)"""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    head = "| JSON field (vLLM's name)"
+    if head not in text:
+        return []
+    table = text[text.index(head):].split("\n\n")[0].splitlines()[2:]
+    return [n for row in table for n in re.findall(r"`([a-z0-9_]+)`", row.split("|")[1])]
 
 
 def run(args, timeout=120):
@@ -612,6 +624,10 @@ class PatloadCase(unittest.TestCase):
         with open(out) as f:
             s = json.load(f)
         self.assertEqual((s["completed"], s["failed"], s["num_prompts"]), (16, 0, 16))
+        # every field README.md's table names is in a --save-detailed summary
+        names = readme_fields()
+        self.assertGreater(len(names), 25, "README.md's patload JSON table not found")
+        self.assertEqual([n for n in names if n not in s], [])
         self.assertEqual((s["request_rate"], s["burstiness"]), (25, 0.5))
         self.assertEqual(s["config"]["arrivals"], "25 req/s, gamma gaps of burstiness 0.5")
         self.assertEqual(s["total_input_tokens"], 16 * 80)
