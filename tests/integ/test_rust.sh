@@ -5,10 +5,12 @@
 # the source tree gains no file) and its formatting checked; then, against a patd started here on
 # the cpu backend, `cargo test` (unit tests, bindgen's layout tests, the README's snippet,
 # pat/tests/daemon.rs) and the example frontend run as a user would (no LD_LIBRARY_PATH: its rpath
-# finds libpat), which checks every output row against float64. Last, the daemon's pool check,
-# no sequence left open, and a clean exit on SIGTERM. PATD_BIN, PATCTL_BIN and PATD_LIBPAT point
-# at the build (make run-tests sets them). Prints each check and ends with "N passed, N failed";
-# exit status 1 when one failed.
+# finds libpat), which checks every output row against float64: after another client cached KV
+# of its own under the Go example's prompt ids (1000, ...), which the example's per-run token
+# base keeps it off (pinned to 1000, its check fails), and with a wrong softmax scale (its check
+# fails: the negative control). Last, the daemon's pool check, no sequence left open, and a clean
+# exit on SIGTERM. PATD_BIN, PATCTL_BIN and PATD_LIBPAT point at the build (make run-tests sets
+# them). Prints each check and ends with "N passed, N failed"; exit status 1 when one failed.
 # shellcheck disable=SC2317 # the checks are functions that check() calls
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -120,15 +122,31 @@ tests() {
 }
 check "cargo test: unit, layout, README and daemon tests" tests
 
-example() { # run from elsewhere, as a user would: the rpath finds libpat
-    local out rc
-    out=$(cd "$tmp" && "$CARGO_TARGET_DIR/debug/examples/shared_prompt" --socket "$sock" \
-        --clients 2 --seqs 4 --decode 4 2>&1)
+foreign() { # pat/tests/daemon.rs's ignored test: blocks of token ids 1000.. with other KV
+    PAT_TEST_SOCKET=$sock logged "$tmp/foreign.log" "$cargo" test \
+        --manifest-path "$ws/Cargo.toml" --offline --locked -p pat --test daemon -- \
+        --ignored --exact foreign_prompt_in_the_cache &&
+        grep -q '^test result: ok. 1 passed' "$tmp/foreign.log"
+}
+check "another client's KV cached under token ids 1000.. (the Go example's prompt)" foreign
+
+example() { # example RC ARGS...: run from elsewhere, as a user would (the rpath finds libpat)
+    local want=$1 out rc
+    shift
+    out=$(cd "$tmp" && "$CARGO_TARGET_DIR/debug/examples/shared_prompt" --socket "$sock" "$@" 2>&1)
     rc=$?
     echo "$out" | sed 's/^/  /'
-    [ $rc -eq 0 ] && grep -q '^shared_prompt: OK ' <<<"$out"
+    case $want in
+    0) [ "$rc" -eq 0 ] && grep -q '^shared_prompt: OK ' <<<"$out" ;;
+    *) [ "$rc" -eq "$want" ] && grep -q '^shared_prompt: FAILED ' <<<"$out" ;;
+    esac
 }
-check "example shared_prompt: O of every row and layer within its float64 bound" example
+check "example shared_prompt: O of every row and layer within its float64 bound" \
+    example 0 --clients 2 --seqs 4 --decode 4
+check "example shared_prompt --token-base 1000 (the other client's blocks): its check fails" \
+    example 1 --clients 1 --seqs 2 --decode 1 --token-base 1000
+check "example shared_prompt --scale 0.2 (not the daemon's): its check fails" \
+    example 1 --clients 1 --seqs 2 --decode 1 --scale 0.2
 
 daemon_clean() { # everything the tests and the example opened was closed; the pool consistent
     local st chk

@@ -5,7 +5,14 @@
 //!
 //! K and V of a position are a function of the tokens up to it (as a model's are), so a prompt
 //! block the prefix cache hands to another sequence holds the KV the reference expects; Q is
-//! random. The check is a bound, not a tolerance: element x of a row may differ from float64 by
+//! random. That holds only for blocks this program wrote: a block another client cached under
+//! the same token ids (the Go example's prompt is 1000, 1001, ...) holds that client's KV, and
+//! the check would fail for want of it. So every token id of a run is its token base plus a
+//! small offset, the base drawn per run from the pid and the time in [2^30, 0x7000_0000)
+//! (above the ids the other examples use) and printed; `--token-base N` pins it (a run of this
+//! program with the same base finds its own KV cached, which checks the same).
+//!
+//! The check is a bound, not a tolerance: element x of a row may differ from float64 by
 //!   B_x = u |ref_x| + a + 2 ((e^(2E) - 1) + (n + 4) 2^-24) M_x
 //! u: the unit roundoff of the output dtype (f16 2^-11, bf16 2^-8, f32 2^-24), O being rounded
 //! once from f32; a: half its smallest subnormal (f16 2^-25); the rest is the daemon's f32
@@ -14,7 +21,11 @@
 //! and its normalisation by (n + 4) 2^-24, both of M_x = max_j |v_jx|; the factor 2 covers
 //! the merge of split partials. The worst |error| / B_x is printed; above 1 fails.
 //!
-//!   shared_prompt [--socket PATH] [--clients N] [--seqs N] [--decode N]
+//!   shared_prompt [--socket PATH] [--clients N] [--seqs N] [--decode N] [--token-base N]
+//!                 [--scale S]
+//!
+//! `--scale S` is the reference's softmax scale (default: the daemon's, from its status); one
+//! other than the daemon's makes the check fail (the test's negative control).
 //!
 //! Exit status 0 when every row passed and every sequence was closed, 1 otherwise, 2 usage.
 use std::path::PathBuf;
@@ -23,19 +34,39 @@ use std::thread;
 
 use pat::{Dtype, Model, Options, Seq, Session, Step};
 
-/// The shared prompt: 40 tokens, two full blocks and a part of a third.
-const SHARED: std::ops::Range<u32> = 1000..1040;
+/// The shared prompt: 40 tokens from the token base, two full blocks and a part of a third.
+const SHARED: u32 = 40;
+/// Offsets from the token base of the questions' and the decode steps' tokens.
+const QUESTION: u32 = 50_000;
+const DECODE: u32 = 200_000;
+/// Where a drawn token base lies: above other clients' ids, below 2^32 less the offsets.
+const BASE_MIN: u32 = 1 << 30;
+const BASE_SPAN: u32 = 0x3000_0000;
+
+const USAGE: &str = "usage: shared_prompt [--socket PATH] [--clients N] [--seqs N] [--decode N] \
+                     [--token-base N] [--scale S]";
 
 struct Args {
     socket: Option<PathBuf>,
     clients: u32,
     seqs: u32,
     decode: u32,
+    token_base: Option<u32>,
+    scale: Option<f64>,
 }
 
 fn usage() -> ! {
-    eprintln!("usage: shared_prompt [--socket PATH] [--clients N] [--seqs N] [--decode N]");
+    eprintln!("{}", USAGE);
     exit(2)
+}
+
+/// A token base of this run's own: from the pid and the time.
+fn draw_token_base() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let h = splitmix(t ^ (std::process::id() as u64) << 40);
+    BASE_MIN + (h % BASE_SPAN as u64) as u32
 }
 
 fn parse_args() -> Args {
@@ -44,15 +75,20 @@ fn parse_args() -> Args {
         clients: 2,
         seqs: 4,
         decode: 4,
+        token_base: None,
+        scale: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
         if k == "--help" {
             println!(
-                "usage: shared_prompt [--socket PATH] [--clients N] [--seqs N] [--decode N]\n\
+                "{}\n\
                  Client threads open N sequences each over a shared 40-token prompt through a \
                  cpu-backend patd,\nprefill, fork one, decode, and check every output row \
-                 against float64 (defaults: 2 clients,\n4 sequences, 4 decode steps)."
+                 against float64 (defaults: 2 clients,\n4 sequences, 4 decode steps; token ids \
+                 from a base drawn per run, --token-base pins it;\n--scale: the reference's \
+                 softmax scale, by default the daemon's).",
+                USAGE
             );
             exit(0);
         }
@@ -63,11 +99,17 @@ fn parse_args() -> Args {
             "--clients" => a.clients = num(),
             "--seqs" => a.seqs = num(),
             "--decode" => a.decode = num(),
+            "--token-base" => a.token_base = Some(num()),
+            "--scale" => a.scale = Some(v.parse::<f64>().unwrap_or_else(|_| usage())),
             _ => usage(),
         }
     }
-    if !(1..=16).contains(&a.clients) || !(1..=16).contains(&a.seqs) {
-        eprintln!("clients and seqs: 1..16");
+    if !(1..=16).contains(&a.clients) || !(1..=16).contains(&a.seqs) || a.decode > 1000 {
+        eprintln!("clients and seqs: 1..16; decode: 0..1000");
+        exit(2);
+    }
+    if !a.scale.map_or(true, |s| s.is_finite() && s > 0.0) {
+        eprintln!("scale: a positive number");
         exit(2);
     }
     a
@@ -341,14 +383,25 @@ fn run_step(
     Ok(())
 }
 
-fn client(
-    mut s: Session,
-    id: u32,
+/// What every client thread runs with.
+#[derive(Clone, Copy)]
+struct Run {
     n_seqs: u32,
     decode: u32,
+    /// token ids are base + offset (wrapping)
+    base: u32,
     scale: f64,
     softcap: f64,
-) -> Result<Report, String> {
+}
+
+fn client(mut s: Session, id: u32, run: Run) -> Result<Report, String> {
+    let Run {
+        n_seqs,
+        decode,
+        base,
+        scale,
+        softcap,
+    } = run;
     let m = *s.model();
     let mut chk = Check {
         dt: m.dtype,
@@ -360,14 +413,15 @@ fn client(
     };
     let mut seed = splitmix(0xc11e47 + id as u64);
     let mut rep = Report::default();
-    let shared: Vec<u32> = SHARED.collect();
+    let tok = |offset: u32| base.wrapping_add(offset);
+    let shared: Vec<u32> = (0..SHARED).map(tok).collect();
     let mut seqs = Vec::new();
     let mut tracks = Vec::new();
     // the first sequence's prompt is written first: the others find its blocks cached
     for i in 0..n_seqs {
         let mut prompt = shared.clone();
         // and a question of its own: 4 + i tokens
-        prompt.extend((0..4 + i).map(|t| 50_000 + id * 1000 + i * 100 + t));
+        prompt.extend((0..4 + i).map(|t| tok(QUESTION + id * 1000 + i * 100 + t)));
         let (seq, cached) = s.seq_open(&prompt).map_err(|e| format!("open: {}", e))?;
         let mut t = Track::new(&m, &prompt);
         t.len = cached as usize;
@@ -394,7 +448,7 @@ fn client(
     tracks.push(child_track);
     for step in 0..decode {
         for (i, t) in tracks.iter_mut().enumerate() {
-            t.push(&m, 200_000 + id * 10_000 + step * 100 + i as u32);
+            t.push(&m, tok(DECODE + id * 100_000 + step * 20 + i as u32));
         }
         let refs: Vec<&Seq> = seqs.iter().collect();
         let mut all: Vec<&mut Track> = tracks.iter_mut().collect();
@@ -427,11 +481,12 @@ fn main() {
             exit(1);
         }
     };
-    let scale = if st.scale > 0.0 {
+    let daemon_scale = if st.scale > 0.0 {
         st.scale as f64
     } else {
         1.0 / (model.head_dim as f64).sqrt()
     };
+    let base = a.token_base.unwrap_or_else(draw_token_base);
     println!(
         "shared_prompt: libpat {} (binding {}), patd {} on {} at {}; model {} layers, {}/{} \
          heads, d={}, {:?}",
@@ -446,11 +501,30 @@ fn main() {
         model.head_dim,
         model.dtype
     );
+    println!(
+        "shared_prompt: token ids from base {} (--token-base {} repeats them); reference softmax \
+         scale {}{}",
+        base,
+        base,
+        a.scale.unwrap_or(daemon_scale),
+        if a.scale.is_some() {
+            format!(" (--scale; the daemon's is {})", daemon_scale)
+        } else {
+            " (the daemon's)".into()
+        }
+    );
+    let run = Run {
+        n_seqs: a.seqs,
+        decode: a.decode,
+        base,
+        scale: a.scale.unwrap_or(daemon_scale),
+        softcap: st.softcap as f64,
+    };
     let mut handles = Vec::new();
     for id in 0..a.clients {
         // staging rows for the largest step: the first prompt alone, or every other one with
         // none of it cached, or a decode step
-        let len = |i: u32| SHARED.len() as u32 + 4 + i;
+        let len = |i: u32| SHARED + 4 + i;
         let rows = len(0).max((1..a.seqs).map(len).sum()).max(a.seqs + 1);
         let mut o = Options::new(model, rows);
         o.socket = Some(sock.clone());
@@ -470,10 +544,7 @@ fn main() {
             }
         };
         // the session moves to the client's thread (Session: Send)
-        let (seqs, decode, cap) = (a.seqs, a.decode, st.softcap as f64);
-        handles.push(thread::spawn(move || {
-            client(s, id, seqs, decode, scale, cap)
-        }));
+        handles.push(thread::spawn(move || client(s, id, run)));
     }
     let mut ok = true;
     let mut total = Report::default();

@@ -22,8 +22,9 @@ pub enum Error {
     /// The loaded libpat cannot serve this binding: another major, or an older minor.
     Version { library: Version, binding: Version },
     /// An argument refused before it reached libpat (libpat's `-EINVAL` case): a sequence of
-    /// another session, lengths that do not add up, an element type the model's dtype is not,
-    /// a NUL byte in a path or label.
+    /// another session, lengths that do not add up, a step of no sequences, an element type
+    /// the model's dtype is not, a NUL byte in a path or label; or a call on a step a failed
+    /// attend aborted (the text names the attend's error).
     Invalid(String),
 }
 

@@ -5,7 +5,8 @@
 //! names the sequences and their new tokens and returns a [`Step`] guard; per layer the frontend
 //! writes Q, K and V of the new tokens into the staging buffers ([`Step::qkv`]), calls
 //! [`Step::attend`], and reads O ([`Step::o`]). [`Step::finish`] commits the step's KV; a guard
-//! dropped unfinished (an early return, a panic) aborts the step.
+//! dropped unfinished (an early return, a panic) aborts the step, and so does a failed attend
+//! (the guard refuses every later call).
 //!
 //! ```no_run
 //! use pat::{Dtype, Model, Options, Session};
@@ -26,7 +27,9 @@
 //! ```
 //!
 //! Threads: a [`Session`] is `Send` but not `Sync` (pat.h: a connection is used by one thread at
-//! a time; different connections are independent); a [`Seq`] is a plain id and is both.
+//! a time; different connections are independent). A [`Seq`] is `Send` and `Sync`: it owns one
+//! open sequence of its session (dropped, it is closed by that session's next call; another
+//! session refuses it).
 //! Errors: [`Error::Pat`] carries libpat's errno (positive, as `sys::ENOENT`) and its detail.
 //! Host sessions only for the staging slices; a GPU session (a daemon on the cuda backend) gets
 //! the raw device pointers ([`Session::raw_buffers`]) and [`Step::attend_async`].

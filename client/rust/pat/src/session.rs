@@ -4,7 +4,8 @@
 //! block it held). A [`Seq`] owns one open sequence: [`Session::seq_close`] consumes it, and a
 //! `Seq` dropped instead is queued and closed by its session's next call (a drop cannot reach
 //! the session, which a step may be holding). Calls that talk to the daemon take `&mut self`:
-//! libpat's calls are not reentrant per connection.
+//! libpat's calls are not reentrant per connection. A step whose end got no answer (libpat
+//! keeps it open) is remembered here and aborted before the next one begins.
 use std::ffi::CString;
 use std::os::raw::c_char;
 use std::path::PathBuf;
@@ -285,11 +286,21 @@ impl Drop for Seq {
 /// fn shared<T: Sync>() {}
 /// shared::<pat::Session>();
 /// ```
+///
+/// (rustdoc 1.63 checks only that it fails to compile, not the error code; the same lines with
+/// a `Sync` type do compile, so the failure is the session's:)
+///
+/// ```
+/// fn shared<T: Sync>() {}
+/// shared::<pat::Seq>();
+/// ```
 pub struct Session {
     c: NonNull<sys::pat_conn_t>,
     model: Model,
     bufs: sys::pat_buffers_t,
     dropped: Dropped,
+    /// a pat_step_end failed: libpat may hold the step open (its EBUSY to the next begin)
+    step_left_open: bool,
 }
 
 // pat.h: "a connection is used by one thread at a time (calls are not reentrant per
@@ -343,6 +354,7 @@ impl Session {
             // integers and pointers: all zeroes is a valid value
             bufs: unsafe { std::mem::zeroed() },
             dropped: Arc::new(Mutex::new(Vec::new())),
+            step_left_open: false,
         };
         let rc = unsafe { sys::pat_buffers(s.c.as_ptr(), &mut s.bufs) };
         if rc < 0 {
@@ -448,6 +460,36 @@ impl Session {
         }
     }
 
+    /// A step's `pat_step_end` returned `rc`. After a failure libpat may keep the step open
+    /// (no answer came: a timeout, a broken pipe) or not (the daemon's refusal): either way the
+    /// next [`Session::step`] aborts it first, which costs nothing where it is not open (ESRCH,
+    /// from libpat itself).
+    pub(crate) fn step_ended(&mut self, rc: i32) {
+        self.step_left_open = rc < 0 && rc != -(sys::ESRCH as i32);
+    }
+
+    /// Whether a step's end failed and the step may still be open (the next [`Session::step`]
+    /// aborts it first).
+    pub fn step_left_open(&self) -> bool {
+        self.step_left_open
+    }
+
+    /// Aborts a step whose end failed ([`Session::step_left_open`]); [`Session::step`] does it
+    /// first. Ok where none is open, or once the daemon answered the abort: its executor is done
+    /// with the staging buffers. Errors as `pat_step_end`'s (ETIMEDOUT, EPIPE: still open, try
+    /// again; ECONNRESET, ESTALE: the daemon is gone).
+    pub fn abort_open_step(&mut self) -> Result<()> {
+        if !self.step_left_open {
+            return Ok(());
+        }
+        let rc = unsafe { sys::pat_step_end(self.c.as_ptr(), 1, std::ptr::null_mut()) };
+        if rc < 0 && rc != -(sys::ESRCH as i32) {
+            return Err(self.err(rc));
+        }
+        self.step_left_open = false;
+        Ok(())
+    }
+
     fn seq(&self, id: u32) -> Seq {
         Seq {
             id,
@@ -540,7 +582,12 @@ impl Session {
     /// (the staging rows of the step, in the same order). Returns the step's guard, which holds
     /// the session until it is finished or dropped (aborted). The daemon's answer to the step
     /// (ENOSPC, ENOENT for an unknown sequence, ...) comes from the first [`Step::attend`].
+    /// A previous step left open is aborted first ([`Session::abort_open_step`]: its error is
+    /// returned where that fails). No sequences: Invalid.
     pub fn step(&mut self, seqs: &[&Seq], n_new: &[u32], tokens: &[u32]) -> Result<Step<'_>> {
+        if seqs.is_empty() {
+            return Err(Error::Invalid("a step of no sequences".into()));
+        }
         if seqs.len() != n_new.len() {
             return Err(Error::Invalid(format!(
                 "{} sequences, {} counts of new tokens",
@@ -562,6 +609,7 @@ impl Session {
             ids.push(s.id);
         }
         let n = len_u32(ids.len(), "sequences")?;
+        self.abort_open_step()?;
         self.reap();
         self.check(unsafe {
             sys::pat_step_begin(
@@ -581,6 +629,7 @@ impl std::fmt::Debug for Session {
         f.debug_struct("Session")
             .field("model", &self.model)
             .field("buffers", &self.buffers())
+            .field("step_left_open", &self.step_left_open)
             .finish_non_exhaustive()
     }
 }

@@ -1,8 +1,14 @@
 //! A step in flight: the guard [`Session::step`] returns. It borrows the session mutably, so
 //! nothing else talks to the daemon while it is open, and the staging slices it hands out live
 //! no longer than the borrow of the guard they came from: none is alive across
-//! [`Step::attend`], the only time the daemon touches the buffers. Dropping the guard without
-//! [`Step::finish`] ends the step with `pat_step_end(abort = 1)`: its KV is dropped.
+//! [`Step::attend`]. The daemon reads Q, K, V and writes O while an attend waits, and after a
+//! failed one (ETIMEDOUT: libpat gave up, the daemon did not) until the step ends: so a failed
+//! attend ends the step at once with `pat_step_end(abort = 1)`, whose answer comes only once
+//! the daemon's executor stopped, and the guard refuses every later call (Invalid). Where even
+//! that abort got no answer the step stays open: the session remembers it and its next
+//! [`Session::step`] tries the abort again first ([`Session::abort_open_step`]).
+//! Dropping the guard without [`Step::finish`] ends the step with `pat_step_end(abort = 1)`:
+//! its KV is dropped.
 use std::os::raw::c_void;
 
 use crate::elem::Element;
@@ -35,8 +41,16 @@ pub struct Step<'s> {
     s: &'s mut Session,
     rows: usize,
     next_layer: u32,
-    /// pat_step_end succeeded: nothing left for drop
-    ended: bool,
+    state: State,
+}
+
+enum State {
+    /// begun: drop aborts it
+    Open,
+    /// pat_step_end was called (a failure is the session's to retry): nothing left for drop
+    Ended,
+    /// an attend failed and the step was aborted: what every later call returns
+    Failed(Error),
 }
 
 enum Buf {
@@ -52,8 +66,30 @@ impl<'s> Step<'s> {
             s,
             rows,
             next_layer: 0,
-            ended: false,
+            state: State::Open,
         }
+    }
+
+    /// Ok while the step is open; the refusal once a failed attend aborted it.
+    fn usable(&self) -> Result<()> {
+        match &self.state {
+            State::Open => Ok(()),
+            State::Failed(e) => Err(e.clone()),
+            State::Ended => Err(Error::Invalid("the step has ended".into())),
+        }
+    }
+
+    /// An attend of `layer` returned `rc`: ends the step now (the daemon may still be reading Q,
+    /// K, V and writing O) and refuses the guard's later calls. Returns the attend's error.
+    fn attend_failed(&mut self, layer: u32, rc: i32) -> Error {
+        let e = self.s.err(rc); // before the abort replaces the connection's detail
+        let end = unsafe { sys::pat_step_end(self.s.raw(), 1, std::ptr::null_mut()) };
+        self.s.step_ended(end);
+        self.state = State::Failed(Error::Invalid(format!(
+            "the step was aborted after attend({}) failed ({})",
+            layer, e
+        )));
+        e
     }
 
     /// The step's staging rows: its new tokens, in the order given to [`Session::step`].
@@ -69,6 +105,7 @@ impl<'s> Step<'s> {
     /// Where buffer `b`'s rows of this step are, and how many elements of type T they hold:
     /// [rows][heads][head_dim]. Host sessions only, and T must be what the model's dtype is.
     fn span<T: Element>(&self, b: Buf) -> Result<(*mut T, usize)> {
+        self.usable()?;
         let m = self.s.model();
         let raw = self.s.raw_buffers();
         if raw.on_gpu != 0 {
@@ -125,23 +162,30 @@ impl<'s> Step<'s> {
 
     /// Hands over `layer` (Q, K, V written) and waits for its O. Layers go 0, 1, ... in order.
     /// Errors: the daemon's answer to the step (ENOSPC, EDQUOT, ENOENT, ...), ETIMEDOUT,
-    /// ECANCELED if the daemon aborted the step, ESHUTDOWN, ECONNRESET.
+    /// ECANCELED if the daemon aborted the step, ESHUTDOWN, ECONNRESET, EINVAL for a layer out
+    /// of order. Any error ends the step (aborted): later calls of the guard return Invalid.
     pub fn attend(&mut self, layer: u32) -> Result<()> {
-        self.s
-            .check(unsafe { sys::pat_attend(self.s.raw(), layer) })?;
+        self.usable()?;
+        let rc = unsafe { sys::pat_attend(self.s.raw(), layer) };
+        if rc < 0 {
+            return Err(self.attend_failed(layer, rc));
+        }
         self.next_layer = layer + 1;
         Ok(())
     }
 
     /// GPU sessions: enqueues the hand-off of `layer` on `stream` and returns at once (pat.h's
-    /// `pat_attend_async`).
+    /// `pat_attend_async`). An error ends the step, as [`Step::attend`]'s does.
     ///
     /// # Safety
     /// `stream` must be a CUDA stream of the daemon's GPU that outlives the work, or null (the
     /// legacy default stream).
     pub unsafe fn attend_async(&mut self, layer: u32, stream: *mut c_void) -> Result<()> {
-        self.s
-            .check(sys::pat_attend_async(self.s.raw(), layer, stream))?;
+        self.usable()?;
+        let rc = sys::pat_attend_async(self.s.raw(), layer, stream);
+        if rc < 0 {
+            return Err(self.attend_failed(layer, rc));
+        }
         self.next_layer = layer + 1;
         Ok(())
     }
@@ -151,17 +195,20 @@ impl<'s> Step<'s> {
     /// # Safety
     /// As [`Step::attend_async`].
     pub unsafe fn replayed(&mut self, stream: *mut c_void) -> Result<()> {
+        self.usable()?;
         self.s
             .check(sys::pat_step_replayed(self.s.raw(), stream))
             .map(drop)
     }
 
     fn end(mut self, abort: bool) -> Result<StepInfo> {
+        self.usable()?;
         let mut info: sys::pat_step_info_t = unsafe { std::mem::zeroed() };
         let rc = unsafe { sys::pat_step_end(self.s.raw(), abort as i32, &mut info) };
-        // after a failed end, drop aborts once more: libpat answers ESRCH where nothing is open
-        self.ended = rc >= 0;
-        self.s.check(rc)?;
+        self.state = State::Ended;
+        let r = self.s.check(rc);
+        self.s.step_ended(rc);
+        r?;
         Ok(StepInfo {
             step: info.step,
             n_tokens: info.n_tokens,
@@ -177,12 +224,14 @@ impl<'s> Step<'s> {
     }
 
     /// Ends the step: commits its KV when every layer ran (a step whose layers did not all run
-    /// is dropped and reported as ECANCELED).
+    /// is dropped and reported as ECANCELED). Where no answer came (ETIMEDOUT, EPIPE) the step
+    /// may still be open: the session's next [`Session::step`] aborts it first.
     pub fn finish(self) -> Result<StepInfo> {
         self.end(false)
     }
 
-    /// Ends the step, dropping its KV.
+    /// Ends the step, dropping its KV. After a failed attend the step is aborted already:
+    /// Invalid, as every call.
     pub fn abort(self) -> Result<StepInfo> {
         self.end(true)
     }
@@ -193,14 +242,16 @@ impl std::fmt::Debug for Step<'_> {
         f.debug_struct("Step")
             .field("rows", &self.rows)
             .field("next_layer", &self.next_layer)
+            .field("aborted", &matches!(self.state, State::Failed(_)))
             .finish_non_exhaustive()
     }
 }
 
 impl Drop for Step<'_> {
     fn drop(&mut self) {
-        if !self.ended {
-            unsafe { sys::pat_step_end(self.s.raw(), 1, std::ptr::null_mut()) };
+        if let State::Open = self.state {
+            let rc = unsafe { sys::pat_step_end(self.s.raw(), 1, std::ptr::null_mut()) };
+            self.s.step_ended(rc);
         }
     }
 }
