@@ -92,6 +92,12 @@ type Conn struct {
 	model Model
 	info  Info
 	st    staging
+
+	// the session's step, moved by step.go only
+	step     uint64 // the gen of the Step whose step libpat may hold open; 0: none
+	stepLeft bool   // an end of it got no answer: Begin ends it first
+	dropped  uint64 // atomic: the highest gen of a Step the garbage collector found
+	gens     uint64 // Steps begun
 }
 
 // Connect opens a session and maps its staging buffers. On failure the Error carries the

@@ -5,7 +5,9 @@
 // their prompts, and runs steps: Begin names the sequences and their new tokens, and for
 // every layer the frontend writes Q, K and V of the new tokens into the staging buffers
 // (Put) and calls Attend, which returns once O of that layer is in the O buffer (Get).
-// End commits the step's KV; a step that failed, or was closed without End, is aborted.
+// End commits the step's KV; a step that failed, or was closed without End, is aborted (see
+// Step for an abort that gets no answer). Close every Conn: it has no finalizer (Raw's slices
+// point into the memory its Close unmaps).
 //
 //	c, err := pat.Connect(pat.Options{Model: model, MaxBatchTokens: 512})
 //	seq, err := c.OpenSeq(prompt)
@@ -37,16 +39,23 @@ package pat
 #include <string.h>
 #include "pat.h"
 
-// pat_default_socket's text is in a thread's own buffer: copied before the goroutine can move
-static char *go_default_socket(void)
+// a copy (malloc'd, NULL when out of memory) made on the calling thread: the texts below may
+// live in a thread's own buffer, and a goroutine can move threads between cgo calls
+static char *go_dup(const char *s)
 {
-    const char *s = pat_default_socket();
     size_t n = strlen(s) + 1;
     char *p = malloc(n);
     if (p)
         memcpy(p, s, n);
     return p;
 }
+
+// pat_default_socket's buffer is per thread
+static char *go_default_socket(void) { return go_dup(pat_default_socket()); }
+
+// pat_strerror of a code it does not name is glibc's strerror, which writes the text of an
+// unknown errno into a per-thread buffer
+static char *go_strerror(int rc) { return go_dup(pat_strerror(rc)); }
 */
 import "C"
 
@@ -87,7 +96,9 @@ func (e *Error) Unwrap() error { return e.Errno }
 
 // newError builds the Error of rc (a negative errno) with the daemon's detail.
 func newError(op string, rc C.int, detail string) *Error {
-	msg := C.GoString(C.pat_strerror(rc))
+	p := C.go_strerror(rc)
+	defer C.free(unsafe.Pointer(p))
+	msg := C.GoString(p) // "" when out of memory
 	if detail != "" {
 		msg += ": " + detail
 	}

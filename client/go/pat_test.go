@@ -3,9 +3,12 @@ package pat_test
 // Tests of the binding against a real patd on the cpu backend, whose control socket is
 // $PATD_SOCKET; tests/integ/test_go.sh starts it as
 //   patd --backend=cpu --layers=2 --q-heads=4 --kv-heads=2 --conn-max-seqs=8 --staging-mb=4
-// (head_dim 64, f16), and runs them with GODEBUG=cgocheck=2.
+// (head_dim 64, f16), and runs them with GODEBUG=cgocheck=2. TestStepLeftOpen stops the daemon
+// (SIGSTOP) for a moment; TestForeignKV leaves KV in its prefix cache that the example, run
+// after these tests, must not read.
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -13,6 +16,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -286,7 +290,9 @@ func TestRefusals(t *testing.T) {
 	if !strings.Contains(pe.Msg, "limits.staging_mb") {
 		t.Errorf("Msg %q does not name limits.staging_mb", pe.Msg)
 	}
-	connect(t, pat.Options{KVDtype: pat.F16}).Ping() // its pool holds model.dtype
+	if err := connect(t, pat.Options{KVDtype: pat.F16}).Ping(); err != nil { // its pool: f16
+		t.Fatal(err)
+	}
 	_, err = pat.Connect(pat.Options{Socket: sock, Model: model, MaxBatchTokens: 16,
 		KVDtype: pat.FP8E4M3})
 	wantErrno(t, err, "connect", syscall.EMEDIUMTYPE)
@@ -302,7 +308,7 @@ func TestPrefillDecodeChecked(t *testing.T) {
 	if n := len(c.Raw(pat.Q)); n != 128*4*64*2 {
 		t.Fatalf("Raw(Q) is %d bytes", n)
 	}
-	ref := attnref.New(model, 0)
+	ref := attnref.New(model, 0, 0)
 	rng := rand.New(rand.NewSource(5))
 	// two prompts sharing their first 32 tokens (two blocks), one in a block of its own
 	base := fresh()
@@ -379,7 +385,7 @@ func TestUnknownSequence(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := open(t, c, []uint32{1, 2, 3}) // the session steps on
-	if _, worst, err := checkedStep(c, attnref.New(model, 0), []*tseq{s},
+	if _, worst, err := checkedStep(c, attnref.New(model, 0, 0), []*tseq{s},
 		nil, rand.New(rand.NewSource(1))); err != nil || worst > 1 {
 		t.Fatalf("%v, worst %.2f", err, worst)
 	}
@@ -388,7 +394,7 @@ func TestUnknownSequence(t *testing.T) {
 func TestStepAbort(t *testing.T) {
 	c := connect(t, pat.Options{})
 	s := open(t, c, seqRange(fresh(), 20))
-	ref, rng := attnref.New(model, 0), rand.New(rand.NewSource(2))
+	ref, rng := attnref.New(model, 0, 0), rand.New(rand.NewSource(2))
 	if _, _, err := checkedStep(c, ref, []*tseq{s}, nil, rng); err != nil {
 		t.Fatal(err)
 	}
@@ -505,7 +511,7 @@ func TestPrefixCacheAndPending(t *testing.T) {
 	if s.s.Cached != 0 {
 		t.Fatalf("cached %d", s.s.Cached)
 	}
-	if _, _, err := checkedStep(a, attnref.New(model, 0), []*tseq{s}, nil,
+	if _, _, err := checkedStep(a, attnref.New(model, 0, 0), []*tseq{s}, nil,
 		rand.New(rand.NewSource(3))); err != nil {
 		t.Fatal(err)
 	}
@@ -526,13 +532,45 @@ func TestPrefixCacheAndPending(t *testing.T) {
 		t.Fatalf("%+v %v", y, err)
 	}
 	y.Close()
-	if _, _, err := checkedStep(a, attnref.New(model, 0), []*tseq{{s: x, toks: twin}}, nil,
+	if _, _, err := checkedStep(a, attnref.New(model, 0, 0), []*tseq{{s: x, toks: twin}}, nil,
 		rand.New(rand.NewSource(4))); err != nil {
 		t.Fatal(err)
 	}
 	y, err = b.OpenSeqPending(twin) // written now: cached
 	if err != nil || y.Cached != 32 || y.Pending != 0 {
 		t.Fatalf("%+v %v", y, err)
+	}
+}
+
+// The prefix cache serves a prompt's blocks with the KV of whoever wrote them first: a
+// frontend whose KV for the same token ids differs gets O over the cached KV, not its own.
+// The ids are those the Rust example's and the Go example's fixed prompts once were (1000,
+// 1001, ...): the daemon keeps another frontend's KV for them after this test, which the
+// example run after it by test_go.sh must not read (its token ids are its own).
+func TestForeignKV(t *testing.T) {
+	prompt := seqRange(1000, 112) // seven blocks
+	first := attnref.New(model, 0, 0).Salted(1)
+	c := connect(t, pat.Options{})
+	a := open(t, c, prompt)
+	if _, worst, err := checkedStep(c, first, []*tseq{a}, nil, rand.New(rand.NewSource(7))); err != nil || worst > 1 {
+		t.Fatalf("the writer: %v, worst %.2f", err, worst)
+	}
+	a.s.Close()
+	own := attnref.New(model, 0, 0)
+	for _, w := range []struct {
+		ref      *attnref.Ref
+		mismatch bool
+	}{{own, true}, {first, false}} {
+		b := open(t, c, prompt)
+		if b.s.Cached != 96 {
+			t.Fatalf("cached %d, want 96", b.s.Cached)
+		}
+		_, worst, err := checkedStep(c, w.ref, []*tseq{b}, nil, rand.New(rand.NewSource(8)))
+		if err != nil || (worst > 1) != w.mismatch {
+			t.Fatalf("%v: worst %.2f of the tolerance against %s KV", err, worst,
+				map[bool]string{true: "its own", false: "the writer's"}[w.mismatch])
+		}
+		b.s.Close()
 	}
 }
 
@@ -596,7 +634,7 @@ func TestGoroutines(t *testing.T) {
 		wg.Add(1)
 		go func(g int) {
 			defer wg.Done()
-			ref, rng := attnref.New(model, 0), rand.New(rand.NewSource(int64(10+g)))
+			ref, rng := attnref.New(model, 0, 0), rand.New(rand.NewSource(int64(10+g)))
 			prompt := seqRange(base+uint32(100*g), 30)
 			s, err := c.OpenSeq(prompt)
 			if err != nil {
@@ -629,4 +667,133 @@ func TestGoroutines(t *testing.T) {
 		t.Fatalf("%d sequences opened", n)
 	}
 	poolCheck(t)
+}
+
+// writeRows fills Q, K and V of rows [0, n) with small values (the tests below only need the
+// daemon to have work).
+func writeRows(t *testing.T, c *pat.Conn, n int) {
+	t.Helper()
+	for _, b := range []pat.Buffer{pat.Q, pat.K, pat.V} {
+		x := make([]float32, c.RowLen(b))
+		for i := range x {
+			x[i] = 0.25
+		}
+		for r := 0; r < n; r++ {
+			if err := c.Put(b, r, x); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// waitStopped waits until every thread of process pid is stopped: SIGSTOP reaches a thread
+// that is running a moment after kill returns.
+func waitStopped(t *testing.T, pid int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		stats, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+		stopped := err == nil && len(stats) > 0
+		for _, p := range stats {
+			b, err := os.ReadFile(p)
+			i := bytes.LastIndexByte(b, ')') // the state follows the command name
+			if err != nil || i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
+				stopped = false
+				break
+			}
+		}
+		if stopped {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("patd (pid %d) did not stop", pid)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// A step whose abort gets no answer (the daemon stopped): libpat keeps it open, Close tries the
+// abort again, and once the daemon answers the next Begin ends it first and steps on.
+func TestStepLeftOpen(t *testing.T) {
+	c := connect(t, pat.Options{TimeoutMs: 400})
+	s := open(t, c, seqRange(fresh(), 20))
+	step, err := c.Begin(pat.Feed{Seq: s.s, Tokens: s.toks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeRows(t, c, 20)
+	if err := step.Attend(0); err != nil { // collects the step's answer
+		t.Fatal(err)
+	}
+	pid := int(status(t).Pid)
+	cont := func() {
+		if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+			t.Error(err)
+		}
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer cont()
+	waitStopped(t, pid)
+	wantErrno(t, step.Attend(1), "attend", syscall.ETIMEDOUT) // and its abort: no answer
+	wantErrno(t, step.Close(), "step_abort", syscall.ETIMEDOUT)
+	wantErrno(t, step.Attend(1), "attend", syscall.ESRCH) // only ending it is left
+	cont()
+	// the next step ends the one left open first
+	ref, rng := attnref.New(model, 0, 0), rand.New(rand.NewSource(6))
+	if _, worst, err := checkedStep(c, ref, []*tseq{s}, nil, rng); err != nil || worst > 1 {
+		t.Fatalf("%v, worst %.2f", err, worst)
+	}
+	if err := step.Close(); err != nil { // not its step any more
+		t.Fatal(err)
+	}
+	wantErrno(t, s.s.Truncate(21), "seq_truncate", syscall.ERANGE) // the aborted step left no KV
+	if err := s.s.Truncate(20); err != nil {
+		t.Fatal(err)
+	}
+	poolCheck(t)
+}
+
+// Conn.AbortStep ends the session's open step whoever holds it; a Step dropped without End or
+// Close is ended by the next Begin once the garbage collector has found it.
+func TestStepAbandoned(t *testing.T) {
+	c := connect(t, pat.Options{})
+	s := open(t, c, []uint32{1, 2, 3})
+	feed := pat.Feed{Seq: s.s, Tokens: s.toks}
+	step, err := c.Begin(feed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if step.Rows() != 3 {
+		t.Fatalf("%d rows", step.Rows())
+	}
+	_, err = c.Begin(feed) // a step held by its Step is not taken away
+	wantErrno(t, err, "step_begin", syscall.EBUSY)
+	if err := c.AbortStep(); err != nil {
+		t.Fatal(err)
+	}
+	wantErrno(t, step.Attend(0), "attend", syscall.ESRCH)
+	if err := c.AbortStep(); err != nil { // none open: nothing to do
+		t.Fatal(err)
+	}
+	func() {
+		if _, err := c.Begin(feed); err != nil { // dropped at once
+			t.Fatal(err)
+		}
+	}()
+	for i := 0; ; i++ {
+		runtime.GC()
+		step, err = c.Begin(feed)
+		if err == nil {
+			break
+		}
+		wantErrno(t, err, "step_begin", syscall.EBUSY)
+		if i == 100 {
+			t.Fatal("the dropped step is still open")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := step.Abort(); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -4,14 +4,23 @@
 // over every layer, checking every O row against a float64 reference. It prints one result
 // line and exits 1 on a mismatch, 2 on an error.
 //
-//	patexample [-socket PATH] [-layers 4 -q-heads 8 -kv-heads 2 -head-dim 64 -dtype f16]
-//	           [-seqs 4 -prompt 100 -decode 3 -scale S]
+//	patexample [-socket PATH] [-seqs 4 -prompt 100 -decode 3] [-token-base N]
+//	           [-scale S] [-softcap C]
 //
-// The model flags must match the daemon's (patd's defaults are the flags' defaults). K and
-// V stand in for a model's: a function of (layer, position, token id), so sequences sharing
+// The model signature, softmax scale and logit soft cap are the daemon's (GetStatus). K and V
+// stand in for a model's: a function of (layer, position, token id), so sequences sharing
 // prompt blocks share their KV as the prefix cache assumes; Q is random. A row passes when
 // every element is within the dtype's rounding of O plus the daemon's float32 arithmetic
-// (attnref.Tol); -scale other than the daemon's softmax scale makes the check fail.
+// (attnref.Tol); -scale or -softcap other than the daemon's makes the check fail.
+//
+// The check assumes that the cached prompt blocks hold this stand-in KV. patd's prefix cache
+// serves a prompt's blocks to every session of the same model and prefix scope (the same user,
+// unless pool.prefix_scope = all) that sends the same token ids, with the KV of whoever wrote
+// them first: another frontend on the daemon that used these ids (the Rust example, a test, a
+// real model) would make the check fail. So every token id of a run is its token base plus an
+// offset under 2^30, the base drawn per run from the pid and the time in [2e9, 3e9), a range
+// of this example's own (the Rust example's lies below it), and printed; -token-base pins it
+// (a run with the base of an earlier one finds its own KV cached, which checks the same).
 package main
 
 import (
@@ -21,6 +30,7 @@ import (
 	"math"
 	"math/rand"
 	"os"
+	"time"
 
 	"patd.dev/pat"
 	"patd.dev/pat/internal/attnref"
@@ -39,6 +49,13 @@ type frontend struct {
 	rng   *rand.Rand
 	rows  int     // O rows checked
 	worst float64 // the largest |O - ref| / tolerance seen
+	next  uint32  // the next fresh token id (past the prompt)
+}
+
+// token is a token id no other of the run's sequences has.
+func (f *frontend) token() uint32 {
+	f.next++
+	return f.next - 1
 }
 
 // step feeds every request its uncommitted tokens: per layer it writes each row's Q, K and
@@ -98,17 +115,28 @@ func (f *frontend) step(reqs []*request) (pat.StepInfo, error) {
 	return info, nil
 }
 
+// Where a drawn token base lies, and the most token ids past it a run uses.
+const (
+	tokenBaseLo   = 2_000_000_000
+	tokenBaseSpan = 1_000_000_000
+	tokenWindow   = 1 << 30
+)
+
+// drawTokenBase is a token base of this run's own, from the pid and the time.
+func drawTokenBase() uint32 {
+	x := uint64(time.Now().UnixNano()) ^ uint64(os.Getpid())<<40
+	x = (x ^ x>>31) * 0x9e3779b97f4a7c15 // spread the low bits that differ between runs
+	return tokenBaseLo + uint32((x>>32)%tokenBaseSpan)
+}
+
 func main() {
 	socket := flag.String("socket", "", "patd's control socket (default: $PATD_SOCKET, else libpat's default)")
-	layers := flag.Uint("layers", 4, "model: layers")
-	qHeads := flag.Uint("q-heads", 8, "model: query heads")
-	kvHeads := flag.Uint("kv-heads", 2, "model: KV heads")
-	headDim := flag.Uint("head-dim", 64, "model: head dimension")
-	dtype := flag.String("dtype", "f16", "model: f16 | bf16 | f32")
 	nSeqs := flag.Int("seqs", 4, "sequences over the shared prompt")
 	promptLen := flag.Int("prompt", 100, "shared prompt tokens")
 	decode := flag.Int("decode", 3, "decode steps")
-	scale := flag.Float64("scale", 0, "softmax scale of the reference (0: 1/sqrt(head-dim), patd's default)")
+	tokenBase := flag.Uint64("token-base", 0, "first prompt token id (0: drawn per run in [2e9, 3e9))")
+	scale := flag.Float64("scale", 0, "softmax scale of the reference (0: the daemon's)")
+	softcap := flag.Float64("softcap", -1, "logit soft cap of the reference (0: off; -1: the daemon's)")
 	version := flag.Bool("version", false, "print the binding's and the loaded libpat's versions, and exit")
 	flag.Parse()
 	if *version {
@@ -119,36 +147,66 @@ func main() {
 		}
 		return
 	}
-	dt := map[string]uint32{"f16": pat.F16, "bf16": pat.BF16, "f32": pat.F32}[*dtype]
-	if dt == 0 || *nSeqs < 1 || *promptLen < 1 || *decode < 0 {
+	const suffix = 8 // each request's own tokens after the shared prompt
+	// ids past the base: the prompt, the suffixes, the decode steps' tokens
+	window := uint64(*promptLen) + uint64(*nSeqs)*suffix + uint64(*decode)*uint64(*nSeqs+1)
+	if *nSeqs < 1 || *nSeqs > 1<<16 || *promptLen < 1 || *promptLen > 1<<24 || *decode < 0 ||
+		*decode > 1<<16 || window > tokenWindow || *tokenBase+window > math.MaxUint32 ||
+		*scale < 0 || (*softcap < 0 && *softcap != -1) {
 		flag.Usage()
 		os.Exit(2)
 	}
-	model := pat.Model{Layers: uint32(*layers), QHeads: uint32(*qHeads),
-		KVHeads: uint32(*kvHeads), HeadDim: uint32(*headDim), Dtype: dt}
-	const suffix = 8 // each request's own tokens after the shared prompt
-	c, err := pat.Connect(pat.Options{Socket: *socket, Label: "go-example", Model: model,
-		MaxBatchTokens: uint32(*promptLen + suffix*(*nSeqs)), MaxSeqs: uint32(*nSeqs + 1)})
+	base := uint32(*tokenBase)
+	if base == 0 {
+		base = drawTokenBase()
+	}
+	st, err := pat.GetStatus(*socket, 0)
+	if err != nil {
+		fail(err)
+	}
+	if *scale == 0 {
+		*scale = float64(st.Scale) // 0 from a daemon that does not say: 1/sqrt(head_dim)
+	}
+	if *softcap == -1 {
+		*softcap = float64(st.Softcap)
+	}
+	// rows: the first request's prefill, the followers' (their whole prompt where little is
+	// cached), a decode step's one per request and the fork
+	rows := uint64(*promptLen + suffix)
+	if r := uint64(*nSeqs-1) * uint64(*promptLen+suffix); r > rows {
+		rows = r
+	}
+	if uint64(*nSeqs+1) > rows {
+		rows = uint64(*nSeqs + 1)
+	}
+	if rows > math.MaxUint32 {
+		fail(fmt.Errorf("%d sequences over a %d-token prompt need %d staging rows", *nSeqs,
+			*promptLen, rows))
+	}
+	// KVDtype: the reference holds K and V as the model's dtype, not an fp8 pool's
+	c, err := pat.Connect(pat.Options{Socket: *socket, Label: "go-example", Model: st.Model,
+		MaxBatchTokens: uint32(rows), MaxSeqs: uint32(*nSeqs + 1), KVDtype: st.Model.Dtype})
 	if err != nil {
 		fail(err)
 	}
 	defer c.Close()
-	f := &frontend{c: c, ref: attnref.New(model, *scale), rng: rand.New(rand.NewSource(1))}
-	if err := run(f, *nSeqs, *promptLen, suffix, *decode); err != nil {
+	f := &frontend{c: c, ref: attnref.New(c.Model(), *scale, *softcap),
+		rng: rand.New(rand.NewSource(1)), next: base + uint32(*promptLen)}
+	if err := run(f, *nSeqs, *promptLen, suffix, *decode, base); err != nil {
 		c.Close()
 		fail(err)
 	}
 }
 
-func run(f *frontend, nSeqs, promptLen, suffix, decode int) error {
+func run(f *frontend, nSeqs, promptLen, suffix, decode int, base uint32) error {
 	reqs := make([]*request, nSeqs)
 	open := func(i int) error {
 		toks := make([]uint32, 0, promptLen+suffix)
 		for t := 0; t < promptLen; t++ {
-			toks = append(toks, uint32(1000+t))
+			toks = append(toks, base+uint32(t))
 		}
 		for t := 0; t < suffix; t++ {
-			toks = append(toks, uint32(100000+1000*i+t))
+			toks = append(toks, f.token())
 		}
 		s, err := f.c.OpenSeq(toks)
 		if err != nil {
@@ -185,8 +243,8 @@ func run(f *frontend, nSeqs, promptLen, suffix, decode int) error {
 		done: reqs[0].done})
 	var kv, qc uint64
 	for d := 0; d < decode; d++ {
-		for i, r := range reqs {
-			r.toks = append(r.toks, uint32(500000+1000*i+d))
+		for _, r := range reqs {
+			r.toks = append(r.toks, f.token())
 		}
 		info, err := f.step(reqs)
 		if err != nil {
@@ -204,11 +262,12 @@ func run(f *frontend, nSeqs, promptLen, suffix, decode int) error {
 	if f.worst > 1 {
 		verdict = "MISMATCH"
 	}
-	fmt.Printf("patexample: %d sequences over a %d-token prompt (%d of the followers' prompt "+
-		"tokens cached), %d decode steps, %d layers: %d O rows x %d heads checked, worst "+
-		"|O - ref| %.3f of the tolerance (%.3g |ref| + %g); decode read %d KV bytes "+
-		"(query-centric %d): %s\n", len(reqs), promptLen, cached, decode, m.Layers, f.rows,
-		m.QHeads, f.worst, pat.UnitRoundoff(m.Dtype), attnref.FP32Floor, kv, qc, verdict)
+	fmt.Printf("patexample: %d sequences over a %d-token prompt from token %d (%d of the "+
+		"followers' prompt tokens cached), %d decode steps, %d layers: %d O rows x %d heads "+
+		"checked, worst |O - ref| %.3f of the tolerance (%.3g |ref| + %g); decode read %d KV "+
+		"bytes (query-centric %d): %s\n", len(reqs), promptLen, base, cached, decode,
+		m.Layers, f.rows, m.QHeads, f.worst, pat.UnitRoundoff(m.Dtype), attnref.FP32Floor, kv,
+		qc, verdict)
 	if f.worst > 1 {
 		f.c.Close()
 		os.Exit(1)

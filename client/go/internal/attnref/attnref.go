@@ -21,20 +21,31 @@ type kvKey struct{ layer, pos, tok uint32 }
 
 // Ref is the reference for one model signature.
 type Ref struct {
-	m     pat.Model
-	scale float64
-	kv    map[kvKey][2][]float32
+	m       pat.Model
+	scale   float64
+	softcap float64
+	salt    uint64
+	kv      map[kvKey][2][]float32
 }
 
-// New is the reference of model m with softmax scale (0: 1/sqrt(head_dim), patd's default).
-func New(m pat.Model, scale float64) *Ref {
+// New is the reference of model m with softmax scale (0: 1/sqrt(head_dim), patd's default)
+// and logit soft cap (0: off), as patd's model.scale and model.softcap (GetStatus reports
+// both).
+func New(m pat.Model, scale, softcap float64) *Ref {
 	if m.Dtype == 0 {
 		m.Dtype = pat.F16
 	}
 	if scale == 0 {
 		scale = 1 / math.Sqrt(float64(m.HeadDim))
 	}
-	return &Ref{m: m, scale: scale, kv: map[kvKey][2][]float32{}}
+	return &Ref{m: m, scale: scale, softcap: softcap, kv: map[kvKey][2][]float32{}}
+}
+
+// Salted is r with another stand-in model: its KV for the same tokens differs, as another
+// frontend's would.
+func (r *Ref) Salted(salt uint64) *Ref {
+	return &Ref{m: r.m, scale: r.scale, softcap: r.softcap, salt: salt,
+		kv: map[kvKey][2][]float32{}}
 }
 
 // mix is splitmix64's finalizer: a well-spread 64-bit hash of x.
@@ -53,7 +64,7 @@ func (r *Ref) KV(layer, pos, tok uint32) (k, v []float32) {
 		return e[0], e[1]
 	}
 	n := int(r.m.KVHeads * r.m.HeadDim)
-	s := mix(mix(mix(uint64(layer))^uint64(pos)) ^ uint64(tok))
+	s := mix(mix(mix(r.salt^uint64(layer))^uint64(pos)) ^ uint64(tok))
 	k, v = make([]float32, n), make([]float32, n)
 	for _, row := range [2][]float32{k, v} {
 		for i := range row {
@@ -73,8 +84,9 @@ func (r *Ref) Rand(rng *rand.Rand, x []float32) {
 }
 
 // Out is O of query row q (QHeads x HeadDim) of the token at position pos of a sequence
-// whose tokens are toks: per head, softmax(scale * q . K[0..pos]) V[0..pos] in float64,
-// each query head over KV head h / (QHeads / KVHeads).
+// whose tokens are toks: per head, softmax(cap(scale * q . K[0..pos])) V[0..pos] in float64,
+// each query head over KV head h / (QHeads / KVHeads); cap(s) is softcap * tanh(s / softcap),
+// or s when softcap is 0.
 func (r *Ref) Out(layer uint32, toks []uint32, pos int, q []float32) []float64 {
 	d, group := int(r.m.HeadDim), int(r.m.QHeads/r.m.KVHeads)
 	out := make([]float64, len(q))
@@ -89,6 +101,9 @@ func (r *Ref) Out(layer uint32, toks []uint32, pos int, q []float32) []float64 {
 				dot += float64(qx) * float64(k[kvo+x])
 			}
 			s[j] = dot * r.scale
+			if r.softcap > 0 {
+				s[j] = r.softcap * math.Tanh(s[j]/r.softcap)
+			}
 			mx = math.Max(mx, s[j])
 		}
 		sum := 0.0
