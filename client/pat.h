@@ -260,7 +260,10 @@ PAT_API int pat_step_replayed(pat_conn_t *c, void *stream);
 PAT_API uint64_t pat_gpu_epoch(const pat_conn_t *c);
 
 /* Ends the step: commits its KV when every layer ran, or drops it when abort != 0 (a step
- * whose layers did not all run is always dropped and reported as -ECANCELED unless abort). */
+ * whose layers did not all run is always dropped and reported as -ECANCELED unless abort).
+ * -ETIMEDOUT (no answer, to this or to the step's STEP_BEGIN, which a host session's daemon
+ * gives once an executor takes the step): the step stays open, the call may be repeated; until
+ * it ends, other requests of the session return -ETIMEDOUT without being sent. */
 PAT_API int pat_step_end(pat_conn_t *c, int abort, pat_step_info_t *ret_info);
 PAT_API int pat_stats(const pat_conn_t *c, pat_conn_stats_t *ret);
 

@@ -317,6 +317,8 @@ int pat__call(pat_conn_t *c, uint32_t op, const void *body, size_t len, const vo
     int rc = pat__collect_pending(c);
     if (rc == -ECONNRESET)
         return rc;
+    if (c->step_state == ST_SENT)
+        return rc; /* STEP_BEGIN's answer still owed (its text in c->err): pat_step_end() first */
     ipc_frame_start(&c->tx, op, 0, ++c->corr, c->session);
     if (c->session)
         ipc_frame_set_key(&c->tx, c->hello.key);

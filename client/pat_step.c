@@ -37,6 +37,12 @@ int pat__collect_pending(pat_conn_t *c)
         free(msg);
     } else if (rc == -ETIMEDOUT) {
         pat__set_err(c, "no answer to STEP_BEGIN within %u ms", c->timeout_ms);
+        /* a host step the daemon has queued behind busy executors: it begins later, and its
+         * answer is still owed. The step stays pending, so that pat_step_end() collects the
+         * answer and ends the step the daemon holds (else the session's next STEP_BEGIN met
+         * EBUSY until the daemon's step timeout) */
+        if (!c->gpu)
+            return rc;
     }
     if (rc < 0) {
         c->step_state = ST_FAILED;

@@ -6,6 +6,8 @@
  *     drains and exits 0;
  *   - patd killed and restarted: the client library reports the loss and reconnects;
  *   - a lease that expires, a step that times out, a pool and a connection table that run out;
+ *   - a step begun while the one executor is busy, answered after the client's timeout: libpat
+ *     ends it, and the session's next step runs at once;
  *   - sessions that begin a step and never hand a layer over, as many as there are executors
  *     and twice as many: a bystander's checked steps go on at (nearly) its unhindered rate;
  *   - a client that tries to truncate its own staging buffer: it is a sealed memfd now, the
@@ -271,6 +273,81 @@ static void test_lease_and_step_timeout(void **state)
     tl_daemon_stop(&d);
 }
 
+/* A host session whose STEP_BEGIN is answered only after its timeout (the one executor busy
+ * with another session's long layer): its first pat_attend gets -ETIMEDOUT, and pat_step_end
+ * collects the late answer and ends the step the daemon holds (tried again while it says
+ * -ETIMEDOUT). libpat used to drop the owed answer and go idle, and the session's next step met
+ * EBUSY until the daemon's step timeout. */
+static void test_late_step_begin(void **state)
+{
+    tl_daemon_t d;
+    static const char *const args[] = {"--executors=1", "--step-timeout-ms=60000", NULL};
+    assert_int_equal(tl_daemon_start(&d, args), 0);
+    enum { HOG = 4096 };
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t hog = fork();
+    assert_true(hog >= 0);
+    if (hog == 0) { /* one 4096-token prefill layer: a second or more on the cpu backend */
+        close(p[0]);
+        pat_conn_t *c;
+        char why[256];
+        tl_seq_t s;
+        tl_seq_init(&s);
+        for (uint32_t t = 0; t < HOG; t++)
+            tl_seq_push(&s, 200000 + t);
+        if (tl_connect(d.sock, &MODEL, "hog", HOG, 60000, &c, why, sizeof(why)) < 0 ||
+            tl_seq_open(c, &s) < 0)
+            _exit(2);
+        uint32_t n = HOG;
+        if (pat_step_begin(c, &s.seq, &n, 1, s.tok) < 0 || write(p[1], "g", 1) != 1)
+            _exit(3);
+        int rc = pat_attend(c, 0);
+        pat_step_end(c, 1, NULL);
+        _exit(rc < 0 ? 4 : 0);
+    }
+    close(p[1]);
+    char g;
+    assert_int_equal(read(p[0], &g, 1), 1);
+    close(p[0]);
+    sleep_ms(50); /* its layer is on the executor now */
+    pat_conn_t *c;
+    char why[256];
+    tl_seq_t s;
+    tl_seq_init(&s);
+    for (uint32_t t = 0; t < 20; t++)
+        tl_seq_push(&s, 300000 + t);
+    assert_int_equal(tl_connect(d.sock, &MODEL, "late", 64, 100, &c, why, sizeof(why)), 0);
+    assert_int_equal(tl_seq_open(c, &s), 0);
+    uint32_t n = s.n_tok;
+    assert_int_equal(pat_step_begin(c, &s.seq, &n, 1, s.tok), 0);
+    assert_int_equal(pat_attend(c, 0), -ETIMEDOUT);
+    assert_non_null(strstr(pat_last_error(c), "STEP_BEGIN"));
+    assert_int_equal(pat_ping(c), -ETIMEDOUT); /* no other request while the answer is owed */
+    int rc;
+    uint64_t t0 = pat_now_ns();
+    while ((rc = pat_step_end(c, 1, NULL)) == -ETIMEDOUT && pat_now_ns() - t0 < 60000000000ull)
+        ;
+    assert_int_equal(rc, 0);
+    int st;
+    assert_int_equal(waitpid(hog, &st, 0), hog);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    /* the session goes on at once: a checked step over the same sequence */
+    tl_rng_t rng;
+    tl_rng_seed(&rng, 7);
+    tl_seq_t *ps = &s;
+    tl_step_result_t res;
+    assert_int_equal(tl_client_step(c, &MODEL, &ps, 1, &rng, 1, &res), 0);
+    assert_int_equal(pat_ping(c), 0);
+    pat_close(c);
+    tl_seq_done(&s);
+    assert_int_equal(tl_daemon_status(&d, "connections"), 0);
+    assert_int_equal(tl_daemon_status(&d, "blocks_used"), 0);
+    assert_int_equal(tl_daemon_status(&d, "pool_check"), 0);
+    assert_int_equal(tl_daemon_signal_wait(&d, SIGTERM, 5000), 0);
+    tl_daemon_stop(&d);
+}
+
 /* Bystander steps per second over `steps` steps from fresh sequences (every row checked against
  * float64): each measurement starts at the same context length, since a step's cost grows with
  * it. The median of three runs. */
@@ -485,6 +562,7 @@ int main(void)
         cmocka_unit_test(test_restart),
         cmocka_unit_test(test_idle_session_drain),
         cmocka_unit_test(test_lease_and_step_timeout),
+        cmocka_unit_test(test_late_step_begin),
         cmocka_unit_test(test_exhaustion),
         cmocka_unit_test(test_stalled_sessions),
         cmocka_unit_test(test_truncated_staging),
