@@ -29,31 +29,8 @@ py=$tmp/venv/bin/python
 sock=$tmp/run/patd.sock
 cd "$tmp" || exit 1
 
-passed=0 failed=0
-check() { # check WHAT COMMAND...: runs COMMAND, counts and prints the result
-    local what=$1
-    shift
-    if "$@"; then
-        echo "ok: $what"
-        passed=$((passed + 1))
-    else
-        echo "FAILED: $what"
-        failed=$((failed + 1))
-    fi
-}
-finish() {
-    echo "$passed passed, $failed failed"
-    [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
-    exit
-}
-logged() { # logged LOG COMMAND...: runs COMMAND into LOG, shown when it fails
-    local log=$1
-    shift
-    "$@" >"$log" 2>&1 || {
-        tail -n 40 "$log"
-        return 1
-    }
-}
+# shellcheck source=tests/integ/checks.sh
+. "$root/tests/integ/checks.sh"
 
 check "a venv over /usr/bin/python3" logged "$tmp/venv.log" \
     /usr/bin/python3 -m venv --system-site-packages "$tmp/venv"

@@ -38,31 +38,9 @@ trap cleanup EXIT
 trap 'exit 1' INT TERM
 sock=$tmp/run/patd.sock
 
-passed=0 failed=0
-check() { # check WHAT COMMAND...: runs COMMAND, counts and prints the result
-    local what=$1
-    shift
-    if "$@"; then
-        echo "ok: $what"
-        passed=$((passed + 1))
-    else
-        echo "FAILED: $what"
-        failed=$((failed + 1))
-    fi
-}
-finish() {
-    echo "$passed passed, $failed failed"
-    [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
-    exit
-}
-logged() { # logged LOG COMMAND...: runs COMMAND into LOG, shown when it fails
-    local log=$1
-    shift
-    "$@" >"$log" 2>&1 || {
-        tail -n 60 "$log"
-        return 1
-    }
-}
+# shellcheck source=tests/integ/checks.sh
+. "$root/tests/integ/checks.sh"
+LOGGED_TAIL=60
 
 tools() {
     local t missing=
@@ -118,7 +96,7 @@ tests() {
         --manifest-path "$ws/Cargo.toml" --workspace --offline --locked
     local rc=$?
     grep -E '^(test result|     Running|   Doc-tests)' "$tmp/test.log" | sed 's/^ */  /'
-    return $rc
+    return "$rc"
 }
 check "cargo test: unit, layout, README and daemon tests" tests
 

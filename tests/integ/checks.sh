@@ -1,0 +1,29 @@
+# shellcheck shell=bash
+# Sourced by the shell tests that count checks (test_pip.sh, test_rust.sh): check runs one and
+# prints ok/FAILED, finish prints "N passed, N failed" and exits 1 unless all passed, logged
+# keeps a command's output in a file and shows its last LOGGED_TAIL (40) lines when it fails.
+passed=0 failed=0
+check() { # check WHAT COMMAND...: runs COMMAND, counts and prints the result
+    local what=$1
+    shift
+    if "$@"; then
+        echo "ok: $what"
+        passed=$((passed + 1))
+    else
+        echo "FAILED: $what"
+        failed=$((failed + 1))
+    fi
+}
+finish() {
+    echo "$passed passed, $failed failed"
+    [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
+    exit
+}
+logged() { # logged LOG COMMAND...: runs COMMAND into LOG, shown when it fails
+    local log=$1
+    shift
+    "$@" >"$log" 2>&1 || {
+        tail -n "${LOGGED_TAIL:-40}" "$log"
+        return 1
+    }
+}
