@@ -21,8 +21,9 @@
  * previous one finished. Around every layer's attention hand-off patload runs a stand-in for the
  * model's own compute (patload_compute.h).
  *
- * Exit status: 0 every request finished; 1 some failed, or the replay was interrupted;
- * 2 usage or trace error; 3 the daemon is unreachable or went away.
+ * Exit status: 0 every request finished; 1 some failed, or the replay was interrupted
+ * (--report-from: the saved run has failed requests, or --json could not be written); 2 usage,
+ * trace or saved-file error; 3 the daemon is unreachable or went away.
  */
 #include <errno.h>
 #include <math.h>
@@ -52,7 +53,8 @@
 /* ---------------------------------------------------------------- options (one table) */
 
 /* O_PCT and O_SLO fill the metrics configuration (patload_metrics.h); O_SLO also takes the
- * KEY:MS words that follow its value, as vLLM's --goodput does. */
+ * KEY:MS words that follow its value, as vLLM's --goodput does (argparse's nargs="+": the
+ * --goodput=WORD form takes that one word). */
 typedef enum { O_STR, O_U32, O_F64, O_FLAG, O_PCT, O_SLO } otype_t;
 
 static struct {
@@ -134,7 +136,8 @@ static const struct opt {
     {"duration", O_F64, &O.duration, 0, 1e7, "S",
      "stop admitting new requests after S seconds (0 = when the trace ends)"},
     {"loop", O_FLAG, &O.loop, 0, 0, NULL,
-     "replay the trace again and again (each pass with fresh tokens) until --duration"},
+     "replay the trace again and again (each pass with fresh tokens) until --duration (the "
+     "summary's num_prompts counts one pass)"},
     {"seed", O_U32, &O.seed, 0, 4e9, "N",
      "mixed into every token id, and seeds --request-rate's gaps and --gsp's lengths and order "
      "(default 0: the same workload on every run)"},
@@ -173,14 +176,20 @@ static const struct opt {
      "per request and per layer wait (default 60000)"},
     {"json", O_STR, &O.json, 0, 0, "FILE",
      "write the summary as JSON (the serving figures under `vllm bench serve --save-result` "
-     "names: completed, request_goodput, mean_itl_ms, p99_ttft_ms, ...)"},
+     "names: completed, request_goodput, mean_itl_ms, p99_ttft_ms, ...; request_rate and "
+     "burstiness as --request-rate / --burstiness set them, \"inf\" and 1 for --gsp without "
+     "them, null when a trace's own times are replayed; failed requests by code in "
+     "errors_by_code)"},
     {"save-detailed", O_FLAG, &O.save_detailed, 0, 0, NULL,
-     "with --json: add the per-request arrays of vLLM's --save-detailed (input_lens, "
-     "output_lens, start_times, ttfts, itls, latencies; seconds) and request_errors"},
+     "with --json: add the per-request arrays of vLLM's --save-detailed: input_lens, "
+     "output_lens (tokens), start_times, ttfts, itls, latencies (seconds; a failed request has "
+     "0 output tokens, TTFT and latency) and errors (\"\" or the failure's name, e.g. "
+     "\"E2BIG\")"},
     {"goodput", O_SLO, &M, 0, 0, "KEY:MS...",
      "count a completed request as good when it meets every bound given: ttft, tpot, e2el in ms "
-     "(words up to the next option, or comma-separated); the summary adds request_goodput "
-     "(good requests/s)"},
+     "(--goodput ttft:500 tpot:50 takes the following words that start with ttft:, tpot: or "
+     "e2el: and a number; --goodput=ttft:500,tpot:50 takes that one word, comma-separated); "
+     "the summary adds request_goodput (good requests/s)"},
     {"percentiles", O_PCT, &M, 0, 0, "P,P...",
      "latency percentiles to report, each in [0, 100] (default 90,99; the median is always "
      "there)"},
@@ -200,7 +209,10 @@ static const struct opt {
     {"report-from", O_STR, &O.report_from, 0, 0, "FILE",
      "no replay: recompute the serving figures from FILE, a JSON with the per-request arrays "
      "(patload --json --save-detailed, or vllm bench serve --save-result --save-detailed); "
-     "takes --goodput, --percentiles and --json"},
+     "a request failed when its errors entry is not \"\", or when it has 0 output tokens and a "
+     "latency of 0 (what vLLM saves for a failure, whose reason may be empty); times must lie "
+     "in [0, 1e9] s and duration in [1e-6, 1e9] s; takes --goodput, --percentiles, --json and "
+     "--quiet"},
     {"dry-run", O_FLAG, &O.dry_run, 0, 0, NULL,
      "read and shape the trace, print what would be replayed, exit (no daemon)"},
     {"dump", O_STR, &O.dump, 0, 0, "FILE",
@@ -217,7 +229,8 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: patload [OPTIONS] TRACE\n"
                "       patload [OPTIONS] --gsp [--gsp-... OPTIONS]\n"
-               "       patload --report-from FILE [--goodput KEY:MS...] [--percentiles P,P...]\n\n"
+               "       patload --report-from FILE [--goodput KEY:MS...] [--percentiles P,P...]\n"
+               "               [--json FILE] [--quiet]\n\n"
                "Replays TRACE (Mooncake / synthetic JSON Lines with prefix block hashes, Azure\n"
                "LLM CSV or BurstGPT CSV; .xz is read directly) or a generated workload against a\n"
                "running patd with continuous batching, and prints the serving benchmarks' figures\n"
@@ -231,7 +244,9 @@ static void usage(FILE *f)
         fprintf(f, "  %-26s %s\n", left, OPTS[i].help);
     }
     fprintf(f, "\nExit status: 0 every request finished; 1 some failed or the replay was "
-               "interrupted;\n2 usage or trace error; 3 the daemon is unreachable or went away.\n");
+               "interrupted\n(--report-from: the saved run has failed requests, or --json could "
+               "not be written);\n2 usage, trace or saved-file error; 3 the daemon is unreachable "
+               "or went away.\n");
 }
 
 static uint8_t GIVEN[N_OPTS]; /* options on the command line */
@@ -248,9 +263,16 @@ static int parse_args(int argc, char **argv, const char **ret_trace)
 {
     const char *trace = NULL;
     char why[256];
+    int slo_eq = -1; /* argv index of a --goodput=WORD */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (a[0] != '-' || a[1] != '-') {
+            if (slo_eq == i - 1 && pl_metrics_is_slo_word(a)) {
+                fprintf(
+                    stderr, "patload: %s takes that one word: --goodput=%s,%s or --goodput %s %s\n",
+                    argv[i - 1], strchr(argv[i - 1], '=') + 1, a, strchr(argv[i - 1], '=') + 1, a);
+                return -1;
+            }
             if (trace) {
                 fprintf(stderr, "patload: one trace only ('%s' and '%s')\n", trace, a);
                 return -1;
@@ -296,6 +318,8 @@ static int parse_args(int argc, char **argv, const char **ret_trace)
                 fprintf(stderr, "patload: %s\n", why);
                 return -1;
             }
+            if (o->type == O_SLO && eq)
+                slo_eq = i;
             continue;
         }
         char *end;
@@ -912,7 +936,7 @@ static int report_from(const char *path)
     const char *slash = strrchr(path, '/');
     printf("\npatload report from %s (%u requests)\n\n", slash ? slash + 1 : path, sv.n);
     pl_metrics_print(&m, &M, -1, stdout);
-    int rc = 0;
+    int rc = m.failed ? EXIT_FAILED : 0; /* as a replay with failed requests exits */
     if (O.json) {
         json_object *o = json_object_new_object();
         json_object_object_add(o, "report_from", json_object_new_string(path));
@@ -1145,8 +1169,11 @@ int main(int argc, char **argv)
     char arrivals_words[96];
     arrivals_desc(arrivals_words, sizeof(arrivals_words));
     R->rep.arrivals = arrivals_words;
-    R->rep.request_rate = given("request-rate") ? O.rate : NAN;
-    R->rep.burstiness = given("request-rate") ? O.burstiness : NAN;
+    /* vLLM's set-up fields where arrivals are synthetic: --gsp without --request-rate is all at
+     * once, vLLM's default (inf, burstiness 1); a trace's own times have none (null) */
+    int synthetic = given("request-rate") || O.gsp;
+    R->rep.request_rate = synthetic ? O.rate : NAN;
+    R->rep.burstiness = synthetic ? O.burstiness : NAN;
     R->rep.metrics = M;
     R->rep.save_detailed = O.save_detailed;
     R->rep.trace_dropped = trace.dropped;

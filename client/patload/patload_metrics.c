@@ -76,24 +76,28 @@ int pl_metrics_parse_percentiles(pl_metrics_cfg_t *cfg, const char *v, char *why
 
 int pl_metrics_is_slo_word(const char *s)
 {
-    const char *c = strchr(s, ':');
-    if (!c || c == s)
-        return 0;
-    for (const char *q = s; q < c; q++)
-        if (!((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z')))
-            return 0;
-    return 1;
+    for (int k = 0; k < PL_SLO_N; k++) {
+        size_t nl = strlen(slo_names[k]);
+        if (!strncmp(s, slo_names[k], nl) && s[nl] == ':') {
+            char *end;
+            strtod(s + nl + 1, &end);
+            return end != s + nl + 1;
+        }
+    }
+    return 0;
 }
 
 int pl_metrics_parse_goodput(pl_metrics_cfg_t *cfg, const char *v, char *why, size_t why_len)
 {
     const char *p = v;
-    while (*p) {
+    do { /* one KEY:MS per pass; an empty value or an empty pair (",,", a trailing ",") fails */
         const char *c = strchr(p, ':');
         const char *comma = strchr(p, ',');
         if (!c || (comma && comma < c))
             return pl_fail(why, why_len, -EINVAL,
-                           "--goodput %s: expected KEY:MS pairs (KEY ttft, tpot or e2el)", v);
+                           "--goodput '%s': expected KEY:MS pairs separated by commas (KEY ttft, "
+                           "tpot or e2el)",
+                           v);
         int k = -1;
         for (int j = 0; j < PL_SLO_N; j++)
             if ((size_t)(c - p) == strlen(slo_names[j]) && !strncmp(p, slo_names[j], c - p))
@@ -112,8 +116,8 @@ int pl_metrics_parse_goodput(pl_metrics_cfg_t *cfg, const char *v, char *why, si
         if (!isnan(cfg->slo_ms[k]))
             return pl_fail(why, why_len, -EINVAL, "--goodput: %s given twice", slo_names[k]);
         cfg->slo_ms[k] = ms;
-        p = *end ? end + 1 : end;
-    }
+        p = end;
+    } while (*p++ == ',');
     return 0;
 }
 
@@ -223,8 +227,8 @@ static void peaks(const pl_timing_t *req, uint32_t n, uint64_t n_tokens, pl_metr
             continue;
         double t = r->start_s + r->ttft_s;
         for (uint32_t k = 0;; k++) {
-            double x = trunc(t - t0); /* Python's int(): toward zero */
-            if (x >= 0 && x < buckets)
+            double x = trunc(t - t0);                /* Python's int(): toward zero */
+            if (x >= 0 && x < buckets && x < 0x1p63) /* 2^63: the cast is defined below it */
                 b[nb++] = (int64_t)x;
             if (k == r->n_itl)
                 break;
@@ -360,34 +364,38 @@ void pl_metrics_print(const pl_metrics_t *m, const pl_metrics_cfg_t *cfg, int64_
     }
 }
 
+json_object *pl_json_double(double x)
+{
+    return isfinite(x) ? json_object_new_double(x) : NULL;
+}
+
 void pl_metrics_json(const pl_metrics_t *m, const pl_metrics_cfg_t *cfg, json_object *o)
 {
 #define ADD(k, v) json_object_object_add(o, k, v)
-    ADD("duration", json_object_new_double(m->duration_s));
+    ADD("duration", pl_json_double(m->duration_s));
     ADD("completed", json_object_new_int64(m->completed));
     ADD("failed", json_object_new_int64(m->failed));
     ADD("total_input_tokens", json_object_new_int64((int64_t)m->total_input));
     ADD("total_output_tokens", json_object_new_int64((int64_t)m->total_output));
-    ADD("request_throughput", json_object_new_double(m->request_throughput));
-    ADD("request_goodput",
-        isnan(m->request_goodput) ? NULL : json_object_new_double(m->request_goodput));
-    ADD("output_throughput", json_object_new_double(m->output_throughput));
-    ADD("total_token_throughput", json_object_new_double(m->total_token_throughput));
-    ADD("max_output_tokens_per_s", json_object_new_double(m->max_output_tokens_per_s));
+    ADD("request_throughput", pl_json_double(m->request_throughput));
+    ADD("request_goodput", pl_json_double(m->request_goodput)); /* NAN without --goodput */
+    ADD("output_throughput", pl_json_double(m->output_throughput));
+    ADD("total_token_throughput", pl_json_double(m->total_token_throughput));
+    ADD("max_output_tokens_per_s", pl_json_double(m->max_output_tokens_per_s));
     ADD("max_concurrent_requests", json_object_new_int64(m->max_concurrent_requests));
     for (int k = 0; k < PL_M_N; k++) {
         const pl_stat_t *s = &m->stat[k];
         char key[64], w[32];
         snprintf(key, sizeof(key), "mean_%s_ms", metric_names[k]);
-        ADD(key, json_object_new_double(s->mean));
+        ADD(key, pl_json_double(s->mean));
         snprintf(key, sizeof(key), "median_%s_ms", metric_names[k]);
-        ADD(key, json_object_new_double(s->median));
+        ADD(key, pl_json_double(s->median));
         snprintf(key, sizeof(key), "std_%s_ms", metric_names[k]);
-        ADD(key, json_object_new_double(s->std));
+        ADD(key, pl_json_double(s->std));
         for (uint32_t j = 0; j < cfg->n_pct; j++) {
             pct_word(cfg->pct[j], w, sizeof(w));
             snprintf(key, sizeof(key), "p%s_%s_ms", w, metric_names[k]);
-            ADD(key, json_object_new_double(s->pct[j]));
+            ADD(key, pl_json_double(s->pct[j]));
         }
     }
     json_object *slo = NULL;
@@ -395,13 +403,13 @@ void pl_metrics_json(const pl_metrics_t *m, const pl_metrics_cfg_t *cfg, json_ob
         slo = json_object_new_object();
         for (int k = 0; k < PL_SLO_N; k++)
             if (!isnan(cfg->slo_ms[k]))
-                json_object_object_add(slo, slo_names[k], json_object_new_double(cfg->slo_ms[k]));
+                json_object_object_add(slo, slo_names[k], pl_json_double(cfg->slo_ms[k]));
     }
     ADD("goodput_slo_ms", slo);
     ADD("good_requests", slo ? json_object_new_int64(m->good) : NULL);
     json_object *pl = json_object_new_array();
     for (uint32_t j = 0; j < cfg->n_pct; j++)
-        json_object_array_add(pl, json_object_new_double(cfg->pct[j]));
+        json_object_array_add(pl, pl_json_double(cfg->pct[j]));
     ADD("percentiles", pl);
 #undef ADD
 }
@@ -417,12 +425,12 @@ void pl_metrics_json_detailed(const pl_timing_t *req, const char *const *err, ui
         const pl_timing_t *r = &req[i];
         json_object_array_add(in, json_object_new_int64(r->input_len));
         json_object_array_add(out, json_object_new_int64(r->output_len));
-        json_object_array_add(start, json_object_new_double(r->start_s));
-        json_object_array_add(ttft, json_object_new_double(r->ttft_s));
-        json_object_array_add(lat, json_object_new_double(r->latency_s));
+        json_object_array_add(start, pl_json_double(r->start_s));
+        json_object_array_add(ttft, pl_json_double(r->ttft_s));
+        json_object_array_add(lat, pl_json_double(r->latency_s));
         json_object *g = json_object_new_array();
         for (uint32_t k = 0; k < r->n_itl; k++)
-            json_object_array_add(g, json_object_new_double(r->itl_s[k]));
+            json_object_array_add(g, pl_json_double(r->itl_s[k]));
         json_object_array_add(itls, g);
         json_object_array_add(errs, json_object_new_string(err[i] ? err[i] : ""));
     }
@@ -432,18 +440,40 @@ void pl_metrics_json_detailed(const pl_timing_t *req, const char *const *err, ui
     json_object_object_add(o, "ttfts", ttft);
     json_object_object_add(o, "itls", itls);
     json_object_object_add(o, "latencies", lat);
-    json_object_object_add(o, "request_errors", errs);
+    json_object_object_add(o, "errors", errs);
 }
 
 /* ---------------------------------------------------------------- reading a saved run */
 
-static int num_of(json_object *v, double *ret)
+/* Bounds on what a saved file may hold: times in [0, SAVED_MAX_S] s (31 years; vLLM's start times
+ * are time.perf_counter(), seconds since boot, patload's count from the replay's start), a
+ * duration of at least SAVED_MIN_DURATION_S (a shorter one is no measurement, and the rates
+ * divided by it would overflow). Every figure computed from such values is finite. */
+#define SAVED_MAX_S          1e9
+#define SAVED_MIN_DURATION_S 1e-6
+
+/* The per-request arrays read, with the range of their numbers. */
+enum { A_START, A_TTFT, A_LAT, A_ITLS, A_IN, A_OUT, A_N };
+static const struct {
+    const char *key;
+    double lo, hi;
+    int count; /* token counts: integers */
+} arrays[A_N] = {
+    [A_START] = {"start_times", 0, SAVED_MAX_S, 0}, [A_TTFT] = {"ttfts", 0, SAVED_MAX_S, 0},
+    [A_LAT] = {"latencies", 0, SAVED_MAX_S, 0},     [A_ITLS] = {"itls", 0, SAVED_MAX_S, 0},
+    [A_IN] = {"input_lens", 0, UINT32_MAX, 1},      [A_OUT] = {"output_lens", 0, UINT32_MAX, 1},
+};
+
+/* A JSON number in [lo, hi] (an integer when count): 0, or -EINVAL with why naming it as what. */
+static int num_in(json_object *v, double lo, double hi, int count, double *ret, const char *what,
+                  char *why, size_t why_len)
 {
     if (!json_object_is_type(v, json_type_double) && !json_object_is_type(v, json_type_int))
-        return -EINVAL;
+        return pl_fail(why, why_len, -EINVAL, "%s is not a number", what);
     double x = json_object_get_double(v);
-    if (!isfinite(x))
-        return -ERANGE;
+    if (!(x >= lo && x <= hi) || (count && x != floor(x)))
+        return pl_fail(why, why_len, -EINVAL, "%s = %g: expected %s in [%g, %g]", what, x,
+                       count ? "a token count" : "seconds", lo, hi);
     *ret = x;
     return 0;
 }
@@ -468,53 +498,67 @@ static json_object *array_of(json_object *root, const char *key, uint32_t n, cha
     return a;
 }
 
+/* Whether request i failed: its errors entry (NULL: none) names a failure, or it has no output
+ * and a latency of 0, which is what vLLM saves for every failure (its reason may be "": a non-200
+ * reply with no reason phrase) and patload for its own. */
+static int saved_failed(json_object *err, const double x[A_N])
+{
+    if (err &&
+        !(json_object_is_type(err, json_type_string) && json_object_get_string_len(err) == 0))
+        return 1;
+    return x[A_OUT] == 0 && x[A_LAT] == 0;
+}
+
 int pl_saved_load(pl_saved_t *s, const char *path, char *why, size_t why_len)
 {
     memset(s, 0, sizeof(*s));
-    char w[256];
+    char w[256], what[64];
     int rc = 0;
     json_object *root = json_object_from_file(path);
     if (!root)
         return pl_fail(why, why_len, -EBADMSG, "%s: not a JSON file (%s)", path,
                        json_util_get_last_err());
     s->root = root;
-    json_object *d, *a[6];
+    json_object *d, *a[A_N];
     if (!json_object_is_type(root, json_type_object) ||
-        !json_object_object_get_ex(root, "duration", &d) || num_of(d, &s->duration_s) < 0 ||
-        !(s->duration_s > 0)) {
-        rc = pl_fail(why, why_len, -EINVAL, "%s: no \"duration\" (seconds, > 0)", path);
+        !json_object_object_get_ex(root, "duration", &d)) {
+        rc = pl_fail(why, why_len, -EINVAL, "%s: no \"duration\" (seconds)", path);
         goto fail;
     }
-    static const char *const keys[6] = {"start_times", "ttfts",      "latencies",
-                                        "itls",        "input_lens", "output_lens"};
-    if (!(a[0] = array_of(root, keys[0], UINT32_MAX, w, sizeof(w)))) {
+    if ((rc = num_in(d, SAVED_MIN_DURATION_S, SAVED_MAX_S, 0, &s->duration_s, "duration", w,
+                     sizeof(w))) < 0) {
+        rc = pl_fail(why, why_len, rc, "%s: %s", path, w);
+        goto fail;
+    }
+    if (!(a[A_START] = array_of(root, arrays[A_START].key, UINT32_MAX, w, sizeof(w)))) {
         rc = pl_fail(why, why_len, -EINVAL, "%s: %s", path, w);
         goto fail;
     }
-    size_t n = json_object_array_length(a[0]);
+    size_t n = json_object_array_length(a[A_START]);
     if (n == 0 || n > PL_TRACE_MAX_REQS) {
         rc = pl_fail(why, why_len, -EINVAL, "%s: %zu requests (1 to %u)", path, n,
                      PL_TRACE_MAX_REQS);
         goto fail;
     }
-    for (int k = 1; k < 6; k++)
-        if (!(a[k] = array_of(root, keys[k], (uint32_t)n, w, sizeof(w)))) {
+    for (int k = 1; k < A_N; k++)
+        if (!(a[k] = array_of(root, arrays[k].key, (uint32_t)n, w, sizeof(w)))) {
             rc = pl_fail(why, why_len, -EINVAL, "%s: %s", path, w);
             goto fail;
         }
+    /* the per-request error list, "" for a success (vLLM's and patload's "errors"); another
+     * "errors" (a count by code, as some tools write) is no list: the zero rule alone applies */
     json_object *errs = NULL;
-    if (!json_object_object_get_ex(root, "request_errors", &errs) &&
-        !(json_object_object_get_ex(root, "errors", &errs) &&
-          json_object_is_type(errs, json_type_array)))
+    if (!json_object_object_get_ex(root, "errors", &errs) ||
+        !json_object_is_type(errs, json_type_array))
         errs = NULL;
-    if (errs &&
-        (!json_object_is_type(errs, json_type_array) || json_object_array_length(errs) != n)) {
-        rc = pl_fail(why, why_len, -EINVAL, "%s: the errors array has not %zu entries", path, n);
+    if (errs && json_object_array_length(errs) != n) {
+        rc = pl_fail(why, why_len, -EINVAL, "%s: \"errors\" has %zu entries, \"start_times\" %zu",
+                     path, json_object_array_length(errs), n);
         goto fail;
     }
     uint64_t n_itl = 0;
     for (size_t i = 0; i < n; i++) {
-        json_object *g = json_object_array_get_idx(a[3], i);
+        json_object *g = json_object_array_get_idx(a[A_ITLS], i);
         if (!json_object_is_type(g, json_type_array)) {
             rc = pl_fail(why, why_len, -EINVAL, "%s: itls[%zu] is not an array", path, i);
             goto fail;
@@ -527,34 +571,35 @@ int pl_saved_load(pl_saved_t *s, const char *path, char *why, size_t why_len)
     uint64_t at = 0;
     for (size_t i = 0; i < n; i++) {
         pl_timing_t *r = &s->req[i];
-        double x[6];
-        for (int k = 0; k < 6; k++) {
-            if (k == 3)
+        double x[A_N] = {0};
+        for (int k = 0; k < A_N; k++) {
+            if (k == A_ITLS)
                 continue;
-            if (num_of(json_object_array_get_idx(a[k], i), &x[k]) < 0 ||
-                (k >= 4 && (x[k] < 0 || x[k] > UINT32_MAX || x[k] != floor(x[k])))) {
-                rc = pl_fail(why, why_len, -EINVAL, "%s: %s[%zu] is not a %s", path, keys[k], i,
-                             k >= 4 ? "token count" : "number");
+            snprintf(what, sizeof(what), "%s[%zu]", arrays[k].key, i);
+            if ((rc = num_in(json_object_array_get_idx(a[k], i), arrays[k].lo, arrays[k].hi,
+                             arrays[k].count, &x[k], what, w, sizeof(w))) < 0) {
+                rc = pl_fail(why, why_len, rc, "%s: %s", path, w);
                 goto fail;
             }
         }
         json_object *e = errs ? json_object_array_get_idx(errs, i) : NULL;
-        *r = (pl_timing_t){.start_s = x[0],
-                           .ttft_s = x[1],
-                           .latency_s = x[2],
+        *r = (pl_timing_t){.start_s = x[A_START],
+                           .ttft_s = x[A_TTFT],
+                           .latency_s = x[A_LAT],
                            .itl_s = s->itl + at,
-                           .input_len = (uint32_t)x[4],
-                           .output_len = (uint32_t)x[5],
-                           .ok = !e || (json_object_is_type(e, json_type_string) &&
-                                        json_object_get_string_len(e) == 0)};
-        json_object *g = json_object_array_get_idx(a[3], i);
+                           .input_len = (uint32_t)x[A_IN],
+                           .output_len = (uint32_t)x[A_OUT],
+                           .ok = !saved_failed(e, x)};
+        json_object *g = json_object_array_get_idx(a[A_ITLS], i);
         r->n_itl = (uint32_t)json_object_array_length(g);
-        for (uint32_t k = 0; k < r->n_itl; k++)
-            if (num_of(json_object_array_get_idx(g, k), &s->itl[at++]) < 0) {
-                rc =
-                    pl_fail(why, why_len, -EINVAL, "%s: itls[%zu][%u] is not a number", path, i, k);
+        for (uint32_t k = 0; k < r->n_itl; k++) {
+            snprintf(what, sizeof(what), "itls[%zu][%u]", i, k);
+            if ((rc = num_in(json_object_array_get_idx(g, k), arrays[A_ITLS].lo, arrays[A_ITLS].hi,
+                             0, &s->itl[at++], what, w, sizeof(w))) < 0) {
+                rc = pl_fail(why, why_len, rc, "%s: %s", path, w);
                 goto fail;
             }
+        }
     }
     return 0;
 fail:

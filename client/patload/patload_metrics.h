@@ -59,9 +59,9 @@ typedef struct pl_metrics {
 /* Parses a --percentiles value ("50,90,99.9") into cfg. 0, or -EINVAL with why. */
 int pl_metrics_parse_percentiles(pl_metrics_cfg_t *cfg, const char *v, char *why, size_t why_len);
 /* Parses one --goodput word ("ttft:500" or "ttft:500,tpot:50") into cfg. 0, or -EINVAL with why
- * (an unknown name, a bad or negative number, a name given twice). */
+ * (an empty word or pair, an unknown name, a bad or negative number, a name given twice). */
 int pl_metrics_parse_goodput(pl_metrics_cfg_t *cfg, const char *v, char *why, size_t why_len);
-/* Whether s looks like a --goodput word (NAME:NUMBER with a letters-only NAME). */
+/* Whether s looks like a --goodput word: ttft:, tpot: or e2el: and a number (what may follow). */
 int pl_metrics_is_slo_word(const char *s);
 /* The defaults: percentiles 90 and 99, no SLO. */
 void pl_metrics_cfg_init(pl_metrics_cfg_t *cfg);
@@ -79,11 +79,14 @@ double pl_percentile_sorted(const double *v, uint32_t n, double p);
  * adds that count to the requests line. */
 void pl_metrics_print(const pl_metrics_t *m, const pl_metrics_cfg_t *cfg, int64_t not_started,
                       FILE *f);
+/* A JSON number, or NULL (JSON null) for a value that is not finite. */
+json_object *pl_json_double(double x);
 /* Adds the figures to o under vLLM's names (duration, completed, ..., p99_ttft_ms) and
  * patload's goodput_slo_ms, good_requests, percentiles. */
 void pl_metrics_json(const pl_metrics_t *m, const pl_metrics_cfg_t *cfg, json_object *o);
-/* Adds the per-request arrays of vLLM's --save-detailed (input_lens, output_lens, start_times,
- * ttfts, itls, latencies; seconds) and request_errors ("" or the failure's name). */
+/* Adds the per-request arrays of vLLM's --save-detailed: input_lens, output_lens (tokens),
+ * start_times, ttfts, itls, latencies (seconds) and errors ("" or the failure's name, err[i];
+ * NULL entries are ""). */
 void pl_metrics_json_detailed(const pl_timing_t *req, const char *const *err, uint32_t n,
                               json_object *o);
 
@@ -97,9 +100,12 @@ typedef struct pl_saved {
 } pl_saved_t;
 
 /* Reads a JSON file with duration and the per-request arrays (patload --json --save-detailed,
- * or vLLM's --save-result --save-detailed): failed requests are those with a non-empty
- * request_errors (patload) or errors (vLLM) entry. Returns 0, or a negative errno with why
- * naming the field at fault; nothing is kept on failure. */
+ * or vLLM's --save-result --save-detailed). A request failed when its "errors" entry is a
+ * non-empty string (or another non-null value), or when it has 0 output tokens and a latency of
+ * 0 (what vLLM saves for every failure, whose reason may be ""). Refused: a duration outside
+ * [1e-6, 1e9] s, a time outside [0, 1e9] s, a token count that is not an integer in
+ * [0, 2^32 - 1], anything not finite. Returns 0, or -EINVAL / -EBADMSG with why naming the field
+ * at fault; nothing is kept on failure. */
 int pl_saved_load(pl_saved_t *s, const char *path, char *why, size_t why_len);
 void pl_saved_done(pl_saved_t *s);
 

@@ -36,17 +36,16 @@
     X(EMEDIUMTYPE) X(ESRCH) X(EAGAIN) X(EINTR) X(ENOBUFS)
 /* clang-format on */
 
-const char *pl_errname(int err)
+const char *pl_errname(int err, char buf[PL_ERRNAME_LEN])
 {
-    static __thread char buf[16];
-    switch (-err) {
+    switch (err) {
 #define CASE(e)                                                                                    \
-    case e:                                                                                        \
+    case -e:                                                                                       \
         return #e;
         ERRNO_NAMES(CASE)
 #undef CASE
     default:
-        snprintf(buf, sizeof(buf), "E%d", -err);
+        snprintf(buf, PL_ERRNAME_LEN, "E%lld", -(long long)err);
         return buf;
     }
 }
@@ -99,12 +98,22 @@ typedef struct summary {
     uint32_t n_req_errs;
 } summary_t;
 
+/* Error names of the records, one buffer each (unknown codes are formatted into it). */
+typedef struct errnames {
+    const char **name; /* per record: its error's name, or NULL */
+    char (*buf)[PL_ERRNAME_LEN];
+} errnames_t;
+
 /* The records as the serving figures see them (failed ones with zero times, as vLLM saves a
- * failed request); ret_err (NULL ok) gets each one's error name or NULL. */
-static pl_timing_t *timings(const pl_report_t *r, const char ***ret_err)
+ * failed request); ret_err (NULL ok) gets each one's error name, freed by errnames_done. */
+static pl_timing_t *timings(const pl_report_t *r, errnames_t *ret_err)
 {
     pl_timing_t *t = pat_xmalloc(((size_t)r->n_rec + 1) * sizeof(*t));
-    const char **err = ret_err ? pat_xmalloc(((size_t)r->n_rec + 1) * sizeof(*err)) : NULL;
+    errnames_t *err = ret_err;
+    if (err) {
+        err->name = pat_xmalloc(((size_t)r->n_rec + 1) * sizeof(*err->name));
+        err->buf = pat_xmalloc(((size_t)r->n_rec + 1) * sizeof(*err->buf));
+    }
     for (uint32_t i = 0; i < r->n_rec; i++) {
         const pl_rec_t *q = &r->rec[i];
         int ok = q->err == 0 && q->t_done >= 0;
@@ -117,11 +126,15 @@ static pl_timing_t *timings(const pl_report_t *r, const char ***ret_err)
                              .output_len = ok ? q->generated : 0,
                              .ok = ok};
         if (err)
-            err[i] = q->err ? pl_errname(q->err) : NULL;
+            err->name[i] = q->err ? pl_errname(q->err, err->buf[i]) : NULL;
     }
-    if (ret_err)
-        *ret_err = err;
     return t;
+}
+
+static void errnames_done(errnames_t *e)
+{
+    free(e->name);
+    free(e->buf);
 }
 
 static double rec_ms(const pl_rec_t *r, int which)
@@ -225,33 +238,30 @@ void pl_report_print(const pl_report_t *r, FILE *f)
         fprintf(f, "  KV blocks    peak %lld of %lld in use (%.1f %%)\n",
                 (long long)r->kv_blocks_peak, (long long)r->kv_blocks_total,
                 pct(r->kv_blocks_peak, r->kv_blocks_total));
+    char eb[PL_ERRNAME_LEN];
     fprintf(f, "  errors       ");
     if (!s.n_req_errs)
         fprintf(f, "none");
     for (uint32_t i = 0; i < s.n_req_errs; i++)
-        fprintf(f, "%s%s %llu", i ? ", " : "", pl_errname(s.req_errs[i].err),
+        fprintf(f, "%s%s %llu", i ? ", " : "", pl_errname(s.req_errs[i].err, eb),
                 (unsigned long long)s.req_errs[i].n);
     fprintf(f, " (failed requests by code)\n  refusals     ");
     if (!r->n_step_errs)
         fprintf(f, "none");
     for (uint32_t i = 0; i < r->n_step_errs; i++)
-        fprintf(f, "%s%s %llu", i ? ", " : "", pl_errname(r->step_errs[i].err),
+        fprintf(f, "%s%s %llu", i ? ", " : "", pl_errname(r->step_errs[i].err, eb),
                 (unsigned long long)r->step_errs[i].n);
     fprintf(f, " (steps the daemon refused; ENOSPC/EDQUOT preempt and retry)\n");
 }
 
 /* ---------------------------------------------------------------- JSON */
 
-static json_object *jnum(double x)
-{
-    return isnan(x) ? json_object_new_null() : json_object_new_double(x);
-}
-
 static json_object *errs_json(const pl_errcount_t *t, uint32_t n)
 {
     json_object *o = json_object_new_object();
-    for (uint32_t i = 0; i < n; i++)
-        json_object_object_add(o, pl_errname(t[i].err), json_object_new_int64((int64_t)t[i].n));
+    char eb[PL_ERRNAME_LEN];
+    for (uint32_t i = 0; i < n; i++) /* the key is copied */
+        json_object_object_add(o, pl_errname(t[i].err, eb), json_object_new_int64((int64_t)t[i].n));
     return o;
 }
 
@@ -269,10 +279,10 @@ int pl_report_json(const pl_report_t *r, const char *path)
     ADD(cfg, "kv_pool", json_object_new_string(r->kv_pool ? r->kv_pool : ""));
     ADD(cfg, "compute", json_object_new_string(r->compute));
     ADD(cfg, "device", json_object_new_string(r->device ? r->device : ""));
-    ADD(cfg, "speed", json_object_new_double(r->speed));
+    ADD(cfg, "speed", pl_json_double(r->speed));
     ADD(cfg, "arrivals", json_object_new_string(r->arrivals ? r->arrivals : ""));
     ADD(cfg, "trace_dropped", json_object_new_int64(r->trace_dropped));
-    ADD(cfg, "scale", json_object_new_double(r->scale));
+    ADD(cfg, "scale", pl_json_double(r->scale));
     ADD(cfg, "block_tokens", json_object_new_int64(r->block_tokens));
     ADD(cfg, "concurrency", json_object_new_int64(r->concurrency));
     ADD(cfg, "max_batch_tokens", json_object_new_int64(r->max_batch_tokens));
@@ -292,29 +302,29 @@ int pl_report_json(const pl_report_t *r, const char *path)
     ADD(o, "request_rate",
         isnan(r->request_rate)   ? NULL
         : isinf(r->request_rate) ? json_object_new_string("inf")
-                                 : json_object_new_double(r->request_rate));
+                                 : pl_json_double(r->request_rate));
     ADD(o, "burstiness",
         isnan(r->burstiness)   ? NULL
         : isinf(r->burstiness) ? json_object_new_string("inf")
-                               : json_object_new_double(r->burstiness));
+                               : pl_json_double(r->burstiness));
     ADD(o, "max_concurrency", json_object_new_int64(r->concurrency));
     pl_metrics_json(&s.m, &r->metrics, o);
     ADD(o, "requests", json_object_new_int64(r->n_rec + r->not_started));
     ADD(o, "done", json_object_new_int64(s.done));
     ADD(o, "not_started", json_object_new_int64(r->not_started));
     ADD(o, "interrupted", json_object_new_boolean(r->interrupted));
-    ADD(o, "wall_s", json_object_new_double(r->wall_s));
-    ADD(o, "req_per_s", json_object_new_double(s.done / w));
+    ADD(o, "wall_s", pl_json_double(r->wall_s));
+    ADD(o, "req_per_s", pl_json_double(s.done / w));
     ADD(o, "prompt_tokens", json_object_new_int64((int64_t)s.prompt));
     ADD(o, "cached_tokens", json_object_new_int64((int64_t)s.cached));
-    ADD(o, "prefix_hit", json_object_new_double(s.prompt ? (double)s.cached / s.prompt : 0));
+    ADD(o, "prefix_hit", pl_json_double(s.prompt ? (double)s.cached / s.prompt : 0));
     ADD(o, "inflight_tokens", json_object_new_int64((int64_t)s.inflight));
     ADD(o, "inflight_requests", json_object_new_int64((int64_t)s.n_inflight));
     ADD(o, "twin_waits", json_object_new_int64((int64_t)r->twin_waits));
     ADD(o, "prefill_tokens", json_object_new_int64((int64_t)r->prefill_tokens));
     ADD(o, "output_tokens", json_object_new_int64((int64_t)s.out_tokens));
-    ADD(o, "output_tok_per_s", json_object_new_double(s.out_tokens / w));
-    ADD(o, "tok_per_s", json_object_new_double(r->step_tokens / w));
+    ADD(o, "output_tok_per_s", pl_json_double(s.out_tokens / w));
+    ADD(o, "tok_per_s", pl_json_double(r->step_tokens / w));
     ADD(o, "steps", json_object_new_int64((int64_t)r->steps));
     ADD(o, "step_tokens", json_object_new_int64((int64_t)r->step_tokens));
     ADD(o, "pack_reused", json_object_new_int64((int64_t)r->pack_reused));
@@ -332,21 +342,21 @@ int pl_report_json(const pl_report_t *r, const char *path)
     for (int k = 0; k < 3; k++) {
         const pl_stat_t *st = &s.m.stat[which[k]];
         json_object *l = json_object_new_object();
-        ADD(l, "p50", jnum(st->n ? st->p50 : NAN));
-        ADD(l, "p90", jnum(st->n ? st->p90 : NAN));
-        ADD(l, "p99", jnum(st->n ? st->p99 : NAN));
-        ADD(l, "mean", jnum(st->n ? st->mean : NAN));
+        ADD(l, "p50", pl_json_double(st->n ? st->p50 : NAN));
+        ADD(l, "p90", pl_json_double(st->n ? st->p90 : NAN));
+        ADD(l, "p99", pl_json_double(st->n ? st->p99 : NAN));
+        ADD(l, "mean", pl_json_double(st->n ? st->mean : NAN));
         ADD(l, "n", json_object_new_int64(st->n));
         ADD(o, keys[k], l);
     }
     if (r->save_detailed) {
-        const char **err;
+        errnames_t err;
         pl_timing_t *t = timings(r, &err);
-        pl_metrics_json_detailed(t, err, r->n_rec, o);
+        pl_metrics_json_detailed(t, err.name, r->n_rec, o);
         free(t);
-        free(err);
+        errnames_done(&err);
     }
-    ADD(o, "errors", errs_json(s.req_errs, s.n_req_errs));
+    ADD(o, "errors_by_code", errs_json(s.req_errs, s.n_req_errs));
     ADD(o, "step_refusals", errs_json(r->step_errs, r->n_step_errs));
 #undef ADD
     int rc = json_object_to_file_ext(path, o, JSON_C_TO_STRING_PRETTY) == 0 ? 0 : -EIO;
@@ -380,7 +390,8 @@ int pl_report_csv(const pl_report_t *r, const char *path)
         fprintf(f, "%u,%u,%u,%u,%u,", q->in_len, q->out_len, q->cached, q->generated, q->preempted);
         for (int k = 0; k < N_LAT; k++)
             csv_num(f, rec_ms(q, k), 0);
-        fprintf(f, "%s\n", q->err ? pl_errname(q->err) : "");
+        char eb[PL_ERRNAME_LEN];
+        fprintf(f, "%s\n", q->err ? pl_errname(q->err, eb) : "");
     }
     return fclose(f) == 0 ? 0 : -EIO;
 }

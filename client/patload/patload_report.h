@@ -83,8 +83,12 @@ typedef struct pl_report {
     int64_t kv_blocks_total, kv_blocks_peak;
 } pl_report_t;
 
+#define PL_ERRNAME_LEN 16 /* "E2147483648" and its NUL fit */
+
 void pl_report_count_err(pl_errcount_t *tab, uint32_t *n, int err);
-const char *pl_errname(int err);
+/* The name of a negative errno: "ENOSPC", or "E<n>" written into buf for a code the reports do
+ * not name. Returns a static string or buf. */
+const char *pl_errname(int err, char buf[PL_ERRNAME_LEN]);
 /* A record's next output token came out at t (s): the first sets t_first, later ones add a gap
  * to itl. */
 void pl_rec_token(pl_rec_t *q, double t);

@@ -11,12 +11,12 @@
  *   - BurstGPT CSV (github.com/HPMLL/BurstGPT, README "Schema"): a header naming Timestamp
  *     (seconds), Model, Request tokens, Response tokens, Total tokens, Log Type, in any order
  *     and with other columns (a later file adds Session ID and Elapsed time); only Timestamp,
- *     Request tokens and Response tokens are read. Rows with 0 response tokens are requests
- *     that failed in the recorded service (README, data files) and rows with 0 request tokens
- *     have nothing to replay: both are dropped and counted.
- * A trace is a user's file: every row is checked and the first bad one is reported with its line
- * and field; nothing half-read is kept. Files up to PL_TRACE_MAX_BYTES after decompression (the
- * largest bundled trace is 3 MB).
+ *     Request tokens and Response tokens are read, found by name (any case; each once). Rows
+ *     with 0 response tokens are requests that failed in the recorded service (README, data
+ *     files) and rows with 0 request tokens have nothing to replay: both are dropped and counted.
+ * A UTF-8 byte order mark at the start is skipped. A trace is a user's file: every row is checked
+ * and the first bad one is reported with its line and field; nothing half-read is kept. Files up
+ * to PL_TRACE_MAX_BYTES after decompression (the largest bundled trace is 3 MB).
  */
 #include "patload_trace.h"
 
@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h> /* strcasecmp */
 #include <xxhash.h>
 
 int pl_fail(char *why, size_t why_len, int err, const char *fmt, ...)
@@ -352,23 +353,42 @@ static int parse_azure_row(char *line, uint32_t lineno, pl_req_t *r, char *why, 
 
 #define BURST_MAX_COLS 32 /* the releases have 6 and 8 columns */
 
-/* A BurstGPT header: finds the three columns read. 0, or -EBADMSG with why. */
+/* A BurstGPT header: finds the three columns read, by name in any order and case, splitting at
+ * every comma (an empty name is a column too). 0; 1 when it names none of them (another
+ * format); -EBADMSG with why when it names some but not all, one twice, or too many columns. */
 static int parse_burst_header(builder_t *b, char *line, char *why, size_t why_len)
 {
+    static const char *const names[3] = {"Timestamp", "Request tokens", "Response tokens"};
+    int *const col[3] = {&b->col_ts, &b->col_in, &b->col_out};
+    int found = 0, n = 0;
     b->col_ts = b->col_in = b->col_out = -1;
-    int n = 0;
-    for (char *save = NULL, *f = strtok_r(line, ",", &save); f; f = strtok_r(NULL, ",", &save)) {
-        if (!strcmp(f, "Timestamp"))
-            b->col_ts = n;
-        else if (!strcmp(f, "Request tokens"))
-            b->col_in = n;
-        else if (!strcmp(f, "Response tokens"))
-            b->col_out = n;
-        if (++n > BURST_MAX_COLS)
+    for (char *f = line;; n++) {
+        char *c = strchr(f, ',');
+        if (c)
+            *c = '\0';
+        while (*f == ' ' || *f == '\t')
+            f++;
+        size_t fl = strlen(f);
+        while (fl && (f[fl - 1] == ' ' || f[fl - 1] == '\t'))
+            f[--fl] = '\0';
+        for (int k = 0; k < 3; k++) {
+            if (strcasecmp(f, names[k]))
+                continue;
+            if (*col[k] >= 0)
+                return pl_fail(why, why_len, -EBADMSG,
+                               "line 1: the BurstGPT header names %s twice (columns %d and %d)",
+                               names[k], *col[k] + 1, n + 1);
+            *col[k] = n;
+            found++;
+        }
+        if (!c)
             break;
+        f = c + 1;
     }
-    b->n_cols = n;
-    if (b->col_ts < 0 || b->col_in < 0 || b->col_out < 0 || n > BURST_MAX_COLS)
+    b->n_cols = n + 1;
+    if (found == 0)
+        return 1;
+    if (found < 3 || b->n_cols > BURST_MAX_COLS)
         return pl_fail(why, why_len, -EBADMSG,
                        "line 1: a BurstGPT header names Timestamp, Request tokens and Response "
                        "tokens (and at most %d columns)",
@@ -540,6 +560,8 @@ int pl_trace_load(pl_trace_t *t, const char *path, uint32_t skip, uint32_t limit
 
     builder_t b = {.t = t};
     char *p = text, *end = text + len;
+    if (len >= 3 && !memcmp(p, "\xef\xbb\xbf", 3))
+        p += 3; /* a UTF-8 byte order mark, as spreadsheet programs write */
     uint32_t lineno = 0, rows = 0;
     while (p < end) {
         char *nl = memchr(p, '\n', (size_t)(end - p));
@@ -556,24 +578,24 @@ int pl_trace_load(pl_trace_t *t, const char *path, uint32_t skip, uint32_t limit
         if (!*line)
             continue;
         if (!t->format) {
+            char w[200];
             if (line[0] == '{') {
                 t->format = PL_FMT_JSONL;
             } else if (!strcmp(line, "TIMESTAMP,ContextTokens,GeneratedTokens")) {
                 t->format = PL_FMT_AZURE_CSV;
                 continue;
-            } else if (!strncmp(line, "Timestamp,", 10)) {
-                char w[200];
-                t->format = PL_FMT_BURSTGPT_CSV;
-                if ((rc = parse_burst_header(&b, line, w, sizeof(w))) < 0) {
+            } else if ((rc = parse_burst_header(&b, line, w, sizeof(w))) <= 0) {
+                if (rc < 0) {
                     rc = pl_fail(why, why_len, rc, "%s: %s", path, w);
                     goto fail;
                 }
+                t->format = PL_FMT_BURSTGPT_CSV;
                 continue;
             } else {
                 rc = pl_fail(why, why_len, -EBADMSG,
                              "%s: line %u: neither a JSON object, the Azure CSV header "
                              "\"TIMESTAMP,ContextTokens,GeneratedTokens\" nor a BurstGPT CSV "
-                             "header \"Timestamp,...\"",
+                             "header (Timestamp, Request tokens, Response tokens, ...)",
                              path, lineno);
                 goto fail;
             }

@@ -11,6 +11,9 @@ this file's own re-computation from the per-request arrays of every live replay
 (--save-detailed), and by --report-from reproducing a live run's figures exactly. Synthetic
 arrivals (--request-rate, --burstiness), the generated-shared-prefix workload (--gsp) and the
 BurstGPT reader are checked on what they would replay (--dry-run --dump), then replayed.
+What no live run reaches (error codes the reports do not name, a start time beyond any
+1-second bucket) is checked by a small C driver compiled here with patload's report sources
+(tests/integ/data/patload/patload_unit.c; UBSan where the compiler has it).
 
 Standard library only. PATD_BIN, PATLOAD_BIN, PATCTL_BIN point at the build (make test sets
 them); the samples are tests/traces (README there) and tests/integ/data/patload (README there).
@@ -96,9 +99,12 @@ def pword(p):
 
 def figures(d, slo=None, pcts=(90, 99)):
     """vLLM's calculate_metrics over a --save-detailed summary d, written from its definitions:
-    dict of field name -> value."""
-    errs = d.get("request_errors", d.get("errors"))
-    ok = [not e for e in errs]
+    dict of field name -> value. A request failed when its "errors" entry is not "" or when it
+    has no output and a latency of 0 (what vLLM saves for any failure, even without a reason)."""
+    n = len(d["start_times"])
+    errs = d["errors"] if isinstance(d.get("errors"), list) else [""] * n
+    ok = [not e and not (d["output_lens"][i] == 0 and d["latencies"][i] == 0)
+          for i, e in enumerate(errs)]
     idx = [i for i in range(len(ok)) if ok[i]]
     out = {"completed": len(idx), "failed": len(ok) - len(idx),
            "total_input_tokens": sum(d["input_lens"][i] for i in idx),
@@ -278,7 +284,8 @@ class PatloadCase(unittest.TestCase):
 
     def assert_figures(self, s, slo, pcts=(90, 99)):
         """The summary's serving figures equal this file's recomputation from its own
-        per-request arrays, and --report-from recomputes the same figures from the file."""
+        per-request arrays, and --report-from recomputes the same figures from the file (and
+        exits 1 when it holds failed requests)."""
         want = figures(s, slo, pcts)
         for k, v in want.items():
             if isinstance(v, float):
@@ -287,7 +294,7 @@ class PatloadCase(unittest.TestCase):
                 self.assertEqual(s[k], v, k)
         n = len(s["start_times"])
         for i in range(n):  # one gap per token after the first; they add up to finish - first
-            if s["request_errors"][i]:
+            if s["errors"][i]:
                 continue
             self.assertEqual(len(s["itls"][i]), s["output_lens"][i] - 1)
             self.assertAlmostEqual(sum(s["itls"][i]), s["latencies"][i] - s["ttfts"][i],
@@ -300,7 +307,7 @@ class PatloadCase(unittest.TestCase):
         words = ",".join("%s:%g" % kv for kv in slo.items())
         p = run(["--report-from", saved, "--json", again, "--percentiles",
                  ",".join(str(x) for x in pcts)] + (["--goodput", words] if slo else []))
-        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.returncode, 1 if want["failed"] else 0, p.stderr)
         with open(again) as f:
             r = json.load(f)
         for k in want:
@@ -320,7 +327,9 @@ class PatloadCase(unittest.TestCase):
         self.assertEqual(s["done"], n)
         self.assertEqual(s["failed"], 0)
         self.assertEqual(s["not_started"], 0)
-        self.assertEqual(s["errors"], {})
+        self.assertEqual(s["errors_by_code"], {})
+        self.assertEqual(s["errors"], [""] * n)
+        self.assertNotIn("request_errors", s)
         self.assertEqual(s["prompt_tokens"], prompt)
         self.assertEqual(s["output_tokens"], output)
         # every prompt token was either found in the prefix cache or computed (preemptions
@@ -335,9 +344,12 @@ class PatloadCase(unittest.TestCase):
         # the same counts under vLLM's names, and every figure as recomputed here
         self.assertEqual((s["completed"], s["failed"]), (n, 0))
         self.assertEqual((s["total_input_tokens"], s["total_output_tokens"]), (prompt, output))
-        self.assertEqual(s["max_concurrency"], int(s["config"]["concurrency"]))
+        # the admission limit asked for (this daemon's caps are higher: 256 sequences, a
+        # 2048-token batch)
+        self.assertEqual(s["max_concurrency"],
+                         int(dict(zip(args, args[1:])).get("--concurrency", 64)))
         self.assertRegex(s["date"], r"^\d{8}-\d{6}$")
-        self.assertIsNone(s["request_rate"])
+        self.assertEqual((s["request_rate"], s["burstiness"]), (None, None))  # the trace's times
         self.assert_figures(s, slo)
         self.assertLessEqual(s["good_requests"], n)
         self.assertIn("goodput", p.stdout)
@@ -518,6 +530,31 @@ class PatloadCase(unittest.TestCase):
         self.assertIn("--speed", p.stderr)
         self.assert_clean()
 
+    def test_failed_request(self):
+        # a prompt longer than the daemon's max_seq_len (32768 by default) fails with E2BIG
+        # before it is opened; the others complete. The failure is in every output: the exit
+        # status, the summary's counts, errors_by_code, the per-request errors list (vLLM's), the
+        # CSV's error column; --report-from of the saved run agrees and exits 1 too
+        trace = os.path.join(self.dir, "e2big.jsonl")
+        with open(trace, "w") as f:
+            for n_in in (24, 40000, 40):
+                f.write(json.dumps({"timestamp": 0, "input_length": n_in, "output_length": 3})
+                        + "\n")
+        csv = os.path.join(self.dir, "e2big.csv")
+        p, s = self.patload(trace, ["--speed", "0", "--save-detailed", "--csv", csv])
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+        self.assertEqual((s["completed"], s["failed"], s["done"], s["not_started"]), (2, 1, 2, 0))
+        self.assertEqual(s["errors_by_code"], {"E2BIG": 1})
+        self.assertEqual(s["errors"], ["", "E2BIG", ""])
+        self.assertEqual((s["output_lens"][1], s["latencies"][1], s["itls"][1]), (0, 0, []))
+        self.assertEqual(s["total_input_tokens"], 24 + 40)
+        self.assertIn("errors       E2BIG 1 (failed requests by code)", p.stdout)
+        with open(csv) as f:
+            rows = [r.split(",") for r in f.read().splitlines()[1:]]
+        self.assertEqual([r[-1] for r in rows], ["", "E2BIG", ""])
+        self.assert_figures(s, {})
+        self.assert_clean()
+
     def test_no_daemon(self):
         p = subprocess.run([PATLOAD, "--socket", os.path.join(self.dir, "none.sock"),
                             os.path.join(TRACES, "azure_conv_sample.csv")],
@@ -638,6 +675,16 @@ class PatloadCase(unittest.TestCase):
         self.assertAlmostEqual(planned[-1]["timestamp"], 16 / 25 * 1e3, delta=1e-3)
         self.assertGreaterEqual(s["cached_tokens"], 64)
         self.assert_figures(s, {"e2el": 1000})
+        # --gsp without --request-rate arrives all at once: vLLM's default set-up fields
+        p = run(gsp[:-6] + ["--seed", "3", "--socket", self.sock, "--quiet", "--json", out],
+                timeout=240)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        with open(out) as f:
+            s = json.load(f)
+        self.assertEqual((s["request_rate"], s["burstiness"], s["config"]["arrivals"]),
+                         ("inf", 1.0, "all at once"))
+        self.assertNotIn("errors", s)  # the per-request list only with --save-detailed
+        self.assertEqual(s["errors_by_code"], {})
         self.assert_clean()
 
 
@@ -717,18 +764,19 @@ class NoDaemonCase(unittest.TestCase):
             json.dump(obj, f)
         return self.path(name)
 
-    def report(self, saved, args):
+    def report(self, saved, args, rc=1):
+        """--report-from saved --json: (the process, the JSON). rc: the exit status expected
+        (1 while the saved run has a failed request, as SMALL has)."""
         out = self.path("report.json")
         if os.path.exists(out):
             os.unlink(out)
         p = run(["--report-from", saved, "--json", out] + args)
-        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.returncode, rc, p.stderr)
         with open(out) as f:
             return p, json.load(f)
 
     def test_hand_computed_figures(self):
-        small = self.write_json("small.json", dict(SMALL, request_errors=["", "", "",
-                                                                          "ETIMEDOUT", ""]))
+        small = self.write_json("small.json", dict(SMALL, errors=["", "", "", "ETIMEDOUT", ""]))
         p, r = self.report(small, ["--goodput", "ttft:1000", "tpot:250",
                                    "--percentiles", "50,99.9,100"])
         for k, v in HAND.items():
@@ -743,14 +791,13 @@ class NoDaemonCase(unittest.TestCase):
                                    r" and tpot <= 250 ms")
         self.assertRegex(p.stdout, r"ITL +281\.25 +350\.00 +136\.79 +350\.00 +400\.00 +400\.00 +8")
         # the same figures this file computes from the definitions (a check of figures() too)
-        want = figures(dict(SMALL, request_errors=["", "", "", "x", ""]),
+        want = figures(dict(SMALL, errors=["", "", "", "x", ""]),
                        {"ttft": 1000, "tpot": 250}, (50, 99.9, 100))
         for k, v in want.items():
             self.assertAlmostEqual(r[k], v, delta=1e-9 * max(1.0, abs(v)), msg=k)
 
     def test_goodput_bounds(self):
-        small = self.write_json("small2.json", dict(SMALL, request_errors=["", "", "",
-                                                                           "EIO", ""]))
+        small = self.write_json("small2.json", dict(SMALL, errors=["", "", "", "EIO", ""]))
         _, r = self.report(small, ["--goodput", "e2el:2000"])
         self.assertEqual((r["good_requests"], r["request_goodput"]), (3, 0.3))
         _, r = self.report(small, ["--goodput=tpot:10"])
@@ -775,9 +822,25 @@ class NoDaemonCase(unittest.TestCase):
             self.assertAlmostEqual(r[k], val, delta=1e-9 * max(1.0, abs(val)), msg=k)
         self.assertEqual((r["request_rate"], r["burstiness"], r["max_concurrency"],
                           r["num_prompts"]), ("inf", 1.0, None, 5))
-        # no error list at all: every request completed
-        _, r = self.report(self.write_json("noerr.json", SMALL), [])
-        self.assertEqual((r["completed"], r["failed"]), (5, 0))
+        # vLLM saves a non-200 reply's reason, "" when it has none, and not its success flag:
+        # a request with no output and a latency of 0 (what vLLM saves for every failure) failed
+        # whatever its error string; so does one whose string names an error
+        for name, obj in (("empty", dict(v, errors=[""] * 5)),
+                          ("nolist", SMALL),
+                          ("bycode", dict(SMALL, errors={"ETIMEDOUT": 1}))):
+            with self.subTest(errors=name):
+                _, r = self.report(self.write_json(name + ".json", obj),
+                                   ["--goodput", "ttft:1000", "tpot:250",
+                                    "--percentiles", "50,99.9,100"])
+                for k, val in HAND.items():
+                    self.assertAlmostEqual(r[k], val, delta=1e-9 * max(1.0, abs(val)), msg=k)
+        _, r = self.report(self.write_json("named.json", dict(v, errors=["", "x", "", "", ""])), [])
+        self.assertEqual((r["completed"], r["failed"], r["total_output_tokens"]), (3, 2, 10))
+        # no output but a latency: a completed request (an empty reply); nothing failed: exit 0
+        ok = dict(v, errors=[""] * 5, latencies=[1.1, 0.3, 2.0, 0.2, 2.6])
+        p, r = self.report(self.write_json("allok.json", ok), [], rc=0)
+        self.assertEqual((r["completed"], r["failed"], r["total_input_tokens"]), (5, 0, 440))
+        self.assertIn("5 completed, 0 failed", p.stdout)
 
     def test_report_from_refusals(self):
         bad = [
@@ -786,12 +849,45 @@ class NoDaemonCase(unittest.TestCase):
             (dict(SMALL, duration=0), "duration"),
             (dict(SMALL, output_lens=[4, 2, 1, 0, -5]), "output_lens[4]"),
             (dict(SMALL, itls=[[0.1], [], [], [], "x"]), "itls[4]"),
+            (dict(SMALL, errors=["", ""]), "\"errors\" has 2 entries"),
+            # hostile numbers: each would overflow a figure or a cast, or is no time at all
+            (dict(SMALL, start_times=[0, 1e19, 1.1, 3.0, 0.9]), "start_times[1] = 1e+19"),
+            (dict(SMALL, duration=5e-324), "duration = 4.94066e-324"),
+            (dict(SMALL, duration=1e-7), "duration = 1e-07"),
+            (dict(SMALL, duration=float("inf")), "duration = inf"),
+            (dict(SMALL, duration=float("nan")), "duration = nan"),
+            (dict(SMALL, ttfts=[0.5, -0.25, 2.0, 0.0, 1.0]), "ttfts[1] = -0.25"),
+            (dict(SMALL, latencies=[1.1, 0.3, 2e9, 0.0, 2.6]), "latencies[2] = 2e+09"),
+            (dict(SMALL, start_times=[0.0, float("-inf"), 1.1, 3.0, 0.9]), "start_times[1] = -inf"),
+            (dict(SMALL, itls=[[0.1], [], [], [], [0.4, float("nan")]]), "itls[4][1] = nan"),
+            (dict(SMALL, input_lens=[100, 50, 2 ** 32, 80, 10]), "input_lens[2] = 4.29497e+09"),
+            (dict(SMALL, output_lens=[4, 2, 1.5, 0, 5]), "output_lens[2] = 1.5"),
+            (dict(SMALL, ttfts=[0.5, None, 2.0, 0.0, 1.0]), "ttfts[1] is not a number"),
         ]
         for i, (obj, needle) in enumerate(bad):
             with self.subTest(needle=needle):
                 p = run(["--report-from", self.write_json("bad%d.json" % i, obj)])
                 self.assertEqual(p.returncode, 2, p.stderr)
                 self.assertIn(needle, p.stderr)
+        # at the bounds every figure is finite: the JSON has no NaN or Infinity (Python's
+        # parser takes them unless told not to)
+        edge = dict(SMALL, duration=1e-6, start_times=[0, 1e9, 1e9, 0, 5e8],
+                    latencies=[1e9, 0.3, 0.0, 0.0, 1e9], ttfts=[1e9, 0.0, 0.0, 0.0, 1e9],
+                    input_lens=[2 ** 32 - 1] * 5, output_lens=[2 ** 32 - 1, 2, 0, 0, 5],
+                    itls=[[1e9, 0.0], [0.0], [], [], [1e9] * 4])
+        out = self.path("edge_report.json")
+        p = run(["--report-from", self.write_json("edge.json", edge), "--json", out,
+                 "--goodput", "ttft:1e15", "--percentiles", "0,100"])
+        self.assertEqual(p.returncode, 1, p.stderr)  # C and D: no output, latency 0: failed
+
+        def no_constant(word):
+            raise ValueError("non-finite number %s in the JSON" % word)
+        with open(out) as f:
+            r = json.loads(f.read(), parse_constant=no_constant)
+        self.assertEqual((r["completed"], r["failed"]), (3, 2))
+        self.assertAlmostEqual(r["request_throughput"], 3e6)
+        self.assertAlmostEqual(r["total_token_throughput"], ((2 ** 32 - 1) * 4 + 7) / 1e-6,
+                               delta=1e3)
         with open(self.path("notjson.json"), "w") as f:
             f.write("{nope")
         p = run(["--report-from", self.path("notjson.json")])
@@ -808,6 +904,17 @@ class NoDaemonCase(unittest.TestCase):
             (["--report-from", small, "--goodput", "ttft:-1"], "ms >= 0"),
             (["--report-from", small, "--goodput", "ttft:1", "ttft:2"], "ttft given twice"),
             (["--report-from", small, "--goodput", "ttft"], "KEY:MS"),
+            (["--report-from", small, "--goodput", ""], "--goodput '': expected KEY:MS"),
+            (["--report-from", small, "--goodput=ttft:5,"], "--goodput 'ttft:5,': expected"),
+            (["--report-from", small, "--goodput", "ttft:5,,tpot:3"], "expected KEY:MS"),
+            (["--report-from", small, "--goodput", "ttft:5", "tpot:3,"], "'tpot:3,'"),
+            # the = form takes its one word; an SLO word after it is named, not taken as a trace
+            (["--report-from", small, "--goodput=ttft:5", "tpot:3"],
+             "--goodput=ttft:5 takes that one word: --goodput=ttft:5,tpot:3 or --goodput ttft:5 "
+             "tpot:3"),
+            # a following word that is no ttft:/tpot:/e2el: NUMBER is not an SLO: here a TRACE
+            (["--report-from", small, "--goodput", "ttft:5", "trace:x.jsonl"], "no TRACE"),
+            (["--report-from", small, "--goodput", "ttft:5", "tpot:x.jsonl"], "no TRACE"),
             (["--report-from", small, "--percentiles", "50,101"], "[0, 100]"),
             (["--report-from", small, "--percentiles", "50,,90"], "[0, 100]"),
             (["--dry-run", t, "--burstiness", "2"], "give both"),
@@ -831,6 +938,70 @@ class NoDaemonCase(unittest.TestCase):
                 self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
                 self.assertIn(needle, p.stderr)
 
+    def test_goodput_words(self):
+        # what --goodput takes: following words only while they are ttft:/tpot:/e2el: and a
+        # number, so a trace path such as trace:x.csv or tpot:x.csv stays the trace
+        small = self.write_json("gp.json", SMALL)
+        for args, want in (
+                (["--goodput", "ttft:1000", "tpot:250"], {"ttft": 1000, "tpot": 250}),
+                (["--goodput=ttft:1000,tpot:250"], {"ttft": 1000, "tpot": 250}),
+                (["--goodput", "e2el:2000,ttft:1e3", "tpot:250"],
+                 {"e2el": 2000, "ttft": 1000, "tpot": 250})):
+            with self.subTest(args=" ".join(args)):
+                _, r = self.report(small, args)
+                self.assertEqual(r["goodput_slo_ms"], want)
+        for name in ("trace:x.csv", "tpot:x.csv"):
+            with self.subTest(trace=name):
+                shutil.copy(os.path.join(TRACES, "azure_conv_sample.csv"), self.path(name))
+                p = subprocess.run([os.path.abspath(PATLOAD), "--dry-run", "--goodput", "ttft:5",
+                                    name],
+                                   capture_output=True, text=True, cwd=self.dir, timeout=60,
+                                   check=False)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                self.assertIn("format azure-csv\nrequests 64\n", p.stdout)
+
+    def test_report_units(self):
+        # what no live run reaches, through patload's own sources compiled with a small driver
+        # (tests/integ/data/patload/patload_unit.c): two failures with codes the reports do not
+        # name keep their own names in errors (they once shared one buffer), and a start time of
+        # 1e19 s does not reach an out-of-range cast in the per-second output peak (UBSan's
+        # float-cast-overflow, where the compiler has it, aborts on one)
+        cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+        if not cc:
+            self.skipTest("no C compiler")
+        exe = self.path("patload_unit")
+        srcs = [os.path.join(DATA, "patload_unit.c")] + [
+            os.path.join(ROOT, f) for f in (
+                "client/patload/patload_report.c", "client/patload/patload_metrics.c",
+                "client/patload/patload_trace.c", "daemon/base/pat_base.c")]
+        base = [cc, "-std=c11", "-D_GNU_SOURCE", "-O1", "-g",
+                "-I" + os.path.join(ROOT, "client", "patload"),
+                "-I" + os.path.join(ROOT, "daemon", "base")]
+        libs = ["-ljson-c", "-llzma", "-lxxhash", "-lm"]
+        ubsan = ["-fsanitize=undefined,float-cast-overflow", "-fno-sanitize-recover=all"]
+        p = subprocess.run(base + ubsan + srcs + ["-o", exe] + libs, capture_output=True,
+                           text=True, timeout=300, check=False)
+        if p.returncode != 0:  # no libubsan: the checks of the values still hold
+            print("  (patload_unit without UBSan: %s)" % p.stderr.strip()[-200:], file=sys.stderr)
+            p = subprocess.run(base + srcs + ["-o", exe] + libs, capture_output=True, text=True,
+                               timeout=300, check=False)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        out = self.path("unit_errnames.json")
+        p = subprocess.run([exe, "errnames", out], capture_output=True, text=True, timeout=60,
+                           check=False)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(out) as f:
+            r = json.load(f)
+        self.assertEqual(r["errors"], ["E133", "E131", "", "ENOSPC"])
+        self.assertEqual(r["errors_by_code"], {"E133": 1, "E131": 1, "ENOSPC": 1})
+        self.assertEqual((r["completed"], r["failed"]), (1, 3))
+        p = subprocess.run([exe, "peaks"], capture_output=True, text=True, timeout=60,
+                           check=False)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stderr, "")
+        # one at a time; the far request's tokens lie beyond any bucket: the near one's 2
+        self.assertEqual(p.stdout, "peaks 1 2\n")
+
     def test_help_names_every_option(self):
         p = run(["--help"])
         self.assertEqual(p.returncode, 0)
@@ -838,8 +1009,17 @@ class NoDaemonCase(unittest.TestCase):
                     "--percentiles P,P...", "--save-detailed", "--report-from FILE",
                     "--dump FILE", "--gsp ", "--gsp-num-groups N", "--gsp-prompts-per-group N",
                     "--gsp-system-prompt-len N", "--gsp-question-len N", "--gsp-output-len N",
-                    "--gsp-range-ratio F", "--gsp-ordered", "BurstGPT"):
-            self.assertIn(opt, p.stdout)
+                    "--gsp-range-ratio F", "--gsp-ordered", "BurstGPT",
+                    # the report mode's usage names every option it takes
+                    "patload --report-from FILE [--goodput KEY:MS...] [--percentiles P,P...]\n"
+                    "               [--json FILE] [--quiet]\n",
+                    # what it returns, what the arrays hold, what the summary's fields mean
+                    "(--report-from: the saved run has failed requests",
+                    "output_lens (tokens), start_times, ttfts, itls, latencies (seconds",
+                    "--goodput=ttft:500,tpot:50 takes that one word", "num_prompts counts one pass",
+                    "null when a trace's own times are replayed", "errors_by_code"):
+            self.assertIn(opt, " ".join(p.stdout.split(" ")) if "\n" in opt
+                          else " ".join(p.stdout.split()))
 
     def dump(self, args, name="dump.jsonl"):
         out = self.path(name)
@@ -974,8 +1154,24 @@ class NoDaemonCase(unittest.TestCase):
         self.assertIn("requests 2\ndropped_rows 1\n", out)
         self.assertEqual([(r["timestamp"], r["input_length"], r["output_length"])
                           for r in dumped], [(0, 100, 20), (3500, 300, 40)])
+        # columns in any order and case, an unnamed column kept as one, a UTF-8 byte order
+        # mark (spreadsheet programs write one) skipped
+        moved = self.path("burst_moved.csv")
+        with open(moved, "wb") as f:
+            f.write(b"\xef\xbb\xbfModel,response tokens,,REQUEST TOKENS,timestamp,Log Type\n"
+                    b"GPT-4,20,x,100,10.5,Conversation log\n"
+                    b"GPT-4,7,,0,11,Conversation log\n"
+                    b"ChatGPT,40,,300,14,API log\n")
+        out, dumped = self.dump([moved], "moved.jsonl")
+        self.assertIn("format burstgpt-csv\nrequests 2\ndropped_rows 1\n", out)
+        self.assertEqual([(r["timestamp"], r["input_length"], r["output_length"])
+                          for r in dumped], [(0, 100, 20), (3500, 300, 40)])
         head = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
         bad = [
+            ("Timestamp,Request tokens,Response tokens,request tokens\n1,2,3,4\n",
+             "names Request tokens twice (columns 2 and 4)"),
+            ("Model,Request tokens,Response tokens\nx,1,2\n", "BurstGPT header"),
+            ("Model,Total tokens\nx,1\n", "neither a JSON object"),
             (head + "5,ChatGPT,472,18,490,Conversation log\nx,ChatGPT,1,2,3,API log\n",
              "line 3: Timestamp"),
             (head + "5,ChatGPT,472,18,490\n", "line 2: 5 columns, the header names 6"),
