@@ -18,7 +18,7 @@
  * SGLang's prompts are random text that its tokenizer counts; here the lengths are exact token
  * counts and the tokens are drawn by patload_trace.c from the group and the request.
  *
- * The random numbers are patload's own (xoshiro256** after splitmix64, Marsaglia and Tsang's
+ * The random numbers are patload's own (pat_rng.h's xoshiro256**, Marsaglia and Tsang's
  * gamma method): a seed gives the same workload on every machine, not the same one as numpy.
  */
 #include "patload_synth.h"
@@ -30,41 +30,9 @@
 
 /* ---------------------------------------------------------------- random numbers */
 
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-void pl_rng_init(pl_rng_t *r, uint64_t seed)
-{
-    for (int k = 0; k < 4; k++)
-        r->s[k] = splitmix64(&seed);
-}
-
-static uint64_t rotl(uint64_t x, int k)
-{
-    return (x << k) | (x >> (64 - k));
-}
-
-uint64_t pl_rng_next(pl_rng_t *r)
-{
-    uint64_t *s = r->s;
-    uint64_t out = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return out;
-}
-
 double pl_rng_uniform(pl_rng_t *r)
 {
-    return (pl_rng_next(r) >> 11) * 0x1.0p-53;
+    return (pat_rng_u64(r) >> 11) * 0x1.0p-53;
 }
 
 /* Standard normal (Marsaglia's polar method; the second value is dropped). */
@@ -118,7 +86,7 @@ void pl_arrivals(double *t, uint32_t n, double rate, double burstiness, uint64_t
         return;
     }
     pl_rng_t r;
-    pl_rng_init(&r, seed ^ SALT_ARRIVALS);
+    pat_rng_seed(&r, seed ^ SALT_ARRIVALS);
     double at = 0, theta = 1 / (rate * burstiness);
     for (uint32_t i = 0; i < n; i++) {
         at += isinf(burstiness) ? 1 / rate : pl_rng_gamma(&r, burstiness) * theta;
@@ -142,7 +110,7 @@ static uint32_t draw_len(pl_rng_t *r, uint32_t len, double ratio)
     if (lo >= len)
         return len;
     uint64_t span = len - lo + 1;
-    return (uint32_t)(lo + pl_rng_next(r) % span);
+    return (uint32_t)(lo + pat_rng_u64(r) % span);
 }
 
 int pl_gsp_make(pl_trace_t *t, const pl_gsp_t *g, uint64_t seed, uint32_t skip, uint32_t limit,
@@ -158,7 +126,7 @@ int pl_gsp_make(pl_trace_t *t, const pl_gsp_t *g, uint64_t seed, uint32_t skip, 
         return pl_fail(why, why_len, -ENODATA, "--gsp: no requests after skipping %u of %llu", skip,
                        (unsigned long long)total);
     pl_rng_t r;
-    pl_rng_init(&r, seed ^ SALT_GSP);
+    pat_rng_seed(&r, seed ^ SALT_GSP);
     uint32_t n = (uint32_t)total;
     uint32_t *sys = malloc((size_t)g->num_groups * sizeof(*sys));
     pl_req_t *req = malloc((size_t)n * sizeof(*req));
@@ -184,7 +152,7 @@ int pl_gsp_make(pl_trace_t *t, const pl_gsp_t *g, uint64_t seed, uint32_t skip, 
     free(sys);
     if (!g->ordered)
         for (uint32_t i = n - 1; i > 0; i--) { /* Fisher-Yates */
-            uint32_t j = (uint32_t)(pl_rng_next(&r) % ((uint64_t)i + 1));
+            uint32_t j = (uint32_t)(pat_rng_u64(&r) % ((uint64_t)i + 1));
             pl_req_t x = req[i];
             req[i] = req[j];
             req[j] = x;

@@ -10,15 +10,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pat_rng.h"
 #include "patload_trace.h"
 
-/* A small deterministic generator (xoshiro256**), seeded through splitmix64. */
-typedef struct pl_rng {
-    uint64_t s[4];
-} pl_rng_t;
+/* The generator: daemon/base's xoshiro256** (pat_rng_seed, pat_rng_u64). */
+typedef pat_rng_t pl_rng_t;
 
-void pl_rng_init(pl_rng_t *r, uint64_t seed);
-uint64_t pl_rng_next(pl_rng_t *r);
 /* Uniform in [0, 1) with 53 random bits. */
 double pl_rng_uniform(pl_rng_t *r);
 /* Gamma(shape, scale 1), shape > 0. */

@@ -7,9 +7,9 @@
 
 #include <stdint.h>
 
-typedef struct tl_rng {
-    uint64_t s[4];
-} tl_rng_t;
+#include "pat_rng.h"
+
+typedef pat_rng_t tl_rng_t;
 
 void tl_rng_seed(tl_rng_t *r, uint64_t seed);
 uint64_t tl_rng_u64(tl_rng_t *r);
