@@ -449,7 +449,7 @@ run-tests:
 # The whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer (build/asan). The
 # trace replays of test_patload.py keep 16 requests each: with 24 they take 451 of its 600 s on
 # CI's two cores (a CI run's timing; no tests/bench/log entry), and time out when anything else
-# runs there.
+# runs there (tests/run.sh gives it 900 s).
 test-asan: | deps
 	$(Q)$(MAKE) --no-print-directory B=$(B)/asan DEBUG=1 CUDA=0 all
 	$(Q)PATLOAD_TEST_LIMIT=16 $(MAKE) --no-print-directory B=$(B)/asan DEBUG=1 CUDA=0 run-tests

@@ -16,11 +16,14 @@ set -u
 # over rows it writes) and test_metrics_http (one daemon, seconds of hostile HTTP clients);
 # test_many runs fixed windows (about 25 s, ASan included) and a hold that gives up after 20 s;
 # test_cpu's float64 references take about 50 s of CPU, over 300 s under ASan on CI's two cores;
+# test_patload.py replays every bundled trace and, under ASan with 16 requests a replay, took
+# 418 s alone on this VM's two cores and 784 s beside a make check (2026-11-29): 900 s;
 # the rest start daemons and clients and replay traces.
 LIMITS=(
     'test_base test_kv test_forest test_pack test_cuda_pack test_ipc test_daemon test_stale test_metrics_http.py test_bench_tools.py 120'
     'test_many 180'
     'test_cpu 480'
+    'test_patload.py 900'
     '* 600'
 )
 
