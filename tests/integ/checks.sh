@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # Sourced by the shell tests that count checks (test_pip.sh, test_rust.sh): check runs one and
 # prints ok/FAILED, finish prints "N passed, N failed" and exits 1 unless all passed, logged
-# keeps a command's output in a file and shows its last LOGGED_TAIL (40) lines when it fails.
+# keeps a command's output in a file and shows its last LOGGED_TAIL (40) lines when it fails,
+# stop ends the script's patd ($pid, its log $tmp/patd.log) with SIGTERM and wants status 0.
 passed=0 failed=0
 check() { # check WHAT COMMAND...: runs COMMAND, counts and prints the result
     local what=$1
@@ -26,4 +27,11 @@ logged() { # logged LOG COMMAND...: runs COMMAND into LOG, shown when it fails
         tail -n "${LOGGED_TAIL:-40}" "$log"
         return 1
     }
+}
+stop() { # SIGTERM drains the daemon: exit status 0
+    kill -TERM "$pid" && wait "$pid"
+    local rc=$?
+    pid=
+    [ "$rc" -eq 0 ] || tail -n 20 "${tmp:?}/patd.log"
+    return "$rc"
 }

@@ -117,12 +117,5 @@ out=$("$py" -m patd --version --socket "$sock")
 echo "$out"
 check "python -m patd --version: the daemon's $want" has "daemon $want, wire protocol"
 
-stop() { # SIGTERM drains the daemon: exit status 0
-    kill -TERM "$pid" && wait "$pid"
-    local rc=$?
-    pid=
-    [ "$rc" -eq 0 ] || tail -n 20 "$tmp/patd.log"
-    return "$rc"
-}
 check "patd stopped cleanly" stop
 finish

@@ -135,12 +135,5 @@ daemon_clean() { # everything the tests and the example opened was closed; the p
 }
 check "patd: pool check ok, no sequence left open" daemon_clean
 
-stop() { # SIGTERM drains the daemon: exit status 0
-    kill -TERM "$pid" && wait "$pid"
-    local rc=$?
-    pid=
-    [ "$rc" -eq 0 ] || tail -n 20 "$tmp/patd.log"
-    return "$rc"
-}
 check "patd stopped cleanly" stop
 finish
