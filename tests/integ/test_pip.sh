@@ -17,20 +17,13 @@ unset PATD_LIBPAT LD_LIBRARY_PATH PYTHONPATH
 pat_h() { awk -v n="PAT_VERSION_$1" '$2 == n { print $3 }' "$root/client/pat.h"; }
 want=$(pat_h MAJOR).$(pat_h MINOR).$(pat_h PATCH)
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/patd-pip.XXXXXX")
-pid=
-cleanup() {
-    [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
+# shellcheck source=tests/integ/checks.sh
+. "$root/tests/integ/checks.sh"
+scratch patd-pip
 py=$tmp/venv/bin/python
 sock=$tmp/run/patd.sock
 cd "$tmp" || exit 1
 
-# shellcheck source=tests/integ/checks.sh
-. "$root/tests/integ/checks.sh"
 
 check "a venv over /usr/bin/python3" logged "$tmp/venv.log" \
     /usr/bin/python3 -m venv --system-site-packages "$tmp/venv"

@@ -28,18 +28,11 @@ export PAT_LIB_DIR
 unset LD_LIBRARY_PATH
 ws=$root/client/rust
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/patd-rust.XXXXXX")
-pid=
-cleanup() {
-    [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-sock=$tmp/run/patd.sock
-
 # shellcheck source=tests/integ/checks.sh
 . "$root/tests/integ/checks.sh"
+scratch patd-rust
+sock=$tmp/run/patd.sock
+
 LOGGED_TAIL=60
 
 tools() {
